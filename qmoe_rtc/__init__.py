@@ -1,0 +1,43 @@
+"""qmoe_rtc: quantized mixture-of-experts layers (ONNX Runtime ``com.microsoft::QMoE`` contract) on
+NVIDIA GPUs, with kernels specialised per layout and compiled at run time by NVRTC.
+
+Importing the package does no work: submodules (and CuPy, NVRTC) load on first use.
+
+    import qmoe_rtc
+    y = qmoe_rtc.reference.qmoe(x, logits, w1, s1, None, w2, s2, k=2, activation_type="silu")
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+_SUBMODULES = ("contract", "errors", "quantize", "reference")
+_EXPORTS = {
+    "QMoEAttributes": "contract",
+    "QMoEError": "errors",
+    "QMoEInputError": "errors",
+    "QMoEAttributeError": "errors",
+    "QMoEUnsupportedError": "errors",
+    "CompileError": "errors",
+    "CacheMissError": "errors",
+    "DeviceError": "errors",
+    "CaptureError": "errors",
+    "QuantizedWeights": "quantize",
+}
+
+__all__ = ["__version__", *_SUBMODULES, *_EXPORTS]
+
+
+def __getattr__(name):
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    mod = _EXPORTS.get(name)
+    if mod is not None:
+        return getattr(importlib.import_module(f".{mod}", __name__), name)
+    raise AttributeError(f"module 'qmoe_rtc' has no attribute '{name}'")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

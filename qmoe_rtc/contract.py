@@ -1,0 +1,461 @@
+"""The QMoE contract: attributes, input validation, and every derived size in one place.
+
+``QMoEAttributes.from_kwargs(**attrs)`` parses ONNX Runtime's attribute names and defaults into a
+frozen value. ``describe_layer(weights, attrs)`` validates the expert tensors (inputs 2–13) once and
+returns a :class:`LayerSpec` with everything the kernels need (H, I, E, fused width, blocks per row,
+packed row bytes, zero-point modes, dtypes). ``check_call(layer, input, router_probs,
+router_weights)`` validates the per-call tensors (inputs 0, 1, 14) and returns a :class:`CallSpec`.
+
+Every refusal raises :class:`~qmoe_rtc.errors.QMoEInputError` / ``QMoEAttributeError`` naming the
+input, the expected and the actual value.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+from ._arrays import FLOAT_DTYPES, dtype_name, is_c_contiguous, is_cupy, shape_str
+from .errors import DeviceError, QMoEAttributeError, QMoEInputError, QMoEUnsupportedError
+from .quantize import SUPPORTED_BITS, packed_row_bytes, unpack_codes
+
+__all__ = [
+    "ACTIVATIONS",
+    "GLU_ACTIVATIONS",
+    "INPUT_NAMES",
+    "WEIGHT_INPUTS",
+    "QMoEAttributes",
+    "ProjectionSpec",
+    "LayerSpec",
+    "CallSpec",
+    "describe_layer",
+    "check_call",
+    "check_content",
+]
+
+#: ONNX Runtime's input order (indices 0–14).
+INPUT_NAMES = (
+    "input",
+    "router_probs",
+    "fc1_experts_weights",
+    "fc1_scales",
+    "fc1_experts_bias",
+    "fc2_experts_weights",
+    "fc2_scales",
+    "fc2_experts_bias",
+    "fc3_experts_weights",
+    "fc3_scales",
+    "fc3_experts_bias",
+    "fc1_zero_points",
+    "fc2_zero_points",
+    "fc3_zero_points",
+    "router_weights",
+)
+#: The inputs that describe the layer (constant across calls).
+WEIGHT_INPUTS = INPUT_NAMES[2:14]
+
+ACTIVATIONS = ("relu", "gelu", "silu", "identity", "relu2", "swiglu", "geglu")
+#: Activations that need a gate and a linear half (from fused FC1 rows or from FC3).
+GLU_ACTIVATIONS = ("swiglu", "geglu")
+#: Activations that become gated ``act(fc1) · fc3`` when FC3 is given.
+GATEABLE_ACTIVATIONS = ("silu", "gelu")
+MAX_K = 10
+MAX_EXPERTS = 512
+
+
+def _as_int(name, value, allowed=None):
+    if isinstance(value, bool) or not isinstance(value, (int,)) and not (
+        hasattr(value, "__index__") and not isinstance(value, float)
+    ):
+        raise QMoEAttributeError(name, "an integer", repr(value))
+    v = int(value)
+    if allowed is not None and v not in allowed:
+        raise QMoEAttributeError(name, f"one of {tuple(allowed)}", repr(v))
+    return v
+
+
+def _as_float(name, value):
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise QMoEAttributeError(name, "a number", repr(value)) from None
+    if math.isnan(v):
+        raise QMoEAttributeError(name, "a number (not NaN)", "nan")
+    return v
+
+
+@dataclass(frozen=True)
+class QMoEAttributes:
+    """QMoE attributes with ONNX Runtime's names and defaults (plus ``zero_point_offset`` [ext])."""
+
+    k: int = 1
+    activation_type: str = "relu"
+    normalize_routing_weights: int = 0
+    use_sparse_mixer: int = 0
+    expert_weight_bits: int = 4
+    fc1_expert_weight_bits: int | None = None
+    fc2_expert_weight_bits: int | None = None
+    fc3_expert_weight_bits: int | None = None
+    block_size: int = 0
+    swiglu_fusion: int = 0
+    swiglu_limit: float = math.inf
+    activation_alpha: float = 1.0
+    activation_beta: float = 0.0
+    swiglu_limit_after_activation: int = 0
+    quant_type: str = "int"
+    zero_point_offset: float | None = None
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def from_kwargs(cls, **attrs) -> "QMoEAttributes":
+        """Parse and validate attributes; unknown names and bad values raise ``QMoEAttributeError``."""
+        known = cls.names()
+        for name in attrs:
+            if name not in known:
+                raise QMoEAttributeError(name, f"one of the QMoE attributes {known}", "an unknown name")
+        a = dict(attrs)
+        out = {}
+        out["k"] = _as_int("k", a.get("k", 1))
+        if not 1 <= out["k"] <= MAX_K:
+            raise QMoEAttributeError("k", f"1 <= k <= {MAX_K}", str(out["k"]))
+        act = a.get("activation_type", "relu")
+        if isinstance(act, bytes):
+            act = act.decode()
+        if not isinstance(act, str) or act.lower() not in ACTIVATIONS:
+            raise QMoEAttributeError("activation_type", f"one of {ACTIVATIONS}", repr(act))
+        out["activation_type"] = act.lower()
+        out["normalize_routing_weights"] = _as_int("normalize_routing_weights", a.get("normalize_routing_weights", 0), (0, 1))
+        out["use_sparse_mixer"] = _as_int("use_sparse_mixer", a.get("use_sparse_mixer", 0), (0, 1))
+        out["expert_weight_bits"] = _as_int("expert_weight_bits", a.get("expert_weight_bits", 4), SUPPORTED_BITS)
+        for p in ("fc1", "fc2", "fc3"):
+            n = f"{p}_expert_weight_bits"
+            v = a.get(n)
+            out[n] = None if v is None else _as_int(n, v, SUPPORTED_BITS)
+        bs = _as_int("block_size", a.get("block_size", 0))
+        if bs != 0 and (bs < 16 or bs & (bs - 1)):
+            raise QMoEAttributeError("block_size", "0 (row-wise) or a power of two >= 16", str(bs))
+        out["block_size"] = bs
+        out["swiglu_fusion"] = _as_int("swiglu_fusion", a.get("swiglu_fusion", 0), (0, 1, 2))
+        out["swiglu_limit"] = _as_float("swiglu_limit", a.get("swiglu_limit", math.inf))
+        if out["swiglu_limit"] <= 0:
+            raise QMoEAttributeError("swiglu_limit", "a positive number (or +inf for no limit)", str(out["swiglu_limit"]))
+        out["activation_alpha"] = _as_float("activation_alpha", a.get("activation_alpha", 1.0))
+        out["activation_beta"] = _as_float("activation_beta", a.get("activation_beta", 0.0))
+        out["swiglu_limit_after_activation"] = _as_int(
+            "swiglu_limit_after_activation", a.get("swiglu_limit_after_activation", 0), (0, 1)
+        )
+        qt = a.get("quant_type", "int")
+        if isinstance(qt, bytes):
+            qt = qt.decode()
+        if qt != "int":
+            raise QMoEAttributeError("quant_type", "'int' (the only quantization this build implements)", repr(qt))
+        out["quant_type"] = qt
+        zpo = a.get("zero_point_offset")
+        if zpo is not None:
+            zpo = _as_float("zero_point_offset", zpo)
+            if not math.isfinite(zpo):
+                raise QMoEAttributeError("zero_point_offset", "a finite number", str(zpo))
+        out["zero_point_offset"] = zpo
+        attrs_obj = cls(**out)
+        attrs_obj._check_combinations()
+        return attrs_obj
+
+    def _check_combinations(self):
+        if self.use_sparse_mixer and self.k != 2:
+            raise QMoEAttributeError("k", "2 when use_sparse_mixer=1 (Phi-3.5-MoE sparse mixer)", str(self.k))
+        if self.swiglu_fusion and self.activation_type not in GLU_ACTIVATIONS:
+            raise QMoEAttributeError(
+                "swiglu_fusion", f"0 unless activation_type is one of {GLU_ACTIVATIONS}",
+                f"{self.swiglu_fusion} with activation_type '{self.activation_type}'",
+            )
+
+    def bits(self, projection: str) -> int:
+        """Bits of ``fc1`` / ``fc2`` / ``fc3`` (their own attribute, else ``expert_weight_bits``)."""
+        v = getattr(self, f"{projection}_expert_weight_bits")
+        return self.expert_weight_bits if v is None else v
+
+    @property
+    def is_glu(self) -> bool:
+        return self.activation_type in GLU_ACTIVATIONS
+
+
+@dataclass(frozen=True)
+class ProjectionSpec:
+    """One projection (fc1, fc2 or fc3) of all experts: a matrix ``[N, K]`` per expert."""
+
+    name: str  #: "fc1" | "fc2" | "fc3"
+    bits: int
+    N: int  #: output features
+    K: int  #: input features
+    block_size: int  #: 0 = row-wise
+    row_bytes: int  #: ceil(K·b/8)
+    scale_dtype: str
+    zp_mode: str  #: "none" (zp = 2^(b−1)) | "packed" (zero-point tensor) | "offset" (zero_point_offset)
+    has_bias: bool
+    bias_dtype: str | None
+
+    @property
+    def n_blocks(self) -> int:
+        """Scales per row (1 when row-wise)."""
+        return self.K // self.block_size if self.block_size else 1
+
+    @property
+    def zp_row_bytes(self) -> int:
+        """Bytes of packed zero points per row (block-wise) or per expert (row-wise)."""
+        return packed_row_bytes(self.n_blocks, self.bits) if self.block_size else packed_row_bytes(self.N, self.bits)
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """Everything derived from the weights and attributes of one QMoE layer."""
+
+    attrs: QMoEAttributes
+    E: int  #: experts
+    H: int  #: hidden size
+    I: int  #: intermediate size
+    F: int  #: 2 when FC1 holds fused gate+linear rows (swiglu/geglu with swiglu_fusion 1|2), else 1
+    fc1: ProjectionSpec  #: [E, F·I, ceil(H·b1/8)]
+    fc2: ProjectionSpec  #: [E, H, ceil(I·b2/8)]
+    fc3: ProjectionSpec | None  #: [E, I, ceil(H·b3/8)]
+    dtype: str | None  #: activation dtype T implied by the weights (scales/biases in T), None if all float32
+    on_gpu: bool
+    device_id: int | None
+
+    @property
+    def fused_width(self) -> int:
+        return self.F * self.I
+
+    @property
+    def gated(self) -> bool:
+        """True when the intermediate is act(gate)·linear (GLU or FC3-gated silu/gelu)."""
+        return self.F == 2 or self.fc3 is not None
+
+    def projections(self):
+        return tuple(p for p in (self.fc1, self.fc2, self.fc3) if p is not None)
+
+
+@dataclass(frozen=True)
+class CallSpec:
+    """Per-call sizes: ``rows`` = tokens (B·S for 3-D input)."""
+
+    rows: int
+    input_shape: tuple
+    dtype: str  #: activation dtype T
+    router_dtype: str
+    router_weights_dtype: str | None
+
+
+def _device_of(a):
+    if is_cupy(a):
+        return int(a.device.id)
+    return None
+
+
+def _require(name, a, *, rank=None, shape=None, dtypes=None, where=""):
+    if a is None:
+        raise QMoEInputError(name, "an array", "None", where or None)
+    if not hasattr(a, "shape") or not hasattr(a, "dtype"):
+        raise QMoEInputError(name, "a NumPy or CuPy array", type(a).__name__)
+    if rank is not None and len(a.shape) not in (rank if isinstance(rank, tuple) else (rank,)):
+        want = " or ".join(str(r) for r in (rank if isinstance(rank, tuple) else (rank,)))
+        raise QMoEInputError(name, f"rank {want}", f"shape {shape_str(a.shape)}", where or None)
+    if shape is not None and tuple(int(d) for d in a.shape) != tuple(shape):
+        raise QMoEInputError(name, f"shape {shape_str(shape)}", f"shape {shape_str(a.shape)}", where or None)
+    if dtypes is not None and dtype_name(a) not in dtypes:
+        raise QMoEInputError(name, f"dtype in {tuple(dtypes)}", f"dtype {dtype_name(a)}", where or None)
+    if not is_c_contiguous(a):
+        raise QMoEInputError(name, "a C-contiguous array", "a non-contiguous view", "call .copy() or ascontiguousarray")
+
+
+def _infer_dtype(tensors) -> str | None:
+    """The activation dtype implied by non-float32 scales/biases, refusing a mix of two."""
+    seen = {}
+    for name, a in tensors.items():
+        if a is None:
+            continue
+        d = dtype_name(a)
+        if d != "float32":
+            seen.setdefault(d, name)
+    if len(seen) > 1:
+        (d1, n1), (d2, n2) = list(seen.items())[:2]
+        raise QMoEInputError(n2, f"float32 or the same dtype as '{n1}' ({d1})", f"dtype {d2}")
+    return next(iter(seen), None)
+
+
+def describe_layer(weights: dict, attrs: QMoEAttributes) -> LayerSpec:
+    """Validate the expert tensors (``fc1_experts_weights`` … ``fc3_zero_points``) and derive sizes.
+
+    ``weights`` maps ONNX Runtime input names to arrays (missing or None = not given).
+    """
+    w = {n: weights.get(n) for n in WEIGHT_INPUTS}
+    unknown = set(weights) - set(WEIGHT_INPUTS)
+    if unknown:
+        raise QMoEInputError(sorted(unknown)[0], f"one of {WEIGHT_INPUTS}", "an unknown input name")
+
+    # --- devices: everything on one side (all NumPy, or all CuPy on one device)
+    given = {n: a for n, a in w.items() if a is not None}
+    devs = {n: _device_of(a) for n, a in given.items()}
+    on_gpu = any(d is not None for d in devs.values())
+    ref = "fc1_experts_weights"
+    ref_dev = devs.get(ref)
+    for n, d in devs.items():
+        if d != ref_dev:
+            raise DeviceError(
+                f"input '{n}': expected the same device as '{ref}' "
+                f"({'host' if ref_dev is None else f'cuda:{ref_dev}'}), got {'host' if d is None else f'cuda:{d}'}"
+            )
+
+    _require("fc1_experts_weights", w["fc1_experts_weights"], rank=3, dtypes=("uint8",))
+    _require("fc2_experts_weights", w["fc2_experts_weights"], rank=3, dtypes=("uint8",))
+    E = int(w["fc1_experts_weights"].shape[0])
+    if not 1 <= E <= MAX_EXPERTS:
+        raise QMoEInputError("fc1_experts_weights", f"1 <= E <= {MAX_EXPERTS} experts (dim 0)", f"E = {E}")
+    if int(w["fc2_experts_weights"].shape[0]) != E:
+        raise QMoEInputError("fc2_experts_weights", f"{E} experts in dim 0 (as fc1_experts_weights)",
+                             f"shape {shape_str(w['fc2_experts_weights'].shape)}")
+    if attrs.k > E:
+        raise QMoEAttributeError("k", f"1 <= k <= E = {E}", str(attrs.k))
+
+    has_fc3 = w["fc3_experts_weights"] is not None
+    act = attrs.activation_type
+    if act in GLU_ACTIVATIONS:
+        F = 2 if attrs.swiglu_fusion else 1
+        if attrs.swiglu_fusion and has_fc3:
+            raise QMoEInputError("fc3_experts_weights", f"absent with swiglu_fusion={attrs.swiglu_fusion} "
+                                 "(gate and linear both come from fc1)", "an array")
+        if not attrs.swiglu_fusion and not has_fc3:
+            raise QMoEInputError("fc3_experts_weights", f"an array: {act} with swiglu_fusion=0 takes the linear "
+                                 "half from fc3", "None")
+    else:
+        F = 1
+        if has_fc3 and act not in GATEABLE_ACTIVATIONS:
+            raise QMoEInputError("fc3_experts_weights", f"absent: activation '{act}' does not use fc3 "
+                                 f"(only {GATEABLE_ACTIVATIONS + GLU_ACTIVATIONS} do)", "an array")
+    for n in ("fc3_scales", "fc3_experts_bias", "fc3_zero_points"):
+        if w[n] is not None and not has_fc3:
+            raise QMoEInputError(n, "absent when fc3_experts_weights is absent", "an array")
+
+    fused = int(w["fc1_experts_weights"].shape[1])
+    if fused % F:
+        raise QMoEInputError("fc1_experts_weights", f"an even number of rows F·I in dim 1 (fused gate+linear)",
+                             f"shape {shape_str(w['fc1_experts_weights'].shape)}")
+    I = fused // F
+    H = int(w["fc2_experts_weights"].shape[1])
+    if I < 1 or H < 1:
+        raise QMoEInputError("fc1_experts_weights", "non-empty experts (H, I >= 1)", f"H = {H}, I = {I}")
+
+    dtype = _infer_dtype({n: w[n] for n in ("fc1_scales", "fc2_scales", "fc3_scales",
+                                            "fc1_experts_bias", "fc2_experts_bias", "fc3_experts_bias")})
+
+    def projection(p, N, K):
+        bits = attrs.bits(p)
+        wn, sn, bn, zn = f"{p}_experts_weights", f"{p}_scales", f"{p}_experts_bias", f"{p}_zero_points"
+        rb = packed_row_bytes(K, bits)
+        _require(wn, w[wn], shape=(E, N, rb), dtypes=("uint8",),
+                 where=f"[E, N, ceil(K·b/8)] with N={N}, K={K}, b={bits}")
+        bs = attrs.block_size
+        if bs and K % bs:
+            raise QMoEAttributeError("block_size", f"a divisor of {p}'s K = {K}", str(bs))
+        _require(sn, w[sn], rank=(2, 3), dtypes=FLOAT_DTYPES)
+        s = w[sn]
+        if bs:
+            _require(sn, s, shape=(E, N, K // bs), where=f"block-wise [E, N, K/block_size] with block_size={bs}")
+        elif tuple(s.shape) not in ((E, N), (E, N, 1)):
+            raise QMoEInputError(sn, f"shape {shape_str((E, N))} (row-wise, block_size=0) or {shape_str((E, N, 1))}",
+                                 f"shape {shape_str(s.shape)}")
+        if w[bn] is not None:
+            _require(bn, w[bn], shape=(E, N), dtypes=FLOAT_DTYPES)
+        zp_mode = "none"
+        if w[zn] is not None:
+            nb = K // bs if bs else 1
+            zshape = (E, N, packed_row_bytes(nb, bits)) if bs else (E, packed_row_bytes(N, bits))
+            _require(zn, w[zn], shape=zshape, dtypes=("uint8",),
+                     where="block-wise [E, N, ceil(nb·b/8)]" if bs else "row-wise [E, ceil(N·b/8)]")
+            zp_mode = "packed"
+        elif attrs.zero_point_offset is not None:
+            zo = attrs.zero_point_offset
+            if not 0.0 <= zo <= (1 << bits) - 1:
+                raise QMoEAttributeError("zero_point_offset", f"within the {bits}-bit code range [0, {(1 << bits) - 1}]"
+                                         f" of {p}", str(zo))
+            zp_mode = "offset"
+        return ProjectionSpec(name=p, bits=bits, N=N, K=K, block_size=bs, row_bytes=rb, scale_dtype=dtype_name(s),
+                              zp_mode=zp_mode, has_bias=w[bn] is not None,
+                              bias_dtype=dtype_name(w[bn]) if w[bn] is not None else None)
+
+    fc1 = projection("fc1", F * I, H)
+    fc2 = projection("fc2", H, I)
+    fc3 = projection("fc3", I, H) if has_fc3 else None
+    return LayerSpec(attrs=attrs, E=E, H=H, I=I, F=F, fc1=fc1, fc2=fc2, fc3=fc3, dtype=dtype, on_gpu=on_gpu,
+                     device_id=ref_dev)
+
+
+def check_call(layer: LayerSpec, input, router_probs, router_weights=None) -> CallSpec:
+    """Validate the per-call inputs (``input``, ``router_probs``, ``router_weights``) against a layer."""
+    _require("input", input, rank=(2, 3), dtypes=FLOAT_DTYPES)
+    T = dtype_name(input)
+    if layer.dtype is not None and T != layer.dtype:
+        raise QMoEInputError("input", f"dtype {layer.dtype} (the dtype of the layer's scales/biases)", f"dtype {T}")
+    H = int(input.shape[-1])
+    if H != layer.H:
+        raise QMoEInputError("input", f"last dim H = {layer.H} (fc2_experts_weights dim 1)",
+                             f"shape {shape_str(input.shape)}")
+    rows = 1
+    for d in input.shape[:-1]:
+        rows *= int(d)
+    _require("router_probs", router_probs, shape=(rows, layer.E), dtypes=("float32", T),
+             where="[rows, E] logits, rows = B·S for 3-D input")
+    rw_dtype = None
+    if router_weights is not None:
+        if layer.attrs.use_sparse_mixer:
+            raise QMoEInputError("router_weights", "None with use_sparse_mixer=1 (the sparse mixer computes its "
+                                 "own weights)", "an array")
+        _require("router_weights", router_weights, shape=(rows, layer.E), dtypes=("float32", T))
+        rw_dtype = dtype_name(router_weights)
+    want_dev = layer.device_id
+    for n, a in (("input", input), ("router_probs", router_probs), ("router_weights", router_weights)):
+        if a is None:
+            continue
+        d = _device_of(a)
+        if d != want_dev:
+            raise DeviceError(f"input '{n}': expected {'host' if want_dev is None else f'cuda:{want_dev}'} "
+                              f"(where the weights are), got {'host' if d is None else f'cuda:{d}'}")
+    return CallSpec(rows=rows, input_shape=tuple(int(d) for d in input.shape), dtype=T,
+                    router_dtype=dtype_name(router_probs), router_weights_dtype=rw_dtype)
+
+
+def check_content(weights: dict, layer: LayerSpec) -> None:
+    """Opt-in content checks: finite non-negative scales, finite biases, clean zero-point padding.
+
+    Reads the whole tensors (a device→host copy for CuPy arrays): call it once per layer, not per step.
+    """
+    import numpy as np
+
+    def host(a):
+        return a.get() if is_cupy(a) else np.asarray(a)
+
+    for p in layer.projections():
+        s = host(weights[f"{p.name}_scales"]).astype(np.float32)
+        bad = ~np.isfinite(s) | (s < 0)
+        if bad.any():
+            idx = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise QMoEInputError(f"{p.name}_scales", "finite, non-negative scales", f"{s[idx]} at index {list(idx)}")
+        b = weights.get(f"{p.name}_experts_bias")
+        if b is not None:
+            bh = host(b).astype(np.float32)
+            if not np.isfinite(bh).all():
+                idx = tuple(int(i) for i in np.argwhere(~np.isfinite(bh))[0])
+                raise QMoEInputError(f"{p.name}_experts_bias", "finite biases", f"{bh[idx]} at index {list(idx)}")
+        if p.zp_mode == "packed":
+            z = host(weights[f"{p.name}_zero_points"])
+            n = p.n_blocks if p.block_size else p.N
+            codes = unpack_codes(z, p.bits, n)
+            # padding bits past the last code must be zero, or the tensor was packed with another width
+            if packed_row_bytes(n, p.bits) * 8 != n * p.bits:
+                from .quantize import pack_codes
+
+                if not np.array_equal(pack_codes(codes, p.bits), z):
+                    raise QMoEInputError(f"{p.name}_zero_points", f"zero padding bits after the last {p.bits}-bit code",
+                                         "non-zero padding bits")

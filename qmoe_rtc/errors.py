@@ -1,0 +1,106 @@
+"""Typed exceptions raised by qmoe_rtc.
+
+Every refusal of user input goes through :class:`QMoEInputError` (or its attribute twin), whose
+message names the input, what was expected and what was given. Nothing in the package uses
+``assert`` for runtime checks.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "QMoEError",
+    "QMoEInputError",
+    "QMoEAttributeError",
+    "QMoEUnsupportedError",
+    "CompileError",
+    "CacheMissError",
+    "CacheCorruptError",
+    "DeviceError",
+    "CaptureError",
+]
+
+
+class QMoEError(Exception):
+    """Base class of every error raised by qmoe_rtc."""
+
+
+class QMoEInputError(QMoEError, ValueError):
+    """An input tensor is malformed: wrong rank, shape, dtype, layout or device.
+
+    ``name`` is the ONNX Runtime input name (e.g. ``"fc1_scales"``); ``expected`` and ``actual``
+    are short human-readable descriptions.
+    """
+
+    def __init__(self, name: str, expected: str, actual: str, hint: str | None = None):
+        self.name = name
+        self.expected = expected
+        self.actual = actual
+        self.hint = hint
+        msg = f"input '{name}': expected {expected}, got {actual}"
+        if hint:
+            msg += f" ({hint})"
+        super().__init__(msg)
+
+    def __reduce__(self):
+        return (type(self), (self.name, self.expected, self.actual, self.hint))
+
+
+class QMoEAttributeError(QMoEError, ValueError):
+    """An attribute (``k``, ``activation_type``, ``block_size`` ...) has a bad value."""
+
+    def __init__(self, name: str, expected: str, actual: str, hint: str | None = None):
+        self.name = name
+        self.expected = expected
+        self.actual = actual
+        self.hint = hint
+        msg = f"attribute '{name}': expected {expected}, got {actual}"
+        if hint:
+            msg += f" ({hint})"
+        super().__init__(msg)
+
+    def __reduce__(self):
+        return (type(self), (self.name, self.expected, self.actual, self.hint))
+
+
+class QMoEUnsupportedError(QMoEError, NotImplementedError):
+    """A valid request that this build cannot serve (said plainly, never silently degraded)."""
+
+
+class CompileError(QMoEError):
+    """NVRTC refused a generated translation unit.
+
+    Carries the compiler log, the options, the kernel/module name and the source, and survives
+    pickling so warm-up worker processes can report it.
+    """
+
+    def __init__(self, name: str, log: str, options: tuple[str, ...] = (), source: str = ""):
+        self.name = name
+        self.log = log
+        self.options = tuple(options)
+        self.source = source
+        super().__init__(f"NVRTC failed to compile '{name}' (options: {' '.join(self.options)}):\n{log}")
+
+    def __reduce__(self):
+        return (type(self), (self.name, self.log, self.options, self.source))
+
+    def numbered_source(self) -> str:
+        """The source with 1-based line numbers, to read alongside the log."""
+        lines = self.source.splitlines()
+        width = len(str(len(lines)))
+        return "\n".join(f"{i + 1:>{width}} | {line}" for i, line in enumerate(lines))
+
+
+class CacheMissError(QMoEError):
+    """Strict cache mode: a kernel module was needed that is not already on disk."""
+
+
+class CacheCorruptError(QMoEError):
+    """An on-disk cache entry failed its integrity check (treated as a miss by the cache)."""
+
+
+class DeviceError(QMoEError, RuntimeError):
+    """No usable GPU/driver, or an array lives on a device other than the one expected."""
+
+
+class CaptureError(QMoEError, RuntimeError):
+    """Something that is not allowed inside CUDA graph capture was attempted during capture."""

@@ -1,0 +1,197 @@
+"""Quantize float experts into the QMoE raw layout, and unpack / dequantize them again.
+
+Layout (CONTRACT.md, "Weight layout"): one expert is a row-major matrix ``[N, K]`` of ``b``-bit
+codes packed **least-significant bits first along K** — element ``k`` sits in byte ``k·b // 8`` at bit
+offset ``k·b % 8``; a 3-bit row is one continuous bitstream (codes straddle bytes); a row takes
+``ceil(K·b/8)`` bytes and unused high bits of its last byte are zero.
+
+Dequantization: ``w = (q − zp) · scale`` in float32, with ``zp`` from a zero-point tensor, else the
+``zero_point_offset`` attribute, else ``2^(b−1)``.
+
+Every function accepts NumPy arrays, and CuPy arrays too (returning CuPy).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from ._arrays import array_module, dtype_name, np_dtype, shape_str
+from .errors import QMoEInputError
+
+__all__ = [
+    "SUPPORTED_BITS",
+    "QuantizedWeights",
+    "packed_row_bytes",
+    "pack_codes",
+    "unpack_codes",
+    "quantize",
+    "dequantize",
+    "unpack_zero_points",
+]
+
+#: Bit widths of the contract.
+SUPPORTED_BITS = (1, 2, 3, 4, 8)
+
+
+class QuantizedWeights(NamedTuple):
+    """One projection of all experts in the raw QMoE layout."""
+
+    packed: object  #: uint8 ``[E, N, ceil(K·b/8)]``
+    scales: object  #: ``[E, N]`` (row-wise) or ``[E, N, K/bs]`` (block-wise)
+    zero_points: object | None  #: None (symmetric) or uint8 ``[E, N, ceil(nb·b/8)]`` / ``[E, ceil(N·b/8)]``
+
+
+def _check_bits(bits, name="bits"):
+    if int(bits) != bits or int(bits) not in SUPPORTED_BITS:
+        raise QMoEInputError(name, f"one of {SUPPORTED_BITS}", repr(bits))
+    return int(bits)
+
+
+def packed_row_bytes(K: int, bits: int) -> int:
+    """Bytes of one packed row of ``K`` codes: ``ceil(K·b/8)``."""
+    return (int(K) * int(bits) + 7) // 8
+
+
+def pack_codes(codes, bits: int):
+    """Pack integer codes ``[..., K]`` (each < 2^bits) into uint8 ``[..., ceil(K·b/8)]``, LSB first."""
+    bits = _check_bits(bits)
+    xp = array_module(codes)
+    codes = xp.asarray(codes)
+    K = codes.shape[-1]
+    if codes.size and int(codes.max()) >= (1 << bits):
+        raise QMoEInputError("codes", f"values below 2^{bits} = {1 << bits}", f"max {int(codes.max())}")
+    lead = codes.shape[:-1]
+    c = codes.astype(xp.uint8)
+    if bits == 8:
+        return xp.ascontiguousarray(c)
+    # bitstream [..., K*b] LSB first, padded up to whole bytes
+    shifts = xp.arange(bits, dtype=xp.uint8)
+    stream = ((c[..., :, None] >> shifts) & 1).reshape(*lead, K * bits)
+    nbytes = packed_row_bytes(K, bits)
+    pad = nbytes * 8 - K * bits
+    if pad:
+        stream = xp.concatenate([stream, xp.zeros((*lead, pad), dtype=xp.uint8)], axis=-1)
+    weights = (1 << xp.arange(8, dtype=xp.uint16)).astype(xp.uint16)
+    out = (stream.reshape(*lead, nbytes, 8).astype(xp.uint16) * weights).sum(axis=-1)
+    return xp.ascontiguousarray(out.astype(xp.uint8))
+
+
+def unpack_codes(packed, bits: int, K: int):
+    """Unpack uint8 ``[..., ceil(K·b/8)]`` into codes uint8 ``[..., K]`` (the inverse of :func:`pack_codes`)."""
+    bits = _check_bits(bits)
+    xp = array_module(packed)
+    packed = xp.asarray(packed)
+    K = int(K)
+    need = packed_row_bytes(K, bits)
+    if packed.shape[-1] != need:
+        raise QMoEInputError(
+            "packed", f"last dim ceil(K·b/8) = {need} for K={K}, b={bits}", f"shape {shape_str(packed.shape)}"
+        )
+    if bits == 8:
+        return packed.astype(xp.uint8)
+    k = xp.arange(K, dtype=xp.int64)
+    byte = (k * bits) // 8
+    shift = ((k * bits) % 8).astype(xp.uint16)
+    # two-byte window: a 3-bit code can straddle a byte boundary
+    p16 = xp.concatenate([packed, xp.zeros((*packed.shape[:-1], 1), dtype=xp.uint8)], axis=-1).astype(xp.uint16)
+    window = p16[..., byte] | (p16[..., byte + 1] << 8)
+    return ((window >> shift) & ((1 << bits) - 1)).astype(xp.uint8)
+
+
+def unpack_zero_points(zero_points, bits: int, N: int, n_blocks: int, block_wise: bool):
+    """Zero-point codes as uint8 ``[E, N, nb]`` (block-wise) or ``[E, N, 1]`` (row-wise).
+
+    Block-wise zero points are packed along the block axis ``[E, N, ceil(nb·b/8)]``; row-wise ones
+    along N ``[E, ceil(N·b/8)]``.
+    """
+    if block_wise:
+        return unpack_codes(zero_points, bits, n_blocks)
+    return unpack_codes(zero_points, bits, N)[..., None]
+
+
+def quantize(weights, bits: int, block_size: int = 0, symmetric: bool = True, scale_dtype=np.float32):
+    """Quantize float experts ``[E, N, K]`` into the raw QMoE layout.
+
+    Args:
+        weights: float array ``[E, N, K]`` (NumPy or CuPy), N output and K input features.
+        bits: 1, 2, 3, 4 or 8.
+        block_size: 0 for one scale per row, else a power of two ≥ 16 dividing K.
+        symmetric: True stores offset-binary codes around the implicit zero point ``2^(b−1)``
+            (no zero-point tensor); False picks a per-block (or per-row) min/max range and returns
+            packed zero points.
+        scale_dtype: dtype of the returned scales (float32, or the activation dtype).
+
+    Returns:
+        :class:`QuantizedWeights` ``(packed, scales, zero_points)``.
+    """
+    bits = _check_bits(bits)
+    xp = array_module(weights)
+    w = xp.asarray(weights)
+    if w.ndim != 3:
+        raise QMoEInputError("weights", "rank 3 [E, N, K]", f"shape {shape_str(w.shape)}")
+    E, N, K = (int(d) for d in w.shape)
+    block_size = int(block_size)
+    if block_size < 0 or (block_size and (block_size < 16 or block_size & (block_size - 1) or K % block_size)):
+        raise QMoEInputError("block_size", f"0 or a power of two >= 16 dividing K={K}", str(block_size))
+    bs = block_size or K
+    nb = K // bs
+    g = w.astype(xp.float64).reshape(E, N, nb, bs)
+    qmax = (1 << bits) - 1
+    if symmetric:
+        zp = float(1 << (bits - 1))
+        amax = xp.abs(g).max(axis=-1)
+        scale = amax / zp
+        scale = xp.where(scale > 0, scale, 1.0)
+        scale_s = scale.astype(np_dtype(dtype_name(scale_dtype)))
+        s = scale_s.astype(xp.float64)[..., None]
+        q = xp.clip(xp.rint(g / s) + zp, 0, qmax)
+        zero_points = None
+    else:
+        lo = g.min(axis=-1)
+        hi = g.max(axis=-1)
+        scale = (hi - lo) / qmax
+        scale = xp.where(scale > 0, scale, 1.0)
+        scale_s = scale.astype(np_dtype(dtype_name(scale_dtype)))
+        s = scale_s.astype(xp.float64)
+        zpc = xp.clip(xp.rint(-lo / s), 0, qmax)
+        q = xp.clip(xp.rint(g / s[..., None]) + zpc[..., None], 0, qmax)
+        zpc = zpc.astype(xp.uint8)
+        if block_size:
+            zero_points = pack_codes(zpc, bits)  # [E, N, ceil(nb·b/8)]
+        else:
+            zero_points = pack_codes(zpc[..., 0], bits)  # [E, ceil(N·b/8)]
+    packed = pack_codes(q.astype(xp.uint8).reshape(E, N, K), bits)
+    scales = scale_s if block_size else scale_s[..., 0]
+    return QuantizedWeights(packed, xp.ascontiguousarray(scales), zero_points)
+
+
+def dequantize(packed, scales, bits: int, block_size: int = 0, zero_points=None, zero_point_offset=None, K=None):
+    """Dequantize raw-layout codes to float32 ``[E, N, K]``: ``w = (q − zp) · scale``.
+
+    ``K`` defaults to ``nb·block_size`` for block-wise scales and to ``bytes·8 // b`` for row-wise
+    ones; pass it when a row-wise row has padding bits (e.g. 3-bit with K not a multiple of 8).
+    ``zero_points`` (packed uint8) wins over ``zero_point_offset``; with neither, zp = 2^(b−1).
+    """
+    bits = _check_bits(bits)
+    xp = array_module(packed)
+    packed = xp.asarray(packed)
+    scales = xp.asarray(scales)
+    E, N = int(packed.shape[0]), int(packed.shape[1])
+    block_size = int(block_size)
+    if K is None:
+        K = scales.shape[-1] * block_size if block_size else packed.shape[-1] * 8 // bits
+    K = int(K)
+    nb = K // block_size if block_size else 1
+    q = unpack_codes(packed, bits, K).astype(xp.float32)  # [E, N, K]
+    s = scales.astype(xp.float32).reshape(E, N, nb)
+    if zero_points is not None:
+        zp = unpack_zero_points(xp.asarray(zero_points), bits, N, nb, bool(block_size)).astype(xp.float32)
+    elif zero_point_offset is not None:
+        zp = xp.full((E, N, 1), float(zero_point_offset), dtype=xp.float32)
+    else:
+        zp = xp.full((E, N, 1), float(1 << (bits - 1)), dtype=xp.float32)
+    bs = block_size or K
+    w = (q.reshape(E, N, nb, bs) - zp.reshape(E, N, -1, 1)) * s[..., None]
+    return w.reshape(E, N, K).astype(xp.float32)
