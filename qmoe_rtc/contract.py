@@ -277,7 +277,7 @@ def _infer_dtype(tensors) -> str | None:
         if a is None:
             continue
         d = dtype_name(a)
-        if d != "float32":
+        if d in FLOAT_DTYPES and d != "float32":  # other dtypes are refused by the per-input checks
             seen.setdefault(d, name)
     if len(seen) > 1:
         (d1, n1), (d2, n2) = list(seen.items())[:2]
