@@ -104,3 +104,16 @@ class DeviceError(QMoEError, RuntimeError):
 
 class CaptureError(QMoEError, RuntimeError):
     """Something that is not allowed inside CUDA graph capture was attempted during capture."""
+
+
+class KnobError(QMoEError, ValueError):
+    """An environment knob (``QMOE_RTC_*``) or a knob override has a value of the wrong type."""
+
+    def __init__(self, name: str, expected: str, actual: str):
+        self.name = name
+        self.expected = expected
+        self.actual = actual
+        super().__init__(f"knob '{name}': expected {expected}, got {actual}")
+
+    def __reduce__(self):
+        return (type(self), (self.name, self.expected, self.actual))

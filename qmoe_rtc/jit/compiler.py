@@ -1,0 +1,268 @@
+"""NVRTC front end: generated unit -> SASS cubin for one exact architecture.
+
+Never PTX: a driver cannot JIT PTX newer than itself, while a cubin compiled by a newer NVRTC of the
+same major version loads fine (DESIGN-NOTES.md). Works without a GPU when the arch is explicit.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import knobs
+from ..errors import CompileError, DeviceError, QMoEAttributeError
+
+__all__ = [
+    "SUPPORTED_ARCHS",
+    "CompiledModule",
+    "check_arch",
+    "default_arch",
+    "nvrtc_version",
+    "cuda_src_dir",
+    "cuda_include_dir",
+    "base_options",
+    "key_options",
+    "compile_unit",
+    "compile_ptx_listing",
+]
+
+log = logging.getLogger("qmoe_rtc")
+
+#: Architectures we build and test for. Others matching ``sm_<digits>[a|f]`` are accepted too.
+SUPPORTED_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a")
+_ARCH_RE = re.compile(r"^sm_(\d{2,3})([af]?)$")
+
+#: CUDA headers our templates include (their bytes go into the cache key).
+CUDA_HEADERS = ("cuda_fp16.h", "cuda_fp16.hpp", "cuda_bf16.h", "cuda_bf16.hpp")
+
+
+@dataclass(frozen=True)
+class CompiledModule:
+    """A compiled module: raw cubin plus what is needed to find its kernels.
+
+    ``lowered`` maps kernel key -> lowered (mangled) name. ``origin`` is where this copy came
+    from: 'compiled', 'disk' or 'memory'; ``ms`` the time that took.
+    """
+
+    name: str
+    family: str
+    key: str
+    arch: str
+    cubin: bytes = field(repr=False)
+    lowered: dict
+    options: tuple = ()
+    nvrtc: tuple = ()
+    origin: str = "compiled"
+    ms: float = 0.0
+
+
+def check_arch(arch: str) -> str:
+    """Validate a cubin target ('sm_90', 'sm_90a' ...); 'compute_XX' (PTX) is refused."""
+    if not isinstance(arch, str) or not _ARCH_RE.match(arch):
+        raise QMoEAttributeError("arch", "a SASS target like sm_80, sm_86, sm_89, sm_90 or sm_90a (never compute_XX)", repr(arch))
+    return arch
+
+
+def default_arch(device: int | None = None) -> str:
+    """The architecture of ``device`` (default: CuPy's current device), resolved only when called."""
+    try:
+        import cupy
+
+        dev = cupy.cuda.Device(device) if device is not None else cupy.cuda.Device()
+        cc = dev.compute_capability  # e.g. '90'
+    except Exception as exc:  # no driver, no device, CuPy missing
+        raise DeviceError(f"cannot resolve the GPU architecture (pass arch='sm_XX' explicitly): {exc}") from exc
+    return f"sm_{cc}"
+
+
+def _nvrtc():
+    from cuda.bindings import nvrtc
+
+    return nvrtc
+
+
+def _check(result, what: str, name: str = "", options=(), source: str = "", prog=None) -> None:
+    nvrtc = _nvrtc()
+    if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        log_text = _program_log(prog) if prog is not None else ""
+        err = nvrtc.nvrtcGetErrorString(result)[1]
+        msg = err.decode() if isinstance(err, bytes) else str(err)
+        raise CompileError(name or what, f"{what}: {msg}\n{log_text}".rstrip(), tuple(options), source)
+
+
+def _program_log(prog) -> str:
+    nvrtc = _nvrtc()
+    res, size = nvrtc.nvrtcGetProgramLogSize(prog)
+    if res != nvrtc.nvrtcResult.NVRTC_SUCCESS or size <= 1:
+        return ""
+    buf = b" " * size
+    nvrtc.nvrtcGetProgramLog(prog, buf)
+    return buf.rstrip(b"\x00").decode(errors="replace")
+
+
+@functools.lru_cache(maxsize=None)
+def nvrtc_version() -> tuple[int, int]:
+    nvrtc = _nvrtc()
+    res, major, minor = nvrtc.nvrtcVersion()
+    _check(res, "nvrtcVersion")
+    return (int(major), int(minor))
+
+
+def cuda_src_dir() -> Path:
+    """Our device-template directory (``qmoe_rtc/cuda_src``)."""
+    return Path(__file__).resolve().parent.parent / "cuda_src"
+
+
+def _candidate_include_dirs():
+    # 1. headers shipped with the pip NVRTC/runtime wheels (match the NVRTC we load)
+    try:
+        import nvidia  # namespace package of the NVIDIA wheels
+
+        for base in getattr(nvidia, "__path__", []):
+            for sub in ("cu13", "cuda_runtime", "cuda_nvrtc", "cu12"):
+                yield Path(base) / sub / "include"
+    except ImportError:
+        pass
+    # 2. a CUDA toolkit
+    for env in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(env):
+            yield Path(os.environ[env]) / "include"
+    yield Path("/usr/local/cuda/include")
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_include_dir() -> Path:
+    """First directory holding ``cuda_fp16.h``: pip wheels, then $CUDA_HOME, $CUDA_PATH, /usr/local/cuda."""
+    tried = []
+    for d in _candidate_include_dirs():
+        tried.append(str(d))
+        if (d / "cuda_fp16.h").is_file():
+            return d
+    raise CompileError("<setup>", "CUDA headers (cuda_fp16.h) not found; tried: " + ", ".join(tried))
+
+
+def base_options(arch: str, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The exact NVRTC options for a unit (include dirs last)."""
+    opts = [f"-arch={check_arch(arch)}", "-std=c++17", "--device-as-default-execution-space", "-DNDEBUG"]
+    if knobs.get("lineinfo"):
+        opts.append("-lineinfo")
+    opts += list(extra)
+    opts += [f"-I{cuda_src_dir()}", f"-I{cuda_include_dir()}"]
+    return tuple(opts)
+
+
+def key_options(options: tuple[str, ...]) -> tuple[str, ...]:
+    """Options as they enter the cache key: include paths become labels (their contents are hashed
+    separately), so a cache warmed on one machine is valid on another."""
+    src, inc = f"-I{cuda_src_dir()}", f"-I{cuda_include_dir()}"
+    out = []
+    for o in options:
+        if o == src:
+            out.append("-I<qmoe_rtc/cuda_src>")
+        elif o == inc:
+            out.append("-I<cuda/include>")
+        elif o.startswith("-I") or o.startswith("--include-path"):
+            raise CompileError("<options>", f"include option {o!r} is invisible to the cache key; refused", tuple(options))
+        else:
+            out.append(o)
+    return tuple(out)
+
+
+def compile_unit(name: str, source: str, name_exprs: dict[str, str], arch: str,
+                 options: tuple[str, ...]) -> tuple[bytes, dict[str, str], str]:
+    """Compile ``source`` to a cubin for ``arch``.
+
+    ``name_exprs`` maps kernel key -> C++ name expression. Returns (cubin, {key: lowered name},
+    NVRTC log). Raises :class:`CompileError` (log, options, source attached).
+    """
+    nvrtc = _nvrtc()
+    check_arch(arch)
+    opts = [o.encode() for o in options]
+    res, prog = nvrtc.nvrtcCreateProgram(source.encode(), f"{name}.cu".encode(), 0, [], [])
+    _check(res, "nvrtcCreateProgram", name, options, source)
+    try:
+        for expr in name_exprs.values():
+            (res,) = nvrtc.nvrtcAddNameExpression(prog, expr.encode())
+            _check(res, f"nvrtcAddNameExpression({expr})", name, options, source, prog)
+        (res,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        text = _program_log(prog)
+        if res != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise CompileError(name, text or str(res), tuple(options), source)
+        res, size = nvrtc.nvrtcGetCUBINSize(prog)
+        _check(res, "nvrtcGetCUBINSize", name, options, source, prog)
+        if size == 0:
+            raise CompileError(name, "NVRTC produced no cubin (is the arch a real sm_XX?)", tuple(options), source)
+        cubin = b" " * size
+        (res,) = nvrtc.nvrtcGetCUBIN(prog, cubin)
+        _check(res, "nvrtcGetCUBIN", name, options, source, prog)
+        lowered = {}
+        for key, expr in name_exprs.items():
+            res, low = nvrtc.nvrtcGetLoweredName(prog, expr.encode())
+            _check(res, f"nvrtcGetLoweredName({expr})", name, options, source, prog)
+            lowered[key] = low.decode() if isinstance(low, bytes) else str(low)
+        return bytes(cubin), lowered, text
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+def compile_ptx_listing(name: str, source: str, name_exprs: dict[str, str], arch: str,
+                        options: tuple[str, ...]) -> str:
+    """PTX of the unit, for reading only (dump knob). Never cached, never loaded."""
+    nvrtc = _nvrtc()
+    m = _ARCH_RE.match(arch)
+    virt = f"-arch=compute_{m.group(1)}{m.group(2)}" if m else "-arch=compute_80"
+    opts = [virt.encode() if o.startswith("-arch=") else o.encode() for o in options]
+    res, prog = nvrtc.nvrtcCreateProgram(source.encode(), f"{name}.cu".encode(), 0, [], [])
+    try:
+        for expr in name_exprs.values():
+            nvrtc.nvrtcAddNameExpression(prog, expr.encode())
+        (res,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        if res != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            return "// PTX listing failed:\n// " + _program_log(prog).replace("\n", "\n// ")
+        res, size = nvrtc.nvrtcGetPTXSize(prog)
+        buf = b" " * size
+        nvrtc.nvrtcGetPTX(prog, buf)
+        return buf.rstrip(b"\x00").decode(errors="replace")
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+def _file_sig(p: Path) -> tuple:
+    st = p.stat()
+    return (str(p), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _hash_files(sigs: tuple) -> str:
+    h = hashlib.sha256()
+    for path, _size, _mtime in sigs:
+        p = Path(path)
+        data = p.read_bytes()
+        h.update(f"{p.name}\0{len(data)}\0".encode())
+        h.update(data)
+    return h.hexdigest()
+
+
+def cuda_src_digest() -> str:
+    """Hash of every file under cuda_src (names + bytes): the whole include closure and more.
+    Memoised on (path, size, mtime), so an edited template is noticed without a restart."""
+    root = cuda_src_dir()
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in (".cuh", ".cu", ".h"))
+    return _hash_files(tuple(_file_sig(p) for p in files))
+
+
+def cuda_headers_digest() -> str:
+    """Hash of the CUDA headers our templates include, from the include dir in use."""
+    d = cuda_include_dir()
+    files = [d / h for h in CUDA_HEADERS if (d / h).is_file()]
+    return _hash_files(tuple(_file_sig(p) for p in files))
+
+
+def host_platform() -> str:
+    return sys.platform

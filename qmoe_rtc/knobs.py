@@ -1,0 +1,171 @@
+"""Every environment knob of qmoe_rtc, declared once, typed, and read lazily.
+
+Knobs are read when used (never at import). Each is classed as cache-invalidating or neutral: an
+invalidating knob changes the generated code or the compiler options and therefore reaches the
+cache key through those options (e.g. ``lineinfo`` adds ``-lineinfo``).
+
+Tests (and the warm tool's worker processes) override knobs with :func:`scope` / :func:`apply`
+instead of touching ``os.environ``::
+
+    with knobs.scope(cache_dir=tmp_path, strict=True):
+        ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from .errors import KnobError
+
+__all__ = [
+    "Knob",
+    "KNOBS",
+    "get",
+    "scope",
+    "snapshot",
+    "apply",
+    "cache_dir",
+    "cache_mode",
+]
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off", ""})
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One environment knob: ``env`` variable, value ``kind`` ('bool' | 'int' | 'path' | 'str')."""
+
+    name: str
+    env: str
+    kind: str
+    default: Any
+    invalidates_cache: bool
+    doc: str
+
+    def parse(self, raw: str) -> Any:
+        if self.kind == "bool":
+            v = raw.strip().lower()
+            if v in _TRUE:
+                return True
+            if v in _FALSE:
+                return False
+            raise KnobError(self.env, "one of 1/0/true/false/yes/no/on/off", repr(raw))
+        if self.kind == "int":
+            try:
+                return int(raw.strip())
+            except ValueError:
+                raise KnobError(self.env, "an integer", repr(raw)) from None
+        if self.kind == "path":
+            return Path(raw).expanduser() if raw.strip() else None
+        return raw
+
+    def coerce(self, value: Any) -> Any:
+        """Type-check an override value (a string is parsed like the environment variable)."""
+        if isinstance(value, str) and self.kind != "str":
+            return self.parse(value)
+        if value is None:
+            return None
+        if self.kind == "bool" and isinstance(value, bool):
+            return value
+        if self.kind == "int" and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if self.kind == "path" and isinstance(value, os.PathLike):
+            return Path(value)
+        if self.kind == "str" and isinstance(value, str):
+            return value
+        raise KnobError(self.name, f"a {self.kind}", f"{type(value).__name__} {value!r}")
+
+
+KNOBS: dict[str, Knob] = {
+    k.name: k
+    for k in (
+        Knob("cache_dir", "QMOE_RTC_CACHE_DIR", "path", None, False,
+             "On-disk kernel cache directory (default: $XDG_CACHE_HOME/qmoe_rtc or ~/.cache/qmoe_rtc)."),
+        Knob("no_disk_cache", "QMOE_RTC_NO_DISK_CACHE", "bool", False, False,
+             "Memory-only mode: never read or write the on-disk cache."),
+        Knob("strict", "QMOE_RTC_STRICT", "bool", False, False,
+             "Strict mode: raise CacheMissError instead of compiling a module that is not on disk."),
+        Knob("debug", "QMOE_RTC_DEBUG", "bool", False, False,
+             "Log every compile (options, generated source, NVRTC log) at INFO instead of DEBUG."),
+        Knob("dump", "QMOE_RTC_DUMP", "bool", False, False,
+             "Write the generated .cu, the NVRTC log and a PTX listing next to each new cache entry "
+             "(the entry itself is the raw .cubin: `cuobjdump -sass` it)."),
+        Knob("lineinfo", "QMOE_RTC_LINEINFO", "bool", False, True,
+             "Compile with -lineinfo (for profilers); changes the options, hence the cache key."),
+        Knob("jobs", "QMOE_RTC_JOBS", "int", 0, False,
+             "Worker processes of the warm tool (0 = number of CPUs)."),
+    )
+}
+
+_lock = threading.Lock()
+_overrides: list[dict[str, Any]] = []  # stack of scope() layers, innermost last
+
+
+def _knob(name: str) -> Knob:
+    try:
+        return KNOBS[name]
+    except KeyError:
+        raise KnobError(name, f"one of {sorted(KNOBS)}", repr(name)) from None
+
+
+def get(name: str) -> Any:
+    """Current value of a knob: innermost override, else the environment, else the default."""
+    knob = _knob(name)
+    with _lock:
+        for layer in reversed(_overrides):
+            if name in layer:
+                return layer[name]
+    raw = os.environ.get(knob.env)
+    if raw is None:
+        return knob.default
+    return knob.parse(raw)
+
+
+@contextlib.contextmanager
+def scope(**overrides: Any) -> Iterator[None]:
+    """Override knobs inside a ``with`` block (process-wide, nested scopes stack)."""
+    layer = {name: _knob(name).coerce(value) for name, value in overrides.items()}
+    with _lock:
+        _overrides.append(layer)
+    try:
+        yield
+    finally:
+        with _lock:
+            _overrides.remove(layer)
+
+
+def snapshot() -> dict[str, Any]:
+    """Effective value of every knob (to hand to worker processes, see :func:`apply`)."""
+    return {name: get(name) for name in KNOBS}
+
+
+def apply(values: dict[str, Any]) -> None:
+    """Install ``values`` as a permanent override layer (worker-process initializer)."""
+    layer = {name: _knob(name).coerce(value) for name, value in values.items()}
+    with _lock:
+        _overrides.insert(0, layer)
+
+
+def cache_dir() -> Path:
+    """The on-disk cache root (not created here)."""
+    d = get("cache_dir")
+    if d is not None:
+        return Path(d)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "qmoe_rtc"
+
+
+def cache_mode() -> str:
+    """'normal', 'memory' (no disk cache) or 'strict' (disk must already hold every module)."""
+    if get("strict"):
+        return "strict"
+    if get("no_disk_cache"):
+        return "memory"
+    return "normal"
