@@ -1,0 +1,151 @@
+"""Layout / ModuleSpec identity and validation, cache-key sensitivity, knobs (CPU only, no compile)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from qmoe_rtc import knobs
+from qmoe_rtc.errors import KnobError, QMoEAttributeError
+from qmoe_rtc.jit import cache_key
+from qmoe_rtc.kernels import family_names, get_family
+from qmoe_rtc.kernels.dequant import dequant_spec
+from qmoe_rtc.specialize import Layout, ModuleSpec, modules_for
+
+BASE = Layout(dtype="float16", scale_dtype="float32", fc1_bits=4, fc2_bits=4, activation="swiglu", swiglu_fusion=1)
+
+# one valid alternative value per Layout field (relative to BASE)
+ALTERNATIVES = {
+    "dtype": dict(dtype="bfloat16"),
+    "scale_dtype": dict(scale_dtype="float16"),
+    "fc1_bits": dict(fc1_bits=3),
+    "fc2_bits": dict(fc2_bits=8),
+    "fc3_bits": dict(fc3_bits=2, has_fc3=True, swiglu_fusion=0),
+    "block_size": dict(block_size=64),
+    "fc1_zp": dict(fc1_zp="packed"),
+    "fc2_zp": dict(fc2_zp="offset"),
+    "fc3_zp": dict(fc3_bits=4, fc3_zp="packed", has_fc3=True, swiglu_fusion=0),
+    "activation": dict(activation="geglu"),
+    "swiglu_fusion": dict(swiglu_fusion=2),
+    "has_fc3": dict(has_fc3=True, fc3_bits=8, swiglu_fusion=0),
+    "threads": dict(threads=128),
+    "tiles": dict(tiles=(("gemv.rows", 4),)),
+}
+
+
+def test_every_layout_field_has_an_alternative():
+    assert set(ALTERNATIVES) == set(Layout.field_names())
+
+
+@pytest.mark.parametrize("field", sorted(ALTERNATIVES))
+def test_every_layout_field_changes_name_and_digest(field):
+    other = dataclasses.replace(BASE, **ALTERNATIVES[field])
+    assert other != BASE
+    assert other.digest != BASE.digest
+    assert other.name != BASE.name
+
+
+def test_equal_layouts_equal_identity():
+    a = Layout(dtype="float16", scale_dtype="float16", tiles={"b": 2, "a": 1})
+    b = Layout(dtype="float16", tiles=(("a", 1), ("b", 2)))
+    assert a == b and hash(a) == hash(b) and a.digest == b.digest and a.name == b.name
+    assert ModuleSpec.make("x", p=1, q="a") == ModuleSpec.make("x", q="a", p=1)
+
+
+@pytest.mark.parametrize("bad", [
+    dict(dtype="float64"), dict(scale_dtype="float16", dtype="bfloat16"), dict(fc1_bits=5), dict(fc2_bits=0),
+    dict(block_size=8), dict(block_size=48), dict(fc1_zp="yes"), dict(activation="tanh"),
+    dict(swiglu_fusion=3), dict(swiglu_fusion=1, activation="relu"), dict(fc3_bits=4),
+    dict(has_fc3=True, fc3_bits=0), dict(activation="swiglu"), dict(threads=100), dict(has_fc3=1),
+])
+def test_layout_refuses_bad_values(bad):
+    with pytest.raises(QMoEAttributeError):
+        Layout(**bad)
+
+
+SPEC = dequant_spec("float16", 4, 128, "packed", "float32")
+SPEC_ALTERNATIVES = {
+    "dtype": dict(dtype="bfloat16"),
+    "scale_dtype": dict(scale_dtype="float16"),
+    "bits": dict(bits=3),
+    "block_size": dict(block_size=0),
+    "zp": dict(zp="offset"),
+    "threads": dict(threads=512),
+}
+
+
+def test_dequant_spec_alternatives_cover_all_params():
+    assert set(SPEC_ALTERNATIVES) == set(SPEC.as_dict())
+
+
+@pytest.mark.parametrize("param", sorted(SPEC_ALTERNATIVES))
+def test_every_module_param_changes_the_cache_key(param):
+    other = ModuleSpec.make("dequant", **{**SPEC.as_dict(), **SPEC_ALTERNATIVES[param]})
+    assert cache_key(other, "sm_90") != cache_key(SPEC, "sm_90")
+    assert other.name != SPEC.name and other.digest != SPEC.digest
+
+
+def test_equal_specs_equal_keys_and_arch_and_lineinfo_change_it():
+    again = dequant_spec("float16", 4, 128, "packed", "float32")
+    assert cache_key(again, "sm_90") == cache_key(SPEC, "sm_90")
+    keys = {cache_key(SPEC, a) for a in ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a")}
+    assert len(keys) == 5
+    with knobs.scope(lineinfo=True):
+        k_line = cache_key(SPEC, "sm_90")
+    assert k_line != cache_key(SPEC, "sm_90")
+
+
+def test_readable_module_name():
+    assert SPEC.name == "dequant_b4_bs128_zp-packed_f16_s-f32_t256"
+
+
+@pytest.mark.parametrize("family", family_names())
+def test_family_depends_on_exactly_its_fields(family):
+    """Changing a field outside depends_on never changes a family's modules; each field inside
+    changes them for at least one alternative."""
+    fam = get_family(family)
+    base = set(fam.specs(BASE, ("decode", "prefill")))
+    for field, change in ALTERNATIVES.items():
+        other = set(fam.specs(dataclasses.replace(BASE, **change), ("decode", "prefill")))
+        if field in fam.depends_on:
+            assert other != base, f"{family}: changing {field} did not change the modules"
+        elif not (set(change) & set(fam.depends_on)):
+            assert other == base, f"{family}: {field} is not in depends_on but changed the modules"
+
+
+def test_layers_differing_in_irrelevant_fields_share_dequant_modules():
+    a = Layout(dtype="float16", fc1_bits=4, fc2_bits=4, activation="relu")
+    b = Layout(dtype="float16", fc1_bits=4, fc2_bits=4, activation="swiglu", swiglu_fusion=2)
+    assert modules_for(a, families=["dequant"]) == modules_for(b, families=["dequant"])
+    # fc1 and fc2 with the same quantization share one module
+    assert len(modules_for(a, families=["dequant"])) == 1
+    c = dataclasses.replace(a, fc2_bits=2, fc2_zp="packed")
+    assert len(modules_for(c, families=["dequant"])) == 2
+
+
+def test_modules_for_refuses_unknown_variant():
+    with pytest.raises(QMoEAttributeError):
+        modules_for(BASE, variants=("training",))
+
+
+def test_knobs_typed_scoped_and_lazy(monkeypatch, tmp_path):
+    monkeypatch.setenv("QMOE_RTC_STRICT", "yes")
+    assert knobs.get("strict") is True and knobs.cache_mode() == "strict"
+    with knobs.scope(strict=False, no_disk_cache=True):
+        assert knobs.cache_mode() == "memory"
+        with knobs.scope(cache_dir=tmp_path):
+            assert knobs.cache_dir() == tmp_path
+    assert knobs.cache_mode() == "strict"
+    monkeypatch.setenv("QMOE_RTC_STRICT", "maybe")
+    with pytest.raises(KnobError):
+        knobs.get("strict")
+    with pytest.raises(KnobError):
+        with knobs.scope(strict=3):
+            pass
+    with pytest.raises(KnobError):
+        knobs.get("no_such_knob")
+    monkeypatch.delenv("QMOE_RTC_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert knobs.cache_dir() == tmp_path / "xdg" / "qmoe_rtc"
+    assert not (tmp_path / "xdg").exists()  # resolving a path creates nothing
