@@ -1,0 +1,148 @@
+"""Cache tiers and modes, integrity, atomicity and concurrent writers (CPU only: explicit arch)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from qmoe_rtc import knobs
+from qmoe_rtc.errors import CacheMissError
+from qmoe_rtc.jit import cache_key, clear_memory, disk_entry_dir, get_cubin
+from qmoe_rtc.kernels.dequant import dequant_spec
+
+ARCH = "sm_90"
+SPEC = dequant_spec("float16", 4, 128, "packed", "float32")
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def cache(tmp_path):
+    clear_memory()
+    with knobs.scope(cache_dir=tmp_path, no_disk_cache=False, strict=False, dump=False):
+        yield tmp_path
+    clear_memory()
+
+
+def _entry(spec=SPEC):
+    d = disk_entry_dir(ARCH)
+    metas = sorted(d.glob(f"{spec.name}-*.json"))
+    assert len(metas) == 1, metas
+    meta = json.loads(metas[0].read_text())
+    return metas[0], d / meta["cubin_file"], meta
+
+
+def test_miss_then_memory_then_disk_hit(cache):
+    first = get_cubin(SPEC, ARCH)
+    assert first.origin == "compiled"
+    assert get_cubin(SPEC, ARCH).origin == "memory"
+    clear_memory()
+    again = get_cubin(SPEC, ARCH)
+    assert again.origin == "disk" and again.cubin == first.cubin and again.lowered == first.lowered
+    meta_path, cubin_path, meta = _entry()
+    assert meta["key"] == cache_key(SPEC, ARCH) and meta["lowered"] == first.lowered
+    assert cubin_path.read_bytes() == first.cubin  # raw cubin on disk
+    assert str(cache) in str(meta_path) and f"v1{os.sep}{ARCH}" in str(meta_path)
+    assert not list(meta_path.parent.glob(".tmp-*"))
+
+
+@pytest.mark.parametrize("damage", ["truncate_cubin", "flip_cubin_byte", "delete_cubin", "garbage_json",
+                                    "truncate_json", "wrong_key"])
+def test_corrupt_entry_is_detected_and_rebuilt(cache, damage, caplog):
+    good = get_cubin(SPEC, ARCH).cubin
+    meta_path, cubin_path, meta = _entry()
+    if damage == "truncate_cubin":
+        cubin_path.write_bytes(good[: len(good) // 2])
+    elif damage == "flip_cubin_byte":
+        cubin_path.write_bytes(good[:100] + bytes([good[100] ^ 0xFF]) + good[101:])
+    elif damage == "delete_cubin":
+        cubin_path.unlink()
+    elif damage == "garbage_json":
+        meta_path.write_bytes(b"\x00not json")
+    elif damage == "truncate_json":
+        meta_path.write_bytes(meta_path.read_bytes()[:40])
+    elif damage == "wrong_key":
+        meta_path.write_text(json.dumps({**meta, "key": "0" * 64}))
+    clear_memory()
+    with caplog.at_level("WARNING", logger="qmoe_rtc"):
+        rebuilt = get_cubin(SPEC, ARCH)
+    assert rebuilt.origin == "compiled" and rebuilt.cubin == good
+    assert any("corrupt" in r.message for r in caplog.records)
+    clear_memory()
+    assert get_cubin(SPEC, ARCH).origin == "disk"  # the rebuilt entry is good again
+
+
+def test_strict_mode(cache):
+    with knobs.scope(strict=True):
+        with pytest.raises(CacheMissError, match="strict"):
+            get_cubin(SPEC, ARCH)
+    assert not disk_entry_dir(ARCH).exists() or not any(disk_entry_dir(ARCH).glob("*.json"))
+    get_cubin(SPEC, ARCH)  # warm it
+    clear_memory()
+    with knobs.scope(strict=True):
+        assert get_cubin(SPEC, ARCH).origin == "disk"
+
+
+def test_memory_only_mode_writes_nothing(cache):
+    with knobs.scope(no_disk_cache=True):
+        assert get_cubin(SPEC, ARCH).origin == "compiled"
+        assert get_cubin(SPEC, ARCH).origin == "memory"
+    assert not any(cache.rglob("*"))
+
+
+def test_stale_temp_files_are_swept(cache):
+    d = disk_entry_dir(ARCH)
+    d.mkdir(parents=True)
+    old, fresh = d / ".tmp-old.cubin.x", d / ".tmp-fresh.cubin.y"
+    old.write_bytes(b"x")
+    fresh.write_bytes(b"y")
+    os.utime(old, (time.time() - 7200, time.time() - 7200))
+    get_cubin(SPEC, ARCH)
+    assert not old.exists() and fresh.exists()
+
+
+def test_dump_knob_writes_source_log_and_ptx(cache):
+    with knobs.scope(dump=True):
+        get_cubin(SPEC, ARCH)
+    meta_path, _, _ = _entry()
+    stem = meta_path.with_suffix("")
+    assert "dequant_expert.cuh" in Path(f"{stem}.cu").read_text()
+    assert ".entry" in Path(f"{stem}.ptx").read_text()
+    assert "-arch=sm_90" in Path(f"{stem}.log").read_text()
+
+
+_WRITER = r"""
+import sys, time
+from qmoe_rtc.jit import get_cubin
+from qmoe_rtc.kernels.dequant import dequant_spec
+start = float(sys.argv[1])
+spec = dequant_spec("float16", 4, 128, "packed", "float32")
+from qmoe_rtc.jit import cache_key; cache_key(spec, "sm_90")  # imports + hashing done before the start line
+while time.time() < start:
+    time.sleep(0.001)
+m = get_cubin(spec, "sm_90")
+print(m.origin, len(m.cubin))
+"""
+
+
+def test_two_concurrent_writers_leave_one_good_entry(cache):
+    env = {**os.environ, "QMOE_RTC_CACHE_DIR": str(cache), "PYTHONPATH": str(REPO)}
+    env.pop("QMOE_RTC_STRICT", None)
+    env.pop("QMOE_RTC_NO_DISK_CACHE", None)
+    start = time.time() + 3.0
+    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, str(start)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err
+        assert out.split()[0] in ("compiled", "disk")
+    _meta, cubin_path, meta = _entry()
+    assert not list(disk_entry_dir(ARCH).glob(".tmp-*"))
+    clear_memory()
+    hit = get_cubin(SPEC, ARCH)
+    assert hit.origin == "disk" and len(hit.cubin) == meta["cubin_size"]
