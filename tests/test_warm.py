@@ -1,0 +1,72 @@
+"""The warm tool end to end on a temporary cache dir (CPU only: explicit --arch)."""
+
+from __future__ import annotations
+
+import pytest
+
+from qmoe_rtc import knobs, warm
+from qmoe_rtc.errors import CompileError
+from qmoe_rtc.jit import clear_memory, disk_entry_dir
+from qmoe_rtc.presets import PRESETS
+from qmoe_rtc.specialize import modules_for
+
+
+@pytest.fixture
+def cache(tmp_path):
+    clear_memory()
+    with knobs.scope(cache_dir=tmp_path, no_disk_cache=False, strict=False):
+        yield tmp_path
+    clear_memory()
+
+
+def test_warm_preset_end_to_end(cache, capsys):
+    argv = ["--preset", "gpt-oss-20b", "--arch", "sm_90", "--dtype", "float16,bfloat16", "--bits", "4",
+            "--zero-points", "none,packed", "--jobs", "2", "--no-progress"]
+    assert warm.main(argv) == 0
+    out = capsys.readouterr().out
+    lines = [l for l in out.splitlines() if l.startswith("sm_90 ")]
+    assert len(lines) == 4 and all(" compiled " in l for l in lines)
+    assert "4 compiled, 0 hits, 0 failed" in out
+    assert len(list(disk_entry_dir("sm_90").glob("*.json"))) == 4
+    # second run: every module is a hit; strict mode is then satisfied
+    with knobs.scope(strict=True):
+        assert warm.main(argv) == 0
+    assert "0 compiled, 4 hits, 0 failed" in capsys.readouterr().out
+
+
+def test_warm_plan_uses_modules_for(cache, capsys):
+    cfg = PRESETS["qwen3-30b-a3b"].config(bits=2, zero_points="offset", dtype="bfloat16")
+    expected = modules_for(cfg)
+    assert warm.main(["--preset", "qwen3-30b-a3b", "--bits", "2", "--zero-points", "offset", "--dtype", "bfloat16",
+                      "--arch", "sm_90", "--arch", "sm_80", "--list"]) == 0
+    out = capsys.readouterr().out
+    for arch in ("sm_90", "sm_80"):
+        for spec in expected:
+            assert f"{arch} {spec.name}" in out
+    assert not any(cache.iterdir())  # --list compiles nothing
+
+
+def test_warm_explicit_model_mixed_bits_in_process(cache, capsys):
+    argv = ["--hidden", "256", "--inter", "128", "--experts", "4", "--k", "2", "--fc1-bits", "3", "--fc2-bits", "8",
+            "--block-size", "32", "--activation", "silu", "--fc3", "--fc3-bits", "2", "--arch", "sm_80", "--jobs", "1"]
+    assert warm.main(argv) == 0
+    out = capsys.readouterr().out
+    for b in (3, 8, 2):
+        assert f"dequant_b{b}_bs32_zp-none_f16" in out
+
+
+def test_warm_failure_exits_nonzero(cache, capsys, monkeypatch):
+    def boom(spec, arch):
+        raise CompileError(spec.name, "error: simulated", ("-arch=" + arch,), "int x\n")
+
+    monkeypatch.setattr(warm, "_build", boom)
+    assert warm.main(["--preset", "mixtral-8x7b", "--arch", "sm_90", "--jobs", "1"]) == 1
+    captured = capsys.readouterr()
+    assert "FAILED CompileError" in captured.out and "1 failed" in captured.out
+    assert "1 | int x" in captured.err
+
+
+def test_warm_bad_arguments(cache, capsys):
+    assert warm.main(["--hidden", "64", "--arch", "sm_90"]) == 2
+    assert warm.main(["--preset", "gpt-oss-20b", "--arch", "compute_90"]) == 2
+    assert warm.main(["--preset", "gpt-oss-20b", "--block-size", "48", "--arch", "sm_90"]) == 2
