@@ -54,6 +54,11 @@ def packed_row_bytes(K: int, bits: int) -> int:
     return (int(K) * int(bits) + 7) // 8
 
 
+def _group(bits: int) -> tuple[int, int]:
+    """(codes, bytes) of the smallest whole-byte group: 8 codes in b bytes for 3-bit, 8/b codes in 1 byte else."""
+    return (8, 3) if bits == 3 else (8 // bits, 1)
+
+
 def pack_codes(codes, bits: int):
     """Pack integer codes ``[..., K]`` (each < 2^bits) into uint8 ``[..., ceil(K·b/8)]``, LSB first."""
     bits = _check_bits(bits)
@@ -63,19 +68,20 @@ def pack_codes(codes, bits: int):
     if codes.size and int(codes.max()) >= (1 << bits):
         raise QMoEInputError("codes", f"values below 2^{bits} = {1 << bits}", f"max {int(codes.max())}")
     lead = codes.shape[:-1]
-    c = codes.astype(xp.uint8)
     if bits == 8:
-        return xp.ascontiguousarray(c)
-    # bitstream [..., K*b] LSB first, padded up to whole bytes
-    shifts = xp.arange(bits, dtype=xp.uint8)
-    stream = ((c[..., :, None] >> shifts) & 1).reshape(*lead, K * bits)
-    nbytes = packed_row_bytes(K, bits)
-    pad = nbytes * 8 - K * bits
+        return xp.ascontiguousarray(codes.astype(xp.uint8))
+    G, B = _group(bits)
+    pad = (-K) % G
+    c = codes.astype(xp.uint32)
     if pad:
-        stream = xp.concatenate([stream, xp.zeros((*lead, pad), dtype=xp.uint8)], axis=-1)
-    weights = (1 << xp.arange(8, dtype=xp.uint16)).astype(xp.uint16)
-    out = (stream.reshape(*lead, nbytes, 8).astype(xp.uint16) * weights).sum(axis=-1)
-    return xp.ascontiguousarray(out.astype(xp.uint8))
+        c = xp.concatenate([c, xp.zeros((*lead, pad), dtype=xp.uint32)], axis=-1)
+    c = c.reshape(*lead, -1, G)
+    acc = c[..., 0].copy()
+    for j in range(1, G):
+        acc |= c[..., j] << (bits * j)
+    out = xp.stack([(acc >> (8 * i)) & 0xFF for i in range(B)], axis=-1).astype(xp.uint8)
+    out = out.reshape(*lead, -1)[..., : packed_row_bytes(K, bits)]
+    return xp.ascontiguousarray(out)
 
 
 def unpack_codes(packed, bits: int, K: int):
@@ -91,13 +97,19 @@ def unpack_codes(packed, bits: int, K: int):
         )
     if bits == 8:
         return packed.astype(xp.uint8)
-    k = xp.arange(K, dtype=xp.int64)
-    byte = (k * bits) // 8
-    shift = ((k * bits) % 8).astype(xp.uint16)
-    # two-byte window: a 3-bit code can straddle a byte boundary
-    p16 = xp.concatenate([packed, xp.zeros((*packed.shape[:-1], 1), dtype=xp.uint8)], axis=-1).astype(xp.uint16)
-    window = p16[..., byte] | (p16[..., byte + 1] << 8)
-    return ((window >> shift) & ((1 << bits) - 1)).astype(xp.uint8)
+    lead = packed.shape[:-1]
+    G, B = _group(bits)
+    p = packed.astype(xp.uint32)
+    pad = (-need) % B
+    if pad:
+        p = xp.concatenate([p, xp.zeros((*lead, pad), dtype=xp.uint32)], axis=-1)
+    p = p.reshape(*lead, -1, B)
+    acc = p[..., 0].copy()
+    for i in range(1, B):
+        acc |= p[..., i] << (8 * i)
+    mask = (1 << bits) - 1
+    out = xp.stack([(acc >> (bits * j)) & mask for j in range(G)], axis=-1).astype(xp.uint8)
+    return xp.ascontiguousarray(out.reshape(*lead, -1)[..., :K])
 
 
 def unpack_zero_points(zero_points, bits: int, N: int, n_blocks: int, block_wise: bool):
@@ -135,9 +147,17 @@ def quantize(weights, bits: int, block_size: int = 0, symmetric: bool = True, sc
     block_size = int(block_size)
     if block_size < 0 or (block_size and (block_size < 16 or block_size & (block_size - 1) or K % block_size)):
         raise QMoEInputError("block_size", f"0 or a power of two >= 16 dividing K={K}", str(block_size))
+    chunk = max(1, (1 << 24) // max(1, N * K))  # bound the float32 temporaries to ~64 MiB each
+    if E > chunk:
+        parts = [quantize(w[i : i + chunk], bits, block_size, symmetric, scale_dtype) for i in range(0, E, chunk)]
+        return QuantizedWeights(
+            xp.concatenate([p.packed for p in parts]),
+            xp.concatenate([p.scales for p in parts]),
+            None if symmetric else xp.concatenate([p.zero_points for p in parts]),
+        )
     bs = block_size or K
     nb = K // bs
-    g = w.astype(xp.float64).reshape(E, N, nb, bs)
+    g = w.astype(xp.float32).reshape(E, N, nb, bs)
     qmax = (1 << bits) - 1
     if symmetric:
         zp = float(1 << (bits - 1))
@@ -145,7 +165,7 @@ def quantize(weights, bits: int, block_size: int = 0, symmetric: bool = True, sc
         scale = amax / zp
         scale = xp.where(scale > 0, scale, 1.0)
         scale_s = scale.astype(np_dtype(dtype_name(scale_dtype)))
-        s = scale_s.astype(xp.float64)[..., None]
+        s = scale_s.astype(xp.float32)[..., None]
         q = xp.clip(xp.rint(g / s) + zp, 0, qmax)
         zero_points = None
     else:
@@ -154,7 +174,7 @@ def quantize(weights, bits: int, block_size: int = 0, symmetric: bool = True, sc
         scale = (hi - lo) / qmax
         scale = xp.where(scale > 0, scale, 1.0)
         scale_s = scale.astype(np_dtype(dtype_name(scale_dtype)))
-        s = scale_s.astype(xp.float64)
+        s = scale_s.astype(xp.float32)
         zpc = xp.clip(xp.rint(-lo / s), 0, qmax)
         q = xp.clip(xp.rint(g / s[..., None]) + zpc[..., None], 0, qmax)
         zpc = zpc.astype(xp.uint8)

@@ -49,7 +49,9 @@ def random_layer(
     bdt = np_dtype(dtype)
 
     def proj(name, N, K, b, zp):
-        q = quantize(rng.standard_normal((E, N, K)) / np.sqrt(K), b, block_size, symmetric=not zp, scale_dtype=sdt)
+        w = rng.standard_normal((E, N, K), dtype=np.float32)
+        w *= np.float32(1.0 / np.sqrt(K))
+        q = quantize(w, b, block_size, symmetric=not zp, scale_dtype=sdt)
         out = {f"{name}_experts_weights": q.packed, f"{name}_scales": q.scales}
         if zp:
             out[f"{name}_zero_points"] = q.zero_points

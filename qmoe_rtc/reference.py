@@ -182,16 +182,15 @@ def qmoe(
     if call.rows == 0:
         return np.zeros(call.input_shape, dtype=out_dtype)
 
-    def dq(p):
+    def dq(p, e):
+        """Expert e of projection p, dequantized in float32, as float64 [N, K]."""
+        z = weights[f"{p.name}_zero_points"]
         return dequantize(
-            weights[f"{p.name}_experts_weights"], weights[f"{p.name}_scales"], p.bits, p.block_size,
-            zero_points=weights[f"{p.name}_zero_points"],
+            weights[f"{p.name}_experts_weights"][e : e + 1], weights[f"{p.name}_scales"][e : e + 1], p.bits,
+            p.block_size, zero_points=None if z is None else z[e : e + 1],
             zero_point_offset=attrs.zero_point_offset if p.zp_mode == "offset" else None, K=p.K,
-        ).astype(np.float64)
+        )[0].astype(np.float64)
 
-    W1 = dq(layer.fc1)  # [E, F·I, H]
-    W2 = dq(layer.fc2)  # [E, H, I]
-    W3 = dq(layer.fc3) if layer.fc3 is not None else None  # [E, I, H]
     b1, b2, b3 = (_f64(weights[f"fc{i}_experts_bias"]) for i in (1, 2, 3))
 
     x = x_in.astype(np.float64).reshape(call.rows, layer.H)
@@ -200,11 +199,11 @@ def qmoe(
     for e in np.unique(experts):
         r, j = np.nonzero(experts == e)
         xe = x[r]
-        h = xe @ W1[e].T + (b1[e] if b1 is not None else 0.0)
+        h = xe @ dq(layer.fc1, e).T + (b1[e] if b1 is not None else 0.0)  # [n, F·I]
         u = None
-        if W3 is not None:
-            u = xe @ W3[e].T + (b3[e] if b3 is not None else 0.0)
-        a = activate(h, attrs, layer.F, u)
-        y = a @ W2[e].T + (b2[e] if b2 is not None else 0.0)
+        if layer.fc3 is not None:
+            u = xe @ dq(layer.fc3, e).T + (b3[e] if b3 is not None else 0.0)  # [n, I]
+        a = activate(h, attrs, layer.F, u)  # [n, I]
+        y = a @ dq(layer.fc2, e).T + (b2[e] if b2 is not None else 0.0)  # [n, H]
         np.add.at(out, r, route_w[r, j][:, None] * y)
     return out.reshape(call.input_shape).astype(out_dtype)

@@ -1,0 +1,145 @@
+"""Command line: ``python -m qmoe_rtc {info,demo,warm,bench}``."""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import time
+
+
+def _version(dist: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def cmd_info(args) -> int:
+    """Versions, NVRTC found?, GPU found?"""
+    import qmoe_rtc
+
+    print(f"qmoe_rtc          {qmoe_rtc.__version__}")
+    print(f"python            {platform.python_version()} ({sys.executable})")
+    for dist in ("numpy", "ml_dtypes", "cupy-cuda13x", "cuda-bindings", "nvidia-cuda-nvrtc", "nvidia-cuda-runtime",
+                 "onnxruntime"):
+        print(f"{dist:<18}{_version(dist)}")
+    try:
+        from cuda.bindings import nvrtc
+
+        err, major, minor = nvrtc.nvrtcVersion()
+        print(f"NVRTC             {major}.{minor}" if int(err) == 0 else f"NVRTC             error {err}")
+    except Exception as exc:  # report, don't fail: info is a diagnostic
+        print(f"NVRTC             not found ({type(exc).__name__}: {exc})")
+    try:
+        import cupy
+
+        n = cupy.cuda.runtime.getDeviceCount()
+        drv = cupy.cuda.runtime.driverGetVersion()
+        print(f"CUDA driver       {drv // 1000}.{drv % 1000 // 10}")
+        for i in range(n):
+            p = cupy.cuda.runtime.getDeviceProperties(i)
+            name = p["name"].decode() if isinstance(p["name"], bytes) else p["name"]
+            print(f"GPU {i}             {name}, sm_{p['major']}{p['minor']}, {p['totalGlobalMem'] / 2**30:.0f} GiB")
+        if n == 0:
+            print("GPU               none found")
+    except Exception as exc:
+        print(f"GPU               none found ({type(exc).__name__}: {str(exc).splitlines()[0]})")
+    try:
+        from . import knobs
+
+        print(f"kernel cache      {knobs.cache_dir()} (mode: {knobs.cache_mode()})")
+    except Exception as exc:  # knobs may be mis-set; say so
+        print(f"kernel cache      unavailable ({exc})")
+    return 0
+
+
+def _gpu_present() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+def cmd_demo(args) -> int:
+    """A random Qwen3-30B-A3B-shaped layer (int4, block 128): reference on the CPU, GPU when present."""
+    import numpy as np
+
+    from .random_layer import random_inputs, random_layer
+    from .reference import qmoe
+
+    rng = np.random.default_rng(args.seed)
+    H, I, E, k = 2048, 768, 128, 8
+    print(f"demo: qwen3-30b-a3b-shaped layer H={H} I={I} E={E} k={k}, int4 block 128, swiglu, {args.dtype}, "
+          f"{args.tokens} token(s)")
+    t = time.perf_counter()
+    weights, attrs = random_layer(rng, E=E, H=H, I=I, k=k, bits=4, block_size=128, dtype=args.dtype,
+                                  activation_type="swiglu", normalize_routing_weights=1)
+    x, logits, _ = random_inputs(rng, args.tokens, H, E, args.dtype)
+    print(f"  built and quantized the layer in {time.perf_counter() - t:.2f} s")
+    t = time.perf_counter()
+    ref = qmoe(x, logits, **weights, **attrs)
+    print(f"  CPU float64 reference: {1e3 * (time.perf_counter() - t):.1f} ms")
+    if not _gpu_present():
+        print("  GPU: none found, GPU path skipped")
+        return 0
+    try:
+        from .executor import QMoE
+    except ImportError as exc:
+        print(f"  GPU: present, but this build has no GPU executor ({exc})")
+        return 0
+    import cupy as cp
+
+    moe = QMoE(**{n: cp.asarray(v) for n, v in weights.items()}, **attrs)
+    xd, ld = cp.asarray(x), cp.asarray(logits)
+    t = time.perf_counter()
+    y = moe(xd, ld)
+    cp.cuda.get_current_stream().synchronize()
+    first = time.perf_counter() - t
+    for _ in range(3):
+        moe(xd, ld)
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    start.record()
+    n = 20
+    for _ in range(n):
+        y = moe(xd, ld)
+    end.record()
+    end.synchronize()
+    per = cp.cuda.get_elapsed_time(start, end) / n
+    out = cp.asnumpy(y).astype(np.float64)
+    r = ref.astype(np.float64)
+    err = np.linalg.norm(out - r) / np.linalg.norm(r)
+    print(f"  GPU: first call (incl. compile/load) {first * 1e3:.1f} ms, eager {per * 1e3:.1f} us/call, "
+          f"relative error vs reference {err:.2e}")
+    return 0 if err < {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}[args.dtype] else 1
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m qmoe_rtc", description=__doc__)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("info", help="versions, NVRTC and GPU found?")
+    d = sub.add_parser("demo", help="run a random Qwen3-30B-A3B-shaped layer")
+    d.add_argument("--tokens", type=int, default=4)
+    d.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float16")
+    d.add_argument("--seed", type=int, default=0)
+    sub.add_parser("warm", help="pre-compile kernels into the on-disk cache (see `warm --help`)", add_help=False)
+    sub.add_parser("bench", help="benchmark (see `bench --help`)", add_help=False)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "warm":
+        from .warm import main as warm_main
+
+        return warm_main(argv[1:])
+    if argv and argv[0] == "bench":
+        from .bench import main as bench_main
+
+        return bench_main(argv[1:])
+    args = parser.parse_args(argv)
+    return {"info": cmd_info, "demo": cmd_demo}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
