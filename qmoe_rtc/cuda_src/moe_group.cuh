@@ -1,0 +1,72 @@
+// moe_group.cuh: group routes by expert on the device, in one block (no host sync).
+//
+//   topk_ids     [R]      i32   expert of route r (r = row*k + slot)
+//   offsets      [E + 1]  i32   (out) first sorted position of expert e; offsets[E] = R
+//   tile_offsets [E + 1]  i32   (out) first GEMM tile of expert e (tiles of BM rows); tile_offsets[E] = tiles
+//   sorted       [R]      i32   (out) route ids in expert order (order inside an expert is arbitrary:
+//                                every route's result depends on its own row only)
+//
+// Launch: one block of kGroupThreads threads. E <= 512.
+#pragma once
+
+#include "types.cuh"
+
+namespace qmoe {
+
+constexpr int kGroupThreads = 1024;
+constexpr int kGroupMaxExperts = 512;
+
+__global__ void __launch_bounds__(kGroupThreads)
+group_by_expert(const i32* __restrict__ topk_ids, i32 R, i32 E, i32 BM, i32* __restrict__ offsets,
+                i32* __restrict__ tile_offsets, i32* __restrict__ sorted) {
+  __shared__ i32 count[kGroupMaxExperts];
+  __shared__ i32 cursor[kGroupMaxExperts];
+  __shared__ i32 warp_tot[2][kGroupThreads / 32];
+  const int tid = threadIdx.x;
+  for (int e = tid; e < E; e += kGroupThreads) count[e] = 0;
+  __syncthreads();
+  for (i32 r = tid; r < R; r += kGroupThreads) atomicAdd(&count[topk_ids[r]], 1);
+  __syncthreads();
+
+  // exclusive scans of count[] and ceil(count/BM)[] (E <= 512 < kGroupThreads: one entry per thread)
+  const int lane = tid & 31, warp = tid >> 5;
+  const i32 c = tid < E ? count[tid] : 0;
+  const i32 t = (c + BM - 1) / BM;
+  i32 sc = c, st = t;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const i32 a = __shfl_up_sync(0xffffffffu, sc, o);
+    const i32 b = __shfl_up_sync(0xffffffffu, st, o);
+    if (lane >= o) {
+      sc += a;
+      st += b;
+    }
+  }
+  if (lane == 31) {
+    warp_tot[0][warp] = sc;
+    warp_tot[1][warp] = st;
+  }
+  __syncthreads();
+  i32 base_c = 0, base_t = 0;
+  for (int w = 0; w < warp; ++w) {
+    base_c += warp_tot[0][w];
+    base_t += warp_tot[1][w];
+  }
+  const i32 excl_c = base_c + sc - c, excl_t = base_t + st - t;
+  if (tid < E) {
+    offsets[tid] = excl_c;
+    tile_offsets[tid] = excl_t;
+    cursor[tid] = excl_c;
+  }
+  if (tid == E) {  // E < kGroupThreads: this thread's inclusive totals are the grand totals
+    offsets[E] = excl_c;
+    tile_offsets[E] = excl_t;
+  }
+  __syncthreads();
+  for (i32 r = tid; r < R; r += kGroupThreads) {
+    const i32 pos = atomicAdd(&cursor[topk_ids[r]], 1);
+    sorted[pos] = r;
+  }
+}
+
+}  // namespace qmoe
