@@ -72,7 +72,7 @@ def test_corrupt_entry_is_detected_and_rebuilt(cache, damage, caplog):
     with caplog.at_level("WARNING", logger="qmoe_rtc"):
         rebuilt = get_cubin(SPEC, ARCH)
     assert rebuilt.origin == "compiled" and rebuilt.cubin == good
-    assert any("corrupt" in r.message for r in caplog.records)
+    assert any("corrupt" in r.getMessage() for r in caplog.records)
     clear_memory()
     assert get_cubin(SPEC, ARCH).origin == "disk"  # the rebuilt entry is good again
 

@@ -61,7 +61,6 @@ def test_arch_must_be_a_sass_target(arch):
         get_cubin(dequant_spec("float16", 4), arch)
 
 
-@register
 class _BrokenFamily(KernelFamily):
     """A family whose template does not compile (test only)."""
 
@@ -78,7 +77,16 @@ class _BrokenFamily(KernelFamily):
         return Launch((1, 1, 1), (32, 1, 1))
 
 
-def test_compile_error_is_typed_picklable_and_leaves_no_entry(cache):
+@pytest.fixture
+def broken_family():
+    from qmoe_rtc.kernels import unregister
+
+    register(_BrokenFamily)
+    yield
+    unregister(_BrokenFamily.name)
+
+
+def test_compile_error_is_typed_picklable_and_leaves_no_entry(cache, broken_family):
     from qmoe_rtc.specialize import ModuleSpec
 
     spec = ModuleSpec.make("test_broken", x=1)

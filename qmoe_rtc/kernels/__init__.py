@@ -13,7 +13,7 @@ import threading
 
 from ..errors import QMoEUnsupportedError
 
-__all__ = ["BUILTIN_FAMILIES", "register", "get_family", "family_names"]
+__all__ = ["BUILTIN_FAMILIES", "register", "unregister", "get_family", "family_names"]
 
 #: Built-in families in a stable order (the executor appends "route", "group", "gemv", "gemm",
 #: "combine").
@@ -36,6 +36,16 @@ def register(cls):
         if cls.name not in BUILTIN_FAMILIES and cls.name not in _extra:
             _extra.append(cls.name)
     return cls
+
+
+def unregister(name: str) -> None:
+    """Remove a non-built-in family (tests that register throw-away families)."""
+    with _lock:
+        if name in BUILTIN_FAMILIES:
+            raise QMoEUnsupportedError(f"built-in kernel family {name!r} cannot be unregistered")
+        _registry.pop(name, None)
+        if name in _extra:
+            _extra.remove(name)
 
 
 def get_family(name: str):
