@@ -17,6 +17,7 @@ __all__ = [
     "CacheCorruptError",
     "DeviceError",
     "CaptureError",
+    "KnobError",
 ]
 
 

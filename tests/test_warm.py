@@ -22,16 +22,21 @@ def cache(tmp_path):
 def test_warm_preset_end_to_end(cache, capsys):
     argv = ["--preset", "gpt-oss-20b", "--arch", "sm_90", "--dtype", "float16,bfloat16", "--bits", "4",
             "--zero-points", "none,packed", "--jobs", "2", "--no-progress"]
+    preset = PRESETS["gpt-oss-20b"]
+    want = {s for dt in ("float16", "bfloat16") for zp in ("none", "packed")
+            for s in modules_for(preset.config(bits=4, zero_points=zp, dtype=dt))}
+    n = len(want)
+    assert n >= 4 + 2 + 1  # per layout: expert modules; per dtype: routing; one grouping module
     assert warm.main(argv) == 0
     out = capsys.readouterr().out
     lines = [l for l in out.splitlines() if l.startswith("sm_90 ")]
-    assert len(lines) == 4 and all(" compiled " in l for l in lines)
-    assert "4 compiled, 0 hits, 0 failed" in out
-    assert len(list(disk_entry_dir("sm_90").glob("*.json"))) == 4
+    assert len(lines) == n and all(" compiled " in l for l in lines)
+    assert f"{n} compiled, 0 hits, 0 failed" in out
+    assert len(list(disk_entry_dir("sm_90").glob("*.json"))) == n
     # second run: every module is a hit; strict mode is then satisfied
     with knobs.scope(strict=True):
         assert warm.main(argv) == 0
-    assert "0 compiled, 4 hits, 0 failed" in capsys.readouterr().out
+    assert f"0 compiled, {n} hits, 0 failed" in capsys.readouterr().out
 
 
 def test_warm_plan_uses_modules_for(cache, capsys):
@@ -60,9 +65,10 @@ def test_warm_failure_exits_nonzero(cache, capsys, monkeypatch):
         raise CompileError(spec.name, "error: simulated", ("-arch=" + arch,), "int x\n")
 
     monkeypatch.setattr(warm, "_build", boom)
+    n = len(modules_for(PRESETS["mixtral-8x7b"].config()))
     assert warm.main(["--preset", "mixtral-8x7b", "--arch", "sm_90", "--jobs", "1"]) == 1
     captured = capsys.readouterr()
-    assert "FAILED CompileError" in captured.out and "1 failed" in captured.out
+    assert "FAILED CompileError" in captured.out and f"{n} failed" in captured.out
     assert "1 | int x" in captured.err
 
 

@@ -118,10 +118,12 @@ fc1_gemm(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* __r
          const i32* __restrict__ tile_offsets, i32 E, i32 k, i32 H, i32 I,
          const u8* __restrict__ w1, const ScaleT* __restrict__ s1, const u8* __restrict__ z1, const float* __restrict__ b1,
          const u8* __restrict__ w3, const ScaleT* __restrict__ s3, const u8* __restrict__ z3, const float* __restrict__ b3,
-         float zp_offset, ActParams ap, float* __restrict__ act_sorted) {
+         float zp_offset, float alpha, float beta, float limit, i32 limit_after,
+         float* __restrict__ act_sorted) {
   __shared__ float As[kGemmBK][kGemmBM + 4];
   __shared__ float Bs[kGemmBK][kGemmBW + 4];
   __shared__ i64 src_row[kGemmBM];
+  const ActParams ap{alpha, beta, limit, limit_after};
   i32 e, m0, m_end;
   if (!find_tile(offsets, tile_offsets, E, blockIdx.x, e, m0, m_end)) return;
   constexpr bool kGated = GATE != GATE_NONE;

@@ -55,8 +55,10 @@ __global__ void __launch_bounds__(kGemvThreads)
 fc1_gemv(const T* __restrict__ x, const i32* __restrict__ ids, i32 k, i32 H, i32 I,
          const u8* __restrict__ w1, const ScaleT* __restrict__ s1, const u8* __restrict__ z1, const float* __restrict__ b1,
          const u8* __restrict__ w3, const ScaleT* __restrict__ s3, const u8* __restrict__ z3, const float* __restrict__ b3,
-         float zp_offset, ActParams ap, float* __restrict__ act) {
+         float zp_offset, float alpha, float beta, float limit, i32 limit_after,
+         float* __restrict__ act) {
   extern __shared__ float xs[];  // [H]
+  const ActParams ap{alpha, beta, limit, limit_after};
   const i32 r = blockIdx.y;
   const i64 row = r / k;
   const i32 e = ids[r];

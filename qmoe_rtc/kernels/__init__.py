@@ -17,7 +17,7 @@ __all__ = ["BUILTIN_FAMILIES", "register", "unregister", "get_family", "family_n
 
 #: Built-in families in a stable order (the executor appends "route", "group", "gemv", "gemm",
 #: "combine").
-BUILTIN_FAMILIES: tuple[str, ...] = ("dequant",)
+BUILTIN_FAMILIES: tuple[str, ...] = ("dequant", "route", "group", "gemv", "gemm")
 
 _lock = threading.RLock()
 _registry: dict = {}

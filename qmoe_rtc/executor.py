@@ -1,0 +1,396 @@
+"""The GPU executor: a QMoE layer on CuPy arrays (or torch tensors through DLPack).
+
+``QMoE(...)`` validates and uploads the expert tensors once. A call goes through two steps:
+
+- **plan** (first call at a given shape/dtype, never inside graph capture): pick the decode or the
+  prefill path, compile or load the kernel modules, and grow the scratch pool;
+- **run**: launches only, on the current stream, no host synchronisation and no allocation other
+  than the output (none when ``out=`` is given). It is what a CUDA graph records.
+
+Decode path (``rows·k <= decode_max_routes``): route → fc1_gemv (activation fused) →
+fc2_gemv_combine (weighted combine fused), three launches. Prefill path: route → group_by_expert →
+fc1_gemm → fc2_gemm → combine, five launches.
+
+Graphs: :meth:`QMoE.capture` records one forward on static buffers; write new inputs into
+``graph.input`` / ``graph.router_probs`` (or call ``graph.update``) and ``graph.replay()``. Shapes
+are fixed per graph: capture one graph per batch size.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+from ._arrays import dtype_name, is_cupy, np_dtype, shape_str
+from .contract import INPUT_NAMES, WEIGHT_INPUTS, LayerSpec, QMoEAttributes, check_call, check_content, describe_layer
+from .errors import CaptureError, DeviceError, QMoEInputError
+
+__all__ = ["QMoE", "QMoEGraph", "qmoe", "DEFAULT_DECODE_MAX_ROUTES"]
+
+log = logging.getLogger("qmoe_rtc")
+
+#: Routes (rows·k) up to which the decode (GEMV) path is used; above it, the grouped GEMM path.
+DEFAULT_DECODE_MAX_ROUTES = 64
+
+
+def _cupy():
+    try:
+        import cupy
+    except ImportError as exc:  # pragma: no cover - cupy is a dependency
+        raise DeviceError(f"the GPU executor needs CuPy ({exc})") from exc
+    return cupy
+
+
+def _is_torch(a) -> bool:
+    return type(a).__module__.split(".", 1)[0] == "torch"
+
+
+def _to_cupy(name, a, device_id=None):
+    """CuPy view of a CuPy array, a torch tensor / ``__dlpack__`` object (zero copy), or a NumPy copy."""
+    if a is None:
+        return None
+    cp = _cupy()
+    if is_cupy(a):
+        return a
+    if hasattr(a, "__dlpack__") and not type(a).__module__.startswith("numpy"):
+        try:
+            return cp.from_dlpack(a)
+        except Exception as exc:
+            raise QMoEInputError(name, "a CUDA array exportable through DLPack", f"{type(a).__name__} ({exc})") from None
+    if hasattr(a, "shape") and hasattr(a, "dtype"):
+        with cp.cuda.Device(device_id if device_id is not None else cp.cuda.runtime.getDevice()):
+            return cp.asarray(a)
+    raise QMoEInputError(name, "a CuPy array, a torch CUDA tensor or a NumPy array", type(a).__name__)
+
+
+@dataclass
+class _Plan:
+    """What a call at one (rows, dtypes) needs: its path and loaded kernels."""
+
+    path: str  # "decode" | "prefill"
+    kernels: dict  # role -> jit.Kernel
+    route_key: str
+
+
+class _Scratch:
+    """Pooled scratch owned by a layer, grown outside capture only.
+
+    Slots (R = rows·k routes):
+      topk_ids [R] i32, topk_w [R] f32, act [R, I] f32 (decode) / act_sorted [R, I] f32 (prefill),
+      offsets [E+1] i32, tile_offsets [E+1] i32, sorted [R] i32, y [R, H] f32 (prefill only).
+    """
+
+    def __init__(self, E: int, H: int, I: int, device_id: int):
+        self.E, self.H, self.I, self.device_id = E, H, I, device_id
+        self.routes = 0
+        self.prefill = False
+        self.bufs: dict = {}
+
+    def ensure(self, routes: int, prefill: bool) -> None:
+        if routes <= self.routes and (self.prefill or not prefill):
+            return
+        cp = _cupy()
+        if cp.cuda.get_current_stream().is_capturing():
+            raise CaptureError(
+                f"the scratch pool holds {self.routes} routes{' (decode only)' if not self.prefill else ''}, this call "
+                f"needs {routes}{' (prefill)' if prefill else ''}: run one eager call at this shape before capturing")
+        R = max(routes, self.routes)
+        prefill = prefill or self.prefill
+        with cp.cuda.Device(self.device_id):
+            b = {
+                "topk_ids": cp.empty((R,), cp.int32),  # [R]
+                "topk_w": cp.empty((R,), cp.float32),  # [R]
+                "act": cp.empty((R, self.I), cp.float32),  # [R, I]
+            }
+            if prefill:
+                b["offsets"] = cp.empty((self.E + 1,), cp.int32)  # [E+1]
+                b["tile_offsets"] = cp.empty((self.E + 1,), cp.int32)  # [E+1]
+                b["sorted"] = cp.empty((R,), cp.int32)  # [R]
+                b["y"] = cp.empty((R, self.H), cp.float32)  # [R, H]
+        self.bufs, self.routes, self.prefill = b, R, prefill
+        log.debug("qmoe_rtc: scratch grown to %d routes (prefill=%s)", R, prefill)
+
+    def view(self, name: str, routes: int):
+        return self.bufs[name][:routes]
+
+
+class QMoE:
+    """One quantized MoE layer on the GPU, with ONNX Runtime's QMoE inputs and attributes.
+
+    Expert tensors (inputs 2–13) are keyword arguments with ONNX Runtime's names; attributes too
+    (``k``, ``activation_type``, ``expert_weight_bits``, ``block_size``, ``swiglu_fusion`` ...).
+    Arrays may be CuPy, torch CUDA tensors (DLPack, zero copy) or NumPy (uploaded once).
+
+    ``decode_max_routes``: rows·k up to which the decode (GEMV) path runs. ``validate_content``:
+    also check scales/biases/zero-point padding once (reads the tensors back to the host).
+    """
+
+    def __init__(self, *, decode_max_routes: int = DEFAULT_DECODE_MAX_ROUTES, validate_content: bool = False,
+                 device: int | None = None, **kwargs):
+        cp = _cupy()
+        weights = {n: kwargs.pop(n) for n in list(kwargs) if n in WEIGHT_INPUTS}
+        for n in list(kwargs):
+            if n in INPUT_NAMES:
+                raise QMoEInputError(n, "a per-call input: pass it to the layer call, not to QMoE()", "a constructor argument")
+        self.attrs = QMoEAttributes.from_kwargs(**kwargs)
+        if device is None:
+            first = weights.get("fc1_experts_weights")
+            device = int(first.device.id) if is_cupy(first) else cp.cuda.runtime.getDevice()
+        self.device_id = int(device)
+        w = {n: _to_cupy(n, a, self.device_id) for n, a in weights.items()}
+        self.layer: LayerSpec = describe_layer(w, self.attrs)
+        if self.layer.device_id is not None and self.layer.device_id != self.device_id:
+            raise DeviceError(f"weights live on cuda:{self.layer.device_id}, device={self.device_id} was asked for")
+        if validate_content:
+            check_content(w, self.layer)
+        if decode_max_routes < 0:
+            raise QMoEInputError("decode_max_routes", "a non-negative integer", str(decode_max_routes))
+        self.decode_max_routes = int(decode_max_routes)
+
+        L = self.layer
+        with cp.cuda.Device(self.device_id):
+            # scales: one dtype for the whole layer (float32 when the projections disagree)
+            sdts = {p.scale_dtype for p in L.projections()}
+            self.scale_dtype = sdts.pop() if len(sdts) == 1 else "float32"
+            if self.scale_dtype == "float32" and len({p.scale_dtype for p in L.projections()}) > 1:
+                log.info("qmoe_rtc: projections have scales of different dtypes; converted to float32 once")
+            self._proj = {}
+            for p in L.projections():
+                s = w[f"{p.name}_scales"]
+                if dtype_name(s) != self.scale_dtype:
+                    s = s.astype(cp.float32)
+                b = w.get(f"{p.name}_experts_bias")
+                self._proj[p.name] = (
+                    w[f"{p.name}_experts_weights"],  # [E, N, ceil(K·b/8)] u8
+                    cp.ascontiguousarray(s),  # [E, N] / [E, N, nb]
+                    w.get(f"{p.name}_zero_points"),  # packed u8 or None
+                    None if b is None else cp.ascontiguousarray(b.astype(cp.float32)),  # [E, N] f32
+                )
+        self._weights = w  # keep the caller's arrays alive
+        self._scratch = _Scratch(L.E, L.H, L.I, self.device_id)
+        self._plans: dict = {}
+        a = self.attrs
+        self._act_scalars = (float(a.activation_alpha), float(a.activation_beta), float(a.swiglu_limit),
+                             int(a.swiglu_limit_after_activation))
+        self._zp_offset = float(a.zero_point_offset or 0.0)
+
+    # -- layout ----------------------------------------------------------------------------------
+    def model_config(self, dtype: str):
+        """The :class:`~qmoe_rtc.specialize.ModelConfig` of this layer for activation dtype ``dtype``."""
+        from .specialize import Layout, ModelConfig
+
+        L = self.layer
+        scale_dtype = self.scale_dtype if self.scale_dtype in ("float32", dtype) else "float32"
+        layout = Layout(
+            dtype=dtype, scale_dtype=scale_dtype, fc1_bits=L.fc1.bits, fc2_bits=L.fc2.bits,
+            fc3_bits=L.fc3.bits if L.fc3 else 0, block_size=self.attrs.block_size, fc1_zp=L.fc1.zp_mode,
+            fc2_zp=L.fc2.zp_mode, fc3_zp=L.fc3.zp_mode if L.fc3 else "none", activation=self.attrs.activation_type,
+            swiglu_fusion=self.attrs.swiglu_fusion, has_fc3=L.fc3 is not None,
+        )
+        return ModelConfig(hidden=L.H, inter=L.I, experts=L.E, k=self.attrs.k, layout=layout,
+                           use_sparse_mixer=bool(self.attrs.use_sparse_mixer),
+                           normalize_routing_weights=bool(self.attrs.normalize_routing_weights))
+
+    # -- plan ------------------------------------------------------------------------------------
+    def plan(self, rows: int, dtype: str, router_dtype: str, router_weights_dtype: str | None = None) -> _Plan:
+        """Pick the path and load (compile if needed) its kernels; grows the scratch pool.
+
+        Never call it inside graph capture (a compile or an allocation cannot be captured).
+        """
+        key = (int(rows), dtype, router_dtype, router_weights_dtype)
+        plan = self._plans.get(key)
+        routes = int(rows) * self.attrs.k
+        path = "decode" if routes <= self.decode_max_routes else "prefill"
+        if plan is None:
+            cp = _cupy()
+            if cp.cuda.get_current_stream().is_capturing():
+                raise CaptureError(f"no plan for rows={rows}, dtype={dtype}: run one eager call at this shape "
+                                   "before capturing")
+            if self.scale_dtype not in ("float32", dtype):
+                raise QMoEInputError("input", f"dtype {self.scale_dtype} (the layer's scales)", f"dtype {dtype}")
+            from .jit import load_module
+            from .kernels.route import kernel_key
+            from .specialize import modules_for
+
+            config = self.model_config(dtype)
+            mods = {s.family: s for s in modules_for(config, (path,), families=("route", "group", "gemv", "gemm"))}
+            kernels = {}
+            rk = kernel_key(router_dtype, router_weights_dtype, bool(self.attrs.use_sparse_mixer))
+            kernels["route"] = load_module(mods["route"], self.device_id)[rk]
+            if path == "decode":
+                m = load_module(mods["gemv"], self.device_id)
+                kernels["fc1"], kernels["fc2"] = m["fc1"], m["fc2_combine"]
+            else:
+                kernels["group"] = load_module(mods["group"], self.device_id)["group_by_expert"]
+                m = load_module(mods["gemm"], self.device_id)
+                kernels["fc1"], kernels["fc2"], kernels["combine"] = m["fc1"], m["fc2"], m["combine"]
+            plan = _Plan(path, kernels, rk)
+            self._plans[key] = plan
+            self._specs = mods
+        self._scratch.ensure(routes, path == "prefill")
+        return plan
+
+    # -- run -------------------------------------------------------------------------------------
+    def _run(self, plan: _Plan, x, logits, rw, out, rows: int, stream) -> None:
+        """Launch the forward (capture-safe: launches only)."""
+        from .kernels import gemm as gemm_fam
+        from .kernels import gemv as gemv_fam
+        from .kernels import route as route_fam
+
+        L, a = self.layer, self.attrs
+        E, H, I, k = L.E, L.H, L.I, a.k
+        R = rows * k
+        sc = self._scratch
+        ids, wts = sc.view("topk_ids", R), sc.view("topk_w", R)
+        kr = plan.kernels
+        geo = route_fam.RouteFamily().launch(None, rows=rows)
+        kr["route"].launch(geo, (logits, rw, rows, E, k, int(a.normalize_routing_weights), ids, wts), stream=stream)
+        w1, w2 = self._proj["fc1"], self._proj["fc2"]
+        w3 = self._proj.get("fc3", (None, None, None, None))
+        if w3[0] is None:  # FC3 slots are never read without FC3; pass FC1's tensors to satisfy the spec
+            w3 = w1
+        x2 = x.reshape(rows, H)
+        out2 = out.reshape(rows, H)
+        if plan.path == "decode":
+            act = sc.view("act", R)
+            fam = gemv_fam.GemvFamily()
+            kr["fc1"].launch(fam.launch(None, "fc1", rows=rows, routes=R, H=H, I=I),
+                             (x2, ids, k, H, I, *w1, *w3, self._zp_offset, *self._act_scalars, act), stream=stream)
+            kr["fc2"].launch(fam.launch(None, "fc2_combine", rows=rows, routes=R, H=H, I=I),
+                             (act, ids, wts, k, H, I, *w2, self._zp_offset, out2), stream=stream)
+            return
+        offsets, tiles, srt = sc.bufs["offsets"], sc.bufs["tile_offsets"], sc.view("sorted", R)
+        act, y = sc.view("act", R), sc.view("y", R)
+        kr["group"].launch(gemm_fam.Launch((1, 1, 1), (1024, 1, 1), 0),
+                           (ids, R, E, gemm_fam.BM, offsets, tiles, srt), stream=stream)
+        spec = self._specs["gemm"]
+        fam = gemm_fam.GemmFamily()
+        geo = dict(rows=rows, routes=R, E=E, H=H, I=I)
+        kr["fc1"].launch(fam.launch(spec, "fc1", **geo),
+                         (x2, srt, offsets, tiles, E, k, H, I, *w1, *w3, self._zp_offset, *self._act_scalars, act),
+                         stream=stream)
+        kr["fc2"].launch(fam.launch(spec, "fc2", **geo), (act, srt, offsets, tiles, E, H, I, *w2, self._zp_offset, y),
+                         stream=stream)
+        kr["combine"].launch(fam.launch(spec, "combine", **geo), (y, wts, rows, k, H, out2), stream=stream)
+
+    def _prepare(self, input, router_probs, router_weights, out):
+        cp = _cupy()
+        back_to_torch = _is_torch(input)
+        x = _to_cupy("input", input, self.device_id)
+        logits = _to_cupy("router_probs", router_probs, self.device_id)
+        rw = _to_cupy("router_weights", router_weights, self.device_id)
+        call = check_call(self.layer, x, logits, rw)
+        o = None
+        if out is not None:
+            o = _to_cupy("out", out, self.device_id)
+            if tuple(o.shape) != call.input_shape or dtype_name(o) != call.dtype:
+                raise QMoEInputError("out", f"{call.dtype} {shape_str(call.input_shape)} (the input's)",
+                                     f"{dtype_name(o)} {shape_str(o.shape)}")
+            if not o.flags.c_contiguous:
+                raise QMoEInputError("out", "a C-contiguous array", "a non-contiguous view")
+        if back_to_torch:
+            import torch
+
+            stream = cp.cuda.ExternalStream(torch.cuda.current_stream(self.device_id).cuda_stream, self.device_id)
+        else:
+            stream = cp.cuda.get_current_stream()
+        return call, x, logits, rw, o, back_to_torch, stream
+
+    def __call__(self, input, router_probs, router_weights=None, out=None):
+        """Run the layer: ``input`` [rows, H] or [B, S, H], ``router_probs`` [rows, E] logits.
+
+        Returns the output in the input's shape, dtype and array type (CuPy, or torch for torch
+        inputs), on the current stream (torch's current stream for torch inputs).
+        """
+        cp = _cupy()
+        call, x, logits, rw, o, back_to_torch, stream = self._prepare(input, router_probs, router_weights, out)
+        with cp.cuda.Device(self.device_id):
+            if o is None:
+                o = cp.empty(call.input_shape, dtype=np_dtype(call.dtype))
+            if call.rows:
+                plan = self.plan(call.rows, call.dtype, call.router_dtype, call.router_weights_dtype)
+                self._run(plan, x, logits, rw, o, call.rows, stream)
+        if back_to_torch:
+            import torch
+
+            return out if out is not None else torch.from_dlpack(o)
+        return o
+
+    # -- graphs ----------------------------------------------------------------------------------
+    def capture(self, input, router_probs, router_weights=None) -> "QMoEGraph":
+        """Record one forward into a CUDA graph on static copies of the given inputs.
+
+        Plans (compiles, sizes scratch) and runs once eagerly first. The graph's buffers are
+        ``graph.input``, ``graph.router_probs``, ``graph.router_weights`` (if given) and
+        ``graph.output``; write new values into the inputs, then ``graph.replay()``.
+        """
+        cp = _cupy()
+        call, x, logits, rw, _, _, stream = self._prepare(input, router_probs, router_weights, None)
+        with cp.cuda.Device(self.device_id):
+            sx, sl = x.copy(), logits.copy()
+            srw = None if rw is None else rw.copy()
+            so = cp.empty(call.input_shape, dtype=np_dtype(call.dtype))
+            if call.rows:
+                plan = self.plan(call.rows, call.dtype, call.router_dtype, call.router_weights_dtype)
+            cap = cp.cuda.Stream(non_blocking=True)
+            cap.wait_event(stream.record())
+            if call.rows:
+                self._run(plan, sx, sl, srw, so, call.rows, cap)  # eager warm-up on the capture stream
+            cap.begin_capture()
+            try:
+                if call.rows:
+                    self._run(plan, sx, sl, srw, so, call.rows, cap)
+            finally:
+                graph = cap.end_capture()
+            cap.synchronize()
+        return QMoEGraph(graph, sx, sl, srw, so, self.device_id)
+
+
+class QMoEGraph:
+    """A captured forward: static ``input`` / ``router_probs`` / ``router_weights`` / ``output``."""
+
+    def __init__(self, graph, x, logits, rw, out, device_id):
+        self.graph = graph
+        self.input = x
+        self.router_probs = logits
+        self.router_weights = rw
+        self.output = out
+        self.device_id = device_id
+
+    def update(self, input=None, router_probs=None, router_weights=None, stream=None) -> None:
+        """Copy new values into the static inputs (same shapes and dtypes) on ``stream``."""
+        cp = _cupy()
+        for name, dst, src in (("input", self.input, input), ("router_probs", self.router_probs, router_probs),
+                               ("router_weights", self.router_weights, router_weights)):
+            if src is None:
+                continue
+            if dst is None:
+                raise QMoEInputError(name, "None (the graph was captured without it)", "an array")
+            src = _to_cupy(name, src, self.device_id)
+            if tuple(src.shape) != tuple(dst.shape) or dtype_name(src) != dtype_name(dst):
+                raise QMoEInputError(name, f"{dtype_name(dst)} {shape_str(dst.shape)} (fixed per graph)",
+                                     f"{dtype_name(src)} {shape_str(src.shape)}")
+            with stream or cp.cuda.get_current_stream():
+                dst[...] = src
+
+    def replay(self, stream=None):
+        """Launch the graph on ``stream`` (default: the current stream); returns ``output``."""
+        cp = _cupy()
+        self.graph.launch(stream or cp.cuda.get_current_stream())
+        return self.output
+
+
+def qmoe(input, router_probs, fc1_experts_weights, fc1_scales, fc1_experts_bias=None, fc2_experts_weights=None,
+         fc2_scales=None, fc2_experts_bias=None, fc3_experts_weights=None, fc3_scales=None, fc3_experts_bias=None,
+         fc1_zero_points=None, fc2_zero_points=None, fc3_zero_points=None, router_weights=None, **attributes):
+    """One-shot QMoE on the GPU with ONNX Runtime's input order (0–14) and attribute names.
+
+    Builds a :class:`QMoE` each call (modules stay cached); keep a layer object for repeated use.
+    """
+    layer = QMoE(fc1_experts_weights=fc1_experts_weights, fc1_scales=fc1_scales, fc1_experts_bias=fc1_experts_bias,
+                 fc2_experts_weights=fc2_experts_weights, fc2_scales=fc2_scales, fc2_experts_bias=fc2_experts_bias,
+                 fc3_experts_weights=fc3_experts_weights, fc3_scales=fc3_scales, fc3_experts_bias=fc3_experts_bias,
+                 fc1_zero_points=fc1_zero_points, fc2_zero_points=fc2_zero_points, fc3_zero_points=fc3_zero_points,
+                 **attributes)
+    return layer(input, router_probs, router_weights)

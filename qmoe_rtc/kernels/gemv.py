@@ -1,0 +1,56 @@
+"""Kernel family ``gemv``: the decode path (few routes, no grouping pass).
+
+Template ``cuda_src/moe_gemv.cuh``: ``qmoe::fc1_gemv`` (FC1 [+FC3] with the activation fused) and
+``qmoe::fc2_gemv_combine`` (FC2 with the weighted combine fused, output rounded once to T).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from ..jit.family import KernelDef, KernelFamily, Launch, Ptr, Scalar
+from ..specialize import ModuleSpec
+from . import register
+from ._moe import EXPERT_FIELDS, expert_spec, projection_args, template_types
+
+THREADS = 256
+WARPS = THREADS // 32
+
+ACT_SCALARS = (Scalar("alpha", "float32"), Scalar("beta", "float32"), Scalar("limit", "float32"),
+               Scalar("limit_after", "int32"))
+
+
+@register
+class GemvFamily(KernelFamily):
+    name = "gemv"
+    header = "moe_gemv.cuh"
+    depends_on = EXPERT_FIELDS
+    variants = ("decode",)
+
+    def specs(self, config: Any, variants: Iterable[str]) -> list[ModuleSpec]:
+        return [expert_spec("gemv", config)]
+
+    def kernels(self, spec: ModuleSpec) -> tuple[KernelDef, ...]:
+        t = template_types(spec)
+        dt, sdt = spec["dtype"], spec["scale_dtype"]
+        fc1 = KernelDef(
+            "fc1",
+            f"qmoe::fc1_gemv<{t['T']}, {t['S']}, {t['B1']}, {t['Z1']}, {t['B3']}, {t['Z3']}, {t['BLOCK']}, "
+            f"{t['ACT']}, {t['GATE']}, {t['ALIGNED']}>",
+            (Ptr("x", dt), Ptr("topk_ids", "int32"), Scalar("k", "int32"), Scalar("H", "int32"), Scalar("I", "int32"),
+             *projection_args("fc1", sdt), *projection_args("fc3", sdt), Scalar("zp_offset", "float32"),
+             *ACT_SCALARS, Ptr("act", "float32")),
+        )
+        fc2 = KernelDef(
+            "fc2_combine",
+            f"qmoe::fc2_gemv_combine<{t['T']}, {t['S']}, {t['B2']}, {t['Z2']}, {t['BLOCK']}, {t['ALIGNED']}>",
+            (Ptr("act", "float32"), Ptr("topk_ids", "int32"), Ptr("topk_w", "float32"), Scalar("k", "int32"),
+             Scalar("H", "int32"), Scalar("I", "int32"), *projection_args("fc2", sdt), Scalar("zp_offset", "float32"),
+             Ptr("out", dt)),
+        )
+        return (fc1, fc2)
+
+    def launch(self, spec: ModuleSpec, kernel: str, *, rows: int, routes: int, H: int, I: int, **_: Any) -> Launch:
+        if kernel == "fc1":
+            return Launch(((I + WARPS - 1) // WARPS, routes, 1), (THREADS, 1, 1), 4 * H)
+        return Launch(((H + WARPS - 1) // WARPS, rows, 1), (THREADS, 1, 1), 0)
