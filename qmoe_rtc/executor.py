@@ -70,7 +70,7 @@ class _Plan:
 
     path: str  # "decode" | "prefill"
     kernels: dict  # role -> jit.Kernel
-    route_key: str
+    specs: dict  # family -> ModuleSpec
 
 
 class _Scratch:
@@ -201,7 +201,8 @@ class QMoE:
         key = (int(rows), dtype, router_dtype, router_weights_dtype)
         plan = self._plans.get(key)
         routes = int(rows) * self.attrs.k
-        path = "decode" if routes <= self.decode_max_routes else "prefill"
+        # the decode grids put routes on grid.y (at most 65535)
+        path = "decode" if routes <= min(self.decode_max_routes, 65535) else "prefill"
         if plan is None:
             cp = _cupy()
             if cp.cuda.get_current_stream().is_capturing():
@@ -225,9 +226,10 @@ class QMoE:
                 kernels["group"] = load_module(mods["group"], self.device_id)["group_by_expert"]
                 m = load_module(mods["gemm"], self.device_id)
                 kernels["fc1"], kernels["fc2"], kernels["combine"] = m["fc1"], m["fc2"], m["combine"]
-            plan = _Plan(path, kernels, rk)
+            plan = _Plan(path, kernels, mods)
             self._plans[key] = plan
-            self._specs = mods
+            log.info("qmoe_rtc: planned rows=%d dtype=%s: %s path (%s)", rows, dtype, path,
+                     ", ".join(s.name for s in mods.values()))
         self._scratch.ensure(routes, path == "prefill")
         return plan
 
@@ -264,7 +266,7 @@ class QMoE:
         act, y = sc.view("act", R), sc.view("y", R)
         kr["group"].launch(gemm_fam.Launch((1, 1, 1), (1024, 1, 1), 0),
                            (ids, R, E, gemm_fam.BM, offsets, tiles, srt), stream=stream)
-        spec = self._specs["gemm"]
+        spec = plan.specs["gemm"]
         fam = gemm_fam.GemmFamily()
         geo = dict(rows=rows, routes=R, E=E, H=H, I=I)
         kr["fc1"].launch(fam.launch(spec, "fc1", **geo),
@@ -306,10 +308,15 @@ class QMoE:
         cp = _cupy()
         call, x, logits, rw, o, back_to_torch, stream = self._prepare(input, router_probs, router_weights, out)
         with cp.cuda.Device(self.device_id):
-            if o is None:
-                o = cp.empty(call.input_shape, dtype=np_dtype(call.dtype))
+            plan = None
             if call.rows:
                 plan = self.plan(call.rows, call.dtype, call.router_dtype, call.router_weights_dtype)
+            if o is None:
+                if stream.is_capturing():
+                    raise CaptureError("inside graph capture pass out= (an output cannot be allocated while "
+                                       "capturing); or use QMoE.capture()")
+                o = cp.empty(call.input_shape, dtype=np_dtype(call.dtype))
+            if plan is not None:
                 self._run(plan, x, logits, rw, o, call.rows, stream)
         if back_to_torch:
             import torch
