@@ -64,6 +64,17 @@ def _to_cupy(name, a, device_id=None):
     raise QMoEInputError(name, "a CuPy array, a torch CUDA tensor or a NumPy array", type(a).__name__)
 
 
+def _torch_stream(cp, ts, device_id):
+    """A CuPy view of a torch CUDA stream."""
+    from_external = getattr(cp.cuda.Stream, "from_external", None)
+    if from_external is not None:
+        try:
+            return from_external(ts)
+        except Exception:  # older torch without the CUDA stream protocol
+            pass
+    return cp.cuda.ExternalStream(ts.cuda_stream, device_id)
+
+
 @dataclass
 class _Plan:
     """What a call at one (rows, dtypes) needs: its path and loaded kernels."""
@@ -294,7 +305,7 @@ class QMoE:
         if back_to_torch:
             import torch
 
-            stream = cp.cuda.ExternalStream(torch.cuda.current_stream(self.device_id).cuda_stream, self.device_id)
+            stream = _torch_stream(cp, torch.cuda.current_stream(self.device_id), self.device_id)
         else:
             stream = cp.cuda.get_current_stream()
         return call, x, logits, rw, o, back_to_torch, stream

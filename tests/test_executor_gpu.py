@@ -148,12 +148,21 @@ def test_capture_needs_a_sized_pool(rng):
     w, a = random_layer(rng, E=8, H=128, I=64, k=2, dtype="float16", activation_type="relu")
     moe = QMoE(**to_dev(w), **a)
     x, lg, _ = random_inputs(rng, 4, 128, 8, "float16")
+    xd, ld, out = cp.asarray(x), cp.asarray(lg), cp.empty((4, 128), cp.float16)
     s = cp.cuda.Stream(non_blocking=True)
     with s:
         s.begin_capture()
         try:
             with pytest.raises(CaptureError, match="eager call"):
-                moe(cp.asarray(x), cp.asarray(lg))
+                moe(xd, ld, out=out)  # never planned at this shape: refused, nothing allocated or compiled
+        finally:
+            s.end_capture()
+    moe(xd, ld, out=out)  # eager call plans and sizes the pool
+    with s:
+        s.begin_capture()
+        try:
+            with pytest.raises(CaptureError, match="out="):
+                moe(xd, ld)  # planned, but an output cannot be allocated inside capture
         finally:
             s.end_capture()
 
