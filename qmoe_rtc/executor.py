@@ -168,6 +168,11 @@ class QMoE:
                 log.info("qmoe_rtc: projections have scales of different dtypes; converted to float32 once")
             self._proj = {}
             for p in L.projections():
+                wt = w[f"{p.name}_experts_weights"]
+                if wt.data.ptr % 16:  # the decode kernels read weights with 16-byte loads
+                    log.info("qmoe_rtc: %s_experts_weights is not 16-byte aligned; copied once", p.name)
+                    wt = wt.copy()
+                    w[f"{p.name}_experts_weights"] = wt
                 s = w[f"{p.name}_scales"]
                 if dtype_name(s) != self.scale_dtype:
                     s = s.astype(cp.float32)
@@ -268,9 +273,10 @@ class QMoE:
         if plan.path == "decode":
             act = sc.view("act", R)
             fam = gemv_fam.GemvFamily()
-            kr["fc1"].launch(fam.launch(None, "fc1", rows=rows, routes=R, H=H, I=I),
+            spec = plan.specs["gemv"]
+            kr["fc1"].launch(fam.launch(spec, "fc1", rows=rows, routes=R, H=H, I=I),
                              (x2, ids, k, H, I, *w1, *w3, self._zp_offset, *self._act_scalars, act), stream=stream)
-            kr["fc2"].launch(fam.launch(None, "fc2_combine", rows=rows, routes=R, H=H, I=I),
+            kr["fc2"].launch(fam.launch(spec, "fc2_combine", rows=rows, routes=R, H=H, I=I),
                              (act, ids, wts, k, H, I, *w2, self._zp_offset, out2), stream=stream)
             return
         offsets, tiles, srt = sc.bufs["offsets"], sc.bufs["tile_offsets"], sc.view("sorted", R)

@@ -22,14 +22,14 @@ EXPERT_FIELDS = ("dtype", "scale_dtype", "fc1_bits", "fc2_bits", "fc3_bits", "bl
 def expert_spec(family: str, config: Any) -> ModuleSpec:
     """The module spec of an expert family for a ModelConfig (or a bare Layout).
 
-    ``aligned`` (every packed row starts on a whole group of 8 codes: H % 8 == 0 and I % 8 == 0) lets
-    the kernels load 8 codes with one aligned load; it comes from the config's shapes. A bare Layout
-    has no shapes and is taken as aligned (the warm tool always passes a ModelConfig).
+    ``aligned`` (H % 32 == 0 and I % 32 == 0: every packed row is whole 32-code chunks, so with
+    16-byte aligned tensors the kernels use 16-byte loads) comes from the config's shapes. A bare
+    Layout has no shapes and is taken as aligned (the executor and the warm tool pass a ModelConfig).
     """
     layout = getattr(config, "layout", config)
     hidden = getattr(config, "hidden", None)
     inter = getattr(config, "inter", None)
-    aligned = True if hidden is None else (hidden % 8 == 0 and inter % 8 == 0)
+    aligned = True if hidden is None else (hidden % 32 == 0 and inter % 32 == 0)
     return ModuleSpec.make(family, aligned=bool(aligned), **{f: getattr(layout, f) for f in EXPERT_FIELDS})
 
 

@@ -1,7 +1,8 @@
 """Kernel family ``gemv``: the decode path (few routes, no grouping pass).
 
 Template ``cuda_src/moe_gemv.cuh``: ``qmoe::fc1_gemv`` (FC1 [+FC3] with the activation fused) and
-``qmoe::fc2_gemv_combine`` (FC2 with the weighted combine fused, output rounded once to T).
+``qmoe::fc2_gemv_combine`` (FC2 with the weighted combine fused, output rounded once to T); their
+inner loop is ``cuda_src/moe_dot.cuh`` (16-byte weight loads when the spec is ``aligned``).
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from ..specialize import ModuleSpec
 from . import register
 from ._moe import EXPERT_FIELDS, expert_spec, projection_args, template_types
 
-THREADS = 256
+THREADS = 128  # kGemvThreads
 WARPS = THREADS // 32
+FC2_ROWS = 8  # kFc2Rows: outputs per fc2 block
 
 ACT_SCALARS = (Scalar("alpha", "float32"), Scalar("beta", "float32"), Scalar("limit", "float32"),
                Scalar("limit_after", "int32"))
@@ -52,5 +54,7 @@ class GemvFamily(KernelFamily):
 
     def launch(self, spec: ModuleSpec, kernel: str, *, rows: int, routes: int, H: int, I: int, **_: Any) -> Launch:
         if kernel == "fc1":
-            return Launch(((I + WARPS - 1) // WARPS, routes, 1), (THREADS, 1, 1), 4 * H)
-        return Launch(((H + WARPS - 1) // WARPS, rows, 1), (THREADS, 1, 1), 0)
+            gated = spec["swiglu_fusion"] != 0 or spec["has_fc3"]
+            per_block = WARPS * (2 if gated else 4)  # Fc1Shape<GATE>::kOut outputs per warp
+            return Launch(((I + per_block - 1) // per_block, routes, 1), (THREADS, 1, 1), 4 * H)
+        return Launch(((H + FC2_ROWS - 1) // FC2_ROWS, rows, 1), (THREADS, 1, 1), 0)
