@@ -4,7 +4,9 @@ NVIDIA GPUs, with kernels specialised per layout and compiled at run time by NVR
 Importing the package does no work: submodules (and CuPy, NVRTC) load on first use.
 
     import qmoe_rtc
-    y = qmoe_rtc.reference.qmoe(x, logits, w1, s1, None, w2, s2, k=2, activation_type="silu")
+    moe = qmoe_rtc.QMoE(fc1_experts_weights=w1, fc1_scales=s1, fc2_experts_weights=w2, fc2_scales=s2, k=2)
+    y = moe(x, logits)                        # CuPy / torch CUDA arrays
+    ref = qmoe_rtc.reference.qmoe(x, logits, w1, s1, None, w2, s2, k=2)   # float64 CPU reference
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import importlib
 
 __version__ = "0.1.0"
 
-_SUBMODULES = ("contract", "errors", "quantize", "reference")
+_SUBMODULES = ("contract", "errors", "executor", "jit", "kernels", "knobs", "presets", "quantize", "random_layer",
+               "reference", "specialize")
 _EXPORTS = {
     "QMoEAttributes": "contract",
     "QMoEError": "errors",
@@ -25,6 +28,10 @@ _EXPORTS = {
     "DeviceError": "errors",
     "CaptureError": "errors",
     "QuantizedWeights": "quantize",
+    "KnobError": "errors",
+    "QMoE": "executor",
+    "QMoEGraph": "executor",
+    "qmoe": "executor",
 }
 
 __all__ = ["__version__", *_SUBMODULES, *_EXPORTS]

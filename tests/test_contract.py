@@ -261,3 +261,14 @@ def test_layer_spec_derived_sizes(rng):
     assert spec.fc1.zp_mode == "packed" and spec.fc1.zp_row_bytes == 2 and spec.fc3 is None
     call = check_call(spec, np.zeros((2, 5, 64), np.float16), np.zeros((10, E), np.float32))
     assert call.rows == 10 and call.input_shape == (2, 5, 64)
+
+
+def test_import_does_no_work():
+    """`import qmoe_rtc` loads no submodule, no CuPy and no NumPy until something is used."""
+    import subprocess
+    import sys
+
+    code = ("import sys, qmoe_rtc; bad = [m for m in sys.modules if m.startswith(('cupy', 'numpy', 'cuda', "
+            "'qmoe_rtc.'))]; print(bad); sys.exit(1 if bad else 0)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
