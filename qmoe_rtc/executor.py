@@ -217,8 +217,9 @@ class QMoE:
         key = (int(rows), dtype, router_dtype, router_weights_dtype)
         plan = self._plans.get(key)
         routes = int(rows) * self.attrs.k
-        # the decode grids put routes on grid.y (at most 65535)
-        path = "decode" if routes <= min(self.decode_max_routes, 65535) else "prefill"
+        # the decode grids put I/8 and H/8 on grid.y (at most 65535)
+        fits = (self.layer.I + 7) // 8 <= 65535 and (self.layer.H + 7) // 8 <= 65535
+        path = "decode" if routes <= self.decode_max_routes and fits else "prefill"
         if plan is None:
             cp = _cupy()
             if cp.cuda.get_current_stream().is_capturing():

@@ -13,6 +13,8 @@
 // gated: 4 weight rows), sharing each x chunk across them (moe_dot.cuh).
 // fc2_gemv_combine: block = (token row, kFc2Rows outputs); its 4 warps split the k routes x row
 // groups, then reduce through shared memory in a fixed order (deterministic).
+// Grids put the route (fc1) / token row (fc2) on blockIdx.x, the fastest-launched dimension: blocks
+// that read the same expert rows for different tokens run together and share them through L2.
 #pragma once
 
 #include "dequant.cuh"
@@ -42,13 +44,13 @@ fc1_gemv(const T* __restrict__ x, const i32* __restrict__ ids, i32 k, i32 H, i32
   extern __shared__ __align__(16) float xs[];  // [H]
   const ActParams ap{alpha, beta, limit, limit_after};
   constexpr int OUT = Fc1Shape<GATE>::kOut;
-  const i32 r = blockIdx.y;
+  const i32 r = blockIdx.x;
   const i64 row = r / k;
   const i32 e = ids[r];
   for (i32 h = threadIdx.x; h < H; h += kGemvThreads) xs[h] = Traits<T>::to_float(x[row * H + h]);
   __syncthreads();
   const int lane = threadIdx.x & 31;
-  const i32 i0 = (blockIdx.x * kGemvWarps + (threadIdx.x >> 5)) * OUT;
+  const i32 i0 = (blockIdx.y * kGemvWarps + (threadIdx.x >> 5)) * OUT;
   if (i0 >= I) return;
   constexpr bool kFused = GATE == GATE_FUSED1 || GATE == GATE_FUSED2;
   const i32 N1 = kFused ? 2 * I : I;
@@ -99,8 +101,8 @@ fc2_gemv_combine(const float* __restrict__ act, const i32* __restrict__ ids, con
                  const float* __restrict__ b2, float zp_offset, T* __restrict__ out) {
   __shared__ float red[kGemvWarps][kFc2Rows];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const i64 row = blockIdx.y;
-  const i32 n0 = blockIdx.x * kFc2Rows;
+  const i64 row = blockIdx.x;
+  const i32 n0 = blockIdx.y * kFc2Rows;
   const QuantParams<ScaleT, B2, BLOCK, Z2> q2{s2, z2, zp_offset, H, I};
   constexpr int kGroups = kFc2Rows / kFc2Group;
   float part[kFc2Rows];

@@ -56,5 +56,5 @@ class GemvFamily(KernelFamily):
         if kernel == "fc1":
             gated = spec["swiglu_fusion"] != 0 or spec["has_fc3"]
             per_block = WARPS * (2 if gated else 4)  # Fc1Shape<GATE>::kOut outputs per warp
-            return Launch(((I + per_block - 1) // per_block, routes, 1), (THREADS, 1, 1), 4 * H)
-        return Launch(((H + FC2_ROWS - 1) // FC2_ROWS, rows, 1), (THREADS, 1, 1), 0)
+            return Launch((routes, (I + per_block - 1) // per_block, 1), (THREADS, 1, 1), 4 * H)
+        return Launch((rows, (H + FC2_ROWS - 1) // FC2_ROWS, 1), (THREADS, 1, 1), 0)
