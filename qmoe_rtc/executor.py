@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ._arrays import dtype_name, is_cupy, np_dtype, shape_str
 from .contract import INPUT_NAMES, WEIGHT_INPUTS, LayerSpec, QMoEAttributes, check_call, check_content, describe_layer
@@ -82,6 +82,7 @@ class _Plan:
     path: str  # "decode" | "prefill"
     kernels: dict  # role -> jit.Kernel
     specs: dict  # family -> ModuleSpec
+    launches: dict = field(default_factory=dict)  # rows -> (scratch generation, packed launches)
 
 
 class _Scratch:
@@ -97,6 +98,7 @@ class _Scratch:
         self.routes = 0
         self.prefill = False
         self.bufs: dict = {}
+        self.generation = 0  # bumped on every regrowth: packed launches hold buffer pointers
 
     def ensure(self, routes: int, prefill: bool) -> None:
         if routes <= self.routes and (self.prefill or not prefill):
@@ -120,6 +122,7 @@ class _Scratch:
                 b["sorted"] = cp.empty((R,), cp.int32)  # [R]
                 b["y"] = cp.empty((R, self.H), cp.float32)  # [R, H]
         self.bufs, self.routes, self.prefill = b, R, prefill
+        self.generation += 1
         log.debug("qmoe_rtc: scratch grown to %d routes (prefill=%s)", R, prefill)
 
     def view(self, name: str, routes: int):
@@ -251,11 +254,16 @@ class QMoE:
         return plan
 
     # -- run -------------------------------------------------------------------------------------
-    def _run(self, plan: _Plan, x, logits, rw, out, rows: int, stream) -> None:
-        """Launch the forward (capture-safe: launches only)."""
+    def _launches(self, plan: _Plan, rows: int, x, logits, rw, out) -> list:
+        """The forward's launches at ``rows``: (function, grid, block, smem, packed args, per-call slots).
+
+        Arguments are checked and packed once here (by each kernel's spec); a call only swaps in its
+        own input/output arrays. Rebuilt when the scratch pool has been regrown.
+        """
         from .kernels import gemm as gemm_fam
         from .kernels import gemv as gemv_fam
         from .kernels import route as route_fam
+        from .jit.launch import pack_args
 
         L, a = self.layer, self.attrs
         E, H, I, k = L.E, L.H, L.I, a.k
@@ -263,36 +271,54 @@ class QMoE:
         sc = self._scratch
         ids, wts = sc.view("topk_ids", R), sc.view("topk_w", R)
         kr = plan.kernels
-        geo = route_fam.RouteFamily().launch(None, rows=rows)
-        kr["route"].launch(geo, (logits, rw, rows, E, k, int(a.normalize_routing_weights), ids, wts), stream=stream)
         w1, w2 = self._proj["fc1"], self._proj["fc2"]
-        w3 = self._proj.get("fc3", (None, None, None, None))
-        if w3[0] is None:  # FC3 slots are never read without FC3; pass FC1's tensors to satisfy the spec
-            w3 = w1
-        x2 = x.reshape(rows, H)
-        out2 = out.reshape(rows, H)
-        if plan.path == "decode":
-            act = sc.view("act", R)
-            fam = gemv_fam.GemvFamily()
-            spec = plan.specs["gemv"]
-            kr["fc1"].launch(fam.launch(spec, "fc1", rows=rows, routes=R, H=H, I=I),
-                             (x2, ids, k, H, I, *w1, *w3, self._zp_offset, *self._act_scalars, act), stream=stream)
-            kr["fc2"].launch(fam.launch(spec, "fc2_combine", rows=rows, routes=R, H=H, I=I),
-                             (act, ids, wts, k, H, I, *w2, self._zp_offset, out2), stream=stream)
-            return
-        offsets, tiles, srt = sc.bufs["offsets"], sc.bufs["tile_offsets"], sc.view("sorted", R)
-        act, y = sc.view("act", R), sc.view("y", R)
-        kr["group"].launch(gemm_fam.Launch((1, 1, 1), (1024, 1, 1), 0),
-                           (ids, R, E, gemm_fam.BM, offsets, tiles, srt), stream=stream)
-        spec = plan.specs["gemm"]
-        fam = gemm_fam.GemmFamily()
+        w3 = self._proj.get("fc3", w1)  # without FC3 its slots are never read; FC1's tensors fill the spec
+        zpo, acts = self._zp_offset, self._act_scalars
         geo = dict(rows=rows, routes=R, E=E, H=H, I=I)
-        kr["fc1"].launch(fam.launch(spec, "fc1", **geo),
-                         (x2, srt, offsets, tiles, E, k, H, I, *w1, *w3, self._zp_offset, *self._act_scalars, act),
-                         stream=stream)
-        kr["fc2"].launch(fam.launch(spec, "fc2", **geo), (act, srt, offsets, tiles, E, H, I, *w2, self._zp_offset, y),
-                         stream=stream)
-        kr["combine"].launch(fam.launch(spec, "combine", **geo), (y, wts, rows, k, H, out2), stream=stream)
+        steps = [(kr["route"], route_fam.RouteFamily().launch(None, rows=rows),
+                  (logits, rw, rows, E, k, int(a.normalize_routing_weights), ids, wts))]
+        if plan.path == "decode":
+            act, spec, fam = sc.view("act", R), plan.specs["gemv"], gemv_fam.GemvFamily()
+            steps += [
+                (kr["fc1"], fam.launch(spec, "fc1", **geo), (x, ids, k, H, I, *w1, *w3, zpo, *acts, act)),
+                (kr["fc2"], fam.launch(spec, "fc2_combine", **geo), (act, ids, wts, k, H, I, *w2, zpo, out)),
+            ]
+        else:
+            offsets, tiles, srt = sc.bufs["offsets"], sc.bufs["tile_offsets"], sc.view("sorted", R)
+            act, y, spec, fam = sc.view("act", R), sc.view("y", R), plan.specs["gemm"], gemm_fam.GemmFamily()
+            steps += [
+                (kr["group"], gemm_fam.Launch((1, 1, 1), (1024, 1, 1), 0), (ids, R, E, gemm_fam.BM, offsets, tiles, srt)),
+                (kr["fc1"], fam.launch(spec, "fc1", **geo),
+                 (x, srt, offsets, tiles, E, k, H, I, *w1, *w3, zpo, *acts, act)),
+                (kr["fc2"], fam.launch(spec, "fc2", **geo), (act, srt, offsets, tiles, E, H, I, *w2, zpo, y)),
+                (kr["combine"], fam.launch(spec, "combine", **geo), (y, wts, rows, k, H, out)),
+            ]
+        per_call = {id(x): "x", id(logits): "logits", id(out): "out"}
+        if rw is not None:
+            per_call[id(rw)] = "rw"
+        items = []
+        for kern, launch, args in steps:
+            packed = pack_args(kern.kdef, args, self.device_id)
+            slots = tuple((i, per_call[id(v)]) for i, v in enumerate(args) if id(v) in per_call)
+            if launch.shared_mem > 48 * 1024:
+                kern.function.max_dynamic_shared_size_bytes = int(launch.shared_mem)
+            items.append((kern.function, launch.grid, launch.block, int(launch.shared_mem), packed, slots))
+        return items
+
+    def _run(self, plan: _Plan, x, logits, rw, out, rows: int, stream) -> None:
+        """Launch the forward (capture-safe: launches only, arguments packed at the first run)."""
+        cached = plan.launches.get(rows)
+        if cached is None or cached[0] != self._scratch.generation:
+            cached = (self._scratch.generation, self._launches(plan, rows, x, logits, rw, out))
+            plan.launches[rows] = cached
+        vals = {"x": x, "logits": logits, "rw": rw, "out": out}
+        for fn, grid, block, smem, packed, slots in cached[1]:
+            if slots:
+                args = list(packed)
+                for i, name in slots:
+                    args[i] = vals[name]
+                packed = tuple(args)
+            fn(grid, block, packed, shared_mem=smem, stream=stream)
 
     def _prepare(self, input, router_probs, router_weights, out):
         cp = _cupy()
