@@ -1,0 +1,568 @@
+"""Benchmark QMoE layers on the GPU: ``python -m qmoe_rtc bench`` (or ``tools/bench.py``).
+
+What is measured, per point (shape × dtype × bits × tokens T), on ONE layer built per (shape, dtype,
+bits) on the GPU (random float32 experts ·1/sqrt(K), quantized with :func:`qmoe_rtc.quantize.quantize`
+on CuPy, scales in the activation dtype; swiglu, swiglu_fusion=1, normalize_routing_weights=1):
+
+- **graph_us**: replay of a CUDA graph from ``QMoE.capture`` (what a serving loop would run);
+- **eager_us**: ``moe(x, logits, out=out)`` (Python launch overhead included);
+- **torch_us**: a PyTorch baseline (weights dequantized once to the activation dtype; per forward:
+  softmax top-k, per-expert loop over the experts that got tokens, matmul FC1, swiglu, FC2,
+  weighted ``index_add_``), when torch is importable.
+
+How: CUDA events on the current stream; warm-up first; each sample = write a 256 MiB scratch buffer
+(flushes the L2, outside the timed region), start event, the work, end event; all elapsed times are
+read after one final synchronize; the median of ``--iters`` samples is reported.
+
+Correctness on every point: the graph output and the eager output (both poisoned with NaN before
+the run) against the float64 CPU reference :func:`qmoe_rtc.reference.qmoe` (at most ``--check-rows``
+rows per point; the reference runs once per layer over the checked rows of every T, which is exact
+because rows are independent). ‖out−ref‖/‖ref‖ must meet CONTRACT.md's tolerance.
+
+Floor: max(bytes / copy bandwidth, FLOPs / matmul rate), both ceilings measured in the same run
+(1 GiB device-to-device copy counting read+write; 8192³ bf16 matmul through torch, float16 through
+CuPy without torch). Bytes = the unique experts
+chosen by the true routing over the T tokens × their packed weights + scales + zero points, plus
+input, output and logits. FLOPs = 2·T·k·(H·2I + I·H). ``%floor`` = floor_us / graph_us · 100.
+
+A failing point prints ``ERR`` with the reason and the run goes on; the exit code is non-zero if any
+point failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+__all__ = ["main", "parse_args", "BENCH_SHAPES", "Shape", "expert_bytes", "floor_bytes", "format_row"]
+
+TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}  # CONTRACT.md, "Accuracy"
+FLUSH_BYTES = 256 << 20  # L2 flush buffer (H200 L2: 60 MB)
+COPY_BYTES = 1 << 30  # bandwidth probe: a device-to-device copy of this size
+MATMUL_N = 8192  # matmul probe: N×N×N
+DEFAULT_PRESETS = "qwen3-30b-a3b,mixtral-8x7b,gpt-oss-120b,ort-2048"
+DEFAULT_TOKENS = "1,2,4,8,16,32,64"
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    H: int
+    I: int  # noqa: E741
+    E: int
+    k: int
+    block_size: int = 128  # default when --block-size is not given
+
+
+BENCH_SHAPES = {s.name: s for s in (
+    Shape("qwen3-30b-a3b", 2048, 768, 128, 8),
+    Shape("mixtral-8x7b", 4096, 14336, 8, 2),  # as fused swiglu: FC1 [8, 28672, 4096]
+    Shape("gpt-oss-120b", 2880, 2880, 128, 4, block_size=32),
+    Shape("ort-2048", 2048, 2048, 8, 2),
+    Shape("deepseek-v3-tp8", 7168, 2048 // 8, 256, 8),
+)}
+
+
+# -- arguments (GPU-free) --------------------------------------------------------------------------
+def _ints(text: str) -> list[int]:
+    return [int(t) for t in text.split(",") if t.strip()]
+
+
+def parse_shape(text: str) -> Shape:
+    """``H,I,E,k`` → a custom Shape named ``HxIxExk``."""
+    try:
+        H, I, E, k = _ints(text)  # noqa: E741
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shape wants H,I,E,k (four integers), got {text!r}") from None
+    if min(H, I, E, k) < 1 or k > E:
+        raise argparse.ArgumentTypeError(f"--shape {text!r}: sizes must be >= 1 and k <= E")
+    return Shape(f"{H}x{I}x{E}x{k}", H, I, E, k)
+
+
+def parse_bits(text: str) -> tuple[int, int]:
+    """``4`` → (4, 4); ``4,2`` → (fc1 4, fc2 2)."""
+    from .quantize import SUPPORTED_BITS
+
+    try:
+        b = _ints(text)
+    except ValueError:
+        b = []
+    if len(b) not in (1, 2) or any(x not in SUPPORTED_BITS for x in b):
+        raise argparse.ArgumentTypeError(f"--bits wants b or fc1,fc2 with b in {SUPPORTED_BITS}, got {text!r}")
+    return (b[0], b[-1])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    shapes = ", ".join(f"{s.name} (H {s.H}, I {s.I}, E {s.E}, k {s.k})" for s in BENCH_SHAPES.values())
+    p = argparse.ArgumentParser(
+        prog="python -m qmoe_rtc bench", epilog=f"bench shapes: {shapes}",
+        description="Time CUDA-graph replay, eager calls and a PyTorch baseline of random quantized MoE layers; check "
+                    "every point against the CPU reference; report % of the floor measured in the same run (the "
+                    "module docstring of qmoe_rtc/bench.py says how).")
+    p.add_argument("--preset", help=f"comma list of bench shapes, or 'all' (default {DEFAULT_PRESETS}; "
+                                    "none when only --shape is given)")
+    p.add_argument("--shape", type=parse_shape, action="append", default=[], help="custom H,I,E,k (repeatable)")
+    p.add_argument("--tokens", type=_ints, default=_ints(DEFAULT_TOKENS), help=f"comma list (default {DEFAULT_TOKENS})")
+    p.add_argument("--bits", type=parse_bits, action="append", help="b, or fc1,fc2 (repeatable; default 4)")
+    p.add_argument("--block-size", type=int, help="0 (row-wise) or a power of two >= 16 (default 128, gpt-oss 32)")
+    p.add_argument("--dtype", default="float16", help="comma list of float16,bfloat16,float32 (default float16)")
+    p.add_argument("--zero-points", action="store_true", help="asymmetric quantization with zero-point tensors")
+    p.add_argument("--iters", type=int, default=100, help="timed samples per measurement, >= 50 (default 100)")
+    p.add_argument("--warmup", type=int, default=10, help="untimed calls first (default 10)")
+    p.add_argument("--check-rows", type=int, default=256, help="rows checked against the CPU reference per point "
+                                                               "(evenly spaced when T is larger; default 256)")
+    p.add_argument("--json", metavar="PATH", help="write every number and the environment as JSON")
+    p.add_argument("--no-torch", action="store_true", help="skip the PyTorch baseline")
+    p.add_argument("--no-eager", action="store_true", help="skip the eager timing")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("-v", "--verbose", action="store_true", help="print tracebacks of failing points to stderr")
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """Parse and validate; adds ``shapes`` (list of Shape), ``dtypes``; ``bits`` is a list of pairs."""
+    p = build_parser()
+    a = p.parse_args(argv)
+    names = a.preset if a.preset is not None else ("" if a.shape else DEFAULT_PRESETS)
+    names = list(BENCH_SHAPES) if names.strip() == "all" else [n.strip() for n in names.split(",") if n.strip()]
+    for n in names:
+        if n not in BENCH_SHAPES:
+            p.error(f"--preset: unknown {n!r}; known: {', '.join(BENCH_SHAPES)}")
+    a.shapes = [BENCH_SHAPES[n] for n in names] + list(a.shape)
+    if not a.shapes:
+        p.error("nothing to run: give --preset or --shape")
+    a.dtypes = [d.strip() for d in a.dtype.split(",") if d.strip()]
+    for d in a.dtypes:
+        if d not in TOL:
+            p.error(f"--dtype: {d!r} is not one of {', '.join(TOL)}")
+    a.bits = a.bits or [(4, 4)]
+    if not a.tokens or min(a.tokens) < 1:
+        p.error("--tokens: positive integers")
+    bs = a.block_size
+    if bs is not None and bs != 0 and (bs < 16 or bs & (bs - 1)):
+        p.error(f"--block-size: 0 or a power of two >= 16, got {bs}")
+    if a.iters < 50:
+        p.error(f"--iters: at least 50 (a median of fewer samples is noise), got {a.iters}")
+    if a.warmup < 0 or a.check_rows < 1:
+        p.error("--warmup >= 0 and --check-rows >= 1")
+    return a
+
+
+def block_for(shape: Shape, block_size) -> int:
+    return shape.block_size if block_size is None else int(block_size)
+
+
+def layout_problem(shape: Shape, block_size: int) -> str | None:
+    """Why this block size cannot quantize this shape (None if it can)."""
+    for name, K in (("H", shape.H), ("I", shape.I)):
+        if block_size and K % block_size:
+            return f"block_size {block_size} does not divide {name}={K} (give --block-size 0 or one dividing H and I)"
+    return None
+
+
+# -- floors (GPU-free) -----------------------------------------------------------------------------
+def top_k_experts(logits, k: int) -> np.ndarray:
+    """Experts chosen per row [T, k]: softmax top-k = top-k of the logits, ties to the lower index."""
+    lg = np.asarray(logits, dtype=np.float32)
+    return np.argsort(-lg, axis=-1, kind="stable")[:, :k]
+
+
+def _proj_bytes(N: int, K: int, bits: int, block_size: int, zero_points: bool, scale_itemsize: int) -> int:
+    nb = K // block_size if block_size else 1
+    packed = N * ((K * bits + 7) // 8)
+    scales = N * nb * scale_itemsize
+    zp = 0
+    if zero_points:  # block-wise: packed along blocks per row; row-wise: packed along N
+        zp = N * ((nb * bits + 7) // 8) if block_size else (N * bits + 7) // 8
+    return packed + scales + zp
+
+
+def expert_bytes(H: int, I: int, bits, block_size: int, zero_points: bool, scale_itemsize: int) -> int:  # noqa: E741
+    """Bytes of one expert: fused FC1 [2I, H] + FC2 [H, I], packed codes + scales + zero points."""
+    b1, b2 = bits
+    return (_proj_bytes(2 * I, H, b1, block_size, zero_points, scale_itemsize)
+            + _proj_bytes(H, I, b2, block_size, zero_points, scale_itemsize))
+
+
+def floor_bytes(logits, k: int, H: int, per_expert: int, act_itemsize: int) -> tuple[int, int]:
+    """(bytes, unique experts): the selected experts' weights + input + output + float32 logits."""
+    lg = np.asarray(logits)
+    T, E = lg.shape
+    unique = int(np.unique(top_k_experts(lg, k)).size)
+    return unique * per_expert + 2 * T * H * act_itemsize + T * E * 4, unique
+
+
+def flop_count(T: int, k: int, H: int, I: int) -> int:  # noqa: E741
+    return 2 * T * k * (H * 2 * I + I * H)
+
+
+def check_rows(T: int, limit: int) -> np.ndarray:
+    """Rows checked against the reference: all if T <= limit, else ``limit`` evenly spaced ones."""
+    if T <= limit:
+        return np.arange(T)
+    return np.unique(np.linspace(0, T - 1, limit).round().astype(np.int64))
+
+
+def rel_err(got, want) -> float:
+    g, w = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    if not np.isfinite(g).all():
+        return math.inf
+    n = np.linalg.norm(w)
+    return float(np.linalg.norm(g - w) / (n if n else 1.0))
+
+
+# -- table (GPU-free) ------------------------------------------------------------------------------
+def table_header() -> str:
+    return (f"{'shape':<16} {'dtype':<8} {'bits':>4} {'T':>5} | {'graph_us':>9} {'eager_us':>9} {'torch_us':>9} | "
+            f"{'floor_us':>9} {'MB':>8} {'%floor':>6} | {'rel_err':>8} {'torch_err':>9}")
+
+
+def _f(v, spec: str, width: int) -> str:
+    return f"{'-':>{width}}" if v is None else f"{v:{width}{spec}}"
+
+
+def format_row(p: dict) -> str:
+    """One table line of a point dict (keys as in the JSON; missing/None values print as '-')."""
+    b1, b2 = p["bits"]
+    head = f"{p['shape']:<16} {p['dtype']:<8} {(str(b1) if b1 == b2 else f'{b1},{b2}'):>4} {p['T']:>5} | "
+    if p.get("error"):
+        return head + "ERR " + p["error"]
+    mb = None if p.get("floor_bytes") is None else p["floor_bytes"] / 1e6
+    floor = _f(p.get("floor_us"), ".1f", 8) + ("*" if p.get("bound") == "flop" else " ")
+    err = _f(p.get("rel_err"), ".2e", 8) + ("" if p.get("ok", True) else " FAIL")
+    terr = p.get("torch_err")
+    tcol = f"{terr:>9.2e}" if isinstance(terr, float) else f"{(terr or '-')[:9]:>9}"
+    return (head + f"{_f(p.get('graph_us'), '.1f', 9)} {_f(p.get('eager_us'), '.1f', 9)} "
+            f"{_f(p.get('torch_us'), '.1f', 9)} | {floor} {_f(mb, '.2f', 8)} {_f(p.get('pct_floor'), '.1f', 6)} | "
+            f"{err} {tcol}")
+
+
+def _reason(exc: BaseException) -> str:
+    tb = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno})" if tb else ""
+    msg = (str(exc).strip().splitlines() or [""])[0][:300]
+    return f"{type(exc).__name__}: {msg}{where}"
+
+
+# -- GPU -------------------------------------------------------------------------------------------
+def _poison(cp, a) -> None:
+    """Fill with NaN bit patterns (0x7FFF is NaN in float16 and bfloat16), without float arithmetic."""
+    a.view(cp.uint16 if a.itemsize == 2 else cp.uint32).fill(0x7FFF if a.itemsize == 2 else 0x7FFFFFFF)
+
+
+def _d2d(dst, src) -> None:
+    """cudaMemcpyAsync device to device on the current stream."""
+    dst.data.copy_from_device_async(src.data, src.nbytes)
+
+
+class Timer:
+    """Event-timed samples on the current stream, each preceded by an L2 flush outside the events."""
+
+    def __init__(self, cp, flush_bytes: int = FLUSH_BYTES):
+        self.cp = cp
+        self.buf = cp.empty(flush_bytes, dtype=cp.uint8)
+
+    def samples_us(self, fn, iters: int, warmup: int, flush: bool = True) -> list[float]:
+        cp = self.cp
+        for _ in range(warmup):
+            fn()
+        ev = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(iters)]
+        for i, (a, b) in enumerate(ev):
+            if flush:
+                self.buf.fill(i & 0xFF)
+            a.record()
+            fn()
+            b.record()
+        ev[-1][1].synchronize()
+        return [cp.cuda.get_elapsed_time(a, b) * 1e3 for a, b in ev]
+
+    def median_us(self, fn, iters: int, warmup: int, flush: bool = True) -> float:
+        return statistics.median(self.samples_us(fn, iters, warmup, flush))
+
+
+def measure_ceilings(cp, timer: Timer, torch) -> dict:
+    """Copy bandwidth (1 GiB D2D, read+write bytes) and dense matmul rate (8192³), median of 10."""
+    out = {}
+    try:
+        src = cp.random.RandomState(1).random_sample(COPY_BYTES // 4, dtype=cp.float32)
+        dst = cp.empty_like(src)
+        for name, fn in (("memcpy", lambda: _d2d(dst, src)), ("kernel", lambda: cp.copyto(dst, src))):
+            out[f"copy_{name}_GBps"] = 2 * src.nbytes / timer.median_us(fn, 10, 2, flush=False) / 1e3
+        out["copy_GBps"] = max(out["copy_memcpy_GBps"], out["copy_kernel_GBps"])
+        del src, dst
+    except Exception as exc:  # the bytes floor is then left out, the run goes on
+        out["copy_GBps"], out["copy_error"] = None, _reason(exc)
+    N = MATMUL_N
+    try:
+        if torch is not None:
+            a = torch.randn(N, N, device="cuda", dtype=torch.bfloat16)
+            b = torch.randn(N, N, device="cuda", dtype=torch.bfloat16)
+            out["matmul_source"] = f"torch bfloat16 {N}^3"
+        else:
+            rs = cp.random.RandomState(2)
+            a, b = (rs.standard_normal((N, N), dtype=cp.float32).astype(cp.float16) for _ in range(2))
+            out["matmul_source"] = f"cupy float16 {N}^3"
+        t = timer.median_us(lambda: a @ b, 10, 3, flush=False)
+        out["matmul_TFLOPs"] = 2 * N**3 / t / 1e6
+    except Exception as exc:  # the FLOP floor is then left out, the run goes on
+        out["matmul_TFLOPs"], out["matmul_error"] = None, _reason(exc)
+    return out
+
+
+def build_layer(cp, rs, shape: Shape, dtype: str, bits, block_size: int, zero_points: bool):
+    """Random quantized experts on the GPU (chunked over experts): (weights by ORT name, attributes)."""
+    from ._arrays import np_dtype
+    from .quantize import quantize
+
+    weights = {}
+    for name, N, K, b in (("fc1", 2 * shape.I, shape.H, bits[0]), ("fc2", shape.H, shape.I, bits[1])):
+        chunk = max(1, (1 << 26) // (N * K))  # float32 temporaries of at most 256 MiB
+        parts = []
+        for e0 in range(0, shape.E, chunk):
+            w = rs.standard_normal((min(chunk, shape.E - e0), N, K), dtype=cp.float32)
+            w *= cp.float32(1.0 / math.sqrt(K))
+            parts.append(quantize(w, b, block_size, symmetric=not zero_points, scale_dtype=np_dtype(dtype)))
+            del w
+        weights[f"{name}_experts_weights"] = cp.concatenate([q.packed for q in parts])
+        weights[f"{name}_scales"] = cp.concatenate([q.scales for q in parts])
+        if zero_points:
+            weights[f"{name}_zero_points"] = cp.concatenate([q.zero_points for q in parts])
+    attrs = dict(k=shape.k, activation_type="swiglu", swiglu_fusion=1, normalize_routing_weights=1,
+                 block_size=block_size, expert_weight_bits=bits[0], fc2_expert_weight_bits=bits[1])
+    return weights, attrs
+
+
+def torch_weights(cp, torch, weights: dict, shape: Shape, dtype: str, bits, block_size: int, device="cuda"):
+    """FC1 [E, 2I, H] and FC2 [E, H, I] dequantized once to the activation dtype, as torch tensors."""
+    from .quantize import dequantize
+
+    tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[dtype]
+    out = []
+    for name, N, K, b in (("fc1", 2 * shape.I, shape.H, bits[0]), ("fc2", shape.H, shape.I, bits[1])):
+        W = torch.empty((shape.E, N, K), dtype=tdt, device=device)
+        zp = weights.get(f"{name}_zero_points")
+        chunk = max(1, (1 << 26) // (N * K))
+        for e0 in range(0, shape.E, chunk):
+            s = slice(e0, min(shape.E, e0 + chunk))
+            w = dequantize(weights[f"{name}_experts_weights"][s], weights[f"{name}_scales"][s], b, block_size,
+                           zero_points=None if zp is None else zp[s], K=K)  # float32 CuPy
+            W[s].copy_(torch.from_dlpack(w).to(tdt))
+            del w
+        out.append(W)
+    return out
+
+
+def torch_moe(torch, x, logits, W1, W2, k: int):
+    """The classic eager MoE: softmax top-k, per-expert loop (host sync), FC1, swiglu (interleaved), FC2."""
+    T, H = x.shape
+    p = torch.softmax(logits.float(), dim=-1)
+    w, idx = torch.topk(p, k, dim=-1)
+    w = w / w.sum(dim=-1, keepdim=True)
+    flat = idx.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    experts, counts = torch.unique_consecutive(flat[order], return_counts=True)
+    tok, wsorted = order // k, w.reshape(-1)[order]
+    out = torch.zeros((T, H), dtype=torch.float32, device=x.device)
+    start = 0
+    for e, c in zip(experts.tolist(), counts.tolist()):
+        rows = tok[start:start + c]
+        h = x[rows] @ W1[e].t()  # [c, 2I]
+        g, lin = h[:, 0::2].float(), h[:, 1::2].float()
+        y = (g * torch.sigmoid(g) * lin).to(x.dtype) @ W2[e].t()  # [c, H]
+        out.index_add_(0, rows, y.float() * wsorted[start:start + c, None])
+        start += c
+    return out.to(x.dtype)
+
+
+def _prepare(cp, rs, args, shape, dtype, bits, bs):
+    """Layer, inputs per T (device and host) and the reference rows per T, from one reference call."""
+    from ._arrays import np_dtype
+    from .executor import QMoE
+    from .reference import qmoe as reference
+
+    t0 = time.perf_counter()
+    weights, attrs = build_layer(cp, rs, shape, dtype, bits, bs, args.zero_points)
+    moe = QMoE(**weights, **attrs)
+    per_expert = sum(int(v.nbytes) for v in weights.values()) // shape.E
+    calc = expert_bytes(shape.H, shape.I, bits, bs, args.zero_points, np_dtype(dtype).itemsize)
+    if calc != per_expert:
+        print(f"  warning: expert bytes {per_expert} (arrays) != {calc} (formula)", flush=True)
+    inputs = {}
+    for T in args.tokens:
+        x = rs.standard_normal((T, shape.H), dtype=cp.float32).astype(np_dtype(dtype))
+        logits = 2 * rs.standard_normal((T, shape.E), dtype=cp.float32)
+        inputs[T] = (x, logits, cp.asnumpy(x), cp.asnumpy(logits), check_rows(T, args.check_rows))
+    t1 = time.perf_counter()
+    host_w = {n: cp.asnumpy(v) for n, v in weights.items()}  # rows are independent: one call covers every T
+    X = np.concatenate([xh[r] for _, _, xh, _, r in inputs.values()])
+    ref = reference(X, np.concatenate([lh[r] for _, _, _, lh, r in inputs.values()]), **host_w, **attrs)
+    ends = np.cumsum([len(r) for *_, r in inputs.values()])
+    refs = dict(zip(inputs, np.split(ref, ends[:-1])))
+    print(f"  [{shape.name} {dtype} bits {','.join(map(str, bits))}: built on GPU in {t1 - t0:.1f} s, CPU "
+          f"reference over {len(X)} rows in {time.perf_counter() - t1:.1f} s]", flush=True)
+    return weights, moe, per_expert, inputs, refs
+
+
+def _time_point(cp, timer, ceil, args, moe, p, x, logits, lh, rows, ref, per_expert, act_itemsize) -> None:
+    """Floors, correctness of the graph and eager outputs, and their timings, into the point ``p``."""
+    T, k, H = p["T"], p["k"], p["H"]
+    nbytes, uniq = floor_bytes(lh, k, H, per_expert, act_itemsize)
+    flops = flop_count(T, k, H, p["I"])
+    bw, mm = ceil.get("copy_GBps"), ceil.get("matmul_TFLOPs")
+    p.update(floor_bytes=nbytes, unique_experts=uniq, flops=flops, bytes_floor_us=nbytes / (bw * 1e3) if bw else None,
+             flop_floor_us=flops / (mm * 1e6) if mm else None)
+    p["floor_us"] = max(p["bytes_floor_us"] or 0.0, p["flop_floor_us"] or 0.0) or None
+    p["bound"] = "flop" if p["floor_us"] and p["floor_us"] == p["flop_floor_us"] else "bytes"
+    out = cp.empty_like(x)
+    _poison(cp, out)
+    moe(x, logits, out=out)
+    g = moe.capture(x, logits)
+    _poison(cp, g.output)
+    g.replay()
+    cp.cuda.get_current_stream().synchronize()
+    p["rel_err_graph"] = rel_err(cp.asnumpy(g.output)[rows], ref)
+    p["rel_err_eager"] = rel_err(cp.asnumpy(out)[rows], ref)
+    p["rel_err"], p["tol"] = max(p["rel_err_graph"], p["rel_err_eager"]), TOL[p["dtype"]]
+    p["ok"] = p["rel_err"] <= p["tol"]
+    s = timer.samples_us(g.replay, args.iters, args.warmup)
+    p.update(graph_us=statistics.median(s), graph_min_us=min(s))
+    p["pct_floor"] = 100.0 * p["floor_us"] / p["graph_us"] if p["floor_us"] else None
+    if not args.no_eager:
+        p["eager_us"] = timer.median_us(lambda: moe(x, logits, out=out), args.iters, args.warmup)
+
+
+def bench_layer(cp, torch, timer, ceil, args, shape, dtype, bits, rs, emit) -> None:
+    """Every token count of one (shape, dtype, bits) layer; calls ``emit(point)`` per point."""
+    from ._arrays import np_dtype
+
+    bs = block_for(shape, args.block_size)
+    base = dict(shape=shape.name, H=shape.H, I=shape.I, E=shape.E, k=shape.k, dtype=dtype, bits=list(bits),
+                block_size=bs, zero_points=bool(args.zero_points))
+    problem = layout_problem(shape, bs)
+    try:
+        if not problem:
+            weights, moe, per_expert, inputs, refs = _prepare(cp, rs, args, shape, dtype, bits, bs)
+    except Exception as exc:
+        if args.verbose:
+            traceback.print_exc()
+        problem = "layer: " + _reason(exc)
+    if problem:
+        for T in args.tokens:
+            emit(dict(base, T=T, error=problem))
+        return
+    tw, terr0 = None, None
+    if torch is not None:
+        try:
+            tw = torch_weights(cp, torch, weights, shape, dtype, bits, bs)
+        except Exception as exc:
+            terr0 = "ERR " + _reason(exc)
+            print(f"  torch baseline unavailable for this layer: {terr0}", flush=True)
+    for T in args.tokens:
+        x, logits, _, lh, rows = inputs[T]
+        p = dict(base, T=T, path="decode" if T * shape.k <= min(moe.decode_max_routes, 65535) else "prefill")
+        try:
+            _time_point(cp, timer, ceil, args, moe, p, x, logits, lh, rows, refs[T], per_expert,
+                        np_dtype(dtype).itemsize)
+        except Exception as exc:
+            if args.verbose:
+                traceback.print_exc()
+            p["error"] = _reason(exc)
+        if tw is not None and not p.get("error"):
+            try:
+                tx = torch.from_dlpack(x.astype(cp.float32)).to(tw[0].dtype)
+                tl = torch.from_dlpack(logits)
+                p["torch_err"] = rel_err(torch_moe(torch, tx, tl, *tw, shape.k).float().cpu().numpy()[rows], refs[T])
+                p["torch_us"] = timer.median_us(lambda: torch_moe(torch, tx, tl, *tw, shape.k), args.iters, args.warmup)
+            except Exception as exc:
+                p["torch_err"] = "ERR " + _reason(exc)
+                print(f"  torch baseline: {p['torch_err']}", flush=True)
+        elif terr0:
+            p["torch_err"] = terr0
+        emit(p)
+
+
+def _environment(cp, torch) -> dict:
+    from . import __version__
+
+    dev = cp.cuda.runtime.getDevice()
+    props = cp.cuda.runtime.getDeviceProperties(dev)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    v = lambda n: f"{n // 1000}.{n % 1000 // 10}"  # noqa: E731
+    return dict(device=name, sm=f"sm_{props['major']}{props['minor']}", sms=props["multiProcessorCount"],
+                mem_GiB=round(props["totalGlobalMem"] / 2**30, 1), driver=v(cp.cuda.runtime.driverGetVersion()),
+                runtime=v(cp.cuda.runtime.runtimeGetVersion()), qmoe_rtc=__version__, cupy=cp.__version__,
+                torch=None if torch is None else torch.__version__, numpy=np.__version__,
+                python=platform.python_version())
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        import cupy as cp
+
+        if cp.cuda.runtime.getDeviceCount() < 1:
+            raise RuntimeError("no CUDA device")
+    except Exception as exc:
+        print(f"qmoe_rtc bench: ERR no usable GPU ({_reason(exc)})", file=sys.stderr)
+        return 2
+    torch = None
+    if not args.no_torch:
+        try:
+            import torch as _torch
+
+            torch = _torch if _torch.cuda.is_available() else None
+        except Exception as exc:
+            print(f"torch baseline skipped: {_reason(exc)}")
+    env = _environment(cp, torch)
+    print(f"qmoe_rtc bench on {env['device']} ({env['sm']}, {env['sms']} SMs, {env['mem_GiB']} GiB); driver "
+          f"{env['driver']}, runtime {env['runtime']}; qmoe_rtc {env['qmoe_rtc']}, cupy {env['cupy']}, "
+          f"torch {env['torch'] or '-'}, python {env['python']}", flush=True)
+    timer = Timer(cp)
+    ceil = measure_ceilings(cp, timer, torch)
+    bw, mm = ceil.get("copy_GBps"), ceil.get("matmul_TFLOPs")
+    print("ceilings: copy " + (f"{bw:.0f} GB/s ({COPY_BYTES >> 20} MiB D2D, read+write; memcpy "
+                               f"{ceil['copy_memcpy_GBps']:.0f}, kernel {ceil['copy_kernel_GBps']:.0f})" if bw else
+                               f"ERR {ceil['copy_error']}") + "; matmul "
+          + (f"{mm:.0f} TFLOP/s ({ceil['matmul_source']})" if mm else f"ERR {ceil.get('matmul_error')}"), flush=True)
+    print(f"times: median of {args.iters} CUDA-event samples after {args.warmup} warm-up, L2 flushed "
+          f"({FLUSH_BYTES >> 20} MiB write) before each; floor = max(bytes/copy, FLOPs/matmul), * = FLOP-bound; "
+          f"rel_err = max over graph and eager outputs' check vs float64 reference")
+    print(table_header(), flush=True)
+    points, failed = [], 0
+    conf = {k: v for k, v in vars(args).items() if k not in ("shape", "shapes", "json")}
+    conf["shapes"] = [asdict(s) for s in args.shapes]
+
+    def emit(p):
+        nonlocal failed
+        points.append(p)
+        failed += bool(p.get("error")) or not p.get("ok", False)
+        print(format_row(p), flush=True)
+        if args.json:  # rewritten after every point: a run cut short still leaves its numbers
+            with open(args.json, "w") as f:
+                json.dump(dict(environment=env, ceilings=ceil, config=conf, points=points), f, indent=1, default=str)
+
+    for i, shape in enumerate(args.shapes):
+        for dtype in args.dtypes:
+            for bits in args.bits:
+                rs = cp.random.RandomState(args.seed + 1000 * i)
+                try:
+                    bench_layer(cp, torch, timer, ceil, args, shape, dtype, bits, rs, emit)
+                finally:
+                    cp.get_default_memory_pool().free_all_blocks()
+                    if torch is not None:
+                        torch.cuda.empty_cache()
+    print(f"{len(points)} points, {failed} failed" + (f"; numbers in {args.json}" if args.json else ""), flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
