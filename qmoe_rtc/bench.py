@@ -468,7 +468,7 @@ def bench_layer(cp, torch, timer, ceil, args, shape, dtype, bits, rs, emit) -> N
             print(f"  torch baseline unavailable for this layer: {terr0}", flush=True)
     for T in args.tokens:
         x, logits, _, lh, rows = inputs[T]
-        p = dict(base, T=T, path="decode" if T * shape.k <= min(moe.decode_max_routes, 65535) else "prefill")
+        p = dict(base, T=T, path=moe.path_for(T))
         try:
             _time_point(cp, timer, ceil, args, moe, p, x, logits, lh, rows, refs[T], per_expert,
                         np_dtype(dtype).itemsize)

@@ -212,6 +212,12 @@ class QMoE:
                            normalize_routing_weights=bool(self.attrs.normalize_routing_weights))
 
     # -- plan ------------------------------------------------------------------------------------
+    def path_for(self, rows: int) -> str:
+        """``"decode"`` (GEMV kernels, no grouping) or ``"prefill"`` (grouped GEMMs) for ``rows`` tokens."""
+        # the decode grids put I/8 and H/8 on grid.y (at most 65535)
+        fits = (self.layer.I + 7) // 8 <= 65535 and (self.layer.H + 7) // 8 <= 65535
+        return "decode" if int(rows) * self.attrs.k <= self.decode_max_routes and fits else "prefill"
+
     def plan(self, rows: int, dtype: str, router_dtype: str, router_weights_dtype: str | None = None) -> _Plan:
         """Pick the path and load (compile if needed) its kernels; grows the scratch pool.
 
@@ -220,9 +226,7 @@ class QMoE:
         key = (int(rows), dtype, router_dtype, router_weights_dtype)
         plan = self._plans.get(key)
         routes = int(rows) * self.attrs.k
-        # the decode grids put I/8 and H/8 on grid.y (at most 65535)
-        fits = (self.layer.I + 7) // 8 <= 65535 and (self.layer.H + 7) // 8 <= 65535
-        path = "decode" if routes <= self.decode_max_routes and fits else "prefill"
+        path = self.path_for(rows)
         if plan is None:
             cp = _cupy()
             if cp.cuda.get_current_stream().is_capturing():
