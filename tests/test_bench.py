@@ -210,6 +210,9 @@ class _FakeQMoE:
     def __init__(self, **kw):
         self.kw = kw
 
+    def path_for(self, rows):
+        return "decode" if rows * self.kw["k"] <= self.decode_max_routes else "prefill"
+
     def __call__(self, x, logits, out=None):
         if x.shape[0] == 2:
             raise RuntimeError("injected failure")
