@@ -214,8 +214,11 @@ class QMoE:
     # -- plan ------------------------------------------------------------------------------------
     def path_for(self, rows: int) -> str:
         """``"decode"`` (GEMV kernels, no grouping) or ``"prefill"`` (grouped GEMMs) for ``rows`` tokens."""
-        # the decode grids put I/8 and H/8 on grid.y (at most 65535)
-        fits = (self.layer.I + 7) // 8 <= 65535 and (self.layer.H + 7) // 8 <= 65535
+        from .kernels.gemv import GemvFamily
+
+        L = self.layer
+        # the decode grids put I/8 and H/16 on grid.y (at most 65535); their rows live in shared memory
+        fits = (L.I + 7) // 8 <= 65535 and (L.H + 15) // 16 <= 65535 and GemvFamily.fits(L.H, L.I, self.attrs.k)
         return "decode" if int(rows) * self.attrs.k <= self.decode_max_routes and fits else "prefill"
 
     def plan(self, rows: int, dtype: str, router_dtype: str, router_weights_dtype: str | None = None) -> _Plan:
@@ -278,7 +281,7 @@ class QMoE:
         w1, w2 = self._proj["fc1"], self._proj["fc2"]
         w3 = self._proj.get("fc3", w1)  # without FC3 its slots are never read; FC1's tensors fill the spec
         zpo, acts = self._zp_offset, self._act_scalars
-        geo = dict(rows=rows, routes=R, E=E, H=H, I=I)
+        geo = dict(rows=rows, routes=R, E=E, H=H, I=I, k=k)
         steps = [(kr["route"], route_fam.RouteFamily().launch(None, rows=rows),
                   (logits, rw, rows, E, k, int(a.normalize_routing_weights), ids, wts))]
         if plan.path == "decode":

@@ -34,6 +34,14 @@ template <int B> __device__ __forceinline__ void load_chunk32(const u8* __restri
   }
 }
 
+// Shared-memory layout of a float vector that lanes read in 32-element chunks (lane l: chunk l, l+32,
+// ...): float4 granule g (0..7) of chunk c sits at granule 8c + ((g + c) & 7), so the 8 lanes of a
+// quarter-warp read 8 different bank groups instead of all hitting the same one.
+__device__ __forceinline__ i32 swizzle32(i32 k) {
+  const i32 c = k >> 5, g = (k >> 2) & 7;
+  return (c << 5) | (((g + c) & 7) << 2) | (k & 3);
+}
+
 // Float of code q minus the zero point: (2^23 + q) - (2^23 + zp), exact for integer zp (one FADD);
 // a fractional zero_point_offset subtracts in two steps.
 template <bool INT_ZP> __device__ __forceinline__ float code_minus_zp(u32 q, float zp) {
@@ -57,7 +65,8 @@ __device__ __forceinline__ float chunk_dot(const u32 (&w)[B], const float (&xv)[
   return (a[0] + a[1]) + (a[2] + a[3]);
 }
 
-// out[r] = sum_k w[e, n[r], k] * x[k] for RW rows (every lane gets the sums). x: float, length qp.K.
+// out[r] = sum_k w[e, n[r], k] * x[k] for RW rows (every lane gets the sums). x: float, length qp.K,
+// in shared memory: laid out by swizzle32 when VEC, plainly otherwise.
 template <int RW, bool VEC, class QP>
 __device__ __forceinline__ void warp_dot_rows(const QP& qp, const u8* __restrict__ w, i32 e, const i32 (&n)[RW],
                                               const float* __restrict__ x, int lane, float (&out)[RW]) {
@@ -83,10 +92,11 @@ __device__ __forceinline__ void warp_dot_rows(const QP& qp, const u8* __restrict
 #pragma unroll
       for (int r = 0; r < RW; ++r) load_chunk32<B>(rows[r] + (i64)c * (4 * B), wq[r]);
       float xv[32];
+      const float4* xc = reinterpret_cast<const float4*>(x) + ((i64)c << 3);
 #pragma unroll
-      for (int j = 0; j < 32; j += 4) {
-        const float4 v = *reinterpret_cast<const float4*>(x + k0 + j);
-        xv[j] = v.x; xv[j + 1] = v.y; xv[j + 2] = v.z; xv[j + 3] = v.w;
+      for (int g = 0; g < 8; ++g) {
+        const float4 v = xc[(g + c) & 7];  // swizzle32
+        xv[4 * g] = v.x; xv[4 * g + 1] = v.y; xv[4 * g + 2] = v.z; xv[4 * g + 3] = v.w;
       }
 #pragma unroll
       for (int r = 0; r < RW; ++r) {

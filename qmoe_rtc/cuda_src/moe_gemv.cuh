@@ -11,8 +11,8 @@
 //
 // fc1_gemv: block = (route, 4 warps); a warp computes kFc1Out outputs (gate + linear rows when
 // gated: 4 weight rows), sharing each x chunk across them (moe_dot.cuh).
-// fc2_gemv_combine: block = (token row, kFc2Rows outputs); its 4 warps split the k routes x row
-// groups, then reduce through shared memory in a fixed order (deterministic).
+// fc2_gemv_combine: block = (token row, kFc2Rows outputs); it stages the row's k activation vectors in
+// shared memory, its 4 warps split the k routes x row groups, then reduce in a fixed order.
 // Grids put the route (fc1) / token row (fc2) on blockIdx.x, the fastest-launched dimension: blocks
 // that read the same expert rows for different tokens run together and share them through L2.
 #pragma once
@@ -27,7 +27,7 @@ namespace qmoe {
 
 constexpr int kGemvThreads = 128;
 constexpr int kGemvWarps = kGemvThreads / 32;
-constexpr int kFc2Rows = 8;   // outputs per fc2 block
+constexpr int kFc2Rows = 16;  // outputs per fc2 block
 constexpr int kFc2Group = 4;  // outputs per warp work unit
 
 template <int GATE> struct Fc1Shape {
@@ -47,7 +47,7 @@ fc1_gemv(const T* __restrict__ x, const i32* __restrict__ ids, i32 k, i32 H, i32
   const i32 r = blockIdx.x;
   const i64 row = r / k;
   const i32 e = ids[r];
-  for (i32 h = threadIdx.x; h < H; h += kGemvThreads) xs[h] = Traits<T>::to_float(x[row * H + h]);
+  for (i32 h = threadIdx.x; h < H; h += kGemvThreads) xs[VEC ? swizzle32(h) : h] = Traits<T>::to_float(x[row * H + h]);
   __syncthreads();
   const int lane = threadIdx.x & 31;
   const i32 i0 = (blockIdx.y * kGemvWarps + (threadIdx.x >> 5)) * OUT;
@@ -99,16 +99,20 @@ __global__ void __launch_bounds__(kGemvThreads)
 fc2_gemv_combine(const float* __restrict__ act, const i32* __restrict__ ids, const float* __restrict__ wts, i32 k,
                  i32 H, i32 I, const u8* __restrict__ w2, const ScaleT* __restrict__ s2, const u8* __restrict__ z2,
                  const float* __restrict__ b2, float zp_offset, T* __restrict__ out) {
+  extern __shared__ __align__(16) float acts[];  // [k, I]: this row's k activation vectors
   __shared__ float red[kGemvWarps][kFc2Rows];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const i64 row = blockIdx.x;
   const i32 n0 = blockIdx.y * kFc2Rows;
+  for (i32 t = threadIdx.x; t < k * I; t += kGemvThreads) {
+    const i32 slot = t / I, i = t - slot * I;
+    acts[slot * I + (VEC ? swizzle32(i) : i)] = act[(row * k + slot) * I + i];
+  }
+  if (lane < kFc2Rows) red[warp][lane] = 0.0f;
+  __syncthreads();
   const QuantParams<ScaleT, B2, BLOCK, Z2> q2{s2, z2, zp_offset, H, I};
   constexpr int kGroups = kFc2Rows / kFc2Group;
-  float part[kFc2Rows];
-#pragma unroll
-  for (int j = 0; j < kFc2Rows; ++j) part[j] = 0.0f;
-  // work unit u = (slot, row group); warp w takes u = w, w + 4, ...
+  // work unit u = (slot, row group); warp w takes u = w, w + 4, ... and adds into its own red[w]
   for (i32 u = warp; u < k * kGroups; u += kGemvWarps) {
     const i32 slot = u / kGroups, grp = u % kGroups;
     const i64 r = row * k + slot;
@@ -118,24 +122,17 @@ fc2_gemv_combine(const float* __restrict__ act, const i32* __restrict__ ids, con
 #pragma unroll
     for (int j = 0; j < kFc2Group; ++j) n[j] = min(n0 + grp * kFc2Group + j, H - 1);
     float y[kFc2Group];
-    warp_dot_rows<kFc2Group, VEC>(q2, w2, e, n, act + r * I, lane, y);
+    warp_dot_rows<kFc2Group, VEC>(q2, w2, e, n, acts + slot * I, lane, y);
+    if (lane == 0) {
 #pragma unroll
-    for (int j = 0; j < kFc2Group; ++j) {
-      const float v = wr * (y[j] + (b2 ? b2[(i64)e * H + n[j]] : 0.0f));
-#pragma unroll
-      for (int g = 0; g < kGroups; ++g)
-        if (g == grp) part[g * kFc2Group + j] += v;
+      for (int j = 0; j < kFc2Group; ++j) red[warp][grp * kFc2Group + j] += wr * (y[j] + (b2 ? b2[(i64)e * H + n[j]] : 0.0f));
     }
-  }
-  if (lane == 0) {
-#pragma unroll
-    for (int j = 0; j < kFc2Rows; ++j) red[warp][j] = part[j];
   }
   __syncthreads();
   if (threadIdx.x < kFc2Rows && n0 + (i32)threadIdx.x < H) {
     float total = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kGemvWarps; ++w) total += red[w][threadIdx.x];
+    for (int w = 0; w < kGemvWarps; ++w) total += red[w][threadIdx.x];  // fixed order: deterministic
     out[row * H + n0 + threadIdx.x] = Traits<T>::from_float(total);
   }
 }

@@ -35,12 +35,13 @@ __device__ __forceinline__ void warp_argmax_key(u32& key, i32& idx) {
 }
 
 // Best remaining (key, idx) of this lane's entries e = lane + 32*j not yet taken.
-__device__ __forceinline__ void lane_best(const u32 (&keys)[kRouteMaxPerLane], u32 taken, i32 E, int lane,
+__device__ __forceinline__ void lane_best(const u32 (&keys)[kRouteMaxPerLane], u32 taken, i32 E, int epl, int lane,
                                           u32& key, i32& idx) {
   key = 0u;
   idx = 0x7fffffff;
 #pragma unroll
   for (int j = 0; j < kRouteMaxPerLane; ++j) {
+    if (j >= epl) break;
     const i32 e = lane + 32 * j;
     if (e < E && !((taken >> j) & 1u) && (keys[j] > key || idx == 0x7fffffff)) {
       key = keys[j];
@@ -56,12 +57,14 @@ __global__ void route_topk(const LT* __restrict__ logits, const WT* __restrict__
   const i64 row = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (row >= rows) return;
   const LT* l = logits + row * E;
+  const int epl = (E + 31) >> 5;  // entries per lane actually used (loops below stop there)
 
   float v[kRouteMaxPerLane];
   u32 keys[kRouteMaxPerLane];
   float m = __int_as_float(0xff800000);  // -inf
 #pragma unroll
   for (int j = 0; j < kRouteMaxPerLane; ++j) {
+    if (j >= epl) break;
     const i32 e = lane + 32 * j;
     v[j] = e < E ? Traits<LT>::to_float(l[e]) : __int_as_float(0xff800000);
     keys[j] = e < E ? order_key(v[j]) : 0u;
@@ -79,18 +82,19 @@ __global__ void route_topk(const LT* __restrict__ logits, const WT* __restrict__
     for (int t = 0; t < 2; ++t) {
       u32 key;
       i32 idx;
-      lane_best(keys, taken, E, lane, key, idx);
+      lane_best(keys, taken, E, epl, lane, key, idx);
       warp_argmax_key(key, idx);
       // value of the winner: broadcast from its owner lane
       float win = 0.0f;
 #pragma unroll
       for (int j = 0; j < kRouteMaxPerLane; ++j)
-        if (lane + 32 * j == idx) win = v[j];
+        if (j < epl && lane + 32 * j == idx) win = v[j];
       win = __shfl_sync(kFullMask, win, idx & 31);
       if ((idx & 31) == lane) taken |= 1u << (idx >> 5);
       float s = 0.0f;
 #pragma unroll
       for (int j = 0; j < kRouteMaxPerLane; ++j) {
+    if (j >= epl) break;
         const i32 e = lane + 32 * j;
         if (e >= E) continue;
         const bool masked = (t == 1 && e == sel[0]) || (win - v[j]) > eps2 * fmaxf(fabsf(v[j]), win);
@@ -111,7 +115,7 @@ __global__ void route_topk(const LT* __restrict__ logits, const WT* __restrict__
     float denom = 0.0f;
 #pragma unroll
     for (int j = 0; j < kRouteMaxPerLane; ++j)
-      if (lane + 32 * j < E) denom += expf(v[j] - m);
+      if (j < epl && lane + 32 * j < E) denom += expf(v[j] - m);
     denom = warp_sum(denom);
 
     u32 taken = 0u;
@@ -121,12 +125,12 @@ __global__ void route_topk(const LT* __restrict__ logits, const WT* __restrict__
     for (int t = 0; t < k; ++t) {
       u32 key;
       i32 idx;
-      lane_best(keys, taken, E, lane, key, idx);
+      lane_best(keys, taken, E, epl, lane, key, idx);
       warp_argmax_key(key, idx);
       float val = 0.0f;
 #pragma unroll
       for (int j = 0; j < kRouteMaxPerLane; ++j)
-        if (lane + 32 * j == idx) val = v[j];
+        if (j < epl && lane + 32 * j == idx) val = v[j];
       val = __shfl_sync(kFullMask, val, idx & 31);
       if ((idx & 31) == lane) taken |= 1u << (idx >> 5);
       float w;

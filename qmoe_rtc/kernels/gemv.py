@@ -16,7 +16,9 @@ from ._moe import EXPERT_FIELDS, expert_spec, projection_args, template_types
 
 THREADS = 128  # kGemvThreads
 WARPS = THREADS // 32
-FC2_ROWS = 8  # kFc2Rows: outputs per fc2 block
+FC2_ROWS = 16  # kFc2Rows: outputs per fc2 block
+#: Dynamic shared memory the decode kernels may take (H200/H100 allow 227 KiB per block).
+MAX_SMEM = 200 * 1024
 
 ACT_SCALARS = (Scalar("alpha", "float32"), Scalar("beta", "float32"), Scalar("limit", "float32"),
                Scalar("limit_after", "int32"))
@@ -52,9 +54,15 @@ class GemvFamily(KernelFamily):
         )
         return (fc1, fc2)
 
-    def launch(self, spec: ModuleSpec, kernel: str, *, rows: int, routes: int, H: int, I: int, **_: Any) -> Launch:
+    @staticmethod
+    def fits(H: int, I: int, k: int) -> bool:
+        """Whether the decode kernels' shared memory (x row: 4·H bytes; k activation rows: 4·k·I) fits."""
+        return 4 * H <= MAX_SMEM and 4 * k * I <= MAX_SMEM
+
+    def launch(self, spec: ModuleSpec, kernel: str, *, rows: int, routes: int, H: int, I: int, k: int = 1,
+               **_: Any) -> Launch:
         if kernel == "fc1":
             gated = spec["swiglu_fusion"] != 0 or spec["has_fc3"]
             per_block = WARPS * (2 if gated else 4)  # Fc1Shape<GATE>::kOut outputs per warp
             return Launch((routes, (I + per_block - 1) // per_block, 1), (THREADS, 1, 1), 4 * H)
-        return Launch((rows, (H + FC2_ROWS - 1) // FC2_ROWS, 1), (THREADS, 1, 1), 0)
+        return Launch((rows, (H + FC2_ROWS - 1) // FC2_ROWS, 1), (THREADS, 1, 1), 4 * k * I)
