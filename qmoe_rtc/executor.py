@@ -252,7 +252,10 @@ class QMoE:
             else:
                 kernels["group"] = load_module(mods["group"], self.device_id)["group_by_expert"]
                 m = load_module(mods["gemm"], self.device_id)
-                kernels["fc1"], kernels["fc2"], kernels["combine"] = m["fc1"], m["fc2"], m["combine"]
+                from .kernels.gemm import tile_rows
+
+                bm = tile_rows(routes, self.layer.E)
+                kernels["fc1"], kernels["fc2"], kernels["combine"] = m[f"fc1_bm{bm}"], m[f"fc2_bm{bm}"], m["combine"]
             plan = _Plan(path, kernels, mods)
             self._plans[key] = plan
             log.info("qmoe_rtc: planned rows=%d dtype=%s: %s path (%s)", rows, dtype, path,
@@ -294,7 +297,8 @@ class QMoE:
             offsets, tiles, srt = sc.bufs["offsets"], sc.bufs["tile_offsets"], sc.view("sorted", R)
             act, y, spec, fam = sc.view("act", R), sc.view("y", R), plan.specs["gemm"], gemm_fam.GemmFamily()
             steps += [
-                (kr["group"], gemm_fam.Launch((1, 1, 1), (1024, 1, 1), 0), (ids, R, E, gemm_fam.BM, offsets, tiles, srt)),
+                (kr["group"], gemm_fam.Launch((1, 1, 1), (1024, 1, 1), 0),
+                 (ids, R, E, gemm_fam.tile_rows(R, E), offsets, tiles, srt)),
                 (kr["fc1"], fam.launch(spec, "fc1", **geo),
                  (x, srt, offsets, tiles, E, k, H, I, *w1, *w3, zpo, *acts, act)),
                 (kr["fc2"], fam.launch(spec, "fc2", **geo), (act, srt, offsets, tiles, E, H, I, *w2, zpo, y)),

@@ -42,6 +42,38 @@ __device__ __forceinline__ i32 swizzle32(i32 k) {
   return (c << 5) | (((g + c) & 7) << 2) | (k & 3);
 }
 
+// Block-wide copy of n elements of src (T, converted to float) into shared memory, laid out by
+// swizzle32 when SWZ (then n % 8 == 0 and src is 8-element aligned: 16/32-byte vector loads). Four
+// vectors per thread are loaded before any is stored, so the copy costs one memory latency, not one
+// per element. Ends with __syncthreads().
+template <int THREADS, bool SWZ, typename T>
+__device__ __forceinline__ void stage_to_smem(float* __restrict__ dst, const T* __restrict__ src, i32 n) {
+  if constexpr (SWZ) {
+    constexpr int kBatch = 4;
+    for (i32 g0 = threadIdx.x; g0 * 8 < n; g0 += kBatch * THREADS) {
+      float v[kBatch][8];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const i32 g = g0 + u * THREADS;
+        if (g * 8 < n) load8_f32<T, true>(src + (i64)g * 8, v[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const i32 g = g0 + u * THREADS;
+        if (g * 8 < n) {
+          float4* d0 = reinterpret_cast<float4*>(dst + swizzle32(g * 8));
+          float4* d1 = reinterpret_cast<float4*>(dst + swizzle32(g * 8 + 4));
+          *d0 = make_float4(v[u][0], v[u][1], v[u][2], v[u][3]);
+          *d1 = make_float4(v[u][4], v[u][5], v[u][6], v[u][7]);
+        }
+      }
+    }
+  } else {
+    for (i32 i = threadIdx.x; i < n; i += THREADS) dst[i] = Traits<T>::to_float(src[i]);
+  }
+  __syncthreads();
+}
+
 // Float of code q minus the zero point: (2^23 + q) - (2^23 + zp), exact for integer zp (one FADD);
 // a fractional zero_point_offset subtracts in two steps.
 template <bool INT_ZP> __device__ __forceinline__ float code_minus_zp(u32 q, float zp) {
@@ -66,10 +98,12 @@ __device__ __forceinline__ float chunk_dot(const u32 (&w)[B], const float (&xv)[
 }
 
 // out[r] = sum_k w[e, n[r], k] * x[k] for RW rows (every lane gets the sums). x: float, length qp.K,
-// in shared memory: laid out by swizzle32 when VEC, plainly otherwise.
+// in shared memory: laid out by swizzle32 when VEC (x starting at chunk cbase of the staged vector),
+// plainly otherwise.
 template <int RW, bool VEC, class QP>
 __device__ __forceinline__ void warp_dot_rows(const QP& qp, const u8* __restrict__ w, i32 e, const i32 (&n)[RW],
-                                              const float* __restrict__ x, int lane, float (&out)[RW]) {
+                                              const float* __restrict__ x, int lane, float (&out)[RW],
+                                              i32 cbase = 0) {
   constexpr int B = QP::kBits;
   constexpr int BLK = QP::kBlock;
   constexpr bool kIntZp = QP::kZp != ZP_OFFSET;
@@ -95,7 +129,7 @@ __device__ __forceinline__ void warp_dot_rows(const QP& qp, const u8* __restrict
       const float4* xc = reinterpret_cast<const float4*>(x) + ((i64)c << 3);
 #pragma unroll
       for (int g = 0; g < 8; ++g) {
-        const float4 v = xc[(g + c) & 7];  // swizzle32
+        const float4 v = xc[(g + c + cbase) & 7];  // swizzle32 of the staged vector (x = its chunk cbase)
         xv[4 * g] = v.x; xv[4 * g + 1] = v.y; xv[4 * g + 2] = v.z; xv[4 * g + 3] = v.w;
       }
 #pragma unroll

@@ -7,7 +7,7 @@
 //   y             [R, H]    f32   fc2_gemm out, by route id
 //   out           [rows, H] T     combine: sum over slots of wts * y, rounded once
 //
-// A block computes a tile of BM routes x 64 weight rows (64 outputs, or 32 gated gate/linear pairs)
+// A block computes a tile of BM (16 or 64) routes x 64 weight rows (64 outputs, or 32 gated pairs)
 // over K in steps of 32, dequantizing the weights into shared memory. Grid x is an upper bound on
 // the tiles (R/BM + E); blocks past tile_offsets[E] exit at once.
 #pragma once
@@ -20,11 +20,13 @@
 namespace qmoe {
 
 constexpr int kGemmThreads = 256;
-constexpr int kGemmBM = 64;  // routes per tile
 constexpr int kGemmBW = 64;  // weight rows per tile
+// Routes per tile (BM) is a template parameter: 64, or 16 when experts get few routes each (a
+// 64-row tile would mostly multiply padding).
 constexpr int kGemmBK = 32;  // K step
 
 // Expert and first sorted position of tile t; false for a tile past the last one.
+template <int BM>
 __device__ __forceinline__ bool find_tile(const i32* __restrict__ offsets, const i32* __restrict__ tile_offsets, i32 E,
                                           i32 t, i32& e, i32& m0, i32& m_end) {
   if (t >= tile_offsets[E]) return false;
@@ -34,8 +36,8 @@ __device__ __forceinline__ bool find_tile(const i32* __restrict__ offsets, const
     if (tile_offsets[mid] <= t) lo = mid; else hi = mid - 1;
   }
   e = lo;
-  m0 = offsets[e] + (t - tile_offsets[e]) * kGemmBM;
-  m_end = min(m0 + kGemmBM, offsets[e + 1]);
+  m0 = offsets[e] + (t - tile_offsets[e]) * BM;
+  m_end = min(m0 + BM, offsets[e + 1]);
   return true;
 }
 
@@ -94,25 +96,27 @@ __device__ __forceinline__ void load_weight_tile(const QA& qa, const u8* __restr
   for (int i = 0; i < 8; ++i) Bs[8 * g + i][c] = v[i];
 }
 
-// acc[4][4] += A[BM x BK] * B[BK x BW] for this thread's 4 rows (ty) x 4 columns (tx).
-__device__ __forceinline__ void mma_tile(float (*As)[kGemmBM + 4], float (*Bs)[kGemmBW + 4], float (&acc)[4][4]) {
+// acc[TM][4] += A[BM x BK] * B[BK x BW] for this thread's TM = BM/16 rows (ty) x 4 columns (tx).
+template <int BM>
+__device__ __forceinline__ void mma_tile(float (*As)[BM + 4], float (*Bs)[kGemmBW + 4], float (&acc)[BM / 16][4]) {
+  constexpr int TM = BM / 16;
   const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
 #pragma unroll 8
   for (int kk = 0; kk < kGemmBK; ++kk) {
-    float a[4], b[4];
+    float a[TM], b[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) a[i] = As[kk][ty * 4 + i];
+    for (int i = 0; i < TM; ++i) a[i] = As[kk][ty * TM + i];
 #pragma unroll
     for (int j = 0; j < 4; ++j) b[j] = Bs[kk][tx * 4 + j];
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < TM; ++i)
 #pragma unroll
       for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
   }
 }
 
 // FC1 (+FC3) with the activation fused: act_sorted[m, i] for the tile's routes.
-template <typename T, typename ScaleT, int B1, int Z1, int B3, int Z3, int BLOCK, int ACT, int GATE, bool ALIGNED>
+template <typename T, typename ScaleT, int B1, int Z1, int B3, int Z3, int BLOCK, int ACT, int GATE, bool ALIGNED, int BM>
 __global__ void __launch_bounds__(kGemmThreads)
 fc1_gemm(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* __restrict__ offsets,
          const i32* __restrict__ tile_offsets, i32 E, i32 k, i32 H, i32 I,
@@ -120,44 +124,45 @@ fc1_gemm(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* __r
          const u8* __restrict__ w3, const ScaleT* __restrict__ s3, const u8* __restrict__ z3, const float* __restrict__ b3,
          float zp_offset, float alpha, float beta, float limit, i32 limit_after,
          float* __restrict__ act_sorted) {
-  __shared__ float As[kGemmBK][kGemmBM + 4];
+  constexpr int TM = BM / 16, TPR = kGemmThreads / BM, EPT = kGemmBK / TPR;  // A tile: TPR threads per row
+  __shared__ float As[kGemmBK][BM + 4];
   __shared__ float Bs[kGemmBK][kGemmBW + 4];
-  __shared__ i64 src_row[kGemmBM];
+  __shared__ i64 src_row[BM];
   const ActParams ap{alpha, beta, limit, limit_after};
   i32 e, m0, m_end;
-  if (!find_tile(offsets, tile_offsets, E, blockIdx.x, e, m0, m_end)) return;
+  if (!find_tile<BM>(offsets, tile_offsets, E, blockIdx.x, e, m0, m_end)) return;
   constexpr bool kGated = GATE != GATE_NONE;
   constexpr bool kFused = GATE == GATE_FUSED1 || GATE == GATE_FUSED2;
   const i32 N1 = kFused ? 2 * I : I;
   const i32 c0 = blockIdx.y * kGemmBW;  // first tile column (weight-row slot)
   const QuantParams<ScaleT, B1, BLOCK, Z1> q1{s1, z1, zp_offset, N1, H};
   const QuantParams<ScaleT, B3, BLOCK, Z3> q3{s3, z3, zp_offset, I, H};
-  for (int m = threadIdx.x; m < kGemmBM; m += kGemmThreads)
+  for (int m = threadIdx.x; m < BM; m += kGemmThreads)
     src_row[m] = m0 + m < m_end ? (i64)(sorted[m0 + m] / k) : -1;
   __syncthreads();
 
-  float acc[4][4] = {};
+  float acc[TM][4] = {};
   for (i64 k0 = 0; k0 < H; k0 += kGemmBK) {
-    // A tile: 64 routes x 32 inputs, 8 per thread
+    // A tile: BM routes x 32 inputs, EPT per thread
     {
-      const int m = threadIdx.x >> 2, kq = (threadIdx.x & 3) * 8;
+      const int m = threadIdx.x / TPR, kq = (threadIdx.x % TPR) * EPT;
       const i64 sr = src_row[m];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
+      for (int i = 0; i < EPT; ++i) {
         const i64 kk = k0 + kq + i;
         As[kq + i][m] = (sr >= 0 && kk < H) ? Traits<T>::to_float(x[sr * H + kk]) : 0.0f;
       }
     }
     load_weight_tile<decltype(q1), decltype(q3), GATE, ALIGNED>(q1, w1, q3, w3, e, c0, I, k0, Bs);
     __syncthreads();
-    mma_tile(As, Bs, acc);
+    mma_tile<BM>(As, Bs, acc);
     __syncthreads();
   }
 
   const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const i32 m = m0 + ty * 4 + i;
+  for (int i = 0; i < TM; ++i) {
+    const i32 m = m0 + ty * TM + i;
     if (m >= m_end) continue;
     if constexpr (!kGated) {
 #pragma unroll
@@ -182,37 +187,38 @@ fc1_gemm(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* __r
 }
 
 // FC2: y[route, n] = act_sorted[m] . W2[e, n] + b2[e, n] for the tile's routes (scattered by route id).
-template <typename ScaleT, int B2, int Z2, int BLOCK, bool ALIGNED>
+template <typename ScaleT, int B2, int Z2, int BLOCK, bool ALIGNED, int BM>
 __global__ void __launch_bounds__(kGemmThreads)
 fc2_gemm(const float* __restrict__ act_sorted, const i32* __restrict__ sorted, const i32* __restrict__ offsets,
          const i32* __restrict__ tile_offsets, i32 E, i32 H, i32 I,
          const u8* __restrict__ w2, const ScaleT* __restrict__ s2, const u8* __restrict__ z2, const float* __restrict__ b2,
          float zp_offset, float* __restrict__ y) {
-  __shared__ float As[kGemmBK][kGemmBM + 4];
+  constexpr int TM = BM / 16, TPR = kGemmThreads / BM, EPT = kGemmBK / TPR;
+  __shared__ float As[kGemmBK][BM + 4];
   __shared__ float Bs[kGemmBK][kGemmBW + 4];
   i32 e, m0, m_end;
-  if (!find_tile(offsets, tile_offsets, E, blockIdx.x, e, m0, m_end)) return;
+  if (!find_tile<BM>(offsets, tile_offsets, E, blockIdx.x, e, m0, m_end)) return;
   const i32 c0 = blockIdx.y * kGemmBW;
   const QuantParams<ScaleT, B2, BLOCK, Z2> q2{s2, z2, zp_offset, H, I};
-  float acc[4][4] = {};
+  float acc[TM][4] = {};
   for (i64 k0 = 0; k0 < I; k0 += kGemmBK) {
     {
-      const int m = threadIdx.x >> 2, kq = (threadIdx.x & 3) * 8;
+      const int m = threadIdx.x / TPR, kq = (threadIdx.x % TPR) * EPT;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
+      for (int i = 0; i < EPT; ++i) {
         const i64 kk = k0 + kq + i;
         As[kq + i][m] = (m0 + m < m_end && kk < I) ? act_sorted[(i64)(m0 + m) * I + kk] : 0.0f;
       }
     }
     load_weight_tile<decltype(q2), decltype(q2), GATE_NONE, ALIGNED>(q2, w2, q2, w2, e, c0, H, k0, Bs);
     __syncthreads();
-    mma_tile(As, Bs, acc);
+    mma_tile<BM>(As, Bs, acc);
     __syncthreads();
   }
   const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const i32 m = m0 + ty * 4 + i;
+  for (int i = 0; i < TM; ++i) {
+    const i32 m = m0 + ty * TM + i;
     if (m >= m_end) continue;
     const i64 route = sorted[m];
 #pragma unroll

@@ -47,8 +47,7 @@ fc1_gemv(const T* __restrict__ x, const i32* __restrict__ ids, i32 k, i32 H, i32
   const i32 r = blockIdx.x;
   const i64 row = r / k;
   const i32 e = ids[r];
-  for (i32 h = threadIdx.x; h < H; h += kGemvThreads) xs[VEC ? swizzle32(h) : h] = Traits<T>::to_float(x[row * H + h]);
-  __syncthreads();
+  stage_to_smem<kGemvThreads, VEC>(xs, x + row * H, H);
   const int lane = threadIdx.x & 31;
   const i32 i0 = (blockIdx.y * kGemvWarps + (threadIdx.x >> 5)) * OUT;
   if (i0 >= I) return;
@@ -104,12 +103,8 @@ fc2_gemv_combine(const float* __restrict__ act, const i32* __restrict__ ids, con
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const i64 row = blockIdx.x;
   const i32 n0 = blockIdx.y * kFc2Rows;
-  for (i32 t = threadIdx.x; t < k * I; t += kGemvThreads) {
-    const i32 slot = t / I, i = t - slot * I;
-    acts[slot * I + (VEC ? swizzle32(i) : i)] = act[(row * k + slot) * I + i];
-  }
   if (lane < kFc2Rows) red[warp][lane] = 0.0f;
-  __syncthreads();
+  stage_to_smem<kGemvThreads, VEC>(acts, act + row * k * I, k * I);
   const QuantParams<ScaleT, B2, BLOCK, Z2> q2{s2, z2, zp_offset, H, I};
   constexpr int kGroups = kFc2Rows / kFc2Group;
   // work unit u = (slot, row group); warp w takes u = w, w + 4, ... and adds into its own red[w]
@@ -122,7 +117,7 @@ fc2_gemv_combine(const float* __restrict__ act, const i32* __restrict__ ids, con
 #pragma unroll
     for (int j = 0; j < kFc2Group; ++j) n[j] = min(n0 + grp * kFc2Group + j, H - 1);
     float y[kFc2Group];
-    warp_dot_rows<kFc2Group, VEC>(q2, w2, e, n, acts + slot * I, lane, y);
+    warp_dot_rows<kFc2Group, VEC>(q2, w2, e, n, acts + slot * I, lane, y, slot * (I >> 5));
     if (lane == 0) {
 #pragma unroll
       for (int j = 0; j < kFc2Group; ++j) red[warp][grp * kFc2Group + j] += wr * (y[j] + (b2 ? b2[(i64)e * H + n[j]] : 0.0f));

@@ -1,12 +1,15 @@
-// moe_route.cuh: softmax top-k routing, one warp per token row (CONTRACT.md "Routing").
+// moe_route.cuh: softmax top-k routing, one 128-thread block per token row (CONTRACT.md "Routing").
 //
 //   logits          [rows, E]  LT (float or T)       -- router_probs are logits
 //   router_weights  [rows, E]  WT, optional          -- mixing weights gathered at the chosen experts
 //   topk_ids        [rows, k]  i32   (out)           -- route r = row*k + slot
 //   topk_w          [rows, k]  f32   (out)
 //
-// Top-k compares a total-order key on the float32 bits (-0 < +0, +NaN above +inf), ties to the
-// lower expert index. Softmax in float32. E <= 32 * kMaxPerLane.
+// Selection by rank: expert e's rank is the number of experts ordered before it (a larger total-order
+// key on the float32 bits, -0 < +0 and +NaN above +inf; equal keys: the lower index first). Every
+// rank is computed independently against the keys in shared memory (no serial pick loop); experts
+// with rank < k land in slot = rank. Softmax and sums in float32; sums over the k picks are taken
+// in slot order (deterministic). E <= kRouteMaxExperts.
 #pragma once
 
 #include "reduce.cuh"
@@ -14,142 +17,112 @@
 
 namespace qmoe {
 
-constexpr int kRouteMaxPerLane = 16;  // E <= 512
+constexpr int kRouteThreads = 128;
+constexpr int kRouteMaxExperts = 512;
+constexpr int kRoutePerThread = kRouteMaxExperts / kRouteThreads;
+constexpr int kRouteMaxK = 32;
 
 __device__ __forceinline__ u32 order_key(float v) {
   const u32 u = __float_as_uint(v);
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-// Warp arg-max over (key, idx): largest key, ties to the lower index. All lanes get the result.
-__device__ __forceinline__ void warp_argmax_key(u32& key, i32& idx) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const u32 ok = __shfl_xor_sync(kFullMask, key, o);
-    const i32 oi = __shfl_xor_sync(kFullMask, idx, o);
-    if (ok > key || (ok == key && oi < idx)) {
-      key = ok;
-      idx = oi;
-    }
-  }
-}
-
-// Best remaining (key, idx) of this lane's entries e = lane + 32*j not yet taken.
-__device__ __forceinline__ void lane_best(const u32 (&keys)[kRouteMaxPerLane], u32 taken, i32 E, int epl, int lane,
-                                          u32& key, i32& idx) {
-  key = 0u;
-  idx = 0x7fffffff;
-#pragma unroll
-  for (int j = 0; j < kRouteMaxPerLane; ++j) {
-    if (j >= epl) break;
-    const i32 e = lane + 32 * j;
-    if (e < E && !((taken >> j) & 1u) && (keys[j] > key || idx == 0x7fffffff)) {
-      key = keys[j];
-      idx = e;
-    }
-  }
-}
-
 template <typename LT, typename WT, bool HAS_RW, bool SPARSE>
-__global__ void route_topk(const LT* __restrict__ logits, const WT* __restrict__ router_weights, i32 rows, i32 E,
-                           i32 k, i32 normalize, i32* __restrict__ topk_ids, float* __restrict__ topk_w) {
-  const int lane = threadIdx.x & 31;
-  const i64 row = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (row >= rows) return;
+__global__ void __launch_bounds__(kRouteThreads)
+route_topk(const LT* __restrict__ logits, const WT* __restrict__ router_weights, i32 rows, i32 E, i32 k,
+           i32 normalize, i32* __restrict__ topk_ids, float* __restrict__ topk_w) {
+  __shared__ u32 keys[kRouteMaxExperts];
+  __shared__ float vals[kRouteMaxExperts];
+  __shared__ float red[kRouteThreads / 32];
+  __shared__ i32 sel_id[kRouteMaxK];
+  __shared__ float sel_w[kRouteMaxK];
+  const i64 row = blockIdx.x;
+  const int tid = threadIdx.x;
   const LT* l = logits + row * E;
-  const int epl = (E + 31) >> 5;  // entries per lane actually used (loops below stop there)
 
-  float v[kRouteMaxPerLane];
-  u32 keys[kRouteMaxPerLane];
+  float v[kRoutePerThread];
   float m = __int_as_float(0xff800000);  // -inf
 #pragma unroll
-  for (int j = 0; j < kRouteMaxPerLane; ++j) {
-    if (j >= epl) break;
-    const i32 e = lane + 32 * j;
+  for (int j = 0; j < kRoutePerThread; ++j) {
+    const i32 e = tid + kRouteThreads * j;
     v[j] = e < E ? Traits<LT>::to_float(l[e]) : __int_as_float(0xff800000);
-    keys[j] = e < E ? order_key(v[j]) : 0u;
-    if (e < E) m = fmaxf(m, v[j]);
+    if (e < E) {
+      keys[e] = order_key(v[j]);
+      vals[e] = v[j];
+      m = fmaxf(m, v[j]);
+    }
   }
-  m = warp_max(m);
+  m = block_max<kRouteThreads>(m, red);  // contains __syncthreads: keys/vals are visible after it
+
+  // ranks: experts ordered before e (larger key, or equal key and lower index)
+  u32 ke[kRoutePerThread];
+  i32 rank[kRoutePerThread];
+#pragma unroll
+  for (int j = 0; j < kRoutePerThread; ++j) {
+    const i32 e = tid + kRouteThreads * j;
+    ke[j] = e < E ? keys[e] : 0u;
+    rank[j] = 0;
+  }
+  const int used = (E + kRouteThreads - 1) / kRouteThreads;
+  for (i32 o = 0; o < E; ++o) {
+    const u32 ko = keys[o];  // same address in every thread: a broadcast
+#pragma unroll
+    for (int j = 0; j < kRoutePerThread; ++j)
+      if (j < used) rank[j] += (ko > ke[j]) | ((ko == ke[j]) & (o < tid + kRouteThreads * j));
+  }
+#pragma unroll
+  for (int j = 0; j < kRoutePerThread; ++j)
+    if (tid + kRouteThreads * j < E && rank[j] < k) sel_id[rank[j]] = tid + kRouteThreads * j;
 
   if constexpr (SPARSE) {
-    // Phi-3.5-MoE sparse mixer, k = 2, jitter eps = 0.01: mask j where (m - l_j) > 2 eps max(|l_j|, m)
-    const float eps2 = 0.02f;
-    u32 taken = 0u;
-    i32 sel[2];
-    float wsel[2];
+    // Phi-3.5-MoE sparse mixer, k = 2, jitter eps = 0.01: w_t = 1 / sum over the experts j not masked
+    // at pick t of exp(l_j - m_t), masked: (m_t - l_j) > 2 eps max(|l_j|, m_t) (pick 2 also masks e1)
+    __syncthreads();
+    const i32 e1 = sel_id[0], e2 = sel_id[1];
+    const float m1 = vals[e1], m2 = vals[e2];
+    float s1 = 0.0f, s2 = 0.0f;
 #pragma unroll
-    for (int t = 0; t < 2; ++t) {
-      u32 key;
-      i32 idx;
-      lane_best(keys, taken, E, epl, lane, key, idx);
-      warp_argmax_key(key, idx);
-      // value of the winner: broadcast from its owner lane
-      float win = 0.0f;
-#pragma unroll
-      for (int j = 0; j < kRouteMaxPerLane; ++j)
-        if (j < epl && lane + 32 * j == idx) win = v[j];
-      win = __shfl_sync(kFullMask, win, idx & 31);
-      if ((idx & 31) == lane) taken |= 1u << (idx >> 5);
-      float s = 0.0f;
-#pragma unroll
-      for (int j = 0; j < kRouteMaxPerLane; ++j) {
-    if (j >= epl) break;
-        const i32 e = lane + 32 * j;
-        if (e >= E) continue;
-        const bool masked = (t == 1 && e == sel[0]) || (win - v[j]) > eps2 * fmaxf(fabsf(v[j]), win);
-        if (!masked) s += expf(v[j] - win);
-      }
-      s = warp_sum(s);
-      sel[t] = idx;
-      wsel[t] = 1.0f / s;
+    for (int j = 0; j < kRoutePerThread; ++j) {
+      const i32 e = tid + kRouteThreads * j;
+      if (e >= E) continue;
+      if (!((m1 - v[j]) > 0.02f * fmaxf(fabsf(v[j]), m1))) s1 += expf(v[j] - m1);
+      if (e != e1 && !((m2 - v[j]) > 0.02f * fmaxf(fabsf(v[j]), m2))) s2 += expf(v[j] - m2);
     }
-    if (lane == 0) {
-      topk_ids[row * 2] = sel[0];
-      topk_ids[row * 2 + 1] = sel[1];
-      topk_w[row * 2] = wsel[0];
-      topk_w[row * 2 + 1] = wsel[1];
+    s1 = block_sum<kRouteThreads>(s1, red);
+    s2 = block_sum<kRouteThreads>(s2, red);
+    if (tid == 0) {
+      topk_ids[row * 2] = e1;
+      topk_ids[row * 2 + 1] = e2;
+      topk_w[row * 2] = 1.0f / s1;
+      topk_w[row * 2 + 1] = 1.0f / s2;
     }
-    return;
   } else {
     float denom = 0.0f;
+    if constexpr (!HAS_RW) {
 #pragma unroll
-    for (int j = 0; j < kRouteMaxPerLane; ++j)
-      if (j < epl && lane + 32 * j < E) denom += expf(v[j] - m);
-    denom = warp_sum(denom);
-
-    u32 taken = 0u;
-    float wsum = 0.0f;
-    float my_w = 0.0f;  // lane t keeps the weight of pick t (k <= 32)
-    i32 my_id = 0;
-    for (int t = 0; t < k; ++t) {
-      u32 key;
-      i32 idx;
-      lane_best(keys, taken, E, epl, lane, key, idx);
-      warp_argmax_key(key, idx);
-      float val = 0.0f;
-#pragma unroll
-      for (int j = 0; j < kRouteMaxPerLane; ++j)
-        if (j < epl && lane + 32 * j == idx) val = v[j];
-      val = __shfl_sync(kFullMask, val, idx & 31);
-      if ((idx & 31) == lane) taken |= 1u << (idx >> 5);
-      float w;
-      if constexpr (HAS_RW) {
-        w = Traits<WT>::to_float(router_weights[row * E + idx]);
-      } else {
-        w = expf(val - m) / denom;
-      }
-      wsum += w;
-      if (lane == t) {
-        my_w = w;
-        my_id = idx;
-      }
+      for (int j = 0; j < kRoutePerThread; ++j)
+        if (tid + kRouteThreads * j < E) denom += expf(v[j] - m);
+      denom = block_sum<kRouteThreads>(denom, red);  // also orders the sel_id writes before the reads
+    } else {
+      __syncthreads();
     }
-    if (lane < k) {
-      float w = my_w;
-      if (normalize) w = wsum != 0.0f ? w / wsum : 0.0f;
-      topk_ids[row * k + lane] = my_id;
-      topk_w[row * k + lane] = w;
+    if (tid < k) {
+      const i32 e = sel_id[tid];
+      float w;
+      if constexpr (HAS_RW) w = Traits<WT>::to_float(router_weights[row * E + e]);
+      else w = expf(vals[e] - m) / denom;
+      sel_w[tid] = w;
+    }
+    __syncthreads();
+    if (tid < k) {
+      float w = sel_w[tid];
+      if (normalize) {
+        float s = 0.0f;
+        for (i32 t = 0; t < k; ++t) s += sel_w[t];  // slot order: the same sum in every thread
+        w = s != 0.0f ? w / s : 0.0f;
+      }
+      topk_ids[row * k + tid] = sel_id[tid];
+      topk_w[row * k + tid] = w;
     }
   }
 }

@@ -1,4 +1,4 @@
-"""Kernel family ``route``: softmax top-k routing (and the Phi-3.5 sparse mixer), one warp per row.
+"""Kernel family ``route``: softmax top-k routing (and the Phi-3.5 sparse mixer), one block per row.
 
 Template ``cuda_src/moe_route.cuh``: ``qmoe::route_topk<LT, WT, HAS_RW, SPARSE>``. One module per
 activation dtype holds every logits / router-weights dtype combination (float32 or T).
@@ -12,7 +12,7 @@ from ..jit.family import CPP_TYPES, KernelDef, KernelFamily, Launch, Ptr, Scalar
 from ..specialize import ModuleSpec
 from . import register
 
-ROWS_PER_BLOCK = 4  # warps per 128-thread block
+THREADS = 128  # kRouteThreads
 
 
 def kernel_key(logits_dtype: str, rw_dtype: str | None, sparse: bool) -> str:
@@ -51,4 +51,4 @@ class RouteFamily(KernelFamily):
         return tuple(out)
 
     def launch(self, spec: ModuleSpec, kernel: str = "", *, rows: int, **_: Any) -> Launch:
-        return Launch(((rows + ROWS_PER_BLOCK - 1) // ROWS_PER_BLOCK, 1, 1), (32 * ROWS_PER_BLOCK, 1, 1), 0)
+        return Launch((rows, 1, 1), (THREADS, 1, 1), 0)
