@@ -214,11 +214,8 @@ class QMoE:
     # -- plan ------------------------------------------------------------------------------------
     def path_for(self, rows: int) -> str:
         """``"decode"`` (GEMV kernels, no grouping) or ``"prefill"`` (grouped GEMMs) for ``rows`` tokens."""
-        from .kernels.gemv import GemvFamily
-
         L = self.layer
-        # the decode grids put I/8 and H/16 on grid.y (at most 65535); their rows live in shared memory
-        fits = (L.I + 7) // 8 <= 65535 and (L.H + 15) // 16 <= 65535 and GemvFamily.fits(L.H, L.I, self.attrs.k)
+        fits = (L.I + 3) // 4 <= 65535 and (L.H + 3) // 4 <= 65535  # decode grids put I/4 and H/4 on grid.y
         return "decode" if int(rows) * self.attrs.k <= self.decode_max_routes and fits else "prefill"
 
     def plan(self, rows: int, dtype: str, router_dtype: str, router_weights_dtype: str | None = None) -> _Plan:
@@ -273,7 +270,7 @@ class QMoE:
         from .kernels import gemm as gemm_fam
         from .kernels import gemv as gemv_fam
         from .kernels import route as route_fam
-        from .jit.launch import pack_args
+        from .jit.launch import pack_args, set_max_dynamic_smem
 
         L, a = self.layer, self.attrs
         E, H, I, k = L.E, L.H, L.I, a.k
@@ -288,7 +285,8 @@ class QMoE:
         steps = [(kr["route"], route_fam.RouteFamily().launch(None, rows=rows),
                   (logits, rw, rows, E, k, int(a.normalize_routing_weights), ids, wts))]
         if plan.path == "decode":
-            act, spec, fam = sc.view("act", R), plan.specs["gemv"], gemv_fam.GemvFamily()
+            # the decode activation is stored in T: the float32 slot viewed as T ([R, I] of it is used)
+            act, spec, fam = sc.view("act", R).view(x.dtype), plan.specs["gemv"], gemv_fam.GemvFamily()
             steps += [
                 (kr["fc1"], fam.launch(spec, "fc1", **geo), (x, ids, k, H, I, *w1, *w3, zpo, *acts, act)),
                 (kr["fc2"], fam.launch(spec, "fc2_combine", **geo), (act, ids, wts, k, H, I, *w2, zpo, out)),
@@ -312,7 +310,7 @@ class QMoE:
             packed = pack_args(kern.kdef, args, self.device_id)
             slots = tuple((i, per_call[id(v)]) for i, v in enumerate(args) if id(v) in per_call)
             if launch.shared_mem > 48 * 1024:
-                kern.function.max_dynamic_shared_size_bytes = int(launch.shared_mem)
+                set_max_dynamic_smem(kern.function, launch.shared_mem)
             items.append((kern.function, launch.grid, launch.block, int(launch.shared_mem), packed, slots))
         return items
 

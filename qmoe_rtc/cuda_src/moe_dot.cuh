@@ -1,16 +1,14 @@
-// moe_dot.cuh: a warp's dot products of RW packed weight rows of one expert with one float vector,
-// the inner loop of the decode path.
+// moe_dot.cuh: the inner step of the decode path — one K item of RW packed weight rows of one expert
+// against one activation vector, accumulated in float32.
 //
-// VEC (K % 32 == 0, rows 16-byte aligned): lane l takes chunks c = l, l + 32, ... of 32 codes
-// (4*b bytes: one 16-byte load for 4-bit, two for 8-bit, 8/4/12 bytes for 2/1/3-bit) and the
-// matching 32 x values, and reuses that x chunk for all RW rows:
-//     sum_j (q_j - zp) * x_j * s  =  s * (sum_j q_j x_j - zp * sum_j x_j)
-// Codes become floats exactly through the 2^23 mantissa trick (no int->float conversions).
-// !VEC: groups of 8 codes and a scalar tail (any K, any alignment).
+// VEC (K % 32 == 0, rows 16-byte aligned): an item is a chunk of 32 codes (4*b bytes: one 16-byte
+// load for 4-bit, two for 8-bit, 8/4/12 bytes for 2/1/3-bit) and the matching 32 activations, read
+// straight from global memory (L1/L2-resident). Codes become floats exactly through the 2^23
+// mantissa trick, the zero point is subtracted exactly, the scale is applied per block.
+// !VEC: an item is a group of 8 codes (any K: the last group may be partial), read byte-wise.
 #pragma once
 
 #include "dequant.cuh"
-#include "reduce.cuh"
 #include "types.cuh"
 #include "unpack.cuh"
 
@@ -32,46 +30,6 @@ template <int B> __device__ __forceinline__ void load_chunk32(const u8* __restri
 #pragma unroll
     for (int i = 0; i < B; ++i) w[i] = __ldg(reinterpret_cast<const u32*>(p) + i);
   }
-}
-
-// Shared-memory layout of a float vector that lanes read in 32-element chunks (lane l: chunk l, l+32,
-// ...): float4 granule g (0..7) of chunk c sits at granule 8c + ((g + c) & 7), so the 8 lanes of a
-// quarter-warp read 8 different bank groups instead of all hitting the same one.
-__device__ __forceinline__ i32 swizzle32(i32 k) {
-  const i32 c = k >> 5, g = (k >> 2) & 7;
-  return (c << 5) | (((g + c) & 7) << 2) | (k & 3);
-}
-
-// Block-wide copy of n elements of src (T, converted to float) into shared memory, laid out by
-// swizzle32 when SWZ (then n % 8 == 0 and src is 8-element aligned: 16/32-byte vector loads). Four
-// vectors per thread are loaded before any is stored, so the copy costs one memory latency, not one
-// per element. Ends with __syncthreads().
-template <int THREADS, bool SWZ, typename T>
-__device__ __forceinline__ void stage_to_smem(float* __restrict__ dst, const T* __restrict__ src, i32 n) {
-  if constexpr (SWZ) {
-    constexpr int kBatch = 4;
-    for (i32 g0 = threadIdx.x; g0 * 8 < n; g0 += kBatch * THREADS) {
-      float v[kBatch][8];
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        const i32 g = g0 + u * THREADS;
-        if (g * 8 < n) load8_f32<T, true>(src + (i64)g * 8, v[u]);
-      }
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        const i32 g = g0 + u * THREADS;
-        if (g * 8 < n) {
-          float4* d0 = reinterpret_cast<float4*>(dst + swizzle32(g * 8));
-          float4* d1 = reinterpret_cast<float4*>(dst + swizzle32(g * 8 + 4));
-          *d0 = make_float4(v[u][0], v[u][1], v[u][2], v[u][3]);
-          *d1 = make_float4(v[u][4], v[u][5], v[u][6], v[u][7]);
-        }
-      }
-    }
-  } else {
-    for (i32 i = threadIdx.x; i < n; i += THREADS) dst[i] = Traits<T>::to_float(src[i]);
-  }
-  __syncthreads();
 }
 
 // Float of code q minus the zero point: (2^23 + q) - (2^23 + zp), exact for integer zp (one FADD);
@@ -97,85 +55,78 @@ __device__ __forceinline__ float chunk_dot(const u32 (&w)[B], const float (&xv)[
   return (a[0] + a[1]) + (a[2] + a[3]);
 }
 
-// out[r] = sum_k w[e, n[r], k] * x[k] for RW rows (every lane gets the sums). x: float, length qp.K,
-// in shared memory: laid out by swizzle32 when VEC (x starting at chunk cbase of the staged vector),
-// plainly otherwise.
-template <int RW, bool VEC, class QP>
-__device__ __forceinline__ void warp_dot_rows(const QP& qp, const u8* __restrict__ w, i32 e, const i32 (&n)[RW],
-                                              const float* __restrict__ x, int lane, float (&out)[RW],
-                                              i32 cbase = 0) {
+// acc[r] += wt * sum over item `it` of w[e, n[r], k] * x[k].
+//   VEC: item = codes [32 it, 32 it + 32); !VEC: item = codes [8 it, min(8 it + 8, K)).
+template <int RW, bool VEC, class QP, typename XT>
+__device__ __forceinline__ void accum_item(const QP& qp, const u8* __restrict__ w, i32 e, const i32 (&n)[RW],
+                                           const XT* __restrict__ x, i32 it, float wt, float (&acc)[RW]) {
   constexpr int B = QP::kBits;
   constexpr int BLK = QP::kBlock;
   constexpr bool kIntZp = QP::kZp != ZP_OFFSET;
   const i64 row_bytes = packed_bytes<B>(qp.K);
-  const u8* rows[RW];
-#pragma unroll
-  for (int r = 0; r < RW; ++r) rows[r] = w + ((i64)e * qp.N + n[r]) * row_bytes;
   if constexpr (VEC) {
-    const i32 chunks = qp.K >> 5;
-    float acc[RW];
-    ScaleZp rs[RW];  // row-wise: one scale / zero point per row
+    const i64 k0 = (i64)it << 5;
+    u32 wq[RW][B];
 #pragma unroll
-    for (int r = 0; r < RW; ++r) {
-      acc[r] = 0.0f;
-      if constexpr (BLK == 0) rs[r] = qp.fetch(e, n[r], 0);
-    }
-    for (i32 c = lane; c < chunks; c += 32) {
-      const i64 k0 = (i64)c << 5;
-      u32 wq[RW][B];
+    for (int r = 0; r < RW; ++r) load_chunk32<B>(w + ((i64)e * qp.N + n[r]) * row_bytes + (i64)it * (4 * B), wq[r]);
+    float xv[32];
 #pragma unroll
-      for (int r = 0; r < RW; ++r) load_chunk32<B>(rows[r] + (i64)c * (4 * B), wq[r]);
-      float xv[32];
-      const float4* xc = reinterpret_cast<const float4*>(x) + ((i64)c << 3);
+    for (int g = 0; g < 4; ++g) {
+      float v8[8];
+      load8_f32<XT, true>(x + k0 + 8 * g, v8);
 #pragma unroll
-      for (int g = 0; g < 8; ++g) {
-        const float4 v = xc[(g + c + cbase) & 7];  // swizzle32 of the staged vector (x = its chunk cbase)
-        xv[4 * g] = v.x; xv[4 * g + 1] = v.y; xv[4 * g + 2] = v.z; xv[4 * g + 3] = v.w;
-      }
-#pragma unroll
-      for (int r = 0; r < RW; ++r) {
-        if constexpr (BLK == 0) {
-          acc[r] += chunk_dot<B, 0, 32, kIntZp>(wq[r], xv, rs[r].zp);
-        } else if constexpr (BLK == 16) {
-          const i32 blk = (i32)(k0 >> 4);
-          const ScaleZp s0 = qp.fetch(e, n[r], blk), s1 = qp.fetch(e, n[r], blk + 1);
-          acc[r] = fmaf(s0.scale, chunk_dot<B, 0, 16, kIntZp>(wq[r], xv, s0.zp), acc[r]);
-          acc[r] = fmaf(s1.scale, chunk_dot<B, 16, 16, kIntZp>(wq[r], xv, s1.zp), acc[r]);
-        } else {
-          const ScaleZp s = qp.fetch(e, n[r], (i32)(k0 / BLK));
-          acc[r] = fmaf(s.scale, chunk_dot<B, 0, 32, kIntZp>(wq[r], xv, s.zp), acc[r]);
-        }
-      }
+      for (int i = 0; i < 8; ++i) xv[8 * g + i] = v8[i];
     }
 #pragma unroll
     for (int r = 0; r < RW; ++r) {
-      out[r] = warp_sum(acc[r]);
-      if constexpr (BLK == 0) out[r] *= rs[r].scale;
+      if constexpr (BLK == 16) {
+        const ScaleZp s0 = qp.fetch(e, n[r], (i32)(k0 >> 4)), s1 = qp.fetch(e, n[r], (i32)(k0 >> 4) + 1);
+        const float d = s0.scale * chunk_dot<B, 0, 16, kIntZp>(wq[r], xv, s0.zp) +
+                        s1.scale * chunk_dot<B, 16, 16, kIntZp>(wq[r], xv, s1.zp);
+        acc[r] = fmaf(wt, d, acc[r]);
+      } else {
+        const ScaleZp s = qp.fetch(e, n[r], QP::block_of(k0));
+        acc[r] = fmaf(wt * s.scale, chunk_dot<B, 0, 32, kIntZp>(wq[r], xv, s.zp), acc[r]);
+      }
     }
   } else {
-    // any K / alignment: groups of 8 codes, then the K % 8 tail
-    const i32 groups = qp.K >> 3;
+    const i64 k0 = (i64)it << 3;
 #pragma unroll
     for (int r = 0; r < RW; ++r) {
-      float acc = 0.0f;
-      ScaleZp sz = qp.fetch(e, n[r], 0);
-      for (i32 g = lane; g < groups; g += 32) {
-        const i64 k0 = (i64)g << 3;
-        if constexpr (BLK != 0) sz = qp.fetch(e, n[r], (i32)(k0 / BLK));
+      const u8* row = w + ((i64)e * qp.N + n[r]) * row_bytes;
+      float d = 0.0f;
+      if (k0 + 8 <= qp.K) {  // a whole group: inside one scale block (block sizes are multiples of 16)
+        const ScaleZp s = qp.fetch(e, n[r], QP::block_of(k0));
         u32 q[8];
-        load_unpack8<B, false>(rows[r], k0, q);
-        float part = 0.0f;
+        load_unpack8<B, false>(row, k0, q);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) part = fmaf((float)q[i] - sz.zp, x[k0 + i], part);
-        acc = fmaf(part, sz.scale, acc);
+        for (int i = 0; i < 8; ++i) d = fmaf(((float)q[i] - s.zp) * s.scale, Traits<XT>::to_float(x[k0 + i]), d);
+      } else {
+        for (i64 kk = k0; kk < k0 + 8 && kk < qp.K; ++kk)
+          d = fmaf(dequant1(code_at<B>(row, kk), qp.fetch(e, n[r], QP::block_of(kk))), Traits<XT>::to_float(x[kk]), d);
       }
-      for (i64 kk = ((i64)groups << 3) + lane; kk < qp.K; kk += 32) {
-        if constexpr (BLK != 0) sz = qp.fetch(e, n[r], (i32)(kk / BLK));
-        acc = fmaf(dequant1(code_at<B>(rows[r], kk), sz), x[kk], acc);
-      }
-      out[r] = warp_sum(acc);
+      acc[r] = fmaf(wt, d, acc[r]);
     }
   }
+}
+
+// Items of a K-long row: 32-code chunks (VEC) or 8-code groups.
+template <bool VEC> __device__ __forceinline__ i32 items_of(i32 K) { return VEC ? (K >> 5) : ((K + 7) >> 3); }
+
+// Sum of v over the block (THREADS threads), the same in every thread, in a fixed order
+// (deterministic): warp shuffles, then the warps' partial sums in warp order. smem: THREADS/32 floats.
+// Contains __syncthreads().
+template <int THREADS> __device__ __forceinline__ float block_sum_fixed(float v, float* smem) {
+  constexpr int kWarps = THREADS / 32;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) smem[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float t = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kWarps; ++i) t += smem[i];
+  return t;
 }
 
 }  // namespace qmoe

@@ -5,34 +5,34 @@
 //   ids, wts [R]              i32, f32   route r = row*k + slot (from route_topk)
 //   W1       [E, N1, ceil(H*b1/8)] u8, N1 = F*I      (+ scales, zero points, bias [E, N1] f32)
 //   W3       [E, I, ceil(H*b3/8)]  u8                (GATE_FC3 only)
-//   act      [R, I]           f32    (fc1_gemv out, fc2_gemv_combine in)
+//   act      [R, I]           T      fc1_gemv out (the activation, rounded to T), fc2_gemv_combine in
 //   W2       [E, H, ceil(I*b2/8)]  u8
 //   out      [rows, H]        T      sum over the k routes of wts * (act . W2^T + b2), rounded once
 //
-// fc1_gemv: block = (route, 4 warps); a warp computes kFc1Out outputs (gate + linear rows when
-// gated: 4 weight rows), sharing each x chunk across them (moe_dot.cuh).
-// fc2_gemv_combine: block = (token row, kFc2Rows outputs); it stages the row's k activation vectors in
-// shared memory, its 4 warps split the k routes x row groups, then reduce in a fixed order.
-// Grids put the route (fc1) / token row (fc2) on blockIdx.x, the fastest-launched dimension: blocks
-// that read the same expert rows for different tokens run together and share them through L2.
+// Both kernels give a 128-thread block a few weight rows and spread every (term, K item) pair of
+// them over all its threads (moe_dot.cuh), two items in flight per thread; a fixed-order block sum
+// then finishes each row (deterministic). Many small blocks keep every SM's loads in flight.
+//   fc1_gemv: block = (route, 2 groups of 4 weight rows) = 4 gated outputs or 8 plain ones.
+//   fc2_gemv_combine: block = (token row, 4 outputs); terms = the row's k routes.
+// Grids put the route / token row on blockIdx.x (launched fastest): blocks that read the same
+// expert rows for different tokens run together and share them through L2.
 #pragma once
 
 #include "dequant.cuh"
 #include "moe_act.cuh"
 #include "moe_dot.cuh"
-#include "reduce.cuh"
 #include "types.cuh"
 
 namespace qmoe {
 
 constexpr int kGemvThreads = 128;
-constexpr int kGemvWarps = kGemvThreads / 32;
-constexpr int kFc2Rows = 16;  // outputs per fc2 block
-constexpr int kFc2Group = 4;  // outputs per warp work unit
+constexpr int kFc1Groups = 2;  // groups of 4 weight rows per fc1 block
+constexpr int kFc2Rows = 4;    // outputs per fc2 block
 
 template <int GATE> struct Fc1Shape {
   static constexpr bool kGated = GATE != GATE_NONE;
-  static constexpr int kOut = kGated ? 2 : 4;  // outputs per warp (4 weight rows either way)
+  static constexpr int kOutPerGroup = kGated ? 2 : 4;  // 4 weight rows either way
+  static constexpr int kOut = kOutPerGroup * kFc1Groups;
 };
 
 template <typename T, typename ScaleT, int B1, int Z1, int B3, int Z3, int BLOCK, int ACT, int GATE, bool VEC>
@@ -40,95 +40,130 @@ __global__ void __launch_bounds__(kGemvThreads)
 fc1_gemv(const T* __restrict__ x, const i32* __restrict__ ids, i32 k, i32 H, i32 I,
          const u8* __restrict__ w1, const ScaleT* __restrict__ s1, const u8* __restrict__ z1, const float* __restrict__ b1,
          const u8* __restrict__ w3, const ScaleT* __restrict__ s3, const u8* __restrict__ z3, const float* __restrict__ b3,
-         float zp_offset, float alpha, float beta, float limit, i32 limit_after, float* __restrict__ act) {
-  extern __shared__ __align__(16) float xs[];  // [H]
-  const ActParams ap{alpha, beta, limit, limit_after};
-  constexpr int OUT = Fc1Shape<GATE>::kOut;
-  const i32 r = blockIdx.x;
-  const i64 row = r / k;
-  const i32 e = ids[r];
-  stage_to_smem<kGemvThreads, VEC>(xs, x + row * H, H);
-  const int lane = threadIdx.x & 31;
-  const i32 i0 = (blockIdx.y * kGemvWarps + (threadIdx.x >> 5)) * OUT;
-  if (i0 >= I) return;
+         float zp_offset, float alpha, float beta, float limit, i32 limit_after, T* __restrict__ act) {
+  __shared__ float red[kGemvThreads / 32];
+  using Shape = Fc1Shape<GATE>;
+  constexpr int OPG = Shape::kOutPerGroup;
   constexpr bool kFused = GATE == GATE_FUSED1 || GATE == GATE_FUSED2;
+  const ActParams ap{alpha, beta, limit, limit_after};
+  const i32 r = blockIdx.x;
+  const i32 e = ids[r];
+  const T* xr = x + (i64)(r / k) * H;
   const i32 N1 = kFused ? 2 * I : I;
   const QuantParams<ScaleT, B1, BLOCK, Z1> q1{s1, z1, zp_offset, N1, H};
-  i32 o[OUT];
+  const QuantParams<ScaleT, B3, BLOCK, Z3> q3{s3, z3, zp_offset, I, H};
+  const i32 o0 = blockIdx.y * Shape::kOut;
+
+  // weight rows of group g: plain: outputs o..o+3; gated: gate rows of 2 outputs, then their linear rows
+  // (GATE_FC3: rows 0-1 from W1, 2-3 from W3)
+  i32 n[kFc1Groups][4];
 #pragma unroll
-  for (int j = 0; j < OUT; ++j) o[j] = min(i0 + j, I - 1);  // clamp: computed, not stored
-  float a[OUT];
-  if constexpr (GATE == GATE_NONE) {
-    float h[4];
-    warp_dot_rows<4, VEC>(q1, w1, e, o, xs, lane, h);
+  for (int g = 0; g < kFc1Groups; ++g) {
 #pragma unroll
-    for (int j = 0; j < OUT; ++j) a[j] = act1<ACT>(h[j] + (b1 ? b1[(i64)e * N1 + o[j]] : 0.0f));
-  } else if constexpr (GATE == GATE_FC3) {
-    const QuantParams<ScaleT, B3, BLOCK, Z3> q3{s3, z3, zp_offset, I, H};
-    float g[OUT], l[OUT];
-    warp_dot_rows<OUT, VEC>(q1, w1, e, o, xs, lane, g);
-    warp_dot_rows<OUT, VEC>(q3, w3, e, o, xs, lane, l);
-#pragma unroll
-    for (int j = 0; j < OUT; ++j)
-      a[j] = act_gated<ACT>(g[j] + (b1 ? b1[(i64)e * I + o[j]] : 0.0f), l[j] + (b3 ? b3[(i64)e * I + o[j]] : 0.0f), ap);
-  } else {
-    i32 n[2 * OUT];  // gate rows then linear rows
-#pragma unroll
-    for (int j = 0; j < OUT; ++j) {
-      n[j] = GATE == GATE_FUSED1 ? 2 * o[j] : o[j];
-      n[OUT + j] = GATE == GATE_FUSED1 ? 2 * o[j] + 1 : I + o[j];
+    for (int j = 0; j < OPG; ++j) {
+      const i32 o = min(o0 + g * OPG + j, I - 1);  // clamped: computed, never stored
+      if constexpr (GATE == GATE_NONE) {
+        n[g][j] = o;
+      } else {
+        n[g][j] = GATE == GATE_FUSED1 ? 2 * o : o;
+        n[g][OPG + j] = GATE == GATE_FUSED1 ? 2 * o + 1 : (GATE == GATE_FUSED2 ? I + o : o);
+      }
     }
-    float h[2 * OUT];
-    warp_dot_rows<2 * OUT, VEC>(q1, w1, e, n, xs, lane, h);
-#pragma unroll
-    for (int j = 0; j < OUT; ++j)
-      a[j] = act_gated<ACT>(h[j] + (b1 ? b1[(i64)e * N1 + n[j]] : 0.0f),
-                            h[OUT + j] + (b1 ? b1[(i64)e * N1 + n[OUT + j]] : 0.0f), ap);
   }
-  if (lane < OUT && i0 + lane < I) {
-    float v = a[0];
+  float acc[kFc1Groups][4] = {};
+  const i32 per_group = items_of<VEC>(H);
+  const i32 items = kFc1Groups * per_group;
+  auto item = [&](i32 t) {
+    const i32 g = t / per_group, it = t - g * per_group;
 #pragma unroll
-    for (int j = 1; j < OUT; ++j) if (lane == j) v = a[j];
-    act[(i64)r * I + i0 + lane] = v;
+    for (int gg = 0; gg < kFc1Groups; ++gg) {  // constant group index keeps acc / n in registers
+      if (gg != g) continue;
+      if constexpr (GATE == GATE_FC3) {
+        const i32 na[2] = {n[gg][0], n[gg][1]}, nb[2] = {n[gg][2], n[gg][3]};
+        float aa[2] = {acc[gg][0], acc[gg][1]}, ab[2] = {acc[gg][2], acc[gg][3]};
+        accum_item<2, VEC>(q1, w1, e, na, xr, it, 1.0f, aa);
+        accum_item<2, VEC>(q3, w3, e, nb, xr, it, 1.0f, ab);
+        acc[gg][0] = aa[0]; acc[gg][1] = aa[1]; acc[gg][2] = ab[0]; acc[gg][3] = ab[1];
+      } else {
+        accum_item<4, VEC>(q1, w1, e, n[gg], xr, it, 1.0f, acc[gg]);
+      }
+    }
+  };
+  for (i32 t = threadIdx.x; t < items; t += 2 * kGemvThreads) {
+    item(t);
+    if (t + kGemvThreads < items) item(t + kGemvThreads);
+  }
+  float h[kFc1Groups][4];
+#pragma unroll
+  for (int g = 0; g < kFc1Groups; ++g)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) h[g][j] = block_sum_fixed<kGemvThreads>(acc[g][j], red);
+  if (threadIdx.x < Shape::kOut) {
+    const int g = threadIdx.x / OPG, j = threadIdx.x % OPG;
+    const i32 o = o0 + threadIdx.x;
+    if (o < I) {
+      float hv[4];
+#pragma unroll
+      for (int gg = 0; gg < kFc1Groups; ++gg)
+        if (gg == g) { hv[0] = h[gg][0]; hv[1] = h[gg][1]; hv[2] = h[gg][2]; hv[3] = h[gg][3]; }
+      float gate = 0.0f, lin = 0.0f;
+#pragma unroll
+      for (int jj = 0; jj < OPG; ++jj)
+        if (jj == j) { gate = hv[jj]; if constexpr (Shape::kGated) lin = hv[OPG + jj]; }
+      float a;
+      if constexpr (GATE == GATE_NONE) {
+        a = act1<ACT>(gate + (b1 ? b1[(i64)e * N1 + o] : 0.0f));
+      } else {
+        const i32 gn = GATE == GATE_FUSED1 ? 2 * o : o;
+        gate += b1 ? b1[(i64)e * N1 + gn] : 0.0f;
+        if constexpr (GATE == GATE_FC3) lin += b3 ? b3[(i64)e * I + o] : 0.0f;
+        else lin += b1 ? b1[(i64)e * N1 + (GATE == GATE_FUSED1 ? 2 * o + 1 : I + o)] : 0.0f;
+        a = act_gated<ACT>(gate, lin, ap);
+      }
+      act[(i64)r * I + o] = Traits<T>::from_float(a);
+    }
   }
 }
 
 template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, bool VEC>
 __global__ void __launch_bounds__(kGemvThreads)
-fc2_gemv_combine(const float* __restrict__ act, const i32* __restrict__ ids, const float* __restrict__ wts, i32 k,
+fc2_gemv_combine(const T* __restrict__ act, const i32* __restrict__ ids, const float* __restrict__ wts, i32 k,
                  i32 H, i32 I, const u8* __restrict__ w2, const ScaleT* __restrict__ s2, const u8* __restrict__ z2,
                  const float* __restrict__ b2, float zp_offset, T* __restrict__ out) {
-  extern __shared__ __align__(16) float acts[];  // [k, I]: this row's k activation vectors
-  __shared__ float red[kGemvWarps][kFc2Rows];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __shared__ float red[kGemvThreads / 32];
   const i64 row = blockIdx.x;
   const i32 n0 = blockIdx.y * kFc2Rows;
-  if (lane < kFc2Rows) red[warp][lane] = 0.0f;
-  stage_to_smem<kGemvThreads, VEC>(acts, act + row * k * I, k * I);
   const QuantParams<ScaleT, B2, BLOCK, Z2> q2{s2, z2, zp_offset, H, I};
-  constexpr int kGroups = kFc2Rows / kFc2Group;
-  // work unit u = (slot, row group); warp w takes u = w, w + 4, ... and adds into its own red[w]
-  for (i32 u = warp; u < k * kGroups; u += kGemvWarps) {
-    const i32 slot = u / kGroups, grp = u % kGroups;
+  i32 n[kFc2Rows];
+#pragma unroll
+  for (int j = 0; j < kFc2Rows; ++j) n[j] = min(n0 + j, H - 1);
+  float acc[kFc2Rows] = {};
+  const i32 per_slot = items_of<VEC>(I);
+  const i32 items = k * per_slot;
+  auto item = [&](i32 t) {
+    const i32 slot = t / per_slot, it = t - slot * per_slot;
     const i64 r = row * k + slot;
-    const i32 e = ids[r];
-    const float wr = wts[r];
-    i32 n[kFc2Group];
-#pragma unroll
-    for (int j = 0; j < kFc2Group; ++j) n[j] = min(n0 + grp * kFc2Group + j, H - 1);
-    float y[kFc2Group];
-    warp_dot_rows<kFc2Group, VEC>(q2, w2, e, n, acts + slot * I, lane, y, slot * (I >> 5));
-    if (lane == 0) {
-#pragma unroll
-      for (int j = 0; j < kFc2Group; ++j) red[warp][grp * kFc2Group + j] += wr * (y[j] + (b2 ? b2[(i64)e * H + n[j]] : 0.0f));
-    }
+    accum_item<kFc2Rows, VEC>(q2, w2, ids[r], n, act + r * I, it, wts[r], acc);
+  };
+  for (i32 t = threadIdx.x; t < items; t += 2 * kGemvThreads) {
+    item(t);
+    if (t + kGemvThreads < items) item(t + kGemvThreads);
   }
-  __syncthreads();
-  if (threadIdx.x < kFc2Rows && n0 + (i32)threadIdx.x < H) {
-    float total = 0.0f;
+  float y[kFc2Rows];
 #pragma unroll
-    for (int w = 0; w < kGemvWarps; ++w) total += red[w][threadIdx.x];  // fixed order: deterministic
-    out[row * H + n0 + threadIdx.x] = Traits<T>::from_float(total);
+  for (int j = 0; j < kFc2Rows; ++j) y[j] = block_sum_fixed<kGemvThreads>(acc[j], red);
+  if (threadIdx.x < kFc2Rows && n0 + (i32)threadIdx.x < H) {
+    const i32 nn = n0 + threadIdx.x;
+    float v = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kFc2Rows; ++j) if (j == (int)threadIdx.x) v = y[j];
+    if (b2) {
+      for (i32 slot = 0; slot < k; ++slot) {  // slot order: deterministic
+        const i64 r = row * k + slot;
+        v = fmaf(wts[r], b2[(i64)ids[r] * H + nn], v);
+      }
+    }
+    out[row * H + nn] = Traits<T>::from_float(v);
   }
 }
 

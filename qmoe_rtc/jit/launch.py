@@ -8,7 +8,7 @@ from .._arrays import dtype_name, is_c_contiguous, is_cupy, shape_str
 from ..errors import DeviceError, QMoEInputError
 from .family import CTYPES, KernelDef, Ptr, Scalar
 
-__all__ = ["Kernel", "pack_args"]
+__all__ = ["Kernel", "pack_args", "set_max_dynamic_smem"]
 
 _INT_RANGES = {
     "int32": (-(2**31), 2**31 - 1),
@@ -66,6 +66,13 @@ def pack_args(kdef: KernelDef, args, device_id: int | None = None) -> tuple:
     return tuple(out)
 
 
+def set_max_dynamic_smem(function, nbytes: int) -> None:
+    """Let a CuPy ``Function`` take ``nbytes`` (> 48 KiB) of dynamic shared memory."""
+    from cupy_backends.cuda.api import driver
+
+    driver.funcSetAttribute(function.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(nbytes))
+
+
 class Kernel:
     """A loaded kernel with its argument spec. ``kernel(grid, block, args, shared_mem=0, stream=None)``."""
 
@@ -88,7 +95,7 @@ class Kernel:
             raise QMoEInputError(f"{self.kdef.key}.launch", "positive grid and block dimensions", f"grid {grid} block {block}")
         if shared_mem > self._max_dyn_smem:
             # opt in to more than 48 KiB of dynamic shared memory (once per size increase)
-            self.function.max_dynamic_shared_size_bytes = int(shared_mem)
+            set_max_dynamic_smem(self.function, int(shared_mem))
             self._max_dyn_smem = int(shared_mem)
         self.function(grid, block, packed, shared_mem=int(shared_mem), stream=stream)
 

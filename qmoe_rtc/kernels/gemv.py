@@ -2,7 +2,8 @@
 
 Template ``cuda_src/moe_gemv.cuh``: ``qmoe::fc1_gemv`` (FC1 [+FC3] with the activation fused) and
 ``qmoe::fc2_gemv_combine`` (FC2 with the weighted combine fused, output rounded once to T); their
-inner loop is ``cuda_src/moe_dot.cuh`` (16-byte weight loads when the spec is ``aligned``).
+inner step is ``cuda_src/moe_dot.cuh`` (16-byte weight loads when the spec is ``aligned``). The activation
+between them is stored in the activation dtype T.
 """
 
 from __future__ import annotations
@@ -15,10 +16,8 @@ from . import register
 from ._moe import EXPERT_FIELDS, expert_spec, projection_args, template_types
 
 THREADS = 128  # kGemvThreads
-WARPS = THREADS // 32
-FC2_ROWS = 16  # kFc2Rows: outputs per fc2 block
-#: Dynamic shared memory the decode kernels may take (H200/H100 allow 227 KiB per block).
-MAX_SMEM = 200 * 1024
+FC1_ROWS = 8  # weight rows per fc1 block (kFc1Groups groups of 4): 4 gated outputs or 8 plain ones
+FC2_ROWS = 4  # kFc2Rows: outputs per fc2 block
 
 ACT_SCALARS = (Scalar("alpha", "float32"), Scalar("beta", "float32"), Scalar("limit", "float32"),
                Scalar("limit_after", "int32"))
@@ -43,26 +42,21 @@ class GemvFamily(KernelFamily):
             f"{t['ACT']}, {t['GATE']}, {t['ALIGNED']}>",
             (Ptr("x", dt), Ptr("topk_ids", "int32"), Scalar("k", "int32"), Scalar("H", "int32"), Scalar("I", "int32"),
              *projection_args("fc1", sdt), *projection_args("fc3", sdt), Scalar("zp_offset", "float32"),
-             *ACT_SCALARS, Ptr("act", "float32")),
+             *ACT_SCALARS, Ptr("act", dt)),
         )
         fc2 = KernelDef(
             "fc2_combine",
             f"qmoe::fc2_gemv_combine<{t['T']}, {t['S']}, {t['B2']}, {t['Z2']}, {t['BLOCK']}, {t['ALIGNED']}>",
-            (Ptr("act", "float32"), Ptr("topk_ids", "int32"), Ptr("topk_w", "float32"), Scalar("k", "int32"),
+            (Ptr("act", dt), Ptr("topk_ids", "int32"), Ptr("topk_w", "float32"), Scalar("k", "int32"),
              Scalar("H", "int32"), Scalar("I", "int32"), *projection_args("fc2", sdt), Scalar("zp_offset", "float32"),
              Ptr("out", dt)),
         )
         return (fc1, fc2)
 
-    @staticmethod
-    def fits(H: int, I: int, k: int) -> bool:
-        """Whether the decode kernels' shared memory (x row: 4·H bytes; k activation rows: 4·k·I) fits."""
-        return 4 * H <= MAX_SMEM and 4 * k * I <= MAX_SMEM
-
     def launch(self, spec: ModuleSpec, kernel: str, *, rows: int, routes: int, H: int, I: int, k: int = 1,
                **_: Any) -> Launch:
         if kernel == "fc1":
             gated = spec["swiglu_fusion"] != 0 or spec["has_fc3"]
-            per_block = WARPS * (2 if gated else 4)  # Fc1Shape<GATE>::kOut outputs per warp
-            return Launch((routes, (I + per_block - 1) // per_block, 1), (THREADS, 1, 1), 4 * H)
-        return Launch((rows, (H + FC2_ROWS - 1) // FC2_ROWS, 1), (THREADS, 1, 1), 4 * k * I)
+            per_block = FC1_ROWS // 2 if gated else FC1_ROWS  # outputs per block
+            return Launch((routes, (I + per_block - 1) // per_block, 1), (THREADS, 1, 1), 0)
+        return Launch((rows, (H + FC2_ROWS - 1) // FC2_ROWS, 1), (THREADS, 1, 1), 0)
