@@ -124,6 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch baseline")
     p.add_argument("--no-eager", action="store_true", help="skip the eager timing")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--decode-max-routes", type=int, default=None,
+                   help="override QMoE's decode/prefill switch (rows*k up to this take the decode path)")
     p.add_argument("-v", "--verbose", action="store_true", help="print tracebacks of failing points to stderr")
     return p
 
@@ -391,7 +393,8 @@ def _prepare(cp, rs, args, shape, dtype, bits, bs):
 
     t0 = time.perf_counter()
     weights, attrs = build_layer(cp, rs, shape, dtype, bits, bs, args.zero_points)
-    moe = QMoE(**weights, **attrs)
+    extra = {} if args.decode_max_routes is None else {"decode_max_routes": args.decode_max_routes}
+    moe = QMoE(**weights, **attrs, **extra)
     per_expert = sum(int(v.nbytes) for v in weights.values()) // shape.E
     calc = expert_bytes(shape.H, shape.I, bits, bs, args.zero_points, np_dtype(dtype).itemsize)
     if calc != per_expert:
