@@ -31,7 +31,9 @@ __all__ = ["QMoE", "QMoEGraph", "qmoe", "DEFAULT_DECODE_MAX_ROUTES"]
 log = logging.getLogger("qmoe_rtc")
 
 #: Routes (rows·k) up to which the decode (GEMV) path is used; above it, the grouped GEMM path.
-DEFAULT_DECODE_MAX_ROUTES = 64
+#: Measured on the H200 (docs/performance.md): the decode path beats the SIMT grouped GEMM up to
+#: several hundred routes even though it reads a shared expert once per route (L2 absorbs part).
+DEFAULT_DECODE_MAX_ROUTES = 512
 
 
 def _cupy():

@@ -113,20 +113,27 @@ __device__ __forceinline__ void accum_item(const QP& qp, const u8* __restrict__ 
 // Items of a K-long row: 32-code chunks (VEC) or 8-code groups.
 template <bool VEC> __device__ __forceinline__ i32 items_of(i32 K) { return VEC ? (K >> 5) : ((K + 7) >> 3); }
 
-// Sum of v over the block (THREADS threads), the same in every thread, in a fixed order
-// (deterministic): warp shuffles, then the warps' partial sums in warp order. smem: THREADS/32 floats.
-// Contains __syncthreads().
-template <int THREADS> __device__ __forceinline__ float block_sum_fixed(float v, float* smem) {
+// Sums of v[0..N) over the block (THREADS threads), the same in every thread, in a fixed order
+// (deterministic): warp shuffles, then the warps' partial sums in warp order, all N values through
+// one pair of barriers. smem: THREADS/32 * N floats.
+template <int THREADS, int N> __device__ __forceinline__ void block_sums_fixed(float (&v)[N], float* smem) {
   constexpr int kWarps = THREADS / 32;
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) smem[threadIdx.x >> 5] = v;
-  __syncthreads();
-  float t = 0.0f;
+  for (int j = 0; j < N; ++j)
 #pragma unroll
-  for (int i = 0; i < kWarps; ++i) t += smem[i];
-  return t;
+    for (int o = 16; o > 0; o >>= 1) v[j] += __shfl_xor_sync(0xffffffffu, v[j], o);
+  if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) smem[(threadIdx.x >> 5) * N + j] = v[j];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    float t = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) t += smem[w * N + j];
+    v[j] = t;
+  }
 }
 
 }  // namespace qmoe

@@ -41,7 +41,7 @@ fc1_gemv(const T* __restrict__ x, const i32* __restrict__ ids, i32 k, i32 H, i32
          const u8* __restrict__ w1, const ScaleT* __restrict__ s1, const u8* __restrict__ z1, const float* __restrict__ b1,
          const u8* __restrict__ w3, const ScaleT* __restrict__ s3, const u8* __restrict__ z3, const float* __restrict__ b3,
          float zp_offset, float alpha, float beta, float limit, i32 limit_after, T* __restrict__ act) {
-  __shared__ float red[kGemvThreads / 32];
+  __shared__ float red[kGemvThreads / 32 * kFc1Groups * 4];
   using Shape = Fc1Shape<GATE>;
   constexpr int OPG = Shape::kOutPerGroup;
   constexpr bool kFused = GATE == GATE_FUSED1 || GATE == GATE_FUSED2;
@@ -93,11 +93,17 @@ fc1_gemv(const T* __restrict__ x, const i32* __restrict__ ids, i32 k, i32 H, i32
     item(t);
     if (t + kGemvThreads < items) item(t + kGemvThreads);
   }
+  float hs[kFc1Groups * 4];
+#pragma unroll
+  for (int g = 0; g < kFc1Groups; ++g)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) hs[g * 4 + j] = acc[g][j];
+  block_sums_fixed<kGemvThreads, kFc1Groups * 4>(hs, red);
   float h[kFc1Groups][4];
 #pragma unroll
   for (int g = 0; g < kFc1Groups; ++g)
 #pragma unroll
-    for (int j = 0; j < 4; ++j) h[g][j] = block_sum_fixed<kGemvThreads>(acc[g][j], red);
+    for (int j = 0; j < 4; ++j) h[g][j] = hs[g * 4 + j];
   if (threadIdx.x < Shape::kOut) {
     const int g = threadIdx.x / OPG, j = threadIdx.x % OPG;
     const i32 o = o0 + threadIdx.x;
@@ -130,7 +136,7 @@ __global__ void __launch_bounds__(kGemvThreads)
 fc2_gemv_combine(const T* __restrict__ act, const i32* __restrict__ ids, const float* __restrict__ wts, i32 k,
                  i32 H, i32 I, const u8* __restrict__ w2, const ScaleT* __restrict__ s2, const u8* __restrict__ z2,
                  const float* __restrict__ b2, float zp_offset, T* __restrict__ out) {
-  __shared__ float red[kGemvThreads / 32];
+  __shared__ float red[kGemvThreads / 32 * kFc2Rows];
   const i64 row = blockIdx.x;
   const i32 n0 = blockIdx.y * kFc2Rows;
   const QuantParams<ScaleT, B2, BLOCK, Z2> q2{s2, z2, zp_offset, H, I};
@@ -149,9 +155,8 @@ fc2_gemv_combine(const T* __restrict__ act, const i32* __restrict__ ids, const f
     item(t);
     if (t + kGemvThreads < items) item(t + kGemvThreads);
   }
-  float y[kFc2Rows];
-#pragma unroll
-  for (int j = 0; j < kFc2Rows; ++j) y[j] = block_sum_fixed<kGemvThreads>(acc[j], red);
+  block_sums_fixed<kGemvThreads, kFc2Rows>(acc, red);
+  const float (&y)[kFc2Rows] = acc;
   if (threadIdx.x < kFc2Rows && n0 + (i32)threadIdx.x < H) {
     const i32 nn = n0 + threadIdx.x;
     float v = 0.0f;
