@@ -248,8 +248,6 @@ class QMoE:
             if path == "decode":
                 m = load_module(mods["gemv"], self.device_id)
                 kernels["fc1"], kernels["fc2"] = m["fc1"], m["fc2_combine"]
-                if router_weights_dtype is None and not self.attrs.use_sparse_mixer:
-                    kernels["fc1_routed"] = m[f"fc1_routed_{router_dtype}"]  # routing fused into FC1
             else:
                 kernels["group"] = load_module(mods["group"], self.device_id)["group_by_expert"]
                 m = load_module(mods["gemm"], self.device_id)
@@ -286,23 +284,19 @@ class QMoE:
         w3 = self._proj.get("fc3", w1)  # without FC3 its slots are never read; FC1's tensors fill the spec
         zpo, acts = self._zp_offset, self._act_scalars
         geo = dict(rows=rows, routes=R, E=E, H=H, I=I, k=k)
-        route_step = (kr["route"], route_fam.RouteFamily().launch(None, rows=rows),
-                      (logits, rw, rows, E, k, int(a.normalize_routing_weights), ids, wts))
+        steps = [(kr["route"], route_fam.RouteFamily().launch(None, rows=rows),
+                  (logits, rw, rows, E, k, int(a.normalize_routing_weights), ids, wts))]
         if plan.path == "decode":
             # the decode activation is stored in T: the float32 slot viewed as T ([R, I] of it is used)
             act, spec, fam = sc.view("act", R).view(x.dtype), plan.specs["gemv"], gemv_fam.GemvFamily()
-            if "fc1_routed" in kr:  # two launches: FC1 routes its own row, then FC2 + combine
-                steps = [(kr["fc1_routed"], fam.launch(spec, "fc1", **geo),
-                          (logits, E, int(a.normalize_routing_weights), ids, wts, x, k, H, I, *w1, *w3, zpo, *acts,
-                           act))]
-            else:
-                steps = [route_step,
-                         (kr["fc1"], fam.launch(spec, "fc1", **geo), (x, ids, k, H, I, *w1, *w3, zpo, *acts, act))]
-            steps.append((kr["fc2"], fam.launch(spec, "fc2_combine", **geo), (act, ids, wts, k, H, I, *w2, zpo, out)))
+            steps += [
+                (kr["fc1"], fam.launch(spec, "fc1", **geo), (x, ids, k, H, I, *w1, *w3, zpo, *acts, act)),
+                (kr["fc2"], fam.launch(spec, "fc2_combine", **geo), (act, ids, wts, k, H, I, *w2, zpo, out)),
+            ]
         else:
             offsets, tiles, srt = sc.bufs["offsets"], sc.bufs["tile_offsets"], sc.view("sorted", R)
             act, y, spec, fam = sc.view("act", R), sc.view("y", R), plan.specs["gemm"], gemm_fam.GemmFamily()
-            steps = [route_step,
+            steps += [
                 (kr["group"], gemm_fam.Launch((1, 1, 1), (1024, 1, 1), 0),
                  (ids, R, E, gemm_fam.tile_rows(R, E), offsets, tiles, srt)),
                 (kr["fc1"], fam.launch(spec, "fc1", **geo),

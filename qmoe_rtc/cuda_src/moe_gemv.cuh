@@ -21,7 +21,6 @@
 #include "dequant.cuh"
 #include "moe_act.cuh"
 #include "moe_dot.cuh"
-#include "moe_route.cuh"
 #include "types.cuh"
 
 namespace qmoe {
@@ -36,15 +35,20 @@ template <int GATE> struct Fc1Shape {
   static constexpr int kOut = kOutPerGroup * kFc1Groups;
 };
 
-// FC1 (+FC3) of route r (expert e) for this block's rows, activation fused, into act[r, o0 ...].
 template <typename T, typename ScaleT, int B1, int Z1, int B3, int Z3, int BLOCK, int ACT, int GATE, bool VEC>
-__device__ __forceinline__ void fc1_block(i32 r, i32 e, const T* __restrict__ xr, i32 H, i32 I,
-    const u8* __restrict__ w1, const ScaleT* __restrict__ s1, const u8* __restrict__ z1, const float* __restrict__ b1,
-    const u8* __restrict__ w3, const ScaleT* __restrict__ s3, const u8* __restrict__ z3, const float* __restrict__ b3,
-    float zp_offset, const ActParams& ap, T* __restrict__ act, float* red) {
+__global__ void __launch_bounds__(kGemvThreads)
+fc1_gemv(const T* __restrict__ x, const i32* __restrict__ ids, i32 k, i32 H, i32 I,
+         const u8* __restrict__ w1, const ScaleT* __restrict__ s1, const u8* __restrict__ z1, const float* __restrict__ b1,
+         const u8* __restrict__ w3, const ScaleT* __restrict__ s3, const u8* __restrict__ z3, const float* __restrict__ b3,
+         float zp_offset, float alpha, float beta, float limit, i32 limit_after, T* __restrict__ act) {
+  __shared__ float red[kGemvThreads / 32 * kFc1Groups * 4];
   using Shape = Fc1Shape<GATE>;
   constexpr int OPG = Shape::kOutPerGroup;
   constexpr bool kFused = GATE == GATE_FUSED1 || GATE == GATE_FUSED2;
+  const ActParams ap{alpha, beta, limit, limit_after};
+  const i32 r = blockIdx.x;
+  const i32 e = ids[r];
+  const T* xr = x + (i64)(r / k) * H;
   const i32 N1 = kFused ? 2 * I : I;
   const QuantParams<ScaleT, B1, BLOCK, Z1> q1{s1, z1, zp_offset, N1, H};
   const QuantParams<ScaleT, B3, BLOCK, Z3> q3{s3, z3, zp_offset, I, H};
@@ -125,44 +129,6 @@ __device__ __forceinline__ void fc1_block(i32 r, i32 e, const T* __restrict__ xr
       act[(i64)r * I + o] = Traits<T>::from_float(a);
     }
   }
-}
-
-template <typename T, typename ScaleT, int B1, int Z1, int B3, int Z3, int BLOCK, int ACT, int GATE, bool VEC>
-__global__ void __launch_bounds__(kGemvThreads)
-fc1_gemv(const T* __restrict__ x, const i32* __restrict__ ids, i32 k, i32 H, i32 I,
-         const u8* __restrict__ w1, const ScaleT* __restrict__ s1, const u8* __restrict__ z1, const float* __restrict__ b1,
-         const u8* __restrict__ w3, const ScaleT* __restrict__ s3, const u8* __restrict__ z3, const float* __restrict__ b3,
-         float zp_offset, float alpha, float beta, float limit, i32 limit_after, T* __restrict__ act) {
-  __shared__ float red[kGemvThreads / 32 * kFc1Groups * 4];
-  const i32 r = blockIdx.x;
-  fc1_block<T, ScaleT, B1, Z1, B3, Z3, BLOCK, ACT, GATE, VEC>(r, ids[r], x + (i64)(r / k) * H, H, I, w1, s1, z1, b1,
-      w3, s3, z3, b3, zp_offset, ActParams{alpha, beta, limit, limit_after}, act, red);
-}
-
-// Routing fused in: every block routes its token row itself (softmax top-k over logits [rows, E], no
-// router_weights, no sparse mixer) and takes its slot's expert; blocks with blockIdx.y == 0 publish
-// the route's expert and weight to ids / wts for fc2_gemv_combine. Saves the routing launch.
-template <typename LT, typename T, typename ScaleT, int B1, int Z1, int B3, int Z3, int BLOCK, int ACT, int GATE, bool VEC>
-__global__ void __launch_bounds__(kGemvThreads)
-fc1_gemv_routed(const LT* __restrict__ logits, i32 E, i32 normalize, i32* __restrict__ ids, float* __restrict__ wts,
-                const T* __restrict__ x, i32 k, i32 H, i32 I,
-                const u8* __restrict__ w1, const ScaleT* __restrict__ s1, const u8* __restrict__ z1, const float* __restrict__ b1,
-                const u8* __restrict__ w3, const ScaleT* __restrict__ s3, const u8* __restrict__ z3, const float* __restrict__ b3,
-                float zp_offset, float alpha, float beta, float limit, i32 limit_after, T* __restrict__ act) {
-  static_assert(kGemvThreads == kRouteThreads, "routing uses the whole fc1 block");
-  __shared__ RouteSmem sm;
-  __shared__ float red[kGemvThreads / 32 * kFc1Groups * 4];
-  const i32 r = blockIdx.x;
-  const i64 row = r / k;
-  const i32 slot = r - (i32)row * k;
-  route_row<LT, LT, false, false>(logits + row * E, nullptr, E, k, normalize, sm);
-  const i32 e = sm.sel_id[slot];
-  if (blockIdx.y == 0 && threadIdx.x == 0) {
-    ids[r] = e;
-    wts[r] = sm.sel_w[slot];
-  }
-  fc1_block<T, ScaleT, B1, Z1, B3, Z3, BLOCK, ACT, GATE, VEC>(r, e, x + row * H, H, I, w1, s1, z1, b1,
-      w3, s3, z3, b3, zp_offset, ActParams{alpha, beta, limit, limit_after}, act, red);
 }
 
 template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, bool VEC>

@@ -27,26 +27,18 @@ __device__ __forceinline__ u32 order_key(float v) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-// Shared memory of one row's routing.
-struct RouteSmem {
-  u32 keys[kRouteMaxExperts];
-  float vals[kRouteMaxExperts];
-  float red[kRouteThreads / 32];
-  i32 sel_id[kRouteMaxK];   // out: expert of slot t
-  float sel_w[kRouteMaxK];  // out: weight of slot t
-};
-
-// Route one token row with the whole block (kRouteThreads threads): on return (after a barrier)
-// sm.sel_id[t] / sm.sel_w[t] hold slot t's expert and weight, t < k, in every thread.
 template <typename LT, typename WT, bool HAS_RW, bool SPARSE>
-__device__ __forceinline__ void route_row(const LT* __restrict__ l, const WT* __restrict__ rw_row, i32 E, i32 k,
-                                          i32 normalize, RouteSmem& sm) {
-  u32* keys = sm.keys;
-  float* vals = sm.vals;
-  float* red = sm.red;
-  i32* sel_id = sm.sel_id;
-  float* sel_w = sm.sel_w;
+__global__ void __launch_bounds__(kRouteThreads)
+route_topk(const LT* __restrict__ logits, const WT* __restrict__ router_weights, i32 rows, i32 E, i32 k,
+           i32 normalize, i32* __restrict__ topk_ids, float* __restrict__ topk_w) {
+  __shared__ u32 keys[kRouteMaxExperts];
+  __shared__ float vals[kRouteMaxExperts];
+  __shared__ float red[kRouteThreads / 32];
+  __shared__ i32 sel_id[kRouteMaxK];
+  __shared__ float sel_w[kRouteMaxK];
+  const i64 row = blockIdx.x;
   const int tid = threadIdx.x;
+  const LT* l = logits + row * E;
 
   float v[kRoutePerThread];
   float m = __int_as_float(0xff800000);  // -inf
@@ -99,10 +91,11 @@ __device__ __forceinline__ void route_row(const LT* __restrict__ l, const WT* __
     s1 = block_sum<kRouteThreads>(s1, red);
     s2 = block_sum<kRouteThreads>(s2, red);
     if (tid == 0) {
-      sel_w[0] = 1.0f / s1;
-      sel_w[1] = 1.0f / s2;
+      topk_ids[row * 2] = e1;
+      topk_ids[row * 2 + 1] = e2;
+      topk_w[row * 2] = 1.0f / s1;
+      topk_w[row * 2 + 1] = 1.0f / s2;
     }
-    __syncthreads();
   } else {
     float denom = 0.0f;
     if constexpr (!HAS_RW) {
@@ -116,31 +109,21 @@ __device__ __forceinline__ void route_row(const LT* __restrict__ l, const WT* __
     if (tid < k) {
       const i32 e = sel_id[tid];
       float w;
-      if constexpr (HAS_RW) w = Traits<WT>::to_float(rw_row[e]);
+      if constexpr (HAS_RW) w = Traits<WT>::to_float(router_weights[row * E + e]);
       else w = expf(vals[e] - m) / denom;
       sel_w[tid] = w;
     }
     __syncthreads();
-    if (normalize) {
-      float s = 0.0f;
-      for (i32 t = 0; t < k; ++t) s += sel_w[t];  // slot order: the same sum in every thread
-      __syncthreads();
-      if (tid < k) sel_w[tid] = s != 0.0f ? sel_w[tid] / s : 0.0f;
-      __syncthreads();
+    if (tid < k) {
+      float w = sel_w[tid];
+      if (normalize) {
+        float s = 0.0f;
+        for (i32 t = 0; t < k; ++t) s += sel_w[t];  // slot order: the same sum in every thread
+        w = s != 0.0f ? w / s : 0.0f;
+      }
+      topk_ids[row * k + tid] = sel_id[tid];
+      topk_w[row * k + tid] = w;
     }
-  }
-}
-
-template <typename LT, typename WT, bool HAS_RW, bool SPARSE>
-__global__ void __launch_bounds__(kRouteThreads)
-route_topk(const LT* __restrict__ logits, const WT* __restrict__ router_weights, i32 rows, i32 E, i32 k,
-           i32 normalize, i32* __restrict__ topk_ids, float* __restrict__ topk_w) {
-  __shared__ RouteSmem sm;
-  const i64 row = blockIdx.x;
-  route_row<LT, WT, HAS_RW, SPARSE>(logits + row * E, HAS_RW ? router_weights + row * E : nullptr, E, k, normalize, sm);
-  if ((i32)threadIdx.x < k) {
-    topk_ids[row * k + threadIdx.x] = sm.sel_id[threadIdx.x];
-    topk_w[row * k + threadIdx.x] = sm.sel_w[threadIdx.x];
   }
 }
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from ..jit.family import CPP_TYPES, KernelDef, KernelFamily, Launch, Ptr, Scalar
+from ..jit.family import KernelDef, KernelFamily, Launch, Ptr, Scalar
 from ..specialize import ModuleSpec
 from . import register
 from ._moe import EXPERT_FIELDS, expert_spec, projection_args, template_types
@@ -51,24 +51,11 @@ class GemvFamily(KernelFamily):
              Scalar("H", "int32"), Scalar("I", "int32"), *projection_args("fc2", sdt), Scalar("zp_offset", "float32"),
              Ptr("out", dt)),
         )
-        # FC1 with the routing fused in (softmax top-k, no router_weights, no sparse mixer), for
-        # float32 logits and logits in T
-        routed = []
-        for lt in dict.fromkeys(("float32", dt)):
-            routed.append(KernelDef(
-                f"fc1_routed_{lt}",
-                f"qmoe::fc1_gemv_routed<{CPP_TYPES[lt]}, {t['T']}, {t['S']}, {t['B1']}, {t['Z1']}, {t['B3']}, {t['Z3']}, "
-                f"{t['BLOCK']}, {t['ACT']}, {t['GATE']}, {t['ALIGNED']}>",
-                (Ptr("logits", lt), Scalar("E", "int32"), Scalar("normalize", "int32"), Ptr("topk_ids", "int32"),
-                 Ptr("topk_w", "float32"), Ptr("x", dt), Scalar("k", "int32"), Scalar("H", "int32"),
-                 Scalar("I", "int32"), *projection_args("fc1", sdt), *projection_args("fc3", sdt),
-                 Scalar("zp_offset", "float32"), *ACT_SCALARS, Ptr("act", dt)),
-            ))
-        return (fc1, fc2, *routed)
+        return (fc1, fc2)
 
     def launch(self, spec: ModuleSpec, kernel: str, *, rows: int, routes: int, H: int, I: int, k: int = 1,
                **_: Any) -> Launch:
-        if kernel.startswith("fc1"):
+        if kernel == "fc1":
             gated = spec["swiglu_fusion"] != 0 or spec["has_fc3"]
             per_block = FC1_ROWS // 2 if gated else FC1_ROWS  # outputs per block
             return Launch((routes, (I + per_block - 1) // per_block, 1), (THREADS, 1, 1), 0)
