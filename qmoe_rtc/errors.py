@@ -25,42 +25,39 @@ class QMoEError(Exception):
     """Base class of every error raised by qmoe_rtc."""
 
 
-class QMoEInputError(QMoEError, ValueError):
+class _ExpectedActual(QMoEError, ValueError):
+    """A named value that is not what was expected: ``{kind} '{name}': expected ..., got ...``."""
+
+    kind = "value"
+
+    def __init__(self, name: str, expected: str, actual: str, hint: str | None = None):
+        self.name = name
+        self.expected = expected
+        self.actual = actual
+        self.hint = hint
+        msg = f"{self.kind} '{name}': expected {expected}, got {actual}"
+        if hint:
+            msg += f" ({hint})"
+        super().__init__(msg)
+
+    def __reduce__(self):
+        return (type(self), (self.name, self.expected, self.actual, self.hint))
+
+
+class QMoEInputError(_ExpectedActual):
     """An input tensor is malformed: wrong rank, shape, dtype, layout or device.
 
     ``name`` is the ONNX Runtime input name (e.g. ``"fc1_scales"``); ``expected`` and ``actual``
     are short human-readable descriptions.
     """
 
-    def __init__(self, name: str, expected: str, actual: str, hint: str | None = None):
-        self.name = name
-        self.expected = expected
-        self.actual = actual
-        self.hint = hint
-        msg = f"input '{name}': expected {expected}, got {actual}"
-        if hint:
-            msg += f" ({hint})"
-        super().__init__(msg)
-
-    def __reduce__(self):
-        return (type(self), (self.name, self.expected, self.actual, self.hint))
+    kind = "input"
 
 
-class QMoEAttributeError(QMoEError, ValueError):
+class QMoEAttributeError(_ExpectedActual):
     """An attribute (``k``, ``activation_type``, ``block_size`` ...) has a bad value."""
 
-    def __init__(self, name: str, expected: str, actual: str, hint: str | None = None):
-        self.name = name
-        self.expected = expected
-        self.actual = actual
-        self.hint = hint
-        msg = f"attribute '{name}': expected {expected}, got {actual}"
-        if hint:
-            msg += f" ({hint})"
-        super().__init__(msg)
-
-    def __reduce__(self):
-        return (type(self), (self.name, self.expected, self.actual, self.hint))
+    kind = "attribute"
 
 
 class QMoEUnsupportedError(QMoEError, NotImplementedError):
@@ -107,14 +104,7 @@ class CaptureError(QMoEError, RuntimeError):
     """Something that is not allowed inside CUDA graph capture was attempted during capture."""
 
 
-class KnobError(QMoEError, ValueError):
+class KnobError(_ExpectedActual):
     """An environment knob (``QMOE_RTC_*``) or a knob override has a value of the wrong type."""
 
-    def __init__(self, name: str, expected: str, actual: str):
-        self.name = name
-        self.expected = expected
-        self.actual = actual
-        super().__init__(f"knob '{name}': expected {expected}, got {actual}")
-
-    def __reduce__(self):
-        return (type(self), (self.name, self.expected, self.actual))
+    kind = "knob"
