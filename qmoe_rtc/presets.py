@@ -1,6 +1,7 @@
 """MoE layer shapes of well-known models (warm tool, benchmarks).
 
-A :class:`Preset` is shapes + routing + the model's natural activation; quantization choices (bits,
+A :class:`Preset` is shapes + routing + the model's natural activation, with int4 and a block size of
+128 (32 for gpt-oss, whose 2880 is no multiple of 128) as the default quantization; choices (bits,
 block size, zero points, dtype) are given when building a :class:`~qmoe_rtc.specialize.ModelConfig`
 with :meth:`Preset.config`.
 """
@@ -63,13 +64,13 @@ class Preset:
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in (
-        Preset("qwen3-30b-a3b", 2048, 768, 128, 8, "swiglu", swiglu_fusion=1),
-        Preset("mixtral-8x7b", 4096, 14336, 8, 2, "silu", has_fc3=True,
+        Preset("qwen3-30b-a3b", 2048, 768, 128, 8, "swiglu", swiglu_fusion=1, block_size=128),
+        Preset("mixtral-8x7b", 4096, 14336, 8, 2, "silu", has_fc3=True, block_size=128,
                note="w1/w3 as FC1/FC3 (silu-gated); --activation swiglu gives the fused-FC1 form"),
         Preset("gpt-oss-20b", 2880, 2880, 32, 4, "swiglu", swiglu_fusion=1, block_size=32),
         Preset("gpt-oss-120b", 2880, 2880, 128, 4, "swiglu", swiglu_fusion=1, block_size=32),
-        Preset("deepseek-v3", 7168, 2048, 256, 8, "swiglu", swiglu_fusion=1),
-        Preset("phi-3.5-moe", 4096, 6400, 16, 2, "silu", has_fc3=True, use_sparse_mixer=True,
+        Preset("deepseek-v3", 7168, 2048, 256, 8, "swiglu", swiglu_fusion=1, block_size=128),
+        Preset("phi-3.5-moe", 4096, 6400, 16, 2, "silu", has_fc3=True, use_sparse_mixer=True, block_size=128,
                normalize_routing_weights=False, note="sparse mixer routing"),
     )
 }

@@ -15,8 +15,7 @@ from ..errors import QMoEUnsupportedError
 
 __all__ = ["BUILTIN_FAMILIES", "register", "unregister", "get_family", "family_names"]
 
-#: Built-in families in a stable order (the executor appends "route", "group", "gemv", "gemm",
-#: "combine").
+#: Built-in families in a stable order: dequant (tests, fallback) and the executor's four.
 BUILTIN_FAMILIES: tuple[str, ...] = ("dequant", "route", "group", "gemv", "gemm")
 
 _lock = threading.RLock()
