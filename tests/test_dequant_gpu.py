@@ -50,19 +50,17 @@ def test_numpy_packer_roundtrip(rng):
 
 
 CASES = [
-    (bits, bs, zp, dtype)
-    for bits, bs, zp, dtype in itertools.product((1, 2, 3, 4, 8), (0, 16, 32), ("none", "packed", "offset"),
-                                                 ("float32", "float16", "bfloat16"))
+    (bits, bs, zp, dtype, scale_f32)
+    for bits, bs, zp, dtype, scale_f32 in itertools.product(
+        (1, 2, 3, 4, 8), (0, 16, 32), ("none", "packed", "offset"), ("float32", "float16", "bfloat16"), (True, False))
     if not (bs == 32 and dtype != "float16")  # a second block size, not the full cross product
+    and not (dtype == "float32" and not scale_f32)  # scales in T == float32: the float32-scale case
 ]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("bits,bs,zp,dtype", CASES)
-@pytest.mark.parametrize("scale_f32", [True, False])
+@pytest.mark.parametrize("bits,bs,zp,dtype,scale_f32", CASES)
 def test_dequant_matches_numpy(rng, bits, bs, zp, dtype, scale_f32):
-    if dtype == "float32" and not scale_f32:
-        pytest.skip("scale dtype T == float32: same as the float32-scale case")
     import cupy
 
     from qmoe_rtc.kernels.dequant import dequantize_experts
