@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, fields
 
 from ._arrays import FLOAT_DTYPES, dtype_name, is_c_contiguous, is_cupy, shape_str
-from .errors import DeviceError, QMoEAttributeError, QMoEInputError, QMoEUnsupportedError
+from .errors import DeviceError, QMoEAttributeError, QMoEInputError
 from .quantize import SUPPORTED_BITS, packed_row_bytes, unpack_codes
 
 __all__ = [
@@ -340,7 +340,7 @@ def describe_layer(weights: dict, attrs: QMoEAttributes) -> LayerSpec:
 
     fused = int(w["fc1_experts_weights"].shape[1])
     if fused % F:
-        raise QMoEInputError("fc1_experts_weights", f"an even number of rows F·I in dim 1 (fused gate+linear)",
+        raise QMoEInputError("fc1_experts_weights", "an even number of rows F·I in dim 1 (fused gate+linear)",
                              f"shape {shape_str(w['fc1_experts_weights'].shape)}")
     I = fused // F
     H = int(w["fc2_experts_weights"].shape[1])

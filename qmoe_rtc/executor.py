@@ -19,7 +19,6 @@ are fixed per graph: capture one graph per batch size.
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass, field
 
 from ._arrays import dtype_name, is_cupy, np_dtype, shape_str

@@ -38,3 +38,15 @@ def rng(request):
     import numpy as np
 
     return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+@pytest.fixture
+def cache(tmp_path):
+    """A fresh on-disk kernel cache in tmp_path (normal mode, no dumps), memory tier cleared around it."""
+    from qmoe_rtc import knobs
+    from qmoe_rtc.jit import clear_memory
+
+    clear_memory()
+    with knobs.scope(cache_dir=tmp_path, no_disk_cache=False, strict=False, dump=False):
+        yield tmp_path
+    clear_memory()

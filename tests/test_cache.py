@@ -21,14 +21,6 @@ SPEC = dequant_spec("float16", 4, 128, "packed", "float32")
 REPO = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture
-def cache(tmp_path):
-    clear_memory()
-    with knobs.scope(cache_dir=tmp_path, no_disk_cache=False, strict=False, dump=False):
-        yield tmp_path
-    clear_memory()
-
-
 def _entry(spec=SPEC):
     d = disk_entry_dir(ARCH)
     metas = sorted(d.glob(f"{spec.name}-*.json"))

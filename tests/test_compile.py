@@ -8,19 +8,10 @@ import pickle
 import numpy as np
 import pytest
 
-from qmoe_rtc import knobs
 from qmoe_rtc.errors import CompileError, QMoEAttributeError, QMoEInputError
-from qmoe_rtc.jit import KernelDef, KernelFamily, Launch, Ptr, Scalar, clear_memory, disk_entry_dir, get_cubin, pack_args
+from qmoe_rtc.jit import KernelDef, KernelFamily, Launch, Ptr, Scalar, disk_entry_dir, get_cubin, pack_args
 from qmoe_rtc.kernels import get_family, register
 from qmoe_rtc.kernels.dequant import dequant_spec
-
-
-@pytest.fixture
-def cache(tmp_path):
-    clear_memory()
-    with knobs.scope(cache_dir=tmp_path, no_disk_cache=False, strict=False):
-        yield tmp_path
-    clear_memory()
 
 
 # every bit width, every zero-point mode, both block layouts, three dtypes, both scale dtypes:

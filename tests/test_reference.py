@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from qmoe_rtc.contract import QMoEAttributes
-from qmoe_rtc.quantize import pack_codes, quantize
+from qmoe_rtc.quantize import pack_codes
 from qmoe_rtc.random_layer import random_inputs, random_layer
 from qmoe_rtc.reference import qmoe, route
 

@@ -2,21 +2,11 @@
 
 from __future__ import annotations
 
-import pytest
-
 from qmoe_rtc import knobs, warm
 from qmoe_rtc.errors import CompileError
-from qmoe_rtc.jit import clear_memory, disk_entry_dir
+from qmoe_rtc.jit import disk_entry_dir
 from qmoe_rtc.presets import PRESETS
 from qmoe_rtc.specialize import modules_for
-
-
-@pytest.fixture
-def cache(tmp_path):
-    clear_memory()
-    with knobs.scope(cache_dir=tmp_path, no_disk_cache=False, strict=False):
-        yield tmp_path
-    clear_memory()
 
 
 def test_warm_preset_end_to_end(cache, capsys):
