@@ -405,14 +405,17 @@ class QMoE:
             finally:
                 graph = cap.end_capture()
             cap.synchronize()
-        return QMoEGraph(graph, sx, sl, srw, so, self.device_id)
+        # the graph holds raw pointers into the scratch pool and the weights: keep those buffers alive
+        # for as long as the graph lives, even if the layer regrows its pool later
+        return QMoEGraph(graph, sx, sl, srw, so, self.device_id, keepalive=(self._scratch.bufs, self._proj))
 
 
 class QMoEGraph:
     """A captured forward: static ``input`` / ``router_probs`` / ``router_weights`` / ``output``."""
 
-    def __init__(self, graph, x, logits, rw, out, device_id):
+    def __init__(self, graph, x, logits, rw, out, device_id, keepalive=()):
         self.graph = graph
+        self._keepalive = keepalive  # buffers the recorded kernels point into
         self.input = x
         self.router_probs = logits
         self.router_weights = rw

@@ -140,6 +140,26 @@ def test_graph_replay_matches_eager_bitwise(rng):
             assert rel_err(y_graph, reference(x, lg, **w, **a)) <= TOL["float16"]
 
 
+def test_graph_survives_scratch_regrowth(rng):
+    """A graph keeps the scratch it was recorded on: a later, larger eager call regrows the pool."""
+    import cupy as cp
+
+    from qmoe_rtc.executor import QMoE
+
+    w, a = random_layer(rng, E=16, H=128, I=64, k=2, dtype="float16", activation_type="swiglu", swiglu_fusion=1)
+    moe = QMoE(**to_dev(w), **a)
+    x, lg, _ = random_inputs(rng, 2, 128, 16, "float16")
+    g = moe.capture(cp.asarray(x), cp.asarray(lg))
+    xb, lb, _ = random_inputs(rng, 1000, 128, 16, "float16")
+    moe(cp.asarray(xb), cp.asarray(lb))  # regrows the pool (and switches to the prefill path)
+    cp.get_default_memory_pool().free_all_blocks()
+    filler = cp.full((1 << 24,), 7, cp.float32)  # reuse any freed memory
+    g.output.fill(cp.nan)
+    y = cp.asnumpy(g.replay()).copy()
+    np.testing.assert_array_equal(y, cp.asnumpy(moe(cp.asarray(x), cp.asarray(lg))))
+    del filler
+
+
 def test_capture_needs_a_sized_pool(rng):
     import cupy as cp
 
