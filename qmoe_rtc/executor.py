@@ -7,9 +7,11 @@
 - **run**: launches only, on the current stream, no host synchronisation and no allocation other
   than the output (none when ``out=`` is given). It is what a CUDA graph records.
 
-Decode path (``rows·k <= decode_max_routes``): route → fc1_gemv (activation fused) →
-fc2_gemv_combine (weighted combine fused), three launches. Prefill path: route → group_by_expert →
-fc1_gemm → fc2_gemm → combine, five launches.
+Decode path (``rows·k <= decode_max_routes``), three launches: route → FC1 (activation fused) →
+FC2 (weighted combine fused). float16/bfloat16 layouts with 1/2/4/8-bit weights use the tensor-core,
+expert-grouped ``mma`` kernels (each expert read once); the others use the SIMT ``gemv`` kernels
+(logged with the reason). Prefill path: route → group_by_expert → fc1_gemm → fc2_gemm → combine,
+five launches.
 
 Graphs: :meth:`QMoE.capture` records one forward on static buffers; write new inputs into
 ``graph.input`` / ``graph.router_probs`` (or call ``graph.update``) and ``graph.replay()``. Shapes
@@ -83,6 +85,7 @@ class _Plan:
     path: str  # "decode" | "prefill"
     kernels: dict  # role -> jit.Kernel
     specs: dict  # family -> ModuleSpec
+    engine: str = ""  # decode: "mma" (tensor cores, expert-grouped) or "gemv" (SIMT); prefill: "gemm"
     launches: dict = field(default_factory=dict)  # rows -> (scratch generation, packed launches)
 
 
@@ -90,8 +93,10 @@ class _Scratch:
     """Pooled scratch owned by a layer, grown outside capture only.
 
     Slots (R = rows·k routes):
-      topk_ids [R] i32, topk_w [R] f32, act [R, I] f32 (decode) / act_sorted [R, I] f32 (prefill),
-      offsets [E+1] i32, tile_offsets [E+1] i32, sorted [R] i32, y [R, H] f32 (prefill only).
+      topk_ids [R] i32, topk_w [R] f32, act [R, I] f32 (decode: viewed as T) / act_sorted [R, I] f32
+      (prefill), y [R, H] f32 (per-route FC2 output), counters [H/16 + 1] u32 (mma decode: blocks done
+      per output tile, zero between calls; the kernel that counts resets them),
+      offsets [E+1] i32, tile_offsets [E+1] i32, sorted [R] i32 (prefill only).
     """
 
     def __init__(self, E: int, H: int, I: int, device_id: int):
@@ -116,12 +121,13 @@ class _Scratch:
                 "topk_ids": cp.empty((R,), cp.int32),  # [R]
                 "topk_w": cp.empty((R,), cp.float32),  # [R]
                 "act": cp.empty((R, self.I), cp.float32),  # [R, I]
+                "y": cp.empty((R, self.H), cp.float32),  # [R, H]
+                "counters": cp.zeros((self.H // 16 + 1,), cp.uint32),  # [H/16 + 1]
             }
             if prefill:
                 b["offsets"] = cp.empty((self.E + 1,), cp.int32)  # [E+1]
                 b["tile_offsets"] = cp.empty((self.E + 1,), cp.int32)  # [E+1]
                 b["sorted"] = cp.empty((R,), cp.int32)  # [R]
-                b["y"] = cp.empty((R, self.H), cp.float32)  # [R, H]
         self.bufs, self.routes, self.prefill = b, R, prefill
         self.generation += 1
         log.debug("qmoe_rtc: scratch grown to %d routes (prefill=%s)", R, prefill)
@@ -219,6 +225,16 @@ class QMoE:
         fits = (L.I + 3) // 4 <= 65535 and (L.H + 3) // 4 <= 65535  # decode grids put I/4 and H/4 on grid.y
         return "decode" if int(rows) * self.attrs.k <= self.decode_max_routes and fits else "prefill"
 
+    def decode_engine(self, rows: int, dtype: str) -> tuple[str, str]:
+        """The decode kernels for ``rows`` tokens of ``dtype``: ``("mma", "")`` (tensor cores,
+        expert-grouped) or ``("gemv", reason)`` (SIMT) with the reason the mma kernels cannot run."""
+        from .kernels.mma import MAX_ROUTES, unsupported_reason
+
+        why = unsupported_reason(self.model_config(dtype).layout, self.layer.H, self.layer.I)
+        if why is None and int(rows) * self.attrs.k > MAX_ROUTES:
+            why = f"{int(rows) * self.attrs.k} routes (the mma kernels scan at most {MAX_ROUTES})"
+        return ("gemv", why) if why else ("mma", "")
+
     def plan(self, rows: int, dtype: str, router_dtype: str, router_weights_dtype: str | None = None) -> _Plan:
         """Pick the path and load (compile if needed) its kernels; grows the scratch pool.
 
@@ -240,11 +256,25 @@ class QMoE:
             from .specialize import modules_for
 
             config = self.model_config(dtype)
-            mods = {s.family: s for s in modules_for(config, (path,), families=("route", "group", "gemv", "gemm"))}
+            engine = "gemm"
+            families = ("route", "group", "gemv", "gemm")
+            if path == "decode":
+                engine, why = self.decode_engine(rows, dtype)
+                if engine == "mma":
+                    families = ("route", "mma")
+                else:
+                    log.info("qmoe_rtc: decode path at rows=%d uses the SIMT gemv kernels (slower): %s", rows, why)
+            mods = {s.family: s for s in modules_for(config, (path,), families=families)}
             kernels = {}
             rk = kernel_key(router_dtype, router_weights_dtype, bool(self.attrs.use_sparse_mixer))
             kernels["route"] = load_module(mods["route"], self.device_id)[rk]
-            if path == "decode":
+            if engine == "mma":
+                from .kernels.mma import route_groups
+
+                m = load_module(mods["mma"], self.device_id)
+                ng = route_groups(int(rows))
+                kernels["fc1"], kernels["fc2"] = m[f"fc1_ng{ng}"], m[f"fc2_ng{ng}"]
+            elif path == "decode":
                 m = load_module(mods["gemv"], self.device_id)
                 kernels["fc1"], kernels["fc2"] = m["fc1"], m["fc2_combine"]
             else:
@@ -254,9 +284,9 @@ class QMoE:
 
                 bm = tile_rows(routes, self.layer.E)
                 kernels["fc1"], kernels["fc2"], kernels["combine"] = m[f"fc1_bm{bm}"], m[f"fc2_bm{bm}"], m["combine"]
-            plan = _Plan(path, kernels, mods)
+            plan = _Plan(path, kernels, mods, engine)
             self._plans[key] = plan
-            log.info("qmoe_rtc: planned rows=%d dtype=%s: %s path (%s)", rows, dtype, path,
+            log.info("qmoe_rtc: planned rows=%d dtype=%s: %s path, %s kernels (%s)", rows, dtype, path, engine,
                      ", ".join(s.name for s in mods.values()))
         self._scratch.ensure(routes, path == "prefill")
         return plan
@@ -270,6 +300,7 @@ class QMoE:
         """
         from .kernels import gemm as gemm_fam
         from .kernels import gemv as gemv_fam
+        from .kernels import mma as mma_fam
         from .kernels import route as route_fam
         from .jit.launch import pack_args, set_max_dynamic_smem
 
@@ -285,7 +316,16 @@ class QMoE:
         geo = dict(rows=rows, routes=R, E=E, H=H, I=I, k=k)
         steps = [(kr["route"], route_fam.RouteFamily().launch(None, rows=rows),
                   (logits, rw, rows, E, k, int(a.normalize_routing_weights), ids, wts))]
-        if plan.path == "decode":
+        if plan.engine == "mma":
+            act, y, spec, fam = sc.view("act", R).view(x.dtype), sc.view("y", R), plan.specs["mma"], mma_fam.MmaFamily()
+            ks1, _ = fam.geometry(spec, "fc1", routes=R, E=E, H=H, I=I)
+            ks2, _ = fam.geometry(spec, "fc2", routes=R, E=E, H=H, I=I)
+            steps += [
+                (kr["fc1"], fam.launch(spec, "fc1", **geo), (x, ids, R, k, H, I, ks1, *w1, *w3, zpo, *acts, act)),
+                (kr["fc2"], fam.launch(spec, "fc2", **geo),
+                 (act, ids, wts, R, k, H, I, ks2, *w2, zpo, y, sc.bufs["counters"], out)),
+            ]
+        elif plan.path == "decode":
             # the decode activation is stored in T: the float32 slot viewed as T ([R, I] of it is used)
             act, spec, fam = sc.view("act", R).view(x.dtype), plan.specs["gemv"], gemv_fam.GemvFamily()
             steps += [

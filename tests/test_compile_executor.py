@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from qmoe_rtc.jit import get_cubin
+from qmoe_rtc.kernels.mma import unsupported_reason
 from qmoe_rtc.specialize import Layout, ModelConfig, modules_for
 
 L = Layout
@@ -25,7 +26,27 @@ LAYOUTS = [
     (L(dtype="float32", fc1_bits=3, fc2_bits=4, block_size=0, activation="relu2"), 100, 36),  # K % 32 != 0
     (L(dtype="bfloat16", fc1_bits=4, fc2_bits=2, block_size=16, activation="gelu"), 128, 64),
     (L(dtype="float16", fc1_bits=8, fc2_bits=3, block_size=128, activation="identity", fc2_zp="packed"), 256, 256),
+    (L(dtype="bfloat16", fc1_bits=8, fc2_bits=1, fc3_bits=8, has_fc3=True, block_size=32, activation="gelu",
+       fc1_zp="packed"), 256, 128),
+    (L(dtype="float16", fc1_bits=2, fc2_bits=8, block_size=16, activation="relu", fc2_zp="packed"), 256, 96),
 ]
+
+
+def test_mma_eligibility():
+    """Which layouts the tensor-core decode kernels take, and the reason given for the others."""
+    ok = L(dtype="float16", fc1_bits=4, fc2_bits=4, block_size=128, activation="swiglu", swiglu_fusion=1)
+    assert unsupported_reason(ok, 2048, 768) is None
+    assert unsupported_reason(L(dtype="bfloat16", fc1_bits=8, fc2_bits=1, block_size=0, activation="relu")) is None
+    cases = [
+        (L(dtype="float32", fc1_bits=4, fc2_bits=4, activation="relu"), "float32"),
+        (L(dtype="float16", fc1_bits=3, fc2_bits=4, activation="relu"), "3-bit"),
+        (L(dtype="float16", fc1_bits=4, fc2_bits=4, fc3_bits=8, has_fc3=True, activation="silu"), "FC3"),
+        (L(dtype="float16", fc1_bits=4, fc2_bits=4, fc1_zp="offset", activation="relu"), "zero_point_offset"),
+        (L(dtype="bfloat16", fc1_bits=1, fc2_bits=4, block_size=16, activation="relu"), "block_size 16"),
+    ]
+    for layout, word in cases:
+        assert word in unsupported_reason(layout, 256, 128), layout
+    assert "multiples of 32" in unsupported_reason(ok, 100, 64)
 
 
 EXPECTED_KERNELS = {
@@ -33,6 +54,7 @@ EXPECTED_KERNELS = {
     "group": {"group_by_expert"},
     "gemv": {"fc1", "fc2_combine"},
     "gemm": {"fc1_bm16", "fc2_bm16", "fc1_bm64", "fc2_bm64", "combine"},
+    "mma": {f"fc{i}_ng{g}" for i in (1, 2) for g in (1, 2, 4)},
 }
 
 
@@ -40,8 +62,9 @@ EXPECTED_KERNELS = {
 @pytest.mark.parametrize("layout,hidden,inter", LAYOUTS, ids=[f"{l.name}-H{h}-I{i}" for l, h, i in LAYOUTS])
 def test_executor_modules_compile(cache, arch, layout, hidden, inter):
     cfg = ModelConfig(hidden=hidden, inter=inter, experts=8, k=2, layout=layout)
-    specs = modules_for(cfg, families=("route", "group", "gemv", "gemm"))
-    assert {s.family for s in specs} == {"route", "group", "gemv", "gemm"}
+    specs = modules_for(cfg, families=("route", "group", "gemv", "gemm", "mma"))
+    tc = unsupported_reason(layout, hidden, inter) is None
+    assert {s.family for s in specs} == {"route", "group", "gemv", "gemm"} | ({"mma"} if tc else set())
     for spec in specs:
         mod = get_cubin(spec, arch)
         assert mod.cubin[:4] == b"\x7fELF", spec.name  # SASS cubin, never PTX

@@ -31,7 +31,7 @@ template <typename LT, typename WT, bool HAS_RW, bool SPARSE>
 __global__ void __launch_bounds__(kRouteThreads)
 route_topk(const LT* __restrict__ logits, const WT* __restrict__ router_weights, i32 rows, i32 E, i32 k,
            i32 normalize, i32* __restrict__ topk_ids, float* __restrict__ topk_w) {
-  __shared__ u32 keys[kRouteMaxExperts];
+  __shared__ __align__(16) u32 keys[kRouteMaxExperts];
   __shared__ float vals[kRouteMaxExperts];
   __shared__ float red[kRouteThreads / 32];
   __shared__ i32 sel_id[kRouteMaxK];
@@ -63,12 +63,20 @@ route_topk(const LT* __restrict__ logits, const WT* __restrict__ router_weights,
     ke[j] = e < E ? keys[e] : 0u;
     rank[j] = 0;
   }
+  // keys past E read as 0 (the smallest key; a later index): they never rank before a real expert
+  if (tid < 3 && E + tid < kRouteMaxExperts) keys[E + tid] = 0u;
+  __syncthreads();
   const int used = (E + kRouteThreads - 1) / kRouteThreads;
-  for (i32 o = 0; o < E; ++o) {
-    const u32 ko = keys[o];  // same address in every thread: a broadcast
+  for (i32 o = 0; o < E; o += 4) {
+    const uint4 k4 = *reinterpret_cast<const uint4*>(keys + o);  // same address in every thread: a broadcast
+    const u32 ko[4] = {k4.x, k4.y, k4.z, k4.w};
 #pragma unroll
-    for (int j = 0; j < kRoutePerThread; ++j)
-      if (j < used) rank[j] += (ko > ke[j]) | ((ko == ke[j]) & (o < tid + kRouteThreads * j));
+    for (int j = 0; j < kRoutePerThread; ++j) {
+      if (j >= used) continue;
+      const i32 e = tid + kRouteThreads * j;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) rank[j] += (ko[q] > ke[j]) | ((ko[q] == ke[j]) & (o + q < e));
+    }
   }
 #pragma unroll
   for (int j = 0; j < kRoutePerThread; ++j)

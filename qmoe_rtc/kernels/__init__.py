@@ -15,8 +15,8 @@ from ..errors import QMoEUnsupportedError
 
 __all__ = ["BUILTIN_FAMILIES", "register", "unregister", "get_family", "family_names"]
 
-#: Built-in families in a stable order: dequant (tests, fallback) and the executor's four.
-BUILTIN_FAMILIES: tuple[str, ...] = ("dequant", "route", "group", "gemv", "gemm")
+#: Built-in families in a stable order: dequant (tests, fallback) and the executor's five.
+BUILTIN_FAMILIES: tuple[str, ...] = ("dequant", "route", "group", "gemv", "gemm", "mma")
 
 _lock = threading.RLock()
 _registry: dict = {}

@@ -1,0 +1,465 @@
+// moe_mma.cuh: the tensor-core decode path (float16 / bfloat16 activations, 1/2/4/8-bit weights).
+//
+// Expert-grouped: a block belongs to (row tile, route r); it works only if r is the first route of
+// its expert e = ids[r] and then serves every route of e (found by scanning the R route ids in the
+// block), so each expert's weights are read once however many tokens chose it. Blocks of the other
+// routes of e exit at once. No grouping pass, no extra launch.
+//
+//   x        [rows, H]         T     input rows (route r reads row r / k)
+//   ids, wts [R]               i32, f32   routes (route_topk), R = rows·k <= kMmaMaxRoutes
+//   W1       [E, N1, H·b/8]    u8    N1 = F·I (+ scales [E, N1(, H/blk)], zero points, bias [E, N1] f32)
+//   W3       [E, I, H·b/8]     u8    GATE_FC3 only, same bit width as W1
+//   act      [R, I]            T     fc1_mma out (activation rounded to T), fc2_mma_combine in
+//   W2       [E, H, I·b/8]     u8
+//   y        [R, H]            f32   wts[r]·(act[r]·W2[e]ᵀ + b2[e]) of every route
+//   counters [ceil(H/rows per block)] u32, zero between calls: blocks done per H tile
+//   out      [rows, H]         T     Σ_slot y[row·k + slot] in slot order, rounded once (last block of a tile)
+//
+// Warp tile = one mma.sync m16n8k16 (f32 accumulate): A = 16 weight rows × 16 codes dequantized
+// exactly in registers, B = 16 activations × 8 routes, C = 16 rows × 8 routes. K is walked in
+// chunks of 128 codes; lane (g, t) = (lane / 4, lane % 4) loads 32 consecutive codes of rows g and
+// g + 8 (one 16-byte load per row for 4-bit) and the matching 32 activations of route g. The mma's
+// k index is mapped onto those codes in the order the dequantization produces them (pairs of codes
+// 16/b apart), and the activations are permuted the same way, so no shuffle is needed.
+// Dequantization: (magic | q) − (magic + zp) is exact in f16 (magic 1024) and bf16 (magic 128, q < 128),
+// then × scale rounded once to T (like any dequantize-to-T engine). bf16 with 8-bit codes goes
+// through float32 ((2^23 | q) − (2^23 + zp)) · scale, rounded once.
+//
+// A block = 4 warps = MT row tiles × KS slices of K (MT·KS = 4, KS a launch argument); the KS
+// partial sums are added in a fixed order (deterministic). A route group of 8·NG routes shares the
+// dequantized A fragments; experts with more routes take several passes.
+#pragma once
+
+#include "dequant.cuh"
+#include "moe_act.cuh"
+#include "moe_dot.cuh"
+#include "types.cuh"
+
+namespace qmoe {
+
+constexpr int kMmaWarps = 4;
+constexpr int kMmaThreads = 32 * kMmaWarps;
+constexpr int kMmaMaxRoutes = 512;  // route ids a block scans (R = rows·k)
+constexpr int kMmaChunk = 128;      // codes of K per warp step (4 lanes × 32)
+constexpr int kMmaPrefetchRoutes = 64;  // up to this many routes, blocks warm L2 before the route scan
+constexpr int kMmaPrefetchChunks = 4;   // chunks of the lane rows warmed per warp
+
+// Two values of T in one u32: exact integer codes, scale multiply, mma.
+template <typename T> struct Pair2;
+
+template <> struct Pair2<__half> {
+  static constexpr u32 kMagic = 0x64006400u;  // half2(1024, 1024): (magic | q) = 1024 + q, q < 1024
+  static constexpr float kMagicF = 1024.0f;
+  static constexpr u32 kMagicByte = 0x64646464u;
+  static __device__ __forceinline__ u32 splat(float v) {
+    const __half2 h = __float2half2_rn(v);
+    return *reinterpret_cast<const u32*>(&h);
+  }
+  static __device__ __forceinline__ u32 pack(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const u32*>(&h);
+  }
+  static __device__ __forceinline__ u32 sub_mul(u32 a, u32 zpm, u32 sc) {  // (a - zpm) * sc
+    u32 d;
+    asm("sub.f16x2 %0, %1, %2;\n\tmul.f16x2 %0, %0, %3;" : "=&r"(d) : "r"(a), "r"(zpm), "r"(sc));
+    return d;
+  }
+  static __device__ __forceinline__ void mma(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+template <> struct Pair2<__nv_bfloat16> {
+  static constexpr u32 kMagic = 0x43004300u;  // bf16x2(128, 128): (magic | q) = 128 + q, q < 128
+  static constexpr float kMagicF = 128.0f;
+  static constexpr u32 kMagicByte = 0;  // 8-bit codes go through float32
+  static __device__ __forceinline__ u32 splat(float v) {
+    const __nv_bfloat162 h = __float2bfloat162_rn(v);
+    return *reinterpret_cast<const u32*>(&h);
+  }
+  static __device__ __forceinline__ u32 pack(float lo, float hi) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const u32*>(&h);
+  }
+  static __device__ __forceinline__ u32 sub_mul(u32 a, u32 zpm, u32 sc) {  // fma forms exist on sm_80
+    u32 d;
+    asm("fma.rn.bf16x2 %0, %1, %4, %2;\n\tfma.rn.bf16x2 %0, %0, %3, %5;"
+        : "=&r"(d) : "r"(a), "r"(zpm ^ 0x80008000u), "r"(sc), "r"(0x3F803F80u), "r"(0x80008000u));
+    return d;
+  }
+  static __device__ __forceinline__ void mma(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+// Dequantization coefficients of one row over one lane's 32 codes (two when BLOCK == 16).
+struct Coef {
+  u32 zpm;  // T2 splat of magic + zp   (float32 path: unused)
+  u32 sc;   // T2 splat of scale
+  float zpf;  // float32 path: 2^23 + zp
+  float scf;  // float32 path: scale
+};
+
+template <typename T, int B> struct MmaDeq {
+  static constexpr bool kF32 = B == 8 && Pair2<T>::kMagicByte == 0;  // bf16 with 8-bit codes
+  static constexpr int kPairsPerWord = 16 / B;                         // pair i = codes (c, c + 16/B)
+  static constexpr int kCodesPerWord = 32 / B;
+
+  static __device__ __forceinline__ Coef coef(ScaleZp s) {
+    Coef c;
+    if constexpr (kF32) {
+      c.zpf = 8388608.0f + s.zp;
+      c.scf = s.scale;
+      c.zpm = c.sc = 0;
+    } else {
+      c.zpm = Pair2<T>::splat(Pair2<T>::kMagicF + s.zp);
+      c.sc = Pair2<T>::splat(s.scale);
+      c.zpf = c.scf = 0.0f;
+    }
+    return c;
+  }
+  static __device__ __forceinline__ Coef zero() {
+    Coef c;
+    c.zpm = kF32 ? 0u : Pair2<T>::kMagic;
+    c.sc = 0u;
+    c.zpf = 8388608.0f;
+    c.scf = 0.0f;
+    return c;
+  }
+  // First code of pair i within the lane's 32 codes (the second is 16/B further).
+  static __device__ __forceinline__ constexpr int first_code(int i) {
+    return (i / kPairsPerWord) * kCodesPerWord + i % kPairsPerWord;
+  }
+  // Pair i (0..15) of the lane's 32 codes as T2: ((q - zp) * scale) for codes (c, c + 16/B).
+  static __device__ __forceinline__ u32 pair(const u32 (&w)[B], int i, const Coef& cf) {
+    const int word = i / kPairsPerWord, j = i % kPairsPerWord;
+    if constexpr (kF32) {
+      const u32 lo = __byte_perm(w[word], 0x4B000000u, 0x7440 + j);
+      const u32 hi = __byte_perm(w[word], 0x4B000000u, 0x7442 + j);
+      return Pair2<T>::pack((__int_as_float(lo) - cf.zpf) * cf.scf, (__int_as_float(hi) - cf.zpf) * cf.scf);
+    } else {
+      u32 v;
+      if constexpr (B == 8) v = __byte_perm(w[word], Pair2<T>::kMagicByte, 0x4240 + 0x101 * j);
+      else v = ((w[word] >> (B * j)) & (((1u << B) - 1u) * 0x00010001u)) | Pair2<T>::kMagic;
+      return Pair2<T>::sub_mul(v, cf.zpm, cf.sc);
+    }
+  }
+  // The activations of pair i: (x[c], x[c + 16/B]) from the lane's 32 activations xw (16 words).
+  static __device__ __forceinline__ u32 x_pair(const u32 (&xw)[16], int i) {
+    const int c1 = first_code(i), c2 = c1 + kPairsPerWord;
+    const u32 lo = (c1 & 1) * 2, hi = 4 + (c2 & 1) * 2;
+    return __byte_perm(xw[c1 >> 1], xw[c2 >> 1], lo | ((lo + 1) << 4) | (hi << 8) | ((hi + 1) << 12));
+  }
+};
+
+// The routes of one expert. Every block loads the R ids into shared memory; the block of route r
+// proceeds only if no earlier route has the same expert, and then lists (in route order) every
+// route of that expert.
+struct ExpertRoutes {
+  i32 e;     // expert of route blockIdx.y
+  i32 n;     // routes listed (0: this block is a duplicate and has nothing to do)
+};
+
+__device__ __forceinline__ ExpertRoutes collect_routes(const i32* __restrict__ ids, i32 R, i32* s_ids, i32* s_list,
+                                                       i32* s_n) {
+  const i32 r = blockIdx.y;
+  for (i32 q = threadIdx.x; q < R; q += kMmaThreads) s_ids[q] = ids[q];
+  __syncthreads();
+  const i32 e = s_ids[r];
+  bool dup = false;
+  for (i32 q = threadIdx.x; q < r; q += kMmaThreads) dup |= s_ids[q] == e;
+  if (__syncthreads_or(dup)) return ExpertRoutes{e, 0};
+  if (threadIdx.x < 32) {
+    const u32 lane = threadIdx.x;
+    i32 n = 0;
+    for (i32 base = r; base < R; base += 32) {
+      const i32 q = base + (i32)lane;
+      const bool hit = q < R && s_ids[q] == e;
+      const u32 m = __ballot_sync(0xffffffffu, hit);
+      if (hit) s_list[n + __popc(m & ((1u << lane) - 1u))] = q;
+      n += __popc(m);
+    }
+    if (lane == 0) *s_n = n;
+  }
+  __syncthreads();
+  return ExpertRoutes{e, *s_n};
+}
+
+// One pipeline stage of a warp: KST chunks of 128 codes of its two lane rows, loaded (not decoded).
+// KST = 8/B keeps a stage at 2 KiB per warp (16 registers of codes per lane) for every bit width.
+template <int B, class QA, class QB> struct MmaStage {
+  static constexpr int KST = B >= 8 ? 1 : 8 / B;
+  static constexpr int NSB = QA::kBlock == 16 ? 2 : 1;  // scale blocks in a lane's 32 codes
+  u32 ra[KST][B], rb[KST][B];
+  typename QA::Raw sa[KST][NSB];
+  typename QB::Raw sb[KST][NSB];
+};
+
+// Warms L2 with the first `chunks` chunks of the lane's two rows (no registers held): issued before
+// the route scan so the weights are on their way while the block finds its routes.
+template <int B> __device__ __forceinline__ void prefetch_rows(const u8* pa, const u8* pb, i32 K, i32 ks, i32 KS,
+                                                               i32 chunks) {
+  const i32 t = threadIdx.x & 3, nch = (K + kMmaChunk - 1) / kMmaChunk;
+  for (i32 i = 0, c = ks; i < chunks && c < nch; ++i, c += KS) {
+    const i32 k0 = c * kMmaChunk + 32 * t;
+    if (k0 >= K) break;
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(pa + (i64)(k0 / 32) * (4 * B)));
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(pb + (i64)(k0 / 32) * (4 * B)));
+  }
+}
+
+// One warp's product over its K slice (chunks ks, ks + KS, ...): acc[ng] (C fragments) +=
+// W[rows na, nb] · x[routes]ᵀ. pa, pb: the lane rows' packed codes (K·B/8 bytes each); qa, qb their
+// quant params; xrow[ng]: the activation row of route group ng's lane route, or null.
+// Two stages in registers: the next stage's loads are in flight while this one is computed.
+template <typename T, int B, int NG, class QA, class QB, typename XT>
+__device__ __forceinline__ void mma_rows(const QA& qa, const u8* __restrict__ pa, i32 na, const QB& qb,
+                                         const u8* __restrict__ pb, i32 nb, i32 e, const XT* const (&xrow)[NG],
+                                         i32 K, i32 ks, i32 KS, float (&acc)[NG][4]) {
+  using D = MmaDeq<T, B>;
+  using St = MmaStage<B, QA, QB>;
+  constexpr int KST = St::KST, NSB = St::NSB;
+  const i32 t = threadIdx.x & 3;
+  const i32 nch = (K + kMmaChunk - 1) / kMmaChunk;
+  const i32 step = KS * KST;  // chunks a warp advances per stage
+
+  auto load = [&](St& st, i32 c0) {
+#pragma unroll
+    for (int u = 0; u < KST; ++u) {
+      const i32 c = c0 + u * KS, k0 = c * kMmaChunk + 32 * t;
+      if (c < nch && k0 < K) {
+        load_chunk32<B>(pa + (i64)(k0 / 32) * (4 * B), st.ra[u]);
+        load_chunk32<B>(pb + (i64)(k0 / 32) * (4 * B), st.rb[u]);
+#pragma unroll
+        for (int h = 0; h < NSB; ++h) {
+          st.sa[u][h] = qa.load_raw(e, na, QA::block_of(k0 + 16 * h));
+          st.sb[u][h] = qb.load_raw(e, nb, QB::block_of(k0 + 16 * h));
+        }
+      }
+    }
+  };
+  auto compute = [&](const St& st, i32 c0) {
+#pragma unroll
+    for (int u = 0; u < KST; ++u) {
+      const i32 c = c0 + u * KS, k0 = c * kMmaChunk + 32 * t;
+      if (c >= nch) break;  // warp-uniform
+      const bool live = k0 < K;  // lanes past K (K % 128 != 0) contribute zeros
+      Coef ca[NSB], cb[NSB];
+#pragma unroll
+      for (int h = 0; h < NSB; ++h) {
+        const i32 j = live ? QA::block_of(k0 + 16 * h) : 0;
+        ca[h] = live ? D::coef(qa.decode_raw(st.sa[u][h], na, j)) : D::zero();
+        cb[h] = live ? D::coef(qb.decode_raw(st.sb[u][h], nb, j)) : D::zero();
+      }
+      u32 a[8][4];
+#pragma unroll
+      for (int s = 0; s < 8; ++s) {
+        const int h0 = NSB == 2 ? D::first_code(2 * s) / 16 : 0, h1 = NSB == 2 ? D::first_code(2 * s + 1) / 16 : 0;
+        a[s][0] = D::pair(st.ra[u], 2 * s, ca[h0]);
+        a[s][1] = D::pair(st.rb[u], 2 * s, cb[h0]);
+        a[s][2] = D::pair(st.ra[u], 2 * s + 1, ca[h1]);
+        a[s][3] = D::pair(st.rb[u], 2 * s + 1, cb[h1]);
+      }
+#pragma unroll
+      for (int g = 0; g < NG; ++g) {
+        u32 xw[16];
+        if (xrow[g] != nullptr && live) {
+          const uint4* px = reinterpret_cast<const uint4*>(xrow[g] + k0);
+#pragma unroll
+          for (int v = 0; v < 4; ++v) {
+            const uint4 q = __ldg(px + v);
+            xw[4 * v] = q.x; xw[4 * v + 1] = q.y; xw[4 * v + 2] = q.z; xw[4 * v + 3] = q.w;
+          }
+        } else {
+#pragma unroll
+          for (int v = 0; v < 16; ++v) xw[v] = 0u;
+        }
+#pragma unroll
+        for (int s = 0; s < 8; ++s) Pair2<T>::mma(acc[g], a[s], D::x_pair(xw, 2 * s), D::x_pair(xw, 2 * s + 1));
+      }
+    }
+  };
+
+  St s0, s1;
+  i32 c = ks;
+  if (c < nch) load(s0, c);
+  while (c < nch) {  // ping-pong: s0 computed while s1 loads, then the other way round
+    if (c + step < nch) load(s1, c + step);
+    compute(s0, c);
+    c += step;
+    if (c >= nch) break;
+    if (c + step < nch) load(s0, c + step);
+    compute(s1, c);
+    c += step;
+  }
+}
+
+// Adds the KS slices' C fragments into the slice-0 warps (fixed order). red: kMmaWarps·NG·4·32 floats.
+template <int NG> __device__ __forceinline__ void reduce_slices(float (&acc)[NG][4], i32 mt, i32 ks, i32 MT, i32 KS,
+                                                                float* red) {
+  if (KS == 1) return;
+  const i32 lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  if (ks > 0) {
+#pragma unroll
+    for (int g = 0; g < NG; ++g)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) red[((w * NG + g) * 4 + v) * 32 + lane] = acc[g][v];
+  }
+  __syncthreads();
+  if (ks == 0) {
+    for (i32 s = 1; s < KS; ++s) {
+      const i32 ws = s * MT + mt;
+#pragma unroll
+      for (int g = 0; g < NG; ++g)
+#pragma unroll
+        for (int v = 0; v < 4; ++v) acc[g][v] += red[((ws * NG + g) * 4 + v) * 32 + lane];
+    }
+  }
+  __syncthreads();
+}
+
+// Rows per 16-row warp tile: gated FC1 = 8 outputs (rows g: gate, g + 8: linear); else 16 outputs.
+template <int GATE, typename T, typename ScaleT, int B1, int Z1, int Z3, int BLOCK, int ACT, int NG>
+__global__ void __launch_bounds__(kMmaThreads, 4)
+fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 H, i32 I, i32 KS,
+        const u8* __restrict__ w1, const ScaleT* __restrict__ s1, const u8* __restrict__ z1, const float* __restrict__ b1,
+        const u8* __restrict__ w3, const ScaleT* __restrict__ s3, const u8* __restrict__ z3, const float* __restrict__ b3,
+        float zp_offset, float alpha, float beta, float limit, i32 limit_after, T* __restrict__ act) {
+  __shared__ i32 s_ids[kMmaMaxRoutes], s_list[kMmaMaxRoutes], s_n;
+  __shared__ float red[kMmaWarps * NG * 4 * 32];
+  constexpr bool kGated = GATE != GATE_NONE;
+  constexpr bool kFused = GATE == GATE_FUSED1 || GATE == GATE_FUSED2;
+  constexpr int kOutPerTile = kGated ? 8 : 16;
+  const ActParams ap{alpha, beta, limit, limit_after};
+  const i32 e = ids[blockIdx.y];
+  const i32 N1 = kFused ? 2 * I : I;
+  const QuantParams<ScaleT, B1, BLOCK, Z1> q1{s1, z1, zp_offset, N1, H};
+  const QuantParams<ScaleT, B1, BLOCK, Z3> q3{s3, z3, zp_offset, I, H};
+  const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const i32 MT = kMmaWarps / KS, mt = warp % MT, ks = warp / MT;
+  const i32 g = lane >> 2, t = lane & 3;
+  const i32 o0 = (blockIdx.x * MT + mt) * kOutPerTile;
+  // lane rows: gated: gate and linear row of output o0 + g; plain: outputs o0 + g, o0 + g + 8 (clamped:
+  // computed, never stored)
+  const i32 oa = min(o0 + g, I - 1), ob = kGated ? oa : min(o0 + g + 8, I - 1);
+  i32 na, nb;
+  if constexpr (GATE == GATE_FUSED1) { na = 2 * oa; nb = 2 * oa + 1; }
+  else if constexpr (GATE == GATE_FUSED2) { na = oa; nb = I + oa; }
+  else { na = oa; nb = ob; }
+  const i64 row_bytes = packed_bytes<B1>(H);
+  const u8* pa = w1 + ((i64)e * N1 + na) * row_bytes;
+  const u8* pb = GATE == GATE_FC3 ? w3 + ((i64)e * I + nb) * row_bytes : w1 + ((i64)e * N1 + nb) * row_bytes;
+  if (R <= kMmaPrefetchRoutes) prefetch_rows<B1>(pa, pb, H, ks, KS, kMmaPrefetchChunks);
+  const ExpertRoutes er = collect_routes(ids, R, s_ids, s_list, &s_n);
+  if (er.n == 0) return;
+
+  for (i32 p = 0; p < er.n; p += 8 * NG) {
+    const T* xrow[NG];
+#pragma unroll
+    for (int gg = 0; gg < NG; ++gg) {
+      const i32 j = p + 8 * gg + g;
+      xrow[gg] = j < er.n ? x + (i64)(s_list[j] / k) * H : nullptr;
+    }
+    float acc[NG][4] = {};
+    mma_rows<T, B1, NG>(q1, pa, na, q3, pb, nb, e, xrow, H, ks, KS, acc);
+    reduce_slices<NG>(acc, mt, ks, MT, KS, red);
+    if (ks == 0) {
+#pragma unroll
+      for (int gg = 0; gg < NG; ++gg) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const i32 j = p + 8 * gg + 2 * t + c;
+          if (j >= er.n) continue;
+          const i64 r = s_list[j];
+          const float ha = acc[gg][c], hb = acc[gg][2 + c];  // rows g, g + 8
+          if constexpr (kGated) {
+            const i32 o = o0 + g;
+            if (o < I) {
+              const float gate = ha + (b1 ? b1[(i64)e * N1 + na] : 0.0f);
+              float lin = hb;
+              if constexpr (GATE == GATE_FC3) lin += b3 ? b3[(i64)e * I + nb] : 0.0f;
+              else lin += b1 ? b1[(i64)e * N1 + nb] : 0.0f;
+              act[r * I + o] = Traits<T>::from_float(act_gated<ACT>(gate, lin, ap));
+            }
+          } else {
+            if (o0 + g < I) act[r * I + o0 + g] = Traits<T>::from_float(act1<ACT>(ha + (b1 ? b1[(i64)e * N1 + na] : 0.0f)));
+            if (o0 + g + 8 < I)
+              act[r * I + o0 + g + 8] = Traits<T>::from_float(act1<ACT>(hb + (b1 ? b1[(i64)e * N1 + nb] : 0.0f)));
+          }
+        }
+      }
+    }
+  }
+}
+
+template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, int NG>
+__global__ void __launch_bounds__(kMmaThreads, 4)
+fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const float* __restrict__ wts, i32 R, i32 k,
+                i32 H, i32 I, i32 KS, const u8* __restrict__ w2, const ScaleT* __restrict__ s2,
+                const u8* __restrict__ z2, const float* __restrict__ b2, float zp_offset, float* __restrict__ y,
+                u32* __restrict__ counters, T* __restrict__ out) {
+  __shared__ i32 s_ids[kMmaMaxRoutes], s_list[kMmaMaxRoutes], s_n;
+  __shared__ float red[kMmaWarps * NG * 4 * 32];
+  __shared__ bool s_last;
+  const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const i32 MT = kMmaWarps / KS, mt = warp % MT, ks = warp / MT;
+  const i32 g = lane >> 2, t = lane & 3;
+  const i32 e = ids[blockIdx.y];
+  const i32 n0 = (blockIdx.x * MT + mt) * 16;
+  const i32 na = min(n0 + g, H - 1), nb = min(n0 + g + 8, H - 1);
+  const QuantParams<ScaleT, B2, BLOCK, Z2> q2{s2, z2, zp_offset, H, I};
+  const i64 row_bytes = packed_bytes<B2>(I);
+  const u8* pa = w2 + ((i64)e * H + na) * row_bytes;
+  const u8* pb = w2 + ((i64)e * H + nb) * row_bytes;
+  if (R <= kMmaPrefetchRoutes) prefetch_rows<B2>(pa, pb, I, ks, KS, kMmaPrefetchChunks);
+  const ExpertRoutes er = collect_routes(ids, R, s_ids, s_list, &s_n);
+  for (i32 p = 0; p < er.n; p += 8 * NG) {
+    const T* xrow[NG];
+#pragma unroll
+    for (int gg = 0; gg < NG; ++gg) {
+      const i32 j = p + 8 * gg + g;
+      xrow[gg] = j < er.n ? act + (i64)s_list[j] * I : nullptr;
+    }
+    float acc[NG][4] = {};
+    mma_rows<T, B2, NG>(q2, pa, na, q2, pb, nb, e, xrow, I, ks, KS, acc);
+    reduce_slices<NG>(acc, mt, ks, MT, KS, red);
+    if (ks == 0) {
+#pragma unroll
+      for (int gg = 0; gg < NG; ++gg) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const i32 j = p + 8 * gg + 2 * t + c;
+          if (j >= er.n) continue;
+          const i64 r = s_list[j];
+          const float wr = wts[r];
+          if (n0 + g < H) y[r * H + n0 + g] = wr * (acc[gg][c] + (b2 ? b2[(i64)e * H + na] : 0.0f));
+          if (n0 + g + 8 < H) y[r * H + n0 + g + 8] = wr * (acc[gg][2 + c] + (b2 ? b2[(i64)e * H + nb] : 0.0f));
+        }
+      }
+    }
+  }
+  // The last of the R blocks of this H tile adds the routes' y in slot order and resets the counter.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) s_last = atomicAdd(&counters[blockIdx.x], 1u) == (u32)(R - 1);
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  const i32 rows = R / k, tile = 16 * MT, h0 = blockIdx.x * tile;
+  for (i32 idx = threadIdx.x; idx < rows * tile; idx += kMmaThreads) {
+    const i32 row = idx / tile, n = h0 + idx % tile;
+    if (n >= H) continue;
+    float v = 0.0f;
+    for (i32 slot = 0; slot < k; ++slot) v += __ldcg(y + ((i64)row * k + slot) * H + n);
+    out[(i64)row * H + n] = Traits<T>::from_float(v);
+  }
+  if (threadIdx.x == 0) counters[blockIdx.x] = 0u;
+}
+
+}  // namespace qmoe
