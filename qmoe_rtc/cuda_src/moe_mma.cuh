@@ -367,7 +367,8 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
       xrow[gg] = j < er.n ? x + (i64)(s_list[j] / k) * H : nullptr;
     }
     float acc[NG][4] = {};
-    mma_rows<T, B1, NG>(q1, pa, na, q3, pb, nb, e, xrow, H, ks, KS, acc);
+    if constexpr (GATE == GATE_FC3) mma_rows<T, B1, NG>(q1, pa, na, q3, pb, nb, e, xrow, H, ks, KS, acc);
+    else mma_rows<T, B1, NG>(q1, pa, na, q1, pb, nb, e, xrow, H, ks, KS, acc);  // both rows from W1
     reduce_slices<NG>(acc, mt, ks, MT, KS, red);
     if (ks == 0) {
 #pragma unroll

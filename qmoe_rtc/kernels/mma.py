@@ -59,9 +59,12 @@ def route_groups(rows: int) -> int:
 def k_split(tiles: int, experts: int, K: int) -> int:
     """Warps of a block that split K (1, 2 or 4): the fewest that give about TARGET_WARPS warps,
     keeping at least two 128-code chunks per warp."""
+    import os
+
+    target = int(os.environ.get("QMOE_RTC_MMA_TARGET_WARPS", TARGET_WARPS))  # tuning experiments only
     chunks = (K + 127) // 128
     for ks in (1, 2, 4):
-        if tiles * experts * ks >= TARGET_WARPS or chunks < 2 * 2 * ks:
+        if tiles * experts * ks >= target or chunks < 2 * 2 * ks:
             return ks
     return 4
 
