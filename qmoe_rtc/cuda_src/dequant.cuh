@@ -33,6 +33,7 @@ template <typename ScaleT, int BITS, int BLOCK, int ZP> struct QuantParams {
   static constexpr int kBits = BITS;
   static constexpr int kBlock = BLOCK;
   static constexpr int kZp = ZP;
+  using Scale = ScaleT;
 
   const ScaleT* __restrict__ scales;
   const u8* __restrict__ zp;  // only read when ZP == ZP_PACKED
@@ -63,31 +64,19 @@ template <typename ScaleT, int BITS, int BLOCK, int ZP> struct QuantParams {
     return r;
   }
 
-  // fetch() split in two so a pipeline can issue the loads early and decode late (BITS 1/2/4/8:
-  // a zero-point code never straddles a byte). Raw: the stored scale and the byte holding the zp.
-  struct Raw {
-    ScaleT s;
-    u32 z;
-  };
-  __device__ __forceinline__ Raw load_raw(i32 e, i32 n, i32 j) const {
-    static_assert(8 % BITS == 0, "load_raw: 1/2/4/8-bit codes only");
-    const i64 row = (i64)e * N + n;
-    Raw r;
-    r.s = scales[row * blocks_per_row() + j];
-    r.z = 0;
-    if constexpr (ZP == ZP_PACKED) {
-      if constexpr (BLOCK == 0) r.z = zp[(i64)e * packed_bytes<BITS>(N) + (i64)n * BITS / 8];
-      else r.z = zp[row * packed_bytes<BITS>(blocks_per_row()) + (i64)j * BITS / 8];
-    }
-    return r;
+  // Where fetch() reads, for kernels that copy the bytes themselves (cp.async) and decode later
+  // (BITS 1/2/4/8: a zero-point code never straddles a byte).
+  __device__ __forceinline__ i64 scale_index(i32 e, i32 n, i32 j) const {
+    return ((i64)e * N + n) * blocks_per_row() + j;
   }
-  __device__ __forceinline__ ScaleZp decode_raw(Raw r, i32 n, i32 j) const {
-    ScaleZp o;
-    o.scale = Traits<ScaleT>::to_float(r.s);
-    if constexpr (ZP == ZP_NONE) o.zp = (float)(1u << (BITS - 1));
-    else if constexpr (ZP == ZP_OFFSET) o.zp = zp_offset;
-    else o.zp = (float)((r.z >> (((BLOCK == 0 ? n : j) * BITS) & 7)) & ((1u << BITS) - 1u));
-    return o;
+  __device__ __forceinline__ i64 zp_byte(i32 e, i32 n, i32 j) const {
+    static_assert(8 % BITS == 0, "zp_byte: 1/2/4/8-bit codes only");
+    if constexpr (BLOCK == 0) return (i64)e * packed_bytes<BITS>(N) + (i64)n * BITS / 8;
+    else return ((i64)e * N + n) * packed_bytes<BITS>(blocks_per_row()) + (i64)j * BITS / 8;
+  }
+  // zero point from the byte zp_byte(e, n, j) points at
+  static __device__ __forceinline__ float zp_from_byte(u32 byte, i32 n, i32 j) {
+    return (float)((byte >> (((BLOCK == 0 ? n : j) * BITS) & 7)) & ((1u << BITS) - 1u));
   }
 };
 

@@ -191,15 +191,40 @@ __device__ __forceinline__ ExpertRoutes collect_routes(const i32* __restrict__ i
   return ExpertRoutes{e, *s_n};
 }
 
-// One pipeline stage of a warp: KST chunks of 128 codes of its two lane rows, loaded (not decoded).
-// KST = 8/B keeps a stage at 2 KiB per warp (16 registers of codes per lane) for every bit width.
-template <int B, class QA, class QB> struct MmaStage {
+// Pipeline stages per warp (cp.async ring in dynamic shared memory).
+#ifndef QMOE_MMA_STAGES
+#define QMOE_MMA_STAGES 4
+#endif
+constexpr int kMmaStages = QMOE_MMA_STAGES;
+
+// One stage of a warp's ring: KST chunks of its two lane rows, as copied (not decoded).
+//   codes [KST][2 rows][32 lanes][4·B bytes]       (KST = 8/B: 2 KiB of codes per stage, any B)
+//   meta  [KST][2 rows][kWords][32 lanes] u32      the aligned words holding the lane's scale(s)
+//                                                  and zero-point byte (decoded at compute time)
+// Scale / zp words are the 4-byte-aligned words containing the element: they may reach up to 3
+// bytes past a tensor's last element, inside the same allocation granule (CuPy / torch allocate in
+// 512-byte units); those bytes are never used.
+template <int B, typename ScaleT, int BLOCK, bool ZPW> struct MmaStage {
   static constexpr int KST = B >= 8 ? 1 : 8 / B;
-  static constexpr int NSB = QA::kBlock == 16 ? 2 : 1;  // scale blocks in a lane's 32 codes
-  u32 ra[KST][B], rb[KST][B];
-  typename QA::Raw sa[KST][NSB];
-  typename QB::Raw sb[KST][NSB];
+  static constexpr int NSB = BLOCK == 16 ? 2 : 1;                        // scale blocks per lane chunk
+  static constexpr int kSW = (NSB == 2 && sizeof(ScaleT) == 4) ? 2 : 1;  // scale words
+  static constexpr int kWords = kSW + (ZPW ? 1 : 0);
+  static constexpr int kCodeBytes = 4 * B;  // per lane, row, chunk
+  static constexpr int kCodes = KST * 2 * 32 * kCodeBytes;
+  static constexpr int kBytes = kCodes + KST * 2 * kWords * 32 * 4;
 };
+
+__device__ __forceinline__ void cp_async(u32 dst, const void* src, int bytes, bool valid) {
+  const int n = valid ? bytes : 0;  // 0: zero-fill, nothing read
+  if (bytes == 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(n));
+  else if (bytes == 8)
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(dst), "l"(src), "r"(n));
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
 
 // Warms L2 with the first `chunks` chunks of the lane's two rows (no registers held): issued before
 // the route scan so the weights are on their way while the block finds its routes.
@@ -214,57 +239,132 @@ template <int B> __device__ __forceinline__ void prefetch_rows(const u8* pa, con
   }
 }
 
+// The launch must give kMmaWarps rings of kMmaStages stages (the host computes the same size:
+// kernels/mma.py ring_bytes); a smaller dynamic shared memory is a host bug: trap, never overrun.
+template <class Stage> __device__ __forceinline__ void check_ring_size() {
+  u32 have;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(have));
+  if (have < (u32)(kMmaWarps * kMmaStages * Stage::kBytes)) __trap();
+}
+
 // One warp's product over its K slice (chunks ks, ks + KS, ...): acc[ng] (C fragments) +=
 // W[rows na, nb] · x[routes]ᵀ. pa, pb: the lane rows' packed codes (K·B/8 bytes each); qa, qb their
 // quant params; xrow[ng]: the activation row of route group ng's lane route, or null.
-// Two stages in registers: the next stage's loads are in flight while this one is computed.
+// Weights, scales and zero points stream through a kMmaStages-deep cp.async ring per warp; each lane
+// reads back only what it copied, so no barrier is needed.
 template <typename T, int B, int NG, class QA, class QB, typename XT>
 __device__ __forceinline__ void mma_rows(const QA& qa, const u8* __restrict__ pa, i32 na, const QB& qb,
                                          const u8* __restrict__ pb, i32 nb, i32 e, const XT* const (&xrow)[NG],
-                                         i32 K, i32 ks, i32 KS, float (&acc)[NG][4]) {
+                                         i32 K, i32 ks, i32 KS, float (&acc)[NG][4], u8* ring) {
+  using ScaleT = typename QA::Scale;
+  constexpr bool kZpw = QA::kZp == ZP_PACKED || QB::kZp == ZP_PACKED;  // = the kernel's Stage
+  using St = MmaStage<B, ScaleT, QA::kBlock, kZpw>;
   using D = MmaDeq<T, B>;
-  using St = MmaStage<B, QA, QB>;
-  constexpr int KST = St::KST, NSB = St::NSB;
-  const i32 t = threadIdx.x & 3;
+  constexpr int KST = St::KST, NSB = St::NSB, CB = St::kCodeBytes;
+  const i32 lane = threadIdx.x & 31, t = lane & 3;
   const i32 nch = (K + kMmaChunk - 1) / kMmaChunk;
   const i32 step = KS * KST;  // chunks a warp advances per stage
+  const u32 ring0 = (u32)__cvta_generic_to_shared(ring);
 
-  auto load = [&](St& st, i32 c0) {
-#pragma unroll
-    for (int u = 0; u < KST; ++u) {
-      const i32 c = c0 + u * KS, k0 = c * kMmaChunk + 32 * t;
-      if (c < nch && k0 < K) {
-        load_chunk32<B>(pa + (i64)(k0 / 32) * (4 * B), st.ra[u]);
-        load_chunk32<B>(pb + (i64)(k0 / 32) * (4 * B), st.rb[u]);
-#pragma unroll
-        for (int h = 0; h < NSB; ++h) {
-          st.sa[u][h] = qa.load_raw(e, na, QA::block_of(k0 + 16 * h));
-          st.sb[u][h] = qb.load_raw(e, nb, QB::block_of(k0 + 16 * h));
-        }
-      }
-    }
-  };
-  auto compute = [&](const St& st, i32 c0) {
+  auto issue = [&](i32 slot, i32 c0) {
+    const u32 base = ring0 + slot * St::kBytes;
 #pragma unroll
     for (int u = 0; u < KST; ++u) {
       const i32 c = c0 + u * KS, k0 = c * kMmaChunk + 32 * t;
       if (c >= nch) break;  // warp-uniform
-      const bool live = k0 < K;  // lanes past K (K % 128 != 0) contribute zeros
+      const bool live = k0 < K;
+      const i64 off = live ? (i64)(k0 / 32) * CB : 0;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const u8* src = (r ? pb : pa) + off;
+        const u32 dst = base + ((u * 2 + r) * 32 + lane) * CB;
+#pragma unroll
+        for (int q = 0; q < (CB + 15) / 16; ++q) cp_async(dst + 16 * q, src + 16 * q, CB < 16 ? CB : 16, live);
+        const i32 n = r ? nb : na;
+        const u32 meta = base + St::kCodes + ((u * 2 + r) * St::kWords) * 128 + lane * 4;
+        const i32 j = live ? QA::block_of(k0) : 0;
+        const i64 si = r ? qb.scale_index(e, n, j) : qa.scale_index(e, n, j);
+        const ScaleT* sp = r ? qb.scales : qa.scales;
+        if constexpr (sizeof(ScaleT) == 4) {
+#pragma unroll
+          for (int w = 0; w < St::kSW; ++w) cp_async(meta + w * 128, sp + si + w, 4, live);
+        } else {
+          cp_async(meta, sp + (si & ~1ll), 4, live);
+        }
+        if constexpr (kZpw) {
+          const bool packed = r ? QB::kZp == ZP_PACKED : QA::kZp == ZP_PACKED;
+          const i64 zb = r ? qb.zp_byte(e, n, j) : qa.zp_byte(e, n, j);
+          const u8* zsrc = packed ? (r ? qb.zp : qa.zp) + (zb & ~3ll) : pa;
+          cp_async(meta + St::kSW * 128, zsrc, 4, live && packed);
+        }
+      }
+    }
+  };
+
+  // Coefficients of row r (0: na, 1: nb) for scale block h of chunk u, from the stage's meta words.
+  auto coef = [&](const u8* st, int u, int r, int h, i32 k0) -> Coef {
+    const i32 n = r ? nb : na;
+    const i32 j = QA::block_of(k0) + h;
+    const u32* meta = reinterpret_cast<const u32*>(st + St::kCodes) + ((u * 2 + r) * St::kWords) * 32 + lane;
+    ScaleZp sz;
+    if constexpr (sizeof(ScaleT) == 4) {
+      sz.scale = __uint_as_float(meta[(St::kSW == 2 ? h : 0) * 32]);
+    } else {
+      const i64 si = (r ? qb.scale_index(e, n, j) : qa.scale_index(e, n, j));
+      const u16 bits = (u16)(meta[0] >> (16 * (si & 1)));
+      ScaleT v;
+      *reinterpret_cast<u16*>(&v) = bits;
+      sz.scale = Traits<ScaleT>::to_float(v);
+    }
+    const int zmode = r ? QB::kZp : QA::kZp;
+    if (zmode == ZP_PACKED) {
+      const i64 zb = r ? qb.zp_byte(e, n, j) : qa.zp_byte(e, n, j);
+      const u32 byte = (meta[St::kSW * 32] >> (8 * (zb & 3))) & 0xffu;
+      sz.zp = r ? QB::zp_from_byte(byte, n, j) : QA::zp_from_byte(byte, n, j);
+    } else {
+      sz.zp = r ? (QB::kZp == ZP_NONE ? (float)(1u << (B - 1)) : qb.zp_offset)
+                : (QA::kZp == ZP_NONE ? (float)(1u << (B - 1)) : qa.zp_offset);
+    }
+    return D::coef(sz);
+  };
+
+  auto compute = [&](i32 slot, i32 c0) {
+    const u8* st = ring + slot * St::kBytes;
+#pragma unroll
+    for (int u = 0; u < KST; ++u) {
+      const i32 c = c0 + u * KS, k0 = c * kMmaChunk + 32 * t;
+      if (c >= nch) break;  // warp-uniform
+      const bool live = k0 < K;  // lanes past K (K % 128 != 0) hold zero-filled codes
+      u32 ra[B], rb[B];
+#pragma unroll
+      for (int q = 0; q < (CB + 15) / 16; ++q) {
+        const u8* pa_s = st + ((u * 2 + 0) * 32 + lane) * CB + 16 * q;
+        const u8* pb_s = st + ((u * 2 + 1) * 32 + lane) * CB + 16 * q;
+        if constexpr (CB >= 16) {
+          const uint4 va = *reinterpret_cast<const uint4*>(pa_s), vb = *reinterpret_cast<const uint4*>(pb_s);
+          ra[4 * q] = va.x; ra[4 * q + 1] = va.y; ra[4 * q + 2] = va.z; ra[4 * q + 3] = va.w;
+          rb[4 * q] = vb.x; rb[4 * q + 1] = vb.y; rb[4 * q + 2] = vb.z; rb[4 * q + 3] = vb.w;
+        } else if constexpr (CB == 8) {
+          const uint2 va = *reinterpret_cast<const uint2*>(pa_s), vb = *reinterpret_cast<const uint2*>(pb_s);
+          ra[0] = va.x; ra[1] = va.y; rb[0] = vb.x; rb[1] = vb.y;
+        } else {
+          ra[0] = *reinterpret_cast<const u32*>(pa_s); rb[0] = *reinterpret_cast<const u32*>(pb_s);
+        }
+      }
       Coef ca[NSB], cb[NSB];
 #pragma unroll
       for (int h = 0; h < NSB; ++h) {
-        const i32 j = live ? QA::block_of(k0 + 16 * h) : 0;
-        ca[h] = live ? D::coef(qa.decode_raw(st.sa[u][h], na, j)) : D::zero();
-        cb[h] = live ? D::coef(qb.decode_raw(st.sb[u][h], nb, j)) : D::zero();
+        ca[h] = live ? coef(st, u, 0, h, k0) : D::zero();
+        cb[h] = live ? coef(st, u, 1, h, k0) : D::zero();
       }
       u32 a[8][4];
 #pragma unroll
       for (int s = 0; s < 8; ++s) {
         const int h0 = NSB == 2 ? D::first_code(2 * s) / 16 : 0, h1 = NSB == 2 ? D::first_code(2 * s + 1) / 16 : 0;
-        a[s][0] = D::pair(st.ra[u], 2 * s, ca[h0]);
-        a[s][1] = D::pair(st.rb[u], 2 * s, cb[h0]);
-        a[s][2] = D::pair(st.ra[u], 2 * s + 1, ca[h1]);
-        a[s][3] = D::pair(st.rb[u], 2 * s + 1, cb[h1]);
+        a[s][0] = D::pair(ra, 2 * s, ca[h0]);
+        a[s][1] = D::pair(rb, 2 * s, cb[h0]);
+        a[s][2] = D::pair(ra, 2 * s + 1, ca[h1]);
+        a[s][3] = D::pair(rb, 2 * s + 1, cb[h1]);
       }
 #pragma unroll
       for (int g = 0; g < NG; ++g) {
@@ -286,18 +386,21 @@ __device__ __forceinline__ void mma_rows(const QA& qa, const u8* __restrict__ pa
     }
   };
 
-  St s0, s1;
-  i32 c = ks;
-  if (c < nch) load(s0, c);
-  while (c < nch) {  // ping-pong: s0 computed while s1 loads, then the other way round
-    if (c + step < nch) load(s1, c + step);
-    compute(s0, c);
-    c += step;
-    if (c >= nch) break;
-    if (c + step < nch) load(s0, c + step);
-    compute(s1, c);
-    c += step;
+  // ring: stage i lives in slot i % S; S - 1 stages in flight while one is computed
+  constexpr int S = kMmaStages;
+#pragma unroll
+  for (int i = 0; i < S - 1; ++i) {
+    if (ks + i * step < nch) issue(i, ks + i * step);
+    cp_async_commit();  // empty groups keep the count uniform
   }
+  for (i32 i = 0, c = ks; c < nch; ++i, c += step) {
+    cp_async_wait<S - 2>();  // stage i has landed (this lane's copies)
+    const i32 cn = c + (S - 1) * step;
+    if (cn < nch) issue((i + S - 1) % S, cn);  // the slot computed in iteration i - 1
+    cp_async_commit();
+    compute(i % S, c);
+  }
+  cp_async_wait<0>();
 }
 
 // Adds the KS slices' C fragments into the slice-0 warps (fixed order). red: kMmaWarps·NG·4·32 floats.
@@ -333,6 +436,9 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
         float zp_offset, float alpha, float beta, float limit, i32 limit_after, T* __restrict__ act) {
   __shared__ i32 s_ids[kMmaMaxRoutes], s_list[kMmaMaxRoutes], s_n;
   __shared__ float red[kMmaWarps * NG * 4 * 32];
+  extern __shared__ __align__(16) u8 dyn_smem[];
+  using Stage = MmaStage<B1, ScaleT, BLOCK, Z1 == ZP_PACKED || (GATE == GATE_FC3 && Z3 == ZP_PACKED)>;
+  check_ring_size<Stage>();
   constexpr bool kGated = GATE != GATE_NONE;
   constexpr bool kFused = GATE == GATE_FUSED1 || GATE == GATE_FUSED2;
   constexpr int kOutPerTile = kGated ? 8 : 16;
@@ -367,8 +473,9 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
       xrow[gg] = j < er.n ? x + (i64)(s_list[j] / k) * H : nullptr;
     }
     float acc[NG][4] = {};
-    if constexpr (GATE == GATE_FC3) mma_rows<T, B1, NG>(q1, pa, na, q3, pb, nb, e, xrow, H, ks, KS, acc);
-    else mma_rows<T, B1, NG>(q1, pa, na, q1, pb, nb, e, xrow, H, ks, KS, acc);  // both rows from W1
+    u8* ring = dyn_smem + warp * kMmaStages * Stage::kBytes;
+    if constexpr (GATE == GATE_FC3) mma_rows<T, B1, NG>(q1, pa, na, q3, pb, nb, e, xrow, H, ks, KS, acc, ring);
+    else mma_rows<T, B1, NG>(q1, pa, na, q1, pb, nb, e, xrow, H, ks, KS, acc, ring);  // both rows from W1
     reduce_slices<NG>(acc, mt, ks, MT, KS, red);
     if (ks == 0) {
 #pragma unroll
@@ -408,6 +515,9 @@ fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const fl
   __shared__ i32 s_ids[kMmaMaxRoutes], s_list[kMmaMaxRoutes], s_n;
   __shared__ float red[kMmaWarps * NG * 4 * 32];
   __shared__ bool s_last;
+  extern __shared__ __align__(16) u8 dyn_smem[];
+  using Stage = MmaStage<B2, ScaleT, BLOCK, Z2 == ZP_PACKED>;
+  check_ring_size<Stage>();
   const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const i32 MT = kMmaWarps / KS, mt = warp % MT, ks = warp / MT;
   const i32 g = lane >> 2, t = lane & 3;
@@ -428,7 +538,8 @@ fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const fl
       xrow[gg] = j < er.n ? act + (i64)s_list[j] * I : nullptr;
     }
     float acc[NG][4] = {};
-    mma_rows<T, B2, NG>(q2, pa, na, q2, pb, nb, e, xrow, I, ks, KS, acc);
+    u8* ring = dyn_smem + warp * kMmaStages * Stage::kBytes;
+    mma_rows<T, B2, NG>(q2, pa, na, q2, pb, nb, e, xrow, I, ks, KS, acc, ring);
     reduce_slices<NG>(acc, mt, ks, MT, KS, red);
     if (ks == 0) {
 #pragma unroll

@@ -25,6 +25,25 @@ MAX_ROUTES = 512  # kMmaMaxRoutes: route ids one block scans
 ROUTE_GROUPS = (1, 2, 4)  # NG: route groups of 8 served per pass over an expert's weights
 TARGET_WARPS = 132 * 24  # enough warps for every SM of an H200 to keep ~24 in flight
 
+STAGES = 4  # kMmaStages: cp.async ring depth per warp
+
+
+def stages() -> int:
+    """Ring depth (QMOE_RTC_MMA_STAGES overrides it for tuning runs; it is part of the module key)."""
+    import os
+
+    return int(os.environ.get("QMOE_RTC_MMA_STAGES", STAGES))
+
+
+def ring_bytes(bits: int, scale_bytes: int, block_size: int, zp_packed: bool) -> int:
+    """Dynamic shared memory of one block (moe_mma.cuh MmaStage): 4 warps × stages × stage bytes."""
+    kst = 1 if bits >= 8 else 8 // bits
+    nsb = 2 if block_size == 16 else 1
+    words = (2 if nsb == 2 and scale_bytes == 4 else 1) + (1 if zp_packed else 0)
+    stage = kst * 2 * 32 * 4 * bits + kst * 2 * words * 32 * 4
+    return WARPS * stages() * stage
+
+
 ACT_SCALARS = (Scalar("alpha", "float32"), Scalar("beta", "float32"), Scalar("limit", "float32"),
                Scalar("limit_after", "int32"))
 
@@ -82,6 +101,9 @@ class MmaFamily(KernelFamily):
             return []
         return [expert_spec("mma", config)]
 
+    def defines(self, spec: ModuleSpec) -> tuple[str, ...]:
+        return (f"-DQMOE_MMA_STAGES={stages()}",)
+
     def kernels(self, spec: ModuleSpec) -> tuple[KernelDef, ...]:
         t = template_types(spec)
         dt, sdt = spec["dtype"], spec["scale_dtype"]
@@ -121,4 +143,10 @@ class MmaFamily(KernelFamily):
 
     def launch(self, spec: ModuleSpec, kernel: str, *, routes: int, E: int, H: int, I: int, **_: Any) -> Launch:
         _, gx = self.geometry(spec, kernel, routes=routes, E=E, H=H, I=I)
-        return Launch((gx, routes, 1), (THREADS, 1, 1), 0)
+        scale_bytes = 4 if spec["scale_dtype"] == "float32" else 2
+        if kernel == "fc1":
+            zp = spec["fc1_zp"] == "packed" or (spec["has_fc3"] and spec["fc3_zp"] == "packed")
+            smem = ring_bytes(spec["fc1_bits"], scale_bytes, spec["block_size"], zp)
+        else:
+            smem = ring_bytes(spec["fc2_bits"], scale_bytes, spec["block_size"], spec["fc2_zp"] == "packed")
+        return Launch((gx, routes, 1), (THREADS, 1, 1), smem)
