@@ -59,6 +59,11 @@ template <> struct Pair2<__half> {
     const __half2 h = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<const u32*>(&h);
   }
+  static __device__ __forceinline__ u32 sub(u32 a, u32 zpm) {
+    u32 d;
+    asm("sub.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(zpm));
+    return d;
+  }
   static __device__ __forceinline__ u32 sub_mul(u32 a, u32 zpm, u32 sc) {  // (a - zpm) * sc
     u32 d;
     asm("sub.f16x2 %0, %1, %2;\n\tmul.f16x2 %0, %0, %3;" : "=&r"(d) : "r"(a), "r"(zpm), "r"(sc));
@@ -84,6 +89,11 @@ template <> struct Pair2<__nv_bfloat16> {
     const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<const u32*>(&h);
   }
+  static __device__ __forceinline__ u32 sub(u32 a, u32 zpm) {
+    u32 d;
+    asm("fma.rn.bf16x2 %0, %1, %3, %2;" : "=r"(d) : "r"(a), "r"(zpm ^ 0x80008000u), "r"(0x3F803F80u));
+    return d;
+  }
   static __device__ __forceinline__ u32 sub_mul(u32 a, u32 zpm, u32 sc) {  // fma forms exist on sm_80
     u32 d;
     asm("fma.rn.bf16x2 %0, %1, %4, %2;\n\tfma.rn.bf16x2 %0, %0, %3, %5;"
@@ -103,7 +113,7 @@ struct Coef {
   u32 zpm;  // T2 splat of magic + zp   (float32 path: unused)
   u32 sc;   // T2 splat of scale
   float zpf;  // float32 path: 2^23 + zp
-  float scf;  // float32 path: scale
+  float scf;  // scale
 };
 
 template <typename T, int B> struct MmaDeq {
@@ -120,7 +130,8 @@ template <typename T, int B> struct MmaDeq {
     } else {
       c.zpm = Pair2<T>::splat(Pair2<T>::kMagicF + s.zp);
       c.sc = Pair2<T>::splat(s.scale);
-      c.zpf = c.scf = 0.0f;
+      c.zpf = 0.0f;
+      c.scf = s.scale;  // applied to the mma's partial sums when the scale is constant over a chunk
     }
     return c;
   }
@@ -136,18 +147,20 @@ template <typename T, int B> struct MmaDeq {
   static __device__ __forceinline__ constexpr int first_code(int i) {
     return (i / kPairsPerWord) * kCodesPerWord + i % kPairsPerWord;
   }
-  // Pair i (0..15) of the lane's 32 codes as T2: ((q - zp) * scale) for codes (c, c + 16/B).
+  // Pair i (0..15) of the lane's 32 codes as T2 for codes (c, c + 16/B): (q - zp) * scale, or the
+  // exact (q - zp) when !SCALED (the caller scales the mma's partial sums).
+  template <bool SCALED>
   static __device__ __forceinline__ u32 pair(const u32 (&w)[B], int i, const Coef& cf) {
     const int word = i / kPairsPerWord, j = i % kPairsPerWord;
     if constexpr (kF32) {
-      const u32 lo = __byte_perm(w[word], 0x4B000000u, 0x7440 + j);
-      const u32 hi = __byte_perm(w[word], 0x4B000000u, 0x7442 + j);
-      return Pair2<T>::pack((__int_as_float(lo) - cf.zpf) * cf.scf, (__int_as_float(hi) - cf.zpf) * cf.scf);
+      const float lo = __int_as_float(__byte_perm(w[word], 0x4B000000u, 0x7440 + j)) - cf.zpf;
+      const float hi = __int_as_float(__byte_perm(w[word], 0x4B000000u, 0x7442 + j)) - cf.zpf;
+      return SCALED ? Pair2<T>::pack(lo * cf.scf, hi * cf.scf) : Pair2<T>::pack(lo, hi);
     } else {
       u32 v;
       if constexpr (B == 8) v = __byte_perm(w[word], Pair2<T>::kMagicByte, 0x4240 + 0x101 * j);
       else v = ((w[word] >> (B * j)) & (((1u << B) - 1u) * 0x00010001u)) | Pair2<T>::kMagic;
-      return Pair2<T>::sub_mul(v, cf.zpm, cf.sc);
+      return SCALED ? Pair2<T>::sub_mul(v, cf.zpm, cf.sc) : Pair2<T>::sub(v, cf.zpm);
     }
   }
   // The activations of pair i: (x[c], x[c + 16/B]) from the lane's 32 activations xw (16 words).
@@ -193,9 +206,11 @@ __device__ __forceinline__ ExpertRoutes collect_routes(const i32* __restrict__ i
 
 // Pipeline stages per warp (cp.async ring in dynamic shared memory).
 #ifndef QMOE_MMA_STAGES
-#define QMOE_MMA_STAGES 4
+#define QMOE_MMA_STAGES 3
 #endif
 constexpr int kMmaStages = QMOE_MMA_STAGES;
+// Blocks per SM the register budget is set for (route groups need more accumulators).
+template <int NG> constexpr int mma_min_blocks() { return NG == 1 ? 5 : (NG == 2 ? 4 : 3); }
 
 // One stage of a warp's ring: KST chunks of its two lane rows, as copied (not decoded).
 //   codes [KST][2 rows][32 lanes][4·B bytes]       (KST = 8/B: 2 KiB of codes per stage, any B)
@@ -266,6 +281,14 @@ __device__ __forceinline__ void mma_rows(const QA& qa, const u8* __restrict__ pa
   const i32 step = KS * KST;  // chunks a warp advances per stage
   const u32 ring0 = (u32)__cvta_generic_to_shared(ring);
 
+  // kFactor: one scale per row over a whole chunk (block >= 128 or row-wise): the mma sums the exact
+  // (q - zp)·x of a chunk in float32 and the row scale multiplies that partial sum (fewer
+  // instructions, and the products are never rounded to T). Else each pair is scaled in T.
+  constexpr bool kFactor = QA::kBlock == 0 || QA::kBlock >= kMmaChunk;
+  const i32 nblk = QA::kBlock ? K / QA::kBlock : 1;
+  const i64 sbase[2] = {((i64)e * qa.N + na) * nblk, ((i64)e * qb.N + nb) * nblk};  // scale index of block 0
+  const ScaleT* const sp[2] = {qa.scales, qb.scales};
+
   auto issue = [&](i32 slot, i32 c0) {
     const u32 base = ring0 + slot * St::kBytes;
 #pragma unroll
@@ -274,56 +297,54 @@ __device__ __forceinline__ void mma_rows(const QA& qa, const u8* __restrict__ pa
       if (c >= nch) break;  // warp-uniform
       const bool live = k0 < K;
       const i64 off = live ? (i64)(k0 / 32) * CB : 0;
+      // the block of the lane's codes; with kFactor the block of the chunk (the same for every lane,
+      // and valid on lanes past K, whose C fragments still need their rows' scale)
+      const i32 j = kFactor ? QA::block_of((i64)c * kMmaChunk) : (live ? QA::block_of(k0) : 0);
+      const bool mlive = kFactor || live;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const u8* src = (r ? pb : pa) + off;
         const u32 dst = base + ((u * 2 + r) * 32 + lane) * CB;
 #pragma unroll
         for (int q = 0; q < (CB + 15) / 16; ++q) cp_async(dst + 16 * q, src + 16 * q, CB < 16 ? CB : 16, live);
-        const i32 n = r ? nb : na;
         const u32 meta = base + St::kCodes + ((u * 2 + r) * St::kWords) * 128 + lane * 4;
-        const i32 j = live ? QA::block_of(k0) : 0;
-        const i64 si = r ? qb.scale_index(e, n, j) : qa.scale_index(e, n, j);
-        const ScaleT* sp = r ? qb.scales : qa.scales;
+        const i64 si = sbase[r] + j;
         if constexpr (sizeof(ScaleT) == 4) {
 #pragma unroll
-          for (int w = 0; w < St::kSW; ++w) cp_async(meta + w * 128, sp + si + w, 4, live);
+          for (int w = 0; w < St::kSW; ++w) cp_async(meta + w * 128, sp[r] + si + w, 4, mlive);
         } else {
-          cp_async(meta, sp + (si & ~1ll), 4, live);
+          cp_async(meta, sp[r] + (si & ~1ll), 4, mlive);
         }
         if constexpr (kZpw) {
           const bool packed = r ? QB::kZp == ZP_PACKED : QA::kZp == ZP_PACKED;
-          const i64 zb = r ? qb.zp_byte(e, n, j) : qa.zp_byte(e, n, j);
+          const i64 zb = packed ? (r ? qb.zp_byte(e, nb, j) : qa.zp_byte(e, na, j)) : 0;
           const u8* zsrc = packed ? (r ? qb.zp : qa.zp) + (zb & ~3ll) : pa;
-          cp_async(meta + St::kSW * 128, zsrc, 4, live && packed);
+          cp_async(meta + St::kSW * 128, zsrc, 4, mlive && packed);
         }
       }
     }
   };
 
   // Coefficients of row r (0: na, 1: nb) for scale block h of chunk u, from the stage's meta words.
-  auto coef = [&](const u8* st, int u, int r, int h, i32 k0) -> Coef {
-    const i32 n = r ? nb : na;
-    const i32 j = QA::block_of(k0) + h;
+  auto coef = [&](const u8* st, int u, int r, int h, i32 j0) -> Coef {
+    const i32 j = j0 + h;
     const u32* meta = reinterpret_cast<const u32*>(st + St::kCodes) + ((u * 2 + r) * St::kWords) * 32 + lane;
     ScaleZp sz;
     if constexpr (sizeof(ScaleT) == 4) {
       sz.scale = __uint_as_float(meta[(St::kSW == 2 ? h : 0) * 32]);
     } else {
-      const i64 si = (r ? qb.scale_index(e, n, j) : qa.scale_index(e, n, j));
-      const u16 bits = (u16)(meta[0] >> (16 * (si & 1)));
+      const u16 bits = (u16)(meta[0] >> (16 * ((sbase[r] + j) & 1)));
       ScaleT v;
       *reinterpret_cast<u16*>(&v) = bits;
       sz.scale = Traits<ScaleT>::to_float(v);
     }
-    const int zmode = r ? QB::kZp : QA::kZp;
-    if (zmode == ZP_PACKED) {
-      const i64 zb = r ? qb.zp_byte(e, n, j) : qa.zp_byte(e, n, j);
+    const bool packed = r ? QB::kZp == ZP_PACKED : QA::kZp == ZP_PACKED;
+    if (packed) {
+      const i64 zb = r ? qb.zp_byte(e, nb, j) : qa.zp_byte(e, na, j);
       const u32 byte = (meta[St::kSW * 32] >> (8 * (zb & 3))) & 0xffu;
-      sz.zp = r ? QB::zp_from_byte(byte, n, j) : QA::zp_from_byte(byte, n, j);
+      sz.zp = r ? QB::zp_from_byte(byte, nb, j) : QA::zp_from_byte(byte, na, j);
     } else {
-      sz.zp = r ? (QB::kZp == ZP_NONE ? (float)(1u << (B - 1)) : qb.zp_offset)
-                : (QA::kZp == ZP_NONE ? (float)(1u << (B - 1)) : qa.zp_offset);
+      sz.zp = (r ? QB::kZp : QA::kZp) == ZP_NONE ? (float)(1u << (B - 1)) : (r ? qb.zp_offset : qa.zp_offset);
     }
     return D::coef(sz);
   };
@@ -351,20 +372,21 @@ __device__ __forceinline__ void mma_rows(const QA& qa, const u8* __restrict__ pa
           ra[0] = *reinterpret_cast<const u32*>(pa_s); rb[0] = *reinterpret_cast<const u32*>(pb_s);
         }
       }
+      const i32 j0 = kFactor ? QA::block_of((i64)c * kMmaChunk) : QA::block_of(k0);
       Coef ca[NSB], cb[NSB];
 #pragma unroll
       for (int h = 0; h < NSB; ++h) {
-        ca[h] = live ? coef(st, u, 0, h, k0) : D::zero();
-        cb[h] = live ? coef(st, u, 1, h, k0) : D::zero();
+        ca[h] = (kFactor || live) ? coef(st, u, 0, h, j0) : D::zero();
+        cb[h] = (kFactor || live) ? coef(st, u, 1, h, j0) : D::zero();
       }
       u32 a[8][4];
 #pragma unroll
       for (int s = 0; s < 8; ++s) {
         const int h0 = NSB == 2 ? D::first_code(2 * s) / 16 : 0, h1 = NSB == 2 ? D::first_code(2 * s + 1) / 16 : 0;
-        a[s][0] = D::pair(ra, 2 * s, ca[h0]);
-        a[s][1] = D::pair(rb, 2 * s, cb[h0]);
-        a[s][2] = D::pair(ra, 2 * s + 1, ca[h1]);
-        a[s][3] = D::pair(rb, 2 * s + 1, cb[h1]);
+        a[s][0] = D::template pair<!kFactor>(ra, 2 * s, ca[h0]);
+        a[s][1] = D::template pair<!kFactor>(rb, 2 * s, cb[h0]);
+        a[s][2] = D::template pair<!kFactor>(ra, 2 * s + 1, ca[h1]);
+        a[s][3] = D::template pair<!kFactor>(rb, 2 * s + 1, cb[h1]);
       }
 #pragma unroll
       for (int g = 0; g < NG; ++g) {
@@ -380,8 +402,18 @@ __device__ __forceinline__ void mma_rows(const QA& qa, const u8* __restrict__ pa
 #pragma unroll
           for (int v = 0; v < 16; ++v) xw[v] = 0u;
         }
+        if constexpr (kFactor) {
+          float part[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-        for (int s = 0; s < 8; ++s) Pair2<T>::mma(acc[g], a[s], D::x_pair(xw, 2 * s), D::x_pair(xw, 2 * s + 1));
+          for (int s = 0; s < 8; ++s) Pair2<T>::mma(part, a[s], D::x_pair(xw, 2 * s), D::x_pair(xw, 2 * s + 1));
+          acc[g][0] = fmaf(ca[0].scf, part[0], acc[g][0]);  // C rows g (lane row na) ...
+          acc[g][1] = fmaf(ca[0].scf, part[1], acc[g][1]);
+          acc[g][2] = fmaf(cb[0].scf, part[2], acc[g][2]);  // ... and g + 8 (lane row nb)
+          acc[g][3] = fmaf(cb[0].scf, part[3], acc[g][3]);
+        } else {
+#pragma unroll
+          for (int s = 0; s < 8; ++s) Pair2<T>::mma(acc[g], a[s], D::x_pair(xw, 2 * s), D::x_pair(xw, 2 * s + 1));
+        }
       }
     }
   };
@@ -429,7 +461,7 @@ template <int NG> __device__ __forceinline__ void reduce_slices(float (&acc)[NG]
 
 // Rows per 16-row warp tile: gated FC1 = 8 outputs (rows g: gate, g + 8: linear); else 16 outputs.
 template <int GATE, typename T, typename ScaleT, int B1, int Z1, int Z3, int BLOCK, int ACT, int NG>
-__global__ void __launch_bounds__(kMmaThreads, 4)
+__global__ void __launch_bounds__(kMmaThreads, mma_min_blocks<NG>())
 fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 H, i32 I, i32 KS,
         const u8* __restrict__ w1, const ScaleT* __restrict__ s1, const u8* __restrict__ z1, const float* __restrict__ b1,
         const u8* __restrict__ w3, const ScaleT* __restrict__ s3, const u8* __restrict__ z3, const float* __restrict__ b3,
@@ -507,7 +539,7 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
 }
 
 template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, int NG>
-__global__ void __launch_bounds__(kMmaThreads, 4)
+__global__ void __launch_bounds__(kMmaThreads, mma_min_blocks<NG>())
 fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const float* __restrict__ wts, i32 R, i32 k,
                 i32 H, i32 I, i32 KS, const u8* __restrict__ w2, const ScaleT* __restrict__ s2,
                 const u8* __restrict__ z2, const float* __restrict__ b2, float zp_offset, float* __restrict__ y,

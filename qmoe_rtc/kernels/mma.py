@@ -25,7 +25,7 @@ MAX_ROUTES = 512  # kMmaMaxRoutes: route ids one block scans
 ROUTE_GROUPS = (1, 2, 4)  # NG: route groups of 8 served per pass over an expert's weights
 TARGET_WARPS = 132 * 24  # enough warps for every SM of an H200 to keep ~24 in flight
 
-STAGES = 4  # kMmaStages: cp.async ring depth per warp
+STAGES = 3  # kMmaStages: cp.async ring depth per warp
 
 
 def stages() -> int:
