@@ -350,7 +350,7 @@ class QMoE:
         for kern, launch, args in steps:
             packed = pack_args(kern.kdef, args, self.device_id)
             slots = tuple((i, per_call[id(v)]) for i, v in enumerate(args) if id(v) in per_call)
-            if launch.shared_mem > 48 * 1024:
+            if launch.shared_mem:  # static + dynamic may pass 48 KiB even when the dynamic part alone does not
                 set_max_dynamic_smem(kern.function, launch.shared_mem)
             items.append((kern.function, launch.grid, launch.block, int(launch.shared_mem), packed, slots))
         return items

@@ -64,6 +64,16 @@ template <> struct Pair2<__half> {
     asm("sub.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(zpm));
     return d;
   }
+  static __device__ __forceinline__ u32 fma(u32 a, u32 b, u32 c) {  // a * b + c
+    u32 d;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+  }
+  static __device__ __forceinline__ u32 mul(u32 a, u32 b) {
+    u32 d;
+    asm("mul.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+  }
   static __device__ __forceinline__ u32 sub_mul(u32 a, u32 zpm, u32 sc) {  // (a - zpm) * sc
     u32 d;
     asm("sub.f16x2 %0, %1, %2;\n\tmul.f16x2 %0, %0, %3;" : "=&r"(d) : "r"(a), "r"(zpm), "r"(sc));
@@ -111,6 +121,7 @@ template <> struct Pair2<__nv_bfloat16> {
 // Dequantization coefficients of one row over one lane's 32 codes (two when BLOCK == 16).
 struct Coef {
   u32 zpm;  // T2 splat of magic + zp   (float32 path: unused)
+  u32 zph;  // float16 4-bit: splat of -(magic/16 + zp), the addend for codes read as 16·q
   u32 sc;   // T2 splat of scale
   float zpf;  // float32 path: 2^23 + zp
   float scf;  // scale
@@ -126,9 +137,10 @@ template <typename T, int B> struct MmaDeq {
     if constexpr (kF32) {
       c.zpf = 8388608.0f + s.zp;
       c.scf = s.scale;
-      c.zpm = c.sc = 0;
+      c.zpm = c.zph = c.sc = 0;
     } else {
       c.zpm = Pair2<T>::splat(Pair2<T>::kMagicF + s.zp);
+      c.zph = Pair2<T>::splat(-(Pair2<T>::kMagicF / 16.0f + s.zp));
       c.sc = Pair2<T>::splat(s.scale);
       c.zpf = 0.0f;
       c.scf = s.scale;  // applied to the mma's partial sums when the scale is constant over a chunk
@@ -138,6 +150,7 @@ template <typename T, int B> struct MmaDeq {
   static __device__ __forceinline__ Coef zero() {
     Coef c;
     c.zpm = kF32 ? 0u : Pair2<T>::kMagic;
+    c.zph = kF32 ? 0u : Pair2<T>::splat(-Pair2<T>::kMagicF / 16.0f);  // (magic | 0)/16 + zph = 0
     c.sc = 0u;
     c.zpf = 8388608.0f;
     c.scf = 0.0f;
@@ -156,6 +169,18 @@ template <typename T, int B> struct MmaDeq {
       const float lo = __int_as_float(__byte_perm(w[word], 0x4B000000u, 0x7440 + j)) - cf.zpf;
       const float hi = __int_as_float(__byte_perm(w[word], 0x4B000000u, 0x7442 + j)) - cf.zpf;
       return SCALED ? Pair2<T>::pack(lo * cf.scf, hi * cf.scf) : Pair2<T>::pack(lo, hi);
+    } else if constexpr (B == 4 && Pair2<T>::kMagicByte != 0) {
+      // float16, 4-bit: pairs 0/2 of a word are (magic | q) at nibbles 0 and 2 of each half; pairs 1/3
+      // are read in place as (magic | 16·q) and brought to q - zp by one exact fma (x/16 - (64 + zp)):
+      // one shift per word instead of three
+      const u32 wv = j >= 2 ? w[word] >> 8 : w[word];
+      if (j & 1) {
+        const u32 v = (wv & 0x00f000f0u) | Pair2<T>::kMagic;
+        const u32 d = Pair2<T>::fma(v, 0x2C002C00u, cf.zph);  // 0x2C00 = 1/16
+        return SCALED ? Pair2<T>::mul(d, cf.sc) : d;
+      }
+      const u32 v = (wv & 0x000f000fu) | Pair2<T>::kMagic;
+      return SCALED ? Pair2<T>::sub_mul(v, cf.zpm, cf.sc) : Pair2<T>::sub(v, cf.zpm);
     } else {
       u32 v;
       if constexpr (B == 8) v = __byte_perm(w[word], Pair2<T>::kMagicByte, 0x4240 + 0x101 * j);

@@ -67,7 +67,7 @@ def pack_args(kdef: KernelDef, args, device_id: int | None = None) -> tuple:
 
 
 def set_max_dynamic_smem(function, nbytes: int) -> None:
-    """Let a CuPy ``Function`` take ``nbytes`` (> 48 KiB) of dynamic shared memory."""
+    """Let a CuPy ``Function`` take ``nbytes`` of dynamic shared memory (needed when static + dynamic > 48 KiB)."""
     from cupy_backends.cuda.api import driver
 
     driver.funcSetAttribute(function.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(nbytes))
@@ -81,7 +81,7 @@ class Kernel:
         self.function = function
         self.device_id = device_id
         self.module_name = module_name
-        self._max_dyn_smem = 48 * 1024
+        self._max_dyn_smem = 0  # opted-in dynamic shared memory (static + dynamic may pass 48 KiB)
 
     @property
     def key(self) -> str:
@@ -94,7 +94,7 @@ class Kernel:
         if any(g <= 0 for g in grid) or any(b <= 0 for b in block):
             raise QMoEInputError(f"{self.kdef.key}.launch", "positive grid and block dimensions", f"grid {grid} block {block}")
         if shared_mem > self._max_dyn_smem:
-            # opt in to more than 48 KiB of dynamic shared memory (once per size increase)
+            # opt in to this much dynamic shared memory (once per size increase)
             set_max_dynamic_smem(self.function, int(shared_mem))
             self._max_dyn_smem = int(shared_mem)
         self.function(grid, block, packed, shared_mem=int(shared_mem), stream=stream)
