@@ -43,25 +43,6 @@ constexpr int kMmaMaxRoutes = 512;  // route ids a block scans (R = rows·k)
 constexpr int kMmaChunk = 128;      // codes of K per warp step (4 lanes × 32)
 constexpr int kMmaPrefetchRoutes = 64;  // up to this many routes, blocks warm L2 before the route scan
 constexpr int kMmaPrefetchChunks = 4;   // chunks of the lane rows warmed per warp
-__device__ const uint4 kMmaZeros[4] = {};  // 32 zero activations (lanes past K)
-// dequantization masks: 1/2/4-bit codes of both halves, the 4-bit high nibbles, the f16 magic byte,
-// the float32 2^23 word. Not const: the compiler must load them (it folds a const table back into literals)
-__device__ u32 kMmaConsts[6] = {0x00010001u, 0x00030003u, 0x000f000fu, 0x00f000f0u, 0x64646464u, 0x4B000000u};
-
-// Keeps a loop-invariant value in a register: the compiler can no longer rebuild it from the kernel
-// parameters inside the loop (it did: ~40 instructions of 64-bit address math per stage) nor turn a
-// constant back into an immediate that needs a move before every use.
-template <typename V> __device__ __forceinline__ V opaque(V v) {
-  if constexpr (sizeof(V) == 8) {
-    u64 u = *reinterpret_cast<u64*>(&v);
-    asm("" : "+l"(u));
-    return *reinterpret_cast<V*>(&u);
-  } else {
-    u32 u = *reinterpret_cast<u32*>(&v);
-    asm("" : "+r"(u));
-    return *reinterpret_cast<V*>(&u);
-  }
-}
 
 // Two values of T in one u32: exact integer codes, scale multiply, mma.
 template <typename T> struct Pair2;
@@ -179,30 +160,14 @@ template <typename T, int B> struct MmaDeq {
   static __device__ __forceinline__ constexpr int first_code(int i) {
     return (i / kPairsPerWord) * kCodesPerWord + i % kPairsPerWord;
   }
-  // Constants of pair(), held in registers by the caller: LOP3 / PRMT take one immediate, and a
-  // constant the compiler re-creates before each use costs an extra instruction per pair.
-  struct Consts {
-    u32 lo;  // B < 8: the low code bits of both halves; B == 8: the magic byte pattern / 2^23 word
-    u32 hi;  // float16 4-bit: lo << 4
-  };
-  static __device__ __forceinline__ Consts consts() {
-    // loaded, not written as literals: ptxas re-creates a literal before every use (one MOV per
-    // pair, measured in the SASS), a loaded value stays in its register
-    Consts k;
-    if constexpr (kF32) k.lo = __ldg(&kMmaConsts[5]);
-    else if constexpr (B == 8) k.lo = __ldg(&kMmaConsts[4]);
-    else k.lo = __ldg(&kMmaConsts[B == 1 ? 0 : (B == 2 ? 1 : 2)]);
-    k.hi = __ldg(&kMmaConsts[3]);
-    return k;
-  }
   // Pair i (0..15) of the lane's 32 codes as T2 for codes (c, c + 16/B): (q - zp) * scale, or the
   // exact (q - zp) when !SCALED (the caller scales the mma's partial sums).
   template <bool SCALED>
-  static __device__ __forceinline__ u32 pair(const u32 (&w)[B], int i, const Coef& cf, const Consts& k) {
+  static __device__ __forceinline__ u32 pair(const u32 (&w)[B], int i, const Coef& cf) {
     const int word = i / kPairsPerWord, j = i % kPairsPerWord;
     if constexpr (kF32) {
-      const float lo = __int_as_float(__byte_perm(w[word], k.lo, 0x7440 + j)) - cf.zpf;
-      const float hi = __int_as_float(__byte_perm(w[word], k.lo, 0x7442 + j)) - cf.zpf;
+      const float lo = __int_as_float(__byte_perm(w[word], 0x4B000000u, 0x7440 + j)) - cf.zpf;
+      const float hi = __int_as_float(__byte_perm(w[word], 0x4B000000u, 0x7442 + j)) - cf.zpf;
       return SCALED ? Pair2<T>::pack(lo * cf.scf, hi * cf.scf) : Pair2<T>::pack(lo, hi);
     } else if constexpr (B == 4 && Pair2<T>::kMagicByte != 0) {
       // float16, 4-bit: pairs 0/2 of a word are (magic | q) at nibbles 0 and 2 of each half; pairs 1/3
@@ -210,16 +175,16 @@ template <typename T, int B> struct MmaDeq {
       // one shift per word instead of three
       const u32 wv = j >= 2 ? w[word] >> 8 : w[word];
       if (j & 1) {
-        const u32 v = (wv & k.hi) | Pair2<T>::kMagic;
+        const u32 v = (wv & 0x00f000f0u) | Pair2<T>::kMagic;
         const u32 d = Pair2<T>::fma(v, 0x2C002C00u, cf.zph);  // 0x2C00 = 1/16
         return SCALED ? Pair2<T>::mul(d, cf.sc) : d;
       }
-      const u32 v = (wv & k.lo) | Pair2<T>::kMagic;
+      const u32 v = (wv & 0x000f000fu) | Pair2<T>::kMagic;
       return SCALED ? Pair2<T>::sub_mul(v, cf.zpm, cf.sc) : Pair2<T>::sub(v, cf.zpm);
     } else {
       u32 v;
-      if constexpr (B == 8) v = __byte_perm(w[word], k.lo, 0x4240 + 0x101 * j);
-      else v = ((w[word] >> (B * j)) & k.lo) | Pair2<T>::kMagic;
+      if constexpr (B == 8) v = __byte_perm(w[word], Pair2<T>::kMagicByte, 0x4240 + 0x101 * j);
+      else v = ((w[word] >> (B * j)) & (((1u << B) - 1u) * 0x00010001u)) | Pair2<T>::kMagic;
       return SCALED ? Pair2<T>::sub_mul(v, cf.zpm, cf.sc) : Pair2<T>::sub(v, cf.zpm);
     }
   }
@@ -270,7 +235,7 @@ __device__ __forceinline__ ExpertRoutes collect_routes(const i32* __restrict__ i
 #endif
 constexpr int kMmaStages = QMOE_MMA_STAGES;
 // Blocks per SM the register budget is set for (route groups need more accumulators).
-template <int NG> constexpr int mma_min_blocks() { return NG == 1 ? 4 : (NG == 2 ? 4 : 3); }
+template <int NG> constexpr int mma_min_blocks() { return NG == 1 ? 5 : (NG == 2 ? 4 : 3); }
 
 // One stage of a warp's ring: KST chunks of its two lane rows, as copied (not decoded).
 //   codes [KST][2 rows][32 lanes][4·B bytes]       (KST = 8/B: 2 KiB of codes per stage, any B)
@@ -322,26 +287,9 @@ template <class Stage> __device__ __forceinline__ void check_ring_size() {
   if (have < (u32)(kMmaWarps * kMmaStages * Stage::kBytes)) __trap();
 }
 
-// Where one lane row's data lives: packed codes (at this lane's 32-code column), scales of the row,
-// zero-point bytes of the row (ZP_PACKED), all as plain pointers fixed for the whole K walk.
-template <class QP, int CB> struct LaneRow {
-  const u8* codes;                     // codes of chunk 0 at this lane: row + t·CB
-  const typename QP::Scale* scales;    // [blocks of the row]
-  const u8* zp;                        // BLOCK > 0: zp bytes of the row; row-wise: the row's zp byte
-  i32 n;                               // row index (row-wise zp bit offset)
-  __device__ __forceinline__ LaneRow(const QP& q, const u8* row_codes, i32 e, i32 n_, i32 t) : n(n_) {
-    codes = opaque(row_codes + (i64)t * CB);
-    scales = opaque(q.scales + q.scale_index(e, n_, 0));
-    zp = QP::kZp == ZP_PACKED ? opaque(q.zp + q.zp_byte(e, n_, 0)) : nullptr;
-  }
-  // zp byte of block j, relative to zp
-  static __device__ __forceinline__ i32 zp_off(i32 j) { return QP::kBlock ? j * QP::kBits / 8 : 0; }
-};
-
 // One warp's product over its K slice (chunks ks, ks + KS, ...): acc[ng] (C fragments) +=
 // W[rows na, nb] · x[routes]ᵀ. pa, pb: the lane rows' packed codes (K·B/8 bytes each); qa, qb their
-// quant params; xrow[ng]: the activation row of route group ng's lane route (any valid row for a
-// lane without a route: its C columns are never stored).
+// quant params; xrow[ng]: the activation row of route group ng's lane route, or null.
 // Weights, scales and zero points stream through a kMmaStages-deep cp.async ring per warp; each lane
 // reads back only what it copied, so no barrier is needed.
 template <typename T, int B, int NG, class QA, class QB, typename XT>
@@ -352,60 +300,57 @@ __device__ __forceinline__ void mma_rows(const QA& qa, const u8* __restrict__ pa
   constexpr bool kZpw = QA::kZp == ZP_PACKED || QB::kZp == ZP_PACKED;  // = the kernel's Stage
   using St = MmaStage<B, ScaleT, QA::kBlock, kZpw>;
   using D = MmaDeq<T, B>;
-  constexpr int KST = St::KST, NSB = St::NSB, CB = St::kCodeBytes, S = kMmaStages;
+  constexpr int KST = St::KST, NSB = St::NSB, CB = St::kCodeBytes;
+  const i32 lane = threadIdx.x & 31, t = lane & 3;
+  const i32 nch = (K + kMmaChunk - 1) / kMmaChunk;
+  const i32 step = KS * KST;  // chunks a warp advances per stage
+  const u32 ring0 = (u32)__cvta_generic_to_shared(ring);
+
   // kFactor: one scale per row over a whole chunk (block >= 128 or row-wise): the mma sums the exact
   // (q - zp)·x of a chunk in float32 and the row scale multiplies that partial sum (fewer
   // instructions, and the products are never rounded to T). Else each pair is scaled in T.
   constexpr bool kFactor = QA::kBlock == 0 || QA::kBlock >= kMmaChunk;
-  const i32 lane = threadIdx.x & 31, t = lane & 3;
-  const i32 nch = (K + kMmaChunk - 1) / kMmaChunk;
-  const bool ragged = K % kMmaChunk != 0;  // the last chunk has lanes past K
-  const LaneRow<QA, CB> ra_(qa, pa, e, na, t);
-  const LaneRow<QB, CB> rb_(qb, pb, e, nb, t);
-  const u32 ring0 = (u32)__cvta_generic_to_shared(ring);
-  const typename D::Consts kc = D::consts();
-
-  // the block of scales a lane's codes of chunk c use (kFactor: the chunk's, the same on every lane,
-  // and valid on lanes past K, whose C fragments still need their rows' scale)
-  auto block_of_chunk = [&](i32 c) -> i32 {
-    return kFactor ? QA::block_of((i64)c * kMmaChunk) : QA::block_of((i64)c * kMmaChunk + 32 * t);
-  };
+  const i32 nblk = QA::kBlock ? K / QA::kBlock : 1;
+  const i64 sbase[2] = {((i64)e * qa.N + na) * nblk, ((i64)e * qb.N + nb) * nblk};  // scale index of block 0
+  const ScaleT* const sp[2] = {qa.scales, qb.scales};
 
   auto issue = [&](i32 slot, i32 c0) {
     const u32 base = ring0 + slot * St::kBytes;
 #pragma unroll
     for (int u = 0; u < KST; ++u) {
-      const i32 c = c0 + u * KS;
+      const i32 c = c0 + u * KS, k0 = c * kMmaChunk + 32 * t;
       if (c >= nch) break;  // warp-uniform
-      const bool live = !ragged || c * kMmaChunk + 32 * t < K;
-      const i32 j = live || kFactor ? block_of_chunk(c) : 0;
+      const bool live = k0 < K;
+      const i64 off = live ? (i64)(k0 / 32) * CB : 0;
+      // the block of the lane's codes; with kFactor the block of the chunk (the same for every lane,
+      // and valid on lanes past K, whose C fragments still need their rows' scale)
+      const i32 j = kFactor ? QA::block_of((i64)c * kMmaChunk) : (live ? QA::block_of(k0) : 0);
       const bool mlive = kFactor || live;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const u8* src = (r ? rb_.codes : ra_.codes) + (live ? (i64)c * (4 * CB) : 0);
+        const u8* src = (r ? pb : pa) + off;
         const u32 dst = base + ((u * 2 + r) * 32 + lane) * CB;
 #pragma unroll
         for (int q = 0; q < (CB + 15) / 16; ++q) cp_async(dst + 16 * q, src + 16 * q, CB < 16 ? CB : 16, live);
         const u32 meta = base + St::kCodes + ((u * 2 + r) * St::kWords) * 128 + lane * 4;
-        const ScaleT* sp = (r ? rb_.scales : ra_.scales) + j;
+        const i64 si = sbase[r] + j;
         if constexpr (sizeof(ScaleT) == 4) {
 #pragma unroll
-          for (int w = 0; w < St::kSW; ++w) cp_async(meta + w * 128, sp + w, 4, mlive);
+          for (int w = 0; w < St::kSW; ++w) cp_async(meta + w * 128, sp[r] + si + w, 4, mlive);
         } else {
-          cp_async(meta, reinterpret_cast<const void*>(reinterpret_cast<u64>(sp) & ~3ull), 4, mlive);
+          cp_async(meta, sp[r] + (si & ~1ll), 4, mlive);
         }
         if constexpr (kZpw) {
           const bool packed = r ? QB::kZp == ZP_PACKED : QA::kZp == ZP_PACKED;
-          const u8* zsrc = packed ? (r ? rb_.zp + LaneRow<QB, CB>::zp_off(j) : ra_.zp + LaneRow<QA, CB>::zp_off(j))
-                                  : ra_.codes;
-          cp_async(meta + St::kSW * 128, reinterpret_cast<const void*>(reinterpret_cast<u64>(zsrc) & ~3ull), 4,
-                   mlive && packed);
+          const i64 zb = packed ? (r ? qb.zp_byte(e, nb, j) : qa.zp_byte(e, na, j)) : 0;
+          const u8* zsrc = packed ? (r ? qb.zp : qa.zp) + (zb & ~3ll) : pa;
+          cp_async(meta + St::kSW * 128, zsrc, 4, mlive && packed);
         }
       }
     }
   };
 
-  // Coefficients of row r (0: na, 1: nb) for scale block j0 + h, from the stage's meta words of chunk u.
+  // Coefficients of row r (0: na, 1: nb) for scale block h of chunk u, from the stage's meta words.
   auto coef = [&](const u8* st, int u, int r, int h, i32 j0) -> Coef {
     const i32 j = j0 + h;
     const u32* meta = reinterpret_cast<const u32*>(st + St::kCodes) + ((u * 2 + r) * St::kWords) * 32 + lane;
@@ -413,15 +358,15 @@ __device__ __forceinline__ void mma_rows(const QA& qa, const u8* __restrict__ pa
     if constexpr (sizeof(ScaleT) == 4) {
       sz.scale = __uint_as_float(meta[(St::kSW == 2 ? h : 0) * 32]);
     } else {
-      const u64 addr = reinterpret_cast<u64>((r ? rb_.scales : ra_.scales) + j);
+      const u16 bits = (u16)(meta[0] >> (16 * ((sbase[r] + j) & 1)));
       ScaleT v;
-      *reinterpret_cast<u16*>(&v) = (u16)(meta[0] >> (8 * (addr & 2)));
+      *reinterpret_cast<u16*>(&v) = bits;
       sz.scale = Traits<ScaleT>::to_float(v);
     }
     const bool packed = r ? QB::kZp == ZP_PACKED : QA::kZp == ZP_PACKED;
     if (packed) {
-      const u64 zaddr = reinterpret_cast<u64>(r ? rb_.zp + LaneRow<QB, CB>::zp_off(j) : ra_.zp + LaneRow<QA, CB>::zp_off(j));
-      const u32 byte = (meta[St::kSW * 32] >> (8 * (zaddr & 3))) & 0xffu;
+      const i64 zb = r ? qb.zp_byte(e, nb, j) : qa.zp_byte(e, na, j);
+      const u32 byte = (meta[St::kSW * 32] >> (8 * (zb & 3))) & 0xffu;
       sz.zp = r ? QB::zp_from_byte(byte, nb, j) : QA::zp_from_byte(byte, na, j);
     } else {
       sz.zp = (r ? QB::kZp : QA::kZp) == ZP_NONE ? (float)(1u << (B - 1)) : (r ? qb.zp_offset : qa.zp_offset);
@@ -433,10 +378,9 @@ __device__ __forceinline__ void mma_rows(const QA& qa, const u8* __restrict__ pa
     const u8* st = ring + slot * St::kBytes;
 #pragma unroll
     for (int u = 0; u < KST; ++u) {
-      const i32 c = c0 + u * KS;
+      const i32 c = c0 + u * KS, k0 = c * kMmaChunk + 32 * t;
       if (c >= nch) break;  // warp-uniform
-      const i32 k0 = c * kMmaChunk + 32 * t;
-      const bool live = !ragged || k0 < K;  // lanes past K hold zero-filled codes
+      const bool live = k0 < K;  // lanes past K (K % 128 != 0) hold zero-filled codes
       u32 ra[B], rb[B];
 #pragma unroll
       for (int q = 0; q < (CB + 15) / 16; ++q) {
@@ -453,7 +397,7 @@ __device__ __forceinline__ void mma_rows(const QA& qa, const u8* __restrict__ pa
           ra[0] = *reinterpret_cast<const u32*>(pa_s); rb[0] = *reinterpret_cast<const u32*>(pb_s);
         }
       }
-      const i32 j0 = live || kFactor ? block_of_chunk(c) : 0;
+      const i32 j0 = kFactor ? QA::block_of((i64)c * kMmaChunk) : QA::block_of(k0);
       Coef ca[NSB], cb[NSB];
 #pragma unroll
       for (int h = 0; h < NSB; ++h) {
@@ -464,20 +408,24 @@ __device__ __forceinline__ void mma_rows(const QA& qa, const u8* __restrict__ pa
 #pragma unroll
       for (int s = 0; s < 8; ++s) {
         const int h0 = NSB == 2 ? D::first_code(2 * s) / 16 : 0, h1 = NSB == 2 ? D::first_code(2 * s + 1) / 16 : 0;
-        a[s][0] = D::template pair<!kFactor>(ra, 2 * s, ca[h0], kc);
-        a[s][1] = D::template pair<!kFactor>(rb, 2 * s, cb[h0], kc);
-        a[s][2] = D::template pair<!kFactor>(ra, 2 * s + 1, ca[h1], kc);
-        a[s][3] = D::template pair<!kFactor>(rb, 2 * s + 1, cb[h1], kc);
+        a[s][0] = D::template pair<!kFactor>(ra, 2 * s, ca[h0]);
+        a[s][1] = D::template pair<!kFactor>(rb, 2 * s, cb[h0]);
+        a[s][2] = D::template pair<!kFactor>(ra, 2 * s + 1, ca[h1]);
+        a[s][3] = D::template pair<!kFactor>(rb, 2 * s + 1, cb[h1]);
       }
 #pragma unroll
       for (int g = 0; g < NG; ++g) {
         u32 xw[16];
-        // lanes past K read zeros (their zero-filled codes still dequantize to -zp)
-        const uint4* px = live ? reinterpret_cast<const uint4*>(xrow[g] + k0) : kMmaZeros;
+        if (xrow[g] != nullptr && live) {
+          const uint4* px = reinterpret_cast<const uint4*>(xrow[g] + k0);
 #pragma unroll
-        for (int v = 0; v < 4; ++v) {
-          const uint4 q = __ldg(px + v);
-          xw[4 * v] = q.x; xw[4 * v + 1] = q.y; xw[4 * v + 2] = q.z; xw[4 * v + 3] = q.w;
+          for (int v = 0; v < 4; ++v) {
+            const uint4 q = __ldg(px + v);
+            xw[4 * v] = q.x; xw[4 * v + 1] = q.y; xw[4 * v + 2] = q.z; xw[4 * v + 3] = q.w;
+          }
+        } else {
+#pragma unroll
+          for (int v = 0; v < 16; ++v) xw[v] = 0u;
         }
         if constexpr (kFactor) {
           float part[4] = {0.f, 0.f, 0.f, 0.f};
@@ -495,24 +443,19 @@ __device__ __forceinline__ void mma_rows(const QA& qa, const u8* __restrict__ pa
     }
   };
 
-  // ring: S - 1 stages in flight while one is computed; running slot indices (no modulo)
-  const i32 step = KS * KST;  // chunks a warp advances per stage
-  i32 cslot = 0, islot = 0, ci = ks;
+  // ring: stage i lives in slot i % S; S - 1 stages in flight while one is computed
+  constexpr int S = kMmaStages;
 #pragma unroll
   for (int i = 0; i < S - 1; ++i) {
-    if (ci < nch) issue(islot, ci);
+    if (ks + i * step < nch) issue(i, ks + i * step);
     cp_async_commit();  // empty groups keep the count uniform
-    ci += step;
-    islot = islot + 1 == S ? 0 : islot + 1;
   }
-  for (i32 c = ks; c < nch; c += step) {
-    cp_async_wait<S - 2>();  // the stage of chunk c has landed (this lane's copies)
-    if (ci < nch) issue(islot, ci);  // into the slot computed in the previous iteration
+  for (i32 i = 0, c = ks; c < nch; ++i, c += step) {
+    cp_async_wait<S - 2>();  // stage i has landed (this lane's copies)
+    const i32 cn = c + (S - 1) * step;
+    if (cn < nch) issue((i + S - 1) % S, cn);  // the slot computed in iteration i - 1
     cp_async_commit();
-    ci += step;
-    islot = islot + 1 == S ? 0 : islot + 1;
-    compute(cslot, c);
-    cslot = cslot + 1 == S ? 0 : cslot + 1;
+    compute(i % S, c);
   }
   cp_async_wait<0>();
 }
@@ -584,7 +527,7 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
 #pragma unroll
     for (int gg = 0; gg < NG; ++gg) {
       const i32 j = p + 8 * gg + g;
-      xrow[gg] = x + (i64)(s_list[j < er.n ? j : p] / k) * H;  // no route: any valid row (never stored)
+      xrow[gg] = j < er.n ? x + (i64)(s_list[j] / k) * H : nullptr;
     }
     float acc[NG][4] = {};
     u8* ring = dyn_smem + warp * kMmaStages * Stage::kBytes;
@@ -649,7 +592,7 @@ fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const fl
 #pragma unroll
     for (int gg = 0; gg < NG; ++gg) {
       const i32 j = p + 8 * gg + g;
-      xrow[gg] = act + (i64)s_list[j < er.n ? j : p] * I;  // no route: any valid row (never stored)
+      xrow[gg] = j < er.n ? act + (i64)s_list[j] * I : nullptr;
     }
     float acc[NG][4] = {};
     u8* ring = dyn_smem + warp * kMmaStages * Stage::kBytes;
