@@ -100,6 +100,11 @@ KNOBS: dict[str, Knob] = {
              "Compile with -lineinfo (for profilers); changes the options, hence the cache key."),
         Knob("jobs", "QMOE_RTC_JOBS", "int", 0, False,
              "Worker processes of the warm tool (0 = number of CPUs)."),
+        Knob("mma_stages", "QMOE_RTC_MMA_STAGES", "int", 0, True,
+             "Tuning only: cp.async ring depth of the tensor-core decode kernels (0 = the built-in 3); "
+             "a -D option, hence part of the cache key."),
+        Knob("mma_target_warps", "QMOE_RTC_MMA_TARGET_WARPS", "int", 0, False,
+             "Tuning only: warps the decode K-split aims for (0 = the built-in 132·24)."),
     )
 }
 

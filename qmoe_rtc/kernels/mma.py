@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from ..errors import QMoEAttributeError
 from ..jit.family import KernelDef, KernelFamily, Launch, Ptr, Scalar
 from ..specialize import ModuleSpec
 from . import register
@@ -29,10 +30,13 @@ STAGES = 3  # kMmaStages: cp.async ring depth per warp
 
 
 def stages() -> int:
-    """Ring depth (QMOE_RTC_MMA_STAGES overrides it for tuning runs; it is part of the module key)."""
-    import os
+    """Ring depth (knob ``mma_stages`` overrides it for tuning runs; it is part of the module key)."""
+    from .. import knobs
 
-    return int(os.environ.get("QMOE_RTC_MMA_STAGES", STAGES))
+    n = knobs.get("mma_stages") or STAGES
+    if not 2 <= n <= 8:
+        raise QMoEAttributeError("QMOE_RTC_MMA_STAGES", "2..8", str(n))
+    return n
 
 
 def ring_bytes(bits: int, scale_bytes: int, block_size: int, zp_packed: bool) -> int:
@@ -78,9 +82,9 @@ def route_groups(rows: int) -> int:
 def k_split(tiles: int, experts: int, K: int) -> int:
     """Warps of a block that split K (1, 2 or 4): the fewest that give about TARGET_WARPS warps,
     keeping at least two 128-code chunks per warp."""
-    import os
+    from .. import knobs
 
-    target = int(os.environ.get("QMOE_RTC_MMA_TARGET_WARPS", TARGET_WARPS))  # tuning experiments only
+    target = knobs.get("mma_target_warps") or TARGET_WARPS
     chunks = (K + 127) // 128
     for ks in (1, 2, 4):
         if tiles * experts * ks >= target or chunks < 2 * 2 * ks:
