@@ -70,3 +70,23 @@ def test_executor_modules_compile(cache, arch, layout, hidden, inter):
         assert mod.cubin[:4] == b"\x7fELF", spec.name  # SASS cubin, never PTX
         assert set(mod.lowered) >= EXPECTED_KERNELS[spec.family], (spec.name, sorted(mod.lowered))
         assert all(name.startswith("_Z") for name in mod.lowered.values()), mod.lowered
+
+
+def test_mma_ring_bytes_match_the_device_struct():
+    """The host's dynamic shared memory size (kernels/mma.py ring_bytes) equals the device's
+    kMmaWarps·kMmaStages·MmaStage::kBytes for every bit width, scale size, block kind and zp mode
+    (a mismatch would trap the kernel): checked by static_asserts compiled with NVRTC."""
+    from qmoe_rtc.jit import compiler
+    from qmoe_rtc.kernels.mma import ring_bytes, stages
+
+    lines = ['#include "moe_mma.cuh"']
+    for bits in (1, 2, 4, 8):
+        for scale_t, sbytes in (("__half", 2), ("float", 4)):
+            for block in (0, 16, 32, 128):
+                for zp in (False, True):
+                    want = ring_bytes(bits, sbytes, block, zp)
+                    lines.append(f"static_assert(qmoe::kMmaWarps * qmoe::kMmaStages * "
+                                 f"qmoe::MmaStage<{bits}, {scale_t}, {block}, {'true' if zp else 'false'}>::kBytes"
+                                 f" == {want}, \"ring_bytes({bits}, {sbytes}, {block}, {zp})\");")
+    options = compiler.base_options("sm_90", (f"-DQMOE_MMA_STAGES={stages()}",))
+    compiler.compile_unit("ring_bytes_check", "\n".join(lines) + "\n", {}, "sm_90", options)
