@@ -68,6 +68,18 @@ def _to_cupy(name, a, device_id=None):
     raise QMoEInputError(name, "a CuPy array, a torch CUDA tensor or a NumPy array", type(a).__name__)
 
 
+def _word_readable(cp, a, name):
+    """``a`` itself when it starts on a 16-byte boundary and its size is whole 4-byte words, else a
+    padded aligned copy (made once). The tensor-core decode kernels copy scales and zero points as
+    the aligned 4-byte words that hold them: those words must lie inside the array."""
+    if a.data.ptr % 16 == 0 and a.nbytes % 4 == 0:
+        return a
+    log.info("qmoe_rtc: %s is not 16-byte aligned or not whole 4-byte words; copied once", name)
+    buf = cp.zeros(((a.nbytes + 15) // 16) * 16, dtype=cp.uint8)
+    buf[: a.nbytes] = cp.ascontiguousarray(a).view(cp.uint8).ravel()
+    return buf[: a.nbytes].view(a.dtype).reshape(a.shape)
+
+
 def _torch_stream(cp, ts, device_id):
     """A CuPy view of a torch CUDA stream."""
     from_external = getattr(cp.cuda.Stream, "from_external", None)
@@ -188,10 +200,11 @@ class QMoE:
                 if dtype_name(s) != self.scale_dtype:
                     s = s.astype(cp.float32)
                 b = w.get(f"{p.name}_experts_bias")
+                z = w.get(f"{p.name}_zero_points")
                 self._proj[p.name] = (
                     w[f"{p.name}_experts_weights"],  # [E, N, ceil(K·b/8)] u8
-                    cp.ascontiguousarray(s),  # [E, N] / [E, N, nb]
-                    w.get(f"{p.name}_zero_points"),  # packed u8 or None
+                    _word_readable(cp, cp.ascontiguousarray(s), f"{p.name}_scales"),  # [E, N] / [E, N, nb]
+                    None if z is None else _word_readable(cp, z, f"{p.name}_zero_points"),  # packed u8
                     None if b is None else cp.ascontiguousarray(b.astype(cp.float32)),  # [E, N] f32
                 )
         self._weights = w  # keep the caller's arrays alive
@@ -392,6 +405,13 @@ class QMoE:
             stream = _torch_stream(cp, torch.cuda.current_stream(self.device_id), self.device_id)
         else:
             stream = cp.cuda.get_current_stream()
+        if x.data.ptr % 16:  # the decode kernels read activation rows with 16-byte loads
+            if stream.is_capturing():
+                raise QMoEInputError("input", "a 16-byte aligned array inside graph capture (the kernels read it "
+                                     "with 16-byte loads; outside capture it is copied)",
+                                     f"an address {x.data.ptr % 16} bytes past a 16-byte boundary")
+            with stream:
+                x = x.copy()
         return call, x, logits, rw, o, back_to_torch, stream
 
     def __call__(self, input, router_probs, router_weights=None, out=None):

@@ -97,3 +97,34 @@ def test_counters_reset_between_calls(rng):
         cp.cuda.get_current_stream().synchronize()
         assert int(moe._scratch.bufs["counters"].sum()) == 0
         assert rel_err(cp.asnumpy(out), reference(x, lg, **w, **a)) <= TOL["bfloat16"]
+
+
+def test_misaligned_input_scales_and_zero_points(rng):
+    """Views that start 2 bytes past a 16-byte boundary (input, scales) or 1 byte (zero points) give
+    the reference result (the layer copies what its 16-byte / 4-byte-word loads cannot read in place)."""
+    import cupy as cp
+
+    from qmoe_rtc.executor import QMoE
+
+    def shifted(a, by_elems=1):  # same values, C-contiguous, at a pointer by_elems past an aligned one
+        buf = cp.empty(a.size + by_elems, dtype=a.dtype)
+        v = buf[by_elems:].reshape(a.shape)
+        v[...] = cp.asarray(a)
+        return v
+
+    E, H, I = 5, 128, 64
+    w, a = random_layer(rng, E=E, H=H, I=I, k=2, dtype="float16", bits=4, block_size=0, zero_points=True,
+                        activation_type="swiglu", swiglu_fusion=1)
+    dev = to_dev(w)
+    for n in ("fc1_scales", "fc2_scales", "fc1_zero_points", "fc2_zero_points"):
+        dev[n] = shifted(dev[n])
+        assert dev[n].data.ptr % 4 != 0
+    moe = QMoE(**dev, **a)
+    for rows in (1, 3):
+        x, lg, _ = random_inputs(rng, rows, H, E, "float16")
+        xs = shifted(cp.asarray(x))
+        assert xs.data.ptr % 16 != 0
+        out = cp.full(x.shape, cp.nan, dtype=x.dtype)
+        moe(xs, cp.asarray(lg), out=out)
+        assert moe.plan(rows, "float16", "float32").engine == "mma"
+        assert rel_err(cp.asnumpy(out), reference(x, lg, **w, **a)) <= TOL["float16"]

@@ -21,18 +21,23 @@
 // g + 8 (one 16-byte load per row for 4-bit) and the matching 32 activations of route g. The mma's
 // k index is mapped onto those codes in the order the dequantization produces them (pairs of codes
 // 16/b apart), and the activations are permuted the same way, so no shuffle is needed.
-// Dequantization: (magic | q) − (magic + zp) is exact in f16 (magic 1024) and bf16 (magic 128, q < 128),
-// then × scale rounded once to T (like any dequantize-to-T engine). bf16 with 8-bit codes goes
-// through float32 ((2^23 | q) − (2^23 + zp)) · scale, rounded once.
+// Dequantization: (magic | q) − (magic + zp) is exact in f16 (magic 1024) and bf16 (magic 128, q < 128);
+// bf16 with 8-bit codes goes through float32 ((2^23 | q) − (2^23 + zp)), rounded once (exact: |q − zp| ≤ 255).
+// Scales: block size ≥ 128 or row-wise — one scale per row over a 128-code chunk — the mma sums the
+// exact (q − zp)·x in float32 and the row scale multiplies that partial sum; smaller blocks — each
+// pair is multiplied by its scale in T first (rounded once, like any dequantize-to-T engine).
 //
+// Weights, scales and zero points stream through a per-warp cp.async ring in dynamic shared memory
+// (kMmaStages stages of 2 KiB of codes); each lane reads back only what it copied (no barrier).
 // A block = 4 warps = MT row tiles × KS slices of K (MT·KS = 4, KS a launch argument); the KS
 // partial sums are added in a fixed order (deterministic). A route group of 8·NG routes shares the
 // dequantized A fragments; experts with more routes take several passes.
+// Not covered (the executor uses the SIMT gemv kernels and logs why): float32 activations, 3-bit
+// codes, zero_point_offset, FC3 with a bit width other than FC1's, 1-bit with block 16, K % 32 ≠ 0.
 #pragma once
 
 #include "dequant.cuh"
 #include "moe_act.cuh"
-#include "moe_dot.cuh"
 #include "types.cuh"
 
 namespace qmoe {
