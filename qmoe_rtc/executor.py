@@ -16,6 +16,10 @@ five launches.
 Graphs: :meth:`QMoE.capture` records one forward on static buffers; write new inputs into
 ``graph.input`` / ``graph.router_probs`` (or call ``graph.update``) and ``graph.replay()``. Shapes
 are fixed per graph: capture one graph per batch size.
+
+One forward of a layer at a time: calls and graph replays of the same layer share its scratch pool
+(routes, activations, the FC2 tile counters), so they must not overlap on different streams
+(order them on one stream, or build one layer object per concurrent stream).
 """
 
 from __future__ import annotations
