@@ -320,7 +320,7 @@ class QMoE:
         from .kernels import gemv as gemv_fam
         from .kernels import mma as mma_fam
         from .kernels import route as route_fam
-        from .jit.launch import pack_args, set_max_dynamic_smem
+        from .jit.launch import pack_args
 
         L, a = self.layer, self.attrs
         E, H, I, k = L.E, L.H, L.I, a.k
@@ -368,8 +368,7 @@ class QMoE:
         for kern, launch, args in steps:
             packed = pack_args(kern.kdef, args, self.device_id)
             slots = tuple((i, per_call[id(v)]) for i, v in enumerate(args) if id(v) in per_call)
-            if launch.shared_mem:  # static + dynamic may pass 48 KiB even when the dynamic part alone does not
-                set_max_dynamic_smem(kern.function, launch.shared_mem)
+            kern.reserve_dynamic_smem(launch.shared_mem)  # static + dynamic may pass 48 KiB
             items.append((kern.function, launch.grid, launch.block, int(launch.shared_mem), packed, slots))
         return items
 

@@ -93,11 +93,15 @@ class Kernel:
         block = tuple(int(b) for b in (block if isinstance(block, tuple) else (block,)))
         if any(g <= 0 for g in grid) or any(b <= 0 for b in block):
             raise QMoEInputError(f"{self.kdef.key}.launch", "positive grid and block dimensions", f"grid {grid} block {block}")
-        if shared_mem > self._max_dyn_smem:
-            # opt in to this much dynamic shared memory (once per size increase)
-            set_max_dynamic_smem(self.function, int(shared_mem))
-            self._max_dyn_smem = int(shared_mem)
+        self.reserve_dynamic_smem(shared_mem)
         self.function(grid, block, packed, shared_mem=int(shared_mem), stream=stream)
+
+    def reserve_dynamic_smem(self, nbytes: int) -> None:
+        """Opt the function in to ``nbytes`` of dynamic shared memory (only when it grows: the
+        attribute is a maximum, and every launcher of this kernel goes through here)."""
+        if nbytes > self._max_dyn_smem:
+            set_max_dynamic_smem(self.function, int(nbytes))
+            self._max_dyn_smem = int(nbytes)
 
     def launch(self, launch, args, *, stream=None) -> None:
         """Launch with a :class:`~qmoe_rtc.jit.family.Launch` geometry."""
