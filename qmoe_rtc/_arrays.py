@@ -1,18 +1,32 @@
-"""Small helpers to look at NumPy / CuPy arrays without importing CuPy eagerly."""
+"""Small helpers to look at NumPy / CuPy arrays and torch tensors without importing CuPy or torch."""
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["array_module", "is_cupy", "dtype_name", "np_dtype", "is_c_contiguous", "shape_str", "FLOAT_DTYPES"]
+from .specialize.vocab import DTYPES as FLOAT_DTYPES
 
-#: Activation dtypes the contract knows, by canonical name.
-FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+__all__ = ["FLOAT_DTYPES", "array_module", "device_of", "dtype_name", "is_c_contiguous", "is_cupy", "is_torch",
+           "np_dtype", "shape_str"]
 
 
 def is_cupy(a) -> bool:
     """True for a CuPy ndarray (checked by module name, so CuPy is not imported here)."""
     return type(a).__module__.split(".", 1)[0] == "cupy"
+
+
+def is_torch(a) -> bool:
+    """True for a torch tensor (checked by module name, so torch is not imported here)."""
+    return type(a).__module__.split(".", 1)[0] == "torch"
+
+
+def device_of(a) -> int | None:
+    """The CUDA device an array lives on, None for host memory (NumPy, CPU tensors)."""
+    if is_cupy(a):
+        return int(a.device.id)
+    if is_torch(a):
+        return int(a.device.index) if a.device.type == "cuda" else None
+    return None
 
 
 def array_module(a):
@@ -36,6 +50,8 @@ def np_dtype(name: str) -> np.dtype:
 def dtype_name(a_or_dtype) -> str:
     """Canonical dtype name (``float16``, ``bfloat16``, ``uint8`` ...) of an array or dtype."""
     dt = a_or_dtype if isinstance(a_or_dtype, (type, str, np.dtype)) else getattr(a_or_dtype, "dtype", a_or_dtype)
+    if type(dt).__module__.split(".", 1)[0] == "torch":  # torch.float16 -> "float16"
+        return str(dt).removeprefix("torch.")
     try:
         dt = np.dtype(dt)
     except TypeError:
@@ -44,6 +60,8 @@ def dtype_name(a_or_dtype) -> str:
 
 
 def is_c_contiguous(a) -> bool:
+    if is_torch(a):
+        return bool(a.is_contiguous())
     flags = getattr(a, "flags", None)
     if flags is None:
         return True

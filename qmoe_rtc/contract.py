@@ -15,9 +15,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
-from ._arrays import FLOAT_DTYPES, dtype_name, is_c_contiguous, is_cupy, shape_str
+from ._arrays import FLOAT_DTYPES, device_of, dtype_name, is_c_contiguous, is_cupy, shape_str
 from .errors import DeviceError, QMoEAttributeError, QMoEInputError
 from .quantize import SUPPORTED_BITS, packed_row_bytes, unpack_codes
+from .specialize.vocab import ACTIVATIONS, GATEABLE_ACTIVATIONS, GLU_ACTIVATIONS
 
 __all__ = [
     "ACTIVATIONS",
@@ -54,11 +55,6 @@ INPUT_NAMES = (
 #: The inputs that describe the layer (constant across calls).
 WEIGHT_INPUTS = INPUT_NAMES[2:14]
 
-ACTIVATIONS = ("relu", "gelu", "silu", "identity", "relu2", "swiglu", "geglu")
-#: Activations that need a gate and a linear half (from fused FC1 rows or from FC3).
-GLU_ACTIVATIONS = ("swiglu", "geglu")
-#: Activations that become gated ``act(fc1) · fc3`` when FC3 is given.
-GATEABLE_ACTIVATIONS = ("silu", "gelu")
 MAX_K = 10
 MAX_EXPERTS = 512
 
@@ -249,9 +245,7 @@ class CallSpec:
 
 
 def _device_of(a):
-    if is_cupy(a):
-        return int(a.device.id)
-    return None
+    return device_of(a)
 
 
 def _require(name, a, *, rank=None, shape=None, dtypes=None, where=""):

@@ -105,6 +105,9 @@ KNOBS: dict[str, Knob] = {
              "a -D option, hence part of the cache key."),
         Knob("mma_target_warps", "QMOE_RTC_MMA_TARGET_WARPS", "int", 0, False,
              "Tuning only: warps the decode K-split aims for (0 = the built-in 132·24)."),
+        Knob("prefill_stages", "QMOE_RTC_PREFILL_STAGES", "int", 0, True,
+             "Tuning only: cp.async pipeline depth of the tensor-core prefill kernels (0 = the built-in 3); "
+             "a -D option, hence part of the cache key."),
     )
 }
 

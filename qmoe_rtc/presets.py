@@ -34,7 +34,7 @@ class Preset:
     def config(self, *, bits: int | None = None, fc1_bits: int | None = None, fc2_bits: int | None = None,
                fc3_bits: int | None = None, block_size: int | None = None, zero_points: str = "none",
                dtype: str = "float16", scale_dtype: str = "", activation: str | None = None,
-               swiglu_fusion: int | None = None, has_fc3: bool | None = None, threads: int = 256):
+               swiglu_fusion: int | None = None, has_fc3: bool | None = None):
         """A ModelConfig for this preset; unspecified choices take the preset's defaults."""
         from .specialize import Layout, ModelConfig
 
@@ -54,7 +54,7 @@ class Preset:
             fc3_bits=((b if fc3_bits is None else fc3_bits) if fc3 else 0),
             block_size=self.block_size if block_size is None else block_size,
             fc1_zp=zero_points, fc2_zp=zero_points, fc3_zp=zero_points if fc3 else "none",
-            activation=act, swiglu_fusion=fusion, has_fc3=fc3, threads=threads,
+            activation=act, swiglu_fusion=fusion, has_fc3=fc3,
         )
         return ModelConfig(hidden=self.hidden, inter=self.inter, experts=self.experts, k=self.k, layout=layout,
                            use_sparse_mixer=self.use_sparse_mixer,

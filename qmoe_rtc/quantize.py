@@ -19,6 +19,7 @@ import numpy as np
 
 from ._arrays import array_module, dtype_name, np_dtype, shape_str
 from .errors import QMoEInputError
+from .specialize.vocab import BITS
 
 __all__ = [
     "SUPPORTED_BITS",
@@ -32,7 +33,7 @@ __all__ = [
 ]
 
 #: Bit widths of the contract.
-SUPPORTED_BITS = (1, 2, 3, 4, 8)
+SUPPORTED_BITS = BITS
 
 
 class QuantizedWeights(NamedTuple):

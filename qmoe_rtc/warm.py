@@ -1,7 +1,7 @@
 """Warm the kernel cache for a model: ``python -m qmoe_rtc warm ...`` / ``tools/warm_cache.py``.
 
-Collects the unique modules with :func:`qmoe_rtc.specialize.modules_for` (the same function the
-executor uses), compiles them for every ``--arch`` in spawned worker processes, prints one line per
+Collects the unique modules with :func:`qmoe_rtc.kernels.modules_for` (the pipelines the executor
+chooses from), compiles them for every ``--arch`` in spawned worker processes, prints one line per
 module (arch, name, hit/compiled, ms) and a summary; exits non-zero if anything failed. No GPU is
 needed when ``--arch`` is given.
 """
@@ -95,7 +95,7 @@ def _configs(args) -> list:
 
 def plan(configs, archs: Sequence[str], variants=("decode", "prefill")) -> list[tuple]:
     """Unique (spec, arch) pairs to build, in a stable order."""
-    from .specialize import modules_for
+    from .kernels import modules_for
 
     seen: dict = {}
     for arch in archs:
@@ -108,9 +108,10 @@ def plan(configs, archs: Sequence[str], variants=("decode", "prefill")) -> list[
 def _build(spec, arch):
     """Worker: fetch or compile one module. Returns (origin, ms, cubin bytes)."""
     from .jit import get_cubin
+    from .kernels import spec_unit
 
     t0 = time.perf_counter()
-    mod = get_cubin(spec, arch)
+    mod = get_cubin(spec_unit(spec), arch)
     return mod.origin, (time.perf_counter() - t0) * 1e3, len(mod.cubin)
 
 

@@ -13,11 +13,12 @@ import pytest
 
 from qmoe_rtc import knobs
 from qmoe_rtc.errors import CacheMissError
-from qmoe_rtc.jit import cache_key, clear_memory, disk_entry_dir, get_cubin
+from qmoe_rtc.jit import clear_memory, disk_entry_dir, get_cubin, unit_key
+from qmoe_rtc.kernels import spec_unit
 from qmoe_rtc.kernels.dequant import dequant_spec
 
 ARCH = "sm_90"
-SPEC = dequant_spec("float16", 4, 128, "packed", "float32")
+SPEC = spec_unit(dequant_spec("float16", 4, 128, "packed", "float32"))  # a compile unit
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -37,9 +38,9 @@ def test_miss_then_memory_then_disk_hit(cache):
     again = get_cubin(SPEC, ARCH)
     assert again.origin == "disk" and again.cubin == first.cubin and again.lowered == first.lowered
     meta_path, cubin_path, meta = _entry()
-    assert meta["key"] == cache_key(SPEC, ARCH) and meta["lowered"] == first.lowered
+    assert meta["key"] == unit_key(SPEC, ARCH) and meta["lowered"] == first.lowered
     assert cubin_path.read_bytes() == first.cubin  # raw cubin on disk
-    assert str(cache) in str(meta_path) and f"v1{os.sep}{ARCH}" in str(meta_path)
+    assert str(cache) in str(meta_path) and f"v2{os.sep}{ARCH}" in str(meta_path)
     assert not list(meta_path.parent.glob(".tmp-*"))
 
 
@@ -110,11 +111,12 @@ def test_dump_knob_writes_source_log_and_ptx(cache):
 
 _WRITER = r"""
 import sys, time
-from qmoe_rtc.jit import get_cubin
+from qmoe_rtc.jit import get_cubin, unit_key
+from qmoe_rtc.kernels import spec_unit
 from qmoe_rtc.kernels.dequant import dequant_spec
 start = float(sys.argv[1])
-spec = dequant_spec("float16", 4, 128, "packed", "float32")
-from qmoe_rtc.jit import cache_key; cache_key(spec, "sm_90")  # imports + hashing done before the start line
+spec = spec_unit(dequant_spec("float16", 4, 128, "packed", "float32"))
+unit_key(spec, "sm_90")  # imports + hashing done before the start line
 while time.time() < start:
     time.sleep(0.001)
 m = get_cubin(spec, "sm_90")
@@ -138,3 +140,32 @@ def test_two_concurrent_writers_leave_one_good_entry(cache):
     clear_memory()
     hit = get_cubin(SPEC, ARCH)
     assert hit.origin == "disk" and len(hit.cubin) == meta["cubin_size"]
+
+
+def test_loaded_module_memo_is_keyed_by_the_whole_unit(cache, monkeypatch):
+    """load_module memoises per (device, unit key): two units that differ only in a define (what a
+    tuning knob changes) are two modules, each loaded from its own cubin (CPU: the driver is faked)."""
+    import dataclasses
+
+    from qmoe_rtc.jit import cache as jit_cache
+    from qmoe_rtc.jit import compiler, load_module
+
+    loaded = []
+    monkeypatch.setattr(compiler, "default_arch", lambda device=None: ARCH)
+    monkeypatch.setattr(jit_cache.driver, "load_cubin", lambda cubin, dev: loaded.append(cubin) or len(loaded))
+    monkeypatch.setattr(jit_cache.driver, "get_function", lambda module, name: (module, name))
+    a = SPEC
+    b = dataclasses.replace(SPEC, defines=("-DQMOE_UNUSED_TUNING=4",))
+    ma, mb = load_module(a, 0), load_module(b, 0)
+    assert ma is not mb and ma.compiled.key != mb.compiled.key
+    assert "-DQMOE_UNUSED_TUNING=4" in mb.compiled.options and "-DQMOE_UNUSED_TUNING=4" not in ma.compiled.options
+    assert load_module(a, 0) is ma and load_module(b, 0) is mb and len(loaded) == 2
+
+
+def test_unit_options_other_than_defines_are_refused():
+    import dataclasses
+
+    from qmoe_rtc.errors import CompileError
+
+    with pytest.raises(CompileError, match="only -D"):
+        dataclasses.replace(SPEC, defines=("-I/tmp",))

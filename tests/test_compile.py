@@ -9,9 +9,13 @@ import numpy as np
 import pytest
 
 from qmoe_rtc.errors import CompileError, QMoEAttributeError, QMoEInputError
-from qmoe_rtc.jit import KernelDef, KernelFamily, Launch, Ptr, Scalar, disk_entry_dir, get_cubin, pack_args
-from qmoe_rtc.kernels import get_family, register
+from qmoe_rtc.jit import KernelDef, Launch, ParamBlock, Ptr, Scalar, disk_entry_dir, get_cubin
+from qmoe_rtc.kernels import KernelFamily, get_family, register, spec_unit
 from qmoe_rtc.kernels.dequant import dequant_spec
+
+
+def compile_spec(spec, arch):
+    return get_cubin(spec_unit(spec), arch)
 
 
 # every bit width, every zero-point mode, both block layouts, three dtypes, both scale dtypes:
@@ -34,7 +38,7 @@ REPRESENTATIVE = [
 @pytest.mark.parametrize("dtype,bits,bs,zp,sdt", REPRESENTATIVE)
 def test_compile_representative(cache, arch, dtype, bits, bs, zp, sdt):
     spec = dequant_spec(dtype, bits, bs, zp, sdt)
-    mod = get_cubin(spec, arch)
+    mod = compile_spec(spec, arch)
     assert mod.origin == "compiled"
     assert mod.cubin[:4] == b"\x7fELF"  # SASS cubin, not PTX
     assert mod.lowered["dequant_expert"].startswith("_ZN4qmoe14dequant_expert")
@@ -43,13 +47,13 @@ def test_compile_representative(cache, arch, dtype, bits, bs, zp, sdt):
 
 
 def test_sm_90a_compiles(cache):
-    assert get_cubin(dequant_spec("float16", 4), "sm_90a").cubin[:4] == b"\x7fELF"
+    assert compile_spec(dequant_spec("float16", 4), "sm_90a").cubin[:4] == b"\x7fELF"
 
 
 @pytest.mark.parametrize("arch", ["compute_90", "sm90", "90", "", "sm_90b"])
 def test_arch_must_be_a_sass_target(arch):
     with pytest.raises(QMoEAttributeError):
-        get_cubin(dequant_spec("float16", 4), arch)
+        compile_spec(dequant_spec("float16", 4), arch)
 
 
 class _BrokenFamily(KernelFamily):
@@ -64,7 +68,7 @@ class _BrokenFamily(KernelFamily):
     def source(self, spec):
         return '#include "types.cuh"\nnamespace qmoe { this is not C++; }\n'
 
-    def launch(self, spec, kernel, **problem):
+    def launch(self, spec, role, problem):
         return Launch((1, 1, 1), (32, 1, 1))
 
 
@@ -82,7 +86,7 @@ def test_compile_error_is_typed_picklable_and_leaves_no_entry(cache, broken_fami
 
     spec = ModuleSpec.make("test_broken", x=1)
     with pytest.raises(CompileError) as info:
-        get_cubin(spec, "sm_90")
+        compile_spec(spec, "sm_90")
     err = info.value
     assert "error" in err.log and "-arch=sm_90" in err.options and "not C++" in err.source
     assert "2 | namespace qmoe" in err.numbered_source()
@@ -92,20 +96,25 @@ def test_compile_error_is_typed_picklable_and_leaves_no_entry(cache, broken_fami
     assert not d.exists() or not any(d.iterdir())
 
 
-def test_pack_args_converts_scalars_to_declared_c_types():
-    kd = KernelDef("k", "k", (Scalar("n", "int32"), Scalar("m", "int64"), Scalar("f", "float32"), Ptr("p", "uint8", nullable=True)))
-    n, m, f, p = pack_args(kd, (3, np.int64(2**40), 0.5, None))
-    assert type(n) is np.int32 and type(m) is np.int64 and type(f) is np.float32 and type(p) is np.uint64 and p == 0
+def test_param_block_packs_each_argument_as_its_declared_c_type():
+    kd = KernelDef("k", "k", (Scalar("n", "int32"), Scalar("m", "int64"), Scalar("f", "float32"),
+                              Ptr("p", "uint8", nullable=True), Ptr("q", None)))
+    pb = ParamBlock(kd, dict(n=-3, m=np.int64(2**40), f=0.5, p=None, q=0xDEAD0))
+    raw = pb._vals
+    assert raw[0:1].view(np.int32)[0] == -3 and raw[1] == 2**40
+    assert raw[2:3].view(np.float32)[0] == np.float32(0.5) and pb.value(3) == 0 and pb.value(4) == 0xDEAD0
+    addrs = np.frombuffer(np.ctypeslib.as_array((np.ctypeslib.ctypes.c_uint64 * 5).from_address(pb.address)),
+                          dtype=np.uint64)
+    assert list(addrs) == [raw.ctypes.data + 8 * i for i in range(5)]  # void** points at each slot
+    pb.set_pointer(4, 0xBEEF0)
+    assert pb.value(4) == 0xBEEF0
+    for bad in (dict(n=2**31), dict(n=1.5), dict(n=True), dict(f="x"), dict(q=None)):
+        with pytest.raises(QMoEInputError):
+            ParamBlock(kd, {**dict(n=1, m=1, f=0.5, p=None, q=16), **bad})
+    with pytest.raises(QMoEInputError, match="no binding"):
+        ParamBlock(kd, dict(n=1, m=1, f=0.5, p=None))  # q missing
     with pytest.raises(QMoEInputError):
-        pack_args(kd, (2**31, 1, 0.5, None))  # int32 overflow
-    with pytest.raises(QMoEInputError):
-        pack_args(kd, (1.5, 1, 0.5, None))  # float for an int
-    with pytest.raises(QMoEInputError):
-        pack_args(kd, (1, 1, 0.5))  # wrong count
-    with pytest.raises(QMoEInputError):
-        pack_args(kd, (1, 1, 0.5, np.zeros(3, np.uint8)))  # host array for a device pointer
-    with pytest.raises(QMoEInputError):
-        pack_args(KernelDef("k", "k", (Ptr("p", "uint8"),)), (None,))  # not nullable
+        ParamBlock(kd, dict(n=1, m=1, f=0.5, p=None, q=np.zeros(3, np.uint8)))  # host array for a device pointer
 
 
 def test_get_family_unknown():

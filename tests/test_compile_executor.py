@@ -7,8 +7,13 @@ from __future__ import annotations
 import pytest
 
 from qmoe_rtc.jit import get_cubin
-from qmoe_rtc.kernels.mma import unsupported_reason
-from qmoe_rtc.specialize import Layout, ModelConfig, modules_for
+from qmoe_rtc.kernels import get_family, modules_for, spec_unit
+from qmoe_rtc.kernels._expert import tensor_core_unsupported
+from qmoe_rtc.specialize import Layout, ModelConfig
+
+
+def unsupported_reason(layout, hidden=256, inter=128):
+    return tensor_core_unsupported(ModelConfig(hidden=hidden, inter=inter, experts=8, k=2, layout=layout))
 
 L = Layout
 LAYOUTS = [
@@ -37,6 +42,7 @@ def test_mma_eligibility():
     ok = L(dtype="float16", fc1_bits=4, fc2_bits=4, block_size=128, activation="swiglu", swiglu_fusion=1)
     assert unsupported_reason(ok, 2048, 768) is None
     assert unsupported_reason(L(dtype="bfloat16", fc1_bits=8, fc2_bits=1, block_size=0, activation="relu")) is None
+    assert unsupported_reason(L(dtype="bfloat16", fc1_bits=2, fc2_bits=1, block_size=32, activation="relu")) is None
     cases = [
         (L(dtype="float32", fc1_bits=4, fc2_bits=4, activation="relu"), "float32"),
         (L(dtype="float16", fc1_bits=3, fc2_bits=4, activation="relu"), "3-bit"),
@@ -46,27 +52,30 @@ def test_mma_eligibility():
     ]
     for layout, word in cases:
         assert word in unsupported_reason(layout, 256, 128), layout
-    assert "multiples of 32" in unsupported_reason(ok, 100, 64)
+    assert "multiples of 32" in unsupported_reason(L(dtype="float16", fc1_bits=4, fc2_bits=4, activation="relu"), 100, 64)
 
 
 EXPECTED_KERNELS = {
     "route": {"topk_float32", "topk_float32_rw_float32", "sparse_float32"},
-    "group": {"group_by_expert"},
-    "gemv": {"fc1", "fc2_combine"},
-    "gemm": {"fc1_bm16", "fc2_bm16", "fc1_bm64", "fc2_bm64", "combine"},
-    "mma": {f"fc{i}_ng{g}" for i in (1, 2) for g in (1, 2, 4)},
+    "gemv": {"fc1", "fc2"},
+    "gemm": {"group", "fc1_bm16", "fc2_bm16", "fc1_bm64", "fc2_bm64", "combine"},
+    "mma_decode": {f"fc{i}_ng{g}" for i in (1, 2) for g in (1, 2, 4)},
+    "mma_prefill": {"group", "combine"} | {f"fc{i}_nr{n}" for i in (1, 2) for n in (2, 4, 8)},
 }
+EXECUTOR_FAMILIES = tuple(EXPECTED_KERNELS)
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("layout,hidden,inter", LAYOUTS, ids=[f"{l.name}-H{h}-I{i}" for l, h, i in LAYOUTS])
 def test_executor_modules_compile(cache, arch, layout, hidden, inter):
+    """Every family that supports the layout compiles (the SIMT ones too: they are the fallbacks)."""
     cfg = ModelConfig(hidden=hidden, inter=inter, experts=8, k=2, layout=layout)
-    specs = modules_for(cfg, families=("route", "group", "gemv", "gemm", "mma"))
     tc = unsupported_reason(layout, hidden, inter) is None
-    assert {s.family for s in specs} == {"route", "group", "gemv", "gemm"} | ({"mma"} if tc else set())
+    assert {s.family for s in modules_for(cfg)} == {"route"} | ({"mma_decode", "mma_prefill"} if tc else {"gemv", "gemm"})
+    specs = [s for f in EXECUTOR_FAMILIES if get_family(f).supports(cfg) is None for s in get_family(f).specs(cfg)]
+    assert {s.family for s in specs} == {"route", "gemv", "gemm"} | ({"mma_decode", "mma_prefill"} if tc else set())
     for spec in specs:
-        mod = get_cubin(spec, arch)
+        mod = get_cubin(spec_unit(spec), arch)
         assert mod.cubin[:4] == b"\x7fELF", spec.name  # SASS cubin, never PTX
         assert set(mod.lowered) >= EXPECTED_KERNELS[spec.family], (spec.name, sorted(mod.lowered))
         assert all(name.startswith("_Z") for name in mod.lowered.values()), mod.lowered
@@ -77,16 +86,35 @@ def test_mma_ring_bytes_match_the_device_struct():
     kMmaWarps·kMmaStages·MmaStage::kBytes for every bit width, scale size, block kind and zp mode
     (a mismatch would trap the kernel): checked by static_asserts compiled with NVRTC."""
     from qmoe_rtc.jit import compiler
-    from qmoe_rtc.kernels.mma import ring_bytes, stages
+    from qmoe_rtc.kernels.mma_decode import ring_bytes
 
-    lines = ['#include "moe_mma.cuh"']
+    lines = ['#include "engines/mma_decode.cuh"']
     for bits in (1, 2, 4, 8):
         for scale_t, sbytes in (("__half", 2), ("float", 4)):
             for block in (0, 16, 32, 128):
                 for zp in (False, True):
-                    want = ring_bytes(bits, sbytes, block, zp)
+                    want = ring_bytes(bits, sbytes, block, zp, 5)
                     lines.append(f"static_assert(qmoe::kMmaWarps * qmoe::kMmaStages * "
                                  f"qmoe::MmaStage<{bits}, {scale_t}, {block}, {'true' if zp else 'false'}>::kBytes"
                                  f" == {want}, \"ring_bytes({bits}, {sbytes}, {block}, {zp})\");")
-    options = compiler.base_options("sm_90", (f"-DQMOE_MMA_STAGES={stages()}",))
+    options = compiler.base_options("sm_90", ("-DQMOE_MMA_STAGES=5",))
     compiler.compile_unit("ring_bytes_check", "\n".join(lines) + "\n", {}, "sm_90", options)
+
+
+def test_prefill_stage_bytes_match_the_device_struct():
+    """kernels/mma_prefill.py stage_bytes equals PfStage::kBytes for every bit width, scale size, block
+    kind, zp mode and route tile (the kernel traps on a smaller dynamic shared memory)."""
+    from qmoe_rtc.jit import compiler
+    from qmoe_rtc.kernels.mma_prefill import ROUTE_TILES, stage_bytes
+
+    lines = ['#include "engines/mma_prefill.cuh"']
+    for bits in (1, 2, 4, 8):
+        for scale_t, sbytes in (("__half", 2), ("float", 4)):
+            for block in (0, 16, 32, 128):
+                for zp in (False, True):
+                    for nr in ROUTE_TILES:
+                        want = stage_bytes(bits, sbytes, block, zp, nr)
+                        lines.append(f"static_assert(qmoe::PfStage<{bits}, {scale_t}, {block}, "
+                                     f"{'true' if zp else 'false'}, {nr}>::kBytes == {want}, "
+                                     f"\"stage_bytes({bits}, {sbytes}, {block}, {zp}, {nr})\");")
+    compiler.compile_unit("stage_bytes_check", "\n".join(lines) + "\n", {}, "sm_90", compiler.base_options("sm_90"))

@@ -8,10 +8,21 @@ import pytest
 
 from qmoe_rtc import knobs
 from qmoe_rtc.errors import KnobError, QMoEAttributeError
-from qmoe_rtc.jit import cache_key
-from qmoe_rtc.kernels import family_names, get_family
+from qmoe_rtc.jit import unit_key
+from qmoe_rtc.kernels import family_names, get_family, modules_for, spec_unit
 from qmoe_rtc.kernels.dequant import dequant_spec
-from qmoe_rtc.specialize import Layout, ModuleSpec, modules_for
+from qmoe_rtc.specialize import Layout, ModelConfig, ModuleSpec
+
+
+def cache_key(spec, arch):
+    return unit_key(spec_unit(spec), arch)
+
+
+def config(layout, hidden=256, inter=128):
+    """A ModelConfig around ``layout`` (unaligned shapes when the layout says so)."""
+    if not layout.aligned:
+        hidden, inter = 80, 48
+    return ModelConfig(hidden=hidden, inter=inter, experts=8, k=2, layout=layout)
 
 BASE = Layout(dtype="float16", scale_dtype="float32", fc1_bits=4, fc2_bits=4, activation="swiglu", swiglu_fusion=1)
 
@@ -29,8 +40,7 @@ ALTERNATIVES = {
     "activation": dict(activation="geglu"),
     "swiglu_fusion": dict(swiglu_fusion=2),
     "has_fc3": dict(has_fc3=True, fc3_bits=8, swiglu_fusion=0),
-    "threads": dict(threads=128),
-    "tiles": dict(tiles=(("gemv.rows", 4),)),
+    "aligned": dict(aligned=False),
 }
 
 
@@ -47,8 +57,8 @@ def test_every_layout_field_changes_name_and_digest(field):
 
 
 def test_equal_layouts_equal_identity():
-    a = Layout(dtype="float16", scale_dtype="float16", tiles={"b": 2, "a": 1})
-    b = Layout(dtype="float16", tiles=(("a", 1), ("b", 2)))
+    a = Layout(dtype="float16", scale_dtype="float16")
+    b = Layout(dtype="float16")
     assert a == b and hash(a) == hash(b) and a.digest == b.digest and a.name == b.name
     assert ModuleSpec.make("x", p=1, q="a") == ModuleSpec.make("x", q="a", p=1)
 
@@ -57,11 +67,19 @@ def test_equal_layouts_equal_identity():
     dict(dtype="float64"), dict(scale_dtype="float16", dtype="bfloat16"), dict(fc1_bits=5), dict(fc2_bits=0),
     dict(block_size=8), dict(block_size=48), dict(fc1_zp="yes"), dict(activation="tanh"),
     dict(swiglu_fusion=3), dict(swiglu_fusion=1, activation="relu"), dict(fc3_bits=4),
-    dict(has_fc3=True, fc3_bits=0), dict(activation="swiglu"), dict(threads=100), dict(has_fc3=1),
+    dict(has_fc3=True, fc3_bits=0), dict(activation="swiglu"), dict(has_fc3=1), dict(aligned=1),
+    dict(fc1_bits=True),
 ])
 def test_layout_refuses_bad_values(bad):
     with pytest.raises(QMoEAttributeError):
         Layout(**bad)
+
+
+def test_model_config_derives_alignment_from_shapes():
+    lay = Layout(dtype="float16", activation="relu")
+    assert ModelConfig(hidden=256, inter=128, experts=4, k=1, layout=lay).layout.aligned is True
+    odd = ModelConfig(hidden=100, inter=36, experts=4, k=1, layout=lay)
+    assert odd.layout.aligned is False and "unaligned" in odd.layout.name
 
 
 SPEC = dequant_spec("float16", 4, 128, "packed", "float32")
@@ -105,9 +123,9 @@ def test_family_depends_on_exactly_its_fields(family):
     """Changing a field outside depends_on never changes a family's modules; each field inside
     changes them for at least one alternative."""
     fam = get_family(family)
-    base = set(fam.specs(BASE, ("decode", "prefill")))
+    base = set(fam.specs(config(BASE)))
     for field, change in ALTERNATIVES.items():
-        other = set(fam.specs(dataclasses.replace(BASE, **change), ("decode", "prefill")))
+        other = set(fam.specs(config(dataclasses.replace(BASE, **change))))
         if field in fam.depends_on:
             assert other != base, f"{family}: changing {field} did not change the modules"
         elif not (set(change) & set(fam.depends_on)):
@@ -117,16 +135,39 @@ def test_family_depends_on_exactly_its_fields(family):
 def test_layers_differing_in_irrelevant_fields_share_dequant_modules():
     a = Layout(dtype="float16", fc1_bits=4, fc2_bits=4, activation="relu")
     b = Layout(dtype="float16", fc1_bits=4, fc2_bits=4, activation="swiglu", swiglu_fusion=2)
-    assert modules_for(a, families=["dequant"]) == modules_for(b, families=["dequant"])
+    dq = get_family("dequant")
+    assert dq.specs(a) == dq.specs(b)
     # fc1 and fc2 with the same quantization share one module
-    assert len(modules_for(a, families=["dequant"])) == 1
+    assert len(dq.specs(a)) == 1
     c = dataclasses.replace(a, fc2_bits=2, fc2_zp="packed")
-    assert len(modules_for(c, families=["dequant"])) == 2
+    assert len(dq.specs(c)) == 2
 
 
 def test_modules_for_refuses_unknown_variant():
     with pytest.raises(QMoEAttributeError):
-        modules_for(BASE, variants=("training",))
+        modules_for(config(BASE), variants=("training",))
+
+
+def test_modules_for_follows_the_pipeline_choice():
+    """Tensor-core layouts warm the tensor-core engines; the others the SIMT ones, never both."""
+    fams = {s.family for s in modules_for(config(BASE))}
+    assert fams == {"route", "mma_decode", "mma_prefill"}
+    simt = {s.family for s in modules_for(config(dataclasses.replace(BASE, fc1_bits=3)))}
+    assert simt == {"route", "gemv", "gemm"}
+    assert {s.family for s in modules_for(config(BASE), variants=("decode",))} == {"route", "mma_decode"}
+
+
+def test_stage_knobs_change_the_spec_and_the_unit_key():
+    """The ring-depth knobs are read into the module spec: a new value is a new name and a new key
+    (a knob cannot leave a stale module loaded while the launch sizes shared memory from the new value)."""
+    for family, knob in (("mma_decode", "mma_stages"), ("mma_prefill", "prefill_stages")):
+        fam = get_family(family)
+        default = fam.spec(config(BASE))
+        with knobs.scope(**{knob: 4}):
+            four = fam.spec(config(BASE))
+        assert four != default and four.name != default.name and four["stages"] == 4
+        assert "-D" in " ".join(fam.unit(four).defines) and fam.unit(four).defines != fam.unit(default).defines
+        assert cache_key(four, "sm_90") != cache_key(default, "sm_90")
 
 
 def test_knobs_typed_scoped_and_lazy(monkeypatch, tmp_path):

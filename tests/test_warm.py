@@ -5,8 +5,8 @@ from __future__ import annotations
 from qmoe_rtc import knobs, warm
 from qmoe_rtc.errors import CompileError
 from qmoe_rtc.jit import disk_entry_dir
+from qmoe_rtc.kernels import modules_for
 from qmoe_rtc.presets import PRESETS
-from qmoe_rtc.specialize import modules_for
 
 
 def test_warm_preset_end_to_end(cache, capsys):
@@ -16,7 +16,7 @@ def test_warm_preset_end_to_end(cache, capsys):
     want = {s for dt in ("float16", "bfloat16") for zp in ("none", "packed")
             for s in modules_for(preset.config(bits=4, zero_points=zp, dtype=dt))}
     n = len(want)
-    assert n >= 4 + 2 + 1  # per layout: expert modules; per dtype: routing; one grouping module
+    assert n == 4 * 2 + 2  # per layout: the decode and prefill engines; per dtype: routing
     assert warm.main(argv) == 0
     out = capsys.readouterr().out
     lines = [l for l in out.splitlines() if l.startswith("sm_90 ")]
@@ -46,8 +46,8 @@ def test_warm_explicit_model_mixed_bits_in_process(cache, capsys):
             "--block-size", "32", "--activation", "silu", "--fc3", "--fc3-bits", "2", "--arch", "sm_80", "--jobs", "1"]
     assert warm.main(argv) == 0
     out = capsys.readouterr().out
-    for b in (3, 8, 2):
-        assert f"dequant_b{b}_bs32_zp-none_f16" in out
+    for fam in ("gemv", "gemm"):  # 3-bit: the SIMT engines
+        assert f"{fam}_silu_fc1-b3-zpN_fc2-b8-zpN_fc3-b2-zpN_bs32_f16" in out
 
 
 def test_warm_failure_exits_nonzero(cache, capsys, monkeypatch):

@@ -1,50 +1,38 @@
-"""Compile/cache machinery: NVRTC -> cubin, two-tier cache, argument packing and launch.
+"""Compile/cache machinery: compile units in, cubins and loaded modules out. It knows no kernel family
+and no layout (a test checks that nothing here imports ``qmoe_rtc.kernels`` or ``qmoe_rtc.specialize``).
 
-Public API (see docs/runtime-compilation.md)::
-
-    get_cubin(spec, arch=None) -> CompiledModule        # no GPU needed with an explicit arch
-    get_cubins(family, layout_or_config, arch=None) -> [CompiledModule]
-    load_module(spec, device=None) -> LoadedModule      # needs a GPU; memoised per device
-    load_kernels(spec, device=None) -> {key: Kernel}
-    Kernel(grid, block, args, shared_mem=0, stream=None)
+    unit = CompileUnit(name, source, kernels, defines)   # built by a kernel family
+    get_cubin(unit, arch=None) -> CompiledModule          # no GPU needed with an explicit arch
+    load_module(unit, device=None) -> LoadedModule        # needs a GPU; memoised per (device, unit key)
+    module[key](grid, block, args, shared_mem=0, stream=None)
 """
 
-from .cache import (
-    SCHEMA_VERSION,
-    LoadedModule,
-    cache_key,
-    clear_memory,
-    disk_entry_dir,
-    get_cubin,
-    get_cubins,
-    load_kernels,
-    load_module,
-)
+from .args import CTYPES, KernelDef, Launch, ParamBlock, Ptr, Scalar
+from .cache import LoadedModule, clear_memory, disk_entry_dir, entry_stem, get_cubin, load_module
 from .compiler import SUPPORTED_ARCHS, CompiledModule, check_arch, default_arch, nvrtc_version
-from .family import CPP_TYPES, KernelDef, KernelFamily, Launch, Ptr, Scalar
-from .launch import Kernel, pack_args
+from .launch import Kernel
+from .unit import SCHEMA_VERSION, CompileUnit, unit_key
 
 __all__ = [
+    "CTYPES",
     "SCHEMA_VERSION",
     "SUPPORTED_ARCHS",
-    "CPP_TYPES",
+    "CompileUnit",
     "CompiledModule",
     "Kernel",
     "KernelDef",
-    "KernelFamily",
     "Launch",
     "LoadedModule",
+    "ParamBlock",
     "Ptr",
     "Scalar",
-    "cache_key",
     "check_arch",
     "clear_memory",
     "default_arch",
     "disk_entry_dir",
+    "entry_stem",
     "get_cubin",
-    "get_cubins",
-    "load_kernels",
     "load_module",
     "nvrtc_version",
-    "pack_args",
+    "unit_key",
 ]

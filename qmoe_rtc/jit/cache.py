@@ -1,5 +1,5 @@
 """Two-tier kernel cache: in-memory (compiled bytes per process, loaded modules per device) and
-on-disk (raw ``.cubin`` + JSON metadata).
+on-disk (raw ``.cubin`` + JSON metadata), both keyed by the compile unit's key (:func:`unit_key`).
 
 On-disk entry, in ``<cache_dir>/v<SCHEMA>/<arch>/``::
 
@@ -28,78 +28,21 @@ from pathlib import Path
 
 from .. import knobs
 from ..errors import CacheCorruptError, CacheMissError, DeviceError
-from . import compiler
+from . import compiler, driver
 from .compiler import CompiledModule
+from .launch import Kernel
+from .unit import SCHEMA_VERSION, CompileUnit, unit_key
 
-__all__ = [
-    "SCHEMA_VERSION",
-    "cache_key",
-    "entry_stem",
-    "get_cubin",
-    "get_cubins",
-    "load_module",
-    "load_kernels",
-    "clear_memory",
-    "disk_entry_dir",
-    "LoadedModule",
-]
+__all__ = ["LoadedModule", "clear_memory", "disk_entry_dir", "entry_stem", "get_cubin", "load_module"]
 
 log = logging.getLogger("qmoe_rtc")
 
-#: Bump when the entry format or key composition changes.
-SCHEMA_VERSION = 1
 _TMP_PREFIX = ".tmp-"
 _STALE_TMP_S = 3600.0
 
 _lock = threading.RLock()
-_compiled: dict[str, CompiledModule] = {}          # key -> module (process memory tier)
-_loaded: dict[tuple[int, str], "LoadedModule"] = {}  # (device id, key) -> loaded module
-_fast: dict[tuple, "LoadedModule"] = {}  # (device id, spec, lineinfo) -> loaded module (hot path)
-
-
-# ---------------------------------------------------------------------------------------------
-# key
-
-def _field(h, label: str, value: str | bytes) -> None:
-    data = value if isinstance(value, bytes) else value.encode()
-    h.update(f"{label}:{len(data)}:".encode())
-    h.update(data)
-    h.update(b"\n")
-
-
-def _unit(spec, arch: str):
-    """(family, source, name_exprs, options) of a spec for arch."""
-    from ..kernels import get_family
-
-    fam = get_family(spec.family)
-    kernels = fam.kernels(spec)
-    name_exprs = {k.key: k.name_expr for k in kernels}
-    source = fam.source(spec)
-    options = compiler.base_options(arch, tuple(fam.defines(spec)))
-    return fam, source, name_exprs, options
-
-
-def cache_key(spec, arch: str) -> str:
-    """sha256 over labeled, length-prefixed fields: schema, family + params, generated source,
-    name expressions, every file under cuda_src, the CUDA headers used, NVRTC version, the exact
-    options (include paths as labels), arch."""
-    _fam, source, name_exprs, options = _unit(spec, arch)
-    return _key_from_parts(spec, arch, source, name_exprs, options)
-
-
-def _key_from_parts(spec, arch, source, name_exprs, options) -> str:
-    h = hashlib.sha256()
-    _field(h, "schema", str(SCHEMA_VERSION))
-    _field(h, "family", spec.family)
-    _field(h, "params", json.dumps([list(p) for p in spec.params], separators=(",", ":")))
-    _field(h, "source", source)
-    _field(h, "name_exprs", json.dumps(sorted(name_exprs.items()), separators=(",", ":")))
-    _field(h, "cuda_src", compiler.cuda_src_digest())
-    _field(h, "cuda_headers", compiler.cuda_headers_digest())
-    _field(h, "nvrtc", "%d.%d" % compiler.nvrtc_version())
-    _field(h, "options", "\0".join(compiler.key_options(options)))
-    _field(h, "arch", arch)
-    return h.hexdigest()
+_compiled: dict[str, CompiledModule] = {}  # unit key -> module (process memory tier)
+_loaded: dict[tuple[int, str], "LoadedModule"] = {}  # (device id, unit key) -> loaded module
 
 
 # ---------------------------------------------------------------------------------------------
@@ -183,7 +126,7 @@ def _read_entry(d: Path, stem: str, key: str) -> CompiledModule | None:
                           nvrtc=tuple(meta.get("nvrtc", ())), origin="disk")
 
 
-def _write_entry(d: Path, stem: str, mod: CompiledModule, spec) -> None:
+def _write_entry(d: Path, stem: str, mod: CompiledModule, unit: CompileUnit) -> None:
     d.mkdir(parents=True, exist_ok=True)
     _sweep_tmp(d)
     sha = hashlib.sha256(mod.cubin).hexdigest()
@@ -194,7 +137,7 @@ def _write_entry(d: Path, stem: str, mod: CompiledModule, spec) -> None:
         "key": mod.key,
         "name": mod.name,
         "family": mod.family,
-        "params": dict(spec.params),
+        "params": dict(unit.meta),
         "arch": mod.arch,
         "nvrtc": list(mod.nvrtc),
         "options": list(compiler.key_options(mod.options)),
@@ -208,27 +151,26 @@ def _write_entry(d: Path, stem: str, mod: CompiledModule, spec) -> None:
     _fsync_dir(d)
 
 
-def _dump(d: Path, stem: str, spec, arch, source, name_exprs, options, nvrtc_log: str) -> None:
+def _dump(d: Path, stem: str, unit: CompileUnit, arch: str, options, nvrtc_log: str) -> None:
     d.mkdir(parents=True, exist_ok=True)
-    _atomic_write(d / f"{stem}.cu", source.encode())
+    _atomic_write(d / f"{stem}.cu", unit.source.encode())
     _atomic_write(d / f"{stem}.log", (" ".join(compiler.key_options(options)) + "\n" + nvrtc_log).encode())
-    ptx = compiler.compile_ptx_listing(spec.name, source, name_exprs, arch, options)
+    ptx = compiler.compile_ptx_listing(unit.name, unit.source, unit.name_exprs(), arch, options)
     _atomic_write(d / f"{stem}.ptx", ptx.encode())
 
 
 # ---------------------------------------------------------------------------------------------
 # public API
 
-def get_cubin(spec, arch: str | None = None) -> CompiledModule:
-    """Compiled module for ``spec`` on ``arch`` (default: current device's, needs a GPU).
+def get_cubin(unit: CompileUnit, arch: str | None = None) -> CompiledModule:
+    """Compiled module for ``unit`` on ``arch`` (default: the current device's, needs a GPU).
 
     Looks in process memory, then on disk (normal/strict modes), else compiles (not in strict
     mode: :class:`CacheMissError`) and stores the entry. No GPU needed with an explicit arch.
     """
     arch = compiler.check_arch(arch) if arch is not None else compiler.default_arch()
     t0 = time.perf_counter()
-    fam, source, name_exprs, options = _unit(spec, arch)
-    key = _key_from_parts(spec, arch, source, name_exprs, options)
+    key = unit_key(unit, arch)
     with _lock:
         hit = _compiled.get(key)
     if hit is not None:
@@ -237,7 +179,7 @@ def get_cubin(spec, arch: str | None = None) -> CompiledModule:
     mode = knobs.cache_mode()
     use_disk = not knobs.get("no_disk_cache")
     d = disk_entry_dir(arch)
-    stem = entry_stem(spec.name, key)
+    stem = entry_stem(unit.name, key)
     if use_disk:
         try:
             mod = _read_entry(d, stem, key)
@@ -248,52 +190,47 @@ def get_cubin(spec, arch: str | None = None) -> CompiledModule:
             mod = replace(mod, ms=(time.perf_counter() - t0) * 1e3)
             with _lock:
                 _compiled.setdefault(key, mod)
-            log.debug("qmoe_rtc cache: disk hit %s (%s) %.1f ms", spec.name, arch, mod.ms)
+            log.debug("qmoe_rtc cache: disk hit %s (%s) %.1f ms", unit.name, arch, mod.ms)
             return mod
     if mode == "strict":
         where = d / f"{stem}.json" if use_disk else "memory (disk cache disabled)"
-        raise CacheMissError(f"strict cache mode: module {spec.name} for {arch} is not cached (looked for {where}); "
+        raise CacheMissError(f"strict cache mode: module {unit.name} for {arch} is not cached (looked for {where}); "
                              f"warm the cache with `python -m qmoe_rtc warm ...`")
 
+    options = compiler.base_options(arch, unit.defines)
     level = logging.INFO if knobs.get("debug") else logging.DEBUG
-    log.log(level, "qmoe_rtc compile %s for %s\noptions: %s\n%s", spec.name, arch, " ".join(options), source)
-    cubin, lowered, nvrtc_log = compiler.compile_unit(spec.name, source, name_exprs, arch, options)
+    log.log(level, "qmoe_rtc compile %s for %s\noptions: %s\n%s", unit.name, arch, " ".join(options), unit.source)
+    cubin, lowered, nvrtc_log = compiler.compile_unit(unit.name, unit.source, unit.name_exprs(), arch, options)
     ms = (time.perf_counter() - t0) * 1e3
     if nvrtc_log.strip():
-        log.log(level, "qmoe_rtc NVRTC log for %s:\n%s", spec.name, nvrtc_log)
-    mod = CompiledModule(name=spec.name, family=spec.family, key=key, arch=arch, cubin=cubin, lowered=lowered,
+        log.log(level, "qmoe_rtc NVRTC log for %s:\n%s", unit.name, nvrtc_log)
+    family = dict(unit.meta).get("family", "")
+    mod = CompiledModule(name=unit.name, family=str(family), key=key, arch=arch, cubin=cubin, lowered=lowered,
                          options=options, nvrtc=compiler.nvrtc_version(), origin="compiled", ms=ms)
     if use_disk:
         try:
-            _write_entry(d, stem, mod, spec)
+            _write_entry(d, stem, mod, unit)
             if knobs.get("dump"):
-                _dump(d, stem, spec, arch, source, name_exprs, options, nvrtc_log)
+                _dump(d, stem, unit, arch, options, nvrtc_log)
         except OSError as exc:  # read-only or full disk: keep working from memory
             log.warning("qmoe_rtc cache: cannot write %s: %s", d, exc)
     with _lock:
         _compiled.setdefault(key, mod)
-    log.debug("qmoe_rtc compiled %s (%s) in %.1f ms", spec.name, arch, ms)
+    log.debug("qmoe_rtc compiled %s (%s) in %.1f ms", unit.name, arch, ms)
     return mod
-
-
-def get_cubins(family: str, config, arch: str | None = None, variants=("decode", "prefill")) -> list[CompiledModule]:
-    """All modules ``family`` needs for a layout / model config."""
-    from ..kernels import get_family
-
-    return [get_cubin(s, arch) for s in get_family(family).specs(config, variants)]
 
 
 class LoadedModule:
     """A cubin loaded on one device, with its kernels as :class:`~qmoe_rtc.jit.launch.Kernel`."""
 
-    def __init__(self, spec, compiled: CompiledModule, module, device_id: int, kernels: dict):
-        self.spec = spec
+    def __init__(self, unit: CompileUnit, compiled: CompiledModule, module, device_id: int, kernels: dict):
+        self.unit = unit
         self.compiled = compiled
         self.module = module  # keep the CUmodule alive
         self.device_id = device_id
         self.kernels = kernels
 
-    def __getitem__(self, key: str):
+    def __getitem__(self, key: str) -> Kernel:
         try:
             return self.kernels[key]
         except KeyError:
@@ -303,54 +240,37 @@ class LoadedModule:
         return f"LoadedModule({self.compiled.name}, device={self.device_id}, kernels={sorted(self.kernels)})"
 
 
-def _device_arch(device_id: int) -> str:
-    return compiler.default_arch(device_id)
-
-
-def load_module(spec, device: int | None = None) -> LoadedModule:
-    """Compile (or fetch) ``spec`` for the device's arch and load it there (needs a GPU).
-    Memoised per (device, key)."""
-    from ..kernels import get_family
-    from .launch import Kernel
-
+def _current_device() -> int:
     try:
         import cupy
-        from cupy.cuda import function as cufunction
 
-        device_id = int(device) if device is not None else cupy.cuda.Device().id
+        return int(cupy.cuda.Device().id)
     except Exception as exc:
         raise DeviceError(f"no usable CUDA device: {exc}") from exc
-    fast_key = (device_id, spec, bool(knobs.get("lineinfo")))
+
+
+def load_module(unit: CompileUnit, device: int | None = None) -> LoadedModule:
+    """Compile (or fetch) ``unit`` for the device's arch and load it there (needs a GPU).
+    Memoised per (device, unit key): a unit that differs in anything is another module."""
+    device_id = int(device) if device is not None else _current_device()
+    arch = compiler.default_arch(device_id)
+    key = unit_key(unit, arch)
     with _lock:
-        lm = _fast.get(fast_key)
+        lm = _loaded.get((device_id, key))
     if lm is not None:
         return lm
-    arch = _device_arch(device_id)
-    compiled = get_cubin(spec, arch)
-    with _lock:
-        lm = _loaded.get((device_id, compiled.key))
-        if lm is not None:
-            _fast[fast_key] = lm
-            return lm
-    fam = get_family(spec.family)
+    compiled = get_cubin(unit, arch)
     try:
-        with cupy.cuda.Device(device_id):
-            module = cufunction.Module()
-            module.load(compiled.cubin)
-            kernels = {k.key: Kernel(k, module.get_function(compiled.lowered[k.key]), device_id, compiled.name)
-                       for k in fam.kernels(spec)}
+        module = driver.load_cubin(compiled.cubin, device_id)
+        kernels = {k.key: Kernel(k, driver.get_function(module, compiled.lowered[k.key]), device_id, compiled.name)
+                   for k in unit.kernels}
+    except DeviceError:
+        raise
     except Exception as exc:
         raise DeviceError(f"loading {compiled.name} ({arch}) on device {device_id} failed: {exc}") from exc
-    lm = LoadedModule(spec, compiled, module, device_id, kernels)
+    lm = LoadedModule(unit, compiled, module, device_id, kernels)
     with _lock:
-        lm = _loaded.setdefault((device_id, compiled.key), lm)
-        _fast[fast_key] = lm
-        return lm
-
-
-def load_kernels(spec, device: int | None = None) -> dict:
-    """``{kernel key: Kernel}`` of ``spec`` loaded on ``device`` (default: current)."""
-    return load_module(spec, device).kernels
+        return _loaded.setdefault((device_id, key), lm)
 
 
 def clear_memory() -> None:
@@ -358,4 +278,3 @@ def clear_memory() -> None:
     with _lock:
         _compiled.clear()
         _loaded.clear()
-        _fast.clear()

@@ -11,7 +11,6 @@ import hashlib
 import logging
 import os
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,7 +76,8 @@ def default_arch(device: int | None = None) -> str:
         dev = cupy.cuda.Device(device) if device is not None else cupy.cuda.Device()
         cc = dev.compute_capability  # e.g. '90'
     except Exception as exc:  # no driver, no device, CuPy missing
-        raise DeviceError(f"cannot resolve the GPU architecture (pass arch='sm_XX' explicitly): {exc}") from exc
+        raise DeviceError(f"cannot resolve the GPU architecture (no usable GPU: {exc}); give the architecture "
+                          "explicitly (warm tool: --arch sm_90)") from exc
     return f"sm_{cc}"
 
 
@@ -262,7 +262,3 @@ def cuda_headers_digest() -> str:
     d = cuda_include_dir()
     files = [d / h for h in CUDA_HEADERS if (d / h).is_file()]
     return _hash_files(tuple(_file_sig(p) for p in files))
-
-
-def host_platform() -> str:
-    return sys.platform

@@ -1,56 +1,58 @@
 """Kernel family ``dequant``: packed expert weights -> dense [E, N, K] in T.
 
-Template: ``cuda_src/dequant_expert.cuh``, ``qmoe::dequant_expert<T, ScaleT, BITS, BLOCK, ZP>``.
+Template: ``cuda_src/engines/dequant_expert.cuh``, ``qmoe::dequant_expert<T, ScaleT, BITS, BLOCK, ZP>``.
 One module per distinct projection quantization (bits, zero-point mode) of a layer; used by tests
 and as a fallback path.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any
 
 from ..errors import QMoEAttributeError, QMoEInputError
-from ..jit.family import CPP_TYPES, KernelDef, KernelFamily, Launch, Ptr, Scalar
-from ..specialize import BITS, ZP_MODES, ModuleSpec
-from . import register
+from ..jit import KernelDef, Launch, Ptr, Scalar
+from ..specialize import BITS, CPP_TYPES, CPP_ZP, ZP_MODES, Layout, ModuleSpec
+from .base import KernelFamily, register
 
 __all__ = ["DequantFamily", "dequant_spec", "dequantize_experts"]
 
-_ZP_ENUM = {"none": "qmoe::ZP_NONE", "packed": "qmoe::ZP_PACKED", "offset": "qmoe::ZP_OFFSET"}
 _MAX_GRID = 2**31 - 1
+THREADS = 256
 
 
 def dequant_spec(dtype: str, bits: int, block_size: int = 0, zp: str = "none", scale_dtype: str = "",
-                 threads: int = 256) -> ModuleSpec:
+                 threads: int = THREADS) -> ModuleSpec:
     """The spec of one dequant module (validated through Layout's rules)."""
-    from ..specialize import Layout
-
-    lay = Layout(dtype=dtype, scale_dtype=scale_dtype, fc1_bits=bits, fc1_zp=zp, block_size=block_size, threads=threads)
+    lay = Layout(dtype=dtype, scale_dtype=scale_dtype, fc1_bits=bits, fc1_zp=zp, block_size=block_size)
+    if not (type(threads) is int and 32 <= threads <= 1024 and threads % 32 == 0):
+        raise QMoEAttributeError("threads", "a multiple of 32 in [32, 1024]", repr(threads))
     return ModuleSpec.make("dequant", dtype=lay.dtype, scale_dtype=lay.scale_dtype, bits=bits,
-                           block_size=lay.block_size, zp=zp, threads=lay.threads)
+                           block_size=lay.block_size, zp=zp, threads=threads)
 
 
 @register
 class DequantFamily(KernelFamily):
     name = "dequant"
-    header = "dequant_expert.cuh"
+    header = "engines/dequant_expert.cuh"
     depends_on = ("dtype", "scale_dtype", "fc1_bits", "fc2_bits", "fc3_bits", "fc1_zp", "fc2_zp", "fc3_zp",
-                  "has_fc3", "block_size", "threads")
-    variants = None  # always available (fallback / tests)
+                  "has_fc3", "block_size")
 
-    def specs(self, config: Any, variants: Iterable[str]) -> list[ModuleSpec]:
+    def specs(self, config: Any) -> list[ModuleSpec]:
         layout = getattr(config, "layout", config)
         out: dict[ModuleSpec, None] = {}
         for p in layout.projections:
             out.setdefault(dequant_spec(layout.dtype, layout.bits(p), layout.block_size, layout.zp(p),
-                                        layout.scale_dtype, layout.threads), None)
+                                        layout.scale_dtype), None)
         return list(out)
+
+    def spec(self, config: Any) -> ModuleSpec:
+        return self.specs(config)[0]
 
     def kernels(self, spec: ModuleSpec) -> tuple[KernelDef, ...]:
         if spec["bits"] not in BITS or spec["zp"] not in ZP_MODES:
             raise QMoEAttributeError("dequant spec", f"bits in {BITS}, zp in {ZP_MODES}", f"{spec.params}")
         t, s = CPP_TYPES[spec["dtype"]], CPP_TYPES[spec["scale_dtype"]]
-        expr = f"qmoe::dequant_expert<{t}, {s}, {spec['bits']}, {spec['block_size']}, {_ZP_ENUM[spec['zp']]}>"
+        expr = f"qmoe::dequant_expert<{t}, {s}, {spec['bits']}, {spec['block_size']}, {CPP_ZP[spec['zp']]}>"
         args = (
             Ptr("w", "uint8"),                       # [E, N, ceil(K*b/8)]
             Ptr("scales", spec["scale_dtype"]),      # [E, N] or [E, N, K/bs]
@@ -63,7 +65,7 @@ class DequantFamily(KernelFamily):
         )
         return (KernelDef("dequant_expert", expr, args),)
 
-    def launch(self, spec: ModuleSpec, kernel: str = "dequant_expert", *, E: int, N: int, K: int, **_: Any) -> Launch:
+    def geometry(self, spec: ModuleSpec, *, E: int, N: int, K: int) -> Launch:
         threads = spec["threads"]
         groups = E * N * ((K + 7) // 8)
         blocks = max(1, min(_MAX_GRID, (groups + threads - 1) // threads))
@@ -112,9 +114,9 @@ def dequantize_experts(w, scales, bits: int, *, zero_points=None, zero_point_off
         out = cupy.empty((E, N, K), dtype=np_dtype(dtype) if dtype != "bfloat16" else cupy.uint16)
     if tuple(out.shape) != (E, N, K):
         raise QMoEInputError("out", f"shape {[E, N, K]}", f"{list(out.shape)}")
-    mod = load_module(spec, w.device.id)
     fam = DequantFamily()
-    geo = fam.launch(spec, E=E, N=N, K=K)
-    mod["dequant_expert"].launch(geo, (w, scales, zero_points, float(zero_point_offset or 0.0), out, E, N, K),
-                                 stream=stream)
+    mod = load_module(fam.unit(spec), w.device.id)
+    geo = fam.geometry(spec, E=E, N=N, K=K)
+    mod["dequant_expert"](geo.grid, geo.block, (w, scales, zero_points, float(zero_point_offset or 0.0), out, E, N, K),
+                          shared_mem=geo.shared_mem, stream=stream)
     return out

@@ -1,77 +1,85 @@
-"""Kernel family ``gemm``: the prefill path (many routes), grouped by expert.
+"""Kernel family ``gemm``: the SIMT prefill engine (grouped float32 GEMMs), for the layouts the
+tensor-core prefill engine does not take (float32 activations, 3-bit codes, zero_point_offset).
 
-Template ``cuda_src/moe_gemm.cuh``: ``qmoe::fc1_gemm`` (FC1 [+FC3], activation fused, sorted order),
-``qmoe::fc2_gemm`` (FC2 + bias, scattered back to route order) and ``qmoe::combine_routes``.
+Template ``cuda_src/engines/gemm_simt.cuh``: ``qmoe::fc1_gemm`` (FC1 [+FC3], activation fused, sorted
+order), ``qmoe::fc2_gemm`` (FC2 + bias, by route id); with ``group_by_expert`` and ``combine_routes``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable
-
-from ..jit.family import KernelDef, KernelFamily, Launch, Ptr, Scalar
+from ..jit import KernelDef, Launch, Ptr, Scalar
 from ..specialize import ModuleSpec
-from . import register
-from ._moe import EXPERT_FIELDS, expert_spec, projection_args, template_types
-from .gemv import ACT_SCALARS
+from ._expert import ACT_SCALARS, EXPERT_FIELDS, GROUP_ARGS, expert_spec, projection_args, template_types
+from ._grouped import (GROUP_MAX_EXPERTS, combine_launch, group_and_combine, group_launch, grouped_scratch,
+                       route_tiles)
+from .base import KernelFamily, Problem, Slot, register
 
-THREADS = 256
+__all__ = ["GemmFamily", "tile_rows"]
+
+THREADS = 256  # kGemmThreads
 TILE_ROWS = (16, 64)  # routes per tile (template BM): 16 when experts get few routes each
+BW = 64  # kGemmBW: weight rows per tile
+MAX_GRID_Y = 65535
 
 
 def tile_rows(routes: int, E: int) -> int:
     """Routes per GEMM tile for ``routes`` spread over ``E`` experts: 64 once experts average 32+."""
     return 64 if routes >= 32 * E else 16
-BW = 64  # weight rows per tile (kGemmBW)
-COMBINE_THREADS = 256
-_GROUP_ARGS = (Ptr("sorted", "int32"), Ptr("offsets", "int32"), Ptr("tile_offsets", "int32"))
 
 
 @register
 class GemmFamily(KernelFamily):
     name = "gemm"
-    header = "moe_gemm.cuh"
+    header = "engines/gemm_simt.cuh"
     depends_on = EXPERT_FIELDS
-    variants = ("prefill",)
 
-    def specs(self, config: Any, variants: Iterable[str]) -> list[ModuleSpec]:
-        return [expert_spec("gemm", config)]
+    def spec(self, config) -> ModuleSpec:
+        return expert_spec(self.name, config)
+
+    def supports(self, config, problem: Problem | None = None) -> str | None:
+        if config.experts > GROUP_MAX_EXPERTS:
+            return f"{config.experts} experts (grouping handles at most {GROUP_MAX_EXPERTS})"
+        if (2 * config.inter + BW - 1) // BW > MAX_GRID_Y or (config.hidden + BW - 1) // BW > MAX_GRID_Y:
+            return f"hidden {config.hidden} / inter {config.inter} need more than {MAX_GRID_Y} tiles on grid.y"
+        return None
 
     def kernels(self, spec: ModuleSpec) -> tuple[KernelDef, ...]:
         t = template_types(spec)
         dt, sdt = spec["dtype"], spec["scale_dtype"]
-        out = []
+        out = list(group_and_combine(spec))
         for bm in TILE_ROWS:
             out.append(KernelDef(
                 f"fc1_bm{bm}",
                 f"qmoe::fc1_gemm<{t['T']}, {t['S']}, {t['B1']}, {t['Z1']}, {t['B3']}, {t['Z3']}, {t['BLOCK']}, "
                 f"{t['ACT']}, {t['GATE']}, {t['ALIGNED']}, {bm}>",
-                (Ptr("x", dt), *_GROUP_ARGS, Scalar("E", "int32"), Scalar("k", "int32"), Scalar("H", "int32"),
+                (Ptr("x", dt), *GROUP_ARGS, Scalar("E", "int32"), Scalar("k", "int32"), Scalar("H", "int32"),
                  Scalar("I", "int32"), *projection_args("fc1", sdt), *projection_args("fc3", sdt),
                  Scalar("zp_offset", "float32"), *ACT_SCALARS, Ptr("act_sorted", "float32")),
             ))
             out.append(KernelDef(
                 f"fc2_bm{bm}",
                 f"qmoe::fc2_gemm<{t['S']}, {t['B2']}, {t['Z2']}, {t['BLOCK']}, {t['ALIGNED']}, {bm}>",
-                (Ptr("act_sorted", "float32"), *_GROUP_ARGS, Scalar("E", "int32"), Scalar("H", "int32"),
+                (Ptr("act_sorted", "float32"), *GROUP_ARGS, Scalar("E", "int32"), Scalar("H", "int32"),
                  Scalar("I", "int32"), *projection_args("fc2", sdt), Scalar("zp_offset", "float32"),
                  Ptr("y", "float32")),
             ))
-        out.append(KernelDef(
-            "combine",
-            f"qmoe::combine_routes<{t['T']}>",
-            (Ptr("y", "float32"), Ptr("topk_w", "float32"), Scalar("rows", "int32"), Scalar("k", "int32"),
-             Scalar("H", "int32"), Ptr("out", dt)),
-        ))
         return tuple(out)
 
-    def launch(self, spec: ModuleSpec, kernel: str, *, rows: int, routes: int, E: int, H: int, I: int,
-               **_: Any) -> Launch:
-        bm = tile_rows(routes, E)
-        tiles = (routes + bm - 1) // bm + E  # upper bound on sum_e ceil(count_e / BM)
-        if kernel.startswith("fc1"):
-            gated = spec["swiglu_fusion"] != 0 or spec["has_fc3"]
-            cols = 2 * I if gated else I
-            return Launch((tiles, (cols + BW - 1) // BW, 1), (THREADS, 1, 1), 0)
-        if kernel.startswith("fc2"):
-            return Launch((tiles, (H + BW - 1) // BW, 1), (THREADS, 1, 1), 0)
-        return Launch(((rows * H + COMBINE_THREADS - 1) // COMBINE_THREADS, 1, 1), (COMBINE_THREADS, 1, 1), 0)
+    def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem) -> str:
+        if role in ("fc1", "fc2"):
+            return f"{role}_bm{tile_rows(problem.routes, problem.E)}"
+        return role
+
+    def launch(self, spec: ModuleSpec, role: str, problem: Problem) -> Launch:
+        bm = tile_rows(problem.routes, problem.E)
+        if role == "group":
+            return group_launch(bm)
+        if role == "combine":
+            return combine_launch(problem)
+        tiles = route_tiles(problem.routes, problem.E, bm)
+        gated = spec["swiglu_fusion"] != 0 or spec["has_fc3"]
+        cols = (2 * problem.I if gated else problem.I) if role == "fc1" else problem.H
+        return Launch((tiles, (cols + BW - 1) // BW, 1), (THREADS, 1, 1), 0)
+
+    def scratch(self, spec: ModuleSpec, role: str, problem: Problem) -> dict[str, Slot]:
+        return grouped_scratch(role, problem, 4)  # act_sorted in float32

@@ -1,42 +1,21 @@
-"""The frozen specialization values: :class:`Layout` (one QMoE layer's code-shaping fields),
-:class:`ModuleSpec` (what one compiled module depends on) and :class:`ModelConfig`.
+"""The frozen specialization values: :class:`Layout` (one layer's code-shaping fields), :class:`ModuleSpec`
+(what one compiled module is made from: a family and its parameters) and :class:`ModelConfig`.
 
-Anything that changes generated code is a field. Bits, block size and zero-point mode become C++
-template parameters (compile-time constants), never runtime kernel arguments.
+Anything that changes generated code is a field. Bits, block size, zero-point mode, gate source and
+alignment become C++ template parameters (compile-time constants), never runtime kernel arguments.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
 
 from ..errors import QMoEAttributeError
+from .vocab import ACTIVATIONS, BITS, DTYPES, ZP_MODES, dtype_abbrev, gate_source
 
-__all__ = [
-    "DTYPES",
-    "BITS",
-    "ZP_MODES",
-    "ACTIVATIONS",
-    "GATED_ACTIVATIONS",
-    "Layout",
-    "ModuleSpec",
-    "ModelConfig",
-    "dtype_abbrev",
-]
-
-DTYPES = ("float32", "float16", "bfloat16")
-BITS = (1, 2, 3, 4, 8)
-ZP_MODES = ("none", "packed", "offset")  # mirrors enum qmoe::ZpMode in cuda_src/dequant.cuh
-ACTIVATIONS = ("relu", "gelu", "silu", "identity", "relu2", "swiglu", "geglu")
-GATED_ACTIVATIONS = ("swiglu", "geglu")  # need a gate and a linear half (fused FC1 or FC3)
-
-_DT_ABBREV = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
-
-
-def dtype_abbrev(dtype: str) -> str:
-    return _DT_ABBREV[dtype]
+__all__ = ["Layout", "ModelConfig", "ModuleSpec"]
 
 
 def _digest(obj: Any) -> str:
@@ -45,7 +24,7 @@ def _digest(obj: Any) -> str:
 
 
 def _check(name: str, value: Any, allowed, what: str | None = None) -> None:
-    if value not in allowed:
+    if value not in allowed or type(value) is bool and not any(type(a) is bool for a in allowed):
         raise QMoEAttributeError(name, what or f"one of {list(allowed)}", repr(value))
 
 
@@ -54,9 +33,9 @@ class Layout:
     """Everything about one QMoE layer that shapes generated code.
 
     ``scale_dtype=""`` means "same as ``dtype``" and is normalised, so equal layouts compare equal.
-    ``fc3_bits`` / ``fc3_zp`` must be 0 / 'none' unless ``has_fc3``.
-    ``tiles`` holds extra tile/launch parameters as sorted ``(name, int)`` pairs (e.g.
-    ``(("gemv.rows", 4),)``); use :meth:`tile` to read one with a default.
+    ``fc3_bits`` / ``fc3_zp`` must be 0 / 'none' unless ``has_fc3``. ``aligned``: every packed row is
+    whole 32-code chunks (H and I multiples of 32), which lets kernels use 16-byte loads;
+    :class:`ModelConfig` derives it from the shapes.
     """
 
     dtype: str = "float16"
@@ -71,8 +50,7 @@ class Layout:
     activation: str = "relu"
     swiglu_fusion: int = 0
     has_fc3: bool = False
-    threads: int = 256
-    tiles: tuple = ()
+    aligned: bool = True
 
     def __post_init__(self) -> None:
         _check("dtype", self.dtype, DTYPES)
@@ -83,31 +61,21 @@ class Layout:
         _check("fc2_bits", self.fc2_bits, BITS)
         for p in ("fc1_zp", "fc2_zp", "fc3_zp"):
             _check(p, getattr(self, p), ZP_MODES)
-        if type(self.has_fc3) is not bool:
-            raise QMoEAttributeError("has_fc3", "a bool", repr(self.has_fc3))
+        for b in ("has_fc3", "aligned"):
+            if type(getattr(self, b)) is not bool:
+                raise QMoEAttributeError(b, "a bool", repr(getattr(self, b)))
         if self.has_fc3:
             _check("fc3_bits", self.fc3_bits, BITS, f"one of {list(BITS)} (has_fc3=True)")
         else:
             _check("fc3_bits", self.fc3_bits, (0,), "0 (has_fc3=False)")
             _check("fc3_zp", self.fc3_zp, ("none",), "'none' (has_fc3=False)")
         bs = self.block_size
-        if not (isinstance(bs, int) and (bs == 0 or (bs >= 16 and bs & (bs - 1) == 0))):
+        if not (type(bs) is int and (bs == 0 or (bs >= 16 and bs & (bs - 1) == 0))):
             raise QMoEAttributeError("block_size", "0 (row-wise) or a power of two >= 16", repr(bs))
         _check("activation", self.activation, ACTIVATIONS)
-        _check("swiglu_fusion", self.swiglu_fusion, (0, 1, 2))
-        if self.swiglu_fusion and self.activation not in GATED_ACTIVATIONS:
-            raise QMoEAttributeError("swiglu_fusion", f"0 for activation {self.activation!r}", repr(self.swiglu_fusion))
-        if self.activation in GATED_ACTIVATIONS and self.swiglu_fusion == 0 and not self.has_fc3:
-            raise QMoEAttributeError("has_fc3", f"True for {self.activation} with swiglu_fusion=0 (linear half from FC3)", "False")
-        if self.has_fc3 and self.swiglu_fusion:
-            raise QMoEAttributeError("has_fc3", "False when swiglu_fusion fuses gate and linear into FC1", "True")
-        if not (isinstance(self.threads, int) and 32 <= self.threads <= 1024 and self.threads % 32 == 0):
-            raise QMoEAttributeError("threads", "a multiple of 32 in [32, 1024]", repr(self.threads))
-        try:
-            tiles = tuple(sorted((str(k), int(v)) for k, v in dict(self.tiles).items()))
-        except (TypeError, ValueError):
-            raise QMoEAttributeError("tiles", "(name, int) pairs", repr(self.tiles)) from None
-        object.__setattr__(self, "tiles", tiles)
+        gate, why = gate_source(self.activation, self.swiglu_fusion, self.has_fc3)
+        if gate is None:
+            raise QMoEAttributeError("swiglu_fusion / has_fc3", "a valid gate source", why)
 
     # -- projections -------------------------------------------------------------------------
     @property
@@ -120,14 +88,18 @@ class Layout:
     def zp(self, proj: str) -> str:
         return getattr(self, f"{proj}_zp")
 
-    def tile(self, name: str, default: int) -> int:
-        return dict(self.tiles).get(name, default)
+    @property
+    def gate(self) -> str:
+        """'none' | 'fused1' | 'fused2' | 'fc3': where FC1's gate and linear halves come from."""
+        return gate_source(self.activation, self.swiglu_fusion, self.has_fc3)[0]
+
+    @property
+    def gated(self) -> bool:
+        return self.gate != "none"
 
     # -- identity ------------------------------------------------------------------------------
     def as_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["tiles"] = [list(t) for t in self.tiles]
-        return d
+        return asdict(self)
 
     @property
     def digest(self) -> str:
@@ -135,12 +107,13 @@ class Layout:
 
     @property
     def name(self) -> str:
-        """Readable name, e.g. ``swiglu-f1_fc1-b4-zpP_fc2-b4-zpN_bs128_f16_s-f32_t256``."""
-        zp = {"none": "N", "packed": "P", "offset": "O"}
+        """Readable name, e.g. ``swiglu-f1_fc1-b4-zpP_fc2-b4-zpN_bs128_f16_s-f32``."""
+        zp = _ZP_LETTER
         act = self.activation + (f"-f{self.swiglu_fusion}" if self.swiglu_fusion else "")
         parts = [act] + [f"{p}-b{self.bits(p)}-zp{zp[self.zp(p)]}" for p in self.projections]
-        parts += [f"bs{self.block_size}", dtype_abbrev(self.dtype), "s-" + dtype_abbrev(self.scale_dtype), f"t{self.threads}"]
-        parts += [f"{k}{v}" for k, v in self.tiles]
+        parts += [f"bs{self.block_size}", dtype_abbrev(self.dtype), "s-" + dtype_abbrev(self.scale_dtype)]
+        if not self.aligned:
+            parts.append("unaligned")
         return "_".join(parts)
 
     @classmethod
@@ -148,6 +121,7 @@ class Layout:
         return tuple(f.name for f in fields(cls))
 
 
+_ZP_LETTER = {"none": "N", "packed": "P", "offset": "O"}
 _NAME_FORMS = {
     "bits": lambda v: f"b{v}",
     "block_size": lambda v: f"bs{v}",
@@ -155,19 +129,39 @@ _NAME_FORMS = {
     "dtype": lambda v: dtype_abbrev(v),
     "scale_dtype": lambda v: "s-" + dtype_abbrev(v),
     "threads": lambda v: f"t{v}",
-    "activation": lambda v: str(v),
-    "swiglu_fusion": lambda v: f"sf{v}",
+    "stages": lambda v: f"st{v}",
+    "aligned": lambda v: "" if v else "unaligned",
 }
+
+
+def _spec_name(family: str, d: dict) -> str:
+    """family, then (expert families) activation and per-projection bits / zero points, then block size,
+    dtypes and the rest: ``mma_decode_swiglu-f1_fc1-b4-zpN_fc2-b4-zpN_bs128_bf16_s-bf16_st3``."""
+    d = dict(d)
+    parts = [family]
+    if "activation" in d:
+        fusion = d.pop("swiglu_fusion", 0)
+        parts.append(d.pop("activation") + (f"-f{fusion}" if fusion else ""))
+    has_fc3 = d.pop("has_fc3", False)
+    for p in ("fc1", "fc2", "fc3"):
+        if f"{p}_bits" in d:
+            bits, zp = d.pop(f"{p}_bits"), d.pop(f"{p}_zp", "none")
+            if p != "fc3" or has_fc3:
+                parts.append(f"{p}-b{bits}-zp{_ZP_LETTER[zp]}")
+    order = ("bits", "block_size", "zp", "dtype", "scale_dtype")
+    for k in [k for k in order if k in d] + [k for k in sorted(d) if k not in order]:
+        form = _NAME_FORMS.get(k)
+        parts.append(form(d[k]) if form else f"{k}{d[k]}")
+    return "_".join(str(p).replace(" ", "") for p in parts if p != "")
 
 
 @dataclass(frozen=True)
 class ModuleSpec:
-    """What one compiled module depends on: a kernel family and its parameters.
+    """What one compiled module is made from: a kernel family and its parameters.
 
     ``params`` are sorted ``(name, value)`` pairs of JSON scalars; :meth:`make` builds one from
-    keywords. Layers that differ only in fields a family ignores produce equal specs and share
-    one module. ``name`` is readable (``dequant_b4_bs128_zp-packed_f16_s-f32_t256``); ``digest``
-    hashes family + params.
+    keywords. Layers that differ only in fields a family ignores produce equal specs and share one
+    module. ``name`` is readable (``dequant_b4_bs128_zp-packed_f16_s-f32_t256``).
     """
 
     family: str
@@ -181,7 +175,7 @@ class ModuleSpec:
         object.__setattr__(self, "params", tuple(sorted(items.items())))
 
     @classmethod
-    def make(cls, family: str, **params: Any) -> "ModuleSpec":
+    def make(cls, family: str, **params: Any) -> ModuleSpec:
         return cls(family, tuple(params.items()))
 
     def __getitem__(self, name: str) -> Any:
@@ -200,24 +194,16 @@ class ModuleSpec:
     def digest(self) -> str:
         return _digest({"family": self.family, "params": [list(p) for p in self.params]})
 
-    def render_name(self, order: tuple[str, ...] = ()) -> str:
-        """Readable name with ``order`` params first, then the rest alphabetically."""
-        d = dict(self.params)
-        keys = [k for k in order if k in d] + [k for k in sorted(d) if k not in order]
-        parts = [self.family]
-        for k in keys:
-            form = _NAME_FORMS.get(k)
-            parts.append(form(d[k]) if form else f"{k}{d[k]}")
-        return "_".join(str(p).replace(" ", "") for p in parts)
-
     @property
     def name(self) -> str:
-        return self.render_name(("bits", "block_size", "zp", "dtype", "scale_dtype"))
+        """Readable name built from every parameter (see ``_spec_name``)."""
+        return _spec_name(self.family, dict(self.params))
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """A model's MoE layer: shapes plus its :class:`Layout` (presets build these)."""
+    """A model's MoE layer: shapes plus its :class:`Layout` (presets and the executor build these).
+    The layout's ``aligned`` is derived from the shapes here."""
 
     hidden: int
     inter: int
@@ -231,7 +217,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         for f in ("hidden", "inter", "experts", "k"):
             v = getattr(self, f)
-            if not (isinstance(v, int) and v >= 1):
+            if not (type(v) is int and v >= 1):
                 raise QMoEAttributeError(f, "a positive int", repr(v))
         if self.k > self.experts:
             raise QMoEAttributeError("k", f"<= experts ({self.experts})", repr(self.k))
@@ -242,12 +228,6 @@ class ModelConfig:
             for what, K in (("hidden", self.hidden), ("inter", self.inter)):
                 if K % bs:
                     raise QMoEAttributeError("block_size", f"a divisor of {what}={K}", repr(bs))
-
-    def with_layout(self, **changes: Any) -> "ModelConfig":
-        from dataclasses import replace
-
-        return replace(self, layout=replace(self.layout, **changes))
-
-
-def layout_from_mapping(values: Mapping[str, Any]) -> Layout:
-    return Layout(**dict(values))
+        aligned = self.hidden % 32 == 0 and self.inter % 32 == 0
+        if self.layout.aligned != aligned:
+            object.__setattr__(self, "layout", replace(self.layout, aligned=aligned))

@@ -1,7 +1,7 @@
-// reduce.cuh: warp and block reductions (float32), and a warp arg-max with ties to the lower index.
+// core/reduce.cuh: warp and block reductions (float32).
 #pragma once
 
-#include "types.cuh"
+#include "core/types.cuh"
 
 namespace qmoe {
 
@@ -17,21 +17,6 @@ __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
   return v;
-}
-
-// Arg-max over the warp: on return every lane holds the largest value and its index; equal values
-// go to the lower index. Callers that need a total order over float bits (NaN, -0/+0) should map
-// values to an ordered key first.
-__device__ __forceinline__ void warp_argmax(float& v, i32& idx) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(kFullMask, v, o);
-    const i32 oi = __shfl_xor_sync(kFullMask, idx, o);
-    if (ov > v || (ov == v && oi < idx)) {
-      v = ov;
-      idx = oi;
-    }
-  }
 }
 
 // Sum over a block of THREADS threads (a multiple of 32, <= 1024). `smem` holds >= THREADS/32

@@ -1,4 +1,4 @@
-// dequant_expert.cuh: kernel family "dequant": packed experts -> dense weights.
+// engines/dequant_expert.cuh: kernel family "dequant": packed experts -> dense weights.
 //
 //   w      [E, N, ceil(K*b/8)] uint8   codes, LSB-first along K
 //   scales [E, N] or [E, N, K/BLOCK]   ScaleT
@@ -10,9 +10,9 @@
 // Grid-stride loop over E*N*ceil(K/8) groups.
 #pragma once
 
-#include "types.cuh"
-#include "unpack.cuh"
-#include "dequant.cuh"
+#include "core/dequant.cuh"
+#include "core/types.cuh"
+#include "core/unpack.cuh"
 
 namespace qmoe {
 

@@ -1,4 +1,4 @@
-// moe_group.cuh: group routes by expert on the device, in one block (no host sync).
+// routing/group.cuh: group routes by expert on the device, in one block (no host sync).
 //
 //   topk_ids     [R]      i32   expert of route r (r = row*k + slot)
 //   offsets      [E + 1]  i32   (out) first sorted position of expert e; offsets[E] = R
@@ -7,9 +7,10 @@
 //                                every route's result depends on its own row only)
 //
 // Launch: one block of kGroupThreads threads. E <= 512.
+// find_tile: what a GEMM block of tile t works on (binary search over tile_offsets).
 #pragma once
 
-#include "types.cuh"
+#include "core/types.cuh"
 
 namespace qmoe {
 
@@ -67,6 +68,22 @@ group_by_expert(const i32* __restrict__ topk_ids, i32 R, i32 E, i32 BM, i32* __r
     const i32 pos = atomicAdd(&cursor[topk_ids[r]], 1);
     sorted[pos] = r;
   }
+}
+
+// Expert and first sorted position of tile t; false for a tile past the last one.
+template <int BM>
+__device__ __forceinline__ bool find_tile(const i32* __restrict__ offsets, const i32* __restrict__ tile_offsets, i32 E,
+                                          i32 t, i32& e, i32& m0, i32& m_end) {
+  if (t >= tile_offsets[E]) return false;
+  i32 lo = 0, hi = E - 1;  // largest e with tile_offsets[e] <= t (experts with no tiles are skipped)
+  while (lo < hi) {
+    const i32 mid = (lo + hi + 1) >> 1;
+    if (tile_offsets[mid] <= t) lo = mid; else hi = mid - 1;
+  }
+  e = lo;
+  m0 = offsets[e] + (t - tile_offsets[e]) * BM;
+  m_end = min(m0 + BM, offsets[e + 1]);
+  return true;
 }
 
 }  // namespace qmoe

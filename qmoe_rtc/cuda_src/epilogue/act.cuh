@@ -1,4 +1,4 @@
-// moe_act.cuh: the QMoE activations (CONTRACT.md "Expert computation"), all in float32.
+// epilogue/act.cuh: the QMoE activations (CONTRACT.md "Expert computation"), all in float32.
 //
 //   relu, gelu (tanh form), silu, identity, relu2 = relu(x)^2            -- one input
 //   swiglu: G = min(g, limit), L = clamp(l, -limit, limit), G*sigmoid(alpha*G)*(L + beta)
@@ -7,7 +7,7 @@
 //   silu/gelu with FC3: act(fc1) * fc3                                     -- gated form
 #pragma once
 
-#include "types.cuh"
+#include "core/types.cuh"
 
 namespace qmoe {
 

@@ -1,4 +1,4 @@
-// moe_route.cuh: softmax top-k routing, one 128-thread block per token row (CONTRACT.md "Routing").
+// routing/route.cuh: softmax top-k routing, one 128-thread block per token row (CONTRACT.md "Routing").
 //
 //   logits          [rows, E]  LT (float or T)       -- router_probs are logits
 //   router_weights  [rows, E]  WT, optional          -- mixing weights gathered at the chosen experts
@@ -12,8 +12,8 @@
 // in slot order (deterministic). E <= kRouteMaxExperts.
 #pragma once
 
-#include "reduce.cuh"
-#include "types.cuh"
+#include "core/reduce.cuh"
+#include "core/types.cuh"
 
 namespace qmoe {
 

@@ -1,4 +1,4 @@
-// moe_gemv.cuh: the decode path, for few expanded rows (routes). No grouping pass: each route reads
+// engines/gemv.cuh: the SIMT decode path, for few expanded rows (routes). No grouping pass: each route reads
 // its expert's rows directly; FC1 fuses the activation, FC2 fuses the weighted combine.
 //
 //   x        [rows, H]        T      input rows
@@ -10,7 +10,7 @@
 //   out      [rows, H]        T      sum over the k routes of wts * (act . W2^T + b2), rounded once
 //
 // Both kernels give a 128-thread block a few weight rows and spread every (term, K item) pair of
-// them over all its threads (moe_dot.cuh), two items in flight per thread; a fixed-order block sum
+// them over all its threads (engines/dot.cuh), two items in flight per thread; a fixed-order block sum
 // then finishes each row (deterministic). Many small blocks keep every SM's loads in flight.
 //   fc1_gemv: block = (route, 2 groups of 4 weight rows) = 4 gated outputs or 8 plain ones.
 //   fc2_gemv_combine: block = (token row, 4 outputs); terms = the row's k routes.
@@ -18,10 +18,10 @@
 // expert rows for different tokens run together and share them through L2.
 #pragma once
 
-#include "dequant.cuh"
-#include "moe_act.cuh"
-#include "moe_dot.cuh"
-#include "types.cuh"
+#include "core/dequant.cuh"
+#include "core/types.cuh"
+#include "engines/dot.cuh"
+#include "epilogue/fc1.cuh"
 
 namespace qmoe {
 
@@ -43,13 +43,13 @@ fc1_gemv(const T* __restrict__ x, const i32* __restrict__ ids, i32 k, i32 H, i32
          float zp_offset, float alpha, float beta, float limit, i32 limit_after, T* __restrict__ act) {
   __shared__ float red[kGemvThreads / 32 * kFc1Groups * 4];
   using Shape = Fc1Shape<GATE>;
+  using Rows = Fc1Rows<GATE>;
   constexpr int OPG = Shape::kOutPerGroup;
-  constexpr bool kFused = GATE == GATE_FUSED1 || GATE == GATE_FUSED2;
   const ActParams ap{alpha, beta, limit, limit_after};
   const i32 r = blockIdx.x;
   const i32 e = ids[r];
   const T* xr = x + (i64)(r / k) * H;
-  const i32 N1 = kFused ? 2 * I : I;
+  const i32 N1 = Rows::n1(I);
   const QuantParams<ScaleT, B1, BLOCK, Z1> q1{s1, z1, zp_offset, N1, H};
   const QuantParams<ScaleT, B3, BLOCK, Z3> q3{s3, z3, zp_offset, I, H};
   const i32 o0 = blockIdx.y * Shape::kOut;
@@ -62,12 +62,8 @@ fc1_gemv(const T* __restrict__ x, const i32* __restrict__ ids, i32 k, i32 H, i32
 #pragma unroll
     for (int j = 0; j < OPG; ++j) {
       const i32 o = min(o0 + g * OPG + j, I - 1);  // clamped: computed, never stored
-      if constexpr (GATE == GATE_NONE) {
-        n[g][j] = o;
-      } else {
-        n[g][j] = GATE == GATE_FUSED1 ? 2 * o : o;
-        n[g][OPG + j] = GATE == GATE_FUSED1 ? 2 * o + 1 : (GATE == GATE_FUSED2 ? I + o : o);
-      }
+      n[g][j] = Rows::gate_row(o, I);
+      if constexpr (Shape::kGated) n[g][OPG + j] = Rows::lin_row(o, I);
     }
   }
   float acc[kFc1Groups][4] = {};
@@ -116,17 +112,7 @@ fc1_gemv(const T* __restrict__ x, const i32* __restrict__ ids, i32 k, i32 H, i32
 #pragma unroll
       for (int jj = 0; jj < OPG; ++jj)
         if (jj == j) { gate = hv[jj]; if constexpr (Shape::kGated) lin = hv[OPG + jj]; }
-      float a;
-      if constexpr (GATE == GATE_NONE) {
-        a = act1<ACT>(gate + (b1 ? b1[(i64)e * N1 + o] : 0.0f));
-      } else {
-        const i32 gn = GATE == GATE_FUSED1 ? 2 * o : o;
-        gate += b1 ? b1[(i64)e * N1 + gn] : 0.0f;
-        if constexpr (GATE == GATE_FC3) lin += b3 ? b3[(i64)e * I + o] : 0.0f;
-        else lin += b1 ? b1[(i64)e * N1 + (GATE == GATE_FUSED1 ? 2 * o + 1 : I + o)] : 0.0f;
-        a = act_gated<ACT>(gate, lin, ap);
-      }
-      act[(i64)r * I + o] = Traits<T>::from_float(a);
+      act[(i64)r * I + o] = Traits<T>::from_float(fc1_activation<ACT, GATE>(gate, lin, b1, b3, e, o, I, ap));
     }
   }
 }

@@ -1,4 +1,4 @@
-// types.cuh: integer aliases and the activation-type traits every qmoe kernel uses.
+// core/types.cuh: integer aliases and the activation-type traits every qmoe kernel uses.
 //
 // NVRTC has no <cstdint>; these aliases are the only integer names the templates use.
 // Traits<T> converts between the storage type T (float, __half, __nv_bfloat16) and float32,
@@ -36,11 +36,6 @@ template <> struct Traits<__nv_bfloat16> {
   static __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
   static __device__ __forceinline__ __nv_bfloat16 from_float(float v) { return __float2bfloat16_rn(v); }
 };
-
-// One element of T* as float32.
-template <typename T> __device__ __forceinline__ float load_f32(const T* p) {
-  return Traits<T>::to_float(*p);
-}
 
 // Round a float32 to T (round-to-nearest-even) and store it.
 template <typename T> __device__ __forceinline__ void store_f32(T* p, float v) {

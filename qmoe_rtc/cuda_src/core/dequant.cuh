@@ -1,4 +1,4 @@
-// dequant.cuh: scales, zero points and the dequantization formula of one projection.
+// core/dequant.cuh: scales, zero points and the dequantization formula of one projection.
 //
 //   w = (q - zp) * scale      (float32; CONTRACT.md "Weight layout and dequantization")
 //
@@ -6,8 +6,8 @@
 // and ZP (zero-point mode below). The scale storage type ScaleT is float or the activation type.
 #pragma once
 
-#include "types.cuh"
-#include "unpack.cuh"
+#include "core/types.cuh"
+#include "core/unpack.cuh"
 
 namespace qmoe {
 
@@ -64,11 +64,8 @@ template <typename ScaleT, int BITS, int BLOCK, int ZP> struct QuantParams {
     return r;
   }
 
-  // Where fetch() reads, for kernels that copy the bytes themselves (cp.async) and decode later
-  // (BITS 1/2/4/8: a zero-point code never straddles a byte).
-  __device__ __forceinline__ i64 scale_index(i32 e, i32 n, i32 j) const {
-    return ((i64)e * N + n) * blocks_per_row() + j;
-  }
+  // Where fetch() reads the zero point, for kernels that copy the bytes themselves (cp.async) and
+  // decode later (BITS 1/2/4/8: a zero-point code never straddles a byte).
   __device__ __forceinline__ i64 zp_byte(i32 e, i32 n, i32 j) const {
     static_assert(8 % BITS == 0, "zp_byte: 1/2/4/8-bit codes only");
     if constexpr (BLOCK == 0) return (i64)e * packed_bytes<BITS>(N) + (i64)n * BITS / 8;

@@ -1,4 +1,4 @@
-// moe_dot.cuh: the inner step of the decode path — one K item of RW packed weight rows of one expert
+// engines/dot.cuh: the inner step of the decode path — one K item of RW packed weight rows of one expert
 // against one activation vector, accumulated in float32.
 //
 // VEC (K % 32 == 0, rows 16-byte aligned): an item is a chunk of 32 codes (4*b bytes: one 16-byte
@@ -8,9 +8,9 @@
 // !VEC: an item is a group of 8 codes (any K: the last group may be partial), read byte-wise.
 #pragma once
 
-#include "dequant.cuh"
-#include "types.cuh"
-#include "unpack.cuh"
+#include "core/dequant.cuh"
+#include "core/types.cuh"
+#include "core/unpack.cuh"
 
 namespace qmoe {
 

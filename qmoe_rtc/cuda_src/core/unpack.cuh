@@ -1,4 +1,4 @@
-// unpack.cuh: read b-bit codes (b in {1, 2, 3, 4, 8}) packed least-significant bits first.
+// core/unpack.cuh: read b-bit codes (b in {1, 2, 3, 4, 8}) packed least-significant bits first.
 //
 // Packing (CONTRACT.md): element k of a row lives in byte floor(k*b/8) at bit offset (k*b) mod 8;
 // a row is ceil(K*b/8) bytes. 3-bit codes form one continuous bitstream per row and may straddle
@@ -8,7 +8,7 @@
 //   [b bytes] = codes k0 .. k0+7, code i at bits [i*b, (i+1)*b) of the little-endian word.
 #pragma once
 
-#include "types.cuh"
+#include "core/types.cuh"
 
 namespace qmoe {
 
@@ -70,17 +70,6 @@ template <int BITS> __device__ __forceinline__ void unpack8(u64 word, u32 (&q)[8
 // Codes [k0, k0+8) of a row (k0 % 8 == 0, k0 + 8 <= K).
 template <int BITS, bool ALIGNED> __device__ __forceinline__ void load_unpack8(const u8* __restrict__ row, i64 k0, u32 (&q)[8]) {
   unpack8<BITS>(load8_codes<BITS, ALIGNED>(row, k0), q);
-}
-
-// Codes [k0, k0+32) of a row (k0 % 32 == 0, k0 + 32 <= K): 4*b bytes.
-template <int BITS, bool ALIGNED> __device__ __forceinline__ void load_unpack32(const u8* __restrict__ row, i64 k0, u32 (&q)[32]) {
-#pragma unroll
-  for (int g = 0; g < 4; ++g) {
-    u32 part[8];
-    load_unpack8<BITS, ALIGNED>(row, k0 + 8 * g, part);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) q[8 * g + i] = part[i];
-  }
 }
 
 }  // namespace qmoe

@@ -1,0 +1,169 @@
+// core/mma_pair.cuh: two values of T (float16 / bfloat16) in one 32-bit register -- exact integer
+// codes, scales, the mma.sync m16n8k16 they feed -- and the exact in-register dequantization of one
+// lane's 32 codes of a weight row into mma A-fragment pairs.
+//
+// Dequantization: (magic | q) − (magic + zp) is exact in f16 (magic 1024) and bf16 (magic 128, q < 128);
+// bf16 with 8-bit codes goes through float32 ((2^23 | q) − (2^23 + zp)), rounded once (exact: |q − zp| ≤ 255).
+// A lane holds 32 consecutive codes of a row (4·b bytes); pair i is the codes (c, c + 16/b) with
+// c = first_code(i), which is the order the shifts and masks produce them in; the activations are
+// permuted the same way (x_pair), so the mma's k index needs no shuffle.
+#pragma once
+
+#include "core/dequant.cuh"
+#include "core/types.cuh"
+
+namespace qmoe {
+
+// Two values of T in one u32: exact integer codes, scale multiply, mma.
+template <typename T> struct Pair2;
+
+template <> struct Pair2<__half> {
+  static constexpr u32 kMagic = 0x64006400u;  // half2(1024, 1024): (magic | q) = 1024 + q, q < 1024
+  static constexpr float kMagicF = 1024.0f;
+  static constexpr u32 kMagicByte = 0x64646464u;
+  static __device__ __forceinline__ u32 splat(float v) {
+    const __half2 h = __float2half2_rn(v);
+    return *reinterpret_cast<const u32*>(&h);
+  }
+  static __device__ __forceinline__ u32 pack(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const u32*>(&h);
+  }
+  static __device__ __forceinline__ u32 sub(u32 a, u32 zpm) {
+    u32 d;
+    asm("sub.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(zpm));
+    return d;
+  }
+  static __device__ __forceinline__ u32 fma(u32 a, u32 b, u32 c) {  // a * b + c
+    u32 d;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+  }
+  static __device__ __forceinline__ u32 mul(u32 a, u32 b) {
+    u32 d;
+    asm("mul.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+  }
+  static __device__ __forceinline__ u32 sub_mul(u32 a, u32 zpm, u32 sc) {  // (a - zpm) * sc
+    u32 d;
+    asm("sub.f16x2 %0, %1, %2;\n\tmul.f16x2 %0, %0, %3;" : "=&r"(d) : "r"(a), "r"(zpm), "r"(sc));
+    return d;
+  }
+  static __device__ __forceinline__ void mma(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+template <> struct Pair2<__nv_bfloat16> {
+  static constexpr u32 kMagic = 0x43004300u;  // bf16x2(128, 128): (magic | q) = 128 + q, q < 128
+  static constexpr float kMagicF = 128.0f;
+  static constexpr u32 kMagicByte = 0;  // 8-bit codes go through float32
+  static __device__ __forceinline__ u32 splat(float v) {
+    const __nv_bfloat162 h = __float2bfloat162_rn(v);
+    return *reinterpret_cast<const u32*>(&h);
+  }
+  static __device__ __forceinline__ u32 pack(float lo, float hi) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const u32*>(&h);
+  }
+  static __device__ __forceinline__ u32 sub(u32 a, u32 zpm) {
+    u32 d;
+    asm("fma.rn.bf16x2 %0, %1, %3, %2;" : "=r"(d) : "r"(a), "r"(zpm ^ 0x80008000u), "r"(0x3F803F80u));
+    return d;
+  }
+  static __device__ __forceinline__ u32 sub_mul(u32 a, u32 zpm, u32 sc) {  // fma forms exist on sm_80
+    u32 d;
+    asm("fma.rn.bf16x2 %0, %1, %4, %2;\n\tfma.rn.bf16x2 %0, %0, %3, %5;"
+        : "=&r"(d) : "r"(a), "r"(zpm ^ 0x80008000u), "r"(sc), "r"(0x3F803F80u), "r"(0x80008000u));
+    return d;
+  }
+  static __device__ __forceinline__ void mma(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+// Dequantization coefficients of one row over one lane's 32 codes (two when BLOCK == 16).
+struct Coef {
+  u32 zpm;  // T2 splat of magic + zp   (float32 path: unused)
+  u32 zph;  // float16 4-bit: splat of -(magic/16 + zp), the addend for codes read as 16·q
+  u32 sc;   // T2 splat of scale
+  float zpf;  // float32 path: 2^23 + zp
+  float scf;  // scale
+};
+
+template <typename T, int B> struct MmaDeq {
+  static constexpr bool kF32 = B == 8 && Pair2<T>::kMagicByte == 0;  // bf16 with 8-bit codes
+  static constexpr int kPairsPerWord = 16 / B;                         // pair i = codes (c, c + 16/B)
+  static constexpr int kCodesPerWord = 32 / B;
+
+  static __device__ __forceinline__ Coef coef(ScaleZp s) {
+    Coef c;
+    if constexpr (kF32) {
+      c.zpf = 8388608.0f + s.zp;
+      c.scf = s.scale;
+      c.zpm = c.zph = c.sc = 0;
+    } else {
+      c.zpm = Pair2<T>::splat(Pair2<T>::kMagicF + s.zp);
+      c.zph = Pair2<T>::splat(-(Pair2<T>::kMagicF / 16.0f + s.zp));
+      c.sc = Pair2<T>::splat(s.scale);
+      c.zpf = 0.0f;
+      c.scf = s.scale;  // applied to the mma's partial sums when the scale is constant over a chunk
+    }
+    return c;
+  }
+  static __device__ __forceinline__ Coef zero() {
+    Coef c;
+    c.zpm = kF32 ? 0u : Pair2<T>::kMagic;
+    c.zph = kF32 ? 0u : Pair2<T>::splat(-Pair2<T>::kMagicF / 16.0f);  // (magic | 0)/16 + zph = 0
+    c.sc = 0u;
+    c.zpf = 8388608.0f;
+    c.scf = 0.0f;
+    return c;
+  }
+  // First code of pair i within the lane's 32 codes (the second is 16/B further).
+  static __device__ __forceinline__ constexpr int first_code(int i) {
+    return (i / kPairsPerWord) * kCodesPerWord + i % kPairsPerWord;
+  }
+  // Pair i (0..15) of the lane's 32 codes as T2 for codes (c, c + 16/B): (q - zp) * scale, or the
+  // exact (q - zp) when !SCALED (the caller scales the mma's partial sums).
+  template <bool SCALED>
+  static __device__ __forceinline__ u32 pair(const u32 (&w)[B], int i, const Coef& cf) {
+    const int word = i / kPairsPerWord, j = i % kPairsPerWord;
+    if constexpr (kF32) {
+      const float lo = __int_as_float(__byte_perm(w[word], 0x4B000000u, 0x7440 + j)) - cf.zpf;
+      const float hi = __int_as_float(__byte_perm(w[word], 0x4B000000u, 0x7442 + j)) - cf.zpf;
+      return SCALED ? Pair2<T>::pack(lo * cf.scf, hi * cf.scf) : Pair2<T>::pack(lo, hi);
+    } else if constexpr (B == 4 && Pair2<T>::kMagicByte != 0) {
+      // float16, 4-bit: pairs 0/2 of a word are (magic | q) at nibbles 0 and 2 of each half; pairs 1/3
+      // are read in place as (magic | 16·q) and brought to q - zp by one exact fma (x/16 - (64 + zp)):
+      // one shift per word instead of three
+      const u32 wv = j >= 2 ? w[word] >> 8 : w[word];
+      if (j & 1) {
+        const u32 v = (wv & 0x00f000f0u) | Pair2<T>::kMagic;
+        const u32 d = Pair2<T>::fma(v, 0x2C002C00u, cf.zph);  // 0x2C00 = 1/16
+        return SCALED ? Pair2<T>::mul(d, cf.sc) : d;
+      }
+      const u32 v = (wv & 0x000f000fu) | Pair2<T>::kMagic;
+      return SCALED ? Pair2<T>::sub_mul(v, cf.zpm, cf.sc) : Pair2<T>::sub(v, cf.zpm);
+    } else {
+      u32 v;
+      if constexpr (B == 8) v = __byte_perm(w[word], Pair2<T>::kMagicByte, 0x4240 + 0x101 * j);
+      else v = ((w[word] >> (B * j)) & (((1u << B) - 1u) * 0x00010001u)) | Pair2<T>::kMagic;
+      return SCALED ? Pair2<T>::sub_mul(v, cf.zpm, cf.sc) : Pair2<T>::sub(v, cf.zpm);
+    }
+  }
+  // The activations of pair i: (x[c], x[c + 16/B]) from the lane's 32 activations xw (16 words).
+  static __device__ __forceinline__ u32 x_pair(const u32 (&xw)[16], int i) {
+    const int c1 = first_code(i), c2 = c1 + kPairsPerWord;
+    const u32 lo = (c1 & 1) * 2, hi = 4 + (c2 & 1) * 2;
+    return __byte_perm(xw[c1 >> 1], xw[c2 >> 1], lo | ((lo + 1) << 4) | (hi << 8) | ((hi + 1) << 12));
+  }
+};
+
+}  // namespace qmoe

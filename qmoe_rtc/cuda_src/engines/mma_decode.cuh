@@ -1,0 +1,231 @@
+// engines/mma_decode.cuh: the tensor-core decode path (float16 / bfloat16 activations, 1/2/4/8-bit weights).
+//
+// Expert-grouped: a block belongs to (row tile, route r); it works only if r is the first route of
+// its expert e = ids[r] and then serves every route of e (found by scanning the R route ids in the
+// block), so each expert's weights are read once however many tokens chose it. Blocks of the other
+// routes of e exit at once. No grouping pass, no extra launch.
+//
+//   x        [rows, H]         T     input rows (route r reads row r / k)
+//   ids, wts [R]               i32, f32   routes (route_topk), R = rows·k <= kMmaMaxRoutes
+//   W1       [E, N1, H·b/8]    u8    N1 = F·I (+ scales [E, N1(, H/blk)], zero points, bias [E, N1] f32)
+//   W3       [E, I, H·b/8]     u8    GATE_FC3 only, same bit width as W1
+//   act      [R, I]            T     fc1_mma out (activation rounded to T), fc2_mma_combine in
+//   W2       [E, H, I·b/8]     u8
+//   y        [R, H]            f32   wts[r]·(act[r]·W2[e]ᵀ + b2[e]) of every route
+//   counters [ceil(H/rows per block)] u32, zero between calls: blocks done per H tile
+//   out      [rows, H]         T     Σ_slot y[row·k + slot] in slot order, rounded once (last block of a tile)
+//
+// The warp tile, the exact in-register dequantization and the per-warp weight ring are in
+// engines/mma_ring.cuh and core/mma_pair.cuh.
+// Weights, scales and zero points stream through a per-warp cp.async ring in dynamic shared memory
+// (kMmaStages stages of 2 KiB of codes); each lane reads back only what it copied (no barrier).
+// A block = 4 warps = MT row tiles × KS slices of K (MT·KS = 4, KS a launch argument); the KS
+// partial sums are added in a fixed order (deterministic). A route group of 8·NG routes shares the
+// dequantized A fragments; experts with more routes take several passes.
+// Not covered (the executor uses the SIMT gemv kernels and logs why): float32 activations, 3-bit
+// codes, zero_point_offset, FC3 with a bit width other than FC1's, 1-bit with block 16, K % 32 ≠ 0.
+#pragma once
+
+#include "core/types.cuh"
+#include "engines/mma_ring.cuh"
+#include "epilogue/fc1.cuh"
+
+namespace qmoe {
+
+// The routes of one expert. Every block loads the R ids into shared memory; the block of route r
+// proceeds only if no earlier route has the same expert, and then lists (in route order) every
+// route of that expert.
+struct ExpertRoutes {
+  i32 n;  // routes listed (0: this block is a duplicate and has nothing to do)
+};
+
+__device__ __forceinline__ ExpertRoutes collect_routes(const i32* __restrict__ ids, i32 R, i32* s_ids, i32* s_list,
+                                                       i32* s_n) {
+  const i32 r = blockIdx.y;
+  for (i32 q = threadIdx.x; q < R; q += kMmaThreads) s_ids[q] = ids[q];
+  __syncthreads();
+  const i32 e = s_ids[r];
+  bool dup = false;
+  for (i32 q = threadIdx.x; q < r; q += kMmaThreads) dup |= s_ids[q] == e;
+  if (__syncthreads_or(dup)) return ExpertRoutes{0};
+  if (threadIdx.x < 32) {
+    const u32 lane = threadIdx.x;
+    i32 n = 0;
+    for (i32 base = r; base < R; base += 32) {
+      const i32 q = base + (i32)lane;
+      const bool hit = q < R && s_ids[q] == e;
+      const u32 m = __ballot_sync(0xffffffffu, hit);
+      if (hit) s_list[n + __popc(m & ((1u << lane) - 1u))] = q;
+      n += __popc(m);
+    }
+    if (lane == 0) *s_n = n;
+  }
+  __syncthreads();
+  return ExpertRoutes{*s_n};
+}
+
+// Adds the KS slices' C fragments into the slice-0 warps (fixed order). red: kMmaWarps·NG·4·32 floats.
+template <int NG> __device__ __forceinline__ void reduce_slices(float (&acc)[NG][4], i32 mt, i32 ks, i32 MT, i32 KS,
+                                                                float* red) {
+  if (KS == 1) return;
+  const i32 lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  if (ks > 0) {
+#pragma unroll
+    for (int g = 0; g < NG; ++g)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) red[((w * NG + g) * 4 + v) * 32 + lane] = acc[g][v];
+  }
+  __syncthreads();
+  if (ks == 0) {
+    for (i32 s = 1; s < KS; ++s) {
+      const i32 ws = s * MT + mt;
+#pragma unroll
+      for (int g = 0; g < NG; ++g)
+#pragma unroll
+        for (int v = 0; v < 4; ++v) acc[g][v] += red[((ws * NG + g) * 4 + v) * 32 + lane];
+    }
+  }
+  __syncthreads();
+}
+
+// Rows per 16-row warp tile: gated FC1 = 8 outputs (rows g: gate, g + 8: linear); else 16 outputs.
+template <int GATE, typename T, typename ScaleT, int B1, int Z1, int Z3, int BLOCK, int ACT, int NG>
+__global__ void __launch_bounds__(kMmaThreads, mma_min_blocks<NG>())
+fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 H, i32 I, i32 KS,
+        const u8* __restrict__ w1, const ScaleT* __restrict__ s1, const u8* __restrict__ z1, const float* __restrict__ b1,
+        const u8* __restrict__ w3, const ScaleT* __restrict__ s3, const u8* __restrict__ z3, const float* __restrict__ b3,
+        float zp_offset, float alpha, float beta, float limit, i32 limit_after, T* __restrict__ act) {
+  __shared__ i32 s_ids[kMmaMaxRoutes], s_list[kMmaMaxRoutes], s_n;
+  __shared__ float red[kMmaWarps * NG * 4 * 32];
+  extern __shared__ __align__(16) u8 dyn_smem[];
+  using Stage = MmaStage<B1, ScaleT, BLOCK, Z1 == ZP_PACKED || (GATE == GATE_FC3 && Z3 == ZP_PACKED)>;
+  check_ring_size<Stage>();
+  using Rows = Fc1Rows<GATE>;
+  constexpr bool kGated = Rows::kGated;
+  constexpr int kOutPerTile = kGated ? 8 : 16;
+  const ActParams ap{alpha, beta, limit, limit_after};
+  const i32 e = ids[blockIdx.y];
+  const i32 N1 = Rows::n1(I);
+  const QuantParams<ScaleT, B1, BLOCK, Z1> q1{s1, z1, zp_offset, N1, H};
+  const QuantParams<ScaleT, B1, BLOCK, Z3> q3{s3, z3, zp_offset, I, H};
+  const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const i32 MT = kMmaWarps / KS, mt = warp % MT, ks = warp / MT;
+  const i32 g = lane >> 2, t = lane & 3;
+  const i32 o0 = (blockIdx.x * MT + mt) * kOutPerTile;
+  // lane rows: gated: gate and linear row of output o0 + g; plain: outputs o0 + g, o0 + g + 8 (clamped:
+  // computed, never stored)
+  const i32 oa = min(o0 + g, I - 1), ob = kGated ? oa : min(o0 + g + 8, I - 1);
+  const i32 na = Rows::gate_row(oa, I), nb = kGated ? Rows::lin_row(oa, I) : ob;
+  const i64 row_bytes = packed_bytes<B1>(H);
+  const u8* pa = w1 + ((i64)e * N1 + na) * row_bytes;
+  const u8* pb = GATE == GATE_FC3 ? w3 + ((i64)e * I + nb) * row_bytes : w1 + ((i64)e * N1 + nb) * row_bytes;
+  if (R <= kMmaPrefetchRoutes) prefetch_rows<B1>(pa, pb, H, ks, KS, kMmaPrefetchChunks);
+  const ExpertRoutes er = collect_routes(ids, R, s_ids, s_list, &s_n);
+  if (er.n == 0) return;
+
+  for (i32 p = 0; p < er.n; p += 8 * NG) {
+    const T* xrow[NG];
+#pragma unroll
+    for (int gg = 0; gg < NG; ++gg) {
+      const i32 j = p + 8 * gg + g;
+      xrow[gg] = j < er.n ? x + (i64)(s_list[j] / k) * H : nullptr;
+    }
+    float acc[NG][4] = {};
+    u8* ring = dyn_smem + warp * kMmaStages * Stage::kBytes;
+    if constexpr (GATE == GATE_FC3) mma_rows<T, B1, NG>(q1, pa, na, q3, pb, nb, e, xrow, H, ks, KS, acc, ring);
+    else mma_rows<T, B1, NG>(q1, pa, na, q1, pb, nb, e, xrow, H, ks, KS, acc, ring);  // both rows from W1
+    reduce_slices<NG>(acc, mt, ks, MT, KS, red);
+    if (ks == 0) {
+#pragma unroll
+      for (int gg = 0; gg < NG; ++gg) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const i32 j = p + 8 * gg + 2 * t + c;
+          if (j >= er.n) continue;
+          const i64 r = s_list[j];
+          const float ha = acc[gg][c], hb = acc[gg][2 + c];  // rows g, g + 8
+          if constexpr (kGated) {
+            const i32 o = o0 + g;
+            if (o < I) act[r * I + o] = Traits<T>::from_float(fc1_activation<ACT, GATE>(ha, hb, b1, b3, e, o, I, ap));
+          } else {
+            if (o0 + g < I)
+              act[r * I + o0 + g] = Traits<T>::from_float(fc1_activation<ACT, GATE>(ha, 0.0f, b1, b3, e, o0 + g, I, ap));
+            if (o0 + g + 8 < I)
+              act[r * I + o0 + g + 8] =
+                  Traits<T>::from_float(fc1_activation<ACT, GATE>(hb, 0.0f, b1, b3, e, o0 + g + 8, I, ap));
+          }
+        }
+      }
+    }
+  }
+}
+
+template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, int NG>
+__global__ void __launch_bounds__(kMmaThreads, mma_min_blocks<NG>())
+fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const float* __restrict__ wts, i32 R, i32 k,
+                i32 H, i32 I, i32 KS, const u8* __restrict__ w2, const ScaleT* __restrict__ s2,
+                const u8* __restrict__ z2, const float* __restrict__ b2, float zp_offset, float* __restrict__ y,
+                u32* __restrict__ counters, T* __restrict__ out) {
+  __shared__ i32 s_ids[kMmaMaxRoutes], s_list[kMmaMaxRoutes], s_n;
+  __shared__ float red[kMmaWarps * NG * 4 * 32];
+  __shared__ bool s_last;
+  extern __shared__ __align__(16) u8 dyn_smem[];
+  using Stage = MmaStage<B2, ScaleT, BLOCK, Z2 == ZP_PACKED>;
+  check_ring_size<Stage>();
+  const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const i32 MT = kMmaWarps / KS, mt = warp % MT, ks = warp / MT;
+  const i32 g = lane >> 2, t = lane & 3;
+  const i32 e = ids[blockIdx.y];
+  const i32 n0 = (blockIdx.x * MT + mt) * 16;
+  const i32 na = min(n0 + g, H - 1), nb = min(n0 + g + 8, H - 1);
+  const QuantParams<ScaleT, B2, BLOCK, Z2> q2{s2, z2, zp_offset, H, I};
+  const i64 row_bytes = packed_bytes<B2>(I);
+  const u8* pa = w2 + ((i64)e * H + na) * row_bytes;
+  const u8* pb = w2 + ((i64)e * H + nb) * row_bytes;
+  if (R <= kMmaPrefetchRoutes) prefetch_rows<B2>(pa, pb, I, ks, KS, kMmaPrefetchChunks);
+  const ExpertRoutes er = collect_routes(ids, R, s_ids, s_list, &s_n);
+  for (i32 p = 0; p < er.n; p += 8 * NG) {
+    const T* xrow[NG];
+#pragma unroll
+    for (int gg = 0; gg < NG; ++gg) {
+      const i32 j = p + 8 * gg + g;
+      xrow[gg] = j < er.n ? act + (i64)s_list[j] * I : nullptr;
+    }
+    float acc[NG][4] = {};
+    u8* ring = dyn_smem + warp * kMmaStages * Stage::kBytes;
+    mma_rows<T, B2, NG>(q2, pa, na, q2, pb, nb, e, xrow, I, ks, KS, acc, ring);
+    reduce_slices<NG>(acc, mt, ks, MT, KS, red);
+    if (ks == 0) {
+#pragma unroll
+      for (int gg = 0; gg < NG; ++gg) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const i32 j = p + 8 * gg + 2 * t + c;
+          if (j >= er.n) continue;
+          const i64 r = s_list[j];
+          const float wr = wts[r];
+          if (n0 + g < H) y[r * H + n0 + g] = wr * (acc[gg][c] + (b2 ? b2[(i64)e * H + na] : 0.0f));
+          if (n0 + g + 8 < H) y[r * H + n0 + g + 8] = wr * (acc[gg][2 + c] + (b2 ? b2[(i64)e * H + nb] : 0.0f));
+        }
+      }
+    }
+  }
+  // The last of the R blocks of this H tile adds the routes' y in slot order and resets the counter.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) s_last = atomicAdd(&counters[blockIdx.x], 1u) == (u32)(R - 1);
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  const i32 rows = R / k, tile = 16 * MT, h0 = blockIdx.x * tile;
+  for (i32 idx = threadIdx.x; idx < rows * tile; idx += kMmaThreads) {
+    const i32 row = idx / tile, n = h0 + idx % tile;
+    if (n >= H) continue;
+    float v = 0.0f;
+    for (i32 slot = 0; slot < k; ++slot) v += __ldcg(y + ((i64)row * k + slot) * H + n);
+    out[(i64)row * H + n] = Traits<T>::from_float(v);
+  }
+  if (threadIdx.x == 0) counters[blockIdx.x] = 0u;
+}
+
+}  // namespace qmoe

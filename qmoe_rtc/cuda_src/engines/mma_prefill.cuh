@@ -1,0 +1,360 @@
+// engines/mma_prefill.cuh: the tensor-core prefill engine (float16 / bfloat16 activations, 1/2/4/8-bit
+// weights, mixed widths): grouped GEMMs over expert-contiguous routes (routing/group.cuh), FC1 with
+// the activation fused (epilogue/fc1.cuh), FC2 + bias, then the weighted combine (epilogue/combine.cuh).
+//
+//   sorted, offsets, tile_offsets     routing/group.cuh, route tiles of BR = 8·NR routes
+//   x           [rows, H]   T     FC1's activations: route rows gathered by index inside the tile copy
+//                                 (row = route / k; no copy of the input per route)
+//   act_sorted  [R, I]      T     FC1 out in sorted order (activation rounded to T), FC2's activations
+//   y           [R, H]      f32   FC2 out by route id, bias added (the combine applies the routing weight)
+//
+// Block tile: BR routes × kPfRows weight rows (kPfWarps warps × kPfMW m16 tiles each). Grid: G
+// consecutive route tiles × every weight tile, then the next G (the group's activations and the
+// weight tiles in flight stay in L2). mma.sync m16n8k16, A = weights decoded exactly in registers
+// (core/mma_pair.cuh: lane (g, t) holds 32 consecutive codes of rows g and g + 8 of a tile), B =
+// activations of 8 routes, f32 accumulators; a warp's A fragments serve all NR route groups.
+// K goes in chunks of 128 codes through a kPfStages-deep cp.async pipeline: the block's activation
+// tile [BR][128] in XOR-swizzled 16-byte units (a lane reads its 32 activations as 4 conflict-free
+// 16-byte loads) and each warp's codes + scale / zero-point words (core/lane_meta.cuh).
+// Scales: row-wise — the mma sums the exact (q − zp)·x and the epilogue applies the row scale;
+// block-wise — each pair is scaled in T before the mma (rounded once, like a dequantize-to-T GEMM).
+// Not covered (the executor runs the SIMT engine and says why): float32 activations, 3-bit codes,
+// zero_point_offset, FC3 with a bit width other than FC1's, 1-bit with block 16, K % 32 ≠ 0.
+#pragma once
+
+#include "core/cp_async.cuh"
+#include "core/dequant.cuh"
+#include "core/lane_meta.cuh"
+#include "core/mma_pair.cuh"
+#include "core/types.cuh"
+#include "epilogue/combine.cuh"
+#include "epilogue/fc1.cuh"
+#include "routing/group.cuh"
+
+namespace qmoe {
+
+constexpr int kPfWarps = 4;
+constexpr int kPfThreads = 32 * kPfWarps;
+constexpr int kPfMW = 2;                         // m16 weight tiles per warp
+constexpr int kPfTiles = kPfWarps * kPfMW;       // m16 tiles per block
+constexpr int kPfChunk = 128;                    // codes of K per pipeline stage
+#ifndef QMOE_PF_STAGES
+#define QMOE_PF_STAGES 3
+#endif
+constexpr int kPfStages = QMOE_PF_STAGES;
+
+// One pipeline stage in dynamic shared memory:
+//   x     [BR][16 units][16 B]                  the tile's activations for the chunk (unit u of route r
+//                                               stored at u ^ pf_swizzle(u, r))
+//   codes [warps][MW][2 rows][32 lanes][4·B B]  each lane's 32 codes of its rows
+//   meta  [warps][MW][2 rows][kWords][32] u32   their scale / zp words (block-wise scales only:
+//                                               row-wise ones are read once, before the loop)
+template <int B, typename ScaleT, int BLOCK, bool ZPW, int NR> struct PfStage {
+  static constexpr int kBR = 8 * NR;
+  static constexpr int kXBytes = kBR * 256;
+  static constexpr int kWords = BLOCK ? MetaLayout<ScaleT, BLOCK, ZPW>::kWords : 0;
+  static constexpr int kCB = 4 * B;  // code bytes per lane row per chunk
+  static constexpr int kWarpCodes = kPfMW * 2 * 32 * kCB;
+  static constexpr int kWarpBytes = kWarpCodes + kPfMW * 2 * kWords * 128;
+  static constexpr int kBytes = kXBytes + kPfWarps * kWarpBytes;
+};
+
+// A quarter warp reads rows r, r + 1 (r even) at units 4t + v, t = 0..3: with this swizzle its 8
+// 16-byte loads fall in 8 distinct bank groups.
+__device__ __forceinline__ int pf_swizzle(int u, int r) { return (((u >> 3) & 1) << 1) | (r & 1); }
+
+// Tile of this block: weight tile nt, route tile G·group + rem % G (false: past the last route tile).
+template <int BR>
+__device__ __forceinline__ bool pf_tile(const i32* __restrict__ offsets, const i32* __restrict__ tile_offsets, i32 E,
+                                        i32 NT, i32 G, i32& nt, i32& e, i32& m0, i32& m_end) {
+  const i32 per = G * NT, grp = blockIdx.x / per, rem = blockIdx.x - grp * per;
+  nt = rem / G;
+  return find_tile<BR>(offsets, tile_offsets, E, grp * G + rem % G, e, m0, m_end);
+}
+
+// The launch must give kPfStages stages (kernels/mma_prefill.py computes the same size): trap, never overrun.
+template <class St> __device__ __forceinline__ void pf_check_smem() {
+  u32 have;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(have));
+  if (have < (u32)(kPfStages * St::kBytes)) __trap();
+}
+
+// The main loop FC1 and FC2 share: acc[m][j] (C fragments: rows g / g + 8 of warp tile m, routes
+// 8j + 2t, 2t + 1) = W[lane rows] · act[tile routes]ᵀ over K. Route row i of the tile starts at
+// src + s_src[i] (s_src[i] < 0: padding, read as zeros). pa / pb, na / nb: the lane's two rows of
+// each warp tile (codes, row index); rca / rcb: their coefficients when scales are row-wise.
+template <typename T, int B, int NR, bool ZPW, class QA, class QB, class St>
+__device__ __forceinline__ void pf_mainloop(const QA& qa, const QB& qb, const u8* const (&pa)[kPfMW],
+                                            const u8* const (&pb)[kPfMW], const i32 (&na)[kPfMW],
+                                            const i32 (&nb)[kPfMW], i32 e, const T* __restrict__ src,
+                                            const i64* s_src, i32 K, const Coef (&rca)[kPfMW],
+                                            const Coef (&rcb)[kPfMW], float (&acc)[kPfMW][NR][4], u8* smem) {
+  constexpr int BR = 8 * NR, CB = St::kCB, MW = kPfMW;
+  constexpr bool kScaled = QA::kBlock != 0;
+  constexpr int NSB = MetaLayout<typename QA::Scale, QA::kBlock, ZPW>::NSB;
+  using D = MmaDeq<T, B>;
+  const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const i32 nch = (K + kPfChunk - 1) / kPfChunk;
+  const u32 s0 = (u32)__cvta_generic_to_shared(smem);
+  const i32 nblk = QA::kBlock ? K / QA::kBlock : 1;
+  i64 sba[MW], sbb[MW];  // scale index of block 0 of each lane row
+#pragma unroll
+  for (int m = 0; m < MW; ++m) {
+    sba[m] = ((i64)e * qa.N + na[m]) * nblk;
+    sbb[m] = ((i64)e * qb.N + nb[m]) * nblk;
+  }
+
+  auto issue = [&](i32 slot, i32 c) {
+    const u32 base = s0 + slot * St::kBytes;
+    for (int i = threadIdx.x; i < BR * 16; i += kPfThreads) {  // activations: BR rows × 16 units
+      const int r = i >> 4, u = i & 15;
+      const i32 k = c * kPfChunk + u * 8;
+      const i64 so = s_src[r];
+      const bool ok = so >= 0 && k < K;
+      cp_async(base + r * 256 + ((u ^ pf_swizzle(u, r)) << 4), ok ? src + so + k : src, 16, ok);
+    }
+    const u32 wbase = base + St::kXBytes + warp * St::kWarpBytes;
+    const i32 k0 = c * kPfChunk + 32 * t;
+    const bool live = k0 < K;
+    const i64 off = live ? (i64)(k0 / 32) * CB : 0;
+    const i32 j = live ? QA::block_of(k0) : 0;
+#pragma unroll
+    for (int m = 0; m < MW; ++m) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const u8* p = (r ? pb[m] : pa[m]) + off;
+        const u32 dst = wbase + ((m * 2 + r) * 32 + lane) * CB;
+#pragma unroll
+        for (int q = 0; q < (CB + 15) / 16; ++q) cp_async(dst + 16 * q, p + 16 * q, CB < 16 ? CB : 16, live);
+        if constexpr (kScaled) {
+          const u32 meta = wbase + St::kWarpCodes + ((m * 2 + r) * St::kWords) * 128 + lane * 4;
+          if (r) LaneMeta<QB, ZPW>::issue(qb, sbb[m], e, nb[m], j, meta, live, pa[m]);
+          else LaneMeta<QA, ZPW>::issue(qa, sba[m], e, na[m], j, meta, live, pa[m]);
+        }
+      }
+    }
+  };
+
+  auto compute = [&](i32 slot, i32 c) {
+    const u8* st = smem + slot * St::kBytes;
+    const u8* wst = st + St::kXBytes + warp * St::kWarpBytes;
+    const i32 k0 = c * kPfChunk + 32 * t;
+    const bool live = k0 < K;  // lanes past K hold zero-filled codes and activations
+    const i32 j0 = live ? QA::block_of(k0) : 0;
+    u32 a[MW][8][4];
+#pragma unroll
+    for (int m = 0; m < MW; ++m) {
+      u32 ra[B], rb[B];
+#pragma unroll
+      for (int q = 0; q < (CB + 15) / 16; ++q) {
+        const u8* pa_s = wst + ((m * 2 + 0) * 32 + lane) * CB + 16 * q;
+        const u8* pb_s = wst + ((m * 2 + 1) * 32 + lane) * CB + 16 * q;
+        if constexpr (CB >= 16) {
+          const uint4 va = *reinterpret_cast<const uint4*>(pa_s), vb = *reinterpret_cast<const uint4*>(pb_s);
+          ra[4 * q] = va.x; ra[4 * q + 1] = va.y; ra[4 * q + 2] = va.z; ra[4 * q + 3] = va.w;
+          rb[4 * q] = vb.x; rb[4 * q + 1] = vb.y; rb[4 * q + 2] = vb.z; rb[4 * q + 3] = vb.w;
+        } else if constexpr (CB == 8) {
+          const uint2 va = *reinterpret_cast<const uint2*>(pa_s), vb = *reinterpret_cast<const uint2*>(pb_s);
+          ra[0] = va.x; ra[1] = va.y; rb[0] = vb.x; rb[1] = vb.y;
+        } else {
+          ra[0] = *reinterpret_cast<const u32*>(pa_s); rb[0] = *reinterpret_cast<const u32*>(pb_s);
+        }
+      }
+      Coef ca[NSB], cb[NSB];
+#pragma unroll
+      for (int h = 0; h < NSB; ++h) {
+        if constexpr (kScaled) {
+          const u32* ma = reinterpret_cast<const u32*>(wst + St::kWarpCodes) + ((m * 2 + 0) * St::kWords) * 32 + lane;
+          const u32* mb = reinterpret_cast<const u32*>(wst + St::kWarpCodes) + ((m * 2 + 1) * St::kWords) * 32 + lane;
+          ca[h] = live ? D::coef(LaneMeta<QA, ZPW>::decode(qa, ma, sba[m], e, na[m], j0, h)) : D::zero();
+          cb[h] = live ? D::coef(LaneMeta<QB, ZPW>::decode(qb, mb, sbb[m], e, nb[m], j0, h)) : D::zero();
+        } else {
+          ca[h] = live ? rca[m] : D::zero();
+          cb[h] = live ? rcb[m] : D::zero();
+        }
+      }
+#pragma unroll
+      for (int s = 0; s < 8; ++s) {
+        const int h0 = NSB == 2 ? D::first_code(2 * s) / 16 : 0, h1 = NSB == 2 ? D::first_code(2 * s + 1) / 16 : 0;
+        a[m][s][0] = D::template pair<kScaled>(ra, 2 * s, ca[h0]);
+        a[m][s][1] = D::template pair<kScaled>(rb, 2 * s, cb[h0]);
+        a[m][s][2] = D::template pair<kScaled>(ra, 2 * s + 1, ca[h1]);
+        a[m][s][3] = D::template pair<kScaled>(rb, 2 * s + 1, cb[h1]);
+      }
+    }
+#pragma unroll
+    for (int jn = 0; jn < NR; ++jn) {
+      const int r = 8 * jn + g;
+      u32 xw[16];
+#pragma unroll
+      for (int v = 0; v < 4; ++v) {
+        const int u = 4 * t + v;
+        const uint4 q = *reinterpret_cast<const uint4*>(st + r * 256 + ((u ^ pf_swizzle(u, r)) << 4));
+        xw[4 * v] = q.x; xw[4 * v + 1] = q.y; xw[4 * v + 2] = q.z; xw[4 * v + 3] = q.w;
+      }
+#pragma unroll
+      for (int s = 0; s < 8; ++s) {
+        const u32 b0 = D::x_pair(xw, 2 * s), b1 = D::x_pair(xw, 2 * s + 1);
+#pragma unroll
+        for (int m = 0; m < MW; ++m) Pair2<T>::mma(acc[m][jn], a[m][s], b0, b1);
+      }
+    }
+  };
+
+  constexpr int S = kPfStages;
+#pragma unroll
+  for (int i = 0; i < S - 1; ++i) {
+    if (i < nch) issue(i, i);
+    cp_async_commit();  // empty groups keep the count uniform
+  }
+  for (i32 c = 0; c < nch; ++c) {
+    cp_async_wait<S - 2>();  // this thread's copies of stage c have landed
+    __syncthreads();         // everyone's have, and every warp is done with the slot issued next
+    const i32 cn = c + S - 1;
+    if (cn < nch) issue(cn % S, cn);
+    cp_async_commit();
+    compute(c % S, c);
+  }
+  cp_async_wait<0>();
+}
+
+// Row-wise scales (BLOCK == 0): the lane rows' coefficients and scales, read once.
+template <typename T, class QP>
+__device__ __forceinline__ Coef pf_row_coef(const QP& qp, i32 e, i32 n, float& scale) {
+  if constexpr (QP::kBlock == 0) {
+    const ScaleZp sz = qp.fetch(e, n, 0);
+    scale = sz.scale;
+    return MmaDeq<T, QP::kBits>::coef(sz);
+  } else {
+    scale = 1.0f;
+    return MmaDeq<T, QP::kBits>::zero();
+  }
+}
+
+// FC1 (+FC3) with the activation fused: act_sorted[m, o] for the tile's routes. Warp tile = 8 outputs
+// (gated: rows g = gate, g + 8 = linear of output g) or 16 outputs (plain).
+template <int GATE, typename T, typename ScaleT, int B1, int Z1, int Z3, int BLOCK, int ACT, int NR>
+__global__ void __launch_bounds__(kPfThreads, 2)
+fc1_prefill(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* __restrict__ offsets,
+            const i32* __restrict__ tile_offsets, i32 E, i32 k, i32 H, i32 I, i32 NT, i32 G,
+            const u8* __restrict__ w1, const ScaleT* __restrict__ s1, const u8* __restrict__ z1,
+            const float* __restrict__ b1, const u8* __restrict__ w3, const ScaleT* __restrict__ s3,
+            const u8* __restrict__ z3, const float* __restrict__ b3, float zp_offset, float alpha, float beta,
+            float limit, i32 limit_after, T* __restrict__ act_sorted) {
+  using Rows = Fc1Rows<GATE>;
+  constexpr bool kZpw = Z1 == ZP_PACKED || (GATE == GATE_FC3 && Z3 == ZP_PACKED);
+  using St = PfStage<B1, ScaleT, BLOCK, kZpw, NR>;
+  constexpr int BR = 8 * NR, kOut = Rows::kGated ? 8 : 16;
+  extern __shared__ __align__(16) u8 dyn_smem[];
+  __shared__ i64 s_src[BR];
+  pf_check_smem<St>();
+  i32 nt, e, m0, m_end;
+  if (!pf_tile<BR>(offsets, tile_offsets, E, NT, G, nt, e, m0, m_end)) return;
+  const ActParams ap{alpha, beta, limit, limit_after};
+  const i32 N1 = Rows::n1(I);
+  const QuantParams<ScaleT, B1, BLOCK, Z1> q1{s1, z1, zp_offset, N1, H};
+  const QuantParams<ScaleT, B1, BLOCK, Z3> q3{s3, z3, zp_offset, I, H};
+  const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const i64 row_bytes = packed_bytes<B1>(H);
+  i32 o0[kPfMW], na[kPfMW], nb[kPfMW];
+  const u8* pa[kPfMW];
+  const u8* pb[kPfMW];
+  Coef rca[kPfMW], rcb[kPfMW];
+  float sa[kPfMW], sb[kPfMW];
+#pragma unroll
+  for (int m = 0; m < kPfMW; ++m) {
+    o0[m] = (nt * kPfTiles + warp * kPfMW + m) * kOut;
+    const i32 oa = min(o0[m] + g, I - 1), ob = Rows::kGated ? oa : min(o0[m] + g + 8, I - 1);  // clamped: never stored
+    na[m] = Rows::gate_row(oa, I);
+    nb[m] = Rows::kGated ? Rows::lin_row(oa, I) : ob;
+    pa[m] = w1 + ((i64)e * N1 + na[m]) * row_bytes;
+    pb[m] = GATE == GATE_FC3 ? w3 + ((i64)e * I + nb[m]) * row_bytes : w1 + ((i64)e * N1 + nb[m]) * row_bytes;
+    rca[m] = pf_row_coef<T>(q1, e, na[m], sa[m]);
+    rcb[m] = GATE == GATE_FC3 ? pf_row_coef<T>(q3, e, nb[m], sb[m]) : pf_row_coef<T>(q1, e, nb[m], sb[m]);
+  }
+  for (int i = threadIdx.x; i < BR; i += kPfThreads) s_src[i] = m0 + i < m_end ? (i64)(sorted[m0 + i] / k) * H : -1;
+  __syncthreads();
+  float acc[kPfMW][NR][4] = {};
+  if constexpr (GATE == GATE_FC3)
+    pf_mainloop<T, B1, NR, kZpw, decltype(q1), decltype(q3), St>(q1, q3, pa, pb, na, nb, e, x, s_src, H, rca, rcb, acc, dyn_smem);
+  else
+    pf_mainloop<T, B1, NR, kZpw, decltype(q1), decltype(q1), St>(q1, q1, pa, pb, na, nb, e, x, s_src, H, rca, rcb, acc, dyn_smem);
+#pragma unroll
+  for (int m = 0; m < kPfMW; ++m) {
+#pragma unroll
+    for (int jn = 0; jn < NR; ++jn) {
+#pragma unroll
+      for (int cc = 0; cc < 2; ++cc) {
+        const i32 pos = m0 + 8 * jn + 2 * t + cc;
+        if (pos >= m_end) continue;
+        const float ha = acc[m][jn][cc] * sa[m], hb = acc[m][jn][2 + cc] * sb[m];  // rows g, g + 8
+        T* out = act_sorted + (i64)pos * I;
+        if constexpr (Rows::kGated) {
+          const i32 o = o0[m] + g;
+          if (o < I) out[o] = Traits<T>::from_float(fc1_activation<ACT, GATE>(ha, hb, b1, b3, e, o, I, ap));
+        } else {
+          const i32 o = o0[m] + g;
+          if (o < I) out[o] = Traits<T>::from_float(fc1_activation<ACT, GATE>(ha, 0.0f, b1, b3, e, o, I, ap));
+          if (o + 8 < I) out[o + 8] = Traits<T>::from_float(fc1_activation<ACT, GATE>(hb, 0.0f, b1, b3, e, o + 8, I, ap));
+        }
+      }
+    }
+  }
+}
+
+// FC2: y[route, n] = act_sorted[m] · W2[e, n] + b2[e, n] for the tile's routes (scattered by route id).
+template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, int NR>
+__global__ void __launch_bounds__(kPfThreads, 2)
+fc2_prefill(const T* __restrict__ act_sorted, const i32* __restrict__ sorted, const i32* __restrict__ offsets,
+            const i32* __restrict__ tile_offsets, i32 E, i32 H, i32 I, i32 NT, i32 G, const u8* __restrict__ w2,
+            const ScaleT* __restrict__ s2, const u8* __restrict__ z2, const float* __restrict__ b2, float zp_offset,
+            float* __restrict__ y) {
+  constexpr bool kZpw = Z2 == ZP_PACKED;
+  using St = PfStage<B2, ScaleT, BLOCK, kZpw, NR>;
+  constexpr int BR = 8 * NR;
+  extern __shared__ __align__(16) u8 dyn_smem[];
+  __shared__ i64 s_src[BR];
+  pf_check_smem<St>();
+  i32 nt, e, m0, m_end;
+  if (!pf_tile<BR>(offsets, tile_offsets, E, NT, G, nt, e, m0, m_end)) return;
+  const QuantParams<ScaleT, B2, BLOCK, Z2> q2{s2, z2, zp_offset, H, I};
+  const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const i64 row_bytes = packed_bytes<B2>(I);
+  i32 n0[kPfMW], na[kPfMW], nb[kPfMW];
+  const u8* pa[kPfMW];
+  const u8* pb[kPfMW];
+  Coef rca[kPfMW], rcb[kPfMW];
+  float sa[kPfMW], sb[kPfMW];
+#pragma unroll
+  for (int m = 0; m < kPfMW; ++m) {
+    n0[m] = (nt * kPfTiles + warp * kPfMW + m) * 16;
+    na[m] = min(n0[m] + g, H - 1);
+    nb[m] = min(n0[m] + g + 8, H - 1);
+    pa[m] = w2 + ((i64)e * H + na[m]) * row_bytes;
+    pb[m] = w2 + ((i64)e * H + nb[m]) * row_bytes;
+    rca[m] = pf_row_coef<T>(q2, e, na[m], sa[m]);
+    rcb[m] = pf_row_coef<T>(q2, e, nb[m], sb[m]);
+  }
+  for (int i = threadIdx.x; i < BR; i += kPfThreads) s_src[i] = m0 + i < m_end ? (i64)(m0 + i) * I : -1;
+  __syncthreads();
+  float acc[kPfMW][NR][4] = {};
+  pf_mainloop<T, B2, NR, kZpw, decltype(q2), decltype(q2), St>(q2, q2, pa, pb, na, nb, e, act_sorted, s_src, I, rca,
+                                                               rcb, acc, dyn_smem);
+#pragma unroll
+  for (int m = 0; m < kPfMW; ++m) {
+#pragma unroll
+    for (int jn = 0; jn < NR; ++jn) {
+#pragma unroll
+      for (int cc = 0; cc < 2; ++cc) {
+        const i32 pos = m0 + 8 * jn + 2 * t + cc;
+        if (pos >= m_end) continue;
+        float* out = y + (i64)sorted[pos] * H;
+        const i32 n = n0[m] + g;
+        if (n < H) out[n] = acc[m][jn][cc] * sa[m] + (b2 ? b2[(i64)e * H + n] : 0.0f);
+        if (n + 8 < H) out[n + 8] = acc[m][jn][2 + cc] * sb[m] + (b2 ? b2[(i64)e * H + n + 8] : 0.0f);
+      }
+    }
+  }
+}
+
+}  // namespace qmoe

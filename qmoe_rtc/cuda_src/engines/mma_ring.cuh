@@ -1,0 +1,218 @@
+// engines/mma_ring.cuh: the per-warp weight stream of the tensor-core decode kernels -- a cp.async
+// ring of each warp's two lane rows (codes + scale / zero-point words, each lane reading back only
+// what it copied, so no barrier), and the warp's mma.sync product over its slice of K (mma_rows).
+//
+// Warp tile = one mma.sync m16n8k16 (f32 accumulate): A = 16 weight rows × 16 codes dequantized
+// exactly in registers (core/mma_pair.cuh), B = 16 activations × 8 routes, C = 16 rows × 8 routes.
+// K is walked in chunks of 128 codes; lane (g, t) = (lane / 4, lane % 4) loads 32 consecutive codes
+// of rows g and g + 8 and the matching 32 activations of route g.
+// Scales: block size ≥ 128 or row-wise — one scale per row over a 128-code chunk — the mma sums the
+// exact (q − zp)·x in float32 and the row scale multiplies that partial sum; smaller blocks — each
+// pair is multiplied by its scale in T first (rounded once, like any dequantize-to-T engine).
+#pragma once
+
+#include "core/cp_async.cuh"
+#include "core/dequant.cuh"
+#include "core/lane_meta.cuh"
+#include "core/mma_pair.cuh"
+#include "core/types.cuh"
+
+namespace qmoe {
+
+constexpr int kMmaWarps = 4;
+constexpr int kMmaThreads = 32 * kMmaWarps;
+constexpr int kMmaMaxRoutes = 512;  // route ids a block scans (R = rows·k)
+constexpr int kMmaChunk = 128;      // codes of K per warp step (4 lanes × 32)
+constexpr int kMmaPrefetchRoutes = 64;  // up to this many routes, blocks warm L2 before the route scan
+constexpr int kMmaPrefetchChunks = 4;   // chunks of the lane rows warmed per warp
+
+// Pipeline stages per warp (cp.async ring in dynamic shared memory).
+#ifndef QMOE_MMA_STAGES
+#define QMOE_MMA_STAGES 3
+#endif
+constexpr int kMmaStages = QMOE_MMA_STAGES;
+// Blocks per SM the register budget is set for (route groups need more accumulators).
+template <int NG> constexpr int mma_min_blocks() { return NG == 1 ? 5 : (NG == 2 ? 4 : 3); }
+
+// One stage of a warp's ring: KST chunks of its two lane rows, as copied (not decoded).
+//   codes [KST][2 rows][32 lanes][4·B bytes]       (KST = 8/B: 2 KiB of codes per stage, any B)
+//   meta  [KST][2 rows][kWords][32 lanes] u32      the aligned words holding the lane's scale(s)
+//                                                  and zero-point byte (decoded at compute time)
+// Scale / zp words are the 4-byte-aligned words containing the element: they may reach up to 3
+// bytes past a tensor's last element, inside the same allocation granule (CuPy / torch allocate in
+// 512-byte units); those bytes are never used.
+template <int B, typename ScaleT, int BLOCK, bool ZPW> struct MmaStage {
+  static constexpr int KST = B >= 8 ? 1 : 8 / B;
+  static constexpr int NSB = MetaLayout<ScaleT, BLOCK, ZPW>::NSB;  // scale blocks per lane chunk
+  static constexpr int kWords = MetaLayout<ScaleT, BLOCK, ZPW>::kWords;
+  static constexpr int kCodeBytes = 4 * B;  // per lane, row, chunk
+  static constexpr int kCodes = KST * 2 * 32 * kCodeBytes;
+  static constexpr int kBytes = kCodes + KST * 2 * kWords * 32 * 4;
+};
+
+// Warms L2 with the first `chunks` chunks of the lane's two rows (no registers held): issued before
+// the route scan so the weights are on their way while the block finds its routes.
+template <int B> __device__ __forceinline__ void prefetch_rows(const u8* pa, const u8* pb, i32 K, i32 ks, i32 KS,
+                                                               i32 chunks) {
+  const i32 t = threadIdx.x & 3, nch = (K + kMmaChunk - 1) / kMmaChunk;
+  for (i32 i = 0, c = ks; i < chunks && c < nch; ++i, c += KS) {
+    const i32 k0 = c * kMmaChunk + 32 * t;
+    if (k0 >= K) break;
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(pa + (i64)(k0 / 32) * (4 * B)));
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(pb + (i64)(k0 / 32) * (4 * B)));
+  }
+}
+
+// The launch must give kMmaWarps rings of kMmaStages stages (the host computes the same size:
+// kernels/mma.py ring_bytes); a smaller dynamic shared memory is a host bug: trap, never overrun.
+template <class Stage> __device__ __forceinline__ void check_ring_size() {
+  u32 have;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(have));
+  if (have < (u32)(kMmaWarps * kMmaStages * Stage::kBytes)) __trap();
+}
+
+// One warp's product over its K slice (chunks ks, ks + KS, ...): acc[ng] (C fragments) +=
+// W[rows na, nb] · x[routes]ᵀ. pa, pb: the lane rows' packed codes (K·B/8 bytes each); qa, qb their
+// quant params; xrow[ng]: the activation row of route group ng's lane route, or null.
+// Weights, scales and zero points stream through a kMmaStages-deep cp.async ring per warp; each lane
+// reads back only what it copied, so no barrier is needed.
+template <typename T, int B, int NG, class QA, class QB, typename XT>
+__device__ __forceinline__ void mma_rows(const QA& qa, const u8* __restrict__ pa, i32 na, const QB& qb,
+                                         const u8* __restrict__ pb, i32 nb, i32 e, const XT* const (&xrow)[NG],
+                                         i32 K, i32 ks, i32 KS, float (&acc)[NG][4], u8* ring) {
+  using ScaleT = typename QA::Scale;
+  constexpr bool kZpw = QA::kZp == ZP_PACKED || QB::kZp == ZP_PACKED;  // = the kernel's Stage
+  using St = MmaStage<B, ScaleT, QA::kBlock, kZpw>;
+  using D = MmaDeq<T, B>;
+  constexpr int KST = St::KST, NSB = St::NSB, CB = St::kCodeBytes;
+  const i32 lane = threadIdx.x & 31, t = lane & 3;
+  const i32 nch = (K + kMmaChunk - 1) / kMmaChunk;
+  const i32 step = KS * KST;  // chunks a warp advances per stage
+  const u32 ring0 = (u32)__cvta_generic_to_shared(ring);
+
+  // kFactor: one scale per row over a whole chunk (block >= 128 or row-wise): the mma sums the exact
+  // (q - zp)·x of a chunk in float32 and the row scale multiplies that partial sum (fewer
+  // instructions, and the products are never rounded to T). Else each pair is scaled in T.
+  constexpr bool kFactor = QA::kBlock == 0 || QA::kBlock >= kMmaChunk;
+  const i32 nblk = QA::kBlock ? K / QA::kBlock : 1;
+  const i64 sbase[2] = {((i64)e * qa.N + na) * nblk, ((i64)e * qb.N + nb) * nblk};  // scale index of block 0
+
+  auto issue = [&](i32 slot, i32 c0) {
+    const u32 base = ring0 + slot * St::kBytes;
+#pragma unroll
+    for (int u = 0; u < KST; ++u) {
+      const i32 c = c0 + u * KS, k0 = c * kMmaChunk + 32 * t;
+      if (c >= nch) break;  // warp-uniform
+      const bool live = k0 < K;
+      const i64 off = live ? (i64)(k0 / 32) * CB : 0;
+      // the block of the lane's codes; with kFactor the block of the chunk (the same for every lane,
+      // and valid on lanes past K, whose C fragments still need their rows' scale)
+      const i32 j = kFactor ? QA::block_of((i64)c * kMmaChunk) : (live ? QA::block_of(k0) : 0);
+      const bool mlive = kFactor || live;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const u8* src = (r ? pb : pa) + off;
+        const u32 dst = base + ((u * 2 + r) * 32 + lane) * CB;
+#pragma unroll
+        for (int q = 0; q < (CB + 15) / 16; ++q) cp_async(dst + 16 * q, src + 16 * q, CB < 16 ? CB : 16, live);
+        const u32 meta = base + St::kCodes + ((u * 2 + r) * St::kWords) * 128 + lane * 4;
+        if (r) LaneMeta<QB, kZpw>::issue(qb, sbase[1], e, nb, j, meta, mlive, pa);
+        else LaneMeta<QA, kZpw>::issue(qa, sbase[0], e, na, j, meta, mlive, pa);
+      }
+    }
+  };
+
+  // Coefficients of row r (0: na, 1: nb) for scale block h of chunk u, from the stage's meta words.
+  auto coef = [&](const u8* st, int u, int r, int h, i32 j0) -> Coef {
+    const u32* meta = reinterpret_cast<const u32*>(st + St::kCodes) + ((u * 2 + r) * St::kWords) * 32 + lane;
+    return D::coef(r ? LaneMeta<QB, kZpw>::decode(qb, meta, sbase[1], e, nb, j0, h)
+                     : LaneMeta<QA, kZpw>::decode(qa, meta, sbase[0], e, na, j0, h));
+  };
+
+  auto compute = [&](i32 slot, i32 c0) {
+    const u8* st = ring + slot * St::kBytes;
+#pragma unroll
+    for (int u = 0; u < KST; ++u) {
+      const i32 c = c0 + u * KS, k0 = c * kMmaChunk + 32 * t;
+      if (c >= nch) break;  // warp-uniform
+      const bool live = k0 < K;  // lanes past K (K % 128 != 0) hold zero-filled codes
+      u32 ra[B], rb[B];
+#pragma unroll
+      for (int q = 0; q < (CB + 15) / 16; ++q) {
+        const u8* pa_s = st + ((u * 2 + 0) * 32 + lane) * CB + 16 * q;
+        const u8* pb_s = st + ((u * 2 + 1) * 32 + lane) * CB + 16 * q;
+        if constexpr (CB >= 16) {
+          const uint4 va = *reinterpret_cast<const uint4*>(pa_s), vb = *reinterpret_cast<const uint4*>(pb_s);
+          ra[4 * q] = va.x; ra[4 * q + 1] = va.y; ra[4 * q + 2] = va.z; ra[4 * q + 3] = va.w;
+          rb[4 * q] = vb.x; rb[4 * q + 1] = vb.y; rb[4 * q + 2] = vb.z; rb[4 * q + 3] = vb.w;
+        } else if constexpr (CB == 8) {
+          const uint2 va = *reinterpret_cast<const uint2*>(pa_s), vb = *reinterpret_cast<const uint2*>(pb_s);
+          ra[0] = va.x; ra[1] = va.y; rb[0] = vb.x; rb[1] = vb.y;
+        } else {
+          ra[0] = *reinterpret_cast<const u32*>(pa_s); rb[0] = *reinterpret_cast<const u32*>(pb_s);
+        }
+      }
+      const i32 j0 = kFactor ? QA::block_of((i64)c * kMmaChunk) : QA::block_of(k0);
+      Coef ca[NSB], cb[NSB];
+#pragma unroll
+      for (int h = 0; h < NSB; ++h) {
+        ca[h] = (kFactor || live) ? coef(st, u, 0, h, j0) : D::zero();
+        cb[h] = (kFactor || live) ? coef(st, u, 1, h, j0) : D::zero();
+      }
+      u32 a[8][4];
+#pragma unroll
+      for (int s = 0; s < 8; ++s) {
+        const int h0 = NSB == 2 ? D::first_code(2 * s) / 16 : 0, h1 = NSB == 2 ? D::first_code(2 * s + 1) / 16 : 0;
+        a[s][0] = D::template pair<!kFactor>(ra, 2 * s, ca[h0]);
+        a[s][1] = D::template pair<!kFactor>(rb, 2 * s, cb[h0]);
+        a[s][2] = D::template pair<!kFactor>(ra, 2 * s + 1, ca[h1]);
+        a[s][3] = D::template pair<!kFactor>(rb, 2 * s + 1, cb[h1]);
+      }
+#pragma unroll
+      for (int g = 0; g < NG; ++g) {
+        u32 xw[16];
+        if (xrow[g] != nullptr && live) {
+          const uint4* px = reinterpret_cast<const uint4*>(xrow[g] + k0);
+#pragma unroll
+          for (int v = 0; v < 4; ++v) {
+            const uint4 q = __ldg(px + v);
+            xw[4 * v] = q.x; xw[4 * v + 1] = q.y; xw[4 * v + 2] = q.z; xw[4 * v + 3] = q.w;
+          }
+        } else {
+#pragma unroll
+          for (int v = 0; v < 16; ++v) xw[v] = 0u;
+        }
+        if constexpr (kFactor) {
+          float part[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+          for (int s = 0; s < 8; ++s) Pair2<T>::mma(part, a[s], D::x_pair(xw, 2 * s), D::x_pair(xw, 2 * s + 1));
+          acc[g][0] = fmaf(ca[0].scf, part[0], acc[g][0]);  // C rows g (lane row na) ...
+          acc[g][1] = fmaf(ca[0].scf, part[1], acc[g][1]);
+          acc[g][2] = fmaf(cb[0].scf, part[2], acc[g][2]);  // ... and g + 8 (lane row nb)
+          acc[g][3] = fmaf(cb[0].scf, part[3], acc[g][3]);
+        } else {
+#pragma unroll
+          for (int s = 0; s < 8; ++s) Pair2<T>::mma(acc[g], a[s], D::x_pair(xw, 2 * s), D::x_pair(xw, 2 * s + 1));
+        }
+      }
+    }
+  };
+
+  // ring: stage i lives in slot i % S; S - 1 stages in flight while one is computed
+  constexpr int S = kMmaStages;
+#pragma unroll
+  for (int i = 0; i < S - 1; ++i) {
+    if (ks + i * step < nch) issue(i, ks + i * step);
+    cp_async_commit();  // empty groups keep the count uniform
+  }
+  for (i32 i = 0, c = ks; c < nch; ++i, c += step) {
+    cp_async_wait<S - 2>();  // stage i has landed (this lane's copies)
+    const i32 cn = c + (S - 1) * step;
+    if (cn < nch) issue((i + S - 1) % S, cn);  // the slot computed in iteration i - 1
+    cp_async_commit();
+    compute(i % S, c);
+  }
+  cp_async_wait<0>();
+}
+
+}  // namespace qmoe

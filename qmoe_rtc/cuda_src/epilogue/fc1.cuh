@@ -1,0 +1,48 @@
+// epilogue/fc1.cuh: the FC1 epilogue every FC1 kernel shares -- which weight rows feed output o, and
+// the biases + activation that turn their pre-activations into act[o].
+//
+//   GATE_NONE:   act[o] = act1(h[o] + b1[o])                       FC1 rows N1 = I
+//   GATE_FUSED1: gate row 2o, linear row 2o + 1 of FC1             N1 = 2I
+//   GATE_FUSED2: gate row o, linear row I + o of FC1               N1 = 2I
+//   GATE_FC3:    gate row o of FC1, linear row o of FC3            N1 = I
+//   gated:       act[o] = act_gated(h_gate + b_gate, h_lin + b_lin)
+#pragma once
+
+#include "core/types.cuh"
+#include "epilogue/act.cuh"
+
+namespace qmoe {
+
+template <int GATE> struct Fc1Rows {
+  static constexpr bool kGated = GATE != GATE_NONE;
+  static constexpr bool kFused = GATE == GATE_FUSED1 || GATE == GATE_FUSED2;
+  // rows of FC1 per expert
+  static __device__ __forceinline__ i32 n1(i32 I) { return kFused ? 2 * I : I; }
+  // FC1 row of the gate (or plain) half of output o
+  static __device__ __forceinline__ i32 gate_row(i32 o, i32 I) { return GATE == GATE_FUSED1 ? 2 * o : o; }
+  // row of the linear half of output o: in FC1 (fused), in FC3 (GATE_FC3)
+  static __device__ __forceinline__ i32 lin_row(i32 o, i32 I) {
+    return GATE == GATE_FUSED1 ? 2 * o + 1 : (GATE == GATE_FUSED2 ? I + o : o);
+  }
+};
+
+// act[o] of expert e from the pre-activation h of its gate (or plain) row and, when gated, lin of its
+// linear row; adds the biases (b1 [E, N1] f32, b3 [E, I] f32, either may be null).
+template <int ACT, int GATE>
+__device__ __forceinline__ float fc1_activation(float h, float lin, const float* __restrict__ b1,
+                                                const float* __restrict__ b3, i32 e, i32 o, i32 I,
+                                                const ActParams& ap) {
+  using R = Fc1Rows<GATE>;
+  const i64 base1 = (i64)e * R::n1(I);
+  const float g = h + (b1 ? b1[base1 + R::gate_row(o, I)] : 0.0f);
+  if constexpr (!R::kGated) {
+    return act1<ACT>(g);
+  } else {
+    float l = lin;
+    if constexpr (GATE == GATE_FC3) l += b3 ? b3[(i64)e * I + o] : 0.0f;
+    else l += b1 ? b1[base1 + R::lin_row(o, I)] : 0.0f;
+    return act_gated<ACT>(g, l, ap);
+  }
+}
+
+}  // namespace qmoe

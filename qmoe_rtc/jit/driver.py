@@ -1,0 +1,100 @@
+"""The CUDA driver calls the machinery makes (through ``cuda.bindings``), each checked.
+
+Modules are loaded into the device's primary context (the one the CUDA runtime, CuPy and torch use),
+so a loaded function launches on any of their streams. Nothing here runs at import time.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+
+from ..errors import DeviceError
+
+__all__ = ["CU_FUNC_ATTRIBUTE", "func_attribute", "get_function", "launch", "load_cubin", "set_max_dynamic_smem",
+           "stream_is_capturing"]
+
+_lock = threading.Lock()
+
+#: CUfunction_attribute values used here (cuda.h).
+CU_FUNC_ATTRIBUTE = {"max_threads": 0, "shared_bytes": 1, "const_bytes": 2, "local_bytes": 3, "registers": 4,
+                     "max_dynamic_shared_bytes": 8}
+
+
+@functools.lru_cache(maxsize=1)
+def _drv():
+    try:
+        from cuda.bindings import driver
+    except ImportError as exc:  # pragma: no cover - a dependency
+        raise DeviceError(f"cuda-bindings is needed to load and launch kernels ({exc})") from exc
+    return driver
+
+
+def _check(result, what: str):
+    """``result`` is a cuda.bindings return tuple (error, values...): raise on error, else the values."""
+    err = result[0]
+    if int(err) != 0:
+        drv = _drv()
+        name = drv.cuGetErrorName(err)
+        text = name[1].decode() if int(name[0]) == 0 and isinstance(name[1], bytes) else str(err)
+        raise DeviceError(f"{what} failed: {text}")
+    return result[1] if len(result) == 2 else result[1:]
+
+
+@functools.lru_cache(maxsize=None)
+def _primary_context(device_id: int):
+    drv = _drv()
+    try:
+        _check(drv.cuInit(0), "cuInit")
+        dev = _check(drv.cuDeviceGet(int(device_id)), f"cuDeviceGet({device_id})")
+        return _check(drv.cuDevicePrimaryCtxRetain(dev), f"cuDevicePrimaryCtxRetain({device_id})")
+    except DeviceError:
+        raise
+    except Exception as exc:  # no driver library at all
+        raise DeviceError(f"no usable CUDA driver for device {device_id}: {type(exc).__name__}: {exc}") from exc
+
+
+def load_cubin(cubin: bytes, device_id: int):
+    """Load a cubin on ``device_id``; returns the CUmodule (kept alive by the caller)."""
+    drv = _drv()
+    ctx = _primary_context(int(device_id))
+    with _lock:
+        _check(drv.cuCtxPushCurrent(ctx), "cuCtxPushCurrent")
+        try:
+            return _check(drv.cuModuleLoadData(cubin), "cuModuleLoadData")
+        finally:
+            _check(drv.cuCtxPopCurrent(), "cuCtxPopCurrent")
+
+
+def get_function(module, lowered_name: str):
+    return _check(_drv().cuModuleGetFunction(module, lowered_name.encode()), f"cuModuleGetFunction({lowered_name})")
+
+
+def set_max_dynamic_smem(function, nbytes: int) -> None:
+    """Let ``function`` take ``nbytes`` of dynamic shared memory (static + dynamic may pass 48 KiB)."""
+    drv = _drv()
+    attr = drv.CUfunction_attribute(CU_FUNC_ATTRIBUTE["max_dynamic_shared_bytes"])
+    _check(drv.cuFuncSetAttribute(function, attr, int(nbytes)), f"cuFuncSetAttribute(max dynamic smem {nbytes})")
+
+
+def func_attribute(function, name: str) -> int:
+    drv = _drv()
+    attr = drv.CUfunction_attribute(CU_FUNC_ATTRIBUTE[name])
+    return int(_check(drv.cuFuncGetAttribute(attr, function), f"cuFuncGetAttribute({name})"))
+
+
+def launch(function, grid, block, shared_mem: int, stream: int, params_address: int) -> None:
+    """``cuLaunchKernel`` with a packed ``void**`` parameter array (see :class:`~qmoe_rtc.jit.args.ParamBlock`)."""
+    err = _drv().cuLaunchKernel(function, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared_mem,
+                                stream, params_address, 0)[0]
+    if int(err) != 0:
+        _check((err,), f"cuLaunchKernel(grid {tuple(grid)}, block {tuple(block)}, smem {shared_mem})")
+
+
+def stream_is_capturing(stream: int) -> bool:
+    """True while ``stream`` (a raw CUstream handle) is being captured into a graph."""
+    drv = _drv()
+    res = drv.cuStreamIsCapturing(stream)
+    if int(res[0]) == int(drv.CUresult.CUDA_ERROR_STREAM_CAPTURE_IMPLICIT):
+        return True  # the legacy stream while another stream captures: treat as capturing (nothing may allocate)
+    return int(_check(res, "cuStreamIsCapturing")) != int(drv.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE)

@@ -1,0 +1,79 @@
+"""A compile unit: everything NVRTC is given for one module, and the key that hashes all of it.
+
+The machinery compiles and caches units; it knows no kernel family and no layout. Whoever builds a
+unit (a kernel family) puts every code-shaping choice into its source or its defines, so the key,
+which hashes the whole unit plus the toolchain, cannot miss one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import astuple, dataclass
+
+from ..errors import CompileError
+from . import compiler
+from .args import KernelDef
+
+__all__ = ["SCHEMA_VERSION", "CompileUnit", "unit_key"]
+
+#: Bump when the entry format or key composition changes.
+SCHEMA_VERSION = 2
+
+
+@dataclass(frozen=True)
+class CompileUnit:
+    """One module to compile.
+
+    ``name``: readable module name (file names, logs); ``source``: the generated translation unit;
+    ``kernels``: its entries (name expressions + argument specs); ``defines``: extra NVRTC options
+    (``-D...`` only: an include path would hide files from the key); ``meta``: ``(name, value)``
+    pairs written into the disk entry's JSON for people (the key does not need them: the source
+    and defines already say everything).
+    """
+
+    name: str
+    source: str
+    kernels: tuple[KernelDef, ...]
+    defines: tuple[str, ...] = ()
+    meta: tuple = ()
+
+    def __post_init__(self) -> None:
+        for d in self.defines:
+            if not d.startswith("-D"):
+                raise CompileError(self.name, f"unit option {d!r}: only -D defines are allowed (anything else could "
+                                              "change the code without changing the key)", self.defines)
+
+    def name_exprs(self) -> dict[str, str]:
+        return {k.key: k.name_expr for k in self.kernels}
+
+    def kernel(self, key: str) -> KernelDef:
+        for k in self.kernels:
+            if k.key == key:
+                return k
+        raise KeyError(f"module {self.name} has no kernel {key!r} (has {[k.key for k in self.kernels]})")
+
+
+def _field(h, label: str, value: str) -> None:
+    data = value.encode()
+    h.update(f"{label}:{len(data)}:".encode())
+    h.update(data)
+    h.update(b"\n")
+
+
+def unit_key(unit: CompileUnit, arch: str) -> str:
+    """sha256 over labeled, length-prefixed fields: schema, the unit (name, source, name expressions,
+    argument specs), every file under cuda_src, the CUDA headers used, the NVRTC version, the exact
+    options (knob-driven ones included; include paths as labels) and the arch."""
+    h = hashlib.sha256()
+    _field(h, "schema", str(SCHEMA_VERSION))
+    _field(h, "name", unit.name)
+    _field(h, "source", unit.source)
+    kernels = [[k.key, k.name_expr, [[type(a).__name__, *astuple(a)] for a in k.args]] for k in unit.kernels]
+    _field(h, "kernels", json.dumps(kernels, separators=(",", ":")))
+    _field(h, "cuda_src", compiler.cuda_src_digest())
+    _field(h, "cuda_headers", compiler.cuda_headers_digest())
+    _field(h, "nvrtc", "%d.%d" % compiler.nvrtc_version())
+    _field(h, "options", "\0".join(compiler.key_options(compiler.base_options(arch, unit.defines))))
+    _field(h, "arch", arch)
+    return h.hexdigest()

@@ -1,0 +1,73 @@
+"""What the expert families (gemv, gemm, mma_decode, mma_prefill) share: the layout fields that shape
+their code, the layout -> template-argument mapping, the expert-tensor argument specs, and the limits
+of the tensor-core engines."""
+
+from __future__ import annotations
+
+from ..jit import Ptr, Scalar
+from ..specialize import CPP_ACT, CPP_GATE, CPP_TYPES, CPP_ZP, ModelConfig, ModuleSpec
+
+#: Layout fields that shape the expert kernels.
+EXPERT_FIELDS = ("dtype", "scale_dtype", "fc1_bits", "fc2_bits", "fc3_bits", "block_size", "fc1_zp", "fc2_zp",
+                 "fc3_zp", "activation", "swiglu_fusion", "has_fc3", "aligned")
+
+#: The activation's scalar attributes, as every FC1 kernel takes them.
+ACT_SCALARS = (Scalar("alpha", "float32"), Scalar("beta", "float32"), Scalar("limit", "float32"),
+               Scalar("limit_after", "int32"))
+#: What the grouping step produces and the grouped GEMMs read.
+GROUP_ARGS = (Ptr("sorted", "int32"), Ptr("offsets", "int32"), Ptr("tile_offsets", "int32"))
+
+
+def expert_spec(family: str, config: ModelConfig, **extra) -> ModuleSpec:
+    """The module spec of an expert family: every EXPERT_FIELDS value of the layout, plus ``extra``."""
+    layout = getattr(config, "layout", config)
+    return ModuleSpec.make(family, **{f: getattr(layout, f) for f in EXPERT_FIELDS}, **extra)
+
+
+def gate_of(spec: ModuleSpec) -> str:
+    if spec["swiglu_fusion"]:
+        return "fused1" if spec["swiglu_fusion"] == 1 else "fused2"
+    return "fc3" if spec["has_fc3"] else "none"
+
+
+def template_types(spec: ModuleSpec) -> dict[str, str]:
+    """C++ template arguments by name: T, S, B1, Z1, B2, Z2, B3, Z3, BLOCK, ACT, GATE, ALIGNED."""
+    fc3 = spec["has_fc3"]
+    return {
+        "T": CPP_TYPES[spec["dtype"]],
+        "S": CPP_TYPES[spec["scale_dtype"]],
+        "B1": str(spec["fc1_bits"]), "Z1": CPP_ZP[spec["fc1_zp"]],
+        "B2": str(spec["fc2_bits"]), "Z2": CPP_ZP[spec["fc2_zp"]],
+        # without FC3 its template slots repeat FC1's (never read), so no extra instantiation exists
+        "B3": str(spec["fc3_bits"] if fc3 else spec["fc1_bits"]), "Z3": CPP_ZP[spec["fc3_zp"] if fc3 else spec["fc1_zp"]],
+        "BLOCK": str(spec["block_size"]),
+        "ACT": CPP_ACT[spec["activation"]],
+        "GATE": CPP_GATE[gate_of(spec)],
+        "ALIGNED": "true" if spec["aligned"] else "false",
+    }
+
+
+def projection_args(p: str, scale_dtype: str) -> tuple:
+    """w [E, N, ceil(K·b/8)] u8, scales [E, N(, nb)], zero points (packed, nullable), bias [E, N] f32 (nullable)."""
+    return (Ptr(f"{p}_w", "uint8"), Ptr(f"{p}_scales", scale_dtype), Ptr(f"{p}_zp", "uint8", nullable=True),
+            Ptr(f"{p}_bias", "float32", nullable=True))
+
+
+def tensor_core_unsupported(config: ModelConfig) -> str | None:
+    """Why the tensor-core engines (mma_decode, mma_prefill) cannot run ``config`` (None: they can)."""
+    layout = getattr(config, "layout", config)
+    if layout.dtype not in ("float16", "bfloat16"):
+        return f"{layout.dtype} activations (the tensor-core engines compute in float16/bfloat16)"
+    bits = [layout.bits(p) for p in layout.projections]
+    if 3 in bits:
+        return "3-bit weights (codes straddle 32-bit words)"
+    if layout.has_fc3 and layout.fc3_bits != layout.fc1_bits:
+        return "FC3 bit width differs from FC1's"
+    if "offset" in [layout.zp(p) for p in layout.projections]:
+        return "a zero_point_offset (not exact in float16/bfloat16)"
+    if layout.block_size == 16 and 1 in bits:
+        return "1-bit weights with block_size 16"
+    if not layout.aligned:
+        hidden, inter = getattr(config, "hidden", "?"), getattr(config, "inter", "?")
+        return f"hidden_size {hidden} / inter_size {inter} not multiples of 32"
+    return None

@@ -1,0 +1,167 @@
+"""What a kernel family is: it owns its kernels completely -- the module spec a layout needs, the
+generated translation unit, argument specs by name, and per pipeline step (role) the kernel, launch
+geometry, scratch it needs and the limits it has (:meth:`KernelFamily.supports`).
+
+The executor never restates any of that: it binds every argument by its name from one table.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ..errors import QMoEUnsupportedError
+from ..jit import CompileUnit, KernelDef, Launch
+from ..specialize import ModelConfig, ModuleSpec
+
+__all__ = ["BUILTIN_FAMILIES", "KernelFamily", "Problem", "Slot", "family_names", "get_family", "register",
+           "spec_unit", "unregister"]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One call's sizes and dtypes, as the kernels see them (R = rows·k routes)."""
+
+    rows: int
+    E: int
+    H: int
+    I: int  # noqa: E741
+    k: int
+    dtype: str
+    router_dtype: str = "float32"
+    router_weights_dtype: str | None = None
+    sparse: bool = False
+
+    @property
+    def routes(self) -> int:
+        return self.rows * self.k
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A scratch buffer a step needs: ``nbytes`` (grown to the largest asked for), zeroed once at
+    allocation when ``zero`` (kernels that use it return it to zero)."""
+
+    nbytes: int
+    zero: bool = False
+
+
+class KernelFamily:
+    """Base class. Class attributes: ``name`` (registry name, module-name prefix), ``header`` (the
+    template under ``cuda_src/`` the unit includes), ``depends_on`` (the :class:`~qmoe_rtc.specialize.Layout`
+    fields that shape this family's code; a test checks both directions).
+
+    To implement: :meth:`specs` (or :meth:`spec`), :meth:`kernels`; for pipeline steps
+    :meth:`kernel_for`, :meth:`launch`, :meth:`scratch`, :meth:`supports`. Optional: :meth:`defines`
+    (-D options), :meth:`source` (the generated unit, default: include the header; NVRTC
+    instantiates the templates named by the name expressions).
+    """
+
+    name: ClassVar[str] = ""
+    header: ClassVar[str] = ""
+    depends_on: ClassVar[tuple[str, ...]] = ()
+
+    # -- which modules ---------------------------------------------------------------------
+    def spec(self, config: ModelConfig) -> ModuleSpec:
+        layout = getattr(config, "layout", config)
+        return ModuleSpec.make(self.name, **{f: getattr(layout, f) for f in self.depends_on})
+
+    def specs(self, config: ModelConfig) -> list[ModuleSpec]:
+        """Every module this family has for a layer (the warm tool compiles them all)."""
+        return [self.spec(config)]
+
+    def supports(self, config: ModelConfig, problem: Problem | None = None) -> str | None:
+        """None when this family runs ``config`` (at ``problem``, when given), else the reason it cannot."""
+        return None
+
+    # -- code ------------------------------------------------------------------------------
+    def kernels(self, spec: ModuleSpec) -> tuple[KernelDef, ...]:
+        raise NotImplementedError(f"kernel family {self.name!r} must define kernels()")
+
+    def defines(self, spec: ModuleSpec) -> tuple[str, ...]:
+        return ()
+
+    def source(self, spec: ModuleSpec) -> str:
+        lines = [
+            f"// qmoe_rtc generated unit: family {self.name}, module {spec.name}",
+            f"// params: {', '.join(f'{k}={v}' for k, v in spec.params)}",
+            f'#include "{self.header}"',
+            "// kernels (instantiated through NVRTC name expressions):",
+        ]
+        lines += [f"//   {k.key}: {k.name_expr}" for k in self.kernels(spec)]
+        return "\n".join(lines) + "\n"
+
+    def unit(self, spec: ModuleSpec) -> CompileUnit:
+        """The compile unit of ``spec``: everything that shapes its code is in its source or defines."""
+        return CompileUnit(name=spec.name, source=self.source(spec), kernels=self.kernels(spec),
+                           defines=tuple(self.defines(spec)), meta=(("family", self.name), *spec.params))
+
+    # -- pipeline steps --------------------------------------------------------------------
+    def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem) -> str:
+        """The kernel key that does ``role`` for ``problem``."""
+        return role
+
+    def launch(self, spec: ModuleSpec, role: str, problem: Problem) -> Launch:
+        raise NotImplementedError(f"kernel family {self.name!r} has no step {role!r}")
+
+    def scratch(self, spec: ModuleSpec, role: str, problem: Problem) -> dict[str, Slot]:
+        """Scratch buffers (by argument name) the step reads or writes."""
+        return {}
+
+
+# -- registry ----------------------------------------------------------------------------------
+
+#: Built-in families, imported lazily on first lookup (nothing is imported at package import).
+BUILTIN_FAMILIES: tuple[str, ...] = ("dequant", "route", "gemv", "mma_decode", "gemm", "mma_prefill")
+
+_lock = threading.RLock()
+_registry: dict[str, KernelFamily] = {}
+_extra: list[str] = []
+
+
+def register(cls):
+    """Class decorator: register one instance of a KernelFamily subclass under ``cls.name``."""
+    with _lock:
+        if not cls.name or not cls.header:
+            raise QMoEUnsupportedError(f"kernel family {cls.__name__} must set 'name' and 'header'")
+        prev = _registry.get(cls.name)
+        if prev is not None and type(prev).__qualname__ != cls.__qualname__:
+            raise QMoEUnsupportedError(f"kernel family name {cls.name!r} already registered by {type(prev).__name__}")
+        _registry[cls.name] = cls()
+        if cls.name not in BUILTIN_FAMILIES and cls.name not in _extra:
+            _extra.append(cls.name)
+    return cls
+
+
+def unregister(name: str) -> None:
+    """Remove a non-built-in family (tests that register throw-away families)."""
+    with _lock:
+        if name in BUILTIN_FAMILIES:
+            raise QMoEUnsupportedError(f"built-in kernel family {name!r} cannot be unregistered")
+        _registry.pop(name, None)
+        if name in _extra:
+            _extra.remove(name)
+
+
+def get_family(name: str) -> KernelFamily:
+    """The registered family ``name`` (importing ``qmoe_rtc.kernels.<name>`` on first use)."""
+    with _lock:
+        fam = _registry.get(name)
+        if fam is None and name in BUILTIN_FAMILIES:
+            importlib.import_module(f"{__package__}.{name}")
+            fam = _registry.get(name)
+        if fam is None:
+            raise QMoEUnsupportedError(f"unknown kernel family {name!r} (known: {list(family_names())})")
+        return fam
+
+
+def family_names() -> tuple[str, ...]:
+    with _lock:
+        return BUILTIN_FAMILIES + tuple(_extra)
+
+
+def spec_unit(spec: ModuleSpec) -> CompileUnit:
+    """The compile unit of a module spec, by its family."""
+    return get_family(spec.family).unit(spec)

@@ -1,0 +1,143 @@
+"""Kernel family ``mma_decode``: the tensor-core decode engine (float16/bfloat16, 1/2/4/8-bit weights).
+
+Template ``cuda_src/engines/mma_decode.cuh``: ``qmoe::fc1_mma`` (FC1 [+FC3], activation fused) and
+``qmoe::fc2_mma_combine`` (FC2, routing weight and bias applied, the last block of each output tile
+adds the routes in slot order). Expert-grouped: every expert's weights are read once per call
+however many of the rows chose it. One module holds both kernels for route groups of 8, 16 and 32
+routes per pass (``NG`` 1, 2, 4).
+"""
+
+from __future__ import annotations
+
+from .. import knobs
+from ..errors import QMoEAttributeError
+from ..jit import KernelDef, Launch, Ptr, Scalar
+from ..specialize import ModuleSpec
+from ._expert import ACT_SCALARS, EXPERT_FIELDS, expert_spec, gate_of, projection_args, template_types, \
+    tensor_core_unsupported
+from .base import KernelFamily, Problem, Slot, register
+
+__all__ = ["MmaDecodeFamily", "ring_bytes", "route_groups"]
+
+THREADS = 128  # kMmaThreads (4 warps)
+WARPS = 4
+MAX_ROUTES = 512  # kMmaMaxRoutes: route ids one block scans
+ROUTE_GROUPS = (1, 2, 4)  # NG: route groups of 8 served per pass over an expert's weights
+TARGET_WARPS = 132 * 24  # enough warps for every SM of an H200 to keep ~24 in flight
+STAGES = 3  # kMmaStages: cp.async ring depth per warp
+
+
+def _stages() -> int:
+    n = knobs.get("mma_stages") or STAGES
+    if not 2 <= n <= 8:
+        raise QMoEAttributeError("QMOE_RTC_MMA_STAGES", "2..8", str(n))
+    return n
+
+
+def ring_bytes(bits: int, scale_bytes: int, block_size: int, zp_packed: bool, stages: int) -> int:
+    """Dynamic shared memory of one block (mma_ring.cuh MmaStage): 4 warps × stages × stage bytes."""
+    kst = 1 if bits >= 8 else 8 // bits
+    nsb = 2 if block_size == 16 else 1
+    words = (2 if nsb == 2 and scale_bytes == 4 else 1) + (1 if zp_packed else 0)
+    stage = kst * 2 * 32 * 4 * bits + kst * 2 * words * 32 * 4
+    return WARPS * stages * stage
+
+
+def route_groups(rows: int) -> int:
+    """NG for a call with ``rows`` tokens: an expert has at most ``rows`` routes."""
+    for ng in ROUTE_GROUPS:
+        if rows <= 8 * ng:
+            return ng
+    return ROUTE_GROUPS[-1]
+
+
+def k_split(tiles: int, experts: int, K: int) -> int:
+    """Warps of a block that split K (1, 2 or 4): the fewest that give about TARGET_WARPS warps,
+    keeping at least two 128-code chunks per warp."""
+    target = knobs.get("mma_target_warps") or TARGET_WARPS
+    chunks = (K + 127) // 128
+    for ks in (1, 2, 4):
+        if tiles * experts * ks >= target or chunks < 2 * 2 * ks:
+            return ks
+    return 4
+
+
+@register
+class MmaDecodeFamily(KernelFamily):
+    name = "mma_decode"
+    header = "engines/mma_decode.cuh"
+    depends_on = EXPERT_FIELDS
+
+    def spec(self, config) -> ModuleSpec:
+        """The layout's fields plus the ring depth (the tuning knob is read here, once per spec, so the
+        module key and the launch's shared memory always agree)."""
+        return expert_spec(self.name, config, stages=_stages())
+
+    def specs(self, config) -> list[ModuleSpec]:
+        return [] if tensor_core_unsupported(config) else [self.spec(config)]
+
+    def supports(self, config, problem: Problem | None = None) -> str | None:
+        why = tensor_core_unsupported(config)
+        if why is None and problem is not None and problem.routes > MAX_ROUTES:
+            why = f"{problem.routes} routes (one block scans at most {MAX_ROUTES})"
+        return why
+
+    def defines(self, spec: ModuleSpec) -> tuple[str, ...]:
+        return (f"-DQMOE_MMA_STAGES={spec['stages']}",)
+
+    def kernels(self, spec: ModuleSpec) -> tuple[KernelDef, ...]:
+        t = template_types(spec)
+        dt, sdt = spec["dtype"], spec["scale_dtype"]
+        gate = t["GATE"]
+        out = []
+        for ng in ROUTE_GROUPS:
+            out.append(KernelDef(
+                f"fc1_ng{ng}",
+                f"qmoe::fc1_mma<{gate}, {t['T']}, {t['S']}, {t['B1']}, {t['Z1']}, {t['Z3']}, {t['BLOCK']}, {t['ACT']}, {ng}>",
+                (Ptr("x", dt), Ptr("topk_ids", "int32"), Scalar("R", "int32"), Scalar("k", "int32"),
+                 Scalar("H", "int32"), Scalar("I", "int32"), Scalar("KS", "int32"),
+                 *projection_args("fc1", sdt), *projection_args("fc3", sdt), Scalar("zp_offset", "float32"),
+                 *ACT_SCALARS, Ptr("act", dt)),
+            ))
+            out.append(KernelDef(
+                f"fc2_ng{ng}",
+                f"qmoe::fc2_mma_combine<{t['T']}, {t['S']}, {t['B2']}, {t['Z2']}, {t['BLOCK']}, {ng}>",
+                (Ptr("act", dt), Ptr("topk_ids", "int32"), Ptr("topk_w", "float32"), Scalar("R", "int32"),
+                 Scalar("k", "int32"), Scalar("H", "int32"), Scalar("I", "int32"), Scalar("KS", "int32"),
+                 *projection_args("fc2", sdt), Scalar("zp_offset", "float32"), Ptr("y", "float32"),
+                 Ptr("counters", "uint32"), Ptr("out", dt)),
+            ))
+        return tuple(out)
+
+    def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem) -> str:
+        return f"{role}_ng{route_groups(problem.rows)}"
+
+    def geometry(self, spec: ModuleSpec, role: str, problem: Problem) -> tuple[int, int]:
+        """(KS, grid.x) of ``role`` ("fc1" or "fc2"): K-split warps and output tiles."""
+        experts = min(problem.routes, problem.E)
+        if role == "fc1":
+            per_tile, n_out, K = (8 if gate_of(spec) != "none" else 16), problem.I, problem.H
+        else:
+            per_tile, n_out, K = 16, problem.H, problem.I
+        tiles = (n_out + per_tile - 1) // per_tile
+        ks = k_split(tiles, experts, K)
+        per_block = per_tile * (WARPS // ks)
+        return ks, (n_out + per_block - 1) // per_block
+
+    def launch(self, spec: ModuleSpec, role: str, problem: Problem) -> Launch:
+        ks, gx = self.geometry(spec, role, problem)
+        scale_bytes = 4 if spec["scale_dtype"] == "float32" else 2
+        if role == "fc1":
+            zp = spec["fc1_zp"] == "packed" or (spec["has_fc3"] and spec["fc3_zp"] == "packed")
+            smem = ring_bytes(spec["fc1_bits"], scale_bytes, spec["block_size"], zp, spec["stages"])
+        else:
+            smem = ring_bytes(spec["fc2_bits"], scale_bytes, spec["block_size"], spec["fc2_zp"] == "packed",
+                              spec["stages"])
+        return Launch((gx, problem.routes, 1), (THREADS, 1, 1), smem, (("KS", ks),))
+
+    def scratch(self, spec: ModuleSpec, role: str, problem: Problem) -> dict[str, Slot]:
+        R = problem.routes
+        if role == "fc1":
+            return {"act": Slot(R * problem.I * 2)}  # [R, I] T
+        # y [R, H] f32; counters [ceil(H / 16) + 1] u32, zero between calls (the counting kernel resets them)
+        return {"y": Slot(4 * R * problem.H), "counters": Slot(4 * (problem.H // 16 + 1), zero=True)}

@@ -1,0 +1,122 @@
+"""Kernel family ``mma_prefill``: the tensor-core prefill engine (float16/bfloat16, 1/2/4/8-bit weights).
+
+Template ``cuda_src/engines/mma_prefill.cuh``: ``qmoe::fc1_prefill`` (FC1 [+FC3] with the activation
+fused, sorted order, output in T) and ``qmoe::fc2_prefill`` (FC2 + bias, by route id); with
+``group_by_expert`` (device-side grouping and tile list) and ``combine_routes`` (the k routes of a
+row in slot order). Route tiles of 16, 32 or 64 routes (``NR`` 2, 4, 8), chosen from the routes
+per expert of the call.
+"""
+
+from __future__ import annotations
+
+from .. import knobs
+from ..errors import QMoEAttributeError
+from ..jit import KernelDef, Launch, Ptr, Scalar
+from ..specialize import ModuleSpec
+from ._expert import ACT_SCALARS, EXPERT_FIELDS, GROUP_ARGS, expert_spec, gate_of, projection_args, \
+    template_types, tensor_core_unsupported
+from ._grouped import GROUP_MAX_EXPERTS, combine_launch, group_and_combine, group_launch, grouped_scratch, route_tiles
+from .base import KernelFamily, Problem, Slot, register
+
+__all__ = ["MmaPrefillFamily", "stage_bytes", "tile_routes"]
+
+THREADS = 128  # kPfThreads
+WARPS = 4
+MW = 2  # kPfMW: m16 weight tiles per warp
+TILES = WARPS * MW  # kPfTiles: m16 tiles per block
+ROUTE_TILES = (2, 4, 8)  # NR: route groups of 8 per block tile
+STAGES = 3  # kPfStages
+GROUP = 8  # route tiles launched side by side for each weight tile (L2 reuse)
+
+
+def _stages() -> int:
+    n = knobs.get("prefill_stages") or STAGES
+    if not 2 <= n <= 6:
+        raise QMoEAttributeError("QMOE_RTC_PREFILL_STAGES", "2..6", str(n))
+    return n
+
+
+def tile_routes(routes: int, E: int) -> int:
+    """NR for a call: the smallest route tile (16, 32, 64 routes) that the average expert fills."""
+    per_expert = routes / max(1, min(E, routes))
+    if per_expert <= 16:
+        return 2
+    return 4 if per_expert <= 40 else 8
+
+
+def stage_bytes(bits: int, scale_bytes: int, block_size: int, zp_packed: bool, nr: int) -> int:
+    """One pipeline stage (mma_prefill.cuh PfStage): activation tile + every warp's codes and meta words."""
+    words = 0
+    if block_size:
+        words = (2 if block_size == 16 and scale_bytes == 4 else 1) + (1 if zp_packed else 0)
+    warp = MW * 2 * 32 * 4 * bits + MW * 2 * words * 128
+    return 8 * nr * 256 + WARPS * warp
+
+
+@register
+class MmaPrefillFamily(KernelFamily):
+    name = "mma_prefill"
+    header = "engines/mma_prefill.cuh"
+    depends_on = EXPERT_FIELDS
+
+    def spec(self, config) -> ModuleSpec:
+        return expert_spec(self.name, config, stages=_stages())
+
+    def specs(self, config) -> list[ModuleSpec]:
+        return [] if self.supports(config) else [self.spec(config)]
+
+    def supports(self, config, problem: Problem | None = None) -> str | None:
+        if config.experts > GROUP_MAX_EXPERTS:
+            return f"{config.experts} experts (grouping handles at most {GROUP_MAX_EXPERTS})"
+        return tensor_core_unsupported(config)
+
+    def defines(self, spec: ModuleSpec) -> tuple[str, ...]:
+        return (f"-DQMOE_PF_STAGES={spec['stages']}",)
+
+    def kernels(self, spec: ModuleSpec) -> tuple[KernelDef, ...]:
+        t = template_types(spec)
+        dt, sdt = spec["dtype"], spec["scale_dtype"]
+        out = list(group_and_combine(spec))
+        for nr in ROUTE_TILES:
+            out.append(KernelDef(
+                f"fc1_nr{nr}",
+                f"qmoe::fc1_prefill<{t['GATE']}, {t['T']}, {t['S']}, {t['B1']}, {t['Z1']}, {t['Z3']}, {t['BLOCK']}, "
+                f"{t['ACT']}, {nr}>",
+                (Ptr("x", dt), *GROUP_ARGS, Scalar("E", "int32"), Scalar("k", "int32"), Scalar("H", "int32"),
+                 Scalar("I", "int32"), Scalar("NT", "int32"), Scalar("G", "int32"), *projection_args("fc1", sdt),
+                 *projection_args("fc3", sdt), Scalar("zp_offset", "float32"), *ACT_SCALARS, Ptr("act_sorted", dt)),
+            ))
+            out.append(KernelDef(
+                f"fc2_nr{nr}",
+                f"qmoe::fc2_prefill<{t['T']}, {t['S']}, {t['B2']}, {t['Z2']}, {t['BLOCK']}, {nr}>",
+                (Ptr("act_sorted", dt), *GROUP_ARGS, Scalar("E", "int32"), Scalar("H", "int32"), Scalar("I", "int32"),
+                 Scalar("NT", "int32"), Scalar("G", "int32"), *projection_args("fc2", sdt),
+                 Scalar("zp_offset", "float32"), Ptr("y", "float32")),
+            ))
+        return tuple(out)
+
+    def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem) -> str:
+        if role in ("fc1", "fc2"):
+            return f"{role}_nr{tile_routes(problem.routes, problem.E)}"
+        return role
+
+    def launch(self, spec: ModuleSpec, role: str, problem: Problem) -> Launch:
+        nr = tile_routes(problem.routes, problem.E)
+        if role == "group":
+            return group_launch(8 * nr)
+        if role == "combine":
+            return combine_launch(problem)
+        scale_bytes = 4 if spec["scale_dtype"] == "float32" else 2
+        if role == "fc1":
+            per_tile = 8 if gate_of(spec) != "none" else 16
+            nt = (problem.I + TILES * per_tile - 1) // (TILES * per_tile)
+            zp = spec["fc1_zp"] == "packed" or (spec["has_fc3"] and spec["fc3_zp"] == "packed")
+            smem = stage_bytes(spec["fc1_bits"], scale_bytes, spec["block_size"], zp, nr)
+        else:
+            nt = (problem.H + TILES * 16 - 1) // (TILES * 16)
+            smem = stage_bytes(spec["fc2_bits"], scale_bytes, spec["block_size"], spec["fc2_zp"] == "packed", nr)
+        groups = (route_tiles(problem.routes, problem.E, 8 * nr) + GROUP - 1) // GROUP
+        return Launch((groups * GROUP * nt, 1, 1), (THREADS, 1, 1), spec["stages"] * smem, (("NT", nt), ("G", GROUP)))
+
+    def scratch(self, spec: ModuleSpec, role: str, problem: Problem) -> dict[str, Slot]:
+        return grouped_scratch(role, problem, 2)  # act_sorted in T

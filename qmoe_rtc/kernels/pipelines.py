@@ -1,0 +1,106 @@
+"""Pipelines as data: which family does which step of a forward, in order, and the one place that
+chooses a path and an engine.
+
+A pipeline is a tuple of steps ``(family, role)``; the family maps the role to a kernel, its launch
+geometry and its scratch (see :class:`~qmoe_rtc.kernels.base.KernelFamily`). A new engine is one
+family module plus one entry in :data:`PIPELINES`; the executor interprets whatever is listed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..errors import QMoEAttributeError, QMoEUnsupportedError
+from ..specialize import ModelConfig, ModuleSpec
+from .base import Problem, get_family
+
+__all__ = ["PIPELINES", "Choice", "Pipeline", "Step", "choose", "decode_limit", "modules_for"]
+
+
+@dataclass(frozen=True)
+class Step:
+    family: str
+    role: str
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    name: str
+    path: str  # "decode" | "prefill"
+    steps: tuple[Step, ...]
+
+    @property
+    def families(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(s.family for s in self.steps))
+
+
+def _steps(*pairs: tuple[str, str]) -> tuple[Step, ...]:
+    return tuple(Step(f, r) for f, r in pairs)
+
+
+#: Per path, fastest first: the first pipeline whose families all support the layer runs.
+PIPELINES: tuple[Pipeline, ...] = (
+    Pipeline("decode-mma", "decode", _steps(("route", "route"), ("mma_decode", "fc1"), ("mma_decode", "fc2"))),
+    Pipeline("decode-gemv", "decode", _steps(("route", "route"), ("gemv", "fc1"), ("gemv", "fc2"))),
+    Pipeline("prefill-mma", "prefill", _steps(("route", "route"), ("mma_prefill", "group"), ("mma_prefill", "fc1"),
+                                              ("mma_prefill", "fc2"), ("mma_prefill", "combine"))),
+    Pipeline("prefill-simt", "prefill", _steps(("route", "route"), ("gemm", "group"), ("gemm", "fc1"),
+                                               ("gemm", "fc2"), ("gemm", "combine"))),
+)
+
+
+def decode_limit(config: ModelConfig) -> int:
+    """Routes (rows·k) up to which the decode path runs for this layer (the default switch).
+
+    The expert-grouped decode kernels win while experts get few routes each, the grouped GEMMs once
+    the experts that were chosen average about :data:`_CROSSOVER_ROUTES_PER_EXPERT` routes; capped
+    by what one decode block scans (512 routes). The constant is the crossover measured on the H200
+    (docs/performance.md, "Decode / prefill crossover").
+    """
+    per_expert = _CROSSOVER_ROUTES_PER_EXPERT
+    return int(min(512, max(config.k, math.ceil(per_expert * config.experts))))
+
+
+#: Routes per chosen expert at which prefill-mma overtakes decode-mma (measured; see decode_limit).
+_CROSSOVER_ROUTES_PER_EXPERT = 4.0
+
+
+@dataclass(frozen=True)
+class Choice:
+    pipeline: Pipeline
+    skipped: tuple[tuple[str, str], ...]  # (faster pipeline, why it cannot run), in preference order
+
+
+def _why_not(pipeline: Pipeline, config: ModelConfig, problem: Problem | None) -> str | None:
+    for fam in pipeline.families:
+        why = get_family(fam).supports(config, problem)
+        if why:
+            return f"{fam}: {why}"
+    return None
+
+
+def choose(config: ModelConfig, problem: Problem | None, path: str) -> Choice:
+    """The fastest pipeline of ``path`` that runs ``config`` (at ``problem``), and why the faster ones don't."""
+    skipped = []
+    for p in PIPELINES:
+        if p.path != path:
+            continue
+        why = _why_not(p, config, problem)
+        if why is None:
+            return Choice(p, tuple(skipped))
+        skipped.append((p.name, why))
+    raise QMoEUnsupportedError(f"no {path} pipeline runs this layer: " + "; ".join(f"{n}: {w}" for n, w in skipped))
+
+
+def modules_for(config: ModelConfig, variants=("decode", "prefill")) -> list[ModuleSpec]:
+    """Every module the executor can load for ``config`` on ``variants`` (what the warm tool compiles):
+    the specs of each family of the pipeline :func:`choose` picks per path."""
+    seen: dict[ModuleSpec, None] = {}
+    for path in variants:
+        if path not in ("decode", "prefill"):
+            raise QMoEAttributeError("variants", "items of ['decode', 'prefill']", repr(path))
+        for fam in choose(config, None, path).pipeline.families:
+            for spec in get_family(fam).specs(config):
+                seen.setdefault(spec, None)
+    return list(seen)

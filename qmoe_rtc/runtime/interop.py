@@ -1,0 +1,110 @@
+"""The caller's arrays and streams: CuPy arrays and torch CUDA tensors are read in place (shape, dtype,
+device address: no DLPack and no copy on the call path), NumPy arrays are uploaded; the stream is
+the caller's current one (torch's for torch inputs, CuPy's otherwise).
+"""
+
+from __future__ import annotations
+
+from .._arrays import dtype_name, is_cupy, is_torch, np_dtype
+from ..errors import DeviceError, QMoEInputError
+
+__all__ = ["allocate_like", "cupy", "current_stream", "data_ptr", "signature", "to_cupy"]
+
+_CUPY, _TORCH, _OTHER = 1, 2, 3
+_kinds: dict[type, int] = {}
+
+
+def cupy():
+    try:
+        import cupy as cp
+    except ImportError as exc:  # pragma: no cover - a dependency
+        raise DeviceError(f"the GPU executor needs CuPy ({exc})") from exc
+    return cp
+
+
+def _kind(a) -> int:
+    t = type(a)
+    k = _kinds.get(t)
+    if k is None:
+        k = _kinds[t] = _CUPY if is_cupy(a) else (_TORCH if is_torch(a) else _OTHER)
+    return k
+
+
+def signature(a) -> tuple | None:
+    """What validation looks at (array type, shape, dtype, contiguity, device): equal signatures
+    validate alike, so a call's checks run once per signature."""
+    if a is None:
+        return None
+    k = _kind(a)
+    if k == _CUPY:
+        return (k, a.shape, a.dtype, a.flags.c_contiguous, a.device.id)
+    if k == _TORCH:
+        return (k, tuple(a.shape), a.dtype, a.is_contiguous(), a.device.type, a.device.index)
+    return (k, type(a))
+
+
+def data_ptr(a) -> int:
+    """Device address of a CuPy array or torch tensor (0 for None)."""
+    if a is None:
+        return 0
+    k = _kind(a)
+    if k == _CUPY:
+        return a.data.ptr
+    if k == _TORCH:
+        return a.data_ptr()
+    raise QMoEInputError("input", "a CuPy array or a torch CUDA tensor", type(a).__name__)
+
+
+def is_host_array(a) -> bool:
+    return a is not None and _kind(a) == _OTHER and hasattr(a, "shape") and hasattr(a, "dtype")
+
+
+def to_cupy(name: str, a, device_id: int):
+    """A CuPy view of a CuPy array or CUDA tensor (DLPack, zero copy), or a device copy of a NumPy array
+    (layer construction only: never on the call path)."""
+    if a is None:
+        return None
+    cp = cupy()
+    if is_cupy(a):
+        return a
+    if hasattr(a, "__dlpack__") and not type(a).__module__.startswith("numpy"):
+        try:
+            return cp.from_dlpack(a)
+        except Exception as exc:
+            raise QMoEInputError(name, "a CUDA array exportable through DLPack", f"{type(a).__name__} ({exc})") from None
+    if hasattr(a, "shape") and hasattr(a, "dtype"):
+        with cp.cuda.Device(device_id):
+            return cp.asarray(a)
+    raise QMoEInputError(name, "a CuPy array, a torch CUDA tensor or a NumPy array", type(a).__name__)
+
+
+def _torch_raw_stream():
+    import torch
+
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what torch's own compiled kernels use
+    if raw is not None:
+        return raw
+    return lambda device: torch.cuda.current_stream(device).cuda_stream
+
+
+def current_stream(a, device_id: int):
+    """A function ``device -> raw stream handle`` of the caller's current stream for input ``a``."""
+    if _kind(a) == _TORCH:
+        return _torch_raw_stream()
+    cp = cupy()
+    return lambda device: cp.cuda.get_current_stream(device).ptr
+
+
+def allocate_like(a, shape, dtype: str, device_id: int):
+    """An uninitialised output of ``shape`` / ``dtype`` of the same array type as ``a``, on ``device_id``."""
+    if _kind(a) == _TORCH:
+        import torch
+
+        return torch.empty(shape, dtype=getattr(torch, dtype), device=f"cuda:{device_id}")
+    cp = cupy()
+    with cp.cuda.Device(device_id):
+        return cp.empty(shape, dtype=np_dtype(dtype))
+
+
+def describe(a) -> str:
+    return f"{type(a).__name__} {dtype_name(a)} {list(getattr(a, 'shape', ()))}"

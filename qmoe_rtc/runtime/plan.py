@@ -1,0 +1,102 @@
+"""A plan: one pipeline bound to loaded kernels for one problem, and its launches bound to a scratch pool.
+
+``Plan`` is made outside capture (it may compile and load). ``Plan.bind(pool, ...)`` packs every
+launch's parameters once, binding each kernel argument by its name from one table (layer tensors
+and attributes, problem sizes, the family's launch scalars, scratch addresses); the per-call
+arrays (:data:`PER_CALL`) are pointer slots a call overwrites. ``BoundLaunches.launch`` only writes
+those slots and calls ``cuLaunchKernel``: no allocation, no sync, capture-safe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import DeviceError
+from ..jit import Kernel, Launch
+from ..jit.driver import _drv
+from ..kernels import Pipeline, Problem, Slot
+
+__all__ = ["PER_CALL", "BoundLaunches", "Plan", "PlanStep"]
+
+#: Arguments that change with every call, in the order a call passes their addresses.
+PER_CALL = ("x", "logits", "router_weights", "out")
+
+
+@dataclass(frozen=True)
+class PlanStep:
+    family: str
+    role: str
+    kernel: Kernel
+    launch: Launch
+    scratch: dict
+
+
+class Plan:
+    """The kernels, geometry and scratch of one (problem, pipeline)."""
+
+    def __init__(self, problem: Problem, pipeline: Pipeline, steps: tuple[PlanStep, ...]):
+        self.problem = problem
+        self.pipeline = pipeline
+        self.steps = steps
+        needs: dict[str, Slot] = {}
+        for st in steps:
+            for name, slot in st.scratch.items():
+                old = needs.get(name)
+                needs[name] = slot if old is None else Slot(max(old.nbytes, slot.nbytes), old.zero or slot.zero)
+        self.needs = needs
+        self._bound: dict[int, BoundLaunches] = {}  # id(pool) -> launches bound to that pool
+
+    @property
+    def path(self) -> str:
+        return self.pipeline.path
+
+    @property
+    def engine(self) -> str:
+        return self.pipeline.name
+
+    def bind(self, pool, table: dict, stream: int) -> BoundLaunches:
+        """Launches bound to ``pool`` (grown first if needed: refused inside capture), reused while
+        the pool keeps its buffers."""
+        b = self._bound.get(id(pool))
+        if b is None or b.generation != pool.generation:
+            pool.ensure(self.needs, stream)
+            b = BoundLaunches(self, pool, table)
+            self._bound[id(pool)] = b
+        return b
+
+
+class BoundLaunches:
+    """The packed launches of a plan on one pool."""
+
+    __slots__ = ("generation", "items", "pool")
+
+    def __init__(self, plan: Plan, pool, table: dict):
+        p = plan.problem
+        base = dict(table)
+        base.update(rows=p.rows, R=p.routes, E=p.E, H=p.H, I=p.I, k=p.k)
+        base.update({name: pool.address(name) for name in pool.bufs})
+        base.update(dict.fromkeys(PER_CALL, 0))
+        items = []
+        for st in plan.steps:
+            values = {**base, **dict(st.launch.args)}
+            params = st.kernel.pack(values)
+            slots = tuple((i, PER_CALL.index(n)) for i, n in enumerate(params.names) if n in PER_CALL)
+            st.kernel.reserve_dynamic_smem(st.launch.shared_mem)
+            g, b = st.launch.grid, st.launch.block
+            items.append((st.kernel.function, int(g[0]), int(g[1]), int(g[2]), int(b[0]), int(b[1]), int(b[2]),
+                          int(st.launch.shared_mem), params, slots, st.kernel))
+        self.items = tuple(items)
+        self.generation = pool.generation
+        self.pool = pool
+
+    def launch(self, stream: int, ptrs: tuple) -> None:
+        """Every launch of the forward on ``stream`` with the call's addresses ``ptrs`` (see PER_CALL)."""
+        drv = _drv()
+        launch, ok = drv.cuLaunchKernel, drv.CUresult.CUDA_SUCCESS
+        for fn, gx, gy, gz, bx, by, bz, smem, params, slots, kern in self.items:
+            for i, w in slots:
+                params.set_pointer(i, ptrs[w])
+            err = launch(fn, gx, gy, gz, bx, by, bz, smem, stream, params.address, 0)[0]
+            if err is not ok:
+                raise DeviceError(f"launching {kern!r} (grid {(gx, gy, gz)}, block {(bx, by, bz)}, smem {smem}) "
+                                  f"failed: {err}")

@@ -1,0 +1,72 @@
+"""A layer's constant tensors on the device, and the binding table every kernel argument is found in.
+
+The table maps argument names (``fc1_w``, ``fc1_scales``, ``fc1_zp``, ``fc1_bias``, ... ``zp_offset``,
+``alpha``, ``beta``, ``limit``, ``limit_after``, ``normalize``) to layer tensors and attribute values;
+the plan adds problem sizes, launch scalars, scratch addresses and the per-call arrays.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from .._arrays import dtype_name
+
+__all__ = ["layer_table", "upload_projections"]
+
+log = logging.getLogger("qmoe_rtc")
+
+
+def _word_readable(cp, a, name: str):
+    """``a`` itself when it starts on a 16-byte boundary and its size is whole 4-byte words, else a
+    padded aligned copy (made once): the tensor-core kernels copy scales and zero points as the
+    aligned 4-byte words that hold them, which must lie inside the array."""
+    if a.data.ptr % 16 == 0 and a.nbytes % 4 == 0:
+        return a
+    log.info("qmoe_rtc: %s is not 16-byte aligned or not whole 4-byte words; copied once", name)
+    buf = cp.zeros(((a.nbytes + 15) // 16) * 16, dtype=cp.uint8)
+    buf[: a.nbytes] = cp.ascontiguousarray(a).view(cp.uint8).ravel()
+    return buf[: a.nbytes].view(a.dtype).reshape(a.shape)
+
+
+def upload_projections(cp, w: dict, layer, device_id: int):
+    """(scale dtype of the layer, {projection: (weights, scales, zero points, bias)}) on the device.
+
+    Scales share one dtype (float32 when the projections disagree); weights not 16-byte aligned are
+    copied once (the kernels read them with 16-byte loads); biases become float32.
+    """
+    sdts = {p.scale_dtype for p in layer.projections()}
+    scale_dtype = sdts.pop() if len(sdts) == 1 else "float32"
+    if len({p.scale_dtype for p in layer.projections()}) > 1:
+        log.info("qmoe_rtc: projections have scales of different dtypes; converted to float32 once")
+    proj = {}
+    with cp.cuda.Device(device_id):
+        for p in layer.projections():
+            wt = w[f"{p.name}_experts_weights"]
+            if wt.data.ptr % 16:
+                log.info("qmoe_rtc: %s_experts_weights is not 16-byte aligned; copied once", p.name)
+                wt = wt.copy()
+            s = w[f"{p.name}_scales"]
+            if dtype_name(s) != scale_dtype:
+                s = s.astype(cp.float32)
+            b = w.get(f"{p.name}_experts_bias")
+            z = w.get(f"{p.name}_zero_points")
+            proj[p.name] = (
+                wt,  # [E, N, ceil(K·b/8)] u8
+                _word_readable(cp, cp.ascontiguousarray(s), f"{p.name}_scales"),  # [E, N] / [E, N, nb]
+                None if z is None else _word_readable(cp, z, f"{p.name}_zero_points"),  # packed u8
+                None if b is None else cp.ascontiguousarray(b.astype(cp.float32)),  # [E, N] f32
+            )
+    return scale_dtype, proj
+
+
+def layer_table(proj: dict, attrs) -> dict:
+    """Argument name -> value for everything constant in a layer. Without FC3 its arguments hold FC1's
+    tensors (the kernels never read them then)."""
+    t = {}
+    for p in ("fc1", "fc2", "fc3"):
+        w, s, z, b = proj.get(p) or proj["fc1"]
+        t.update({f"{p}_w": w, f"{p}_scales": s, f"{p}_zp": z, f"{p}_bias": b})
+    t.update(zp_offset=float(attrs.zero_point_offset or 0.0), alpha=float(attrs.activation_alpha),
+             beta=float(attrs.activation_beta), limit=float(attrs.swiglu_limit),
+             limit_after=int(attrs.swiglu_limit_after_activation), normalize=int(attrs.normalize_routing_weights))
+    return t
