@@ -35,11 +35,24 @@ from .runtime.scratch import ScratchPool
 from .runtime.tensors import layer_table, upload_projections
 from .specialize import Layout, ModelConfig
 
-__all__ = ["QMoE", "QMoEGraph", "qmoe"]
+__all__ = ["QMoE", "QMoEGraph", "layer_config", "qmoe"]
 
 log = logging.getLogger("qmoe_rtc")
 _said: set = set()  # slower-engine reasons already logged in this process
 _said_lock = threading.Lock()
+
+
+def layer_config(layer, dtype: str, scale_dtype: str) -> ModelConfig:
+    """The :class:`~qmoe_rtc.specialize.ModelConfig` of a validated layer (:class:`~qmoe_rtc.contract.LayerSpec`)
+    called with activation dtype ``dtype``, its scales held as ``scale_dtype`` (GPU-free)."""
+    L, a = layer, layer.attrs
+    layout = Layout(
+        dtype=dtype, scale_dtype=scale_dtype if scale_dtype in ("float32", dtype) else "float32",
+        fc1_bits=L.fc1.bits, fc2_bits=L.fc2.bits, fc3_bits=L.fc3.bits if L.fc3 else 0, block_size=a.block_size,
+        fc1_zp=L.fc1.zp_mode, fc2_zp=L.fc2.zp_mode, fc3_zp=L.fc3.zp_mode if L.fc3 else "none",
+        activation=a.activation_type, swiglu_fusion=a.swiglu_fusion, has_fc3=L.fc3 is not None)
+    return ModelConfig(hidden=L.H, inter=L.I, experts=L.E, k=a.k, layout=layout, use_sparse_mixer=bool(a.use_sparse_mixer),
+                       normalize_routing_weights=bool(a.normalize_routing_weights))
 
 
 class _Call:
@@ -96,15 +109,7 @@ class QMoE:
     # -- layout and choice -----------------------------------------------------------------------
     def model_config(self, dtype: str) -> ModelConfig:
         """The :class:`~qmoe_rtc.specialize.ModelConfig` of this layer for activation dtype ``dtype``."""
-        L, a = self.layer, self.attrs
-        layout = Layout(
-            dtype=dtype, scale_dtype=self.scale_dtype if self.scale_dtype in ("float32", dtype) else "float32",
-            fc1_bits=L.fc1.bits, fc2_bits=L.fc2.bits, fc3_bits=L.fc3.bits if L.fc3 else 0, block_size=a.block_size,
-            fc1_zp=L.fc1.zp_mode, fc2_zp=L.fc2.zp_mode, fc3_zp=L.fc3.zp_mode if L.fc3 else "none",
-            activation=a.activation_type, swiglu_fusion=a.swiglu_fusion, has_fc3=L.fc3 is not None)
-        return ModelConfig(hidden=L.H, inter=L.I, experts=L.E, k=a.k, layout=layout,
-                           use_sparse_mixer=bool(a.use_sparse_mixer),
-                           normalize_routing_weights=bool(a.normalize_routing_weights))
+        return layer_config(self.layer, dtype, self.scale_dtype)
 
     @property
     def decode_max_routes(self) -> int:
@@ -152,7 +157,7 @@ class QMoE:
         for st in choice.pipeline.steps:
             fam, spec = get_family(st.family), specs[st.family]
             kern = modules[st.family][fam.kernel_for(spec, st.role, problem)]
-            steps.append(PlanStep(st.family, st.role, kern, fam.launch(spec, st.role, problem),
+            steps.append(PlanStep(st.family, st.role, spec, kern, fam.launch(spec, st.role, problem),
                                   fam.scratch(spec, st.role, problem)))
         plan = self._plans[key] = Plan(problem, choice.pipeline, tuple(steps))
         log.info("qmoe_rtc: planned rows=%d dtype=%s: %s (%s)", rows, dtype, plan.engine,

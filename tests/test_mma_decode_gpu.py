@@ -46,10 +46,10 @@ def test_mma_decode_vs_reference(rng, name, kw, E, H, I, dtype):
     kw = dict(kw)
     k = kw.pop("k")
     w, a = random_layer(rng, E=E, H=H, I=I, k=k, dtype=dtype, **kw)
-    moe = QMoE(**to_dev(w), **a)
+    moe = QMoE(**to_dev(w), **a, decode_max_routes=512)  # the decode path at every row count here
     worst = 0.0
     for rows in ROWS:
-        assert moe.plan(rows, dtype, "float32").engine == "mma", (name, rows)
+        assert moe.plan(rows, dtype, "float32").engine == "decode-mma", (name, rows)
         x, lg, _ = random_inputs(rng, rows, H, E, dtype)
         want = reference(x, lg, **w, **a)
         out = cp.full(x.shape, cp.nan, dtype=x.dtype)
@@ -74,8 +74,8 @@ def test_one_expert_chosen_by_every_row(rng, rows):
     lg = lg.astype(np.float32)
     lg[:, 3] += 50.0
     want = reference(x, lg, **w, **a)
-    moe = QMoE(**to_dev(w), **a)
-    assert moe.plan(rows, "float16", "float32").engine == "mma"
+    moe = QMoE(**to_dev(w), **a, decode_max_routes=512)  # the decode path at every row count here
+    assert moe.plan(rows, "float16", "float32").engine == "decode-mma"
     out = cp.full(x.shape, cp.nan, dtype=x.dtype)
     moe(cp.asarray(x), cp.asarray(lg), out=out)
     assert rel_err(cp.asnumpy(out), want) <= TOL["float16"]
@@ -89,13 +89,13 @@ def test_counters_reset_between_calls(rng):
 
     w, a = random_layer(rng, E=8, H=256, I=128, k=2, dtype="bfloat16", bits=4, block_size=128,
                         activation_type="swiglu", swiglu_fusion=1)
-    moe = QMoE(**to_dev(w), **a)
+    moe = QMoE(**to_dev(w), **a, decode_max_routes=512)  # the decode path at every row count here
     for rows in (1, 7, 3, 7):
         x, lg, _ = random_inputs(rng, rows, 256, 8, "bfloat16")
         out = cp.full(x.shape, cp.nan, dtype=x.dtype)
         moe(cp.asarray(x), cp.asarray(lg), out=out)
         cp.cuda.get_current_stream().synchronize()
-        assert int(moe._scratch.bufs["counters"].sum()) == 0
+        assert int(moe._pools[0].bufs["counters"].sum()) == 0  # the null stream's pool
         assert rel_err(cp.asnumpy(out), reference(x, lg, **w, **a)) <= TOL["bfloat16"]
 
 
@@ -119,12 +119,12 @@ def test_misaligned_input_scales_and_zero_points(rng):
     for n in ("fc1_scales", "fc2_scales", "fc1_zero_points", "fc2_zero_points"):
         dev[n] = shifted(dev[n])
         assert dev[n].data.ptr % 4 != 0
-    moe = QMoE(**dev, **a)
+    moe = QMoE(**dev, **a, decode_max_routes=512)
     for rows in (1, 3):
         x, lg, _ = random_inputs(rng, rows, H, E, "float16")
         xs = shifted(cp.asarray(x))
         assert xs.data.ptr % 16 != 0
         out = cp.full(x.shape, cp.nan, dtype=x.dtype)
         moe(xs, cp.asarray(lg), out=out)
-        assert moe.plan(rows, "float16", "float32").engine == "mma"
+        assert moe.plan(rows, "float16", "float32").engine == "decode-mma"
         assert rel_err(cp.asnumpy(out), reference(x, lg, **w, **a)) <= TOL["float16"]

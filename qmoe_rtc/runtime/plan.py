@@ -15,6 +15,7 @@ from ..errors import DeviceError
 from ..jit import Kernel, Launch
 from ..jit.driver import _drv
 from ..kernels import Pipeline, Problem, Slot
+from ..specialize import ModuleSpec
 
 __all__ = ["PER_CALL", "BoundLaunches", "Plan", "PlanStep"]
 
@@ -26,6 +27,7 @@ PER_CALL = ("x", "logits", "router_weights", "out")
 class PlanStep:
     family: str
     role: str
+    spec: ModuleSpec
     kernel: Kernel
     launch: Launch
     scratch: dict
@@ -97,6 +99,6 @@ class BoundLaunches:
             for i, w in slots:
                 params.set_pointer(i, ptrs[w])
             err = launch(fn, gx, gy, gz, bx, by, bz, smem, stream, params.address, 0)[0]
-            if err is not ok:
+            if err != ok:
                 raise DeviceError(f"launching {kern!r} (grid {(gx, gy, gz)}, block {(bx, by, bz)}, smem {smem}) "
                                   f"failed: {err}")

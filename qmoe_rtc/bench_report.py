@@ -1,0 +1,222 @@
+"""The GPU-free half of the benchmark (:mod:`qmoe_rtc.bench`): shapes, arguments, floors, the table."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import traceback
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["BENCH_SHAPES", "DEFAULT_PRESETS", "DEFAULT_TOKENS", "TOL", "Shape", "block_for", "build_parser",
+           "check_rows", "expert_bytes", "floor_bytes", "flop_count", "format_row", "layout_problem", "parse_args",
+           "parse_bits", "parse_shape", "rel_err", "table_header", "top_k_experts"]
+
+TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}  # CONTRACT.md, "Accuracy"
+DEFAULT_PRESETS = "qwen3-30b-a3b,mixtral-8x7b,gpt-oss-120b,ort-2048"
+DEFAULT_TOKENS = "1,2,4,8,16,32,64"
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    H: int
+    I: int  # noqa: E741
+    E: int
+    k: int
+    block_size: int = 128  # default when --block-size is not given
+
+
+BENCH_SHAPES = {s.name: s for s in (
+    Shape("qwen3-30b-a3b", 2048, 768, 128, 8),
+    Shape("mixtral-8x7b", 4096, 14336, 8, 2),  # as fused swiglu: FC1 [8, 28672, 4096]
+    Shape("gpt-oss-120b", 2880, 2880, 128, 4, block_size=32),
+    Shape("ort-2048", 2048, 2048, 8, 2),
+    Shape("deepseek-v3-tp8", 7168, 2048 // 8, 256, 8),
+)}
+
+
+# -- arguments (GPU-free) --------------------------------------------------------------------------
+def _ints(text: str) -> list[int]:
+    return [int(t) for t in text.split(",") if t.strip()]
+
+
+def parse_shape(text: str) -> Shape:
+    """``H,I,E,k`` → a custom Shape named ``HxIxExk``."""
+    try:
+        H, I, E, k = _ints(text)  # noqa: E741
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shape wants H,I,E,k (four integers), got {text!r}") from None
+    if min(H, I, E, k) < 1 or k > E:
+        raise argparse.ArgumentTypeError(f"--shape {text!r}: sizes must be >= 1 and k <= E")
+    return Shape(f"{H}x{I}x{E}x{k}", H, I, E, k)
+
+
+def parse_bits(text: str) -> tuple[int, int]:
+    """``4`` → (4, 4); ``4,2`` → (fc1 4, fc2 2)."""
+    from .quantize import SUPPORTED_BITS
+
+    try:
+        b = _ints(text)
+    except ValueError:
+        b = []
+    if len(b) not in (1, 2) or any(x not in SUPPORTED_BITS for x in b):
+        raise argparse.ArgumentTypeError(f"--bits wants b or fc1,fc2 with b in {SUPPORTED_BITS}, got {text!r}")
+    return (b[0], b[-1])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    shapes = ", ".join(f"{s.name} (H {s.H}, I {s.I}, E {s.E}, k {s.k})" for s in BENCH_SHAPES.values())
+    p = argparse.ArgumentParser(
+        prog="python -m qmoe_rtc bench", epilog=f"bench shapes: {shapes}",
+        description="Time CUDA-graph replay, eager calls and a PyTorch baseline of random quantized MoE layers; check "
+                    "every point against the CPU reference; report % of the floor measured in the same run (the "
+                    "module docstring of qmoe_rtc/bench.py says how).")
+    p.add_argument("--preset", help=f"comma list of bench shapes, or 'all' (default {DEFAULT_PRESETS}; "
+                                    "none when only --shape is given)")
+    p.add_argument("--shape", type=parse_shape, action="append", default=[], help="custom H,I,E,k (repeatable)")
+    p.add_argument("--tokens", type=_ints, default=_ints(DEFAULT_TOKENS), help=f"comma list (default {DEFAULT_TOKENS})")
+    p.add_argument("--bits", type=parse_bits, action="append", help="b, or fc1,fc2 (repeatable; default 4)")
+    p.add_argument("--block-size", type=int, help="0 (row-wise) or a power of two >= 16 (default 128, gpt-oss 32)")
+    p.add_argument("--dtype", default="float16", help="comma list of float16,bfloat16,float32 (default float16)")
+    p.add_argument("--zero-points", action="store_true", help="asymmetric quantization with zero-point tensors")
+    p.add_argument("--iters", type=int, default=100, help="timed samples per measurement, >= 50 (default 100)")
+    p.add_argument("--warmup", type=int, default=10, help="untimed calls first (default 10)")
+    p.add_argument("--check-rows", type=int, default=256, help="rows checked against the CPU reference per point "
+                                                               "(evenly spaced when T is larger; default 256)")
+    p.add_argument("--json", metavar="PATH", help="write every number and the environment as JSON")
+    p.add_argument("--no-torch", action="store_true", help="skip the PyTorch baseline")
+    p.add_argument("--no-eager", action="store_true", help="skip the eager timing")
+    p.add_argument("--host", action="store_true", help="also time the host side of an eager call (CPU time from "
+                                                       "entering the call to its return, launches queued, no sync)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--decode-max-routes", type=int, default=None,
+                   help="override QMoE's decode/prefill switch (rows*k up to this take the decode path)")
+    p.add_argument("-v", "--verbose", action="store_true", help="print tracebacks of failing points to stderr")
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """Parse and validate; adds ``shapes`` (list of Shape), ``dtypes``; ``bits`` is a list of pairs."""
+    p = build_parser()
+    a = p.parse_args(argv)
+    names = a.preset if a.preset is not None else ("" if a.shape else DEFAULT_PRESETS)
+    names = list(BENCH_SHAPES) if names.strip() == "all" else [n.strip() for n in names.split(",") if n.strip()]
+    for n in names:
+        if n not in BENCH_SHAPES:
+            p.error(f"--preset: unknown {n!r}; known: {', '.join(BENCH_SHAPES)}")
+    a.shapes = [BENCH_SHAPES[n] for n in names] + list(a.shape)
+    if not a.shapes:
+        p.error("nothing to run: give --preset or --shape")
+    a.dtypes = [d.strip() for d in a.dtype.split(",") if d.strip()]
+    for d in a.dtypes:
+        if d not in TOL:
+            p.error(f"--dtype: {d!r} is not one of {', '.join(TOL)}")
+    a.bits = a.bits or [(4, 4)]
+    if not a.tokens or min(a.tokens) < 1:
+        p.error("--tokens: positive integers")
+    bs = a.block_size
+    if bs is not None and bs != 0 and (bs < 16 or bs & (bs - 1)):
+        p.error(f"--block-size: 0 or a power of two >= 16, got {bs}")
+    if a.iters < 50:
+        p.error(f"--iters: at least 50 (a median of fewer samples is noise), got {a.iters}")
+    if a.warmup < 0 or a.check_rows < 1:
+        p.error("--warmup >= 0 and --check-rows >= 1")
+    return a
+
+
+def block_for(shape: Shape, block_size) -> int:
+    return shape.block_size if block_size is None else int(block_size)
+
+
+def layout_problem(shape: Shape, block_size: int) -> str | None:
+    """Why this block size cannot quantize this shape (None if it can)."""
+    for name, K in (("H", shape.H), ("I", shape.I)):
+        if block_size and K % block_size:
+            return f"block_size {block_size} does not divide {name}={K} (give --block-size 0 or one dividing H and I)"
+    return None
+
+
+# -- floors (GPU-free) -----------------------------------------------------------------------------
+def top_k_experts(logits, k: int) -> np.ndarray:
+    """Experts chosen per row [T, k]: softmax top-k = top-k of the logits, ties to the lower index."""
+    lg = np.asarray(logits, dtype=np.float32)
+    return np.argsort(-lg, axis=-1, kind="stable")[:, :k]
+
+
+def _proj_bytes(N: int, K: int, bits: int, block_size: int, zero_points: bool, scale_itemsize: int) -> int:
+    nb = K // block_size if block_size else 1
+    packed = N * ((K * bits + 7) // 8)
+    scales = N * nb * scale_itemsize
+    zp = 0
+    if zero_points:  # block-wise: packed along blocks per row; row-wise: packed along N
+        zp = N * ((nb * bits + 7) // 8) if block_size else (N * bits + 7) // 8
+    return packed + scales + zp
+
+
+def expert_bytes(H: int, I: int, bits, block_size: int, zero_points: bool, scale_itemsize: int) -> int:  # noqa: E741
+    """Bytes of one expert: fused FC1 [2I, H] + FC2 [H, I], packed codes + scales + zero points."""
+    b1, b2 = bits
+    return (_proj_bytes(2 * I, H, b1, block_size, zero_points, scale_itemsize)
+            + _proj_bytes(H, I, b2, block_size, zero_points, scale_itemsize))
+
+
+def floor_bytes(logits, k: int, H: int, per_expert: int, act_itemsize: int) -> tuple[int, int]:
+    """(bytes, unique experts): the selected experts' weights + input + output + float32 logits."""
+    lg = np.asarray(logits)
+    T, E = lg.shape
+    unique = int(np.unique(top_k_experts(lg, k)).size)
+    return unique * per_expert + 2 * T * H * act_itemsize + T * E * 4, unique
+
+
+def flop_count(T: int, k: int, H: int, I: int) -> int:  # noqa: E741
+    return 2 * T * k * (H * 2 * I + I * H)
+
+
+def check_rows(T: int, limit: int) -> np.ndarray:
+    """Rows checked against the reference: all if T <= limit, else ``limit`` evenly spaced ones."""
+    if T <= limit:
+        return np.arange(T)
+    return np.unique(np.linspace(0, T - 1, limit).round().astype(np.int64))
+
+
+def rel_err(got, want) -> float:
+    g, w = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    if not np.isfinite(g).all():
+        return math.inf
+    n = np.linalg.norm(w)
+    return float(np.linalg.norm(g - w) / (n if n else 1.0))
+
+
+# -- table (GPU-free) ------------------------------------------------------------------------------
+def table_header() -> str:
+    return (f"{'shape':<16} {'dtype':<8} {'bits':>4} {'T':>5} | {'graph_us':>9} {'eager_us':>9} {'torch_us':>9} | "
+            f"{'floor_us':>9} {'MB':>8} {'%floor':>6} | {'rel_err':>8} {'torch_err':>9}")
+
+
+def _f(v, spec: str, width: int) -> str:
+    return f"{'-':>{width}}" if v is None else f"{v:{width}{spec}}"
+
+
+def format_row(p: dict) -> str:
+    """One table line of a point dict (keys as in the JSON; missing/None values print as '-')."""
+    b1, b2 = p["bits"]
+    head = f"{p['shape']:<16} {p['dtype']:<8} {(str(b1) if b1 == b2 else f'{b1},{b2}'):>4} {p['T']:>5} | "
+    if p.get("error"):
+        return head + "ERR " + p["error"]
+    mb = None if p.get("floor_bytes") is None else p["floor_bytes"] / 1e6
+    floor = _f(p.get("floor_us"), ".1f", 8) + ("*" if p.get("bound") == "flop" else " ")
+    err = _f(p.get("rel_err"), ".2e", 8) + ("" if p.get("ok", True) else " FAIL")
+    terr = p.get("torch_err")
+    tcol = f"{terr:>9.2e}" if isinstance(terr, float) else f"{(terr or '-')[:9]:>9}"
+    return (head + f"{_f(p.get('graph_us'), '.1f', 9)} {_f(p.get('eager_us'), '.1f', 9)} "
+            f"{_f(p.get('torch_us'), '.1f', 9)} | {floor} {_f(mb, '.2f', 8)} {_f(p.get('pct_floor'), '.1f', 6)} | "
+            f"{err} {tcol}")
+
+
+def _reason(exc: BaseException) -> str:
+    tb = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno})" if tb else ""
+    msg = (str(exc).strip().splitlines() or [""])[0][:300]
+    return f"{type(exc).__name__}: {msg}{where}"

@@ -1,0 +1,89 @@
+"""Pipelines as data (CPU only): every argument of every kernel a pipeline launches is bound by name
+from the executor's table, the scratch the pipeline declares, its launch scalars or the per-call
+arrays; every pipeline step names a kernel its module has; the engine choice and its reasons."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from qmoe_rtc.contract import QMoEAttributes
+from qmoe_rtc.jit import Launch, Ptr
+from qmoe_rtc.kernels import PIPELINES, Problem, choose, decode_limit, get_family
+from qmoe_rtc.runtime.plan import PER_CALL
+from qmoe_rtc.runtime.tensors import layer_table
+from qmoe_rtc.specialize import Layout, ModelConfig
+
+L = Layout
+CONFIGS = [
+    ModelConfig(hidden=2048, inter=768, experts=128, k=8,
+                layout=L(dtype="bfloat16", fc1_bits=4, fc2_bits=4, block_size=128, activation="swiglu", swiglu_fusion=1)),
+    ModelConfig(hidden=256, inter=128, experts=8, k=2,
+                layout=L(dtype="float16", fc1_bits=2, fc2_bits=8, fc3_bits=2, has_fc3=True, block_size=16,
+                         activation="silu", fc1_zp="packed", fc3_zp="packed")),
+    ModelConfig(hidden=256, inter=128, experts=16, k=4,
+                layout=L(dtype="float32", fc1_bits=3, fc2_bits=4, block_size=0, activation="geglu", swiglu_fusion=2,
+                         fc2_zp="offset")),
+    ModelConfig(hidden=100, inter=36, experts=8, k=2, layout=L(dtype="float16", fc1_bits=4, fc2_bits=4, activation="relu")),
+]
+ROWS = (1, 7, 64, 1000)
+LAYER_SCALARS = {"rows", "R", "E", "H", "I", "k"}
+
+
+def _table():
+    proj = {p: (object(), object(), None, None) for p in ("fc1", "fc2")}
+    return layer_table(proj, QMoEAttributes.from_kwargs(k=2))
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=[c.layout.name for c in CONFIGS])
+@pytest.mark.parametrize("rows", ROWS)
+def test_every_kernel_argument_is_bound_by_name(cfg, rows):
+    table = set(_table())
+    problem = Problem(rows=rows, E=cfg.experts, H=cfg.hidden, I=cfg.inter, k=cfg.k, dtype=cfg.layout.dtype)
+    ran = 0
+    for pipeline in PIPELINES:
+        if any(get_family(f).supports(cfg, problem) for f in pipeline.families):
+            continue
+        ran += 1
+        scratch = set()
+        steps = []
+        for st in pipeline.steps:
+            fam = get_family(st.family)
+            spec = fam.spec(cfg)
+            kdefs = {k.key: k for k in fam.kernels(spec)}
+            key = fam.kernel_for(spec, st.role, problem)
+            assert key in kdefs, (pipeline.name, st, key, sorted(kdefs))
+            launch = fam.launch(spec, st.role, problem)
+            assert isinstance(launch, Launch) and min(launch.grid) >= 1 and min(launch.block) >= 1
+            scratch |= set(fam.scratch(spec, st.role, problem))
+            steps.append((kdefs[key], launch))
+        for kdef, launch in steps:
+            bound = table | LAYER_SCALARS | scratch | {n for n, _ in launch.args} | set(PER_CALL)
+            missing = [a.name for a in kdef.args if a.name not in bound]
+            assert not missing, (pipeline.name, kdef.key, missing)
+            for a in kdef.args:  # a scratch pointer a kernel reads was declared by some step of the pipeline
+                if isinstance(a, Ptr) and a.name not in table and a.name not in PER_CALL:
+                    assert a.name in scratch, (pipeline.name, kdef.key, a.name)
+    assert ran >= 2  # each config has at least one decode and one prefill pipeline
+
+
+def test_choice_prefers_tensor_cores_and_says_why_not():
+    tc = CONFIGS[0]
+    assert choose(tc, None, "decode").pipeline.name == "decode-mma"
+    assert choose(tc, None, "prefill").pipeline.name == "prefill-mma"
+    many = Problem(rows=100, E=tc.experts, H=tc.hidden, I=tc.inter, k=tc.k, dtype="bfloat16")
+    c = choose(tc, many, "decode")  # 800 routes: more than one decode block scans
+    assert c.pipeline.name == "decode-gemv" and "800 routes" in c.skipped[0][1]
+    simt = choose(CONFIGS[2], None, "prefill")
+    assert simt.pipeline.name == "prefill-simt" and "float32" in simt.skipped[0][1]
+    odd = choose(CONFIGS[3], None, "decode")
+    assert odd.pipeline.name == "decode-gemv" and "multiples of 32" in odd.skipped[0][1]
+
+
+def test_decode_limit_follows_the_experts():
+    lay = CONFIGS[0].layout
+    small = ModelConfig(hidden=4096, inter=14336, experts=8, k=2, layout=lay)
+    assert decode_limit(CONFIGS[0]) == 512  # capped by what one decode block scans
+    assert 2 <= decode_limit(small) < decode_limit(CONFIGS[0])
+    assert decode_limit(dataclasses.replace(small, experts=1, k=1)) >= 1

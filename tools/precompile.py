@@ -1,0 +1,82 @@
+"""Compile, in parallel, every module the GPU test suites will load (run on the GPU host before
+pytest, so the tests do not compile one module at a time). No GPU needed with --arch.
+
+    python tools/precompile.py --arch sm_90 [--jobs 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import multiprocessing
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests"))
+
+SUITES = ("test_executor_gpu", "test_mma_decode_gpu", "test_mma_prefill_gpu")
+EXECUTOR_FAMILIES = ("route", "gemv", "gemm", "mma_decode", "mma_prefill")
+
+
+def specs() -> list:
+    import importlib
+
+    import numpy as np
+
+    from qmoe_rtc.contract import QMoEAttributes, describe_layer
+    from qmoe_rtc.executor import layer_config
+    from qmoe_rtc.kernels import get_family
+    from qmoe_rtc.random_layer import random_layer
+
+    seen: dict = {}
+    rng = np.random.default_rng(0)
+    for name in SUITES:
+        mod = importlib.import_module(name)
+        for case in mod.LAYERS:
+            kw, E, H, I = case[1], case[2], case[3], case[4]
+            dtypes = [case[5]] if len(case) > 5 else ["float16", "bfloat16"]
+            for dtype in dtypes:
+                kw2 = dict(kw)
+                k = kw2.pop("k")
+                w, a = random_layer(rng, E=E, H=H, I=I, k=k, dtype=dtype, **kw2)
+                layer = describe_layer(w, QMoEAttributes.from_kwargs(**a))
+                sdt = {p.scale_dtype for p in layer.projections()}
+                cfg = layer_config(layer, dtype, sdt.pop() if len(sdt) == 1 else "float32")
+                for fam in EXECUTOR_FAMILIES:
+                    f = get_family(fam)
+                    if f.supports(cfg) is None:
+                        for s in f.specs(cfg):
+                            seen.setdefault(s, None)
+    return list(seen)
+
+
+def main() -> int:
+    from qmoe_rtc import knobs
+    from qmoe_rtc.warm import _build
+
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--arch", required=True)
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    args = p.parse_args()
+    todo = specs()
+    t0 = time.perf_counter()
+    ctx = multiprocessing.get_context("spawn")
+    failed = 0
+    with cf.ProcessPoolExecutor(max_workers=args.jobs, mp_context=ctx, initializer=knobs.apply,
+                                initargs=(knobs.snapshot(),)) as pool:
+        futs = {pool.submit(_build, s, args.arch): s for s in todo}
+        for fut in cf.as_completed(futs):
+            try:
+                fut.result()
+            except Exception as exc:  # reported, counted, exit code says it
+                failed += 1
+                print(f"FAILED {futs[fut].name}: {exc}", flush=True)
+    print(f"precompiled {len(todo)} modules for {args.arch} in {time.perf_counter() - t0:.1f} s "
+          f"({args.jobs} workers), {failed} failed", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
