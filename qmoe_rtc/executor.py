@@ -29,7 +29,8 @@ from .jit import load_module
 from .jit.driver import stream_is_capturing
 from .kernels import Problem, choose, decode_limit, get_family
 from .runtime.graph import QMoEGraph, capture_launches
-from .runtime.interop import allocate_like, current_stream, cupy, data_ptr, is_host_array, signature, to_cupy
+from .runtime.interop import (allocate_like, current_stream, cupy, data_ptr, is_host_array, is_host_signature,
+                               signature, to_cupy)
 from .runtime.plan import Plan, PlanStep
 from .runtime.scratch import ScratchPool
 from .runtime.tensors import layer_table, upload_projections
@@ -236,13 +237,13 @@ class QMoE:
         Returns the output in the input's shape, dtype and array type (``out`` itself when given), on
         the current stream (torch's current stream for torch inputs).
         """
-        if is_host_array(input) or is_host_array(router_probs) or is_host_array(router_weights):
-            input, router_probs, router_weights = (to_cupy(n, a, self.device_id) for n, a in
-                                                   (("input", input), ("router_probs", router_probs),
-                                                    ("router_weights", router_weights)))
         key = (signature(input), signature(router_probs), signature(router_weights), signature(out))
         call = self._calls.get(key)
         if call is None:
+            if any(is_host_signature(s) for s in key[:3]):  # NumPy inputs: uploaded (a copy and a sync per call)
+                return self(*(to_cupy(n, a, self.device_id) if is_host_array(a) else a for n, a in
+                              (("input", input), ("router_probs", router_probs), ("router_weights", router_weights))),
+                            out=out)
             call = self._resolve(key, input, router_probs, router_weights, out)
         stream = call.stream(self.device_id)
         xp = data_ptr(input)
@@ -281,8 +282,8 @@ class QMoE:
         """
         if stream_is_capturing(current_stream(input, self.device_id)(self.device_id)):
             raise CaptureError("QMoE.capture() inside another capture: call the layer itself (with out=) there")
-        out = self(input, router_probs, router_weights, out=out)
         key = (signature(input), signature(router_probs), signature(router_weights), signature(out))
+        out = self(input, router_probs, router_weights, out=out)
         call = self._calls[key]
         if data_ptr(input) & 15:
             raise QMoEInputError("input", "a 16-byte aligned array for capture() (the graph reads it in place)",

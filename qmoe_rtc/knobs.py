@@ -108,6 +108,12 @@ KNOBS: dict[str, Knob] = {
         Knob("prefill_stages", "QMOE_RTC_PREFILL_STAGES", "int", 0, True,
              "Tuning only: cp.async pipeline depth of the tensor-core prefill kernels (0 = the built-in 3); "
              "a -D option, hence part of the cache key."),
+        Knob("prefill_warps", "QMOE_RTC_PREFILL_WARPS", "int", 0, True,
+             "Tuning only: warps per prefill block, 4 or 8 (0 = the built-in); a -D option, part of the key."),
+        Knob("prefill_group", "QMOE_RTC_PREFILL_GROUP", "int", 0, False,
+             "Tuning only: route tiles the prefill grid launches side by side per weight tile (0 = the built-in 8)."),
+        Knob("prefill_route_tile", "QMOE_RTC_PREFILL_ROUTE_TILE", "int", 0, False,
+             "Tuning only: force the prefill route tile (16, 32 or 64 routes; 0 = chosen from the routes per expert)."),
     )
 }
 

@@ -100,7 +100,7 @@ def test_param_block_packs_each_argument_as_its_declared_c_type():
     kd = KernelDef("k", "k", (Scalar("n", "int32"), Scalar("m", "int64"), Scalar("f", "float32"),
                               Ptr("p", "uint8", nullable=True), Ptr("q", None)))
     pb = ParamBlock(kd, dict(n=-3, m=np.int64(2**40), f=0.5, p=None, q=0xDEAD0))
-    raw = pb._vals
+    raw = pb.values
     assert raw[0:1].view(np.int32)[0] == -3 and raw[1] == 2**40
     assert raw[2:3].view(np.float32)[0] == np.float32(0.5) and pb.value(3) == 0 and pb.value(4) == 0xDEAD0
     addrs = np.frombuffer(np.ctypeslib.as_array((np.ctypeslib.ctypes.c_uint64 * 5).from_address(pb.address)),

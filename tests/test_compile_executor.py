@@ -113,8 +113,9 @@ def test_prefill_stage_bytes_match_the_device_struct():
             for block in (0, 16, 32, 128):
                 for zp in (False, True):
                     for nr in ROUTE_TILES:
-                        want = stage_bytes(bits, sbytes, block, zp, nr)
+                        want = stage_bytes(bits, sbytes, block, zp, nr, 8)
                         lines.append(f"static_assert(qmoe::PfStage<{bits}, {scale_t}, {block}, "
                                      f"{'true' if zp else 'false'}, {nr}>::kBytes == {want}, "
                                      f"\"stage_bytes({bits}, {sbytes}, {block}, {zp}, {nr})\");")
-    compiler.compile_unit("stage_bytes_check", "\n".join(lines) + "\n", {}, "sm_90", compiler.base_options("sm_90"))
+    options = compiler.base_options("sm_90", ("-DQMOE_PF_WARPS=8",))
+    compiler.compile_unit("stage_bytes_check", "\n".join(lines) + "\n", {}, "sm_90", options)

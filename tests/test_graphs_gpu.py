@@ -103,7 +103,7 @@ def test_reserve_serves_graphs_of_many_batch_sizes_on_one_pool(rng):
     from qmoe_rtc.executor import QMoE
 
     w, a = _layer(rng, dtype="bfloat16")
-    moe = QMoE(**{n: torch.from_numpy(v).cuda() for n, v in w.items()}, **a)
+    moe = QMoE(**to_dev(w), **a)  # CuPy weights (bfloat16 scales), torch inputs
     sizes = (1, 2, 4, 8, 16, 64, 160)
     moe.reserve(max(sizes))
     graphs = {}

@@ -111,15 +111,16 @@ class ParamBlock:
 
     Every argument gets an 8-byte slot (kernel parameters are at most 8 bytes here); a 4-byte type
     sits in the slot's low half (little endian), which is what the driver copies. ``address`` is the
-    ``void**`` to hand to ``cuLaunchKernel``. :meth:`set_pointer` overwrites one pointer slot (the
-    driver copies parameters at launch, so a slot may change right after a launch returns).
+    ``void**`` to hand to ``cuLaunchKernel``. ``values`` is the slot array itself: a launcher may
+    overwrite a pointer slot (``values[i] = address``, or :meth:`set_pointer`) between launches; the
+    driver copies parameters at launch, so a slot may change right after a launch returns.
     """
 
-    __slots__ = ("_vals", "_ptrs", "address", "names")
+    __slots__ = ("values", "_ptrs", "address", "names")
 
     def __init__(self, kdef: KernelDef, values: dict, device_id: int | None = None):
         n = len(kdef.args)
-        self._vals = np.zeros(max(n, 1), dtype=np.uint64)  # [n] 8-byte slots
+        self.values = np.zeros(max(n, 1), dtype=np.uint64)  # [n] 8-byte slots
         self.names = kdef.arg_names()
         for i, spec in enumerate(kdef.args):
             if spec.name not in values:
@@ -127,16 +128,16 @@ class ParamBlock:
             v = values[spec.name]
             where = f"{kdef.key}.{spec.name}"
             if isinstance(spec, Ptr):
-                self._vals[i] = v if isinstance(v, (int, np.integer)) else check_pointer(where, spec, v, device_id)
+                self.values[i] = v if isinstance(v, (int, np.integer)) else check_pointer(where, spec, v, device_id)
             else:
                 packed = pack_value(where, spec, v)
-                self._vals[i : i + 1].view(packed.dtype)[0] = packed
-        base = self._vals.ctypes.data
+                self.values[i : i + 1].view(packed.dtype)[0] = packed
+        base = self.values.ctypes.data
         self._ptrs = (base + 8 * np.arange(max(n, 1), dtype=np.uint64)).astype(np.uint64)  # [n] void*
         self.address = int(self._ptrs.ctypes.data)
 
     def set_pointer(self, index: int, address: int) -> None:
-        self._vals[index] = address
+        self.values[index] = address
 
     def value(self, index: int) -> int:
-        return int(self._vals[index])
+        return int(self.values[index])

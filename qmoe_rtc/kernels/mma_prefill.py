@@ -20,37 +20,39 @@ from .base import KernelFamily, Problem, Slot, register
 
 __all__ = ["MmaPrefillFamily", "stage_bytes", "tile_routes"]
 
-THREADS = 128  # kPfThreads
-WARPS = 4
 MW = 2  # kPfMW: m16 weight tiles per warp
-TILES = WARPS * MW  # kPfTiles: m16 tiles per block
 ROUTE_TILES = (2, 4, 8)  # NR: route groups of 8 per block tile
 STAGES = 3  # kPfStages
+WARPS = 4  # kPfWarps: a block tile is 32·WARPS weight rows
 GROUP = 8  # route tiles launched side by side for each weight tile (L2 reuse)
 
 
-def _stages() -> int:
-    n = knobs.get("prefill_stages") or STAGES
-    if not 2 <= n <= 6:
-        raise QMoEAttributeError("QMOE_RTC_PREFILL_STAGES", "2..6", str(n))
+def _knob(name: str, env: str, default: int, allowed) -> int:
+    n = knobs.get(name) or default
+    if n not in allowed:
+        raise QMoEAttributeError(env, f"one of {list(allowed)}", str(n))
     return n
 
 
 def tile_routes(routes: int, E: int) -> int:
-    """NR for a call: the smallest route tile (16, 32, 64 routes) that the average expert fills."""
+    """NR for a call: the smallest route tile (16, 32, 64 routes) that the average expert fills
+    (knob ``prefill_route_tile`` forces one, for tuning)."""
+    forced = _knob("prefill_route_tile", "QMOE_RTC_PREFILL_ROUTE_TILE", 0, (0, 16, 32, 64))
+    if forced:
+        return forced // 8
     per_expert = routes / max(1, min(E, routes))
     if per_expert <= 16:
         return 2
     return 4 if per_expert <= 40 else 8
 
 
-def stage_bytes(bits: int, scale_bytes: int, block_size: int, zp_packed: bool, nr: int) -> int:
+def stage_bytes(bits: int, scale_bytes: int, block_size: int, zp_packed: bool, nr: int, warps: int = WARPS) -> int:
     """One pipeline stage (mma_prefill.cuh PfStage): activation tile + every warp's codes and meta words."""
     words = 0
     if block_size:
         words = (2 if block_size == 16 and scale_bytes == 4 else 1) + (1 if zp_packed else 0)
     warp = MW * 2 * 32 * 4 * bits + MW * 2 * words * 128
-    return 8 * nr * 256 + WARPS * warp
+    return 8 * nr * 256 + warps * warp
 
 
 @register
@@ -60,7 +62,11 @@ class MmaPrefillFamily(KernelFamily):
     depends_on = EXPERT_FIELDS
 
     def spec(self, config) -> ModuleSpec:
-        return expert_spec(self.name, config, stages=_stages())
+        """The layout's fields plus the pipeline depth and warps per block (tuning knobs, read here once
+        per spec, so the module key and the launch geometry always agree)."""
+        return expert_spec(self.name, config,
+                           stages=_knob("prefill_stages", "QMOE_RTC_PREFILL_STAGES", STAGES, range(2, 7)),
+                           warps=_knob("prefill_warps", "QMOE_RTC_PREFILL_WARPS", WARPS, (4, 8)))
 
     def specs(self, config) -> list[ModuleSpec]:
         return [] if self.supports(config) else [self.spec(config)]
@@ -71,7 +77,7 @@ class MmaPrefillFamily(KernelFamily):
         return tensor_core_unsupported(config)
 
     def defines(self, spec: ModuleSpec) -> tuple[str, ...]:
-        return (f"-DQMOE_PF_STAGES={spec['stages']}",)
+        return (f"-DQMOE_PF_STAGES={spec['stages']}", f"-DQMOE_PF_WARPS={spec['warps']}")
 
     def kernels(self, spec: ModuleSpec) -> tuple[KernelDef, ...]:
         t = template_types(spec)
@@ -107,16 +113,20 @@ class MmaPrefillFamily(KernelFamily):
         if role == "combine":
             return combine_launch(problem)
         scale_bytes = 4 if spec["scale_dtype"] == "float32" else 2
+        warps = spec["warps"]
+        tiles = warps * MW  # kPfTiles: m16 tiles per block
         if role == "fc1":
             per_tile = 8 if gate_of(spec) != "none" else 16
-            nt = (problem.I + TILES * per_tile - 1) // (TILES * per_tile)
+            nt = (problem.I + tiles * per_tile - 1) // (tiles * per_tile)
             zp = spec["fc1_zp"] == "packed" or (spec["has_fc3"] and spec["fc3_zp"] == "packed")
-            smem = stage_bytes(spec["fc1_bits"], scale_bytes, spec["block_size"], zp, nr)
+            smem = stage_bytes(spec["fc1_bits"], scale_bytes, spec["block_size"], zp, nr, warps)
         else:
-            nt = (problem.H + TILES * 16 - 1) // (TILES * 16)
-            smem = stage_bytes(spec["fc2_bits"], scale_bytes, spec["block_size"], spec["fc2_zp"] == "packed", nr)
-        groups = (route_tiles(problem.routes, problem.E, 8 * nr) + GROUP - 1) // GROUP
-        return Launch((groups * GROUP * nt, 1, 1), (THREADS, 1, 1), spec["stages"] * smem, (("NT", nt), ("G", GROUP)))
+            nt = (problem.H + tiles * 16 - 1) // (tiles * 16)
+            smem = stage_bytes(spec["fc2_bits"], scale_bytes, spec["block_size"], spec["fc2_zp"] == "packed", nr, warps)
+        group = knobs.get("prefill_group") or GROUP
+        groups = (route_tiles(problem.routes, problem.E, 8 * nr) + group - 1) // group
+        return Launch((groups * group * nt, 1, 1), (32 * warps, 1, 1), spec["stages"] * smem,
+                      (("NT", nt), ("G", group)))
 
     def scratch(self, spec: ModuleSpec, role: str, problem: Problem) -> dict[str, Slot]:
         return grouped_scratch(role, problem, 2)  # act_sorted in T

@@ -31,15 +31,15 @@ def _kind(a) -> int:
 
 
 def signature(a) -> tuple | None:
-    """What validation looks at (array type, shape, dtype, contiguity, device): equal signatures
-    validate alike, so a call's checks run once per signature."""
+    """What validation looks at (array type, shape, strides, dtype, device): equal signatures validate
+    alike, so a call's checks run once per signature. Cheap attribute reads only (no DLPack)."""
     if a is None:
         return None
     k = _kind(a)
     if k == _CUPY:
-        return (k, a.shape, a.dtype, a.flags.c_contiguous, a.device.id)
+        return (k, a.shape, a.strides, a.dtype, a.data.device_id)
     if k == _TORCH:
-        return (k, tuple(a.shape), a.dtype, a.is_contiguous(), a.device.type, a.device.index)
+        return (k, a.shape, a.stride(), a.dtype, a.device)
     return (k, type(a))
 
 
@@ -57,6 +57,11 @@ def data_ptr(a) -> int:
 
 def is_host_array(a) -> bool:
     return a is not None and _kind(a) == _OTHER and hasattr(a, "shape") and hasattr(a, "dtype")
+
+
+def is_host_signature(sig) -> bool:
+    """A signature of something that is neither a CuPy array nor a torch tensor (uploaded, or refused)."""
+    return sig is not None and sig[0] == _OTHER
 
 
 def to_cupy(name: str, a, device_id: int):

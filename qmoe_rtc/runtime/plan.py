@@ -70,7 +70,7 @@ class Plan:
 class BoundLaunches:
     """The packed launches of a plan on one pool."""
 
-    __slots__ = ("generation", "items", "pool")
+    __slots__ = ("_launch", "_ok", "generation", "items", "pool")
 
     def __init__(self, plan: Plan, pool, table: dict):
         p = plan.problem
@@ -86,19 +86,20 @@ class BoundLaunches:
             st.kernel.reserve_dynamic_smem(st.launch.shared_mem)
             g, b = st.launch.grid, st.launch.block
             items.append((st.kernel.function, int(g[0]), int(g[1]), int(g[2]), int(b[0]), int(b[1]), int(b[2]),
-                          int(st.launch.shared_mem), params, slots, st.kernel))
+                          int(st.launch.shared_mem), params.values, params.address, slots, st.kernel, params))
         self.items = tuple(items)
         self.generation = pool.generation
         self.pool = pool
+        drv = _drv()
+        self._launch, self._ok = drv.cuLaunchKernel, drv.CUresult.CUDA_SUCCESS
 
     def launch(self, stream: int, ptrs: tuple) -> None:
         """Every launch of the forward on ``stream`` with the call's addresses ``ptrs`` (see PER_CALL)."""
-        drv = _drv()
-        launch, ok = drv.cuLaunchKernel, drv.CUresult.CUDA_SUCCESS
-        for fn, gx, gy, gz, bx, by, bz, smem, params, slots, kern in self.items:
+        launch, ok = self._launch, self._ok
+        for fn, gx, gy, gz, bx, by, bz, smem, vals, address, slots, kern, _params in self.items:
             for i, w in slots:
-                params.set_pointer(i, ptrs[w])
-            err = launch(fn, gx, gy, gz, bx, by, bz, smem, stream, params.address, 0)[0]
+                vals[i] = ptrs[w]
+            err = launch(fn, gx, gy, gz, bx, by, bz, smem, stream, address, 0)[0]
             if err != ok:
                 raise DeviceError(f"launching {kern!r} (grid {(gx, gy, gz)}, block {(bx, by, bz)}, smem {smem}) "
                                   f"failed: {err}")

@@ -33,8 +33,12 @@
 
 namespace qmoe {
 
-constexpr int kPfWarps = 4;
+#ifndef QMOE_PF_WARPS
+#define QMOE_PF_WARPS 4
+#endif
+constexpr int kPfWarps = QMOE_PF_WARPS;          // 4 or 8: the block tile's weight rows = 32·kPfWarps
 constexpr int kPfThreads = 32 * kPfWarps;
+constexpr int kPfMinBlocks = 8 / kPfWarps;       // register budget: 8 warps per SM
 constexpr int kPfMW = 2;                         // m16 weight tiles per warp
 constexpr int kPfTiles = kPfWarps * kPfMW;       // m16 tiles per block
 constexpr int kPfChunk = 128;                    // codes of K per pipeline stage
@@ -234,7 +238,7 @@ __device__ __forceinline__ Coef pf_row_coef(const QP& qp, i32 e, i32 n, float& s
 // FC1 (+FC3) with the activation fused: act_sorted[m, o] for the tile's routes. Warp tile = 8 outputs
 // (gated: rows g = gate, g + 8 = linear of output g) or 16 outputs (plain).
 template <int GATE, typename T, typename ScaleT, int B1, int Z1, int Z3, int BLOCK, int ACT, int NR>
-__global__ void __launch_bounds__(kPfThreads, 2)
+__global__ void __launch_bounds__(kPfThreads, kPfMinBlocks)
 fc1_prefill(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* __restrict__ offsets,
             const i32* __restrict__ tile_offsets, i32 E, i32 k, i32 H, i32 I, i32 NT, i32 G,
             const u8* __restrict__ w1, const ScaleT* __restrict__ s1, const u8* __restrict__ z1,
@@ -304,7 +308,7 @@ fc1_prefill(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* 
 
 // FC2: y[route, n] = act_sorted[m] · W2[e, n] + b2[e, n] for the tile's routes (scattered by route id).
 template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, int NR>
-__global__ void __launch_bounds__(kPfThreads, 2)
+__global__ void __launch_bounds__(kPfThreads, kPfMinBlocks)
 fc2_prefill(const T* __restrict__ act_sorted, const i32* __restrict__ sorted, const i32* __restrict__ offsets,
             const i32* __restrict__ tile_offsets, i32 E, i32 H, i32 I, i32 NT, i32 G, const u8* __restrict__ w2,
             const ScaleT* __restrict__ s2, const u8* __restrict__ z2, const float* __restrict__ b2, float zp_offset,
