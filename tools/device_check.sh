@@ -26,7 +26,7 @@ fi
 
 if has memcheck; then
   stamp memcheck
-  timeout "${MEMCHECK_TIMEOUT:-150}" compute-sanitizer --tool memcheck --print-limit 5 python3 tools/sanitize_case.py \
+  timeout "${MEMCHECK_TIMEOUT:-150}" compute-sanitizer --tool memcheck --report-api-errors no --print-limit 10 python3 tools/sanitize_case.py \
     2>&1 | tee "$OUT/memcheck.txt" | tail -8
 fi
 
