@@ -110,6 +110,9 @@ KNOBS: dict[str, Knob] = {
              "a -D option, hence part of the cache key."),
         Knob("prefill_warps", "QMOE_RTC_PREFILL_WARPS", "int", 0, True,
              "Tuning only: warps per prefill block, 4 or 8 (0 = the built-in); a -D option, part of the key."),
+        Knob("prefill_min_blocks", "QMOE_RTC_PREFILL_MIN_BLOCKS", "int", 0, True,
+             "Tuning only: blocks per SM the prefill kernels' register budget is set for (1-4; 0 = the built-in); "
+             "a -D option, part of the key."),
         Knob("prefill_group", "QMOE_RTC_PREFILL_GROUP", "int", 0, False,
              "Tuning only: route tiles the prefill grid launches side by side per weight tile (0 = the built-in 8)."),
         Knob("prefill_route_tile", "QMOE_RTC_PREFILL_ROUTE_TILE", "int", 0, False,

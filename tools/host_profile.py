@@ -66,6 +66,10 @@ def main() -> int:
     drv = _drv()
     rows["1 cuLaunchKernel (cuda-bindings)"] = med_us(lambda: drv.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, smem,
                                                                                  stream, address, 0))
+    side = cp.cuda.Stream(non_blocking=True)
+    rows["1 cuLaunchKernel, non-blocking stream"] = med_us(lambda: drv.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, smem,
+                                                                                      side.ptr, address, 0))
+    rows["bound launches, non-blocking stream"] = med_us(lambda: bound.launch(side.ptr, ptrs))
     lib = ctypes.CDLL("libcuda.so.1")
     launch = lib.cuLaunchKernel
     launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3

@@ -67,7 +67,17 @@ def load_cubin(cubin: bytes, device_id: int):
 
 
 def get_function(module, lowered_name: str):
-    return _check(_drv().cuModuleGetFunction(module, lowered_name.encode()), f"cuModuleGetFunction({lowered_name})")
+    """A function of a loaded module, fully loaded now: with CUDA's lazy module loading a function's code
+    is otherwise loaded at its first launch, which must not happen inside a graph capture (a layer
+    planned by ``reserve()`` may be captured before it ever ran)."""
+    drv = _drv()
+    fn = _check(drv.cuModuleGetFunction(module, lowered_name.encode()), f"cuModuleGetFunction({lowered_name})")
+    load = getattr(drv, "cuFuncLoad", None)
+    if load is not None:
+        _check(load(fn), f"cuFuncLoad({lowered_name})")
+    else:  # older bindings: querying an attribute loads the function too
+        func_attribute(fn, "registers")
+    return fn
 
 
 def set_max_dynamic_smem(function, nbytes: int) -> None:

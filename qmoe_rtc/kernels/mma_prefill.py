@@ -24,6 +24,7 @@ MW = 2  # kPfMW: m16 weight tiles per warp
 ROUTE_TILES = (2, 4, 8)  # NR: route groups of 8 per block tile
 STAGES = 3  # kPfStages
 WARPS = 4  # kPfWarps: a block tile is 32·WARPS weight rows
+MIN_BLOCKS = 2  # kPfMinBlocks: blocks per SM the register budget is set for
 GROUP = 8  # route tiles launched side by side for each weight tile (L2 reuse)
 
 
@@ -66,7 +67,8 @@ class MmaPrefillFamily(KernelFamily):
         per spec, so the module key and the launch geometry always agree)."""
         return expert_spec(self.name, config,
                            stages=_knob("prefill_stages", "QMOE_RTC_PREFILL_STAGES", STAGES, range(2, 7)),
-                           warps=_knob("prefill_warps", "QMOE_RTC_PREFILL_WARPS", WARPS, (4, 8)))
+                           warps=_knob("prefill_warps", "QMOE_RTC_PREFILL_WARPS", WARPS, (4, 8)),
+                           min_blocks=_knob("prefill_min_blocks", "QMOE_RTC_PREFILL_MIN_BLOCKS", MIN_BLOCKS, (1, 2, 3, 4)))
 
     def specs(self, config) -> list[ModuleSpec]:
         return [] if self.supports(config) else [self.spec(config)]
@@ -77,7 +79,8 @@ class MmaPrefillFamily(KernelFamily):
         return tensor_core_unsupported(config)
 
     def defines(self, spec: ModuleSpec) -> tuple[str, ...]:
-        return (f"-DQMOE_PF_STAGES={spec['stages']}", f"-DQMOE_PF_WARPS={spec['warps']}")
+        return (f"-DQMOE_PF_STAGES={spec['stages']}", f"-DQMOE_PF_WARPS={spec['warps']}",
+                f"-DQMOE_PF_MIN_BLOCKS={spec['min_blocks']}")
 
     def kernels(self, spec: ModuleSpec) -> tuple[KernelDef, ...]:
         t = template_types(spec)

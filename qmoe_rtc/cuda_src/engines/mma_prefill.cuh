@@ -38,7 +38,10 @@ namespace qmoe {
 #endif
 constexpr int kPfWarps = QMOE_PF_WARPS;          // 4 or 8: the block tile's weight rows = 32·kPfWarps
 constexpr int kPfThreads = 32 * kPfWarps;
-constexpr int kPfMinBlocks = 8 / kPfWarps;       // register budget: 8 warps per SM
+#ifndef QMOE_PF_MIN_BLOCKS
+#define QMOE_PF_MIN_BLOCKS (8 / QMOE_PF_WARPS)
+#endif
+constexpr int kPfMinBlocks = QMOE_PF_MIN_BLOCKS;  // blocks per SM the register budget is set for
 constexpr int kPfMW = 2;                         // m16 weight tiles per warp
 constexpr int kPfTiles = kPfWarps * kPfMW;       // m16 tiles per block
 constexpr int kPfChunk = 128;                    // codes of K per pipeline stage

@@ -1,0 +1,63 @@
+"""Decode vs prefill engine on the same layer, by token count (GPU needed): graph replay, L2 flushed,
+median; the two outputs must agree within the dtype's tolerance. Finds the switch point per shape.
+
+    python tools/crossover.py --preset qwen3-30b-a3b,mixtral-8x7b --tokens 4,8,16,32,64,128
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
+
+
+def main() -> int:
+    import cupy as cp
+
+    from qmoe_rtc._arrays import np_dtype
+    from qmoe_rtc.bench import BENCH_SHAPES, TOL, Timer, build_layer, rel_err
+    from qmoe_rtc.executor import QMoE
+
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--preset", default="qwen3-30b-a3b,mixtral-8x7b,gpt-oss-120b,ort-2048")
+    p.add_argument("--tokens", default="4,8,16,32,64,128")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--iters", type=int, default=30)
+    a = p.parse_args()
+    timer = Timer(cp)
+    bad = 0
+    for name in a.preset.split(","):
+        shape = BENCH_SHAPES[name]
+        rs = cp.random.RandomState(1)
+        weights, attrs = build_layer(cp, rs, shape, a.dtype, (4, 4), shape.block_size, False)
+        layers = {path: QMoE(**weights, **attrs, decode_max_routes=limit) for path, limit in (("decode", 512),
+                                                                                                ("prefill", 0))}
+        default = QMoE(**weights, **attrs)
+        for T in (int(t) for t in a.tokens.split(",")):
+            x = rs.standard_normal((T, shape.H), dtype=cp.float32).astype(np_dtype(a.dtype))
+            lg = 2 * rs.standard_normal((T, shape.E), dtype=cp.float32)
+            us, outs = {}, {}
+            for path, moe in layers.items():
+                if T * shape.k > 512 and path == "decode":
+                    continue
+                g = moe.capture(x, lg)
+                us[path] = statistics.median(timer.samples_us(g.replay, a.iters, 3))
+                outs[path] = cp.asnumpy(g.output).astype(np.float32)
+            diff = rel_err(outs["prefill"], outs["decode"]) if len(outs) == 2 else 0.0
+            bad += diff > TOL[a.dtype]
+            winner = min(us, key=us.get)
+            print(f"{name:<16} T={T:<5} routes={T * shape.k:<6} decode {us.get('decode', float('nan')):9.1f} us  "
+                  f"prefill {us['prefill']:9.1f} us  faster: {winner:<8} default: {default.path_for(T):<8} "
+                  f"diff {diff:.1e}", flush=True)
+        del layers, default
+        cp.get_default_memory_pool().free_all_blocks()
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
