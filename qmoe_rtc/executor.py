@@ -57,12 +57,14 @@ def layer_config(layer, dtype: str, scale_dtype: str) -> ModelConfig:
 
 
 class _Call:
-    """What a call signature resolved to: its validated sizes, plan and stream getter."""
+    """What a call signature resolved to: its validated sizes, plan and stream getter, and the launches
+    it last ran (kept while the stream and that pool's buffers stay the same)."""
 
-    __slots__ = ("plan", "spec", "stream")
+    __slots__ = ("bound", "bound_stream", "plan", "spec", "stream")
 
     def __init__(self, spec: CallSpec, plan: Plan | None, stream):
         self.spec, self.plan, self.stream = spec, plan, stream
+        self.bound, self.bound_stream = None, None
 
 
 class QMoE:
@@ -254,9 +256,11 @@ class QMoE:
                 raise CaptureError("inside graph capture pass out= (an output cannot be allocated while capturing)")
             out = allocate_like(input, call.spec.input_shape, call.spec.dtype, self.device_id)
         if call.plan is not None:
-            pool = self._pools.get(stream) or self._pool(stream, call.plan)
-            call.plan.bind(pool, self._table, stream).launch(
-                stream, (xp, data_ptr(router_probs), data_ptr(router_weights), data_ptr(out)))
+            b = call.bound
+            if b is None or call.bound_stream != stream or b.generation != b.pool.generation:
+                b = call.plan.bind(self._pools.get(stream) or self._pool(stream, call.plan), self._table, stream)
+                call.bound, call.bound_stream = b, stream
+            b.launch(stream, (xp, data_ptr(router_probs), data_ptr(router_weights), data_ptr(out)))
         return out
 
     def _aligned_copy(self, input, stream: int):

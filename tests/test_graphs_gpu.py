@@ -115,9 +115,9 @@ def test_reserve_serves_graphs_of_many_batch_sizes_on_one_pool(rng):
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             moe(x, lg, out=o)
-        graphs[rows] = (g, o, reference(x0, l0, **w, **a))
+        graphs[rows] = (g, x, lg, o, reference(x0, l0, **w, **a))  # a graph's inputs must outlive it
     assert len(moe._pools) == 1  # every graph recorded on the reserved pool
-    for rows, (g, o, want) in graphs.items():
+    for rows, (g, _x, _lg, o, want) in graphs.items():
         o.fill_(float("nan"))
         g.replay()
         torch.cuda.synchronize()

@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
-# The issue-5 measurement in one device call: GPU correctness (mma + executor suites), the f16 bench
-# with the torch baseline, a bit-width sweep, then the bf16 peers comparison (humming) in one process.
-#   bash tools/final_check.sh      (outputs under $OUT or ./out)
+# The measurement of docs/performance.md in one device call: GPU suites, one-module compile times,
+# the bfloat16 benchmark of the four bench shapes (decode + prefill, host cost), int2/int8 at 4096
+# tokens. Peers run separately: SECTIONS=peers bash tools/device_check.sh (outputs under $OUT or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
 export QMOE_RTC_CACHE_DIR="${QMOE_RTC_CACHE_DIR:-/tmp/qmoe_rtc_cache}"
-echo "== GPU tests (mma decode + executor)"
-timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rf -s tests/test_mma_decode_gpu.py tests/test_executor_gpu.py \
-  2>&1 | tee "$OUT/gpu_tests.txt" | grep -E "worst|passed|failed|FAILED" | tail -60
-echo "== bench float16"
-timeout 150 python3 -m qmoe_rtc bench --tokens 1,2,4,8,64 --iters 50 --no-eager --check-rows 16 --json "$OUT/bench-f16.json" \
-  2>&1 | tee "$OUT/bench-f16.txt" | grep -v "^  \["
-echo "== bits sweep"
-timeout 60 python3 -m qmoe_rtc bench --preset mixtral-8x7b,ort-2048,qwen3-30b-a3b --tokens 1,8 --bits 2 --bits 3 --bits 8 \
-  --iters 50 --no-torch --no-eager --check-rows 4 --json "$OUT/bench-bits.json" 2>&1 | tee "$OUT/bench-bits.txt" | grep -E "^(qwen|mix|ort)"
-SKIP_TESTS=1 SKIP_BENCH=1 PEERS_TIMEOUT="${PEERS_TIMEOUT:-200}" PEER_TOKENS="${PEER_TOKENS:-1,2,4,8,64}" bash tools/gpu_check.sh >/dev/null 2>&1
-echo "== peers"; grep -vE "^# humming prep" "$OUT/peers.txt" | tail -45
+t0=$(date +%s); stamp() { echo "== $1 (+$(( $(date +%s) - t0 )) s)"; }
+SECTIONS=tests TEST_TIMEOUT="${TEST_TIMEOUT:-200}" bash tools/device_check.sh 2>&1 | grep -vE "^\.|worst rel err" | tail -12
+stamp "compile time, one module at a time (fresh cache)"
+timeout 90 python3 -m qmoe_rtc warm --preset qwen3-30b-a3b --dtype bfloat16 --arch sm_90 --jobs 1 \
+  --cache-dir /tmp/qmoe_fresh_cache --no-progress 2>&1 | tee "$OUT/warm.txt" | tail -5
+stamp host
+timeout 60 python3 tools/host_profile.py 2>&1 | tee "$OUT/host.txt" | head -4
+stamp bench
+timeout "${BENCH_TIMEOUT:-260}" python3 -m qmoe_rtc bench --dtype bfloat16 --tokens 1,8,64,512,4096 --iters 50 --no-torch \
+  --check-rows 4 --host --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt" | grep -v "^  \["
+stamp bits
+timeout 90 python3 -m qmoe_rtc bench --preset qwen3-30b-a3b,mixtral-8x7b --dtype bfloat16 --tokens 4096 --bits 2 \
+  --bits 8 --iters 30 --no-torch --no-eager --check-rows 4 --json "$OUT/bench-bits.json" 2>&1 | tee "$OUT/bench-bits.txt" \
+  | grep -E "^(qwen|mix)"
+stamp done

@@ -8,7 +8,6 @@ family module plus one entry in :data:`PIPELINES`; the executor interprets whate
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from ..errors import QMoEAttributeError, QMoEUnsupportedError
@@ -53,17 +52,26 @@ PIPELINES: tuple[Pipeline, ...] = (
 def decode_limit(config: ModelConfig) -> int:
     """Routes (rows·k) up to which the decode path runs for this layer (the default switch).
 
-    The expert-grouped decode kernels win while experts get few routes each, the grouped GEMMs once
-    the experts that were chosen average about :data:`_CROSSOVER_ROUTES_PER_EXPERT` routes; capped
-    by what one decode block scans (512 routes). The constant is the crossover measured on the H200
-    (docs/performance.md, "Decode / prefill crossover").
+    Measured on the H200 with both engines on the same layers (docs/performance.md, "Decode / prefill
+    crossover", bfloat16 int4): the decode engine is faster up to 8 tokens and the prefill engine from
+    16 tokens on layers whose experts hold up to ~12 MB (qwen3-30b-a3b, gpt-oss-120b, a 2048-wide
+    8-expert layer); with mixtral's 88 MB experts decode stays faster up to 16 tokens and prefill wins
+    from 32. Capped by what one decode block scans (512 routes).
     """
-    per_expert = _CROSSOVER_ROUTES_PER_EXPERT
-    return int(min(512, max(config.k, math.ceil(per_expert * config.experts))))
+    lay = config.layout
+    rows1 = (2 if lay.swiglu_fusion else 1) * config.inter
+    expert_bytes = (rows1 * config.hidden * lay.fc1_bits + config.hidden * config.inter * lay.fc2_bits) / 8
+    if lay.has_fc3:
+        expert_bytes += config.inter * config.hidden * lay.fc3_bits / 8
+    rows = _DECODE_ROWS_BIG_EXPERTS if expert_bytes >= _BIG_EXPERT_BYTES else _DECODE_ROWS
+    return int(min(512, rows * config.k))
 
 
-#: Routes per chosen expert at which prefill-mma overtakes decode-mma (measured; see decode_limit).
-_CROSSOVER_ROUTES_PER_EXPERT = 4.0
+#: The measured switch (see decode_limit): tokens up to which decode runs, and for experts of at least
+#: _BIG_EXPERT_BYTES (packed weights of one expert).
+_DECODE_ROWS = 8
+_DECODE_ROWS_BIG_EXPERTS = 16
+_BIG_EXPERT_BYTES = 32 << 20
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ def signature(a) -> tuple | None:
     alike, so a call's checks run once per signature. Cheap attribute reads only (no DLPack)."""
     if a is None:
         return None
-    k = _kind(a)
+    k = _kinds.get(type(a)) or _kind(a)
     if k == _CUPY:
         return (k, a.shape, a.strides, a.dtype, a.data.device_id)
     if k == _TORCH:
@@ -47,7 +47,7 @@ def data_ptr(a) -> int:
     """Device address of a CuPy array or torch tensor (0 for None)."""
     if a is None:
         return 0
-    k = _kind(a)
+    k = _kinds.get(type(a)) or _kind(a)
     if k == _CUPY:
         return a.data.ptr
     if k == _TORCH:
