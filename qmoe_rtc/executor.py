@@ -22,12 +22,14 @@ from __future__ import annotations
 import logging
 import threading
 
+from . import knobs
 from ._arrays import device_of, dtype_name, is_c_contiguous, shape_str
 from .contract import INPUT_NAMES, WEIGHT_INPUTS, CallSpec, QMoEAttributes, check_call, check_content, describe_layer
 from .errors import CaptureError, DeviceError, QMoEInputError
 from .jit import load_module
 from .jit.driver import stream_is_capturing
 from .kernels import Problem, choose, decode_limit, get_family
+from .runtime.eager_graph import GraphedLaunches
 from .runtime.graph import QMoEGraph, capture_launches
 from .runtime.interop import (allocate_like, current_stream, cupy, data_ptr, is_host_array, is_host_signature,
                                signature, to_cupy)
@@ -105,6 +107,7 @@ class QMoE:
         self.scale_dtype, self._proj = upload_projections(cp, w, self.layer, self.device_id)
         self._table = layer_table(self._proj, self.attrs)
         self._decode_max_routes = decode_max_routes
+        self._eager_graphs = bool(knobs.get("eager_graphs"))
         self._plans: dict = {}  # (rows, dtype, router dtype, router_weights dtype) -> Plan
         self._calls: dict = {}  # call signature -> _Call
         self._pools: dict = {}  # stream handle -> ScratchPool
@@ -260,8 +263,17 @@ class QMoE:
             if b is None or call.bound_stream != stream or b.generation != b.pool.generation:
                 b = call.plan.bind(self._pools.get(stream) or self._pool(stream, call.plan), self._table, stream)
                 call.bound, call.bound_stream = b, stream
-            b.launch(stream, (xp, data_ptr(router_probs), data_ptr(router_weights), data_ptr(out)))
+            ptrs = (xp, data_ptr(router_probs), data_ptr(router_weights), data_ptr(out))
+            if len(b.items) > 1 and self._eager_graphs and not stream_is_capturing(stream):
+                g = b.graphed or self._graphed(b)
+                g.launch(stream, ptrs)  # one driver launch for the whole forward
+            else:
+                b.launch(stream, ptrs)  # inside a capture: the plain launches are recorded
         return out
+
+    def _graphed(self, bound):
+        bound.graphed = GraphedLaunches(bound, self.device_id)
+        return bound.graphed
 
     def _aligned_copy(self, input, stream: int):
         if stream_is_capturing(stream):

@@ -98,6 +98,9 @@ KNOBS: dict[str, Knob] = {
              "(the entry itself is the raw .cubin: `cuobjdump -sass` it)."),
         Knob("lineinfo", "QMOE_RTC_LINEINFO", "bool", False, True,
              "Compile with -lineinfo (for profilers); changes the options, hence the cache key."),
+        Knob("eager_graphs", "QMOE_RTC_EAGER_GRAPHS", "bool", True, False,
+             "Launch an eager call's kernels as one CUDA graph (one driver launch per call instead of one per "
+             "kernel; read when a layer is built). 0: plain launches."),
         Knob("jobs", "QMOE_RTC_JOBS", "int", 0, False,
              "Worker processes of the warm tool (0 = number of CPUs)."),
         Knob("mma_stages", "QMOE_RTC_MMA_STAGES", "int", 0, True,

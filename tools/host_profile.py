@@ -44,14 +44,24 @@ def main() -> int:
     w, a = random_layer(rng, E=8, H=256, I=128, k=2, bits=4, block_size=128, dtype="float16",
                         activation_type="swiglu", swiglu_fusion=1)
     moe = QMoE(**{n: cp.asarray(v) for n, v in w.items()}, **a)
+    from qmoe_rtc import knobs
+    from qmoe_rtc.runtime.eager_graph import GraphedLaunches
+
+    with knobs.scope(eager_graphs=False):
+        plain = QMoE(**{n: cp.asarray(v) for n, v in w.items()}, **a)
     rows = {}
     for T in (1, 8):
         x, lg, _ = random_inputs(rng, T, 256, 8, "float16")
         x, lg = cp.asarray(x), cp.asarray(lg)
         out = cp.empty_like(x)
         moe(x, lg, out=out)
+        plain(x, lg, out=out)
         rows[f"call T={T}, out="] = med_us(lambda: moe(x, lg, out=out))
         rows[f"call T={T}, allocating"] = med_us(lambda: moe(x, lg))
+        rows[f"call T={T}, out=, plain launches"] = med_us(lambda: plain(x, lg, out=out))
+        y1 = cp.asnumpy(moe(x, lg)).copy()
+        y2 = cp.asnumpy(plain(x, lg)).copy()
+        rows[f"T={T}: graph-launched output == plain (1 = yes)"] = float(np.array_equal(y1, y2))
     key = (signature(x), signature(lg), signature(None), signature(out))
     call = moe._calls[key]
     stream = call.stream(moe.device_id)
@@ -62,6 +72,8 @@ def main() -> int:
     rows["current stream"] = med_us(lambda: call.stream(moe.device_id))
     rows["4 data_ptr"] = med_us(lambda: (data_ptr(x), data_ptr(lg), data_ptr(None), data_ptr(out)))
     rows[f"bound launches ({len(bound.items)})"] = med_us(lambda: bound.launch(stream, ptrs))
+    graphed = GraphedLaunches(bound, moe.device_id)
+    rows["the same as one graph launch"] = med_us(lambda: graphed.launch(stream, ptrs))
     fn, gx, gy, gz, bx, by, bz, smem, vals, address, slots, kern, _p = bound.items[0]
     drv = _drv()
     rows["1 cuLaunchKernel (cuda-bindings)"] = med_us(lambda: drv.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, smem,

@@ -11,8 +11,8 @@ import threading
 
 from ..errors import DeviceError
 
-__all__ = ["CU_FUNC_ATTRIBUTE", "func_attribute", "get_function", "launch", "load_cubin", "set_max_dynamic_smem",
-           "stream_is_capturing"]
+__all__ = ["CU_FUNC_ATTRIBUTE", "bindings", "check", "current_context", "func_attribute", "get_function", "launch",
+           "load_cubin", "set_max_dynamic_smem", "stream_is_capturing"]
 
 _lock = threading.Lock()
 
@@ -52,6 +52,34 @@ def _primary_context(device_id: int):
         raise
     except Exception as exc:  # no driver library at all
         raise DeviceError(f"no usable CUDA driver for device {device_id}: {type(exc).__name__}: {exc}") from exc
+
+
+class current_context:
+    """``with current_context(device_id):`` the device's primary context is current (driver calls that
+    need one: module loads, graph instantiation)."""
+
+    def __init__(self, device_id: int):
+        self.ctx = _primary_context(int(device_id))
+
+    def __enter__(self):
+        with _lock:
+            _check(_drv().cuCtxPushCurrent(self.ctx), "cuCtxPushCurrent")
+        return self
+
+    def __exit__(self, *exc):
+        _check(_drv().cuCtxPopCurrent(), "cuCtxPopCurrent")
+        return False
+
+
+def bindings():
+    """The ``cuda.bindings.driver`` module (imported on first use)."""
+    return _drv()
+
+
+def check(result, what: str):
+    """Raise :class:`DeviceError` naming ``what`` unless ``result`` (a cuda.bindings return tuple) is a
+    success; returns its values."""
+    return _check(result, what)
 
 
 def load_cubin(cubin: bytes, device_id: int):

@@ -70,7 +70,7 @@ class Plan:
 class BoundLaunches:
     """The packed launches of a plan on one pool."""
 
-    __slots__ = ("_launch", "_ok", "generation", "items", "pool")
+    __slots__ = ("_launch", "_ok", "generation", "graphed", "items", "pool")
 
     def __init__(self, plan: Plan, pool, table: dict):
         p = plan.problem
@@ -90,6 +90,7 @@ class BoundLaunches:
         self.items = tuple(items)
         self.generation = pool.generation
         self.pool = pool
+        self.graphed = None  # the same launches as one graph (runtime/eager_graph.py), built on first eager use
         drv = _drv()
         self._launch, self._ok = drv.cuLaunchKernel, drv.CUresult.CUDA_SUCCESS
 
