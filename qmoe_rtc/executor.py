@@ -31,8 +31,16 @@ from .jit.driver import stream_is_capturing
 from .kernels import Problem, choose, decode_limit, get_family
 from .runtime.eager_graph import GraphedLaunches
 from .runtime.graph import QMoEGraph, capture_launches
-from .runtime.interop import (allocate_like, current_stream, cupy, data_ptr, is_host_array, is_host_signature,
-                               signature, to_cupy)
+from .runtime.interop import (
+    allocate_like,
+    cupy,
+    current_stream,
+    data_ptr,
+    is_host_array,
+    is_host_signature,
+    signature,
+    to_cupy,
+)
 from .runtime.plan import Plan, PlanStep
 from .runtime.scratch import ScratchPool
 from .runtime.tensors import layer_table, upload_projections

@@ -16,9 +16,10 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from .errors import KnobError
 

@@ -14,7 +14,7 @@ import multiprocessing
 import os
 import sys
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 __all__ = ["main", "build_parser", "plan"]
 
@@ -76,8 +76,8 @@ def _configs(args) -> list:
             raise QMoEAttributeError("model", "--preset or all of --hidden --inter --experts --k", f"missing {missing}")
         act = args.activation or "swiglu"
         gated = act in ("swiglu", "geglu")
-        base = Preset("custom", args.hidden, args.inter, args.experts, args.k, act,
-                      swiglu_fusion=(args.swiglu_fusion if args.swiglu_fusion is not None else (1 if gated and not args.fc3 else 0)),
+        fusion = args.swiglu_fusion if args.swiglu_fusion is not None else (1 if gated and not args.fc3 else 0)
+        base = Preset("custom", args.hidden, args.inter, args.experts, args.k, act, swiglu_fusion=fusion,
                       has_fc3=bool(args.fc3))
     out = []
     for dtype in args.dtype:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import helper
 
 INPUT_NAMES = (
     "input", "router_probs",

@@ -4,11 +4,10 @@ batch sizes, two streams at once, and a tuning knob changed inside one process."
 
 import numpy as np
 import pytest
+from test_executor_gpu import TOL, rel_err, to_dev
 
 from qmoe_rtc.random_layer import random_inputs, random_layer
 from qmoe_rtc.reference import qmoe as reference
-
-from test_executor_gpu import TOL, rel_err, to_dev
 
 pytestmark = pytest.mark.gpu
 

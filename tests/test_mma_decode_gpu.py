@@ -7,11 +7,10 @@ with more routes than one pass serves. Outputs are NaN-poisoned first.
 
 import numpy as np
 import pytest
+from test_executor_gpu import TOL, rel_err, to_dev
 
 from qmoe_rtc.random_layer import random_inputs, random_layer
 from qmoe_rtc.reference import qmoe as reference
-
-from test_executor_gpu import TOL, rel_err, to_dev
 
 pytestmark = pytest.mark.gpu
 

@@ -8,11 +8,10 @@ graph replay must equal the eager call bitwise.
 
 import numpy as np
 import pytest
+from test_executor_gpu import TOL, rel_err, to_dev
 
 from qmoe_rtc.random_layer import random_inputs, random_layer
 from qmoe_rtc.reference import qmoe as reference
-
-from test_executor_gpu import TOL, rel_err, to_dev
 
 pytestmark = pytest.mark.gpu
 

@@ -47,8 +47,11 @@ def brute(x, logits, weights, rw=None, **attrs):
     x = x.reshape(rows, H).astype(np.float64)
     E = weights["fc1_experts_weights"].shape[0]
     out = np.zeros((rows, H))
-    sig = lambda v: 1 / (1 + math.exp(-v))
-    gelu = lambda v: 0.5 * v * (1 + math.tanh(0.7978845608028654 * (v + 0.044715 * v ** 3)))
+    def sig(v):
+        return 1 / (1 + math.exp(-v))
+
+    def gelu(v):
+        return 0.5 * v * (1 + math.tanh(0.7978845608028654 * (v + 0.044715 * v ** 3)))
     for r in range(rows):
         l = [float(np.float32(v)) for v in logits[r]]
         if a.use_sparse_mixer:

@@ -42,7 +42,7 @@ _STALE_TMP_S = 3600.0
 
 _lock = threading.RLock()
 _compiled: dict[str, CompiledModule] = {}  # unit key -> module (process memory tier)
-_loaded: dict[tuple[int, str], "LoadedModule"] = {}  # (device id, unit key) -> loaded module
+_loaded: dict[tuple[int, str], LoadedModule] = {}  # (device id, unit key) -> loaded module
 
 
 # ---------------------------------------------------------------------------------------------

@@ -106,7 +106,7 @@ def _program_log(prog) -> str:
     return buf.rstrip(b"\x00").decode(errors="replace")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def nvrtc_version() -> tuple[int, int]:
     nvrtc = _nvrtc()
     res, major, minor = nvrtc.nvrtcVersion()
@@ -136,7 +136,7 @@ def _candidate_include_dirs():
     yield Path("/usr/local/cuda/include")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def cuda_include_dir() -> Path:
     """First directory holding ``cuda_fp16.h``: pip wheels, then $CUDA_HOME, $CUDA_PATH, /usr/local/cuda."""
     tried = []

@@ -41,7 +41,7 @@ def _check(result, what: str):
     return result[1] if len(result) == 2 else result[1:]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _primary_context(device_id: int):
     drv = _drv()
     try:

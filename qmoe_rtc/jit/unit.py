@@ -73,7 +73,7 @@ def unit_key(unit: CompileUnit, arch: str) -> str:
     _field(h, "kernels", json.dumps(kernels, separators=(",", ":")))
     _field(h, "cuda_src", compiler.cuda_src_digest())
     _field(h, "cuda_headers", compiler.cuda_headers_digest())
-    _field(h, "nvrtc", "%d.%d" % compiler.nvrtc_version())
+    _field(h, "nvrtc", "{}.{}".format(*compiler.nvrtc_version()))
     _field(h, "options", "\0".join(compiler.key_options(compiler.base_options(arch, unit.defines))))
     _field(h, "arch", arch)
     return h.hexdigest()

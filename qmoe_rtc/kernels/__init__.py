@@ -9,8 +9,17 @@ pipeline to :data:`~qmoe_rtc.kernels.pipelines.PIPELINES`.
 
 from __future__ import annotations
 
-from .base import BUILTIN_FAMILIES, KernelFamily, Problem, Slot, family_names, get_family, register, spec_unit, \
-    unregister
+from .base import (
+    BUILTIN_FAMILIES,
+    KernelFamily,
+    Problem,
+    Slot,
+    family_names,
+    get_family,
+    register,
+    spec_unit,
+    unregister,
+)
 from .pipelines import PIPELINES, Choice, Pipeline, Step, choose, decode_limit, modules_for
 
 __all__ = [

@@ -10,8 +10,7 @@ from __future__ import annotations
 from ..jit import KernelDef, Launch, Ptr, Scalar
 from ..specialize import ModuleSpec
 from ._expert import ACT_SCALARS, EXPERT_FIELDS, GROUP_ARGS, expert_spec, projection_args, template_types
-from ._grouped import (GROUP_MAX_EXPERTS, combine_launch, group_and_combine, group_launch, grouped_scratch,
-                       route_tiles)
+from ._grouped import GROUP_MAX_EXPERTS, combine_launch, group_and_combine, group_launch, grouped_scratch, route_tiles
 from .base import KernelFamily, Problem, Slot, register
 
 __all__ = ["GemmFamily", "tile_rows"]

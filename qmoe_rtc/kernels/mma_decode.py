@@ -13,8 +13,15 @@ from .. import knobs
 from ..errors import QMoEAttributeError
 from ..jit import KernelDef, Launch, Ptr, Scalar
 from ..specialize import ModuleSpec
-from ._expert import ACT_SCALARS, EXPERT_FIELDS, expert_spec, gate_of, projection_args, template_types, \
-    tensor_core_unsupported
+from ._expert import (
+    ACT_SCALARS,
+    EXPERT_FIELDS,
+    expert_spec,
+    gate_of,
+    projection_args,
+    template_types,
+    tensor_core_unsupported,
+)
 from .base import KernelFamily, Problem, Slot, register
 
 __all__ = ["MmaDecodeFamily", "ring_bytes", "route_groups"]

@@ -13,8 +13,16 @@ from .. import knobs
 from ..errors import QMoEAttributeError
 from ..jit import KernelDef, Launch, Ptr, Scalar
 from ..specialize import ModuleSpec
-from ._expert import ACT_SCALARS, EXPERT_FIELDS, GROUP_ARGS, expert_spec, gate_of, projection_args, \
-    template_types, tensor_core_unsupported
+from ._expert import (
+    ACT_SCALARS,
+    EXPERT_FIELDS,
+    GROUP_ARGS,
+    expert_spec,
+    gate_of,
+    projection_args,
+    template_types,
+    tensor_core_unsupported,
+)
 from ._grouped import GROUP_MAX_EXPERTS, combine_launch, group_and_combine, group_launch, grouped_scratch, route_tiles
 from .base import KernelFamily, Problem, Slot, register
 

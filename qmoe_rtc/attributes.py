@@ -1,0 +1,135 @@
+"""QMoE attributes: ONNX Runtime's names and defaults parsed into one frozen, validated value
+(plus ``zero_point_offset`` [ext]). :mod:`qmoe_rtc.contract` re-exports it."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+from .errors import QMoEAttributeError
+from .quantize import SUPPORTED_BITS
+from .specialize.vocab import ACTIVATIONS, GLU_ACTIVATIONS
+
+__all__ = ["MAX_EXPERTS", "MAX_K", "QMoEAttributes"]
+
+MAX_K = 10
+MAX_EXPERTS = 512
+
+
+def _as_int(name, value, allowed=None):
+    if isinstance(value, bool) or not isinstance(value, (int,)) and not (
+        hasattr(value, "__index__") and not isinstance(value, float)
+    ):
+        raise QMoEAttributeError(name, "an integer", repr(value))
+    v = int(value)
+    if allowed is not None and v not in allowed:
+        raise QMoEAttributeError(name, f"one of {tuple(allowed)}", repr(v))
+    return v
+
+
+def _as_float(name, value):
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise QMoEAttributeError(name, "a number", repr(value)) from None
+    if math.isnan(v):
+        raise QMoEAttributeError(name, "a number (not NaN)", "nan")
+    return v
+
+
+@dataclass(frozen=True)
+class QMoEAttributes:
+    """QMoE attributes with ONNX Runtime's names and defaults (plus ``zero_point_offset`` [ext])."""
+
+    k: int = 1
+    activation_type: str = "relu"
+    normalize_routing_weights: int = 0
+    use_sparse_mixer: int = 0
+    expert_weight_bits: int = 4
+    fc1_expert_weight_bits: int | None = None
+    fc2_expert_weight_bits: int | None = None
+    fc3_expert_weight_bits: int | None = None
+    block_size: int = 0
+    swiglu_fusion: int = 0
+    swiglu_limit: float = math.inf
+    activation_alpha: float = 1.0
+    activation_beta: float = 0.0
+    swiglu_limit_after_activation: int = 0
+    quant_type: str = "int"
+    zero_point_offset: float | None = None
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def from_kwargs(cls, **attrs) -> QMoEAttributes:
+        """Parse and validate attributes; unknown names and bad values raise ``QMoEAttributeError``."""
+        known = cls.names()
+        for name in attrs:
+            if name not in known:
+                raise QMoEAttributeError(name, f"one of the QMoE attributes {known}", "an unknown name")
+        a = dict(attrs)
+        out = {}
+        out["k"] = _as_int("k", a.get("k", 1))
+        if not 1 <= out["k"] <= MAX_K:
+            raise QMoEAttributeError("k", f"1 <= k <= {MAX_K}", str(out["k"]))
+        act = a.get("activation_type", "relu")
+        if isinstance(act, bytes):
+            act = act.decode()
+        if not isinstance(act, str) or act.lower() not in ACTIVATIONS:
+            raise QMoEAttributeError("activation_type", f"one of {ACTIVATIONS}", repr(act))
+        out["activation_type"] = act.lower()
+        out["normalize_routing_weights"] = _as_int("normalize_routing_weights", a.get("normalize_routing_weights", 0), (0, 1))
+        out["use_sparse_mixer"] = _as_int("use_sparse_mixer", a.get("use_sparse_mixer", 0), (0, 1))
+        out["expert_weight_bits"] = _as_int("expert_weight_bits", a.get("expert_weight_bits", 4), SUPPORTED_BITS)
+        for p in ("fc1", "fc2", "fc3"):
+            n = f"{p}_expert_weight_bits"
+            v = a.get(n)
+            out[n] = None if v is None else _as_int(n, v, SUPPORTED_BITS)
+        bs = _as_int("block_size", a.get("block_size", 0))
+        if bs != 0 and (bs < 16 or bs & (bs - 1)):
+            raise QMoEAttributeError("block_size", "0 (row-wise) or a power of two >= 16", str(bs))
+        out["block_size"] = bs
+        out["swiglu_fusion"] = _as_int("swiglu_fusion", a.get("swiglu_fusion", 0), (0, 1, 2))
+        out["swiglu_limit"] = _as_float("swiglu_limit", a.get("swiglu_limit", math.inf))
+        if out["swiglu_limit"] <= 0:
+            raise QMoEAttributeError("swiglu_limit", "a positive number (or +inf for no limit)", str(out["swiglu_limit"]))
+        out["activation_alpha"] = _as_float("activation_alpha", a.get("activation_alpha", 1.0))
+        out["activation_beta"] = _as_float("activation_beta", a.get("activation_beta", 0.0))
+        out["swiglu_limit_after_activation"] = _as_int(
+            "swiglu_limit_after_activation", a.get("swiglu_limit_after_activation", 0), (0, 1)
+        )
+        qt = a.get("quant_type", "int")
+        if isinstance(qt, bytes):
+            qt = qt.decode()
+        if qt != "int":
+            raise QMoEAttributeError("quant_type", "'int' (the only quantization this build implements)", repr(qt))
+        out["quant_type"] = qt
+        zpo = a.get("zero_point_offset")
+        if zpo is not None:
+            zpo = _as_float("zero_point_offset", zpo)
+            if not math.isfinite(zpo):
+                raise QMoEAttributeError("zero_point_offset", "a finite number", str(zpo))
+        out["zero_point_offset"] = zpo
+        attrs_obj = cls(**out)
+        attrs_obj._check_combinations()
+        return attrs_obj
+
+    def _check_combinations(self):
+        if self.use_sparse_mixer and self.k != 2:
+            raise QMoEAttributeError("k", "2 when use_sparse_mixer=1 (Phi-3.5-MoE sparse mixer)", str(self.k))
+        if self.swiglu_fusion and self.activation_type not in GLU_ACTIVATIONS:
+            raise QMoEAttributeError(
+                "swiglu_fusion", f"0 unless activation_type is one of {GLU_ACTIVATIONS}",
+                f"{self.swiglu_fusion} with activation_type '{self.activation_type}'",
+            )
+
+    def bits(self, projection: str) -> int:
+        """Bits of ``fc1`` / ``fc2`` / ``fc3`` (their own attribute, else ``expert_weight_bits``)."""
+        v = getattr(self, f"{projection}_expert_weight_bits")
+        return self.expert_weight_bits if v is None else v
+
+    @property
+    def is_glu(self) -> bool:
+        return self.activation_type in GLU_ACTIVATIONS
