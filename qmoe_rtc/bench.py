@@ -17,7 +17,7 @@ read after one final synchronize; the median of ``--iters`` samples is reported.
 Correctness on every point: the graph output and the eager output (both poisoned with NaN before
 the run) against the float64 CPU reference :func:`qmoe_rtc.reference.qmoe` (at most ``--check-rows``
 rows per point; the reference runs once per layer over the checked rows of every T, which is exact
-because rows are independent). ‖out−ref‖/‖ref‖ must meet CONTRACT.md's tolerance.
+because rows are independent). ‖out−ref‖/‖ref‖ must meet the tolerance of docs/contract.md.
 
 Floor: max(bytes / copy bandwidth, FLOPs / matmul rate), both ceilings measured in the same run
 (1 GiB device-to-device copy counting read+write; 8192³ bf16 matmul through torch, float16 through

@@ -13,7 +13,7 @@ __all__ = ["BENCH_SHAPES", "DEFAULT_PRESETS", "DEFAULT_TOKENS", "TOL", "Shape", 
            "check_rows", "expert_bytes", "floor_bytes", "flop_count", "format_row", "layout_problem", "parse_args",
            "parse_bits", "parse_shape", "rel_err", "table_header", "top_k_experts"]
 
-TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}  # CONTRACT.md, "Accuracy"
+TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}  # docs/contract.md, "Accuracy"
 DEFAULT_PRESETS = "qwen3-30b-a3b,mixtral-8x7b,gpt-oss-120b,ort-2048"
 DEFAULT_TOKENS = "1,2,4,8,16,32,64"
 

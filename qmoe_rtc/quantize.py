@@ -1,6 +1,6 @@
 """Quantize float experts into the QMoE raw layout, and unpack / dequantize them again.
 
-Layout (CONTRACT.md, "Weight layout"): one expert is a row-major matrix ``[N, K]`` of ``b``-bit
+Layout (docs/contract.md, "Packed weights"): one expert is a row-major matrix ``[N, K]`` of ``b``-bit
 codes packed **least-significant bits first along K** — element ``k`` sits in byte ``k·b // 8`` at bit
 offset ``k·b % 8``; a 3-bit row is one continuous bitstream (codes straddle bytes); a row takes
 ``ceil(K·b/8)`` bytes and unused high bits of its last byte are zero.

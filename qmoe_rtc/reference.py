@@ -1,4 +1,4 @@
-"""Float64 NumPy reference of the QMoE contract (CONTRACT.md), the ground truth for every kernel.
+"""Float64 NumPy reference of the QMoE contract (docs/contract.md), the ground truth for every kernel.
 
 ``qmoe(...)`` takes ONNX Runtime's inputs in ONNX Runtime's order (0–14) and its attributes as
 keywords, computes in float64 from the float32-dequantized weights, and rounds once to the input's
@@ -77,7 +77,7 @@ def _sparse_mixer(l: np.ndarray):
 
 
 def route(router_probs, attrs: QMoEAttributes, router_weights=None):
-    """Routing per CONTRACT.md: returns ``(experts [rows, k] int64, weights [rows, k] float64)``."""
+    """Routing per docs/contract.md: returns ``(experts [rows, k] int64, weights [rows, k] float64)``."""
     logits32 = np.asarray(router_probs).astype(np.float32)  # exact for float16/bfloat16 logits
     l = logits32.astype(np.float64)
     if attrs.use_sparse_mixer:

@@ -1,4 +1,4 @@
-"""Reference vs. ONNX Runtime CPU ``com.microsoft::QMoE`` (the external oracle of CONTRACT.md).
+"""Reference vs. ONNX Runtime CPU ``com.microsoft::QMoE`` (the external oracle of docs/contract.md).
 
 Full product, no covering design (about 4 ms a case on 2 cores):
 (bits, block_size) pairs [2: {0, 16}; 4 and 8: {0, 16, 32, 64, 128}] x zero points off/on

@@ -1,4 +1,4 @@
-"""Packing layout (CONTRACT.md bit order), quantize → dequantize round trips."""
+"""Packing layout (docs/contract.md bit order), quantize → dequantize round trips."""
 
 import numpy as np
 import pytest

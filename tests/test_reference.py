@@ -1,5 +1,5 @@
 """The parts of the contract ONNX Runtime cannot check: hand-computed cases, an independent
-brute-force implementation written from CONTRACT.md with scalar loops, and invariants."""
+brute-force implementation written from docs/contract.md with scalar loops, and invariants."""
 
 import math
 

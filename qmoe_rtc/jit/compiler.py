@@ -1,7 +1,7 @@
 """NVRTC front end: generated unit -> SASS cubin for one exact architecture.
 
 Never PTX: a driver cannot JIT PTX newer than itself, while a cubin compiled by a newer NVRTC of the
-same major version loads fine (DESIGN-NOTES.md). Works without a GPU when the arch is explicit.
+same major version loads fine (docs/runtime-compilation.md). Works without a GPU when the arch is explicit.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 // core/dequant.cuh: scales, zero points and the dequantization formula of one projection.
 //
-//   w = (q - zp) * scale      (float32; CONTRACT.md "Weight layout and dequantization")
+//   w = (q - zp) * scale      (float32; docs/contract.md, "Packed weights and dequantization")
 //
 // Compile-time layout: BITS (1/2/3/4/8), BLOCK (0 = row-wise, else a power of two >= 16 dividing K)
 // and ZP (zero-point mode below). The scale storage type ScaleT is float or the activation type.

@@ -166,4 +166,21 @@ template <typename T, int B> struct MmaDeq {
   }
 };
 
+// A lane's 32 codes of one row as B words, from shared memory (4·B bytes at p; 16-byte aligned for
+// B >= 4, 4·B-byte aligned otherwise).
+template <int B> __device__ __forceinline__ void lds_codes(const u8* p, u32 (&w)[B]) {
+  if constexpr (4 * B >= 16) {
+#pragma unroll
+    for (int q = 0; q < B / 4; ++q) {
+      const uint4 v = *reinterpret_cast<const uint4*>(p + 16 * q);
+      w[4 * q] = v.x; w[4 * q + 1] = v.y; w[4 * q + 2] = v.z; w[4 * q + 3] = v.w;
+    }
+  } else if constexpr (B == 2) {
+    const uint2 v = *reinterpret_cast<const uint2*>(p);
+    w[0] = v.x; w[1] = v.y;
+  } else {
+    w[0] = *reinterpret_cast<const u32*>(p);
+  }
+}
+
 }  // namespace qmoe

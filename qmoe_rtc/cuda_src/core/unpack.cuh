@@ -1,6 +1,6 @@
 // core/unpack.cuh: read b-bit codes (b in {1, 2, 3, 4, 8}) packed least-significant bits first.
 //
-// Packing (CONTRACT.md): element k of a row lives in byte floor(k*b/8) at bit offset (k*b) mod 8;
+// Packing (docs/contract.md): element k of a row lives in byte floor(k*b/8) at bit offset (k*b) mod 8;
 // a row is ceil(K*b/8) bytes. 3-bit codes form one continuous bitstream per row and may straddle
 // bytes. Zero points use the same packing along their own axis, so these helpers serve both.
 //

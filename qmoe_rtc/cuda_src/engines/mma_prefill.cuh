@@ -86,16 +86,48 @@ template <class St> __device__ __forceinline__ void pf_check_smem() {
   if (have < (u32)(kPfStages * St::kBytes)) __trap();
 }
 
+// Row-wise scales (BLOCK == 0): a lane row's coefficients and scale, read once (block-wise: per chunk).
+template <typename T, class QP>
+__device__ __forceinline__ Coef pf_row_coef(const QP& qp, i32 e, i32 n, float& scale) {
+  if constexpr (QP::kBlock == 0) {
+    const ScaleZp sz = qp.fetch(e, n, 0);
+    scale = sz.scale;
+    return MmaDeq<T, QP::kBits>::coef(sz);
+  } else {
+    scale = 1.0f;
+    return MmaDeq<T, QP::kBits>::zero();
+  }
+}
+
+// The lane's two weight rows of each of its warp's kPfMW tiles (rows g and g + 8 of the tile): row
+// indices, code pointers, and for row-wise scales their coefficients and scales (1 when block-wise).
+template <typename T, class QA, class QB> struct PfLaneRows {
+  i32 na[kPfMW], nb[kPfMW];
+  const u8* pa[kPfMW];
+  const u8* pb[kPfMW];
+  Coef rca[kPfMW], rcb[kPfMW];
+  float sa[kPfMW], sb[kPfMW];
+
+  // Warp tile m reads row n_a of (qa, wa) and row n_b of (qb, wb) of expert e (same bits and K).
+  __device__ __forceinline__ void set(int m, const QA& qa, const u8* wa, i32 n_a, const QB& qb, const u8* wb, i32 n_b,
+                                      i32 e) {
+    const i64 row_bytes = packed_bytes<QA::kBits>(qa.K);
+    na[m] = n_a;
+    nb[m] = n_b;
+    pa[m] = wa + ((i64)e * qa.N + n_a) * row_bytes;
+    pb[m] = wb + ((i64)e * qb.N + n_b) * row_bytes;
+    rca[m] = pf_row_coef<T>(qa, e, n_a, sa[m]);
+    rcb[m] = pf_row_coef<T>(qb, e, n_b, sb[m]);
+  }
+};
+
 // The main loop FC1 and FC2 share: acc[m][j] (C fragments: rows g / g + 8 of warp tile m, routes
 // 8j + 2t, 2t + 1) = W[lane rows] · act[tile routes]ᵀ over K. Route row i of the tile starts at
-// src + s_src[i] (s_src[i] < 0: padding, read as zeros). pa / pb, na / nb: the lane's two rows of
-// each warp tile (codes, row index); rca / rcb: their coefficients when scales are row-wise.
+// src + s_src[i] (s_src[i] < 0: padding, read as zeros).
 template <typename T, int B, int NR, bool ZPW, class QA, class QB, class St>
-__device__ __forceinline__ void pf_mainloop(const QA& qa, const QB& qb, const u8* const (&pa)[kPfMW],
-                                            const u8* const (&pb)[kPfMW], const i32 (&na)[kPfMW],
-                                            const i32 (&nb)[kPfMW], i32 e, const T* __restrict__ src,
-                                            const i64* s_src, i32 K, const Coef (&rca)[kPfMW],
-                                            const Coef (&rcb)[kPfMW], float (&acc)[kPfMW][NR][4], u8* smem) {
+__device__ __forceinline__ void pf_mainloop(const QA& qa, const QB& qb, const PfLaneRows<T, QA, QB>& lr, i32 e,
+                                            const T* __restrict__ src, const i64* s_src, i32 K,
+                                            float (&acc)[kPfMW][NR][4], u8* smem) {
   constexpr int BR = 8 * NR, CB = St::kCB, MW = kPfMW;
   constexpr bool kScaled = QA::kBlock != 0;
   constexpr int NSB = MetaLayout<typename QA::Scale, QA::kBlock, ZPW>::NSB;
@@ -107,8 +139,8 @@ __device__ __forceinline__ void pf_mainloop(const QA& qa, const QB& qb, const u8
   i64 sba[MW], sbb[MW];  // scale index of block 0 of each lane row
 #pragma unroll
   for (int m = 0; m < MW; ++m) {
-    sba[m] = ((i64)e * qa.N + na[m]) * nblk;
-    sbb[m] = ((i64)e * qb.N + nb[m]) * nblk;
+    sba[m] = ((i64)e * qa.N + lr.na[m]) * nblk;
+    sbb[m] = ((i64)e * qb.N + lr.nb[m]) * nblk;
   }
 
   auto issue = [&](i32 slot, i32 c) {
@@ -129,14 +161,14 @@ __device__ __forceinline__ void pf_mainloop(const QA& qa, const QB& qb, const u8
     for (int m = 0; m < MW; ++m) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const u8* p = (r ? pb[m] : pa[m]) + off;
+        const u8* p = (r ? lr.pb[m] : lr.pa[m]) + off;
         const u32 dst = wbase + ((m * 2 + r) * 32 + lane) * CB;
 #pragma unroll
         for (int q = 0; q < (CB + 15) / 16; ++q) cp_async(dst + 16 * q, p + 16 * q, CB < 16 ? CB : 16, live);
         if constexpr (kScaled) {
           const u32 meta = wbase + St::kWarpCodes + ((m * 2 + r) * St::kWords) * 128 + lane * 4;
-          if (r) LaneMeta<QB, ZPW>::issue(qb, sbb[m], e, nb[m], j, meta, live, pa[m]);
-          else LaneMeta<QA, ZPW>::issue(qa, sba[m], e, na[m], j, meta, live, pa[m]);
+          if (r) LaneMeta<QB, ZPW>::issue(qb, sbb[m], e, lr.nb[m], j, meta, live, lr.pa[m]);
+          else LaneMeta<QA, ZPW>::issue(qa, sba[m], e, lr.na[m], j, meta, live, lr.pa[m]);
         }
       }
     }
@@ -152,32 +184,19 @@ __device__ __forceinline__ void pf_mainloop(const QA& qa, const QB& qb, const u8
 #pragma unroll
     for (int m = 0; m < MW; ++m) {
       u32 ra[B], rb[B];
-#pragma unroll
-      for (int q = 0; q < (CB + 15) / 16; ++q) {
-        const u8* pa_s = wst + ((m * 2 + 0) * 32 + lane) * CB + 16 * q;
-        const u8* pb_s = wst + ((m * 2 + 1) * 32 + lane) * CB + 16 * q;
-        if constexpr (CB >= 16) {
-          const uint4 va = *reinterpret_cast<const uint4*>(pa_s), vb = *reinterpret_cast<const uint4*>(pb_s);
-          ra[4 * q] = va.x; ra[4 * q + 1] = va.y; ra[4 * q + 2] = va.z; ra[4 * q + 3] = va.w;
-          rb[4 * q] = vb.x; rb[4 * q + 1] = vb.y; rb[4 * q + 2] = vb.z; rb[4 * q + 3] = vb.w;
-        } else if constexpr (CB == 8) {
-          const uint2 va = *reinterpret_cast<const uint2*>(pa_s), vb = *reinterpret_cast<const uint2*>(pb_s);
-          ra[0] = va.x; ra[1] = va.y; rb[0] = vb.x; rb[1] = vb.y;
-        } else {
-          ra[0] = *reinterpret_cast<const u32*>(pa_s); rb[0] = *reinterpret_cast<const u32*>(pb_s);
-        }
-      }
+      lds_codes<B>(wst + ((m * 2 + 0) * 32 + lane) * CB, ra);
+      lds_codes<B>(wst + ((m * 2 + 1) * 32 + lane) * CB, rb);
       Coef ca[NSB], cb[NSB];
 #pragma unroll
       for (int h = 0; h < NSB; ++h) {
         if constexpr (kScaled) {
           const u32* ma = reinterpret_cast<const u32*>(wst + St::kWarpCodes) + ((m * 2 + 0) * St::kWords) * 32 + lane;
           const u32* mb = reinterpret_cast<const u32*>(wst + St::kWarpCodes) + ((m * 2 + 1) * St::kWords) * 32 + lane;
-          ca[h] = live ? D::coef(LaneMeta<QA, ZPW>::decode(qa, ma, sba[m], e, na[m], j0, h)) : D::zero();
-          cb[h] = live ? D::coef(LaneMeta<QB, ZPW>::decode(qb, mb, sbb[m], e, nb[m], j0, h)) : D::zero();
+          ca[h] = live ? D::coef(LaneMeta<QA, ZPW>::decode(qa, ma, sba[m], e, lr.na[m], j0, h)) : D::zero();
+          cb[h] = live ? D::coef(LaneMeta<QB, ZPW>::decode(qb, mb, sbb[m], e, lr.nb[m], j0, h)) : D::zero();
         } else {
-          ca[h] = live ? rca[m] : D::zero();
-          cb[h] = live ? rcb[m] : D::zero();
+          ca[h] = live ? lr.rca[m] : D::zero();
+          cb[h] = live ? lr.rcb[m] : D::zero();
         }
       }
 #pragma unroll
@@ -225,18 +244,15 @@ __device__ __forceinline__ void pf_mainloop(const QA& qa, const QB& qb, const u8
   cp_async_wait<0>();
 }
 
-// Row-wise scales (BLOCK == 0): the lane rows' coefficients and scales, read once.
-template <typename T, class QP>
-__device__ __forceinline__ Coef pf_row_coef(const QP& qp, i32 e, i32 n, float& scale) {
-  if constexpr (QP::kBlock == 0) {
-    const ScaleZp sz = qp.fetch(e, n, 0);
-    scale = sz.scale;
-    return MmaDeq<T, QP::kBits>::coef(sz);
-  } else {
-    scale = 1.0f;
-    return MmaDeq<T, QP::kBits>::zero();
-  }
-}
+// The quant params of FC1's second lane row: FC3's under GATE_FC3, else FC1's own.
+template <bool FC3, class Q1, class Q3> struct PfSecond {
+  using type = Q1;
+  static __device__ __forceinline__ const type& pick(const Q1& q1, const Q3&) { return q1; }
+};
+template <class Q1, class Q3> struct PfSecond<true, Q1, Q3> {
+  using type = Q3;
+  static __device__ __forceinline__ const type& pick(const Q1&, const Q3& q3) { return q3; }
+};
 
 // FC1 (+FC3) with the activation fused: act_sorted[m, o] for the tile's routes. Warp tile = 8 outputs
 // (gated: rows g = gate, g + 8 = linear of output g) or 16 outputs (plain).
@@ -259,33 +275,27 @@ fc1_prefill(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* 
   if (!pf_tile<BR>(offsets, tile_offsets, E, NT, G, nt, e, m0, m_end)) return;
   const ActParams ap{alpha, beta, limit, limit_after};
   const i32 N1 = Rows::n1(I);
-  const QuantParams<ScaleT, B1, BLOCK, Z1> q1{s1, z1, zp_offset, N1, H};
-  const QuantParams<ScaleT, B1, BLOCK, Z3> q3{s3, z3, zp_offset, I, H};
+  using Q1 = QuantParams<ScaleT, B1, BLOCK, Z1>;
+  using Q3 = QuantParams<ScaleT, B1, BLOCK, Z3>;
+  using Second = PfSecond<GATE == GATE_FC3, Q1, Q3>;
+  using QB = typename Second::type;
+  const Q1 q1{s1, z1, zp_offset, N1, H};
+  const Q3 q3{s3, z3, zp_offset, I, H};
+  const QB& qb = Second::pick(q1, q3);
+  const u8* wb = GATE == GATE_FC3 ? w3 : w1;
   const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const i64 row_bytes = packed_bytes<B1>(H);
-  i32 o0[kPfMW], na[kPfMW], nb[kPfMW];
-  const u8* pa[kPfMW];
-  const u8* pb[kPfMW];
-  Coef rca[kPfMW], rcb[kPfMW];
-  float sa[kPfMW], sb[kPfMW];
+  i32 o0[kPfMW];
+  PfLaneRows<T, Q1, QB> lr;
 #pragma unroll
   for (int m = 0; m < kPfMW; ++m) {
     o0[m] = (nt * kPfTiles + warp * kPfMW + m) * kOut;
     const i32 oa = min(o0[m] + g, I - 1), ob = Rows::kGated ? oa : min(o0[m] + g + 8, I - 1);  // clamped: never stored
-    na[m] = Rows::gate_row(oa, I);
-    nb[m] = Rows::kGated ? Rows::lin_row(oa, I) : ob;
-    pa[m] = w1 + ((i64)e * N1 + na[m]) * row_bytes;
-    pb[m] = GATE == GATE_FC3 ? w3 + ((i64)e * I + nb[m]) * row_bytes : w1 + ((i64)e * N1 + nb[m]) * row_bytes;
-    rca[m] = pf_row_coef<T>(q1, e, na[m], sa[m]);
-    rcb[m] = GATE == GATE_FC3 ? pf_row_coef<T>(q3, e, nb[m], sb[m]) : pf_row_coef<T>(q1, e, nb[m], sb[m]);
+    lr.set(m, q1, w1, Rows::gate_row(oa, I), qb, wb, Rows::kGated ? Rows::lin_row(oa, I) : ob, e);
   }
   for (int i = threadIdx.x; i < BR; i += kPfThreads) s_src[i] = m0 + i < m_end ? (i64)(sorted[m0 + i] / k) * H : -1;
   __syncthreads();
   float acc[kPfMW][NR][4] = {};
-  if constexpr (GATE == GATE_FC3)
-    pf_mainloop<T, B1, NR, kZpw, decltype(q1), decltype(q3), St>(q1, q3, pa, pb, na, nb, e, x, s_src, H, rca, rcb, acc, dyn_smem);
-  else
-    pf_mainloop<T, B1, NR, kZpw, decltype(q1), decltype(q1), St>(q1, q1, pa, pb, na, nb, e, x, s_src, H, rca, rcb, acc, dyn_smem);
+  pf_mainloop<T, B1, NR, kZpw, Q1, QB, St>(q1, qb, lr, e, x, s_src, H, acc, dyn_smem);
 #pragma unroll
   for (int m = 0; m < kPfMW; ++m) {
 #pragma unroll
@@ -294,7 +304,7 @@ fc1_prefill(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* 
       for (int cc = 0; cc < 2; ++cc) {
         const i32 pos = m0 + 8 * jn + 2 * t + cc;
         if (pos >= m_end) continue;
-        const float ha = acc[m][jn][cc] * sa[m], hb = acc[m][jn][2 + cc] * sb[m];  // rows g, g + 8
+        const float ha = acc[m][jn][cc] * lr.sa[m], hb = acc[m][jn][2 + cc] * lr.sb[m];  // rows g, g + 8
         T* out = act_sorted + (i64)pos * I;
         if constexpr (Rows::kGated) {
           const i32 o = o0[m] + g;
@@ -324,29 +334,20 @@ fc2_prefill(const T* __restrict__ act_sorted, const i32* __restrict__ sorted, co
   pf_check_smem<St>();
   i32 nt, e, m0, m_end;
   if (!pf_tile<BR>(offsets, tile_offsets, E, NT, G, nt, e, m0, m_end)) return;
-  const QuantParams<ScaleT, B2, BLOCK, Z2> q2{s2, z2, zp_offset, H, I};
+  using Q2 = QuantParams<ScaleT, B2, BLOCK, Z2>;
+  const Q2 q2{s2, z2, zp_offset, H, I};
   const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const i64 row_bytes = packed_bytes<B2>(I);
-  i32 n0[kPfMW], na[kPfMW], nb[kPfMW];
-  const u8* pa[kPfMW];
-  const u8* pb[kPfMW];
-  Coef rca[kPfMW], rcb[kPfMW];
-  float sa[kPfMW], sb[kPfMW];
+  i32 n0[kPfMW];
+  PfLaneRows<T, Q2, Q2> lr;
 #pragma unroll
   for (int m = 0; m < kPfMW; ++m) {
     n0[m] = (nt * kPfTiles + warp * kPfMW + m) * 16;
-    na[m] = min(n0[m] + g, H - 1);
-    nb[m] = min(n0[m] + g + 8, H - 1);
-    pa[m] = w2 + ((i64)e * H + na[m]) * row_bytes;
-    pb[m] = w2 + ((i64)e * H + nb[m]) * row_bytes;
-    rca[m] = pf_row_coef<T>(q2, e, na[m], sa[m]);
-    rcb[m] = pf_row_coef<T>(q2, e, nb[m], sb[m]);
+    lr.set(m, q2, w2, min(n0[m] + g, H - 1), q2, w2, min(n0[m] + g + 8, H - 1), e);  // clamped: never stored
   }
   for (int i = threadIdx.x; i < BR; i += kPfThreads) s_src[i] = m0 + i < m_end ? (i64)(m0 + i) * I : -1;
   __syncthreads();
   float acc[kPfMW][NR][4] = {};
-  pf_mainloop<T, B2, NR, kZpw, decltype(q2), decltype(q2), St>(q2, q2, pa, pb, na, nb, e, act_sorted, s_src, I, rca,
-                                                               rcb, acc, dyn_smem);
+  pf_mainloop<T, B2, NR, kZpw, Q2, Q2, St>(q2, q2, lr, e, act_sorted, s_src, I, acc, dyn_smem);
 #pragma unroll
   for (int m = 0; m < kPfMW; ++m) {
 #pragma unroll
@@ -357,8 +358,8 @@ fc2_prefill(const T* __restrict__ act_sorted, const i32* __restrict__ sorted, co
         if (pos >= m_end) continue;
         float* out = y + (i64)sorted[pos] * H;
         const i32 n = n0[m] + g;
-        if (n < H) out[n] = acc[m][jn][cc] * sa[m] + (b2 ? b2[(i64)e * H + n] : 0.0f);
-        if (n + 8 < H) out[n + 8] = acc[m][jn][2 + cc] * sb[m] + (b2 ? b2[(i64)e * H + n + 8] : 0.0f);
+        if (n < H) out[n] = acc[m][jn][cc] * lr.sa[m] + (b2 ? b2[(i64)e * H + n] : 0.0f);
+        if (n + 8 < H) out[n + 8] = acc[m][jn][2 + cc] * lr.sb[m] + (b2 ? b2[(i64)e * H + n + 8] : 0.0f);
       }
     }
   }

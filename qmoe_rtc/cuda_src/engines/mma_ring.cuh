@@ -137,21 +137,8 @@ __device__ __forceinline__ void mma_rows(const QA& qa, const u8* __restrict__ pa
       if (c >= nch) break;  // warp-uniform
       const bool live = k0 < K;  // lanes past K (K % 128 != 0) hold zero-filled codes
       u32 ra[B], rb[B];
-#pragma unroll
-      for (int q = 0; q < (CB + 15) / 16; ++q) {
-        const u8* pa_s = st + ((u * 2 + 0) * 32 + lane) * CB + 16 * q;
-        const u8* pb_s = st + ((u * 2 + 1) * 32 + lane) * CB + 16 * q;
-        if constexpr (CB >= 16) {
-          const uint4 va = *reinterpret_cast<const uint4*>(pa_s), vb = *reinterpret_cast<const uint4*>(pb_s);
-          ra[4 * q] = va.x; ra[4 * q + 1] = va.y; ra[4 * q + 2] = va.z; ra[4 * q + 3] = va.w;
-          rb[4 * q] = vb.x; rb[4 * q + 1] = vb.y; rb[4 * q + 2] = vb.z; rb[4 * q + 3] = vb.w;
-        } else if constexpr (CB == 8) {
-          const uint2 va = *reinterpret_cast<const uint2*>(pa_s), vb = *reinterpret_cast<const uint2*>(pb_s);
-          ra[0] = va.x; ra[1] = va.y; rb[0] = vb.x; rb[1] = vb.y;
-        } else {
-          ra[0] = *reinterpret_cast<const u32*>(pa_s); rb[0] = *reinterpret_cast<const u32*>(pb_s);
-        }
-      }
+      lds_codes<B>(st + ((u * 2 + 0) * 32 + lane) * CB, ra);
+      lds_codes<B>(st + ((u * 2 + 1) * 32 + lane) * CB, rb);
       const i32 j0 = kFactor ? QA::block_of((i64)c * kMmaChunk) : QA::block_of(k0);
       Coef ca[NSB], cb[NSB];
 #pragma unroll

@@ -1,4 +1,4 @@
-// epilogue/act.cuh: the QMoE activations (CONTRACT.md "Expert computation"), all in float32.
+// epilogue/act.cuh: the QMoE activations (docs/contract.md, "What each route computes"), all in float32.
 //
 //   relu, gelu (tanh form), silu, identity, relu2 = relu(x)^2            -- one input
 //   swiglu: G = min(g, limit), L = clamp(l, -limit, limit), G*sigmoid(alpha*G)*(L + beta)

@@ -1,4 +1,4 @@
-// routing/route.cuh: softmax top-k routing, one 128-thread block per token row (CONTRACT.md "Routing").
+// routing/route.cuh: softmax top-k routing, one 128-thread block per token row (docs/contract.md, "Routing").
 //
 //   logits          [rows, E]  LT (float or T)       -- router_probs are logits
 //   router_weights  [rows, E]  WT, optional          -- mixing weights gathered at the chosen experts
