@@ -95,9 +95,9 @@ def load_cubin(cubin: bytes, device_id: int):
 
 
 def get_function(module, lowered_name: str):
-    """A function of a loaded module, fully loaded now: with CUDA's lazy module loading a function's code
-    is otherwise loaded at its first launch, which must not happen inside a graph capture (a layer
-    planned by ``reserve()`` may be captured before it ever ran)."""
+    """A function of a loaded module, fully loaded now (``cuFuncLoad``): with CUDA's lazy module loading
+    its code would otherwise be loaded at its first launch, which for a layer planned by ``reserve()``
+    can be inside a graph capture; loading at plan time keeps that work out of the capture."""
     drv = _drv()
     fn = _check(drv.cuModuleGetFunction(module, lowered_name.encode()), f"cuModuleGetFunction({lowered_name})")
     load = getattr(drv, "cuFuncLoad", None)
