@@ -5,7 +5,7 @@ the caller's current one (torch's for torch inputs, CuPy's otherwise).
 
 from __future__ import annotations
 
-from .._arrays import dtype_name, is_cupy, is_torch, np_dtype
+from .._arrays import is_cupy, is_torch, np_dtype
 from ..errors import DeviceError, QMoEInputError
 
 __all__ = ["allocate_like", "cupy", "current_stream", "data_ptr", "signature", "to_cupy"]
@@ -110,6 +110,3 @@ def allocate_like(a, shape, dtype: str, device_id: int):
     with cp.cuda.Device(device_id):
         return cp.empty(shape, dtype=np_dtype(dtype))
 
-
-def describe(a) -> str:
-    return f"{type(a).__name__} {dtype_name(a)} {list(getattr(a, 'shape', ()))}"

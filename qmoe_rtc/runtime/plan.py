@@ -49,10 +49,6 @@ class Plan:
         self._bound: dict[int, BoundLaunches] = {}  # id(pool) -> launches bound to that pool
 
     @property
-    def path(self) -> str:
-        return self.pipeline.path
-
-    @property
     def engine(self) -> str:
         return self.pipeline.name
 
