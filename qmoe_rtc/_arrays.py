@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from .specialize.vocab import DTYPES as FLOAT_DTYPES
 
-__all__ = ["FLOAT_DTYPES", "array_module", "device_of", "dtype_name", "is_c_contiguous", "is_cupy", "is_torch",
-           "np_dtype", "shape_str"]
+__all__ = ["FLOAT_DTYPES", "ArrayMeta", "array_module", "device_of", "dtype_name", "is_c_contiguous", "is_cupy",
+           "is_torch", "np_dtype", "shape_str"]
+
+
+@dataclass(frozen=True)
+class ArrayMeta:
+    """What validation reads of an array, taken without touching CUDA: shape, dtype name, C-contiguity
+    and the CUDA device (None: host memory). The contract's checks accept it in place of the array."""
+
+    shape: tuple
+    dtype: str
+    contiguous: bool
+    device: int | None
+
+    @property
+    def flags(self) -> dict:
+        return {"C_CONTIGUOUS": self.contiguous}
 
 
 def is_cupy(a) -> bool:
@@ -22,6 +39,8 @@ def is_torch(a) -> bool:
 
 def device_of(a) -> int | None:
     """The CUDA device an array lives on, None for host memory (NumPy, CPU tensors)."""
+    if isinstance(a, ArrayMeta):
+        return a.device
     if is_cupy(a):
         return int(a.device.id)
     if is_torch(a):

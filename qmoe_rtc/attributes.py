@@ -10,10 +10,7 @@ from .errors import QMoEAttributeError
 from .quantize import SUPPORTED_BITS
 from .specialize.vocab import ACTIVATIONS, GLU_ACTIVATIONS
 
-__all__ = ["MAX_EXPERTS", "MAX_K", "QMoEAttributes"]
-
-MAX_K = 10
-MAX_EXPERTS = 512
+__all__ = ["QMoEAttributes"]
 
 
 def _as_int(name, value, allowed=None):
@@ -27,13 +24,15 @@ def _as_int(name, value, allowed=None):
     return v
 
 
-def _as_float(name, value):
+def _as_float(name, value, finite: bool = False):
     try:
         v = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise QMoEAttributeError(name, "a number", repr(value)) from None
     if math.isnan(v):
         raise QMoEAttributeError(name, "a number (not NaN)", "nan")
+    if finite and not math.isfinite(v):
+        raise QMoEAttributeError(name, "a finite number", str(v))
     return v
 
 
@@ -72,8 +71,8 @@ class QMoEAttributes:
         a = dict(attrs)
         out = {}
         out["k"] = _as_int("k", a.get("k", 1))
-        if not 1 <= out["k"] <= MAX_K:
-            raise QMoEAttributeError("k", f"1 <= k <= {MAX_K}", str(out["k"]))
+        if out["k"] < 1:  # k <= E is checked with the weights (contract.describe_layer)
+            raise QMoEAttributeError("k", "1 <= k <= E", str(out["k"]))
         act = a.get("activation_type", "relu")
         if isinstance(act, bytes):
             act = act.decode()
@@ -95,8 +94,8 @@ class QMoEAttributes:
         out["swiglu_limit"] = _as_float("swiglu_limit", a.get("swiglu_limit", math.inf))
         if out["swiglu_limit"] <= 0:
             raise QMoEAttributeError("swiglu_limit", "a positive number (or +inf for no limit)", str(out["swiglu_limit"]))
-        out["activation_alpha"] = _as_float("activation_alpha", a.get("activation_alpha", 1.0))
-        out["activation_beta"] = _as_float("activation_beta", a.get("activation_beta", 0.0))
+        out["activation_alpha"] = _as_float("activation_alpha", a.get("activation_alpha", 1.0), finite=True)
+        out["activation_beta"] = _as_float("activation_beta", a.get("activation_beta", 0.0), finite=True)
         out["swiglu_limit_after_activation"] = _as_int(
             "swiglu_limit_after_activation", a.get("swiglu_limit_after_activation", 0), (0, 1)
         )
@@ -108,9 +107,7 @@ class QMoEAttributes:
         out["quant_type"] = qt
         zpo = a.get("zero_point_offset")
         if zpo is not None:
-            zpo = _as_float("zero_point_offset", zpo)
-            if not math.isfinite(zpo):
-                raise QMoEAttributeError("zero_point_offset", "a finite number", str(zpo))
+            zpo = _as_float("zero_point_offset", zpo, finite=True)
         out["zero_point_offset"] = zpo
         attrs_obj = cls(**out)
         attrs_obj._check_combinations()

@@ -1,8 +1,22 @@
-"""Typed exceptions raised by qmoe_rtc.
+"""Typed exceptions raised by qmoe_rtc: every refusal is a :class:`QMoEError`.
 
-Every refusal of user input goes through :class:`QMoEInputError` (or its attribute twin), whose
-message names the input, what was expected and what was given. Nothing in the package uses
-``assert`` for runtime checks.
+::
+
+    QMoEError
+    ├── QMoEInputError          a bad input tensor or parameter (names it, expected, actual)
+    │   └── QMoEAttributeError  a bad attribute value (k, activation_type, block_size ...)
+    ├── QMoEUnsupportedError    a valid layer this build cannot run (names the limit)
+    ├── DeviceError             no GPU / no driver / driver too old / array on another device
+    ├── CaptureError            something not allowed inside CUDA graph capture
+    ├── CompileError            NVRTC refused a generated unit (log, options, source)
+    ├── CacheError              the on-disk kernel cache
+    │   ├── CacheMissError      strict mode: a module is not on disk
+    │   ├── CacheCorruptError   an entry failed its integrity check (the cache treats it as a miss)
+    │   └── CacheLocationError  the cache directory cannot be used to store (the warm tool)
+    └── KnobError               a QMOE_RTC_* environment variable has a bad value
+
+``except qmoe_rtc.QMoEInputError`` catches every refusal of bad input, attributes included.
+Nothing in the package uses ``assert`` for runtime checks.
 """
 
 from __future__ import annotations
@@ -13,8 +27,10 @@ __all__ = [
     "QMoEAttributeError",
     "QMoEUnsupportedError",
     "CompileError",
+    "CacheError",
     "CacheMissError",
     "CacheCorruptError",
+    "CacheLocationError",
     "DeviceError",
     "CaptureError",
     "KnobError",
@@ -45,23 +61,25 @@ class _ExpectedActual(QMoEError, ValueError):
 
 
 class QMoEInputError(_ExpectedActual):
-    """An input tensor is malformed: wrong rank, shape, dtype, layout or device.
+    """Bad input: an input tensor that is malformed (rank, shape, dtype, layout, content) or a parameter
+    with a bad value (``device``, ``decode_max_routes``, a :func:`~qmoe_rtc.quantize.quantize` argument).
 
-    ``name`` is the ONNX Runtime input name (e.g. ``"fc1_scales"``); ``expected`` and ``actual``
-    are short human-readable descriptions.
+    ``name`` is the ONNX Runtime input name (e.g. ``"fc1_scales"``) or the parameter's name;
+    ``expected`` and ``actual`` are short human-readable descriptions.
     """
 
     kind = "input"
 
 
-class QMoEAttributeError(_ExpectedActual):
-    """An attribute (``k``, ``activation_type``, ``block_size`` ...) has a bad value."""
+class QMoEAttributeError(QMoEInputError):
+    """An attribute (``k``, ``activation_type``, ``block_size`` ...) has a bad value (a kind of bad
+    input: ``except QMoEInputError`` catches it)."""
 
     kind = "attribute"
 
 
 class QMoEUnsupportedError(QMoEError, NotImplementedError):
-    """A valid request that this build cannot serve (said plainly, never silently degraded)."""
+    """A valid request that this build cannot serve (said plainly, naming the limit; never silently degraded)."""
 
 
 class CompileError(QMoEError):
@@ -88,12 +106,22 @@ class CompileError(QMoEError):
         return "\n".join(f"{i + 1:>{width}} | {line}" for i, line in enumerate(lines))
 
 
-class CacheMissError(QMoEError):
+class CacheError(QMoEError):
+    """The on-disk kernel cache (base class)."""
+
+
+class CacheMissError(CacheError):
     """Strict cache mode: a kernel module was needed that is not already on disk."""
 
 
-class CacheCorruptError(QMoEError):
+class CacheCorruptError(CacheError):
     """An on-disk cache entry failed its integrity check (treated as a miss by the cache)."""
+
+
+class CacheLocationError(CacheError):
+    """The cache directory cannot store entries (not a directory, not writable, not trusted, disk
+    full). Raised where storing is the point (the warm tool); elsewhere the cache falls back to
+    memory with one WARNING (docs/runtime-compilation.md, "Unusable cache locations")."""
 
 
 class DeviceError(QMoEError, RuntimeError):

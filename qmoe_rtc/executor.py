@@ -1,7 +1,10 @@
 """The GPU executor: a QMoE layer on CuPy arrays or torch CUDA tensors.
 
-``QMoE(...)`` validates the expert tensors and uploads them once (zero copy for CuPy / torch). A call
-has two steps:
+``QMoE(...)`` first validates everything that metadata tells (attributes, every tensor's dtype, shape
+and contiguity, the limits of this build; content when asked) without touching CUDA, so a bad layer
+is refused the same way on a machine without a GPU; then it checks the driver and GPU
+(:func:`qmoe_rtc.jit.driver.probe`: ``DeviceError`` saying what is missing) and uploads the tensors
+once (zero copy for CuPy / torch). A call has two steps:
 
 - **plan** (first call at a given shape/dtypes, never inside graph capture): pick the path
   (decode / prefill) and the fastest pipeline that runs the layer (``qmoe_rtc.kernels.pipelines``),
@@ -21,29 +24,32 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import replace
 
 from . import knobs
 from ._arrays import device_of, dtype_name, is_c_contiguous, shape_str
 from .contract import INPUT_NAMES, WEIGHT_INPUTS, CallSpec, QMoEAttributes, check_call, check_content, describe_layer
-from .errors import CaptureError, DeviceError, QMoEInputError
+from .errors import CaptureError, DeviceError, QMoEInputError, QMoEUnsupportedError
 from .jit import load_module
-from .jit.driver import stream_is_capturing
+from .jit.driver import probe, stream_is_capturing
 from .kernels import Problem, choose, decode_limit, get_family
 from .runtime.eager_graph import GraphedLaunches
 from .runtime.graph import QMoEGraph, capture_launches
 from .runtime.interop import (
     allocate_like,
+    array_meta,
     cupy,
     current_stream,
     data_ptr,
     is_host_array,
     is_host_signature,
+    parse_device,
     signature,
     to_cupy,
 )
 from .runtime.plan import Plan, PlanStep
 from .runtime.scratch import ScratchPool
-from .runtime.tensors import layer_table, upload_projections
+from .runtime.tensors import layer_scale_dtype, layer_table, upload_projections
 from .specialize import Layout, ModelConfig
 
 __all__ = ["QMoE", "QMoEGraph", "layer_config", "qmoe"]
@@ -66,6 +72,39 @@ def layer_config(layer, dtype: str, scale_dtype: str) -> ModelConfig:
                        normalize_routing_weights=bool(a.normalize_routing_weights))
 
 
+def _check_supported(layer) -> None:
+    """:class:`QMoEUnsupportedError` naming the limit when no pipeline of a path runs the layer at any
+    activation dtype it can be called with (e.g. more than 512 experts, k above 32: the routing kernel's
+    limits; docs/contract.md, "Limits of this build"). GPU-free."""
+    sdt = layer_scale_dtype(layer)
+    dtypes = (layer.dtype,) if layer.dtype else ("float32", "float16", "bfloat16")
+    for path in ("decode", "prefill"):
+        first = None
+        for dt in dtypes:
+            try:
+                choose(layer_config(layer, dt, sdt), None, path)
+                break
+            except QMoEUnsupportedError as exc:
+                first = first or exc
+        else:
+            L = layer
+            raise QMoEUnsupportedError(f"this build cannot run the layer (E={L.E}, H={L.H}, I={L.I}, k={L.attrs.k}): "
+                                       f"{first}") from None
+
+
+def _resolve_device(want: int | None) -> int:
+    """The device a layer goes to (``want``, else the current one), after :func:`driver.probe` has
+    checked that the driver and that GPU can run layers."""
+    probe()
+    if want is None:
+        try:
+            want = int(cupy().cuda.runtime.getDevice())
+        except Exception as exc:  # CuPy's runtime disagreeing with the driver probe: still a device problem
+            raise DeviceError(f"no current CUDA device ({type(exc).__name__}: {exc})") from exc
+    probe(want)
+    return want
+
+
 class _Call:
     """What a call signature resolved to: its validated sizes, plan and stream getter, and the launches
     it last ran (kept while the stream and that pool's buffers stay the same)."""
@@ -86,12 +125,16 @@ class QMoE:
 
     ``decode_max_routes``: rows·k up to which the decode path runs (default: the crossover measured
     for this shape, :func:`qmoe_rtc.kernels.decode_limit`). ``validate_content``: also check scales,
-    biases and zero-point padding once (reads the tensors back to the host).
+    biases and zero-point padding once (reads the tensors back to the host). ``device``: an index,
+    ``'cuda:N'`` or ``'cuda'`` (default: where the weights are, else the current device).
+
+    Raises ``QMoEInputError`` / ``QMoEAttributeError`` (bad input), ``QMoEUnsupportedError`` (a limit
+    of this build) before anything touches the GPU, then ``DeviceError`` (no driver, driver too old,
+    no GPU, out of device memory).
     """
 
     def __init__(self, *, decode_max_routes: int | None = None, validate_content: bool = False,
-                 device: int | None = None, **kwargs):
-        cp = cupy()
+                 device: int | str | None = None, **kwargs):
         weights = {n: kwargs.pop(n) for n in list(kwargs) if n in WEIGHT_INPUTS}
         for n in list(kwargs):
             if n in INPUT_NAMES:
@@ -99,20 +142,27 @@ class QMoE:
         self.attrs = QMoEAttributes.from_kwargs(**kwargs)
         if decode_max_routes is not None and (type(decode_max_routes) is not int or decode_max_routes < 0):
             raise QMoEInputError("decode_max_routes", "None or a non-negative integer", repr(decode_max_routes))
-        if device is None:
-            first = weights.get("fc1_experts_weights")
-            dev = getattr(first, "device", None)
-            device = getattr(dev, "id", None) if dev is not None else None
-            device = cp.cuda.runtime.getDevice() if device is None else device
-        self.device_id = int(device)
-        w = {n: to_cupy(n, a, self.device_id) for n, a in weights.items()}
-        self.layer = describe_layer(w, self.attrs)
-        if self.layer.device_id is not None and self.layer.device_id != self.device_id:
-            raise DeviceError(f"weights live on cuda:{self.layer.device_id}, device={self.device_id} was asked for")
-        if validate_content:
-            check_content(w, self.layer)
-        self._weights = w  # keep the caller's arrays alive
-        self.scale_dtype, self._proj = upload_projections(cp, w, self.layer, self.device_id)
+        want = parse_device(device)
+        # 1. everything that metadata can tell, before CUDA is touched: the same refusals with or without a GPU
+        metas = {n: array_meta(n, a) for n, a in weights.items()}
+        on_dev = next((m.device for m in metas.values() if m is not None and m.device is not None), None)
+        metas = {n: m if m is None or m.device is not None else replace(m, device=on_dev) for n, m in metas.items()}
+        layer = describe_layer(metas, self.attrs)
+        if want is not None and layer.device_id is not None and layer.device_id != want:
+            raise DeviceError(f"weights live on cuda:{layer.device_id}, device={device!r} was asked for")
+        _check_supported(layer)
+        if validate_content:  # host arrays are read where they are; device arrays through a zero-copy view
+            check_content({n: a if is_host_array(a) else to_cupy(n, a, 0) for n, a in weights.items()}, layer)
+        # 2. the GPU: a DeviceError saying what is missing (no driver, driver too old, no GPU)
+        self.device_id = _resolve_device(want if want is not None else layer.device_id)
+        cp = cupy()
+        try:
+            w = {n: to_cupy(n, a, self.device_id) for n, a in weights.items()}
+            self.layer = describe_layer(w, self.attrs)  # the device arrays themselves, as every call sees them
+            self._weights = w  # keep the caller's arrays alive
+            self.scale_dtype, self._proj = upload_projections(cp, w, self.layer, self.device_id)
+        except (cp.cuda.memory.OutOfMemoryError, cp.cuda.runtime.CUDARuntimeError) as exc:
+            raise DeviceError(f"uploading the layer to cuda:{self.device_id} failed: {type(exc).__name__}: {exc}") from exc
         self._table = layer_table(self._proj, self.attrs)
         self._decode_max_routes = decode_max_routes
         self._eager_graphs = bool(knobs.get("eager_graphs"))

@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._arrays import array_module, dtype_name, np_dtype, shape_str
+from ._arrays import FLOAT_DTYPES, array_module, dtype_name, np_dtype, shape_str
 from .errors import QMoEInputError
 from .specialize.vocab import BITS
 
@@ -45,9 +45,20 @@ class QuantizedWeights(NamedTuple):
 
 
 def _check_bits(bits, name="bits"):
-    if int(bits) != bits or int(bits) not in SUPPORTED_BITS:
+    if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or int(bits) not in SUPPORTED_BITS:
         raise QMoEInputError(name, f"one of {SUPPORTED_BITS}", repr(bits))
     return int(bits)
+
+
+def _check_scale_dtype(scale_dtype) -> str:
+    """The canonical name of a scale dtype: float32, float16 or bfloat16 (anything else is refused)."""
+    try:
+        name = dtype_name(scale_dtype)
+    except Exception:  # e.g. an object NumPy cannot read as a dtype
+        name = None
+    if name not in FLOAT_DTYPES:
+        raise QMoEInputError("scale_dtype", f"one of {FLOAT_DTYPES}", repr(scale_dtype))
+    return name
 
 
 def packed_row_bytes(K: int, bits: int) -> int:
@@ -134,38 +145,57 @@ def quantize(weights, bits: int, block_size: int = 0, symmetric: bool = True, sc
         symmetric: True stores offset-binary codes around the implicit zero point ``2^(b−1)``
             (no zero-point tensor); False picks a per-block (or per-row) min/max range and returns
             packed zero points.
-        scale_dtype: dtype of the returned scales (float32, or the activation dtype).
+        scale_dtype: dtype of the returned scales: float32, float16 or bfloat16 (the activation dtype).
 
     Returns:
         :class:`QuantizedWeights` ``(packed, scales, zero_points)``.
+
+    Raises :class:`~qmoe_rtc.errors.QMoEInputError` for bad arguments, weights that are not finite
+    (NaN or inf) and scales that do not fit ``scale_dtype`` (e.g. float16 overflow).
     """
     bits = _check_bits(bits)
+    sdt = _check_scale_dtype(scale_dtype)
     xp = array_module(weights)
     w = xp.asarray(weights)
     if w.ndim != 3:
         raise QMoEInputError("weights", "rank 3 [E, N, K]", f"shape {shape_str(w.shape)}")
+    if w.dtype.kind not in "fiu" and dtype_name(w) != "bfloat16":
+        raise QMoEInputError("weights", "a float (or integer) array", f"dtype {dtype_name(w)}")
     E, N, K = (int(d) for d in w.shape)
+    if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)):
+        raise QMoEInputError("block_size", "an integer: 0 or a power of two >= 16", repr(block_size))
     block_size = int(block_size)
     if block_size < 0 or (block_size and (block_size < 16 or block_size & (block_size - 1) or K % block_size)):
         raise QMoEInputError("block_size", f"0 or a power of two >= 16 dividing K={K}", str(block_size))
     chunk = max(1, (1 << 24) // max(1, N * K))  # bound the float32 temporaries to ~64 MiB each
-    if E > chunk:
-        parts = [quantize(w[i : i + chunk], bits, block_size, symmetric, scale_dtype) for i in range(0, E, chunk)]
-        return QuantizedWeights(
-            xp.concatenate([p.packed for p in parts]),
-            xp.concatenate([p.scales for p in parts]),
-            None if symmetric else xp.concatenate([p.zero_points for p in parts]),
-        )
+    parts = [_quantize_chunk(xp, w[e0 : e0 + chunk], e0, bits, block_size, symmetric, sdt) for e0 in range(0, E, chunk)]
+    if len(parts) == 1:
+        return parts[0]
+    return QuantizedWeights(
+        xp.concatenate([p.packed for p in parts]),
+        xp.concatenate([p.scales for p in parts]),
+        None if symmetric else xp.concatenate([p.zero_points for p in parts]),
+    )
+
+
+def _quantize_chunk(xp, w, e0: int, bits: int, block_size: int, symmetric: bool, sdt: str) -> QuantizedWeights:
+    """:func:`quantize` of experts ``e0 .. e0 + len(w)`` (arguments already checked)."""
+    E, N, K = (int(d) for d in w.shape)
     bs = block_size or K
     nb = K // bs
     g = w.astype(xp.float32).reshape(E, N, nb, bs)
+    finite = xp.isfinite(g)
+    if not bool(finite.all()):
+        idx = [int(i) for i in xp.argwhere(~finite.reshape(E, N, K))[0]]
+        raise QMoEInputError("weights", "finite values (no NaN or inf)",
+                             f"{float(w[tuple(idx)])} at index {[idx[0] + e0, *idx[1:]]}")
     qmax = (1 << bits) - 1
     if symmetric:
         zp = float(1 << (bits - 1))
         amax = xp.abs(g).max(axis=-1)
         scale = amax / zp
         scale = xp.where(scale > 0, scale, 1.0)
-        scale_s = scale.astype(np_dtype(dtype_name(scale_dtype)))
+        scale_s = _cast_scales(xp, scale, sdt, e0)
         s = scale_s.astype(xp.float32)[..., None]
         q = xp.clip(xp.rint(g / s) + zp, 0, qmax)
         zero_points = None
@@ -174,7 +204,7 @@ def quantize(weights, bits: int, block_size: int = 0, symmetric: bool = True, sc
         hi = g.max(axis=-1)
         scale = (hi - lo) / qmax
         scale = xp.where(scale > 0, scale, 1.0)
-        scale_s = scale.astype(np_dtype(dtype_name(scale_dtype)))
+        scale_s = _cast_scales(xp, scale, sdt, e0)
         s = scale_s.astype(xp.float32)
         zpc = xp.clip(xp.rint(-lo / s), 0, qmax)
         q = xp.clip(xp.rint(g / s[..., None]) + zpc[..., None], 0, qmax)
@@ -186,6 +216,19 @@ def quantize(weights, bits: int, block_size: int = 0, symmetric: bool = True, sc
     packed = pack_codes(q.astype(xp.uint8).reshape(E, N, K), bits)
     scales = scale_s if block_size else scale_s[..., 0]
     return QuantizedWeights(packed, xp.ascontiguousarray(scales), zero_points)
+
+
+def _cast_scales(xp, scale, sdt: str, e0: int):
+    """float32 scales ``[E, N, nb]`` in ``sdt``, refusing any that overflow it (a weight range too wide for float16)."""
+    with np.errstate(over="ignore"):
+        out = scale.astype(np_dtype(sdt))
+    bad = ~xp.isfinite(out.astype(xp.float32))
+    if bool(bad.any()):
+        idx = [int(i) for i in xp.argwhere(bad)[0]]
+        raise QMoEInputError("weights", f"value ranges whose scales fit {sdt}",
+                             f"a scale of {float(scale[tuple(idx)]):.3g} for expert {idx[0] + e0}, row {idx[1]}, "
+                             f"block {idx[2]}")
+    return out
 
 
 def dequantize(packed, scales, bits: int, block_size: int = 0, zero_points=None, zero_point_offset=None, K=None):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._arrays import is_cupy, np_dtype
-from .contract import QMoEAttributes, check_call, describe_layer
+from .contract import QMoEAttributes, check_call, check_content, describe_layer
 from .quantize import dequantize
 
 __all__ = ["qmoe", "route", "activate", "order_key"]
@@ -153,12 +153,16 @@ def qmoe(
     fc2_zero_points=None,
     fc3_zero_points=None,
     router_weights=None,
+    *,
+    validate_content: bool = False,
     **attributes,
 ):
     """Run one QMoE layer on the CPU in float64; returns an array of the input's shape and dtype.
 
     Arguments are ONNX Runtime's QMoE inputs, in its order; attributes (``k``, ``activation_type``,
-    ``block_size`` ...) are keywords with ONNX Runtime's names and defaults.
+    ``block_size`` ...) are keywords with ONNX Runtime's names and defaults. ``validate_content``:
+    also check what :class:`~qmoe_rtc.executor.QMoE` checks with the same flag (finite non-negative
+    scales, finite biases, zero-point padding), raising the same ``QMoEInputError``.
     """
     attrs = QMoEAttributes.from_kwargs(**attributes)
     weights = {
@@ -176,6 +180,8 @@ def qmoe(
         "fc3_zero_points": _host(fc3_zero_points),
     }
     layer = describe_layer(weights, attrs)
+    if validate_content:
+        check_content(weights, layer)
     x_in, logits, rw = _host(input), _host(router_probs), _host(router_weights)
     call = check_call(layer, x_in, logits, rw)
     out_dtype = np_dtype(call.dtype)

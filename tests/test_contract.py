@@ -31,7 +31,6 @@ def run(weights, attrs, x=None, logits=None, rw=None, rng=None):
     "attrs, name",
     [
         (dict(k=0), "k"),
-        (dict(k=11), "k"),
         (dict(k=2.0), "k"),
         (dict(activation_type="tanh"), "activation_type"),
         (dict(normalize_routing_weights=2), "normalize_routing_weights"),

@@ -68,17 +68,36 @@ def check_arch(arch: str) -> str:
     return arch
 
 
+#: What :func:`default_arch`'s error suggests; the warm CLI catches the error and says ``--arch sm_XX``.
+ARCH_HINT = "pass the architecture explicitly, e.g. arch='sm_90' (H100/H200) or arch='sm_80' (A100)"
+
+
 def default_arch(device: int | None = None) -> str:
-    """The architecture of ``device`` (default: CuPy's current device), resolved only when called."""
+    """The architecture of ``device`` (default: CuPy's current device), resolved only when called.
+
+    Without a usable GPU: :class:`DeviceError` saying why (no driver, driver too old, no GPU) and that
+    the architecture can be given explicitly."""
+    from . import driver
+
+    if device is not None and device in _ARCH_OF:
+        return _ARCH_OF[device]
     try:
+        driver.probe(device)
         import cupy
 
         dev = cupy.cuda.Device(device) if device is not None else cupy.cuda.Device()
         cc = dev.compute_capability  # e.g. '90'
-    except Exception as exc:  # no driver, no device, CuPy missing
-        raise DeviceError(f"cannot resolve the GPU architecture (no usable GPU: {exc}); give the architecture "
-                          "explicitly (warm tool: --arch sm_90)") from exc
+    except DeviceError as exc:
+        raise DeviceError(f"cannot take the GPU architecture from this machine: {exc}; {ARCH_HINT}") from None
+    except Exception as exc:  # CuPy missing or broken
+        raise DeviceError(f"cannot take the GPU architecture from this machine ({type(exc).__name__}: {exc}); "
+                          f"{ARCH_HINT}") from exc
+    if device is not None:
+        _ARCH_OF[device] = f"sm_{cc}"
     return f"sm_{cc}"
+
+
+_ARCH_OF: dict[int, str] = {}  # device id -> its arch (a device does not change its architecture)
 
 
 def _nvrtc():

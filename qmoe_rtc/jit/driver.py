@@ -11,8 +11,15 @@ import threading
 
 from ..errors import DeviceError
 
-__all__ = ["CU_FUNC_ATTRIBUTE", "bindings", "check", "current_context", "func_attribute", "get_function", "launch",
-           "load_cubin", "set_max_dynamic_smem", "stream_is_capturing"]
+__all__ = ["CU_FUNC_ATTRIBUTE", "MIN_COMPUTE_CAPABILITY", "MIN_DRIVER_VERSION", "REQUIREMENTS", "bindings", "check",
+           "current_context", "func_attribute", "get_function", "launch", "load_cubin", "probe", "set_max_dynamic_smem",
+           "stream_is_capturing"]
+
+#: The oldest driver API this build runs on: CUDA 13.0, i.e. NVIDIA driver R580 or newer.
+MIN_DRIVER_VERSION = 13000
+#: The oldest GPU: compute capability 8.0 (A100).
+MIN_COMPUTE_CAPABILITY = (8, 0)
+REQUIREMENTS = "an NVIDIA GPU of compute capability 8.0+ and a CUDA 13 driver (R580 or newer)"
 
 _lock = threading.Lock()
 
@@ -34,11 +41,63 @@ def _check(result, what: str):
     """``result`` is a cuda.bindings return tuple (error, values...): raise on error, else the values."""
     err = result[0]
     if int(err) != 0:
-        drv = _drv()
-        name = drv.cuGetErrorName(err)
-        text = name[1].decode() if int(name[0]) == 0 and isinstance(name[1], bytes) else str(err)
-        raise DeviceError(f"{what} failed: {text}")
+        raise DeviceError(f"{what} failed: {_error_name(_drv(), err)}")
     return result[1] if len(result) == 2 else result[1:]
+
+
+def _cuda_version(v: int) -> str:
+    return f"{v // 1000}.{v % 1000 // 10}"
+
+
+def _error_name(drv, err) -> str:
+    try:
+        res = drv.cuGetErrorName(err)
+        return res[1].decode() if int(res[0]) == 0 and isinstance(res[1], bytes) else str(err)
+    except Exception:  # a fake or broken driver module: the raw value still says something
+        return str(err)
+
+
+def probe(device_id: int | None = None) -> tuple[int, int]:
+    """Check that this machine can run layers, before anything else touches CUDA: an NVIDIA driver
+    (for CUDA 13 or newer) and a GPU (``device_id``, when given, must exist and be of compute
+    capability 8.0+). Returns ``(driver version, device count)``; raises :class:`DeviceError`
+    saying which is missing: no driver, driver too old, no GPU, no such device, GPU too old."""
+    drv = _drv()
+    try:
+        err, version = drv.cuDriverGetVersion()
+    except Exception as exc:  # cuda.bindings could not load libcuda: no NVIDIA driver installed
+        first = (str(exc).splitlines() or [""])[0]
+        raise DeviceError(f"no NVIDIA driver found (the CUDA driver library could not be loaded: {type(exc).__name__}: "
+                          f"{first}); running layers needs {REQUIREMENTS}") from None
+    if int(err) != 0:
+        raise DeviceError(f"the NVIDIA driver did not report its version ({_error_name(drv, err)}); running layers "
+                          f"needs {REQUIREMENTS}")
+    version = int(version)
+    if version < MIN_DRIVER_VERSION:
+        raise DeviceError(f"the NVIDIA driver is too old: it supports CUDA {_cuda_version(version)}, this build needs "
+                          f"CUDA {_cuda_version(MIN_DRIVER_VERSION)} or newer (driver R580+); update the driver")
+    (err, *_rest) = drv.cuInit(0)
+    if int(err) != 0:
+        name = _error_name(drv, err)
+        if name == "CUDA_ERROR_NO_DEVICE":
+            raise DeviceError(f"an NVIDIA driver (CUDA {_cuda_version(version)}) is installed but no GPU is visible "
+                              "(check CUDA_VISIBLE_DEVICES and the container's GPU access)")
+        raise DeviceError(f"the NVIDIA driver (CUDA {_cuda_version(version)}) failed to initialise: {name}")
+    err, count = drv.cuDeviceGetCount()
+    count = int(count) if int(err) == 0 else 0
+    if count < 1:
+        raise DeviceError(f"an NVIDIA driver (CUDA {_cuda_version(version)}) is installed but no GPU is visible")
+    if device_id is not None:
+        if not 0 <= int(device_id) < count:
+            raise DeviceError(f"device {device_id}: this machine has {count} GPU(s), numbered 0..{count - 1}")
+        dev = _check(drv.cuDeviceGet(int(device_id)), f"cuDeviceGet({device_id})")
+        attr = drv.CUdevice_attribute
+        cc = tuple(int(_check(drv.cuDeviceGetAttribute(getattr(attr, f"CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_{m}"), dev),
+                              "cuDeviceGetAttribute")) for m in ("MAJOR", "MINOR"))
+        if cc < MIN_COMPUTE_CAPABILITY:
+            raise DeviceError(f"GPU {device_id} has compute capability {cc[0]}.{cc[1]}; this build needs "
+                              f"{MIN_COMPUTE_CAPABILITY[0]}.{MIN_COMPUTE_CAPABILITY[1]} or newer (A100, L4/L40, H100/H200)")
+    return version, count
 
 
 @functools.cache

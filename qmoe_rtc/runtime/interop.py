@@ -5,10 +5,12 @@ the caller's current one (torch's for torch inputs, CuPy's otherwise).
 
 from __future__ import annotations
 
-from .._arrays import is_cupy, is_torch, np_dtype
+from .._arrays import ArrayMeta, dtype_name, is_c_contiguous, is_cupy, is_torch, np_dtype
 from ..errors import DeviceError, QMoEInputError
 
-__all__ = ["allocate_like", "cupy", "current_stream", "data_ptr", "signature", "to_cupy"]
+__all__ = ["allocate_like", "array_meta", "cupy", "current_stream", "data_ptr", "parse_device", "signature", "to_cupy"]
+
+_DLPACK_CUDA = (2, 13)  # kDLCUDA, kDLCUDAManaged
 
 _CUPY, _TORCH, _OTHER = 1, 2, 3
 _kinds: dict[type, int] = {}
@@ -62,6 +64,58 @@ def is_host_array(a) -> bool:
 def is_host_signature(sig) -> bool:
     """A signature of something that is neither a CuPy array nor a torch tensor (uploaded, or refused)."""
     return sig is not None and sig[0] == _OTHER
+
+
+def array_meta(name: str, a) -> ArrayMeta | None:
+    """Shape, dtype, contiguity and device of a layer tensor, read without touching CUDA (nothing is
+    imported or uploaded): what :meth:`QMoE.__init__` validates before anything goes to the GPU.
+    Refuses what :func:`to_cupy` could not take (host torch tensors, objects that are no arrays)."""
+    if a is None:
+        return None
+    shape = tuple(int(d) for d in getattr(a, "shape", ()))
+    if is_cupy(a):
+        return ArrayMeta(shape, dtype_name(a), is_c_contiguous(a), int(a.device.id))
+    if is_torch(a):
+        if a.device.type != "cuda":
+            raise QMoEInputError(name, "a CUDA tensor, a CuPy array or a NumPy array", f"a torch tensor on {a.device}")
+        return ArrayMeta(shape, dtype_name(a), bool(a.is_contiguous()), int(a.device.index))
+    if hasattr(a, "__dlpack__") and not type(a).__module__.startswith("numpy"):
+        try:
+            kind, dev = a.__dlpack_device__()
+        except Exception as exc:
+            raise QMoEInputError(name, "a CUDA array exportable through DLPack", f"{type(a).__name__} ({exc})") from None
+        if int(kind) not in _DLPACK_CUDA:
+            raise QMoEInputError(name, "a CUDA array exportable through DLPack", f"{type(a).__name__} in host memory")
+        return ArrayMeta(shape, dtype_name(a), is_c_contiguous(a), int(dev))
+    if hasattr(a, "shape") and hasattr(a, "dtype"):
+        return ArrayMeta(shape, dtype_name(a), is_c_contiguous(a), None)
+    raise QMoEInputError(name, "a CuPy array, a torch CUDA tensor or a NumPy array", type(a).__name__)
+
+
+def parse_device(device) -> int | None:
+    """The device index of ``device``: None, an int, ``'cuda'`` / ``'cuda:N'``, a ``torch.device`` or a
+    CuPy ``Device``; anything else is a :class:`QMoEInputError` naming ``device``."""
+    if device is None:
+        return None
+    if isinstance(device, int) and not isinstance(device, bool):
+        idx = device
+    elif isinstance(device, str):
+        text = device.strip().lower()
+        if text == "cuda":
+            return None
+        head, _, tail = text.partition(":")
+        if head != "cuda" or not tail.isdigit():
+            raise QMoEInputError("device", "None, a device index (0, 1 ...) or 'cuda:N'", repr(device))
+        idx = int(tail)
+    elif getattr(device, "type", None) == "cuda":  # torch.device("cuda", n)
+        return None if device.index is None else int(device.index)
+    elif is_cupy(device) and hasattr(device, "id"):  # cupy.cuda.Device
+        idx = int(device.id)
+    else:
+        raise QMoEInputError("device", "None, a device index (0, 1 ...) or 'cuda:N'", repr(device))
+    if idx < 0:
+        raise QMoEInputError("device", "a non-negative device index", repr(device))
+    return idx
 
 
 def to_cupy(name: str, a, device_id: int):

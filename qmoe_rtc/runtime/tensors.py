@@ -11,7 +11,7 @@ import logging
 
 from .._arrays import dtype_name
 
-__all__ = ["layer_table", "upload_projections"]
+__all__ = ["layer_scale_dtype", "layer_table", "upload_projections"]
 
 log = logging.getLogger("qmoe_rtc")
 
@@ -28,14 +28,20 @@ def _word_readable(cp, a, name: str):
     return buf[: a.nbytes].view(a.dtype).reshape(a.shape)
 
 
+def layer_scale_dtype(layer) -> str:
+    """The dtype the layer's scales are held in on the device: theirs when every projection agrees,
+    else float32."""
+    sdts = {p.scale_dtype for p in layer.projections()}
+    return sdts.pop() if len(sdts) == 1 else "float32"
+
+
 def upload_projections(cp, w: dict, layer, device_id: int):
     """(scale dtype of the layer, {projection: (weights, scales, zero points, bias)}) on the device.
 
     Scales share one dtype (float32 when the projections disagree); weights not 16-byte aligned are
     copied once (the kernels read them with 16-byte loads); biases become float32.
     """
-    sdts = {p.scale_dtype for p in layer.projections()}
-    scale_dtype = sdts.pop() if len(sdts) == 1 else "float32"
+    scale_dtype = layer_scale_dtype(layer)
     if len({p.scale_dtype for p in layer.projections()}) > 1:
         log.info("qmoe_rtc: projections have scales of different dtypes; converted to float32 once")
     proj = {}
