@@ -1,8 +1,9 @@
-"""The tensor-core prefill engine (family ``mma_prefill``) vs the float64 reference on the GPU.
+"""The tensor-core prefill engines (families ``mma_prefill`` and, on sm_90a, ``wgmma_prefill``) vs the
+float64 reference on the GPU.
 
 Covers bit widths 1/2/4/8 and mixed, block sizes 0/16/32/64/128, zero points, every gate source and
-activation, biases, float16/bfloat16, K not a multiple of 128, all three route tiles (16/32/64
-routes), padded tiles, experts with no routes, and 64 … 4096 rows. Outputs are NaN-poisoned first;
+activation, biases, float16/bfloat16, K not a multiple of 128, every route tile (16/32/64 routes for mma.sync,
+64/128/256 for wgmma), padded tiles, experts with no routes, and 64 … 4096 rows. Outputs are NaN-poisoned first;
 graph replay must equal the eager call bitwise.
 """
 
@@ -10,10 +11,24 @@ import numpy as np
 import pytest
 from test_executor_gpu import TOL, rel_err, to_dev
 
+from qmoe_rtc import knobs
 from qmoe_rtc.random_layer import random_inputs, random_layer
 from qmoe_rtc.reference import qmoe as reference
 
 pytestmark = pytest.mark.gpu
+
+ENGINES = ["mma", "wgmma"]
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request):
+    """Each test once per prefill engine (QMOE_RTC_PREFILL_ENGINE forces it); wgmma needs sm_90a."""
+    import cupy as cp
+
+    if request.param == "wgmma" and cp.cuda.Device().compute_capability != "90":
+        pytest.skip("the wgmma prefill engine needs an sm_90 GPU")
+    with knobs.scope(prefill_engine=request.param):
+        yield "prefill-" + request.param
 
 # (name, random_layer kwargs, E, H, I)
 LAYERS = [
@@ -41,7 +56,7 @@ ROWS = [64, 200, 1000]
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("name, kw, E, H, I", LAYERS, ids=[c[0] for c in LAYERS])
-def test_prefill_vs_reference(rng, name, kw, E, H, I, dtype):
+def test_prefill_vs_reference(rng, name, kw, E, H, I, dtype, engine):
     import cupy as cp
 
     from qmoe_rtc.executor import QMoE
@@ -52,7 +67,7 @@ def test_prefill_vs_reference(rng, name, kw, E, H, I, dtype):
     moe = QMoE(**to_dev(w), **a, decode_max_routes=0)  # the prefill path at every row count
     worst = 0.0
     for rows in ROWS:
-        assert moe.plan(rows, dtype, "float32").engine == "prefill-mma", (name, rows)
+        assert moe.plan(rows, dtype, "float32").engine == engine, (name, rows)
         x, lg, _ = random_inputs(rng, rows, H, E, dtype)
         want = reference(x, lg, **w, **a)
         out = cp.full(x.shape, cp.nan, dtype=x.dtype)
@@ -60,11 +75,11 @@ def test_prefill_vs_reference(rng, name, kw, E, H, I, dtype):
         e = rel_err(cp.asnumpy(out), want)
         worst = max(worst, e)
         assert e <= TOL[dtype], f"{name} {dtype} rows={rows}: rel err {e:.3e}"
-    print(f"prefill {name} {dtype}: worst rel err {worst:.3e}")
+    print(f"prefill {engine} {name} {dtype}: worst rel err {worst:.3e}")
 
 
 @pytest.mark.parametrize("rows, E, hot", [(4096, 8, None), (2048, 64, None), (300, 32, 5), (64, 128, None)])
-def test_prefill_route_tiles_and_skewed_experts(rng, rows, E, hot):
+def test_prefill_route_tiles_and_skewed_experts(rng, rows, E, hot, engine):
     """Large and small routes-per-expert (every route tile size), one expert taking most routes, and
     experts with no routes at all; graph replay equals the eager call bitwise."""
     import cupy as cp
@@ -80,7 +95,7 @@ def test_prefill_route_tiles_and_skewed_experts(rng, rows, E, hot):
         lg[:, hot] += 30.0  # every row's first choice
         lg[:, : E // 2] -= 30.0  # half the experts get nothing
     moe = QMoE(**to_dev(w), **a, decode_max_routes=0)
-    assert moe.plan(rows, "bfloat16", "float32").engine == "prefill-mma"
+    assert moe.plan(rows, "bfloat16", "float32").engine == engine
     xd, ld = cp.asarray(x), cp.asarray(lg)
     out = cp.full(x.shape, cp.nan, dtype=x.dtype)
     moe(xd, ld, out=out)
@@ -92,7 +107,7 @@ def test_prefill_route_tiles_and_skewed_experts(rng, rows, E, hot):
     np.testing.assert_array_equal(cp.asnumpy(g.output), cp.asnumpy(out))
 
 
-def test_prefill_decode_agree_at_the_crossover(rng):
+def test_prefill_decode_agree_at_the_crossover(rng, engine):
     """At the shapes where the default switch changes path, both paths give the reference result."""
     import cupy as cp
 

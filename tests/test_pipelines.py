@@ -71,7 +71,7 @@ def test_every_kernel_argument_is_bound_by_name(cfg, rows):
 def test_choice_prefers_tensor_cores_and_says_why_not():
     tc = CONFIGS[0]
     assert choose(tc, None, "decode").pipeline.name == "decode-mma"
-    assert choose(tc, None, "prefill").pipeline.name == "prefill-mma"
+    assert choose(tc, None, "prefill").pipeline.name == "prefill-wgmma"
     many = Problem(rows=100, E=tc.experts, H=tc.hidden, I=tc.inter, k=tc.k, dtype="bfloat16")
     c = choose(tc, many, "decode")  # 800 routes: more than one decode block scans
     assert c.pipeline.name == "decode-gemv" and "800 routes" in c.skipped[0][1]
@@ -89,3 +89,57 @@ def test_decode_limit_is_the_measured_crossover():
     assert decode_limit(mixtral) == 16 * 2
     assert decode_limit(dataclasses.replace(mixtral, inter=2048)) == 8 * 2
     assert decode_limit(dataclasses.replace(mixtral, k=64, experts=64)) == 512  # what one decode block scans
+
+
+def _problem(cfg, rows, arch="sm_90a"):
+    return Problem(rows=rows, E=cfg.experts, H=cfg.hidden, I=cfg.inter, k=cfg.k, dtype=cfg.layout.dtype, arch=arch)
+
+
+def test_prefill_engine_by_device_and_size():
+    """wgmma on sm_90a from MIN_ROUTES_PER_EXPERT routes per expert (no warning below: it is a measured
+    preference), mma.sync below it and on other devices (a warning: a limit); the knob forces either."""
+    from qmoe_rtc import knobs
+    from qmoe_rtc.kernels.wgmma_prefill import MIN_ROUTES_PER_EXPERT
+
+    tc = CONFIGS[0]  # 128 experts, k 8: rows r give r / 16 routes per expert
+    big = choose(tc, _problem(tc, 4096), "prefill")
+    assert big.pipeline.name == "prefill-wgmma" and not big.skipped and not big.passed
+    small_rows = 16 * (MIN_ROUTES_PER_EXPERT - 1)
+    small = choose(tc, _problem(tc, small_rows), "prefill")
+    assert small.pipeline.name == "prefill-mma" and not small.skipped
+    assert small.passed and "routes per expert" in small.passed[0][1]
+    a100 = choose(tc, _problem(tc, 4096, "sm_80"), "prefill")
+    assert a100.pipeline.name == "prefill-mma" and "sm_90a" in a100.skipped[0][1]
+    with knobs.scope(prefill_engine="wgmma"):
+        assert choose(tc, _problem(tc, small_rows), "prefill").pipeline.name == "prefill-wgmma"
+    with knobs.scope(prefill_engine="mma"):
+        assert choose(tc, _problem(tc, 4096), "prefill").pipeline.name == "prefill-mma"
+
+
+def test_warm_modules_cover_both_prefill_engines():
+    """The wgmma family runs only at some sizes: the warm tool also gets the mma.sync modules after it,
+    and on a non-Hopper arch only those."""
+    from qmoe_rtc.kernels import modules_for
+
+    fams = {s.family for s in modules_for(CONFIGS[0], ("prefill",))}
+    assert {"wgmma_prefill", "mma_prefill"} <= fams and "gemm" not in fams
+    assert "wgmma_prefill" not in {s.family for s in modules_for(CONFIGS[0], ("prefill",), arch="sm_80")}
+
+
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+def test_wgmma_k_order_is_a_permutation_matching_the_pairs(bits):
+    """The logical K order of the wgmma operands is a bijection of each 128-chunk, and logical columns
+    2t, 2t+1 (+8) of k16 step s are the codes lane t's pairs 2s, 2s+1 hold (core/mma_pair.cuh)."""
+    from qmoe_rtc.kernels.wgmma_prefill import wg_logical, wg_natural
+
+    nat = [wg_natural(l, bits) for l in range(128)]
+    assert sorted(nat) == list(range(128))
+    assert [wg_logical(n, bits) for n in nat] == list(range(128))
+    P, C = 16 // bits, 32 // bits
+    for s in range(8):
+        for t in range(4):
+            for half in range(2):
+                pair = 2 * s + half
+                first = (pair // P) * C + pair % P  # MmaDeq::first_code
+                assert nat[16 * s + 8 * half + 2 * t] == 32 * t + first
+                assert nat[16 * s + 8 * half + 2 * t + 1] == 32 * t + first + P

@@ -33,6 +33,7 @@ class Problem:
     router_dtype: str = "float32"
     router_weights_dtype: str | None = None
     sparse: bool = False
+    arch: str = ""  # the device's compile target ('sm_90a' ...); '' when unknown (warm tool, CPU)
 
     @property
     def routes(self) -> int:
@@ -62,6 +63,9 @@ class KernelFamily:
     name: ClassVar[str] = ""
     header: ClassVar[str] = ""
     depends_on: ClassVar[tuple[str, ...]] = ()
+    #: True when whether this family runs depends on the call or the device (supports() / slower()
+    #: look at the problem): the warm tool then also compiles the pipelines after it.
+    conditional: ClassVar[bool] = False
 
     # -- which modules ---------------------------------------------------------------------
     def spec(self, config: ModelConfig) -> ModuleSpec:
@@ -74,6 +78,11 @@ class KernelFamily:
 
     def supports(self, config: ModelConfig, problem: Problem | None = None) -> str | None:
         """None when this family runs ``config`` (at ``problem``, when given), else the reason it cannot."""
+        return None
+
+    def slower(self, config: ModelConfig, problem: Problem | None = None) -> str | None:
+        """None unless a later pipeline is known to be faster at ``problem`` (then why): the choice passes
+        this family over without a warning (it is a measured preference, not a limit)."""
         return None
 
     # -- code ------------------------------------------------------------------------------
@@ -114,7 +123,7 @@ class KernelFamily:
 # -- registry ----------------------------------------------------------------------------------
 
 #: Built-in families, imported lazily on first lookup (nothing is imported at package import).
-BUILTIN_FAMILIES: tuple[str, ...] = ("dequant", "route", "gemv", "mma_decode", "gemm", "mma_prefill")
+BUILTIN_FAMILIES: tuple[str, ...] = ("dequant", "route", "gemv", "mma_decode", "gemm", "mma_prefill", "wgmma_prefill")
 
 _lock = threading.RLock()
 _registry: dict[str, KernelFamily] = {}

@@ -42,6 +42,9 @@ def _steps(*pairs: tuple[str, str]) -> tuple[Step, ...]:
 PIPELINES: tuple[Pipeline, ...] = (
     Pipeline("decode-mma", "decode", _steps(("route", "route"), ("mma_decode", "fc1"), ("mma_decode", "fc2"))),
     Pipeline("decode-gemv", "decode", _steps(("route", "route"), ("gemv", "fc1"), ("gemv", "fc2"))),
+    Pipeline("prefill-wgmma", "prefill", _steps(("route", "route"), ("wgmma_prefill", "group"),
+                                                ("wgmma_prefill", "permute"), ("wgmma_prefill", "fc1"),
+                                                ("wgmma_prefill", "fc2"), ("wgmma_prefill", "combine"))),
     Pipeline("prefill-mma", "prefill", _steps(("route", "route"), ("mma_prefill", "group"), ("mma_prefill", "fc1"),
                                               ("mma_prefill", "fc2"), ("mma_prefill", "combine"))),
     Pipeline("prefill-simt", "prefill", _steps(("route", "route"), ("gemm", "group"), ("gemm", "fc1"),
@@ -78,11 +81,12 @@ _BIG_EXPERT_BYTES = 32 << 20
 class Choice:
     pipeline: Pipeline
     skipped: tuple[tuple[str, str], ...]  # (faster pipeline, why it cannot run), in preference order
+    passed: tuple[tuple[str, str], ...] = ()  # (pipeline, why it is slower at this problem): no warning
 
 
-def _why_not(pipeline: Pipeline, config: ModelConfig, problem: Problem | None) -> str | None:
+def _why_not(pipeline: Pipeline, config: ModelConfig, problem: Problem | None, test: str = "supports") -> str | None:
     for fam in pipeline.families:
-        why = get_family(fam).supports(config, problem)
+        why = getattr(get_family(fam), test)(config, problem)
         if why:
             return f"{fam}: {why}"
     return None
@@ -90,25 +94,39 @@ def _why_not(pipeline: Pipeline, config: ModelConfig, problem: Problem | None) -
 
 def choose(config: ModelConfig, problem: Problem | None, path: str) -> Choice:
     """The fastest pipeline of ``path`` that runs ``config`` (at ``problem``), and why the faster ones don't."""
-    skipped = []
+    skipped, passed = [], []
     for p in PIPELINES:
         if p.path != path:
             continue
         why = _why_not(p, config, problem)
-        if why is None:
-            return Choice(p, tuple(skipped))
-        skipped.append((p.name, why))
+        if why is not None:
+            skipped.append((p.name, why))
+            continue
+        slower = _why_not(p, config, problem, "slower")
+        if slower is not None:
+            passed.append((p.name, slower))
+            continue
+        return Choice(p, tuple(skipped), tuple(passed))
     raise QMoEUnsupportedError(f"no {path} pipeline runs this layer: " + "; ".join(f"{n}: {w}" for n, w in skipped))
 
 
-def modules_for(config: ModelConfig, variants=("decode", "prefill")) -> list[ModuleSpec]:
+def modules_for(config: ModelConfig, variants=("decode", "prefill"), arch: str = "") -> list[ModuleSpec]:
     """Every module the executor can load for ``config`` on ``variants`` (what the warm tool compiles):
-    the specs of each family of the pipeline :func:`choose` picks per path."""
+    per path, the specs of each family of every pipeline that runs the layer, up to the first one
+    whose use does not depend on the call (a family with ``conditional`` set runs only at some sizes
+    or on some devices; ``arch``, when given, settles the device part)."""
     seen: dict[ModuleSpec, None] = {}
+    probe = Problem(rows=0, E=config.experts, H=config.hidden, I=config.inter, k=config.k,
+                    dtype=config.layout.dtype, arch=arch) if arch else None
     for path in variants:
         if path not in ("decode", "prefill"):
             raise QMoEAttributeError("variants", "items of ['decode', 'prefill']", repr(path))
-        for fam in choose(config, None, path).pipeline.families:
-            for spec in get_family(fam).specs(config):
-                seen.setdefault(spec, None)
+        for p in PIPELINES:
+            if p.path != path or _why_not(p, config, probe) is not None:
+                continue
+            for fam in p.families:
+                for spec in get_family(fam).specs(config):
+                    seen.setdefault(spec, None)
+            if not any(get_family(f).conditional for f in p.families):
+                break
     return list(seen)

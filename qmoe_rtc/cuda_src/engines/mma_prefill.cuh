@@ -101,12 +101,13 @@ __device__ __forceinline__ Coef pf_row_coef(const QP& qp, i32 e, i32 n, float& s
 
 // The lane's two weight rows of each of its warp's kPfMW tiles (rows g and g + 8 of the tile): row
 // indices, code pointers, and for row-wise scales their coefficients and scales (1 when block-wise).
-template <typename T, class QA, class QB> struct PfLaneRows {
-  i32 na[kPfMW], nb[kPfMW];
-  const u8* pa[kPfMW];
-  const u8* pb[kPfMW];
-  Coef rca[kPfMW], rcb[kPfMW];
-  float sa[kPfMW], sb[kPfMW];
+// MW: the warp's m16 tiles (the wgmma engine's warps own one).
+template <typename T, class QA, class QB, int MW = kPfMW> struct PfLaneRows {
+  i32 na[MW], nb[MW];
+  const u8* pa[MW];
+  const u8* pb[MW];
+  Coef rca[MW], rcb[MW];
+  float sa[MW], sb[MW];
 
   // Warp tile m reads row n_a of (qa, wa) and row n_b of (qb, wb) of expert e (same bits and K).
   __device__ __forceinline__ void set(int m, const QA& qa, const u8* wa, i32 n_a, const QB& qb, const u8* wb, i32 n_b,

@@ -1,0 +1,299 @@
+// engines/wgmma_prefill.cuh: the Hopper prefill engine (sm_90a): the grouped GEMMs of mma_prefill.cuh
+// on warpgroup MMAs, A = weights dequantized exactly in registers, B = the route tile in shared memory.
+//
+//   sorted, offsets, tile_offsets     routing/group.cuh, route tiles of BR routes (64, 128, 256)
+//   x           [rows, H]   T     the call's input
+//   xp          [rows, Hp]  T     x with every 128-value chunk of K in wgmma order (wg_permute; Hp = H
+//                                 rounded up to 128, zeros past H): FC1's activations, route rows
+//                                 gathered by index inside the tile copy
+//   act_sorted  [R, Ip]     T     FC1 out in sorted order, in FC2's wgmma order (zeros past I)
+//   y           [R, H]      f32   FC2 out by route id, bias added (the combine applies the routing weight)
+//
+// Why a permuted K: a lane of the decode / mma_prefill engines dequantizes 32 consecutive codes of two
+// rows into mma A pairs in the order the shifts produce them (core/mma_pair.cuh); the mma.sync engine
+// permutes each lane's activations to match in registers. wgmma reads B from shared memory in its own
+// order, so the activations are stored already permuted: logical column l of a chunk holds natural
+// k = wg_natural<B>(l). Both operands agree on every product, so the dot products are unchanged.
+//
+// Block: kWgGroups warpgroups × 64 weight rows (warp w: rows 16w .. 16w + 15 of the tile, the
+// mma_prefill lane layout with one m16 tile) × BR routes; acc[BR / 2] f32 per thread (core/wgmma.cuh).
+// K in chunks of 128 through a cp.async ring of WgStage::kStages stages (as many as fit, at most
+// QMOE_WG_STAGES); per k16 step a warp builds its A fragment while the previous wgmma runs.
+#pragma once
+
+#include "core/wgmma.cuh"
+#include "engines/mma_prefill.cuh"
+
+namespace qmoe {
+
+constexpr int kWgGroups = 2;                  // consumer warpgroups per block
+constexpr int kWgThreads = 128 * kWgGroups;
+constexpr int kWgWarps = 4 * kWgGroups;       // one m16 weight tile each
+#ifndef QMOE_WG_STAGES
+#define QMOE_WG_STAGES 4
+#endif
+constexpr int kWgMaxStages = QMOE_WG_STAGES;
+constexpr int kWgSmemBudget = 227 * 1024 - 1024 - 4096;  // dynamic bytes for stages (alignment slack, static)
+
+// Natural k (0..127) of logical column l of a chunk, and the inverse, for B-bit codes: logical
+// column 16s + j of k16 step s is lane t = (j % 8) / 2's pair 2s + j / 8, low or high value j % 2.
+template <int B> __device__ __forceinline__ int wg_natural(int l) {
+  constexpr int P = 16 / B;
+  const int s = l >> 4, j = l & 15, pair = 2 * s + (j >> 3);
+  return 32 * ((j & 7) >> 1) + MmaDeq<__half, B>::first_code(pair) + (j & 1) * P;
+}
+template <int B> __device__ __forceinline__ int wg_logical(int n) {
+  constexpr int P = 16 / B, C = 32 / B;
+  const int t = n >> 5, r = n & 31, w = r % C;
+  const int pair = (r / C) * P + w % P;
+  return 16 * (pair >> 1) + 8 * (pair & 1) + 2 * t + w / P;
+}
+// Where natural column o of a row goes in the permuted layout.
+template <int B> __device__ __forceinline__ i32 wg_pos(i32 o) { return (o & ~127) + wg_logical<B>(o & 127); }
+
+// One pipeline stage (1024-aligned, in dynamic shared memory):
+//   x     [2 halves][BR][128 B]                 logical k 0..63 / 64..127 of the tile's routes,
+//                                               128-byte swizzle (unit u of row r at u ^ (r & 7))
+//   codes [warps][2 rows][32 lanes][4·B B]      each lane's 32 codes of its two rows
+//   meta  [warps][2 rows][kWords][32] u32       their scale / zp words (block-wise scales only)
+template <int B, typename ScaleT, int BLOCK, bool ZPW, int BR> struct WgStage {
+  static constexpr int kXBytes = BR * 256;
+  static constexpr int kWords = BLOCK ? MetaLayout<ScaleT, BLOCK, ZPW>::kWords : 0;
+  static constexpr int kCB = 4 * B;
+  static constexpr int kWarpCodes = 2 * 32 * kCB;
+  static constexpr int kWarpBytes = kWarpCodes + 2 * kWords * 128;
+  static constexpr int kBytes = (kXBytes + kWgWarps * kWarpBytes + 1023) / 1024 * 1024;
+  static constexpr int kStages = kWgSmemBudget / kBytes < kWgMaxStages ? kWgSmemBudget / kBytes : kWgMaxStages;
+  static_assert(kStages >= 2, "a wgmma prefill stage does not fit twice in shared memory");
+};
+
+// xp[r, c·128 + l] = x[r, c·128 + wg_natural<B>(l)], zero past K. One thread per 8 values of xp.
+template <typename T, int B>
+__global__ void __launch_bounds__(256) wg_permute(const T* __restrict__ x, i32 rows, i32 H, i32 Hp, T* __restrict__ xp) {
+  const i32 units = Hp / 8;
+  const i64 i = (i64)blockIdx.x * 256 + threadIdx.x;
+  if (i >= (i64)rows * units) return;
+  const i64 r = i / units;
+  const i32 u = (i32)(i - r * units), c0 = (u >> 4) * 128, l0 = (u & 15) * 8;
+  const u16* src = reinterpret_cast<const u16*>(x) + r * H;
+  u32 v[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const i32 n0 = c0 + wg_natural<B>(l0 + 2 * j), n1 = c0 + wg_natural<B>(l0 + 2 * j + 1);
+    v[j] = (u32)(n0 < H ? src[n0] : 0) | ((u32)(n1 < H ? src[n1] : 0) << 16);
+  }
+  *reinterpret_cast<uint4*>(xp + r * Hp + u * 8) = make_uint4(v[0], v[1], v[2], v[3]);
+}
+
+template <class St> __device__ __forceinline__ u8* wg_smem(u8* dyn) {
+  u32 have;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(have));
+  if (have < (u32)(St::kStages * St::kBytes + 1024)) __trap();  // the launch gives every stage + alignment
+  const u32 a = (u32)__cvta_generic_to_shared(dyn);
+  return dyn + ((1024u - (a & 1023u)) & 1023u);
+}
+
+// acc (lane (g, t) of warp w: rows 16w + g / + 8, routes 8j + 2t (+1)) = W[lane rows] · act[tile routes]ᵀ
+// over K (Kp / 128 chunks). Route row i of the tile starts at src + s_src[i] (< 0: padding, zeros).
+template <typename T, int B, int BR, bool ZPW, class QA, class QB, class St>
+__device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const PfLaneRows<T, QA, QB, 1>& lr, i32 e,
+                                            const T* __restrict__ src, const i64* s_src, i32 K, i32 Kp,
+                                            float (&acc)[BR / 2], u8* smem) {
+  constexpr int CB = St::kCB, S = St::kStages;
+  constexpr bool kScaled = QA::kBlock != 0;
+  constexpr int NSB = MetaLayout<typename QA::Scale, QA::kBlock, ZPW>::NSB;
+  using D = MmaDeq<T, B>;
+  const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3;
+  const i32 nch = Kp / 128;
+  const u32 s0 = (u32)__cvta_generic_to_shared(smem);
+  const i32 nblk = QA::kBlock ? K / QA::kBlock : 1;
+  const i64 sba = ((i64)e * qa.N + lr.na[0]) * nblk, sbb = ((i64)e * qb.N + lr.nb[0]) * nblk;
+
+  auto issue = [&](i32 slot, i32 c) {
+    const u32 base = s0 + slot * St::kBytes;
+    for (int i = threadIdx.x; i < BR * 16; i += kWgThreads) {  // activations: BR rows × 16 units
+      const int r = i >> 4, u = i & 15;
+      const i64 so = s_src[r];
+      const u32 dst = base + (u >> 3) * (BR * 128) + r * 128 + (((u & 7) ^ (r & 7)) << 4);
+      cp_async(dst, so >= 0 ? src + so + c * 128 + u * 8 : src, 16, so >= 0);
+    }
+    const u32 wbase = base + St::kXBytes + warp * St::kWarpBytes;
+    const i32 k0 = c * 128 + 32 * t;
+    const bool live = k0 < K;
+    const i64 off = live ? (i64)(k0 / 32) * CB : 0;
+    const i32 j = live ? QA::block_of(k0) : 0;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const u8* p = (r ? lr.pb[0] : lr.pa[0]) + off;
+      const u32 dst = wbase + (r * 32 + lane) * CB;
+#pragma unroll
+      for (int q = 0; q < (CB + 15) / 16; ++q) cp_async(dst + 16 * q, p + 16 * q, CB < 16 ? CB : 16, live);
+      if constexpr (kScaled) {
+        const u32 meta = wbase + St::kWarpCodes + (r * St::kWords) * 128 + lane * 4;
+        if (r) LaneMeta<QB, ZPW>::issue(qb, sbb, e, lr.nb[0], j, meta, live, lr.pa[0]);
+        else LaneMeta<QA, ZPW>::issue(qa, sba, e, lr.na[0], j, meta, live, lr.pa[0]);
+      }
+    }
+  };
+
+  auto compute = [&](i32 slot, i32 c) {
+    const u32 xs = s0 + slot * St::kBytes;
+    const u8* wst = smem + slot * St::kBytes + St::kXBytes + warp * St::kWarpBytes;
+    const i32 k0 = c * 128 + 32 * t;
+    const bool live = k0 < K;  // lanes past K hold zero-filled codes; their pairs are exact zeros
+    const i32 j0 = live ? QA::block_of(k0) : 0;
+    u32 ra[B], rb[B];
+    lds_codes<B>(wst + lane * CB, ra);
+    lds_codes<B>(wst + (32 + lane) * CB, rb);
+    Coef ca[NSB], cb[NSB];
+#pragma unroll
+    for (int h = 0; h < NSB; ++h) {
+      if constexpr (kScaled) {
+        const u32* ma = reinterpret_cast<const u32*>(wst + St::kWarpCodes) + lane;
+        const u32* mb = ma + St::kWords * 32;
+        ca[h] = live ? D::coef(LaneMeta<QA, ZPW>::decode(qa, ma, sba, e, lr.na[0], j0, h)) : D::zero();
+        cb[h] = live ? D::coef(LaneMeta<QB, ZPW>::decode(qb, mb, sbb, e, lr.nb[0], j0, h)) : D::zero();
+      } else {
+        ca[h] = live ? lr.rca[0] : D::zero();
+        cb[h] = live ? lr.rcb[0] : D::zero();
+      }
+    }
+    u32 a[2][4];
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+      const int h0 = NSB == 2 ? D::first_code(2 * s) / 16 : 0, h1 = NSB == 2 ? D::first_code(2 * s + 1) / 16 : 0;
+      u32(&f)[4] = a[s & 1];
+      f[0] = D::template pair<kScaled>(ra, 2 * s, ca[h0]);
+      f[1] = D::template pair<kScaled>(rb, 2 * s, cb[h0]);
+      f[2] = D::template pair<kScaled>(ra, 2 * s + 1, ca[h1]);
+      f[3] = D::template pair<kScaled>(rb, 2 * s + 1, cb[h1]);
+      wgmma_hold(acc);
+      wgmma_fence();
+      Wgmma<T, BR>::mma(acc, f, smem_desc(xs + (s >> 2) * (BR * 128) + (s & 3) * 32));
+      wgmma_commit();
+      wgmma_wait<1>();  // the previous step's MMA is done: its A registers may be rewritten
+      wgmma_hold(acc);
+    }
+    wgmma_wait<0>();  // this stage's shared memory may be refilled after the next barrier
+    wgmma_hold(acc);
+  };
+
+#pragma unroll
+  for (int i = 0; i < S - 1; ++i) {
+    if (i < nch) issue(i, i);
+    cp_async_commit();
+  }
+  for (i32 c = 0; c < nch; ++c) {
+    cp_async_wait<S - 2>();
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async data, read by the async proxy
+    __syncthreads();
+    const i32 cn = c + S - 1;
+    if (cn < nch) issue(cn % S, cn);
+    cp_async_commit();
+    compute(c % S, c);
+  }
+  cp_async_wait<0>();
+}
+
+// FC1 (+FC3) with the activation fused: act_sorted[m, wg_pos<B2>(o)] for the tile's routes (B2: FC2's
+// bits, whose order FC2 reads), zeros for I <= o < Ip. Warp tile = 8 outputs (gated) or 16 (plain).
+template <int GATE, typename T, typename ScaleT, int B1, int B2, int Z1, int Z3, int BLOCK, int ACT, int BR>
+__global__ void __launch_bounds__(kWgThreads, 1)
+fc1_wgmma(const T* __restrict__ xp, const i32* __restrict__ sorted, const i32* __restrict__ offsets,
+          const i32* __restrict__ tile_offsets, i32 E, i32 k, i32 H, i32 Hp, i32 I, i32 Ip, i32 NT, i32 G,
+          const u8* __restrict__ w1, const ScaleT* __restrict__ s1, const u8* __restrict__ z1,
+          const float* __restrict__ b1, const u8* __restrict__ w3, const ScaleT* __restrict__ s3,
+          const u8* __restrict__ z3, const float* __restrict__ b3, float zp_offset, float alpha, float beta,
+          float limit, i32 limit_after, T* __restrict__ act_sorted) {
+  using Rows = Fc1Rows<GATE>;
+  constexpr bool kZpw = Z1 == ZP_PACKED || (GATE == GATE_FC3 && Z3 == ZP_PACKED);
+  using St = WgStage<B1, ScaleT, BLOCK, kZpw, BR>;
+  constexpr int kOut = Rows::kGated ? 8 : 16;
+  extern __shared__ __align__(16) u8 dyn_smem[];
+  __shared__ i64 s_src[BR];
+  u8* smem = wg_smem<St>(dyn_smem);
+  i32 nt, e, m0, m_end;
+  if (!pf_tile<BR>(offsets, tile_offsets, E, NT, G, nt, e, m0, m_end)) return;
+  const ActParams ap{alpha, beta, limit, limit_after};
+  using Q1 = QuantParams<ScaleT, B1, BLOCK, Z1>;
+  using Q3 = QuantParams<ScaleT, B1, BLOCK, Z3>;
+  using Second = PfSecond<GATE == GATE_FC3, Q1, Q3>;
+  using QB = typename Second::type;
+  const Q1 q1{s1, z1, zp_offset, Rows::n1(I), H};
+  const Q3 q3{s3, z3, zp_offset, I, H};
+  const QB& qb = Second::pick(q1, q3);
+  const u8* wb = GATE == GATE_FC3 ? w3 : w1;
+  const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const i32 o0 = (nt * kWgWarps + warp) * kOut;
+  PfLaneRows<T, Q1, QB, 1> lr;
+  {
+    const i32 oa = min(o0 + g, I - 1), ob = Rows::kGated ? oa : min(o0 + g + 8, I - 1);  // clamped: never stored
+    lr.set(0, q1, w1, Rows::gate_row(oa, I), qb, wb, Rows::kGated ? Rows::lin_row(oa, I) : ob, e);
+  }
+  for (int i = threadIdx.x; i < BR; i += kWgThreads) s_src[i] = m0 + i < m_end ? (i64)(sorted[m0 + i] / k) * Hp : -1;
+  __syncthreads();
+  float acc[BR / 2];
+#pragma unroll
+  for (int i = 0; i < BR / 2; ++i) acc[i] = 0.0f;
+  wg_mainloop<T, B1, BR, kZpw, Q1, QB, St>(q1, qb, lr, e, xp, s_src, H, Hp, acc, smem);
+#pragma unroll
+  for (int jn = 0; jn < BR / 8; ++jn) {
+#pragma unroll
+    for (int cc = 0; cc < 2; ++cc) {
+      const i32 pos = m0 + 8 * jn + 2 * t + cc;
+      if (pos >= m_end) continue;
+      const float ha = acc[4 * jn + cc] * lr.sa[0], hb = acc[4 * jn + 2 + cc] * lr.sb[0];  // rows g, g + 8
+      T* out = act_sorted + (i64)pos * Ip;
+      const i32 o = o0 + g;
+      if constexpr (Rows::kGated) {
+        if (o < Ip) out[wg_pos<B2>(o)] = Traits<T>::from_float(o < I ? fc1_activation<ACT, GATE>(ha, hb, b1, b3, e, o, I, ap) : 0.0f);
+      } else {
+        if (o < Ip) out[wg_pos<B2>(o)] = Traits<T>::from_float(o < I ? fc1_activation<ACT, GATE>(ha, 0.0f, b1, b3, e, o, I, ap) : 0.0f);
+        if (o + 8 < Ip)
+          out[wg_pos<B2>(o + 8)] = Traits<T>::from_float(o + 8 < I ? fc1_activation<ACT, GATE>(hb, 0.0f, b1, b3, e, o + 8, I, ap) : 0.0f);
+      }
+    }
+  }
+}
+
+// FC2: y[route, n] = act_sorted[m] · W2[e, n] + b2[e, n] for the tile's routes (scattered by route id).
+template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, int BR>
+__global__ void __launch_bounds__(kWgThreads, 1)
+fc2_wgmma(const T* __restrict__ act_sorted, const i32* __restrict__ sorted, const i32* __restrict__ offsets,
+          const i32* __restrict__ tile_offsets, i32 E, i32 H, i32 I, i32 Ip, i32 NT, i32 G, const u8* __restrict__ w2,
+          const ScaleT* __restrict__ s2, const u8* __restrict__ z2, const float* __restrict__ b2, float zp_offset,
+          float* __restrict__ y) {
+  constexpr bool kZpw = Z2 == ZP_PACKED;
+  using St = WgStage<B2, ScaleT, BLOCK, kZpw, BR>;
+  extern __shared__ __align__(16) u8 dyn_smem[];
+  __shared__ i64 s_src[BR];
+  u8* smem = wg_smem<St>(dyn_smem);
+  i32 nt, e, m0, m_end;
+  if (!pf_tile<BR>(offsets, tile_offsets, E, NT, G, nt, e, m0, m_end)) return;
+  using Q2 = QuantParams<ScaleT, B2, BLOCK, Z2>;
+  const Q2 q2{s2, z2, zp_offset, H, I};
+  const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const i32 n0 = (nt * kWgWarps + warp) * 16;
+  PfLaneRows<T, Q2, Q2, 1> lr;
+  lr.set(0, q2, w2, min(n0 + g, H - 1), q2, w2, min(n0 + g + 8, H - 1), e);  // clamped: never stored
+  for (int i = threadIdx.x; i < BR; i += kWgThreads) s_src[i] = m0 + i < m_end ? (i64)(m0 + i) * Ip : -1;
+  __syncthreads();
+  float acc[BR / 2];
+#pragma unroll
+  for (int i = 0; i < BR / 2; ++i) acc[i] = 0.0f;
+  wg_mainloop<T, B2, BR, kZpw, Q2, Q2, St>(q2, q2, lr, e, act_sorted, s_src, I, Ip, acc, smem);
+#pragma unroll
+  for (int jn = 0; jn < BR / 8; ++jn) {
+#pragma unroll
+    for (int cc = 0; cc < 2; ++cc) {
+      const i32 pos = m0 + 8 * jn + 2 * t + cc;
+      if (pos >= m_end) continue;
+      float* out = y + (i64)sorted[pos] * H;
+      const i32 n = n0 + g;
+      if (n < H) out[n] = acc[4 * jn + cc] * lr.sa[0] + (b2 ? b2[(i64)e * H + n] : 0.0f);
+      if (n + 8 < H) out[n + 8] = acc[4 * jn + 2 + cc] * lr.sb[0] + (b2 ? b2[(i64)e * H + n + 8] : 0.0f);
+    }
+  }
+}
+
+}  // namespace qmoe

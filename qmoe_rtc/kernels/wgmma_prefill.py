@@ -1,0 +1,187 @@
+"""Kernel family ``wgmma_prefill``: the Hopper (sm_90a) prefill engine, warpgroup MMAs with the weights
+dequantized exactly in registers (float16/bfloat16, 1/2/4/8-bit weights).
+
+Template ``cuda_src/engines/wgmma_prefill.cuh``: ``qmoe::wg_permute`` (the input's K chunks in the
+order the MMA's shared-memory operand needs), ``qmoe::fc1_wgmma`` (FC1 [+FC3] with the activation
+fused, sorted order, written in FC2's order) and ``qmoe::fc2_wgmma`` (FC2 + bias, by route id); with
+``group_by_expert`` and ``combine_routes`` as in ``mma_prefill``. Route tiles of 64, 128 or 256
+routes, chosen from the routes per expert of the call.
+
+It runs on sm_90a only (the executor compiles every module for sm_90a on Hopper); on other targets the
+module compiles to kernels that trap and :meth:`WgmmaPrefillFamily.supports` refuses the device.
+Below :data:`MIN_ROUTES_PER_EXPERT` routes per expert the mma.sync engine is faster (measured, see
+docs/performance.md) and :meth:`WgmmaPrefillFamily.slower` says so.
+"""
+
+from __future__ import annotations
+
+from .. import knobs
+from ..jit import KernelDef, Launch, Ptr, Scalar
+from ..specialize import CPP_TYPES, ModuleSpec
+from ._expert import (
+    ACT_SCALARS,
+    EXPERT_FIELDS,
+    GROUP_ARGS,
+    expert_spec,
+    gate_of,
+    projection_args,
+    template_types,
+    tensor_core_unsupported,
+)
+from ._grouped import GROUP_MAX_EXPERTS, combine_launch, group_and_combine, group_launch, grouped_scratch, route_tiles
+from .base import KernelFamily, Problem, Slot, register
+
+__all__ = ["WgmmaPrefillFamily", "padded", "stage_bytes", "stages", "tile_routes", "wg_logical", "wg_natural"]
+
+ROUTE_TILES = (64, 128, 256)  # BR
+WARPS = 8  # kWgWarps: 2 warpgroups, one m16 weight tile per warp
+MAX_STAGES = 4  # QMOE_WG_STAGES
+SMEM_BUDGET = 227 * 1024 - 1024 - 4096  # kWgSmemBudget
+GROUP = 8  # route tiles launched side by side for each weight tile (L2 reuse)
+CHUNK = 128  # K per pipeline stage; the permuted layouts pad K to a multiple of it
+#: Routes per expert (average over the experts that get routes) from which this engine runs.
+MIN_ROUTES_PER_EXPERT = 48
+
+
+def padded(K: int) -> int:
+    """K rounded up to a whole chunk (the row length of ``xp`` and ``act_sorted``)."""
+    return (K + CHUNK - 1) // CHUNK * CHUNK
+
+
+def wg_natural(l: int, bits: int) -> int:  # noqa: E741
+    """Natural k (0..127) of logical column ``l`` of a chunk (mirror of the device's wg_natural)."""
+    P, C = 16 // bits, 32 // bits
+    s, j = l >> 4, l & 15
+    pair = 2 * s + (j >> 3)
+    return 32 * ((j & 7) >> 1) + (pair // P) * C + pair % P + (j & 1) * P
+
+
+def wg_logical(n: int, bits: int) -> int:
+    """Logical column of natural k ``n`` (0..127): the inverse of :func:`wg_natural`."""
+    P, C = 16 // bits, 32 // bits
+    t, r = n >> 5, n & 31
+    w = r % C
+    pair = (r // C) * P + w % P
+    return 16 * (pair >> 1) + 8 * (pair & 1) + 2 * t + w // P
+
+
+def stage_bytes(bits: int, scale_bytes: int, block_size: int, zp_packed: bool, br: int) -> int:
+    """One pipeline stage (wgmma_prefill.cuh WgStage), rounded to 1024 bytes."""
+    words = 0
+    if block_size:
+        words = (2 if block_size == 16 and scale_bytes == 4 else 1) + (1 if zp_packed else 0)
+    raw = br * 256 + WARPS * (2 * 32 * 4 * bits + 2 * words * 128)
+    return (raw + 1023) // 1024 * 1024
+
+
+def stages(stage: int) -> int:
+    """Stages of the ring (WgStage::kStages): as many as fit, at most MAX_STAGES."""
+    return min(MAX_STAGES, SMEM_BUDGET // stage)
+
+
+def tile_routes(routes: int, E: int) -> int:
+    """BR for a call: the route tile the average expert fills best (knob ``prefill_route_tile`` forces
+    one of 64/128/256, for tuning)."""
+    forced = knobs.get("prefill_route_tile") or 0
+    if forced in ROUTE_TILES:
+        return forced
+    per_expert = routes / max(1, min(E, routes))
+    if per_expert <= 96:
+        return 64
+    return 128 if per_expert <= 320 else 256
+
+
+@register
+class WgmmaPrefillFamily(KernelFamily):
+    name = "wgmma_prefill"
+    header = "engines/wgmma_prefill.cuh"
+    depends_on = EXPERT_FIELDS
+    conditional = True  # sm_90a only, and only from MIN_ROUTES_PER_EXPERT routes per expert
+
+    def spec(self, config) -> ModuleSpec:
+        return expert_spec(self.name, config)
+
+    def specs(self, config) -> list[ModuleSpec]:
+        return [] if self.supports(config) else [self.spec(config)]
+
+    def supports(self, config, problem: Problem | None = None) -> str | None:
+        if config.experts > GROUP_MAX_EXPERTS:
+            return f"{config.experts} experts (grouping handles at most {GROUP_MAX_EXPERTS})"
+        why = tensor_core_unsupported(config)
+        if why:
+            return why
+        if problem is not None and problem.arch and problem.arch != "sm_90a":
+            return f"warpgroup MMA needs sm_90a (this device: {problem.arch})"
+        if problem is not None and problem.rows and knobs.get("prefill_engine") == "mma":
+            return "QMOE_RTC_PREFILL_ENGINE=mma"
+        return None
+
+    def slower(self, config, problem: Problem | None = None) -> str | None:
+        if problem is None or problem.rows == 0 or knobs.get("prefill_engine") == "wgmma":
+            return None
+        per_expert = problem.routes / max(1, min(problem.E, problem.routes))
+        if per_expert < MIN_ROUTES_PER_EXPERT:
+            return f"{per_expert:.0f} routes per expert (< {MIN_ROUTES_PER_EXPERT}: the mma.sync engine is faster)"
+        return None
+
+    def kernels(self, spec: ModuleSpec) -> tuple[KernelDef, ...]:
+        t = template_types(spec)
+        dt, sdt = spec["dtype"], spec["scale_dtype"]
+        out = list(group_and_combine(spec))
+        out.append(KernelDef("permute", f"qmoe::wg_permute<{CPP_TYPES[dt]}, {t['B1']}>",
+                             (Ptr("x", dt), Scalar("rows", "int32"), Scalar("H", "int32"), Scalar("Hp", "int32"),
+                              Ptr("xp", dt))))
+        for br in ROUTE_TILES:
+            out.append(KernelDef(
+                f"fc1_br{br}",
+                f"qmoe::fc1_wgmma<{t['GATE']}, {t['T']}, {t['S']}, {t['B1']}, {t['B2']}, {t['Z1']}, {t['Z3']}, "
+                f"{t['BLOCK']}, {t['ACT']}, {br}>",
+                (Ptr("xp", dt), *GROUP_ARGS, Scalar("E", "int32"), Scalar("k", "int32"), Scalar("H", "int32"),
+                 Scalar("Hp", "int32"), Scalar("I", "int32"), Scalar("Ip", "int32"), Scalar("NT", "int32"),
+                 Scalar("G", "int32"), *projection_args("fc1", sdt), *projection_args("fc3", sdt),
+                 Scalar("zp_offset", "float32"), *ACT_SCALARS, Ptr("act_sorted", dt)),
+            ))
+            out.append(KernelDef(
+                f"fc2_br{br}",
+                f"qmoe::fc2_wgmma<{t['T']}, {t['S']}, {t['B2']}, {t['Z2']}, {t['BLOCK']}, {br}>",
+                (Ptr("act_sorted", dt), *GROUP_ARGS, Scalar("E", "int32"), Scalar("H", "int32"), Scalar("I", "int32"),
+                 Scalar("Ip", "int32"), Scalar("NT", "int32"), Scalar("G", "int32"), *projection_args("fc2", sdt),
+                 Scalar("zp_offset", "float32"), Ptr("y", "float32")),
+            ))
+        return tuple(out)
+
+    def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem) -> str:
+        if role in ("fc1", "fc2"):
+            return f"{role}_br{tile_routes(problem.routes, problem.E)}"
+        return role
+
+    def launch(self, spec: ModuleSpec, role: str, problem: Problem) -> Launch:
+        br = tile_routes(problem.routes, problem.E)
+        Hp, Ip = padded(problem.H), padded(problem.I)
+        if role == "group":
+            return group_launch(br)
+        if role == "combine":
+            return combine_launch(problem)
+        if role == "permute":
+            return Launch(((problem.rows * Hp // 8 + 255) // 256, 1, 1), (256, 1, 1), 0, (("Hp", Hp),))
+        scale_bytes = 4 if spec["scale_dtype"] == "float32" else 2
+        if role == "fc1":
+            per_tile = 8 if gate_of(spec) != "none" else 16
+            nt = (Ip + WARPS * per_tile - 1) // (WARPS * per_tile)  # covers Ip: the padding is written as zeros
+            zp = spec["fc1_zp"] == "packed" or (spec["has_fc3"] and spec["fc3_zp"] == "packed")
+            st = stage_bytes(spec["fc1_bits"], scale_bytes, spec["block_size"], zp, br)
+        else:
+            nt = (problem.H + WARPS * 16 - 1) // (WARPS * 16)
+            st = stage_bytes(spec["fc2_bits"], scale_bytes, spec["block_size"], spec["fc2_zp"] == "packed", br)
+        group = knobs.get("prefill_group") or GROUP
+        groups = (route_tiles(problem.routes, problem.E, br) + group - 1) // group
+        return Launch((groups * group * nt, 1, 1), (32 * WARPS, 1, 1), stages(st) * st + 1024,
+                      (("NT", nt), ("G", group), ("Hp", Hp), ("Ip", Ip)))
+
+    def scratch(self, spec: ModuleSpec, role: str, problem: Problem) -> dict[str, Slot]:
+        item = 2  # T is float16 / bfloat16
+        if role == "permute":
+            return {"xp": Slot(problem.rows * padded(problem.H) * item)}  # [rows, Hp]
+        if role == "fc1":
+            return {"act_sorted": Slot(problem.routes * padded(problem.I) * item)}  # [R, Ip]
+        return grouped_scratch(role, problem, item)
