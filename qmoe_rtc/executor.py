@@ -169,6 +169,7 @@ class QMoE:
         self._plans: dict = {}  # (rows, dtype, router dtype, router_weights dtype) -> Plan
         self._calls: dict = {}  # call signature -> _Call
         self._pools: dict = {}  # stream handle -> ScratchPool
+        self._arch_cache: str | None = None  # the device's compile target, read on first plan
 
     # -- layout and choice -----------------------------------------------------------------------
     def model_config(self, dtype: str) -> ModelConfig:
@@ -189,7 +190,15 @@ class QMoE:
     def problem(self, rows: int, dtype: str, router_dtype: str = "float32", router_weights_dtype: str | None = None):
         L = self.layer
         return Problem(rows=int(rows), E=L.E, H=L.H, I=L.I, k=self.attrs.k, dtype=dtype, router_dtype=router_dtype,
-                       router_weights_dtype=router_weights_dtype, sparse=bool(self.attrs.use_sparse_mixer))
+                       router_weights_dtype=router_weights_dtype, sparse=bool(self.attrs.use_sparse_mixer),
+                       arch=self._arch())
+
+    def _arch(self) -> str:
+        if self._arch_cache is None:
+            from .jit.compiler import default_arch
+
+            self._arch_cache = default_arch(self.device_id)
+        return self._arch_cache
 
     def engine_for(self, rows: int, dtype: str, router_dtype: str = "float32", router_weights_dtype=None):
         """The pipeline a call at ``rows`` would run, and why faster ones cannot (compiles nothing)."""

@@ -120,7 +120,11 @@ KNOBS: dict[str, Knob] = {
         Knob("prefill_group", "QMOE_RTC_PREFILL_GROUP", "int", 0, False,
              "Tuning only: route tiles the prefill grid launches side by side per weight tile (0 = the built-in 8)."),
         Knob("prefill_route_tile", "QMOE_RTC_PREFILL_ROUTE_TILE", "int", 0, False,
-             "Tuning only: force the prefill route tile (16, 32 or 64 routes; 0 = chosen from the routes per expert)."),
+             "Tuning only: force the prefill route tile (16, 32 or 64 routes for mma.sync, 64, 128 or 256 for "
+             "wgmma; 0 = chosen from the routes per expert)."),
+        Knob("prefill_engine", "QMOE_RTC_PREFILL_ENGINE", "str", "auto", False,
+             "Tuning only: 'wgmma' runs the Hopper prefill engine at every size it supports, 'mma' never runs it; "
+             "'auto' (default) picks by the routes per expert."),
     )
 }
 

@@ -65,7 +65,12 @@ def check_arch(arch: str) -> str:
     """Validate a cubin target ('sm_90', 'sm_90a' ...); 'compute_XX' (PTX) is refused."""
     if not isinstance(arch, str) or not _ARCH_RE.match(arch):
         raise QMoEAttributeError("arch", "a SASS target like sm_80, sm_86, sm_89, sm_90 or sm_90a (never compute_XX)", repr(arch))
-    return arch
+    return _ARCH_SPECIFIC.get(arch, arch)
+
+
+#: Targets compiled as their arch-specific variant: a Hopper cubin is built for sm_90a (it runs on every
+#: sm_90 GPU and has the warpgroup MMA the wgmma prefill engine needs); 'sm_90' means the same thing.
+_ARCH_SPECIFIC = {"sm_90": "sm_90a"}
 
 
 #: What :func:`default_arch`'s error suggests; the warm CLI catches the error and says ``--arch sm_XX``.
@@ -93,8 +98,8 @@ def default_arch(device: int | None = None) -> str:
         raise DeviceError(f"cannot take the GPU architecture from this machine ({type(exc).__name__}: {exc}); "
                           f"{ARCH_HINT}") from exc
     if device is not None:
-        _ARCH_OF[device] = f"sm_{cc}"
-    return f"sm_{cc}"
+        _ARCH_OF[device] = check_arch(f"sm_{cc}")
+    return check_arch(f"sm_{cc}")
 
 
 _ARCH_OF: dict[int, str] = {}  # device id -> its arch (a device does not change its architecture)
