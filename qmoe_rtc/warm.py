@@ -1,9 +1,12 @@
-"""Warm the kernel cache for a model: ``python -m qmoe_rtc warm ...`` / ``tools/warm_cache.py``.
+"""Warm the kernel cache for a model: ``python -m qmoe_rtc warm ...`` (also ``tools/warm_cache.py``).
 
 Collects the unique modules with :func:`qmoe_rtc.kernels.modules_for` (the pipelines the executor
-chooses from), compiles them for every ``--arch`` in spawned worker processes, prints one line per
-module (arch, name, hit/compiled, ms) and a summary; exits non-zero if anything failed. No GPU is
-needed when ``--arch`` is given.
+chooses from), builds them for every ``--arch`` in spawned worker processes (which die with the warm
+process), and checks that each one is then on disk, intact and loadable by the cache. Prints one
+line per module (arch, name, stored/hit/FAILED, ms) and a summary with the stored / hit / failed
+counts. Exit status: 0 when every planned module is on disk, 1 when any is not, 2 for bad arguments,
+bad knob values or a cache directory that cannot store (warm never falls back to memory: storing is
+its job). No GPU is needed when ``--arch`` is given.
 """
 
 from __future__ import annotations
@@ -12,11 +15,22 @@ import argparse
 import concurrent.futures as cf
 import multiprocessing
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Sequence
 
 __all__ = ["main", "build_parser", "plan"]
+
+_EXAMPLES = """examples:
+  python -m qmoe_rtc warm --preset qwen3-30b-a3b --dtype bfloat16 --arch sm_90
+  python -m qmoe_rtc warm --preset mixtral-8x7b --dtype float16,bfloat16 --zero-points none,packed --arch sm_90 --arch sm_80
+  python -m qmoe_rtc warm --hidden 4096 --inter 14336 --experts 8 --k 2 --bits 4 --block-size 128 --arch sm_90 --list
+
+exit status: 0 every planned module is on disk and loads; 1 some module failed or was not stored;
+2 bad arguments, a bad QMOE_RTC_* value, or a cache directory that cannot store.
+"""
 
 
 def _csv(kind):
@@ -26,36 +40,61 @@ def _csv(kind):
     return parse
 
 
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return v
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .presets import PRESETS
     from .specialize import ACTIVATIONS, DTYPES, ZP_MODES
 
-    p = argparse.ArgumentParser(prog="qmoe_rtc warm", description=__doc__.split("\n\n")[0])
-    src = p.add_argument_group("model (a preset, or explicit shapes)")
-    src.add_argument("--preset", choices=sorted(PRESETS), help="model preset")
-    src.add_argument("--hidden", type=int)
-    src.add_argument("--inter", type=int)
-    src.add_argument("--experts", type=int)
-    src.add_argument("--k", type=int)
+    p = argparse.ArgumentParser(
+        prog="python -m qmoe_rtc warm", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_EXAMPLES,
+        description="Pre-compile the kernels a model's layers use into the on-disk kernel cache, then check\n"
+                    "that every one of them is stored there. No GPU is needed when --arch is given.")
+    src = p.add_argument_group("model (--preset, or all of --hidden --inter --experts --k)")
+    src.add_argument("--preset", choices=sorted(PRESETS), metavar="NAME",
+                     help=f"model preset: {', '.join(sorted(PRESETS))}")
+    src.add_argument("--hidden", type=int, metavar="H", help="hidden size H (overrides the preset's)")
+    src.add_argument("--inter", type=int, metavar="I", help="intermediate size I of one expert (overrides the preset's)")
+    src.add_argument("--experts", type=int, metavar="E", help="number of experts E (overrides the preset's)")
+    src.add_argument("--k", type=int, metavar="K", help="experts per token k (overrides the preset's)")
     q = p.add_argument_group("quantization / codegen (comma lists give every combination)")
-    q.add_argument("--bits", type=_csv(int), help="bits for every projection, e.g. 4 or 2,4 (default: preset's, else 4)")
-    q.add_argument("--fc1-bits", type=int)
-    q.add_argument("--fc2-bits", type=int)
-    q.add_argument("--fc3-bits", type=int)
-    q.add_argument("--block-size", type=_csv(int), help="0 = row-wise (default: preset's, else 0)")
-    q.add_argument("--zero-points", type=_csv(str), default=["none"], help=f"comma list of {list(ZP_MODES)}")
-    q.add_argument("--dtype", type=_csv(str), default=["float16"], help=f"comma list of {list(DTYPES)}")
-    q.add_argument("--scale-dtype", default="", help="float32 or the activation dtype (default: activation dtype)")
-    q.add_argument("--activation", choices=ACTIVATIONS)
-    q.add_argument("--swiglu-fusion", type=int, choices=(0, 1, 2))
-    q.add_argument("--fc3", action="store_true", default=None, help="the layer has FC3 (separate linear/up projection)")
-    q.add_argument("--variants", type=_csv(str), default=["decode", "prefill"])
+    q.add_argument("--bits", type=_csv(int), metavar="B[,B...]",
+                   help="bits of every projection, e.g. 4 or 2,4 (default: the preset's, else 4)")
+    q.add_argument("--fc1-bits", type=int, metavar="B", help="bits of FC1 only (default: --bits)")
+    q.add_argument("--fc2-bits", type=int, metavar="B", help="bits of FC2 only (default: --bits)")
+    q.add_argument("--fc3-bits", type=int, metavar="B", help="bits of FC3 only, with --fc3 (default: --bits)")
+    q.add_argument("--block-size", type=_csv(int), metavar="BS[,BS...]",
+                   help="quantization block size; 0 = one scale per row (default: the preset's, else 0)")
+    q.add_argument("--zero-points", type=_csv(str), default=["none"], metavar="MODE[,MODE...]",
+                   help=f"zero-point modes, from {', '.join(ZP_MODES)} (default: none)")
+    q.add_argument("--dtype", type=_csv(str), default=["float16"], metavar="DTYPE[,DTYPE...]",
+                   help=f"activation dtypes, from {', '.join(DTYPES)} (default: float16)")
+    q.add_argument("--scale-dtype", default="", metavar="DTYPE",
+                   help="dtype of the scales: float32 or the activation dtype (default: the activation dtype)")
+    q.add_argument("--activation", choices=ACTIVATIONS, metavar="ACT",
+                   help=f"activation: {', '.join(ACTIVATIONS)} (default: the preset's, else swiglu)")
+    q.add_argument("--swiglu-fusion", type=int, choices=(0, 1, 2),
+                   help="gate/linear rows of FC1: 1 interleaved, 2 halves, 0 linear half from FC3 "
+                        "(default: the preset's, else 1 for swiglu/geglu without --fc3)")
+    q.add_argument("--fc3", action="store_true", default=None, help="the layer has FC3 (a separate linear/up projection)")
+    q.add_argument("--variants", type=_csv(str), default=["decode", "prefill"], metavar="PATH[,PATH...]",
+                   help="paths to build: decode, prefill (default: both)")
     r = p.add_argument_group("run")
-    r.add_argument("--arch", action="append", help="sm_80, sm_86, sm_89, sm_90, sm_90a (repeatable; default: this GPU's)")
-    r.add_argument("--jobs", "-j", type=int, default=None, help="worker processes (default: $QMOE_RTC_JOBS or CPUs)")
-    r.add_argument("--cache-dir", help="cache directory (overrides $QMOE_RTC_CACHE_DIR)")
-    r.add_argument("--list", action="store_true", help="print the plan and exit")
-    r.add_argument("--dry-run", action="store_true", help="same as --list")
+    r.add_argument("--arch", action="append", metavar="sm_XX",
+                   help="target: sm_80, sm_86, sm_89, sm_90, sm_90a (repeat for several; default: this machine's GPU)")
+    r.add_argument("--jobs", "-j", type=_positive, default=None, metavar="N",
+                   help="worker processes (default: $QMOE_RTC_JOBS, else the number of CPUs)")
+    r.add_argument("--cache-dir", metavar="DIR", help="cache directory (default: $QMOE_RTC_CACHE_DIR, else ~/.cache/qmoe_rtc)")
+    r.add_argument("--list", action="store_true", help="print the plan (modules per arch) and exit; compiles nothing")
+    r.add_argument("--dry-run", action="store_true", help="the same as --list")
     r.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     return p
 
@@ -100,7 +139,7 @@ def plan(configs, archs: Sequence[str], variants=("decode", "prefill")) -> list[
     seen: dict = {}
     for arch in archs:
         for cfg in configs:
-            for spec in modules_for(cfg, variants):
+            for spec in modules_for(cfg, variants, arch):  # the arch settles device-dependent engines
                 seen.setdefault((spec, arch), None)
     return list(seen)
 
@@ -115,6 +154,36 @@ def _build(spec, arch):
     return mod.origin, (time.perf_counter() - t0) * 1e3, len(mod.cubin)
 
 
+def _die_with_parent(parent: int) -> None:
+    """Make this worker process end when the warm process does, however it ends (``kill -9`` included):
+    PR_SET_PDEATHSIG on Linux, and everywhere a thread that watches for the parent to go."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+        except (OSError, AttributeError):  # no prctl: the watcher below still does it
+            pass
+    if os.getppid() != parent:  # the parent died before the death signal was armed
+        os._exit(1)
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.25)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="qmoe_rtc-warm-parent-watch", daemon=True).start()
+
+
+def _worker_init(parent: int, values: dict) -> None:
+    """Worker-process initializer: die with the parent, then take its knob values."""
+    from . import knobs
+
+    _die_with_parent(parent)
+    knobs.apply(values)
+
+
 def _progress(done: int, total: int, enabled: bool) -> None:
     if not enabled:
         return
@@ -126,79 +195,141 @@ def _progress(done: int, total: int, enabled: bool) -> None:
     sys.stderr.flush()
 
 
+def _archs(args) -> list[str]:
+    """The --arch values, else this machine's GPU; without one, a one-line hint to pass --arch sm_XX."""
+    from .errors import DeviceError
+    from .jit import check_arch, default_arch
+    from .jit.driver import probe
+
+    if args.arch:
+        return [check_arch(a) for a in args.arch]
+    try:
+        return [default_arch()]
+    except DeviceError as exc:
+        try:
+            probe()
+            reason = str(exc)
+        except DeviceError as why:
+            reason = str(why)
+        raise DeviceError(f"no --arch given and no GPU to take it from ({reason}); pass --arch sm_XX, e.g. "
+                          "--arch sm_90 (H100/H200) or --arch sm_80 (A100), repeatable") from None
+
+
+def _check_location(archs) -> None:
+    """:class:`CacheLocationError` unless every arch's cache directory can store entries (warm's job)."""
+    from . import knobs
+    from .errors import CacheLocationError
+    from .jit import store
+
+    if knobs.get("no_disk_cache"):
+        raise CacheLocationError("QMOE_RTC_NO_DISK_CACHE is set: warm stores into the disk cache; unset it")
+    for arch in archs:
+        store.location(arch, write=True, strict=True)
+
+
+def _run(todo, jobs: int, report) -> None:
+    """Build every (spec, arch) of ``todo``; ``report(spec, arch, result or exception)`` per module."""
+    from . import knobs
+
+    if jobs == 1:
+        for spec, arch in todo:
+            try:
+                res = _build(spec, arch)
+            except Exception as exc:  # reported per module, the exit code says it
+                res = exc
+            report(spec, arch, res)
+        return
+    ctx = multiprocessing.get_context("spawn")
+    pool = cf.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_worker_init,
+                                  initargs=(os.getpid(), knobs.snapshot()))
+    try:
+        futs = {pool.submit(_build, spec, arch): (spec, arch) for spec, arch in todo}
+        for fut in cf.as_completed(futs):
+            spec, arch = futs[fut]
+            try:
+                res = fut.result()
+            except Exception as exc:
+                res = exc
+            report(spec, arch, res)
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """The warm command; returns the exit status (see the module docstring)."""
     from . import knobs
     from .errors import QMoEError
-    from .jit import check_arch, default_arch
 
     args = build_parser().parse_args(argv)
     overrides = {"cache_dir": args.cache_dir} if args.cache_dir else {}
-    with knobs.scope(**overrides):
-        try:
-            archs = [check_arch(a) for a in (args.arch or [])] or [default_arch()]
-            configs = _configs(args)
-            todo = plan(configs, archs, tuple(args.variants))
-        except QMoEError as exc:
-            print(f"qmoe_rtc warm: {exc}", file=sys.stderr)
-            return 2
-        if args.list or args.dry_run:
-            for cfg in configs:
-                print(f"# {cfg.name} H{cfg.hidden} I{cfg.inter} E{cfg.experts} k{cfg.k}: {cfg.layout.name}")
-            for spec, arch in todo:
-                print(f"{arch} {spec.name}")
-            print(f"{len(todo)} modules, {len(archs)} arch(s), cache {knobs.cache_dir()} ({knobs.cache_mode()})")
-            return 0
+    try:
+        with knobs.scope(**overrides):
+            return _main(args)
+    except QMoEError as exc:  # bad knob values, bad arguments, no GPU to take the arch from: one line
+        print(f"qmoe_rtc warm: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
+        return 2
 
-        jobs = args.jobs or knobs.get("jobs") or os.cpu_count() or 1
-        jobs = max(1, min(jobs, len(todo)))
-        show = not args.no_progress and sys.stderr.isatty()
-        t0 = time.perf_counter()
-        results: dict = {}
-        failures = []
 
-        def report(i, spec, arch, res):
-            if isinstance(res, BaseException):
-                failures.append((spec, arch, res))
-                print(f"{arch} {spec.name} FAILED {type(res).__name__}: {str(res).splitlines()[0] if str(res) else ''}",
-                      flush=True)
-            else:
-                origin, ms, size = res
-                status = "compiled" if origin == "compiled" else "hit"
-                print(f"{arch} {spec.name} {status} {ms:.1f} ms ({size} B)", flush=True)
-            results[(spec, arch)] = res
-            _progress(len(results), len(todo), show)
+def _main(args) -> int:
+    from . import knobs
+    from .errors import CacheError
+    from .jit import check_stored, disk_entry_dir, store
+    from .kernels import spec_unit
 
-        if jobs == 1:
-            for i, (spec, arch) in enumerate(todo):
-                try:
-                    res = _build(spec, arch)
-                except Exception as exc:  # reported per module, exit code says it
-                    res = exc
-                report(i, spec, arch, res)
+    knobs.snapshot()  # every knob parsed now, so a bad value is refused before any work
+    archs = _archs(args)
+    configs = _configs(args)
+    todo = plan(configs, archs, tuple(args.variants))
+    if args.list or args.dry_run:
+        for cfg in configs:
+            print(f"# {cfg.name} H{cfg.hidden} I{cfg.inter} E{cfg.experts} k{cfg.k}: {cfg.layout.name}")
+        for spec, arch in todo:
+            print(f"{arch} {spec.name}")
+        print(f"{len(todo)} modules, {len(archs)} arch(s), cache {knobs.cache_dir()} ({knobs.cache_mode()})")
+        return 0
+    try:
+        _check_location(archs)
+    except CacheError as exc:
+        print(f"qmoe_rtc warm: cannot store kernels: {exc}", file=sys.stderr)
+        return 2
+
+    jobs = max(1, min(args.jobs or knobs.get("jobs") or os.cpu_count() or 1, len(todo)))
+    show = not args.no_progress and sys.stderr.isatty()
+    t0 = time.perf_counter()
+    counts = {"stored": 0, "hit": 0}
+    failures = []
+
+    def report(spec, arch, res):
+        if not isinstance(res, BaseException):
+            try:  # on disk, intact, what a later process will load
+                check_stored(spec_unit(spec), arch)
+            except CacheError as exc:
+                res = CacheError(f"not stored: {exc}")
+        if isinstance(res, BaseException):
+            failures.append((spec, arch, res))
+            line = str(res).splitlines()[0] if str(res) else ""
+            print(f"{arch} {spec.name} FAILED {type(res).__name__}: {line}", flush=True)
         else:
-            ctx = multiprocessing.get_context("spawn")
-            with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=knobs.apply,
-                                        initargs=(knobs.snapshot(),)) as pool:
-                futs = {pool.submit(_build, spec, arch): (i, spec, arch) for i, (spec, arch) in enumerate(todo)}
-                for fut in cf.as_completed(futs):
-                    i, spec, arch = futs[fut]
-                    try:
-                        res = fut.result()
-                    except Exception as exc:
-                        res = exc
-                    report(i, spec, arch, res)
+            origin, ms, size = res
+            status = "stored" if origin == "compiled" else "hit"
+            counts[status] += 1
+            print(f"{arch} {spec.name} {status} {ms:.1f} ms ({size} B)", flush=True)
+        _progress(counts["stored"] + counts["hit"] + len(failures), len(todo), show)
 
-        wall = time.perf_counter() - t0
-        ok = [r for r in results.values() if not isinstance(r, BaseException)]
-        compiled = sum(1 for r in ok if r[0] == "compiled")
-        print(f"warmed {len(todo)} modules for {','.join(archs)}: {compiled} compiled, {len(ok) - compiled} hits, "
-              f"{len(failures)} failed in {wall:.2f} s ({jobs} workers); cache {knobs.cache_dir()}")
-        for spec, arch, exc in failures:
-            print(f"--- {arch} {spec.name}: {exc}", file=sys.stderr)
-            numbered = getattr(exc, "numbered_source", None)
-            if callable(numbered):
-                print(numbered(), file=sys.stderr)
-        return 1 if failures else 0
+    _run(todo, jobs, report)
+    for arch in archs:  # what killed runs left (temp files, lock files): their stems' locks are free
+        store.sweep(disk_entry_dir(arch))
+    wall = time.perf_counter() - t0
+    print(f"warmed {len(todo)} modules for {','.join(archs)}: {counts['stored']} stored, {counts['hit']} hits, "
+          f"{len(failures)} failed in {wall:.2f} s ({jobs} workers); cache {knobs.cache_dir()}")
+    for spec, arch, exc in failures:
+        print(f"--- {arch} {spec.name}: {exc}", file=sys.stderr)
+        numbered = getattr(exc, "numbered_source", None)
+        if callable(numbered):
+            print(numbered(), file=sys.stderr)
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":  # pragma: no cover

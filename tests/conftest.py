@@ -47,6 +47,7 @@ def cache(tmp_path):
     from qmoe_rtc.jit import clear_memory
 
     clear_memory()
+    tmp_path.chmod(0o700)  # a cache directory others can write is not trusted (whatever the umask made it)
     with knobs.scope(cache_dir=tmp_path, no_disk_cache=False, strict=False, dump=False):
         yield tmp_path
     clear_memory()

@@ -13,7 +13,7 @@ import pytest
 
 from qmoe_rtc import knobs
 from qmoe_rtc.errors import CacheMissError
-from qmoe_rtc.jit import clear_memory, disk_entry_dir, get_cubin, unit_key
+from qmoe_rtc.jit import SCHEMA_VERSION, clear_memory, disk_entry_dir, get_cubin, unit_key
 from qmoe_rtc.kernels import spec_unit
 from qmoe_rtc.kernels.dequant import dequant_spec
 
@@ -40,12 +40,13 @@ def test_miss_then_memory_then_disk_hit(cache):
     meta_path, cubin_path, meta = _entry()
     assert meta["key"] == unit_key(SPEC, ARCH) and meta["lowered"] == first.lowered
     assert cubin_path.read_bytes() == first.cubin  # raw cubin on disk
-    assert str(cache) in str(meta_path) and f"v2{os.sep}{ARCH}" in str(meta_path)
+    assert str(cache) in str(meta_path) and f"v{SCHEMA_VERSION}{os.sep}{ARCH}" in str(meta_path)
     assert not list(meta_path.parent.glob(".tmp-*"))
 
 
 @pytest.mark.parametrize("damage", ["truncate_cubin", "flip_cubin_byte", "delete_cubin", "garbage_json",
-                                    "truncate_json", "wrong_key"])
+                                    "truncate_json", "wrong_key", "edit_kernel_symbol", "edit_options", "edit_name",
+                                    "edit_created", "drop_digest", "kernels_of_another_unit"])
 def test_corrupt_entry_is_detected_and_rebuilt(cache, damage, caplog):
     good = get_cubin(SPEC, ARCH).cubin
     meta_path, cubin_path, meta = _entry()
@@ -61,6 +62,21 @@ def test_corrupt_entry_is_detected_and_rebuilt(cache, damage, caplog):
         meta_path.write_bytes(meta_path.read_bytes()[:40])
     elif damage == "wrong_key":
         meta_path.write_text(json.dumps({**meta, "key": "0" * 64}))
+    elif damage == "edit_kernel_symbol":  # valid JSON, every other field intact: only the digest can tell
+        k = sorted(meta["lowered"])[0]
+        meta_path.write_text(json.dumps({**meta, "lowered": {**meta["lowered"], k: meta["lowered"][k] + "x"}}))
+    elif damage in ("edit_options", "edit_name", "edit_created"):
+        field = damage.removeprefix("edit_")
+        value = meta[field] + ["-O0"] if field == "options" else meta[field] + "x"
+        meta_path.write_text(json.dumps({**meta, field: value}))
+    elif damage == "drop_digest":
+        meta_path.write_text(json.dumps({k: v for k, v in meta.items() if k != "digest"}))
+    elif damage == "kernels_of_another_unit":  # a consistent entry (digest recomputed) naming other kernels
+        from qmoe_rtc.jit import store
+
+        forged = {**meta, "lowered": {"other": "_Z5otherv"}}
+        forged["digest"] = store.digest(forged)
+        meta_path.write_text(json.dumps(forged))
     clear_memory()
     with caplog.at_level("WARNING", logger="qmoe_rtc"):
         rebuilt = get_cubin(SPEC, ARCH)

@@ -8,7 +8,7 @@ and no layout (a test checks that nothing here imports ``qmoe_rtc.kernels`` or `
 """
 
 from .args import CTYPES, KernelDef, Launch, ParamBlock, Ptr, Scalar
-from .cache import LoadedModule, clear_memory, disk_entry_dir, entry_stem, get_cubin, load_module
+from .cache import LoadedModule, check_stored, clear_memory, disk_entry_dir, entry_stem, get_cubin, load_module
 from .compiler import SUPPORTED_ARCHS, CompiledModule, check_arch, default_arch, nvrtc_version
 from .launch import Kernel
 from .unit import SCHEMA_VERSION, CompileUnit, unit_key
@@ -27,6 +27,7 @@ __all__ = [
     "Ptr",
     "Scalar",
     "check_arch",
+    "check_stored",
     "clear_memory",
     "default_arch",
     "disk_entry_dir",

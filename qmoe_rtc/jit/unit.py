@@ -17,8 +17,8 @@ from .args import KernelDef
 
 __all__ = ["SCHEMA_VERSION", "CompileUnit", "unit_key"]
 
-#: Bump when the entry format or key composition changes.
-SCHEMA_VERSION = 2
+#: Bump when the entry format or key composition changes (3: a digest over every metadata field).
+SCHEMA_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,9 @@ def _field(h, label: str, value: str) -> None:
 def unit_key(unit: CompileUnit, arch: str) -> str:
     """sha256 over labeled, length-prefixed fields: schema, the unit (name, source, name expressions,
     argument specs), every file under cuda_src, the CUDA headers used, the NVRTC version, the exact
-    options (knob-driven ones included; include paths as labels) and the arch."""
+    options (knob-driven ones included; include paths as labels) and the arch (as compiled: an alias
+    such as 'sm_90' keys like the target it names)."""
+    arch = compiler.check_arch(arch)
     h = hashlib.sha256()
     _field(h, "schema", str(SCHEMA_VERSION))
     _field(h, "name", unit.name)
