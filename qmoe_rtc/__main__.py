@@ -65,6 +65,25 @@ def _gpu_present() -> bool:
         return False
 
 
+def _progress_line():
+    """``progress(projection, done, total)`` writing one updating line to stderr (when stderr is not a
+    terminal: a line at every quarter)."""
+    tty = sys.stderr.isatty()
+    last: dict[str, int] = {}
+
+    def progress(name: str, done: int, total: int) -> None:
+        pct = 100 * done // max(total, 1)
+        text = f"  quantizing {name}: {done}/{total} experts ({pct} %)"
+        if tty:
+            sys.stderr.write("\r" + text + ("\n" if done == total else ""))
+        elif pct // 25 > last.get(name, -1):
+            last[name] = pct // 25
+            sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+
+    return progress
+
+
 def cmd_demo(args) -> int:
     """A random Qwen3-30B-A3B-shaped layer (int4, block 128): reference on the CPU, GPU when present."""
     import numpy as np
@@ -78,7 +97,7 @@ def cmd_demo(args) -> int:
           f"{args.tokens} token(s)")
     t = time.perf_counter()
     weights, attrs = random_layer(rng, E=E, H=H, I=I, k=k, bits=4, block_size=128, dtype=args.dtype,
-                                  activation_type="swiglu", normalize_routing_weights=1)
+                                  activation_type="swiglu", normalize_routing_weights=1, progress=_progress_line())
     x, logits, _ = random_inputs(rng, args.tokens, H, E, args.dtype)
     print(f"  built and quantized the layer in {time.perf_counter() - t:.2f} s")
     t = time.perf_counter()
@@ -123,22 +142,30 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("info", help="versions, NVRTC and GPU found?")
     d = sub.add_parser("demo", help="run a random Qwen3-30B-A3B-shaped layer")
-    d.add_argument("--tokens", type=int, default=4)
-    d.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float16")
-    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--tokens", type=int, default=4, help="tokens (rows) of the input (default: 4)")
+    d.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float16",
+                   help="activation dtype (default: float16)")
+    d.add_argument("--seed", type=int, default=0, help="random seed of the layer and inputs (default: 0)")
     sub.add_parser("warm", help="pre-compile kernels into the on-disk cache (see `warm --help`)", add_help=False)
     sub.add_parser("bench", help="benchmark (see `bench --help`)", add_help=False)
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "warm":
-        from .warm import main as warm_main
+    from .errors import QMoEError
 
-        return warm_main(argv[1:])
-    if argv and argv[0] == "bench":
-        from .bench import main as bench_main
+    try:
+        if argv and argv[0] == "warm":
+            from .warm import main as warm_main
 
-        return bench_main(argv[1:])
-    args = parser.parse_args(argv)
-    return {"info": cmd_info, "demo": cmd_demo}[args.cmd](args)
+            return warm_main(argv[1:])
+        if argv and argv[0] == "bench":
+            from .bench import main as bench_main
+
+            return bench_main(argv[1:])
+        args = parser.parse_args(argv)
+        return {"info": cmd_info, "demo": cmd_demo}[args.cmd](args)
+    except QMoEError as exc:  # a bad QMOE_RTC_* value, no usable GPU ...: one line, no traceback
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        print(f"qmoe_rtc {argv[0] if argv else ''}: {type(exc).__name__}: {text}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -31,13 +31,15 @@ def random_layer(
     swiglu_fusion: int | None = None,
     fc3: bool = False,
     bias: bool = False,
+    progress=None,
     **attributes,
 ) -> tuple[dict, dict]:
     """A random layer: ``(weights by ONNX Runtime input name, attributes)``.
 
     ``bits`` and ``zero_points`` may be given per projection (fc1, fc2, fc3). GLU activations default
     to ``swiglu_fusion=1`` unless ``fc3`` is asked for. Weight magnitudes are scaled by 1/sqrt(K) so
-    outputs stay O(1) at any size.
+    outputs stay O(1) at any size. ``progress(projection, experts done, E)``, when given, is called as
+    the experts are drawn and quantized (a few at a time; the values are the same either way).
     """
     b1, b2, b3 = (bits,) * 3 if isinstance(bits, int) else tuple(bits)
     z1, z2, z3 = (zero_points,) * 3 if isinstance(zero_points, bool) else tuple(zero_points)
@@ -49,9 +51,16 @@ def random_layer(
     bdt = np_dtype(dtype)
 
     def proj(name, N, K, b, zp):
-        w = rng.standard_normal((E, N, K), dtype=np.float32)
-        w *= np.float32(1.0 / np.sqrt(K))
-        q = quantize(w, b, block_size, symmetric=not zp, scale_dtype=sdt)
+        step = E if progress is None else max(1, min(E, (1 << 23) // max(1, N * K)))  # ~32 MiB of floats at a time
+        parts = []
+        for e0 in range(0, E, step):  # the generator fills experts in order: chunks draw the same values
+            w = rng.standard_normal((min(step, E - e0), N, K), dtype=np.float32)
+            w *= np.float32(1.0 / np.sqrt(K))
+            parts.append(quantize(w, b, block_size, symmetric=not zp, scale_dtype=sdt))
+            if progress is not None:
+                progress(name, min(E, e0 + step), E)
+        q = parts[0] if len(parts) == 1 else type(parts[0])(
+            *(None if parts[0][i] is None else np.concatenate([p[i] for p in parts]) for i in range(3)))
         out = {f"{name}_experts_weights": q.packed, f"{name}_scales": q.scales}
         if zp:
             out[f"{name}_zero_points"] = q.zero_points

@@ -199,6 +199,7 @@ def _archs(args) -> list[str]:
     """The --arch values, else this machine's GPU; without one, a one-line hint to pass --arch sm_XX."""
     from .errors import DeviceError
     from .jit import check_arch, default_arch
+    from .jit.compiler import ARCH_HINT
     from .jit.driver import probe
 
     if args.arch:
@@ -208,9 +209,9 @@ def _archs(args) -> list[str]:
     except DeviceError as exc:
         try:
             probe()
-            reason = str(exc)
-        except DeviceError as why:
-            reason = str(why)
+            reason = str(exc).replace("; " + ARCH_HINT, "")  # the library's arch='...' hint is not for the CLI
+        except DeviceError as why:  # the probe's words, without its "running layers needs ..." tail
+            reason = str(why).split("; running layers needs")[0]
         raise DeviceError(f"no --arch given and no GPU to take it from ({reason}); pass --arch sm_XX, e.g. "
                           "--arch sm_90 (H100/H200) or --arch sm_80 (A100), repeatable") from None
 

@@ -6,10 +6,10 @@ x activation {relu, gelu, silu, identity, swiglu} x dtype {float32, float16} x k
 x input rank {2, 3}.  Every case draws fresh data from a seed derived from its own id, so a failure
 reproduces with ``pytest -k <id>``.
 
-Flavour rules from CONTRACT "Oracle" that the cases respect: normalize_routing_weights=1,
-tie-free logits (distinct by construction, also after rounding to float16), every route weight well
-above 1e-8, swiglu_fusion=1 only, no FC3, one bit width for both projections, weights fed as graph
-inputs (see tests/ort_oracle.py).
+Flavour rules from docs/contract.md ("Checking against ONNX Runtime") that the cases respect:
+normalize_routing_weights=1, tie-free logits (distinct by construction, also after rounding to
+float16), every route weight well above 1e-8, swiglu_fusion=1 only, no FC3, one bit width for both
+projections, weights fed as graph inputs (see tests/ort_oracle.py).
 """
 from __future__ import annotations
 
@@ -40,7 +40,8 @@ TOL = {"float32": 1e-5, "float16": 2e-3}
 # 2-bit is compared with block_size 0 and 16 only.  Verified by experiment on ORT 1.32 CPU: 2-bit
 # with block_size 32 / 64 gives relative error ~5e-3 and block_size 128 ~1.2e-2 against the exact
 # dequantized weights (float32 and float16 alike, with or without zero points, accuracy_level 0/1
-# changes nothing), i.e. ORT runs those through a lower-precision path; CONTRACT "Oracle" excludes them.
+# changes nothing), i.e. ORT runs those through a lower-precision path; docs/contract.md ("Checking against
+# ONNX Runtime") excludes them.
 BITS_BLOCKS = [(2, 0), (2, 16)] + [(b, bs) for b in (4, 8) for bs in (0, 16, 32, 64, 128)]
 ZERO_POINTS = [False, True]
 ACTIVATIONS = ["relu", "gelu", "silu", "identity", "swiglu"]

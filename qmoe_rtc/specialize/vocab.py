@@ -54,7 +54,8 @@ def dtype_abbrev(dtype: str) -> str:
 
 def gate_source(activation: str, swiglu_fusion: int, has_fc3: bool) -> tuple[str | None, str]:
     """``(gate, "")`` for a valid combination, else ``(None, why)``: the one rule of which
-    activation / swiglu_fusion / FC3 combinations exist (CONTRACT: "Gate/linear source")."""
+    activation / swiglu_fusion / FC3 combinations exist (docs/contract.md, "What each route computes":
+    where the gate and linear halves come from)."""
     glu = activation in GLU_ACTIVATIONS
     if swiglu_fusion not in (0, 1, 2):
         return None, f"swiglu_fusion {swiglu_fusion!r} is not 0, 1 or 2"

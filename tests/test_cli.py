@@ -1,0 +1,122 @@
+"""The command line as a new user meets it: one-line errors (bad knobs, no GPU), complete ``--help``,
+``demo`` progress, the slower-path WARNING, and no reference pointing outside the repository."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from qmoe_rtc import warm
+from qmoe_rtc.errors import DeviceError
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _run(*args, env=None, timeout=120):
+    e = {k: v for k, v in os.environ.items() if not k.startswith("QMOE_RTC_")}
+    e.update(PYTHONPATH=str(REPO), **(env or {}))
+    return subprocess.run([sys.executable, "-m", "qmoe_rtc", *args], capture_output=True, text=True, env=e,
+                          timeout=timeout, cwd=REPO)
+
+
+@pytest.mark.parametrize("var, value, allowed", [("QMOE_RTC_STRICT", "maybe", "1/0/true/false"),
+                                                 ("QMOE_RTC_JOBS", "two", "an integer"),
+                                                 ("QMOE_RTC_NO_DISK_CACHE", "sometimes", "1/0/true/false")])
+def test_bad_knob_value_is_one_line_naming_variable_value_and_allowed(tmp_path, var, value, allowed):
+    r = _run("warm", "--preset", "qwen3-30b-a3b", "--arch", "sm_80", "--cache-dir", str(tmp_path / "c"),
+             env={var: value})
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert var in lines[0] and repr(value) in lines[0] and allowed in lines[0] and "Traceback" not in r.stderr
+    assert r.stdout == ""  # refused before any work
+
+
+def test_warm_help_is_complete_and_plain():
+    parser = warm.build_parser()
+    for action in parser._actions:
+        assert action.help and action.help.strip(), f"{action.option_strings} has no help"
+    text = parser.format_help()
+    for markup in ("``", ":func:", ":class:", ":mod:"):
+        assert markup not in text, markup
+    assert "examples:" in text and "exit status" in text
+    r = _run("warm", "--help")
+    assert r.returncode == 0 and r.stdout == text.replace("usage: python -m qmoe_rtc warm", "usage: python -m qmoe_rtc warm")
+
+
+def test_missing_arch_hint_speaks_cli(monkeypatch, capsys):
+    from qmoe_rtc.jit import compiler, driver
+
+    def no_gpu(device=None):
+        raise DeviceError("cannot take the GPU architecture from this machine: simulated; " + compiler.ARCH_HINT)
+
+    monkeypatch.setattr(compiler, "default_arch", no_gpu)
+    monkeypatch.setattr("qmoe_rtc.jit.default_arch", no_gpu)
+    monkeypatch.setattr(driver, "probe", lambda device_id=None: (13000, 0))
+    assert warm.main(["--preset", "qwen3-30b-a3b", "--list"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--arch sm_XX" in err[0] and "arch='" not in err[0], err
+
+
+def test_demo_shows_quantization_progress(monkeypatch, capsys):
+    """The demo's layer takes seconds to quantize: it says how far it is, on stderr (a small layer here)."""
+    from qmoe_rtc import __main__ as cli
+    from qmoe_rtc import random_layer as rl
+
+    seen = []
+    real = rl.random_layer
+
+    def small(rng, **kw):
+        seen.append(kw.get("progress"))
+        return real(rng, **{**kw, "E": 8, "H": 128, "I": 128})
+
+    monkeypatch.setattr(rl, "random_layer", small)
+    monkeypatch.setattr(cli, "_gpu_present", lambda: False)
+    monkeypatch.setattr("qmoe_rtc.reference.qmoe", lambda x, logits, **kw: np.zeros_like(x))
+    assert cli.main(["demo", "--tokens", "1"]) == 0
+    err = capsys.readouterr().err
+    assert seen and seen[0] is not None and "quantizing fc1" in err and "quantizing fc2" in err and "100 %" in err
+
+
+def test_progress_does_not_change_the_layer(rng):
+    from qmoe_rtc.random_layer import random_layer
+
+    seed = int(rng.integers(1 << 30))
+    a, _ = random_layer(np.random.default_rng(seed), E=9, H=64, I=32, bits=4, block_size=32)
+    calls = []
+    b, _ = random_layer(np.random.default_rng(seed), E=9, H=64, I=32, bits=4, block_size=32,
+                        progress=lambda *c: calls.append(c))
+    assert calls and calls[-1] == ("fc2", 9, 9)
+    for n in a:
+        np.testing.assert_array_equal(a[n], b[n])
+
+
+def test_slower_path_reason_is_one_warning(caplog):
+    """A faster engine that cannot run is said once as a WARNING (visible with no logging set up)."""
+    from qmoe_rtc.executor import QMoE
+
+    msg = "qmoe_rtc: decode path runs decode-gemv instead of the faster decode-mma: simulated reason"
+    with caplog.at_level(logging.WARNING, logger="qmoe_rtc"):
+        QMoE._say(msg)
+        QMoE._say(msg)
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [(logging.WARNING, msg)]
+
+
+_OUTSIDE = re.compile(r"\.\./shared|\bCONTRACT\b|DESIGN-NOTES|METHOD\.md")
+
+
+def test_no_reference_points_outside_the_repository():
+    files = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "qmoe_rtc").rglob("*.py")),
+             *sorted((REPO / "qmoe_rtc").rglob("*.cuh")), *sorted((REPO / "tools").glob("*")),
+             *sorted((REPO / "tests").glob("*.py"))]
+    bad = [f"{p.relative_to(REPO)}:{i + 1}" for p in files if p.is_file() and p.name != "test_cli.py"
+           for i, line in enumerate(p.read_text(errors="replace").splitlines()) if _OUTSIDE.search(line)]
+    assert not bad, bad
+    for doc in re.findall(r"`(docs/[\w./-]+\.md)`", (REPO / "README.md").read_text()):
+        assert (REPO / doc).is_file(), doc
