@@ -125,6 +125,12 @@ KNOBS: dict[str, Knob] = {
         Knob("prefill_engine", "QMOE_RTC_PREFILL_ENGINE", "str", "auto", False,
              "Tuning only: 'wgmma' runs the Hopper prefill engine at every size it supports, 'mma' never runs it; "
              "'auto' (default) picks by the routes per expert."),
+        Knob("prefill_wg_groups", "QMOE_RTC_PREFILL_WG_GROUPS", "int", 0, True,
+             "Tuning only: warpgroups per block of the wgmma prefill engine (2 or 4; 0 = the built-in); "
+             "a -D option, part of the key."),
+        Knob("prefill_wg_stages", "QMOE_RTC_PREFILL_WG_STAGES", "int", 0, True,
+             "Tuning only: most pipeline stages of the wgmma prefill engine (2-6, fewer when they do not fit; "
+             "0 = the built-in 4); a -D option, part of the key."),
     )
 }
 

@@ -61,6 +61,7 @@ EXPECTED_KERNELS = {
     "gemm": {"group", "fc1_bm16", "fc2_bm16", "fc1_bm64", "fc2_bm64", "combine"},
     "mma_decode": {f"fc{i}_ng{g}" for i in (1, 2) for g in (1, 2, 4)},
     "mma_prefill": {"group", "combine"} | {f"fc{i}_nr{n}" for i in (1, 2) for n in (2, 4, 8)},
+    "wgmma_prefill": {"group", "permute", "combine"} | {f"fc{i}_br{n}" for i in (1, 2) for n in (64, 128, 256)},
 }
 EXECUTOR_FAMILIES = tuple(EXPECTED_KERNELS)
 
@@ -71,9 +72,15 @@ def test_executor_modules_compile(cache, arch, layout, hidden, inter):
     """Every family that supports the layout compiles (the SIMT ones too: they are the fallbacks)."""
     cfg = ModelConfig(hidden=hidden, inter=inter, experts=8, k=2, layout=layout)
     tc = unsupported_reason(layout, hidden, inter) is None
-    assert {s.family for s in modules_for(cfg)} == {"route"} | ({"mma_decode", "mma_prefill"} if tc else {"gemv", "gemm"})
+    tc_fams = {"mma_decode", "mma_prefill", "wgmma_prefill"}  # wgmma: sm_90a only (elsewhere kernels that trap)
+    not_hopper = tc_fams - {"wgmma_prefill"}
+    assert {s.family for s in modules_for(cfg)} == {"route"} | (tc_fams if tc else {"gemv", "gemm"})
+    assert {s.family for s in modules_for(cfg, arch="sm_80")} == {"route"} | (not_hopper if tc else {"gemv", "gemm"})
     specs = [s for f in EXECUTOR_FAMILIES if get_family(f).supports(cfg) is None for s in get_family(f).specs(cfg)]
-    assert {s.family for s in specs} == {"route", "gemv", "gemm"} | ({"mma_decode", "mma_prefill"} if tc else set())
+    if arch != "sm_90":
+        specs = [s for s in specs if s.family != "wgmma_prefill"]
+    tc_here = tc_fams if arch == "sm_90" else not_hopper
+    assert {s.family for s in specs} == {"route", "gemv", "gemm"} | (tc_here if tc else set())
     for spec in specs:
         mod = get_cubin(spec_unit(spec), arch)
         assert mod.cubin[:4] == b"\x7fELF", spec.name  # SASS cubin, never PTX
@@ -119,3 +126,24 @@ def test_prefill_stage_bytes_match_the_device_struct():
                                      f"\"stage_bytes({bits}, {sbytes}, {block}, {zp}, {nr})\");")
     options = compiler.base_options("sm_90", ("-DQMOE_PF_WARPS=8",))
     compiler.compile_unit("stage_bytes_check", "\n".join(lines) + "\n", {}, "sm_90", options)
+
+
+@pytest.mark.parametrize("groups", [2, 4])
+def test_wgmma_stage_bytes_match_the_device_struct(groups):
+    """kernels/wgmma_prefill.py stage_bytes / stages equal WgStage::kBytes / kStages (the kernel traps on a
+    smaller dynamic shared memory) for every bit width, scale size, block kind, zp mode and route tile."""
+    from qmoe_rtc.jit import compiler
+    from qmoe_rtc.kernels.wgmma_prefill import route_tiles_of, stage_bytes, stages
+
+    lines = ['#include "engines/wgmma_prefill.cuh"']
+    for bits in (1, 2, 4, 8):
+        for scale_t, sbytes in (("__half", 2), ("float", 4)):
+            for block in (0, 16, 32, 128):
+                for zp in (False, True):
+                    for br in route_tiles_of(groups):
+                        st = stage_bytes(bits, sbytes, block, zp, br, groups)
+                        t = f"qmoe::WgStage<{bits}, {scale_t}, {block}, {'true' if zp else 'false'}, {br}>"
+                        lines.append(f"static_assert({t}::kBytes == {st} && {t}::kStages == {stages(st, 3)}, "
+                                     f"\"stage_bytes({bits}, {sbytes}, {block}, {zp}, {br})\");")
+    options = compiler.base_options("sm_90", (f"-DQMOE_WG_GROUPS={groups}", "-DQMOE_WG_STAGES=3"))
+    compiler.compile_unit("wg_stage_bytes_check", "\n".join(lines) + "\n", {}, "sm_90", options)

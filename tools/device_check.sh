@@ -2,7 +2,8 @@
 # One call on the GPU machine: environment, parallel precompile, the GPU test suites, a memcheck of one
 # prefill and one decode call, then the benchmark (decode, prefill, host cost) and, when the humming
 # wheel and a copy of the peers script are carried (.whl/, .peers/), the peers side by side.
-#   SECTIONS="tests memcheck bench peers" bash tools/device_check.sh      (logs under $OUT or ./out)
+#   SECTIONS="tests memcheck bench peers ab extra soak racecheck" bash tools/device_check.sh   (logs under $OUT or ./out)
+# ab: both prefill engines forced; extra: fbgemm_w4 (.whl_fb/) and marlin (.marlin/*.so) peers; soak: tools/soak.py.
 # Knobs: TESTS (pytest paths), BENCH_ARGS, PEER_TOKENS, PEERS, *_TIMEOUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -41,7 +42,46 @@ if has peers && ls .whl/humming_kernels-*.whl >/dev/null 2>&1 && [ -f .peers/ben
   stamp peers
   python3 -m pip install -q --no-deps --no-index --target /tmp/hsite .whl/humming_kernels-*.whl
   timeout "${PEERS_TIMEOUT:-300}" python3 .peers/bench_peers.py --humming-site /tmp/hsite --qmoe-path . \
-    --peers "${PEERS:-humming,humming_g,gmm,qmoe_rtc}" --tokens "${PEER_TOKENS:-1,8,64,512,4096}" \
+    --peers "${PEERS:-humming,humming_g,gmm,qmoe_rtc}" --tokens "${PEER_TOKENS:-1,8,16,32,64,128,512,4096}" \
     --out "$OUT/peers.json" 2>&1 | tee "$OUT/peers.txt" | grep -vE "^# humming prep" | tail -60
+fi
+if has ab; then  # both prefill engines forced, same shapes: the crossover between them (and decode)
+  for eng in mma wgmma; do
+    stamp "ab $eng"
+    QMOE_RTC_PREFILL_ENGINE=$eng timeout "${AB_TIMEOUT:-150}" python3 -m qmoe_rtc bench --preset "${AB_PRESETS:-all}" \
+      --dtype bfloat16 --tokens "${AB_TOKENS:-16,32,64,128,256}" --iters 50 --no-torch --no-eager --check-rows 8 \
+      --decode-max-routes 0 --json "$OUT/ab_$eng.json" 2>&1 | tee "$OUT/ab_$eng.txt" | grep -E "^(qwen3|mixtral|gpt|ort)"
+  done
+fi
+
+if has extra && ls .whl/humming_kernels-*.whl >/dev/null 2>&1 && [ -f .peers/bench_peers.py ]; then
+  # FBGEMM's W4A16 grouped GEMM (.whl_fb/) or vLLM's Marlin MoE (.marlin/*.so), with humming_g as the yardstick
+  python3 -m pip install -q --no-deps --no-index --target /tmp/hsite .whl/humming_kernels-*.whl
+  if ls .whl_fb/*.whl >/dev/null 2>&1; then
+    stamp "peers fbgemm_w4"
+    python3 -m pip install -q --no-deps --no-index --target /tmp/fbsite .whl_fb/*.whl
+    timeout "${EXTRA_TIMEOUT:-300}" python3 .peers/bench_peers.py --humming-site /tmp/hsite --qmoe-path . --fbgemm-site /tmp/fbsite \
+      --peers humming_g,fbgemm_w4,qmoe_rtc --tokens "${PEER_TOKENS:-16,32,64,128,512,4096}" --out "$OUT/peers_fbgemm.json" 2>&1 \
+      | tee "$OUT/peers_fbgemm.txt" | grep -vE "^# humming prep" | tail -40
+  fi
+  if ls .marlin/*.so >/dev/null 2>&1; then
+    stamp "peers marlin"
+    timeout "${EXTRA_TIMEOUT:-300}" python3 .peers/bench_peers.py --humming-site /tmp/hsite --qmoe-path . --marlin-so .marlin/*.so \
+      --peers humming_g,marlin,qmoe_rtc --tokens "${PEER_TOKENS:-16,32,64,128,512,4096}" --out "$OUT/peers_marlin.json" 2>&1 \
+      | tee "$OUT/peers_marlin.txt" | grep -vE "^# humming prep" | tail -40
+  fi
+fi
+
+if has soak && [ -f tools/soak.py ]; then
+  stamp soak
+  timeout "${SOAK_TIMEOUT:-240}" python3 tools/soak.py 2>&1 | tee "$OUT/soak.txt" | tail -25
+fi
+
+if has racecheck; then  # the decode kernels under racecheck and synccheck
+  for tool in racecheck synccheck; do
+    stamp "$tool"
+    timeout "${RACE_TIMEOUT:-200}" compute-sanitizer --tool $tool --report-api-errors no --print-limit 10 python3 tools/sanitize_case.py \
+      2>&1 | tee "$OUT/$tool.txt" | tail -4
+  done
 fi
 stamp done

@@ -16,6 +16,7 @@ docs/performance.md) and :meth:`WgmmaPrefillFamily.slower` says so.
 from __future__ import annotations
 
 from .. import knobs
+from ..errors import QMoEAttributeError
 from ..jit import KernelDef, Launch, Ptr, Scalar
 from ..specialize import CPP_TYPES, ModuleSpec
 from ._expert import (
@@ -33,14 +34,14 @@ from .base import KernelFamily, Problem, Slot, register
 
 __all__ = ["WgmmaPrefillFamily", "padded", "stage_bytes", "stages", "tile_routes", "wg_logical", "wg_natural"]
 
-ROUTE_TILES = (64, 128, 256)  # BR
-WARPS = 8  # kWgWarps: 2 warpgroups, one m16 weight tile per warp
+ROUTE_TILES = (64, 128, 256)  # BR (with 4 warpgroups, 256 does not fit the 128 registers a thread has)
+GROUPS = 4  # kWgGroups: warpgroups per block (4 warps each, one m16 weight tile per warp)
 MAX_STAGES = 4  # QMOE_WG_STAGES
 SMEM_BUDGET = 227 * 1024 - 1024 - 4096  # kWgSmemBudget
 GROUP = 8  # route tiles launched side by side for each weight tile (L2 reuse)
 CHUNK = 128  # K per pipeline stage; the permuted layouts pad K to a multiple of it
 #: Routes per expert (average over the experts that get routes) from which this engine runs.
-MIN_ROUTES_PER_EXPERT = 48
+MIN_ROUTES_PER_EXPERT = 24
 
 
 def padded(K: int) -> int:
@@ -65,30 +66,43 @@ def wg_logical(n: int, bits: int) -> int:
     return 16 * (pair >> 1) + 8 * (pair & 1) + 2 * t + w // P
 
 
-def stage_bytes(bits: int, scale_bytes: int, block_size: int, zp_packed: bool, br: int) -> int:
+def stage_bytes(bits: int, scale_bytes: int, block_size: int, zp_packed: bool, br: int, groups: int = GROUPS) -> int:
     """One pipeline stage (wgmma_prefill.cuh WgStage), rounded to 1024 bytes."""
     words = 0
     if block_size:
         words = (2 if block_size == 16 and scale_bytes == 4 else 1) + (1 if zp_packed else 0)
-    raw = br * 256 + WARPS * (2 * 32 * 4 * bits + 2 * words * 128)
+    raw = br * 256 + 4 * groups * (2 * 32 * 4 * bits + 2 * words * 128)
     return (raw + 1023) // 1024 * 1024
 
 
-def stages(stage: int) -> int:
-    """Stages of the ring (WgStage::kStages): as many as fit, at most MAX_STAGES."""
-    return min(MAX_STAGES, SMEM_BUDGET // stage)
+def stages(stage: int, max_stages: int = MAX_STAGES) -> int:
+    """Stages of the ring (WgStage::kStages): as many as fit, at most ``max_stages``."""
+    return min(max_stages, SMEM_BUDGET // stage)
 
 
-def tile_routes(routes: int, E: int) -> int:
+def _knob(name: str, env: str, default: int, allowed) -> int:
+    n = knobs.get(name) or default
+    if n not in allowed:
+        raise QMoEAttributeError(env, f"one of {list(allowed)}", str(n))
+    return n
+
+
+def route_tiles_of(groups: int) -> tuple[int, ...]:
+    """The route tiles a module with ``groups`` warpgroups per block has."""
+    return ROUTE_TILES if groups == 2 else ROUTE_TILES[:2]
+
+
+def tile_routes(routes: int, E: int, groups: int = GROUPS) -> int:
     """BR for a call: the route tile the average expert fills best (knob ``prefill_route_tile`` forces
-    one of 64/128/256, for tuning)."""
+    one of the module's, for tuning)."""
+    have = route_tiles_of(groups)
     forced = knobs.get("prefill_route_tile") or 0
-    if forced in ROUTE_TILES:
+    if forced in have:
         return forced
     per_expert = routes / max(1, min(E, routes))
     if per_expert <= 96:
         return 64
-    return 128 if per_expert <= 320 else 256
+    return 128 if per_expert <= 320 or 256 not in have else 256
 
 
 @register
@@ -99,7 +113,14 @@ class WgmmaPrefillFamily(KernelFamily):
     conditional = True  # sm_90a only, and only from MIN_ROUTES_PER_EXPERT routes per expert
 
     def spec(self, config) -> ModuleSpec:
-        return expert_spec(self.name, config)
+        """The layout's fields plus warpgroups per block and the ring's depth (tuning knobs, read here
+        once per spec, so the module key and the launch geometry always agree)."""
+        return expert_spec(self.name, config,
+                           groups=_knob("prefill_wg_groups", "QMOE_RTC_PREFILL_WG_GROUPS", GROUPS, (2, 4)),
+                           stages=_knob("prefill_wg_stages", "QMOE_RTC_PREFILL_WG_STAGES", MAX_STAGES, range(2, 7)))
+
+    def defines(self, spec: ModuleSpec) -> tuple[str, ...]:
+        return (f"-DQMOE_WG_GROUPS={spec['groups']}", f"-DQMOE_WG_STAGES={spec['stages']}")
 
     def specs(self, config) -> list[ModuleSpec]:
         return [] if self.supports(config) else [self.spec(config)]
@@ -131,7 +152,7 @@ class WgmmaPrefillFamily(KernelFamily):
         out.append(KernelDef("permute", f"qmoe::wg_permute<{CPP_TYPES[dt]}, {t['B1']}>",
                              (Ptr("x", dt), Scalar("rows", "int32"), Scalar("H", "int32"), Scalar("Hp", "int32"),
                               Ptr("xp", dt))))
-        for br in ROUTE_TILES:
+        for br in route_tiles_of(spec["groups"]):
             out.append(KernelDef(
                 f"fc1_br{br}",
                 f"qmoe::fc1_wgmma<{t['GATE']}, {t['T']}, {t['S']}, {t['B1']}, {t['B2']}, {t['Z1']}, {t['Z3']}, "
@@ -152,11 +173,11 @@ class WgmmaPrefillFamily(KernelFamily):
 
     def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem) -> str:
         if role in ("fc1", "fc2"):
-            return f"{role}_br{tile_routes(problem.routes, problem.E)}"
+            return f"{role}_br{tile_routes(problem.routes, problem.E, spec['groups'])}"
         return role
 
     def launch(self, spec: ModuleSpec, role: str, problem: Problem) -> Launch:
-        br = tile_routes(problem.routes, problem.E)
+        br = tile_routes(problem.routes, problem.E, spec["groups"])
         Hp, Ip = padded(problem.H), padded(problem.I)
         if role == "group":
             return group_launch(br)
@@ -165,17 +186,19 @@ class WgmmaPrefillFamily(KernelFamily):
         if role == "permute":
             return Launch(((problem.rows * Hp // 8 + 255) // 256, 1, 1), (256, 1, 1), 0, (("Hp", Hp),))
         scale_bytes = 4 if spec["scale_dtype"] == "float32" else 2
+        wgs = spec["groups"]
+        warps = 4 * wgs
         if role == "fc1":
             per_tile = 8 if gate_of(spec) != "none" else 16
-            nt = (Ip + WARPS * per_tile - 1) // (WARPS * per_tile)  # covers Ip: the padding is written as zeros
+            nt = (Ip + warps * per_tile - 1) // (warps * per_tile)  # covers Ip: the padding is written as zeros
             zp = spec["fc1_zp"] == "packed" or (spec["has_fc3"] and spec["fc3_zp"] == "packed")
-            st = stage_bytes(spec["fc1_bits"], scale_bytes, spec["block_size"], zp, br)
+            st = stage_bytes(spec["fc1_bits"], scale_bytes, spec["block_size"], zp, br, wgs)
         else:
-            nt = (problem.H + WARPS * 16 - 1) // (WARPS * 16)
-            st = stage_bytes(spec["fc2_bits"], scale_bytes, spec["block_size"], spec["fc2_zp"] == "packed", br)
+            nt = (problem.H + warps * 16 - 1) // (warps * 16)
+            st = stage_bytes(spec["fc2_bits"], scale_bytes, spec["block_size"], spec["fc2_zp"] == "packed", br, wgs)
         group = knobs.get("prefill_group") or GROUP
         groups = (route_tiles(problem.routes, problem.E, br) + group - 1) // group
-        return Launch((groups * group * nt, 1, 1), (32 * WARPS, 1, 1), stages(st) * st + 1024,
+        return Launch((groups * group * nt, 1, 1), (32 * warps, 1, 1), stages(st, spec["stages"]) * st + 1024,
                       (("NT", nt), ("G", group), ("Hp", Hp), ("Ip", Ip)))
 
     def scratch(self, spec: ModuleSpec, role: str, problem: Problem) -> dict[str, Slot]:

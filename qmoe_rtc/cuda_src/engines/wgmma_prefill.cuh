@@ -18,7 +18,9 @@
 // Block: kWgGroups warpgroups × 64 weight rows (warp w: rows 16w .. 16w + 15 of the tile, the
 // mma_prefill lane layout with one m16 tile) × BR routes; acc[BR / 2] f32 per thread (core/wgmma.cuh).
 // K in chunks of 128 through a cp.async ring of WgStage::kStages stages (as many as fit, at most
-// QMOE_WG_STAGES); per k16 step a warp builds its A fragment while the previous wgmma runs.
+// QMOE_WG_STAGES); per k16 step a warp builds its A fragment while the previous wgmma runs. With three
+// stages or more the copies run S - 2 chunks ahead and a chunk's last MMA overlaps the next chunk (the
+// slot refilled is two chunks old); with two, each chunk drains its MMAs before the slot is reused.
 #pragma once
 
 #include "core/wgmma.cuh"
@@ -26,7 +28,10 @@
 
 namespace qmoe {
 
-constexpr int kWgGroups = 2;                  // consumer warpgroups per block
+#ifndef QMOE_WG_GROUPS
+#define QMOE_WG_GROUPS 4
+#endif
+constexpr int kWgGroups = QMOE_WG_GROUPS;     // warpgroups per block (2 or 4): 64·kWgGroups weight rows
 constexpr int kWgThreads = 128 * kWgGroups;
 constexpr int kWgWarps = 4 * kWgGroups;       // one m16 weight tile each
 #ifndef QMOE_WG_STAGES
@@ -174,24 +179,29 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
       wgmma_wait<1>();  // the previous step's MMA is done: its A registers may be rewritten
       wgmma_hold(acc);
     }
-    wgmma_wait<0>();  // this stage's shared memory may be refilled after the next barrier
-    wgmma_hold(acc);
+    if constexpr (S == 2) {
+      wgmma_wait<0>();  // this stage's shared memory is refilled after the next barrier
+      wgmma_hold(acc);
+    }
   };
 
+  constexpr int A = S >= 3 ? S - 2 : 1;  // chunks the copies run ahead
 #pragma unroll
-  for (int i = 0; i < S - 1; ++i) {
+  for (int i = 0; i < A; ++i) {
     if (i < nch) issue(i, i);
     cp_async_commit();
   }
   for (i32 c = 0; c < nch; ++c) {
-    cp_async_wait<S - 2>();
+    cp_async_wait<A - 1>();
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async data, read by the async proxy
-    __syncthreads();
-    const i32 cn = c + S - 1;
+    __syncthreads();  // every thread's copies of chunk c landed; every MMA of chunk c - 2 is done
+    const i32 cn = c + A;
     if (cn < nch) issue(cn % S, cn);
     cp_async_commit();
     compute(c % S, c);
   }
+  wgmma_wait<0>();
+  wgmma_hold(acc);
   cp_async_wait<0>();
 }
 
