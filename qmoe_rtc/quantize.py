@@ -242,12 +242,20 @@ def dequantize(packed, scales, bits: int, block_size: int = 0, zero_points=None,
     xp = array_module(packed)
     packed = xp.asarray(packed)
     scales = xp.asarray(scales)
+    if packed.ndim != 3 or dtype_name(packed) != "uint8":
+        raise QMoEInputError("packed", "uint8 [E, N, ceil(K·b/8)]", f"{dtype_name(packed)} {shape_str(packed.shape)}")
     E, N = int(packed.shape[0]), int(packed.shape[1])
+    if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) or block_size < 0:
+        raise QMoEInputError("block_size", "0 or a power of two >= 16", repr(block_size))
     block_size = int(block_size)
     if K is None:
-        K = scales.shape[-1] * block_size if block_size else packed.shape[-1] * 8 // bits
+        K = scales.shape[-1] * block_size if block_size and scales.ndim == 3 else packed.shape[-1] * 8 // bits
     K = int(K)
     nb = K // block_size if block_size else 1
+    want = ((E, N, nb),) if block_size else ((E, N), (E, N, 1))
+    if tuple(int(d) for d in scales.shape) not in want or (block_size and K % block_size):
+        raise QMoEInputError("scales", " or ".join(shape_str(w) for w in want) + f" (K={K}, block_size={block_size})",
+                             f"shape {shape_str(scales.shape)}")
     q = unpack_codes(packed, bits, K).astype(xp.float32)  # [E, N, K]
     s = scales.astype(xp.float32).reshape(E, N, nb)
     if zero_points is not None:

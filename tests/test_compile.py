@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from qmoe_rtc.errors import CompileError, QMoEAttributeError, QMoEInputError
-from qmoe_rtc.jit import KernelDef, Launch, ParamBlock, Ptr, Scalar, disk_entry_dir, get_cubin
+from qmoe_rtc.jit import KernelDef, Launch, ParamBlock, Ptr, Scalar, check_arch, disk_entry_dir, get_cubin
 from qmoe_rtc.kernels import KernelFamily, get_family, register, spec_unit
 from qmoe_rtc.kernels.dequant import dequant_spec
 
@@ -42,7 +42,7 @@ def test_compile_representative(cache, arch, dtype, bits, bs, zp, sdt):
     assert mod.origin == "compiled"
     assert mod.cubin[:4] == b"\x7fELF"  # SASS cubin, not PTX
     assert mod.lowered["dequant_expert"].startswith("_ZN4qmoe14dequant_expert")
-    assert f"-arch={arch}" in mod.options and "-std=c++17" in mod.options
+    assert f"-arch={check_arch(arch)}" in mod.options and "-std=c++17" in mod.options  # sm_90 is built as sm_90a
     assert not any(o.startswith("-arch=compute") for o in mod.options)
 
 
@@ -88,7 +88,7 @@ def test_compile_error_is_typed_picklable_and_leaves_no_entry(cache, broken_fami
     with pytest.raises(CompileError) as info:
         compile_spec(spec, "sm_90")
     err = info.value
-    assert "error" in err.log and "-arch=sm_90" in err.options and "not C++" in err.source
+    assert "error" in err.log and f"-arch={check_arch('sm_90')}" in err.options and "not C++" in err.source
     assert "2 | namespace qmoe" in err.numbered_source()
     back = pickle.loads(pickle.dumps(err))
     assert isinstance(back, CompileError) and back.log == err.log and back.options == err.options

@@ -284,3 +284,26 @@ def test_quantize_refuses_scales_that_overflow_and_bad_argument_types(rng):
     for bits, bs in ((None, 0), ("4", 0), (4, "16"), (4, 16.0)):
         with pytest.raises(errors.QMoEInputError):
             quantize(w, bits, bs)
+
+
+def test_readme_example_without_a_gpu_stops_at_qmoe_with_a_device_error(machine):
+    """The README's ten lines on a machine without a driver: the package's DeviceError, from QMoE(...)."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    code = readme.split("## API in ten lines", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+    calls = machine(lib=False)
+    with pytest.raises(errors.DeviceError, match="no NVIDIA driver") as ei:
+        exec(compile(code, "README.md", "exec"), {})
+    assert calls and any(str(e.path).endswith("executor.py") for e in ei.traceback)  # raised inside QMoE(...)
+
+
+def test_dequantize_refuses_shapes_it_cannot_read(rng):
+    from qmoe_rtc.quantize import dequantize
+
+    q = quantize(rng.standard_normal((2, 4, 64)).astype(np.float32), 4, 32)
+    for args, name in (((q.packed, q.scales[:, :3], 4, 32), "scales"), ((q.packed, q.scales, 4, 0), "scales"),
+                       ((q.packed[0], q.scales, 4, 32), "packed"), ((q.packed, q.scales, 4, "32"), "block_size")):
+        with pytest.raises(errors.QMoEInputError) as ei:
+            dequantize(*args)
+        assert ei.value.name == name
