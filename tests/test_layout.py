@@ -152,9 +152,10 @@ def test_modules_for_refuses_unknown_variant():
 
 
 def test_modules_for_follows_the_pipeline_choice():
-    """Tensor-core layouts warm the tensor-core engines; the others the SIMT ones, never both."""
+    """Tensor-core layouts warm the tensor-core engines (both prefill engines: which runs depends on the
+    call and the device); the others the SIMT ones, never both."""
     fams = {s.family for s in modules_for(config(BASE))}
-    assert fams == {"route", "mma_decode", "mma_prefill"}
+    assert fams == {"route", "mma_decode", "mma_prefill", "wgmma_prefill"}
     simt = {s.family for s in modules_for(config(dataclasses.replace(BASE, fc1_bits=3)))}
     assert simt == {"route", "gemv", "gemm"}
     assert {s.family for s in modules_for(config(BASE), variants=("decode",))} == {"route", "mma_decode"}
