@@ -61,7 +61,7 @@ EXPECTED_KERNELS = {
     "gemm": {"group", "fc1_bm16", "fc2_bm16", "fc1_bm64", "fc2_bm64", "combine"},
     "mma_decode": {f"fc{i}_ng{g}" for i in (1, 2) for g in (1, 2, 4)},
     "mma_prefill": {"group", "combine"} | {f"fc{i}_nr{n}" for i in (1, 2) for n in (2, 4, 8)},
-    "wgmma_prefill": {"group", "permute", "combine"} | {f"fc{i}_br{n}" for i in (1, 2) for n in (64, 128, 256)},
+    "wgmma_prefill": {"group", "permute", "combine"} | {f"fc{i}_br{n}" for i in (1, 2) for n in (64, 128)},  # 4 warpgroups
 }
 EXECUTOR_FAMILIES = tuple(EXPECTED_KERNELS)
 

@@ -124,6 +124,8 @@ def test_warm_modules_cover_both_prefill_engines():
     fams = {s.family for s in modules_for(CONFIGS[0], ("prefill",))}
     assert {"wgmma_prefill", "mma_prefill"} <= fams and "gemm" not in fams
     assert "wgmma_prefill" not in {s.family for s in modules_for(CONFIGS[0], ("prefill",), arch="sm_80")}
+    for arch in ("sm_90", "sm_90a"):  # the same target
+        assert "wgmma_prefill" in {s.family for s in modules_for(CONFIGS[0], ("prefill",), arch=arch)}
 
 
 @pytest.mark.parametrize("bits", [1, 2, 4, 8])

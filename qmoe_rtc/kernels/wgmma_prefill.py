@@ -134,7 +134,7 @@ class WgmmaPrefillFamily(KernelFamily):
         why = tensor_core_unsupported(config)
         if why:
             return why
-        if problem is not None and problem.arch and problem.arch != "sm_90a":
+        if problem is not None and problem.arch and problem.arch not in ("sm_90", "sm_90a"):  # sm_90 builds as sm_90a
             return f"warpgroup MMA needs sm_90a (this device: {problem.arch})"
         if problem is not None and problem.rows and knobs.get("prefill_engine") == "mma":
             return "QMOE_RTC_PREFILL_ENGINE=mma"

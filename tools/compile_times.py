@@ -1,0 +1,40 @@
+"""Cold NVRTC compile time of every module a preset's layer loads (one process, a fresh cache, one
+module at a time; the first compile also pays NVRTC's start-up). No GPU needed:
+
+    python tools/compile_times.py --preset qwen3-30b-a3b --dtype bfloat16 --arch sm_90
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
+
+
+def main(argv=None) -> int:
+    from qmoe_rtc import knobs
+    from qmoe_rtc.jit import get_cubin
+    from qmoe_rtc.kernels import modules_for, spec_unit
+    from qmoe_rtc.presets import PRESETS
+
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--preset", default="qwen3-30b-a3b")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--arch", default="sm_90")
+    a = p.parse_args(argv)
+    cfg = PRESETS[a.preset].config(dtype=a.dtype)
+    with tempfile.TemporaryDirectory() as d, knobs.scope(cache_dir=d):
+        for spec in modules_for(cfg, arch=a.arch):
+            t0 = time.perf_counter()
+            mod = get_cubin(spec_unit(spec), a.arch)
+            print(f"{mod.arch} {spec.name} compiled {1e3 * (time.perf_counter() - t0):.1f} ms ({len(mod.cubin)} B)",
+                  flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
