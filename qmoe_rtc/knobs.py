@@ -131,6 +131,9 @@ KNOBS: dict[str, Knob] = {
         Knob("prefill_wg_stages", "QMOE_RTC_PREFILL_WG_STAGES", "int", 0, True,
              "Tuning only: most pipeline stages of the wgmma prefill engine (2-6, fewer when they do not fit; "
              "0 = the built-in 4); a -D option, part of the key."),
+        Knob("prefill_wg_inflight", "QMOE_RTC_PREFILL_WG_INFLIGHT", "int", 0, True,
+             "Tuning only: MMAs a warpgroup of the wgmma prefill engine keeps in flight (1 or 2; 0 = the built-in 1); "
+             "a -D option, part of the key."),
     )
 }
 

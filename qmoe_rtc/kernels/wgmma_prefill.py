@@ -37,6 +37,7 @@ __all__ = ["WgmmaPrefillFamily", "padded", "stage_bytes", "stages", "tile_routes
 ROUTE_TILES = (64, 128, 256)  # BR (with 4 warpgroups, 256 does not fit the 128 registers a thread has)
 GROUPS = 4  # kWgGroups: warpgroups per block (4 warps each, one m16 weight tile per warp)
 MAX_STAGES = 4  # QMOE_WG_STAGES
+INFLIGHT = 1  # QMOE_WG_INFLIGHT: MMAs a warpgroup keeps in flight (2 measured no faster)
 SMEM_BUDGET = 227 * 1024 - 1024 - 4096  # kWgSmemBudget
 GROUP = 8  # route tiles launched side by side for each weight tile (L2 reuse)
 CHUNK = 128  # K per pipeline stage; the permuted layouts pad K to a multiple of it
@@ -120,10 +121,12 @@ class WgmmaPrefillFamily(KernelFamily):
         once per spec, so the module key and the launch geometry always agree)."""
         return expert_spec(self.name, config,
                            groups=_knob("prefill_wg_groups", "QMOE_RTC_PREFILL_WG_GROUPS", GROUPS, (2, 4)),
-                           stages=_knob("prefill_wg_stages", "QMOE_RTC_PREFILL_WG_STAGES", MAX_STAGES, range(2, 7)))
+                           stages=_knob("prefill_wg_stages", "QMOE_RTC_PREFILL_WG_STAGES", MAX_STAGES, range(2, 7)),
+                           inflight=_knob("prefill_wg_inflight", "QMOE_RTC_PREFILL_WG_INFLIGHT", INFLIGHT, (1, 2)))
 
     def defines(self, spec: ModuleSpec) -> tuple[str, ...]:
-        return (f"-DQMOE_WG_GROUPS={spec['groups']}", f"-DQMOE_WG_STAGES={spec['stages']}")
+        return (f"-DQMOE_WG_GROUPS={spec['groups']}", f"-DQMOE_WG_STAGES={spec['stages']}",
+                f"-DQMOE_WG_INFLIGHT={spec['inflight']}")
 
     def specs(self, config) -> list[ModuleSpec]:
         return [] if self.supports(config) else [self.spec(config)]

@@ -18,7 +18,7 @@
 // Block: kWgGroups warpgroups × 64 weight rows (warp w: rows 16w .. 16w + 15 of the tile, the
 // mma_prefill lane layout with one m16 tile) × BR routes; acc[BR / 2] f32 per thread (core/wgmma.cuh).
 // K in chunks of 128 through a cp.async ring of WgStage::kStages stages (as many as fit, at most
-// QMOE_WG_STAGES); per k16 step a warp builds its A fragment while the previous wgmma runs. With three
+// QMOE_WG_STAGES); per k16 step a warp builds its A fragment while the previous QMOE_WG_INFLIGHT MMAs run. With three
 // stages or more the copies run S - 2 chunks ahead and a chunk's last MMA overlaps the next chunk (the
 // slot refilled is two chunks old); with two, each chunk drains its MMAs before the slot is reused.
 #pragma once
@@ -38,6 +38,11 @@ constexpr int kWgWarps = 4 * kWgGroups;       // one m16 weight tile each
 #define QMOE_WG_STAGES 4
 #endif
 constexpr int kWgMaxStages = QMOE_WG_STAGES;
+#ifndef QMOE_WG_INFLIGHT
+#define QMOE_WG_INFLIGHT 1
+#endif
+constexpr int kWgInflight = QMOE_WG_INFLIGHT;  // MMAs a warpgroup keeps in flight (1 or 2), A buffers: one more
+static_assert(kWgInflight == 1 || kWgInflight == 2, "QMOE_WG_INFLIGHT must be 1 or 2");
 constexpr int kWgSmemBudget = 227 * 1024 - 1024 - 4096;  // dynamic bytes for stages (alignment slack, static)
 
 // Natural k (0..127) of logical column l of a chunk, and the inverse, for B-bit codes: logical
@@ -163,11 +168,11 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
         cb[h] = live ? lr.rcb[0] : D::zero();
       }
     }
-    u32 a[2][4];
+    u32 a[kWgInflight + 1][4];
 #pragma unroll
     for (int s = 0; s < 8; ++s) {
       const int h0 = NSB == 2 ? D::first_code(2 * s) / 16 : 0, h1 = NSB == 2 ? D::first_code(2 * s + 1) / 16 : 0;
-      u32(&f)[4] = a[s & 1];
+      u32(&f)[4] = a[s % (kWgInflight + 1)];
       f[0] = D::template pair<kScaled>(ra, 2 * s, ca[h0]);
       f[1] = D::template pair<kScaled>(rb, 2 * s, cb[h0]);
       f[2] = D::template pair<kScaled>(ra, 2 * s + 1, ca[h1]);
@@ -176,7 +181,7 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
       wgmma_fence();
       Wgmma<T, BR>::mma(acc, f, smem_desc(xs + (s >> 2) * (BR * 128) + (s & 3) * 32));
       wgmma_commit();
-      wgmma_wait<1>();  // the previous step's MMA is done: its A registers may be rewritten
+      wgmma_wait<kWgInflight>();  // the MMA of step s - kWgInflight is done: its A buffer may be rewritten
       wgmma_hold(acc);
     }
     if constexpr (S == 2) {
