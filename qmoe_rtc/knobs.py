@@ -40,7 +40,8 @@ _FALSE = frozenset({"0", "false", "no", "off", ""})
 
 @dataclass(frozen=True)
 class Knob:
-    """One environment knob: ``env`` variable, value ``kind`` ('bool' | 'int' | 'path' | 'str')."""
+    """One environment knob: ``env`` variable, value ``kind`` ('bool' | 'int' | 'path' | 'str'). Every
+    int knob counts something, 0 meaning the built-in choice: negative values are refused."""
 
     name: str
     env: str
@@ -59,9 +60,12 @@ class Knob:
             raise KnobError(self.env, "one of 1/0/true/false/yes/no/on/off", repr(raw))
         if self.kind == "int":
             try:
-                return int(raw.strip())
+                n = int(raw.strip())
             except ValueError:
-                raise KnobError(self.env, "an integer", repr(raw)) from None
+                raise KnobError(self.env, "an integer >= 0", repr(raw)) from None
+            if n < 0:
+                raise KnobError(self.env, "an integer >= 0", repr(raw))
+            return n
         if self.kind == "path":
             return Path(raw).expanduser() if raw.strip() else None
         return raw
@@ -75,6 +79,8 @@ class Knob:
         if self.kind == "bool" and isinstance(value, bool):
             return value
         if self.kind == "int" and isinstance(value, int) and not isinstance(value, bool):
+            if value < 0:
+                raise KnobError(self.name, "an integer >= 0", repr(value))
             return value
         if self.kind == "path" and isinstance(value, os.PathLike):
             return Path(value)

@@ -190,6 +190,12 @@ def test_knobs_typed_scoped_and_lazy(monkeypatch, tmp_path):
             pass
     with pytest.raises(KnobError):
         knobs.get("no_such_knob")
+    monkeypatch.setenv("QMOE_RTC_JOBS", "-2")  # int knobs count things: a negative value is refused
+    with pytest.raises(KnobError, match="QMOE_RTC_JOBS.*>= 0"):
+        knobs.get("jobs")
+    with pytest.raises(KnobError, match=">= 0"):
+        with knobs.scope(prefill_group=-1):
+            pass
     monkeypatch.delenv("QMOE_RTC_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert knobs.cache_dir() == tmp_path / "xdg" / "qmoe_rtc"
