@@ -1,15 +1,18 @@
-"""What the two grouped (prefill) families share: the grouping kernel, the combine kernel, and the
-scratch of the grouped path."""
+"""What the grouped (prefill) families share: the grouping kernel, the combine kernel, the scratch of
+the grouped path, and the tile grid of the tensor-core GEMMs."""
 
 from __future__ import annotations
 
+from .. import knobs
 from ..jit import KernelDef, Launch, Ptr, Scalar
 from ..specialize import CPP_TYPES, ModuleSpec
+from ._expert import gate_of
 from .base import Problem, Slot
 
 GROUP_THREADS = 1024  # kGroupThreads
 GROUP_MAX_EXPERTS = 512  # kGroupMaxExperts
 COMBINE_THREADS = 256
+GROUP = 8  # route tiles launched side by side for each weight tile (L2 reuse; pf_tile in mma_prefill.cuh)
 
 
 def group_and_combine(spec: ModuleSpec) -> tuple[KernelDef, ...]:
@@ -46,3 +49,26 @@ def grouped_scratch(role: str, problem: Problem, act_itemsize: int) -> dict[str,
 def route_tiles(routes: int, E: int, tile: int) -> int:
     """Upper bound on sum_e ceil(count_e / tile) over the experts that got routes."""
     return (routes + tile - 1) // tile + min(E, routes)
+
+
+def staged_projection(spec: ModuleSpec, role: str) -> tuple[int, bool]:
+    """(bits, packed zero-point words staged) of what a tensor-core FC1 / FC2 kernel streams: FC1 stages
+    FC3's zero-point word too when FC3 has packed zero points."""
+    if role == "fc1":
+        return spec["fc1_bits"], spec["fc1_zp"] == "packed" or (spec["has_fc3"] and spec["fc3_zp"] == "packed")
+    return spec["fc2_bits"], spec["fc2_zp"] == "packed"
+
+
+def weight_tiles(spec: ModuleSpec, role: str, n: int, m16_per_block: int) -> int:
+    """Weight tiles of a tensor-core FC1 / FC2 step over ``n`` outputs (FC1: I or its padding, an m16 tile
+    holding 8 gated or 16 plain outputs; FC2: H rows, 16 per m16 tile)."""
+    per_m16 = 8 if role == "fc1" and gate_of(spec) != "none" else 16
+    return (n + m16_per_block * per_m16 - 1) // (m16_per_block * per_m16)
+
+
+def tiled_launch(problem: Problem, route_tile: int, nt: int, threads: int, smem: int, extra: tuple = ()) -> Launch:
+    """The grid of a tensor-core FC1 / FC2 step: G consecutive route tiles × every weight tile, then the
+    next G (knob ``prefill_group`` sets G), ``NT`` and ``G`` as launch scalars."""
+    group = knobs.get("prefill_group") or GROUP
+    groups = (route_tiles(problem.routes, problem.E, route_tile) + group - 1) // group
+    return Launch((groups * group * nt, 1, 1), (threads, 1, 1), smem, (("NT", nt), ("G", group), *extra))

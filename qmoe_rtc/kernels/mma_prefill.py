@@ -18,12 +18,20 @@ from ._expert import (
     EXPERT_FIELDS,
     GROUP_ARGS,
     expert_spec,
-    gate_of,
     projection_args,
     template_types,
     tensor_core_unsupported,
 )
-from ._grouped import GROUP_MAX_EXPERTS, combine_launch, group_and_combine, group_launch, grouped_scratch, route_tiles
+from ._grouped import (
+    GROUP_MAX_EXPERTS,
+    combine_launch,
+    group_and_combine,
+    group_launch,
+    grouped_scratch,
+    staged_projection,
+    tiled_launch,
+    weight_tiles,
+)
 from .base import KernelFamily, Problem, Slot, register
 
 __all__ = ["MmaPrefillFamily", "stage_bytes", "tile_routes"]
@@ -33,7 +41,6 @@ ROUTE_TILES = (2, 4, 8)  # NR: route groups of 8 per block tile
 STAGES = 3  # kPfStages
 WARPS = 4  # kPfWarps: a block tile is 32·WARPS weight rows
 MIN_BLOCKS = 2  # kPfMinBlocks: blocks per SM the register budget is set for
-GROUP = 8  # route tiles launched side by side for each weight tile (L2 reuse)
 
 
 def _knob(name: str, env: str, default: int, allowed) -> int:
@@ -125,19 +132,10 @@ class MmaPrefillFamily(KernelFamily):
             return combine_launch(problem)
         scale_bytes = 4 if spec["scale_dtype"] == "float32" else 2
         warps = spec["warps"]
-        tiles = warps * MW  # kPfTiles: m16 tiles per block
-        if role == "fc1":
-            per_tile = 8 if gate_of(spec) != "none" else 16
-            nt = (problem.I + tiles * per_tile - 1) // (tiles * per_tile)
-            zp = spec["fc1_zp"] == "packed" or (spec["has_fc3"] and spec["fc3_zp"] == "packed")
-            smem = stage_bytes(spec["fc1_bits"], scale_bytes, spec["block_size"], zp, nr, warps)
-        else:
-            nt = (problem.H + tiles * 16 - 1) // (tiles * 16)
-            smem = stage_bytes(spec["fc2_bits"], scale_bytes, spec["block_size"], spec["fc2_zp"] == "packed", nr, warps)
-        group = knobs.get("prefill_group") or GROUP
-        groups = (route_tiles(problem.routes, problem.E, 8 * nr) + group - 1) // group
-        return Launch((groups * group * nt, 1, 1), (32 * warps, 1, 1), spec["stages"] * smem,
-                      (("NT", nt), ("G", group)))
+        bits, zp = staged_projection(spec, role)
+        nt = weight_tiles(spec, role, problem.I if role == "fc1" else problem.H, warps * MW)
+        smem = stage_bytes(bits, scale_bytes, spec["block_size"], zp, nr, warps)
+        return tiled_launch(problem, 8 * nr, nt, 32 * warps, spec["stages"] * smem)
 
     def scratch(self, spec: ModuleSpec, role: str, problem: Problem) -> dict[str, Slot]:
         return grouped_scratch(role, problem, 2)  # act_sorted in T

@@ -24,12 +24,20 @@ from ._expert import (
     EXPERT_FIELDS,
     GROUP_ARGS,
     expert_spec,
-    gate_of,
     projection_args,
     template_types,
     tensor_core_unsupported,
 )
-from ._grouped import GROUP_MAX_EXPERTS, combine_launch, group_and_combine, group_launch, grouped_scratch, route_tiles
+from ._grouped import (
+    GROUP_MAX_EXPERTS,
+    combine_launch,
+    group_and_combine,
+    group_launch,
+    grouped_scratch,
+    staged_projection,
+    tiled_launch,
+    weight_tiles,
+)
 from .base import KernelFamily, Problem, Slot, register
 
 __all__ = ["WgmmaPrefillFamily", "padded", "stage_bytes", "stages", "tile_routes", "wg_logical", "wg_natural"]
@@ -39,7 +47,6 @@ GROUPS = 4  # kWgGroups: warpgroups per block (4 warps each, one m16 weight tile
 MAX_STAGES = 4  # QMOE_WG_STAGES
 INFLIGHT = 1  # QMOE_WG_INFLIGHT: MMAs a warpgroup keeps in flight (2 measured no faster)
 SMEM_BUDGET = 227 * 1024 - 1024 - 4096  # kWgSmemBudget
-GROUP = 8  # route tiles launched side by side for each weight tile (L2 reuse)
 CHUNK = 128  # K per pipeline stage; the permuted layouts pad K to a multiple of it
 #: Routes per expert (average over the experts that get routes) from which this engine runs, measured
 #: on the H200 against the mma.sync engine (docs/performance.md, "wgmma / mma.sync crossover"): at 32
@@ -193,19 +200,11 @@ class WgmmaPrefillFamily(KernelFamily):
             return Launch(((problem.rows * Hp // 8 + 255) // 256, 1, 1), (256, 1, 1), 0, (("Hp", Hp),))
         scale_bytes = 4 if spec["scale_dtype"] == "float32" else 2
         wgs = spec["groups"]
-        warps = 4 * wgs
-        if role == "fc1":
-            per_tile = 8 if gate_of(spec) != "none" else 16
-            nt = (Ip + warps * per_tile - 1) // (warps * per_tile)  # covers Ip: the padding is written as zeros
-            zp = spec["fc1_zp"] == "packed" or (spec["has_fc3"] and spec["fc3_zp"] == "packed")
-            st = stage_bytes(spec["fc1_bits"], scale_bytes, spec["block_size"], zp, br, wgs)
-        else:
-            nt = (problem.H + warps * 16 - 1) // (warps * 16)
-            st = stage_bytes(spec["fc2_bits"], scale_bytes, spec["block_size"], spec["fc2_zp"] == "packed", br, wgs)
-        group = knobs.get("prefill_group") or GROUP
-        groups = (route_tiles(problem.routes, problem.E, br) + group - 1) // group
-        return Launch((groups * group * nt, 1, 1), (32 * warps, 1, 1), stages(st, spec["stages"]) * st + 1024,
-                      (("NT", nt), ("G", group), ("Hp", Hp), ("Ip", Ip)))
+        bits, zp = staged_projection(spec, role)
+        # FC1 covers Ip: its padding columns are written as zeros (FC2 reads them)
+        nt = weight_tiles(spec, role, Ip if role == "fc1" else problem.H, 4 * wgs)
+        st = stage_bytes(bits, scale_bytes, spec["block_size"], zp, br, wgs)
+        return tiled_launch(problem, br, nt, 128 * wgs, stages(st, spec["stages"]) * st + 1024, (("Hp", Hp), ("Ip", Ip)))
 
     def scratch(self, spec: ModuleSpec, role: str, problem: Problem) -> dict[str, Slot]:
         item = 2  # T is float16 / bfloat16
