@@ -1,7 +1,8 @@
 // engines/wgmma_prefill.cuh: the Hopper prefill engine (sm_90a): the grouped GEMMs of mma_prefill.cuh
 // on warpgroup MMAs, A = weights dequantized exactly in registers, B = the route tile in shared memory.
 //
-//   sorted, offsets, tile_offsets     routing/group.cuh, route tiles of BR routes (64, 128, 256)
+//   sorted, offsets, tile_offsets     routing/group.cuh, route tiles of BR routes (64, 128; 256 with 2
+//                                     warpgroups: 4 × 64 rows × 256 routes needs more than 128 registers)
 //   x           [rows, H]   T     the call's input
 //   xp          [rows, Hp]  T     x with every 128-value chunk of K in wgmma order (wg_permute; Hp = H
 //                                 rounded up to 128, zeros past H): FC1's activations, route rows
@@ -18,9 +19,10 @@
 // Block: kWgGroups warpgroups × 64 weight rows (warp w: rows 16w .. 16w + 15 of the tile, the
 // mma_prefill lane layout with one m16 tile) × BR routes; acc[BR / 2] f32 per thread (core/wgmma.cuh).
 // K in chunks of 128 through a cp.async ring of WgStage::kStages stages (as many as fit, at most
-// QMOE_WG_STAGES); per k16 step a warp builds its A fragment while the previous QMOE_WG_INFLIGHT MMAs run. With three
-// stages or more the copies run S - 2 chunks ahead and a chunk's last MMA overlaps the next chunk (the
-// slot refilled is two chunks old); with two, each chunk drains its MMAs before the slot is reused.
+// QMOE_WG_STAGES); per k16 step a warp builds its A fragment while the previous QMOE_WG_INFLIGHT MMAs
+// run. With three stages or more the copies run S - 2 chunks ahead and a chunk's last MMA overlaps the
+// next chunk (the slot refilled is two chunks old); with two, each chunk drains its MMAs before the
+// slot is reused.
 #pragma once
 
 #include "core/wgmma.cuh"
