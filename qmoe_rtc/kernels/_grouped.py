@@ -4,6 +4,7 @@ the grouped path, and the tile grid of the tensor-core GEMMs."""
 from __future__ import annotations
 
 from .. import knobs
+from ..errors import QMoEAttributeError
 from ..jit import KernelDef, Launch, Ptr, Scalar
 from ..specialize import CPP_TYPES, ModuleSpec
 from ._expert import gate_of
@@ -72,3 +73,11 @@ def tiled_launch(problem: Problem, route_tile: int, nt: int, threads: int, smem:
     group = knobs.get("prefill_group") or GROUP
     groups = (route_tiles(problem.routes, problem.E, route_tile) + group - 1) // group
     return Launch((groups * group * nt, 1, 1), (threads, 1, 1), smem, (("NT", nt), ("G", group), *extra))
+
+
+def tuning_knob(name: str, env: str, default: int, allowed) -> int:
+    """A tuning knob's value (0 or unset: ``default``), refused when not in ``allowed``."""
+    n = knobs.get(name) or default
+    if n not in allowed:
+        raise QMoEAttributeError(env, f"one of {list(allowed)}", str(n))
+    return n

@@ -9,8 +9,6 @@ per expert of the call.
 
 from __future__ import annotations
 
-from .. import knobs
-from ..errors import QMoEAttributeError
 from ..jit import KernelDef, Launch, Ptr, Scalar
 from ..specialize import ModuleSpec
 from ._expert import (
@@ -30,6 +28,7 @@ from ._grouped import (
     grouped_scratch,
     staged_projection,
     tiled_launch,
+    tuning_knob,
     weight_tiles,
 )
 from .base import KernelFamily, Problem, Slot, register
@@ -43,17 +42,11 @@ WARPS = 4  # kPfWarps: a block tile is 32·WARPS weight rows
 MIN_BLOCKS = 2  # kPfMinBlocks: blocks per SM the register budget is set for
 
 
-def _knob(name: str, env: str, default: int, allowed) -> int:
-    n = knobs.get(name) or default
-    if n not in allowed:
-        raise QMoEAttributeError(env, f"one of {list(allowed)}", str(n))
-    return n
-
 
 def tile_routes(routes: int, E: int) -> int:
     """NR for a call: the smallest route tile (16, 32, 64 routes) that the average expert fills
     (knob ``prefill_route_tile`` forces one, for tuning)."""
-    forced = _knob("prefill_route_tile", "QMOE_RTC_PREFILL_ROUTE_TILE", 0, (0, 16, 32, 64))
+    forced = tuning_knob("prefill_route_tile", "QMOE_RTC_PREFILL_ROUTE_TILE", 0, (0, 16, 32, 64))
     if forced:
         return forced // 8
     per_expert = routes / max(1, min(E, routes))
@@ -81,9 +74,9 @@ class MmaPrefillFamily(KernelFamily):
         """The layout's fields plus the pipeline depth and warps per block (tuning knobs, read here once
         per spec, so the module key and the launch geometry always agree)."""
         return expert_spec(self.name, config,
-                           stages=_knob("prefill_stages", "QMOE_RTC_PREFILL_STAGES", STAGES, range(2, 7)),
-                           warps=_knob("prefill_warps", "QMOE_RTC_PREFILL_WARPS", WARPS, (4, 8)),
-                           min_blocks=_knob("prefill_min_blocks", "QMOE_RTC_PREFILL_MIN_BLOCKS", MIN_BLOCKS, (1, 2, 3, 4)))
+                           stages=tuning_knob("prefill_stages", "QMOE_RTC_PREFILL_STAGES", STAGES, range(2, 7)),
+                           warps=tuning_knob("prefill_warps", "QMOE_RTC_PREFILL_WARPS", WARPS, (4, 8)),
+                           min_blocks=tuning_knob("prefill_min_blocks", "QMOE_RTC_PREFILL_MIN_BLOCKS", MIN_BLOCKS, (1, 2, 3, 4)))
 
     def specs(self, config) -> list[ModuleSpec]:
         return [] if self.supports(config) else [self.spec(config)]

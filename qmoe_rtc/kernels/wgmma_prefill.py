@@ -4,8 +4,8 @@ dequantized exactly in registers (float16/bfloat16, 1/2/4/8-bit weights).
 Template ``cuda_src/engines/wgmma_prefill.cuh``: ``qmoe::wg_permute`` (the input's K chunks in the
 order the MMA's shared-memory operand needs), ``qmoe::fc1_wgmma`` (FC1 [+FC3] with the activation
 fused, sorted order, written in FC2's order) and ``qmoe::fc2_wgmma`` (FC2 + bias, by route id); with
-``group_by_expert`` and ``combine_routes`` as in ``mma_prefill``. Route tiles of 64, 128 or 256
-routes, chosen from the routes per expert of the call.
+``group_by_expert`` and ``combine_routes`` as in ``mma_prefill``. Route tiles of 64 or 128 routes
+(256 too with 2 warpgroups per block), chosen from the routes per expert of the call.
 
 It runs on sm_90a only (the executor compiles every module for sm_90a on Hopper); on other targets the
 module compiles to kernels that trap and :meth:`WgmmaPrefillFamily.supports` refuses the device.
@@ -16,7 +16,6 @@ docs/performance.md) and :meth:`WgmmaPrefillFamily.slower` says so.
 from __future__ import annotations
 
 from .. import knobs
-from ..errors import QMoEAttributeError
 from ..jit import KernelDef, Launch, Ptr, Scalar
 from ..specialize import CPP_TYPES, ModuleSpec
 from ._expert import (
@@ -36,6 +35,7 @@ from ._grouped import (
     grouped_scratch,
     staged_projection,
     tiled_launch,
+    tuning_knob,
     weight_tiles,
 )
 from .base import KernelFamily, Problem, Slot, register
@@ -91,12 +91,6 @@ def stages(stage: int, max_stages: int = MAX_STAGES) -> int:
     return min(max_stages, SMEM_BUDGET // stage)
 
 
-def _knob(name: str, env: str, default: int, allowed) -> int:
-    n = knobs.get(name) or default
-    if n not in allowed:
-        raise QMoEAttributeError(env, f"one of {list(allowed)}", str(n))
-    return n
-
 
 def route_tiles_of(groups: int) -> tuple[int, ...]:
     """The route tiles a module with ``groups`` warpgroups per block has."""
@@ -127,9 +121,9 @@ class WgmmaPrefillFamily(KernelFamily):
         """The layout's fields plus warpgroups per block and the ring's depth (tuning knobs, read here
         once per spec, so the module key and the launch geometry always agree)."""
         return expert_spec(self.name, config,
-                           groups=_knob("prefill_wg_groups", "QMOE_RTC_PREFILL_WG_GROUPS", GROUPS, (2, 4)),
-                           stages=_knob("prefill_wg_stages", "QMOE_RTC_PREFILL_WG_STAGES", MAX_STAGES, range(2, 7)),
-                           inflight=_knob("prefill_wg_inflight", "QMOE_RTC_PREFILL_WG_INFLIGHT", INFLIGHT, (1, 2)))
+                           groups=tuning_knob("prefill_wg_groups", "QMOE_RTC_PREFILL_WG_GROUPS", GROUPS, (2, 4)),
+                           stages=tuning_knob("prefill_wg_stages", "QMOE_RTC_PREFILL_WG_STAGES", MAX_STAGES, range(2, 7)),
+                           inflight=tuning_knob("prefill_wg_inflight", "QMOE_RTC_PREFILL_WG_INFLIGHT", INFLIGHT, (1, 2)))
 
     def defines(self, spec: ModuleSpec) -> tuple[str, ...]:
         return (f"-DQMOE_WG_GROUPS={spec['groups']}", f"-DQMOE_WG_STAGES={spec['stages']}",
