@@ -54,10 +54,12 @@ def projection_args(p: str, scale_dtype: str) -> tuple:
 
 
 def tensor_core_unsupported(config: ModelConfig) -> str | None:
-    """Why the tensor-core engines (mma_decode, mma_prefill) cannot run ``config`` (None: they can)."""
+    """Why the tensor-core engines (mma_decode, mma_prefill, wgmma_prefill) cannot run ``config`` (None: they
+    can)."""
     layout = getattr(config, "layout", config)
     if layout.dtype not in ("float16", "bfloat16"):
-        return f"{layout.dtype} activations (the tensor-core engines compute in float16/bfloat16)"
+        return (f"{layout.dtype} activations (the tensor-core engines compute in float16/bfloat16; TF32, with its "
+                "10-bit mantissa, would miss the float32 tolerance of 1e-5)")
     bits = [layout.bits(p) for p in layout.projections]
     if 3 in bits:
         return "3-bit weights (codes straddle 32-bit words)"
