@@ -1,10 +1,11 @@
 """QMoE attributes: ONNX Runtime's names and defaults parsed into one frozen, validated value
-(plus ``zero_point_offset`` [ext]). :mod:`qmoe_rtc.contract` re-exports it."""
+(plus ``zero_point_offset``, ``shared_expert_weight_bits`` and ``shared_block_size`` [ext]).
+:mod:`qmoe_rtc.contract` re-exports it."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from .errors import QMoEAttributeError
 from .quantize import SUPPORTED_BITS
@@ -36,9 +37,17 @@ def _as_float(name, value, finite: bool = False):
     return v
 
 
+def _block_size(name, value) -> int:
+    bs = _as_int(name, value)
+    if bs != 0 and (bs < 16 or bs & (bs - 1)):
+        raise QMoEAttributeError(name, "0 (row-wise) or a power of two >= 16", str(bs))
+    return bs
+
+
 @dataclass(frozen=True)
 class QMoEAttributes:
-    """QMoE attributes with ONNX Runtime's names and defaults (plus ``zero_point_offset`` [ext])."""
+    """QMoE attributes with ONNX Runtime's names and defaults (plus the [ext] ones: ``zero_point_offset``,
+    and ``shared_expert_weight_bits`` / ``shared_block_size`` for shared experts, unset = the routed ones)."""
 
     k: int = 1
     activation_type: str = "relu"
@@ -56,6 +65,8 @@ class QMoEAttributes:
     swiglu_limit_after_activation: int = 0
     quant_type: str = "int"
     zero_point_offset: float | None = None
+    shared_expert_weight_bits: int | None = None
+    shared_block_size: int | None = None
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -86,10 +97,11 @@ class QMoEAttributes:
             n = f"{p}_expert_weight_bits"
             v = a.get(n)
             out[n] = None if v is None else _as_int(n, v, SUPPORTED_BITS)
-        bs = _as_int("block_size", a.get("block_size", 0))
-        if bs != 0 and (bs < 16 or bs & (bs - 1)):
-            raise QMoEAttributeError("block_size", "0 (row-wise) or a power of two >= 16", str(bs))
-        out["block_size"] = bs
+        out["block_size"] = _block_size("block_size", a.get("block_size", 0))
+        sb = a.get("shared_expert_weight_bits")
+        out["shared_expert_weight_bits"] = None if sb is None else _as_int("shared_expert_weight_bits", sb, SUPPORTED_BITS)
+        sbs = a.get("shared_block_size")
+        out["shared_block_size"] = None if sbs is None else _block_size("shared_block_size", sbs)
         out["swiglu_fusion"] = _as_int("swiglu_fusion", a.get("swiglu_fusion", 0), (0, 1, 2))
         out["swiglu_limit"] = _as_float("swiglu_limit", a.get("swiglu_limit", math.inf))
         if out["swiglu_limit"] <= 0:
@@ -102,8 +114,8 @@ class QMoEAttributes:
         qt = a.get("quant_type", "int")
         if isinstance(qt, bytes):
             qt = qt.decode()
-        if qt != "int":
-            raise QMoEAttributeError("quant_type", "'int' (the only quantization this build implements)", repr(qt))
+        if qt not in ("int", "fp8"):
+            raise QMoEAttributeError("quant_type", "'int' or 'fp8' (the quantizations this build implements)", repr(qt))
         out["quant_type"] = qt
         zpo = a.get("zero_point_offset")
         if zpo is not None:
@@ -114,6 +126,14 @@ class QMoEAttributes:
         return attrs_obj
 
     def _check_combinations(self):
+        if self.quant_type == "fp8":
+            for n in ("expert_weight_bits", "fc1_expert_weight_bits", "fc2_expert_weight_bits", "fc3_expert_weight_bits"):
+                v = getattr(self, n)
+                if v is not None and v != 8:
+                    raise QMoEAttributeError(n, "8 with quant_type='fp8' (one float8e4m3fn byte per weight)", str(v))
+            if self.zero_point_offset is not None:
+                raise QMoEAttributeError("zero_point_offset", "unset with quant_type='fp8' (e4m3fn has no zero point)",
+                                         str(self.zero_point_offset))
         if self.use_sparse_mixer and self.k != 2:
             raise QMoEAttributeError("k", "2 when use_sparse_mixer=1 (Phi-3.5-MoE sparse mixer)", str(self.k))
         if self.swiglu_fusion and self.activation_type not in GLU_ACTIVATIONS:
@@ -126,6 +146,15 @@ class QMoEAttributes:
         """Bits of ``fc1`` / ``fc2`` / ``fc3`` (their own attribute, else ``expert_weight_bits``)."""
         v = getattr(self, f"{projection}_expert_weight_bits")
         return self.expert_weight_bits if v is None else v
+
+    def shared_attrs(self) -> QMoEAttributes:
+        """The attributes the shared experts are read with: their own bits and block size where set (else
+        the routed ones, per projection), integer codes, one 'route' per shared expert."""
+        sb = self.shared_expert_weight_bits
+        per = {f"{p}_expert_weight_bits": sb if sb is not None else self.bits(p) for p in ("fc1", "fc2")}
+        bs = self.block_size if self.shared_block_size is None else self.shared_block_size
+        return replace(self, k=1, use_sparse_mixer=0, **per, fc3_expert_weight_bits=None, block_size=bs,
+                       quant_type="int", shared_expert_weight_bits=None, shared_block_size=None)
 
     @property
     def is_glu(self) -> bool:

@@ -1,7 +1,8 @@
 """The QMoE contract: attributes, input validation, and every derived size in one place.
 
 ``QMoEAttributes.from_kwargs(**attrs)`` parses ONNX Runtime's attribute names and defaults into a
-frozen value. ``describe_layer(weights, attrs)`` validates the expert tensors (inputs 2–13) once and
+frozen value. ``describe_layer(weights, attrs)`` validates the expert tensors (inputs 2–13, and the FP8 global
+scales 15–16) once and
 returns a :class:`LayerSpec` with everything the kernels need (H, I, E, fused width, blocks per row,
 packed row bytes, zero-point modes, dtypes). ``check_call(layer, input, router_probs,
 router_weights)`` validates the per-call tensors (inputs 0, 1, 14) and returns a :class:`CallSpec`.
@@ -25,6 +26,8 @@ __all__ = [
     "GLU_ACTIVATIONS",
     "INPUT_NAMES",
     "WEIGHT_INPUTS",
+    "GLOBAL_SCALE_INPUTS",
+    "LAYER_INPUTS",
     "QMoEAttributes",
     "ProjectionSpec",
     "LayerSpec",
@@ -54,6 +57,10 @@ INPUT_NAMES = (
 )
 #: The inputs that describe the layer (constant across calls).
 WEIGHT_INPUTS = INPUT_NAMES[2:14]
+#: ONNX Runtime's inputs 15 and 16: the per-expert float32 scales of FP8 experts with block_size 0.
+GLOBAL_SCALE_INPUTS = ("fc1_global_scale", "fc2_global_scale")
+#: Every routed-expert input :func:`describe_layer` reads.
+LAYER_INPUTS = WEIGHT_INPUTS + GLOBAL_SCALE_INPUTS
 
 @dataclass(frozen=True)
 class ProjectionSpec:
@@ -69,6 +76,12 @@ class ProjectionSpec:
     zp_mode: str  #: "none" (zp = 2^(b−1)) | "packed" (zero-point tensor) | "offset" (zero_point_offset)
     has_bias: bool
     bias_dtype: str | None
+    quant: str = "int"  #: "int" (b-bit codes) | "fp8" (float8e4m3fn codes [E, N, K])
+
+    @property
+    def scale_input(self) -> str:
+        """The input holding this projection's scales (``fc1_global_scale`` for FP8 with block_size 0)."""
+        return f"{self.name}_global_scale" if self.quant == "fp8" and not self.block_size else f"{self.name}_scales"
 
     @property
     def n_blocks(self) -> int:
@@ -161,10 +174,10 @@ def describe_layer(weights: dict, attrs: QMoEAttributes) -> LayerSpec:
 
     ``weights`` maps ONNX Runtime input names to arrays (missing or None = not given).
     """
-    w = {n: weights.get(n) for n in WEIGHT_INPUTS}
-    unknown = set(weights) - set(WEIGHT_INPUTS)
+    w = {n: weights.get(n) for n in LAYER_INPUTS}
+    unknown = set(weights) - set(LAYER_INPUTS)
     if unknown:
-        raise QMoEInputError(sorted(unknown)[0], f"one of {WEIGHT_INPUTS}", "an unknown input name")
+        raise QMoEInputError(sorted(unknown)[0], f"one of {LAYER_INPUTS}", "an unknown input name")
 
     # --- devices: everything on one side (all NumPy, or all CuPy on one device)
     given = {n: a for n, a in w.items() if a is not None}
@@ -179,8 +192,10 @@ def describe_layer(weights: dict, attrs: QMoEAttributes) -> LayerSpec:
                 f"({'host' if ref_dev is None else f'cuda:{ref_dev}'}), got {'host' if d is None else f'cuda:{d}'}"
             )
 
-    _require("fc1_experts_weights", w["fc1_experts_weights"], rank=3, dtypes=("uint8",))
-    _require("fc2_experts_weights", w["fc2_experts_weights"], rank=3, dtypes=("uint8",))
+    fp8 = attrs.quant_type == "fp8"
+    code_dtypes = ("uint8", "float8_e4m3fn") if fp8 else ("uint8",)
+    _require("fc1_experts_weights", w["fc1_experts_weights"], rank=3, dtypes=code_dtypes)
+    _require("fc2_experts_weights", w["fc2_experts_weights"], rank=3, dtypes=code_dtypes)
     E = int(w["fc1_experts_weights"].shape[0])
     if E < 1:  # what one build can run (E <= 512 ...) is the executor's check: QMoEUnsupportedError
         raise QMoEInputError("fc1_experts_weights", "at least 1 expert (dim 0)", f"E = {E}")
@@ -208,6 +223,14 @@ def describe_layer(weights: dict, attrs: QMoEAttributes) -> LayerSpec:
     for n in ("fc3_scales", "fc3_experts_bias", "fc3_zero_points"):
         if w[n] is not None and not has_fc3:
             raise QMoEInputError(n, "absent when fc3_experts_weights is absent", "an array")
+    if fp8 and has_fc3:
+        raise QMoEInputError("fc3_experts_weights", "absent with quant_type='fp8' (ONNX Runtime defines no FC3 "
+                             "global scale; use swiglu_fusion 1 or 2)", "an array")
+    for n in GLOBAL_SCALE_INPUTS:
+        if w[n] is not None and not (fp8 and attrs.block_size <= 0):
+            raise QMoEInputError(n, "absent unless quant_type='fp8' with block_size 0 (block scales go in "
+                                 f"{n[:3]}_scales)" if fp8 else "absent with quant_type='int' (FP8 experts only)",
+                                 "an array")
 
     fused = int(w["fc1_experts_weights"].shape[1])
     if fused % F:
@@ -222,6 +245,8 @@ def describe_layer(weights: dict, attrs: QMoEAttributes) -> LayerSpec:
                                             "fc1_experts_bias", "fc2_experts_bias", "fc3_experts_bias")})
 
     def projection(p, N, K):
+        if fp8:
+            return _fp8_projection(w, attrs, p, E, N, K)
         bits = attrs.bits(p)
         wn, sn, bn, zn = f"{p}_experts_weights", f"{p}_scales", f"{p}_experts_bias", f"{p}_zero_points"
         rb = packed_row_bytes(K, bits)
@@ -261,6 +286,33 @@ def describe_layer(weights: dict, attrs: QMoEAttributes) -> LayerSpec:
     fc3 = projection("fc3", I, H) if has_fc3 else None
     return LayerSpec(attrs=attrs, E=E, H=H, I=I, F=F, fc1=fc1, fc2=fc2, fc3=fc3, dtype=dtype, on_gpu=on_gpu,
                      device_id=ref_dev)
+
+
+def _fp8_projection(w, attrs, p, E, N, K) -> ProjectionSpec:
+    """One FP8 projection: codes ``[E, N, K]``, the global scale ``[E]`` float32 (block_size 0) or square
+    block scales ``[E, ceil(N/bs), ceil(K/bs)]`` in float32 or T, no zero points."""
+    from .fp8 import fp8_scale_shape
+
+    wn, bn, zn, bs = f"{p}_experts_weights", f"{p}_experts_bias", f"{p}_zero_points", attrs.block_size
+    _require(wn, w[wn], shape=(E, N, K), dtypes=("uint8", "float8_e4m3fn"),
+             where=f"[E, N, K] float8e4m3fn codes with N={N}, K={K}")
+    if w[zn] is not None:
+        raise QMoEInputError(zn, "absent with quant_type='fp8' (e4m3fn has no zero point)", "an array")
+    if bs > 0:
+        sn = f"{p}_scales"
+        _require(sn, w[sn], shape=fp8_scale_shape(E, N, K, bs), dtypes=FLOAT_DTYPES,
+                 where=f"square FP8 block scales [E, ceil(N/bs), ceil(K/bs)] with block_size={bs}")
+    else:
+        if w[f"{p}_scales"] is not None:
+            raise QMoEInputError(f"{p}_scales", f"absent with quant_type='fp8' and block_size 0 (the scale is "
+                                 f"{p}_global_scale)", "an array")
+        sn = f"{p}_global_scale"
+        _require(sn, w[sn], shape=(E,), dtypes=("float32",), where="the per-expert FP8 scale [E], float32")
+    if w[bn] is not None:
+        _require(bn, w[bn], shape=(E, N), dtypes=FLOAT_DTYPES)
+    return ProjectionSpec(name=p, bits=8, N=N, K=K, block_size=max(bs, 0), row_bytes=K, scale_dtype=dtype_name(w[sn]),
+                          zp_mode="none", has_bias=w[bn] is not None,
+                          bias_dtype=dtype_name(w[bn]) if w[bn] is not None else None, quant="fp8")
 
 
 def check_call(layer: LayerSpec, input, router_probs, router_weights=None) -> CallSpec:
@@ -308,11 +360,18 @@ def check_content(weights: dict, layer: LayerSpec) -> None:
         return a.get() if is_cupy(a) else np.asarray(a)
 
     for p in layer.projections():
-        s = host(weights[f"{p.name}_scales"]).astype(np.float32)
+        s = host(weights[p.scale_input]).astype(np.float32)
         bad = ~np.isfinite(s) | (s < 0)
         if bad.any():
             idx = tuple(int(i) for i in np.argwhere(bad)[0])
-            raise QMoEInputError(f"{p.name}_scales", "finite, non-negative scales", f"{s[idx]} at index {list(idx)}")
+            raise QMoEInputError(p.scale_input, "finite, non-negative scales", f"{s[idx]} at index {list(idx)}")
+        if p.quant == "fp8":
+            q = host(weights[f"{p.name}_experts_weights"]).view(np.uint8)
+            nan = (q & 0x7F) == 0x7F
+            if nan.any():
+                idx = [int(i) for i in np.argwhere(nan)[0]]
+                raise QMoEInputError(f"{p.name}_experts_weights", "no NaN codes (0x7F, 0xFF) in float8e4m3fn weights",
+                                     f"code {int(q[tuple(idx)]):#04x} at index {idx}")
         b = weights.get(f"{p.name}_experts_bias")
         if b is not None:
             bh = host(b).astype(np.float32)

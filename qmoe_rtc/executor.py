@@ -28,8 +28,9 @@ from dataclasses import replace
 
 from . import knobs
 from ._arrays import device_of, dtype_name, is_c_contiguous, shape_str
-from .contract import INPUT_NAMES, WEIGHT_INPUTS, CallSpec, QMoEAttributes, check_call, check_content, describe_layer
+from .contract import INPUT_NAMES, LAYER_INPUTS, CallSpec, QMoEAttributes, check_call, check_content, describe_layer
 from .errors import CaptureError, DeviceError, QMoEInputError, QMoEUnsupportedError
+from .extensions import EXT_INPUTS, describe_extensions, refuse_on_gpu
 from .jit import load_module
 from .jit.driver import probe, stream_is_capturing
 from .kernels import Problem, choose, decode_limit, get_family
@@ -121,7 +122,8 @@ class QMoE:
 
     Expert tensors (inputs 2–13) are keyword arguments with ONNX Runtime's names; attributes too
     (``k``, ``activation_type``, ``expert_weight_bits``, ``block_size``, ``swiglu_fusion`` ...).
-    Arrays may be CuPy, torch CUDA tensors (zero copy) or NumPy (uploaded once).
+    Arrays may be CuPy, torch CUDA tensors (zero copy) or NumPy (uploaded once). FP8 experts, shared
+    experts and the router GEMM (docs/contract.md) are validated, then refused: QMoEUnsupportedError.
 
     ``decode_max_routes``: rows·k up to which the decode path runs (default: the crossover measured
     for this shape, :func:`qmoe_rtc.kernels.decode_limit`). ``validate_content``: also check scales,
@@ -135,7 +137,7 @@ class QMoE:
 
     def __init__(self, *, decode_max_routes: int | None = None, validate_content: bool = False,
                  device: int | str | None = None, **kwargs):
-        weights = {n: kwargs.pop(n) for n in list(kwargs) if n in WEIGHT_INPUTS}
+        weights = {n: kwargs.pop(n) for n in list(kwargs) if n in LAYER_INPUTS + EXT_INPUTS}
         for n in list(kwargs):
             if n in INPUT_NAMES:
                 raise QMoEInputError(n, "a per-call input: pass it to the layer call, not to QMoE()", "a constructor argument")
@@ -147,7 +149,8 @@ class QMoE:
         metas = {n: array_meta(n, a) for n, a in weights.items()}
         on_dev = next((m.device for m in metas.values() if m is not None and m.device is not None), None)
         metas = {n: m if m is None or m.device is not None else replace(m, device=on_dev) for n, m in metas.items()}
-        layer = describe_layer(metas, self.attrs)
+        layer = describe_layer({n: m for n, m in metas.items() if n in LAYER_INPUTS}, self.attrs)
+        refuse_on_gpu(layer, describe_extensions({n: m for n, m in metas.items() if n in EXT_INPUTS}, self.attrs, layer))
         if want is not None and layer.device_id is not None and layer.device_id != want:
             raise DeviceError(f"weights live on cuda:{layer.device_id}, device={device!r} was asked for")
         _check_supported(layer)

@@ -6,7 +6,8 @@ offset ``k·b % 8``; a 3-bit row is one continuous bitstream (codes straddle byt
 ``ceil(K·b/8)`` bytes and unused high bits of its last byte are zero.
 
 Dequantization: ``w = (q − zp) · scale`` in float32, with ``zp`` from a zero-point tensor, else the
-``zero_point_offset`` attribute, else ``2^(b−1)``.
+``zero_point_offset`` attribute, else ``2^(b−1)``. ``quantize(..., format="fp8_e4m3")`` makes FP8
+(float8 e4m3fn) experts instead (:mod:`qmoe_rtc.fp8`).
 
 Every function accepts NumPy arrays, and CuPy arrays too (returning CuPy).
 """
@@ -135,26 +136,38 @@ def unpack_zero_points(zero_points, bits: int, N: int, n_blocks: int, block_wise
     return unpack_codes(zero_points, bits, N)[..., None]
 
 
-def quantize(weights, bits: int, block_size: int = 0, symmetric: bool = True, scale_dtype=np.float32):
+def quantize(weights, bits: int | None = None, block_size: int = 0, symmetric: bool = True, scale_dtype=np.float32,
+             format: str = "int"):
     """Quantize float experts ``[E, N, K]`` into the raw QMoE layout.
 
     Args:
         weights: float array ``[E, N, K]`` (NumPy or CuPy), N output and K input features.
-        bits: 1, 2, 3, 4 or 8.
-        block_size: 0 for one scale per row, else a power of two ≥ 16 dividing K.
+        bits: 1, 2, 3, 4 or 8 (``format="int"``); None or 8 with ``format="fp8_e4m3"``.
+        block_size: 0 for one scale per row, else a power of two ≥ 16 dividing K. FP8: 0 for one
+            float32 scale per expert, else a power of two ≥ 16 (need not divide N or K) for square
+            ``bs × bs`` block scales.
         symmetric: True stores offset-binary codes around the implicit zero point ``2^(b−1)``
             (no zero-point tensor); False picks a per-block (or per-row) min/max range and returns
-            packed zero points.
-        scale_dtype: dtype of the returned scales: float32, float16 or bfloat16 (the activation dtype).
+            packed zero points. FP8 is symmetric only.
+        scale_dtype: dtype of the returned scales: float32, float16 or bfloat16 (the activation dtype);
+            FP8 global scales are float32 only.
+        format: ``"int"`` (b-bit integer codes) or ``"fp8_e4m3"`` (float8 e4m3fn codes, ONNX Runtime's
+            ``quant_type="fp8"``).
 
     Returns:
-        :class:`QuantizedWeights` ``(packed, scales, zero_points)``.
+        :class:`QuantizedWeights` ``(packed, scales, zero_points)``. FP8: ``packed`` is uint8 codes
+        ``[E, N, K]``, ``scales`` the ``fc*_global_scale`` input ``[E]`` (block_size 0) or the
+        ``fc*_scales`` block scales ``[E, ceil(N/bs), ceil(K/bs)]``, ``zero_points`` None.
 
     Raises :class:`~qmoe_rtc.errors.QMoEInputError` for bad arguments, weights that are not finite
     (NaN or inf) and scales that do not fit ``scale_dtype`` (e.g. float16 overflow).
     """
-    bits = _check_bits(bits)
-    sdt = _check_scale_dtype(scale_dtype)
+    if format not in ("int", "fp8_e4m3"):
+        raise QMoEInputError("format", "'int' or 'fp8_e4m3'", repr(format))
+    if format == "int":
+        bits = _check_bits(bits)
+    elif bits is not None and (isinstance(bits, bool) or bits != 8):
+        raise QMoEInputError("bits", "None or 8 with format='fp8_e4m3'", repr(bits))
     xp = array_module(weights)
     w = xp.asarray(weights)
     if w.ndim != 3:
@@ -165,6 +178,9 @@ def quantize(weights, bits: int, block_size: int = 0, symmetric: bool = True, sc
     if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)):
         raise QMoEInputError("block_size", "an integer: 0 or a power of two >= 16", repr(block_size))
     block_size = int(block_size)
+    if format == "fp8_e4m3":
+        return _quantize_fp8(xp, w, block_size, symmetric, scale_dtype)
+    sdt = _check_scale_dtype(scale_dtype)
     if block_size < 0 or (block_size and (block_size < 16 or block_size & (block_size - 1) or K % block_size)):
         raise QMoEInputError("block_size", f"0 or a power of two >= 16 dividing K={K}", str(block_size))
     chunk = max(1, (1 << 24) // max(1, N * K))  # bound the float32 temporaries to ~64 MiB each
@@ -176,6 +192,20 @@ def quantize(weights, bits: int, block_size: int = 0, symmetric: bool = True, sc
         xp.concatenate([p.scales for p in parts]),
         None if symmetric else xp.concatenate([p.zero_points for p in parts]),
     )
+
+
+def _quantize_fp8(xp, w, block_size: int, symmetric: bool, scale_dtype) -> QuantizedWeights:
+    """:func:`quantize` with ``format="fp8_e4m3"`` (NumPy; CuPy input is quantized on the host and returned as CuPy)."""
+    from .fp8 import check_fp8_scale_dtype, quantize_fp8
+
+    if block_size < 0 or (block_size and (block_size < 16 or block_size & (block_size - 1))):
+        raise QMoEInputError("block_size", "0 (a global scale per expert) or a power of two >= 16", str(block_size))
+    if symmetric is not True:
+        raise QMoEInputError("symmetric", "True with format='fp8_e4m3' (e4m3fn has no zero point)", repr(symmetric))
+    sdt = check_fp8_scale_dtype(scale_dtype, block_size)
+    host = w.get() if xp is not np else w
+    codes, scales = quantize_fp8(host, block_size, sdt)
+    return QuantizedWeights(xp.asarray(codes), xp.asarray(scales), None)
 
 
 def _quantize_chunk(xp, w, e0: int, bits: int, block_size: int, symmetric: bool, sdt: str) -> QuantizedWeights:

@@ -32,6 +32,7 @@ def random_layer(
     fc3: bool = False,
     bias: bool = False,
     progress=None,
+    format: str = "int",
     **attributes,
 ) -> tuple[dict, dict]:
     """A random layer: ``(weights by ONNX Runtime input name, attributes)``.
@@ -40,7 +41,12 @@ def random_layer(
     to ``swiglu_fusion=1`` unless ``fc3`` is asked for. Weight magnitudes are scaled by 1/sqrt(K) so
     outputs stay O(1) at any size. ``progress(projection, experts done, E)``, when given, is called as
     the experts are drawn and quantized (a few at a time; the values are the same either way).
+    ``format="fp8_e4m3"``: FP8 experts (``quant_type="fp8"``; ``bits`` and ``zero_points`` are ignored):
+    float32 ``fc*_global_scale`` with block_size 0, else square block scales in ``fc*_scales``.
     """
+    fp8 = format == "fp8_e4m3"
+    if fp8:
+        bits, zero_points = 8, False
     b1, b2, b3 = (bits,) * 3 if isinstance(bits, int) else tuple(bits)
     z1, z2, z3 = (zero_points,) * 3 if isinstance(zero_points, bool) else tuple(zero_points)
     glu = activation_type in GLU_ACTIVATIONS
@@ -56,12 +62,16 @@ def random_layer(
         for e0 in range(0, E, step):  # the generator fills experts in order: chunks draw the same values
             w = rng.standard_normal((min(step, E - e0), N, K), dtype=np.float32)
             w *= np.float32(1.0 / np.sqrt(K))
-            parts.append(quantize(w, b, block_size, symmetric=not zp, scale_dtype=sdt))
+            if fp8:
+                parts.append(quantize(w, None, block_size, scale_dtype=sdt if block_size else np.float32, format=format))
+            else:
+                parts.append(quantize(w, b, block_size, symmetric=not zp, scale_dtype=sdt))
             if progress is not None:
                 progress(name, min(E, e0 + step), E)
         q = parts[0] if len(parts) == 1 else type(parts[0])(
             *(None if parts[0][i] is None else np.concatenate([p[i] for p in parts]) for i in range(3)))
-        out = {f"{name}_experts_weights": q.packed, f"{name}_scales": q.scales}
+        out = {f"{name}_experts_weights": q.packed,
+               f"{name}_global_scale" if fp8 and not block_size else f"{name}_scales": q.scales}
         if zp:
             out[f"{name}_zero_points"] = q.zero_points
         if bias:
@@ -75,6 +85,8 @@ def random_layer(
         weights.update(proj("fc3", I, H, b3, z3))
     attrs = dict(k=k, activation_type=activation_type, block_size=block_size, expert_weight_bits=b1,
                  swiglu_fusion=swiglu_fusion, **attributes)
+    if fp8:
+        attrs["quant_type"] = "fp8"
     if b2 != b1:
         attrs["fc2_expert_weight_bits"] = b2
     if fc3 and b3 != b1:

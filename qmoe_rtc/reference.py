@@ -1,8 +1,9 @@
 """Float64 NumPy reference of the QMoE contract (docs/contract.md), the ground truth for every kernel.
 
-``qmoe(...)`` takes ONNX Runtime's inputs in ONNX Runtime's order (0–14) and its attributes as
-keywords, computes in float64 from the float32-dequantized weights, and rounds once to the input's
-dtype. CuPy inputs are copied to the host. It is meant to be obviously right, not fast.
+``qmoe(...)`` takes ONNX Runtime's inputs in ONNX Runtime's order (0–16) and its attributes as
+keywords, computes in float64 from the float32-dequantized weights (integer or FP8 codes), and rounds
+once to the input's dtype. The [ext] inputs (shared experts, router GEMM) are keywords. CuPy inputs
+are copied to the host. It is meant to be obviously right, not fast.
 """
 
 from __future__ import annotations
@@ -10,10 +11,12 @@ from __future__ import annotations
 import numpy as np
 
 from ._arrays import is_cupy, np_dtype
-from .contract import QMoEAttributes, check_call, check_content, describe_layer
+from .contract import QMoEAttributes, check_content, describe_layer
+from .extensions import EXT_INPUTS, check_ext_call, describe_extensions, shared_weights
+from .fp8 import dequantize_fp8
 from .quantize import dequantize
 
-__all__ = ["qmoe", "route", "activate", "order_key"]
+__all__ = ["qmoe", "route", "activate", "order_key", "expert_mlp", "router_logits", "shared_part"]
 
 _SPARSE_MIXER_EPS = 0.01
 _GELU_C = 0.7978845608028654  # sqrt(2/pi)
@@ -137,11 +140,57 @@ def activate(h: np.ndarray, attrs: QMoEAttributes, F: int, u: np.ndarray | None 
     return a * u if u is not None else a
 
 
+def _dequantized(weights: dict, p, attrs: QMoEAttributes, e: int) -> np.ndarray:
+    """Expert e of projection p (a :class:`~qmoe_rtc.contract.ProjectionSpec`), dequantized in float32,
+    as float64 ``[N, K]``."""
+    if p.quant == "fp8":
+        return dequantize_fp8(weights[f"{p.name}_experts_weights"][e : e + 1], weights[p.scale_input][e : e + 1],
+                              p.block_size)[0].astype(np.float64)
+    z = weights.get(f"{p.name}_zero_points")
+    return dequantize(
+        weights[f"{p.name}_experts_weights"][e : e + 1], weights[f"{p.name}_scales"][e : e + 1], p.bits,
+        p.block_size, zero_points=None if z is None else z[e : e + 1],
+        zero_point_offset=attrs.zero_point_offset if p.zp_mode == "offset" else None, K=p.K,
+    )[0].astype(np.float64)
+
+
+def expert_mlp(x: np.ndarray, layer, weights: dict, attrs: QMoEAttributes, e: int) -> np.ndarray:
+    """Expert e of a layer on rows ``x`` ``[n, H]`` (float64): ``act(x·W1ᵀ + b1) · W2ᵀ + b2`` ``[n, H]``."""
+    b1, b2, b3 = (_f64(weights.get(f"fc{i}_experts_bias")) for i in (1, 2, 3))
+    h = x @ _dequantized(weights, layer.fc1, attrs, e).T + (b1[e] if b1 is not None else 0.0)  # [n, F·I]
+    u = None
+    if layer.fc3 is not None:
+        u = x @ _dequantized(weights, layer.fc3, attrs, e).T + (b3[e] if b3 is not None else 0.0)  # [n, I]
+    a = activate(h, attrs, layer.F, u)  # [n, I]
+    return a @ _dequantized(weights, layer.fc2, attrs, e).T + (b2[e] if b2 is not None else 0.0)  # [n, H]
+
+
+def router_logits(x: np.ndarray, router_weight, router_bias=None) -> np.ndarray:
+    """The router GEMM [ext]: float32 logits ``[rows, E]`` = ``x·Wᵀ + b`` computed in float64 from
+    ``x`` ``[rows, H]``, ``router_weight`` ``[E, H]`` and ``router_bias`` ``[E]``, rounded once."""
+    lg = np.asarray(x).astype(np.float64) @ _f64(router_weight).T  # [rows, E]
+    if router_bias is not None:
+        lg = lg + _f64(router_bias)
+    return lg.astype(np.float32)
+
+
+def shared_part(x: np.ndarray, shared, weights: dict, attrs: QMoEAttributes, gate_weight=None) -> np.ndarray:
+    """The shared experts' contribution [ext] ``[rows, H]`` (float64): ``Σ_s shared_s(x)``, times
+    ``sigmoid(x·g)`` per row when ``gate_weight`` ``[H]`` is given. ``weights`` uses the routed names."""
+    sattrs = attrs.shared_attrs()
+    total = np.zeros_like(x)
+    for s in range(shared.E):
+        total += expert_mlp(x, shared, weights, sattrs, s)
+    if gate_weight is not None:
+        total *= _sigmoid(x @ _f64(gate_weight))[:, None]
+    return total
+
+
 def qmoe(
     input,
     router_probs,
     fc1_experts_weights,
-    fc1_scales,
+    fc1_scales=None,
     fc1_experts_bias=None,
     fc2_experts_weights=None,
     fc2_scales=None,
@@ -153,63 +202,54 @@ def qmoe(
     fc2_zero_points=None,
     fc3_zero_points=None,
     router_weights=None,
+    fc1_global_scale=None,
+    fc2_global_scale=None,
     *,
     validate_content: bool = False,
     **attributes,
 ):
     """Run one QMoE layer on the CPU in float64; returns an array of the input's shape and dtype.
 
-    Arguments are ONNX Runtime's QMoE inputs, in its order; attributes (``k``, ``activation_type``,
-    ``block_size`` ...) are keywords with ONNX Runtime's names and defaults. ``validate_content``:
-    also check what :class:`~qmoe_rtc.executor.QMoE` checks with the same flag (finite non-negative
-    scales, finite biases, zero-point padding), raising the same ``QMoEInputError``.
+    Arguments are ONNX Runtime's QMoE inputs, in its order (0–16: 15 and 16 are the FP8 global
+    scales); attributes (``k``, ``activation_type``, ``block_size`` ...) are keywords with ONNX
+    Runtime's names and defaults. The extension inputs [ext] are keywords too (names in
+    :data:`qmoe_rtc.extensions.EXT_INPUTS`): shared experts ``shared_fc1_experts_weights`` ...
+    ``shared_fc2_experts_bias`` with an optional ``shared_gate_weight`` [H], and the router GEMM
+    ``router_weight`` [E, H] / ``router_bias`` [E], with which ``router_probs`` is None.
+    ``validate_content``: also check what :class:`~qmoe_rtc.executor.QMoE` checks with the same flag
+    (finite non-negative scales, finite biases, zero-point padding, no NaN FP8 codes), raising the
+    same ``QMoEInputError``.
     """
+    ext_in = {n: _host(attributes.pop(n)) for n in EXT_INPUTS if n in attributes}
     attrs = QMoEAttributes.from_kwargs(**attributes)
-    weights = {
-        "fc1_experts_weights": _host(fc1_experts_weights),
-        "fc1_scales": _host(fc1_scales),
-        "fc1_experts_bias": _host(fc1_experts_bias),
-        "fc2_experts_weights": _host(fc2_experts_weights),
-        "fc2_scales": _host(fc2_scales),
-        "fc2_experts_bias": _host(fc2_experts_bias),
-        "fc3_experts_weights": _host(fc3_experts_weights),
-        "fc3_scales": _host(fc3_scales),
-        "fc3_experts_bias": _host(fc3_experts_bias),
-        "fc1_zero_points": _host(fc1_zero_points),
-        "fc2_zero_points": _host(fc2_zero_points),
-        "fc3_zero_points": _host(fc3_zero_points),
-    }
+    given = dict(fc1_experts_weights=fc1_experts_weights, fc1_scales=fc1_scales, fc1_experts_bias=fc1_experts_bias,
+                 fc2_experts_weights=fc2_experts_weights, fc2_scales=fc2_scales, fc2_experts_bias=fc2_experts_bias,
+                 fc3_experts_weights=fc3_experts_weights, fc3_scales=fc3_scales, fc3_experts_bias=fc3_experts_bias,
+                 fc1_zero_points=fc1_zero_points, fc2_zero_points=fc2_zero_points, fc3_zero_points=fc3_zero_points,
+                 fc1_global_scale=fc1_global_scale, fc2_global_scale=fc2_global_scale)
+    weights = {n: _host(a) for n, a in given.items()}
     layer = describe_layer(weights, attrs)
+    ext = describe_extensions(ext_in, attrs, layer)
+    sw = shared_weights(ext_in)
     if validate_content:
         check_content(weights, layer)
+        if ext.shared is not None:
+            check_content(sw, ext.shared)
     x_in, logits, rw = _host(input), _host(router_probs), _host(router_weights)
-    call = check_call(layer, x_in, logits, rw)
+    call = check_ext_call(layer, ext, x_in, logits, rw)
     out_dtype = np_dtype(call.dtype)
     if call.rows == 0:
         return np.zeros(call.input_shape, dtype=out_dtype)
 
-    def dq(p, e):
-        """Expert e of projection p, dequantized in float32, as float64 [N, K]."""
-        z = weights[f"{p.name}_zero_points"]
-        return dequantize(
-            weights[f"{p.name}_experts_weights"][e : e + 1], weights[f"{p.name}_scales"][e : e + 1], p.bits,
-            p.block_size, zero_points=None if z is None else z[e : e + 1],
-            zero_point_offset=attrs.zero_point_offset if p.zp_mode == "offset" else None, K=p.K,
-        )[0].astype(np.float64)
-
-    b1, b2, b3 = (_f64(weights[f"fc{i}_experts_bias"]) for i in (1, 2, 3))
-
     x = x_in.astype(np.float64).reshape(call.rows, layer.H)
+    if ext.router:
+        logits = router_logits(x, ext_in["router_weight"], ext_in.get("router_bias"))
     experts, route_w = route(logits, attrs, rw)  # [rows, k]
     out = np.zeros((call.rows, layer.H), dtype=np.float64)
     for e in np.unique(experts):
         r, j = np.nonzero(experts == e)
-        xe = x[r]
-        h = xe @ dq(layer.fc1, e).T + (b1[e] if b1 is not None else 0.0)  # [n, F·I]
-        u = None
-        if layer.fc3 is not None:
-            u = xe @ dq(layer.fc3, e).T + (b3[e] if b3 is not None else 0.0)  # [n, I]
-        a = activate(h, attrs, layer.F, u)  # [n, I]
-        y = a @ dq(layer.fc2, e).T + (b2[e] if b2 is not None else 0.0)  # [n, H]
+        y = expert_mlp(x[r], layer, weights, attrs, int(e))  # [n, H]
         np.add.at(out, r, route_w[r, j][:, None] * y)
+    if ext.shared is not None:
+        out += shared_part(x, ext.shared, sw, attrs, ext_in.get("shared_gate_weight"))
     return out.reshape(call.input_shape).astype(out_dtype)

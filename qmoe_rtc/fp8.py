@@ -1,0 +1,159 @@
+"""FP8 (float8 e4m3fn) experts: the code decoder, the encoder, and quantization into both scale forms.
+
+A code is one byte: sign bit 7, a 4-bit exponent (bits 6–3, bias 7) and a 3-bit mantissa (bits 2–0).
+Exponent 0 is subnormal (``m/8 · 2^−6``), every other exponent normal (``(1 + m/8) · 2^(e−7)``); the
+two codes ``0x7F`` and ``0xFF`` (exponent 15, mantissa 7) are NaN, and there is no infinity, so the
+largest finite magnitude is 448 (``0x7E``). Every code is exact in float32.
+
+A weight is ``decode(q) · scale`` in float32 (docs/contract.md, "FP8 experts"), with either
+
+- one float32 scale per expert (``fc1_global_scale`` / ``fc2_global_scale``, ``[E]``) when
+  ``block_size`` is 0, or
+- square block scales ``[E, ceil(N/bs), ceil(K/bs)]`` when ``block_size`` = bs > 0: block (i, j)
+  covers rows ``[i·bs, (i+1)·bs)`` and columns ``[j·bs, (j+1)·bs)`` (the last ones may be partial).
+
+:func:`decode_e4m3fn` is written from the format above, not from a library, so the tests can check
+it against ``ml_dtypes.float8_e4m3fn`` code by code. Nothing here runs at import time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._arrays import FLOAT_DTYPES, dtype_name, np_dtype, shape_str
+from .errors import QMoEInputError
+
+__all__ = ["E4M3_MAX", "NAN_CODES", "decode_e4m3fn", "encode_e4m3fn", "fp8_scale_shape", "quantize_fp8",
+           "dequantize_fp8", "as_codes"]
+
+#: The largest finite e4m3fn magnitude (code 0x7E).
+E4M3_MAX = 448.0
+#: The two NaN codes (exponent 15, mantissa 7, either sign).
+NAN_CODES = (0x7F, 0xFF)
+
+_TABLE: list = []  # the 256 decoded values, built on first use
+
+
+def _table() -> np.ndarray:
+    """float32 ``[256]``: the value of every code, from sign, exponent and mantissa."""
+    if not _TABLE:
+        c = np.arange(256, dtype=np.int64)
+        sign = np.where(c >> 7, -1.0, 1.0)
+        e = (c >> 3) & 0xF
+        m = (c & 0x7).astype(np.float64)
+        mag = np.where(e == 0, m / 8.0 * 2.0**-6, (1.0 + m / 8.0) * np.exp2(e - 7.0))
+        vals = sign * mag
+        vals[(e == 15) & (c & 0x7 == 7)] = np.nan
+        _TABLE.append(vals.astype(np.float32))  # exact: at most 4 significant bits, exponents -9..8
+    return _TABLE[0]
+
+
+def as_codes(a) -> np.ndarray:
+    """The uint8 codes of a NumPy array of codes (uint8, or ml_dtypes float8_e4m3fn viewed as bytes)."""
+    a = np.asarray(a)
+    if dtype_name(a) == "float8_e4m3fn":
+        return a.view(np.uint8)
+    if a.dtype != np.uint8:
+        raise QMoEInputError("codes", "uint8 or float8_e4m3fn codes", f"dtype {dtype_name(a)}")
+    return a
+
+
+def decode_e4m3fn(codes) -> np.ndarray:
+    """float32 values of e4m3fn codes ``[...]`` (uint8 or float8_e4m3fn), NaN for 0x7F / 0xFF."""
+    return _table()[as_codes(codes)]
+
+
+def encode_e4m3fn(values) -> np.ndarray:
+    """uint8 codes ``[...]`` of float values, rounded to the nearest code (ties to even mantissa).
+
+    Values must be finite and within ±448 (:func:`quantize_fp8` scales them there); anything else is
+    a :class:`QMoEInputError`, never a NaN code.
+    """
+    import ml_dtypes
+
+    v = np.asarray(values, dtype=np.float32)
+    bad = ~np.isfinite(v) | (np.abs(v) > E4M3_MAX)
+    if bad.any():
+        idx = [int(i) for i in np.argwhere(bad)[0]]
+        raise QMoEInputError("values", f"finite values within ±{E4M3_MAX:g}", f"{float(v[tuple(idx)])} at index {idx}")
+    return v.astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+
+
+def fp8_scale_shape(E: int, N: int, K: int, block_size: int) -> tuple:
+    """``(E,)`` (global, block_size 0) or ``(E, ceil(N/bs), ceil(K/bs))`` (square blocks)."""
+    if block_size <= 0:
+        return (E,)
+    return (E, -(-N // block_size), -(-K // block_size))
+
+
+def _expand(scales: np.ndarray, N: int, K: int, block_size: int) -> np.ndarray:
+    """float32 scales ``[E, N, K]`` (or ``[E, 1, 1]`` for global ones) broadcastable against the codes."""
+    s = np.asarray(scales).astype(np.float32)
+    if block_size <= 0:
+        return s.reshape(-1, 1, 1)
+    return np.repeat(np.repeat(s, block_size, axis=1), block_size, axis=2)[:, :N, :K]
+
+
+def dequantize_fp8(codes, scales, block_size: int = 0) -> np.ndarray:
+    """float32 ``[E, N, K]`` = ``decode(codes) · scale`` from codes ``[E, N, K]`` and scales
+    ``[E]`` (block_size 0) or ``[E, ceil(N/bs), ceil(K/bs)]``."""
+    q = as_codes(codes)
+    if q.ndim != 3:
+        raise QMoEInputError("codes", "[E, N, K] float8e4m3fn codes", f"shape {shape_str(q.shape)}")
+    E, N, K = (int(d) for d in q.shape)
+    want = fp8_scale_shape(E, N, K, int(block_size))
+    if tuple(int(d) for d in np.shape(scales)) != want:
+        raise QMoEInputError("scales", f"shape {shape_str(want)} (block_size={block_size})",
+                             f"shape {shape_str(np.shape(scales))}")
+    return (decode_e4m3fn(q) * _expand(scales, N, K, int(block_size))).astype(np.float32)
+
+
+def quantize_fp8(weights, block_size: int = 0, scale_dtype="float32"):
+    """Quantize float experts ``[E, N, K]`` to e4m3fn codes: ``(codes uint8 [E, N, K], scales)``.
+
+    Each scale is amax/448 of what it covers (1 where that is all zeros), so the largest magnitude maps
+    to ±448; a code is the scaled value rounded to the nearest e4m3fn value. ``block_size`` 0 gives the
+    float32 per-expert global scale ``[E]``; a power of two ≥ 16 gives block scales
+    ``[E, ceil(N/bs), ceil(K/bs)]`` in ``scale_dtype`` (float32, float16 or bfloat16). The weights are
+    divided by the scale as stored, so dequantizing with it is consistent. Arguments are checked by
+    :func:`qmoe_rtc.quantize.quantize`; non-finite weights are refused here.
+    """
+    w = np.asarray(weights).astype(np.float32)
+    finite = np.isfinite(w)
+    if not finite.all():
+        idx = [int(i) for i in np.argwhere(~finite)[0]]
+        raise QMoEInputError("weights", "finite values (no NaN or inf)", f"{float(w[tuple(idx)])} at index {idx}")
+    E, N, K = (int(d) for d in w.shape)
+    sdt = dtype_name(np_dtype(scale_dtype))
+    if block_size <= 0:
+        amax = np.abs(w).reshape(E, -1).max(axis=1, initial=0.0)  # [E]
+    else:
+        bs = int(block_size)
+        nbn, nbk = -(-N // bs), -(-K // bs)
+        pad = np.zeros((E, nbn * bs, nbk * bs), dtype=np.float32)
+        pad[:, :N, :K] = np.abs(w)
+        amax = pad.reshape(E, nbn, bs, nbk, bs).max(axis=(2, 4))  # [E, nbn, nbk]
+    scale = np.where(amax > 0, amax / np.float32(E4M3_MAX), np.float32(1.0)).astype(np.float32)
+    with np.errstate(over="ignore"):
+        stored = scale.astype(np_dtype(sdt))
+    s32 = stored.astype(np.float32)
+    if not np.isfinite(s32).all() or (s32 <= 0).any():
+        idx = [int(i) for i in np.argwhere(~np.isfinite(s32) | (s32 <= 0))[0]]
+        raise QMoEInputError("weights", f"value ranges whose scales fit {sdt}",
+                             f"a scale of {float(scale[tuple(idx)]):.3g} at scale index {idx}")
+    scaled = np.clip(w / _expand(s32, N, K, block_size), -E4M3_MAX, E4M3_MAX)  # the stored scale may round down
+    return np.ascontiguousarray(encode_e4m3fn(scaled)), np.ascontiguousarray(stored)
+
+
+def check_fp8_scale_dtype(scale_dtype, block_size: int) -> str:
+    """The scale dtype name for an FP8 quantization: float32 for global scales (ONNX Runtime's inputs
+    15/16 are float32), any of float32/float16/bfloat16 for block scales."""
+    try:
+        name = dtype_name(scale_dtype)
+    except Exception:  # an object NumPy cannot read as a dtype
+        name = None
+    allowed = ("float32",) if block_size <= 0 else FLOAT_DTYPES
+    if name not in allowed:
+        why = " (the per-expert global scale is float32)" if block_size <= 0 else ""
+        raise QMoEInputError("scale_dtype", f"one of {allowed}{why}", repr(scale_dtype))
+    return name
