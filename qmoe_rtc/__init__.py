@@ -15,8 +15,8 @@ import importlib
 
 __version__ = "0.1.0"
 
-_SUBMODULES = ("contract", "errors", "executor", "jit", "kernels", "knobs", "presets", "quantize", "random_layer",
-               "reference", "specialize")
+_SUBMODULES = ("contract", "errors", "executor", "extensions", "fp8", "jit", "kernels", "knobs", "presets", "quantize",
+               "random_layer", "reference", "specialize")
 _EXPORTS = {
     "QMoEAttributes": "contract",
     "QMoEError": "errors",
