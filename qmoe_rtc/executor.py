@@ -30,7 +30,7 @@ from . import knobs
 from ._arrays import device_of, dtype_name, is_c_contiguous, shape_str
 from .contract import INPUT_NAMES, LAYER_INPUTS, CallSpec, QMoEAttributes, check_call, check_content, describe_layer
 from .errors import CaptureError, DeviceError, QMoEInputError, QMoEUnsupportedError
-from .extensions import EXT_INPUTS, describe_extensions, refuse_on_gpu
+from .extensions import EXT_INPUTS, check_ext_call, describe_extensions, refuse_on_gpu
 from .jit import load_module
 from .jit.driver import probe, stream_is_capturing
 from .kernels import Problem, choose, decode_limit, get_family
@@ -48,49 +48,16 @@ from .runtime.interop import (
     signature,
     to_cupy,
 )
+from .runtime.layer import check_supported, layer_config, upload_layer
 from .runtime.plan import Plan, PlanStep
 from .runtime.scratch import ScratchPool
-from .runtime.tensors import layer_scale_dtype, layer_table, upload_projections
-from .specialize import Layout, ModelConfig
+from .specialize import ModelConfig
 
 __all__ = ["QMoE", "QMoEGraph", "layer_config", "qmoe"]
 
 log = logging.getLogger("qmoe_rtc")
 _said: set = set()  # slower-engine reasons already logged in this process
 _said_lock = threading.Lock()
-
-
-def layer_config(layer, dtype: str, scale_dtype: str) -> ModelConfig:
-    """The :class:`~qmoe_rtc.specialize.ModelConfig` of a validated layer (:class:`~qmoe_rtc.contract.LayerSpec`)
-    called with activation dtype ``dtype``, its scales held as ``scale_dtype`` (GPU-free)."""
-    L, a = layer, layer.attrs
-    layout = Layout(
-        dtype=dtype, scale_dtype=scale_dtype if scale_dtype in ("float32", dtype) else "float32",
-        fc1_bits=L.fc1.bits, fc2_bits=L.fc2.bits, fc3_bits=L.fc3.bits if L.fc3 else 0, block_size=a.block_size,
-        fc1_zp=L.fc1.zp_mode, fc2_zp=L.fc2.zp_mode, fc3_zp=L.fc3.zp_mode if L.fc3 else "none",
-        activation=a.activation_type, swiglu_fusion=a.swiglu_fusion, has_fc3=L.fc3 is not None)
-    return ModelConfig(hidden=L.H, inter=L.I, experts=L.E, k=a.k, layout=layout, use_sparse_mixer=bool(a.use_sparse_mixer),
-                       normalize_routing_weights=bool(a.normalize_routing_weights))
-
-
-def _check_supported(layer) -> None:
-    """:class:`QMoEUnsupportedError` naming the limit when no pipeline of a path runs the layer at any
-    activation dtype it can be called with (e.g. more than 512 experts, k above 32: the routing kernel's
-    limits; docs/contract.md, "Limits of this build"). GPU-free."""
-    sdt = layer_scale_dtype(layer)
-    dtypes = (layer.dtype,) if layer.dtype else ("float32", "float16", "bfloat16")
-    for path in ("decode", "prefill"):
-        first = None
-        for dt in dtypes:
-            try:
-                choose(layer_config(layer, dt, sdt), None, path)
-                break
-            except QMoEUnsupportedError as exc:
-                first = first or exc
-        else:
-            L = layer
-            raise QMoEUnsupportedError(f"this build cannot run the layer (E={L.E}, H={L.H}, I={L.I}, k={L.attrs.k}): "
-                                       f"{first}") from None
 
 
 def _resolve_device(want: int | None) -> int:
@@ -122,8 +89,11 @@ class QMoE:
 
     Expert tensors (inputs 2–13) are keyword arguments with ONNX Runtime's names; attributes too
     (``k``, ``activation_type``, ``expert_weight_bits``, ``block_size``, ``swiglu_fusion`` ...).
-    Arrays may be CuPy, torch CUDA tensors (zero copy) or NumPy (uploaded once). FP8 experts, shared
-    experts and the router GEMM (docs/contract.md) are validated, then refused: QMoEUnsupportedError.
+    Arrays may be CuPy, torch CUDA tensors (zero copy) or NumPy (uploaded once). [ext] Shared experts
+    (``shared_fc1_experts_weights`` ..., optional ``shared_gate_weight``) run as more routes per token
+    in the routed launches, so they need the routed layout; with ``router_weight`` (and maybe
+    ``router_bias``) the layer computes its logits and a call passes ``router_probs=None``
+    (docs/contract.md).
 
     ``decode_max_routes``: rows·k up to which the decode path runs (default: the crossover measured
     for this shape, :func:`qmoe_rtc.kernels.decode_limit`). ``validate_content``: also check scales,
@@ -150,10 +120,11 @@ class QMoE:
         on_dev = next((m.device for m in metas.values() if m is not None and m.device is not None), None)
         metas = {n: m if m is None or m.device is not None else replace(m, device=on_dev) for n, m in metas.items()}
         layer = describe_layer({n: m for n, m in metas.items() if n in LAYER_INPUTS}, self.attrs)
-        refuse_on_gpu(layer, describe_extensions({n: m for n, m in metas.items() if n in EXT_INPUTS}, self.attrs, layer))
+        ext = describe_extensions({n: m for n, m in metas.items() if n in EXT_INPUTS}, self.attrs, layer)
+        refuse_on_gpu(layer, ext)
         if want is not None and layer.device_id is not None and layer.device_id != want:
             raise DeviceError(f"weights live on cuda:{layer.device_id}, device={device!r} was asked for")
-        _check_supported(layer)
+        check_supported(layer, ext)
         if validate_content:  # host arrays are read where they are; device arrays through a zero-copy view
             check_content({n: a if is_host_array(a) else to_cupy(n, a, 0) for n, a in weights.items()}, layer)
         # 2. the GPU: a DeviceError saying what is missing (no driver, driver too old, no GPU)
@@ -161,12 +132,13 @@ class QMoE:
         cp = cupy()
         try:
             w = {n: to_cupy(n, a, self.device_id) for n, a in weights.items()}
-            self.layer = describe_layer(w, self.attrs)  # the device arrays themselves, as every call sees them
+            # the device arrays themselves, as every call sees them
+            self.layer = describe_layer({n: a for n, a in w.items() if n in LAYER_INPUTS}, self.attrs)
+            self.ext = describe_extensions({n: a for n, a in w.items() if n in EXT_INPUTS}, self.attrs, self.layer)
             self._weights = w  # keep the caller's arrays alive
-            self.scale_dtype, self._proj = upload_projections(cp, w, self.layer, self.device_id)
+            self.scale_dtype, self._proj, self._table = upload_layer(cp, w, self.layer, self.ext, self.device_id)
         except (cp.cuda.memory.OutOfMemoryError, cp.cuda.runtime.CUDARuntimeError) as exc:
             raise DeviceError(f"uploading the layer to cuda:{self.device_id} failed: {type(exc).__name__}: {exc}") from exc
-        self._table = layer_table(self._proj, self.attrs)
         self._decode_max_routes = decode_max_routes
         self._eager_graphs = bool(knobs.get("eager_graphs"))
         self._plans: dict = {}  # (rows, dtype, router dtype, router_weights dtype) -> Plan
@@ -177,7 +149,7 @@ class QMoE:
     # -- layout and choice -----------------------------------------------------------------------
     def model_config(self, dtype: str) -> ModelConfig:
         """The :class:`~qmoe_rtc.specialize.ModelConfig` of this layer for activation dtype ``dtype``."""
-        return layer_config(self.layer, dtype, self.scale_dtype)
+        return layer_config(self.layer, dtype, self.scale_dtype, self.ext)
 
     @property
     def decode_max_routes(self) -> int:
@@ -191,10 +163,11 @@ class QMoE:
         return "decode" if int(rows) * self.attrs.k <= self.decode_max_routes else "prefill"
 
     def problem(self, rows: int, dtype: str, router_dtype: str = "float32", router_weights_dtype: str | None = None):
-        L = self.layer
+        L, x = self.layer, self.ext
         return Problem(rows=int(rows), E=L.E, H=L.H, I=L.I, k=self.attrs.k, dtype=dtype, router_dtype=router_dtype,
                        router_weights_dtype=router_weights_dtype, sparse=bool(self.attrs.use_sparse_mixer),
-                       arch=self._arch())
+                       arch=self._arch(), shared=x.S, shared_gate=bool(x.S and x.gate),
+                       router_gemm=x.router_dtype if x.router else "")
 
     def _arch(self) -> str:
         if self._arch_cache is None:
@@ -230,7 +203,7 @@ class QMoE:
         specs = {f: get_family(f).spec(config) for f in choice.pipeline.families}
         modules = {f: load_module(get_family(f).unit(s), self.device_id) for f, s in specs.items()}
         steps = []
-        for st in choice.pipeline.steps:
+        for st in choice.pipeline.steps_for(config):
             fam, spec = get_family(st.family), specs[st.family]
             kern = modules[st.family][fam.kernel_for(spec, st.role, problem)]
             steps.append(PlanStep(st.family, st.role, spec, kern, fam.launch(spec, st.role, problem),
@@ -288,7 +261,8 @@ class QMoE:
     # -- run -------------------------------------------------------------------------------------
     def _resolve(self, key, input, router_probs, router_weights, out) -> _Call:
         """First call with this signature: validate everything, plan, cache."""
-        call = check_call(self.layer, input, router_probs, router_weights)
+        call = (check_ext_call(self.layer, self.ext, input, router_probs, router_weights) if self.ext.used else
+                check_call(self.layer, input, router_probs, router_weights))
         if out is not None:
             if tuple(out.shape) != call.input_shape or dtype_name(out) != call.dtype:
                 raise QMoEInputError("out", f"{call.dtype} {shape_str(call.input_shape)} (the input's)",

@@ -3,8 +3,8 @@ and the router GEMM inside the layer (docs/contract.md, "Shared experts", "Route
 
 ``describe_extensions(inputs, attrs, layer)`` validates the extension tensors against an already
 described routed layer and returns an :class:`ExtensionSpec`; ``check_ext_call`` validates a call's
-inputs when the layer may compute its own logits. The float64 reference implements them; the GPU
-layer refuses them (:func:`refuse_on_gpu`) until its engines do.
+inputs when the layer may compute its own logits. The float64 reference implements them, the GPU
+engines too (shared experts in the routed layout: :mod:`qmoe_rtc.runtime.layer`).
 
 Shared experts use the routed layout with a leading S (the number of shared experts) and their own
 intermediate size, so they are validated by :func:`qmoe_rtc.contract.describe_layer` itself on the
@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ._arrays import FLOAT_DTYPES, ArrayMeta, device_of, shape_str
+from ._arrays import FLOAT_DTYPES, ArrayMeta, device_of, dtype_name, shape_str
 from .attributes import QMoEAttributes
 from .contract import LayerSpec, _infer_dtype, _require, check_call, describe_layer
 from .errors import DeviceError, QMoEAttributeError, QMoEInputError, QMoEUnsupportedError
@@ -41,6 +41,7 @@ class ExtensionSpec:
     router: bool  #: a ``router_weight`` [E, H] (and maybe ``router_bias`` [E]): logits come from the input
     router_bias: bool
     dtype: str | None  #: the activation dtype T that the extension tensors imply (None: all float32)
+    router_dtype: str = ""  #: router_weight's dtype ('' without the router GEMM)
 
     @property
     def S(self) -> int:
@@ -134,7 +135,8 @@ def describe_extensions(inputs: dict, attrs: QMoEAttributes, layer: LayerSpec) -
         implied["shared_fc1_scales"] = ArrayMeta((), shared.dtype, True, None)
     dtype = _infer_dtype({**implied, **{n: x[n] for n in ("shared_gate_weight", "router_weight", "router_bias")}})
     return ExtensionSpec(shared=shared, gate=x["shared_gate_weight"] is not None, router=x["router_weight"] is not None,
-                         router_bias=x["router_bias"] is not None, dtype=dtype)
+                         router_bias=x["router_bias"] is not None, dtype=dtype,
+                         router_dtype=dtype_name(x["router_weight"]) if x["router_weight"] is not None else "")
 
 
 def check_ext_call(layer: LayerSpec, ext: ExtensionSpec, input, router_probs, router_weights=None):
@@ -158,8 +160,9 @@ def check_ext_call(layer: LayerSpec, ext: ExtensionSpec, input, router_probs, ro
 
 def refuse_on_gpu(layer: LayerSpec, ext: ExtensionSpec) -> None:
     """:class:`QMoEUnsupportedError` for a valid layer that uses what the reference serves and the GPU
-    engines do not implement yet (FP8 experts, shared experts, the router GEMM). GPU-free."""
-    what = list(ext.used)
+    engines do not implement yet (FP8 experts). Shared experts and the router GEMM run on the GPU
+    (their layout limits: :func:`qmoe_rtc.runtime.layer.shared_unsupported`). GPU-free."""
+    what = []
     if any(p.quant == "fp8" for p in layer.projections()):
         what.insert(0, "FP8 (quant_type='fp8') experts")
     if what:

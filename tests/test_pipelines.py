@@ -11,7 +11,7 @@ import pytest
 from qmoe_rtc.contract import QMoEAttributes
 from qmoe_rtc.jit import Launch, Ptr
 from qmoe_rtc.kernels import PIPELINES, Problem, choose, decode_limit, get_family
-from qmoe_rtc.runtime.plan import PER_CALL
+from qmoe_rtc.runtime.plan import PER_CALL, problem_scalars
 from qmoe_rtc.runtime.tensors import layer_table
 from qmoe_rtc.specialize import Layout, ModelConfig
 
@@ -28,7 +28,7 @@ CONFIGS = [
     ModelConfig(hidden=100, inter=36, experts=8, k=2, layout=L(dtype="float16", fc1_bits=4, fc2_bits=4, activation="relu")),
 ]
 ROWS = (1, 7, 64, 1000)
-LAYER_SCALARS = {"rows", "R", "E", "H", "I", "k"}
+LAYER_SCALARS = set(problem_scalars(Problem(rows=1, E=8, H=64, I=32, k=2, dtype="float16")))
 
 
 def _table():
@@ -48,7 +48,7 @@ def test_every_kernel_argument_is_bound_by_name(cfg, rows):
         ran += 1
         scratch = set()
         steps = []
-        for st in pipeline.steps:
+        for st in pipeline.steps_for(cfg):
             fam = get_family(st.family)
             spec = fam.spec(cfg)
             kdefs = {k.key: k for k in fam.kernels(spec)}

@@ -53,6 +53,14 @@ def projection_args(p: str, scale_dtype: str) -> tuple:
             Ptr(f"{p}_bias", "float32", nullable=True))
 
 
+def shared_args(p: str, scale_dtype: str) -> tuple:
+    """The shared experts' tensors of projection ``p`` [ext] (all NULL without them) and ``E_routed``:
+    expert ids from E_routed on address these (core/experts.cuh)."""
+    return (Scalar("E_routed", "int32"), Ptr(f"shared_{p}_w", "uint8", nullable=True),
+            Ptr(f"shared_{p}_scales", scale_dtype, nullable=True), Ptr(f"shared_{p}_zp", "uint8", nullable=True),
+            Ptr(f"shared_{p}_bias", "float32", nullable=True))
+
+
 def tensor_core_unsupported(config: ModelConfig) -> str | None:
     """Why the tensor-core engines (mma_decode, mma_prefill, wgmma_prefill) cannot run ``config`` (None: they
     can)."""

@@ -37,7 +37,7 @@ def combine_launch(problem: Problem) -> Launch:
 
 
 def grouped_scratch(role: str, problem: Problem, act_itemsize: int) -> dict[str, Slot]:
-    R, E = problem.routes, problem.E
+    R, E = problem.routes, problem.experts
     if role == "group":  # offsets / tile_offsets [E + 1] i32, sorted [R] i32
         return {"offsets": Slot(4 * (E + 1)), "tile_offsets": Slot(4 * (E + 1)), "sorted": Slot(4 * R)}
     if role == "fc1":
@@ -71,7 +71,7 @@ def tiled_launch(problem: Problem, route_tile: int, nt: int, threads: int, smem:
     """The grid of a tensor-core FC1 / FC2 step: G consecutive route tiles × every weight tile, then the
     next G (knob ``prefill_group`` sets G), ``NT`` and ``G`` as launch scalars."""
     group = knobs.get("prefill_group") or GROUP
-    groups = (route_tiles(problem.routes, problem.E, route_tile) + group - 1) // group
+    groups = (route_tiles(problem.routes, problem.experts, route_tile) + group - 1) // group
     return Launch((groups * group * nt, 1, 1), (threads, 1, 1), smem, (("NT", nt), ("G", group), *extra))
 
 

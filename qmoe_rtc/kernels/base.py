@@ -22,7 +22,14 @@ __all__ = ["BUILTIN_FAMILIES", "KernelFamily", "Problem", "Slot", "family_names"
 
 @dataclass(frozen=True)
 class Problem:
-    """One call's sizes and dtypes, as the kernels see them (R = rows·k routes)."""
+    """One call's sizes and dtypes, as the kernels see them.
+
+    ``E`` / ``k``: the routed experts and top-k. With ``shared`` = S shared experts [ext], routing
+    writes ``slots`` = k + S routes per token (slots k..k+S-1 are the shared experts, ids E..E+S-1,
+    weight 1 or the sigmoid gate), so the expert engines see ``experts`` = E + S experts and
+    ``routes`` = rows·(k + S) routes. ``router_gemm``: the dtype of ``router_weight`` when the layer
+    computes its logits from the input [ext] ('' when the call passes them).
+    """
 
     rows: int
     E: int
@@ -34,10 +41,23 @@ class Problem:
     router_weights_dtype: str | None = None
     sparse: bool = False
     arch: str = ""  # the device's compile target ('sm_90a' ...); '' when unknown (warm tool, CPU)
+    shared: int = 0  # S shared experts [ext]
+    shared_gate: bool = False  # their sum is scaled by sigmoid(x·shared_gate_weight)
+    router_gemm: str = ""  # router_weight's dtype when the layer computes the logits ('' : passed in)
+
+    @property
+    def slots(self) -> int:
+        """Routes per token: the k routed ones, then the S shared experts."""
+        return self.k + self.shared
+
+    @property
+    def experts(self) -> int:
+        """Experts the engines address: the E routed ones, then the S shared ones."""
+        return self.E + self.shared
 
     @property
     def routes(self) -> int:
-        return self.rows * self.k
+        return self.rows * self.slots
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..jit import KernelDef, Launch, Ptr, Scalar
 from ..specialize import ModuleSpec
-from ._expert import ACT_SCALARS, EXPERT_FIELDS, GROUP_ARGS, expert_spec, projection_args, template_types
+from ._expert import ACT_SCALARS, EXPERT_FIELDS, GROUP_ARGS, expert_spec, projection_args, shared_args, template_types
 from ._grouped import GROUP_MAX_EXPERTS, combine_launch, group_and_combine, group_launch, grouped_scratch, route_tiles
 from .base import KernelFamily, Problem, Slot, register
 
@@ -53,29 +53,29 @@ class GemmFamily(KernelFamily):
                 f"{t['ACT']}, {t['GATE']}, {t['ALIGNED']}, {bm}>",
                 (Ptr("x", dt), *GROUP_ARGS, Scalar("E", "int32"), Scalar("k", "int32"), Scalar("H", "int32"),
                  Scalar("I", "int32"), *projection_args("fc1", sdt), *projection_args("fc3", sdt),
-                 Scalar("zp_offset", "float32"), *ACT_SCALARS, Ptr("act_sorted", "float32")),
+                 *shared_args("fc1", sdt), Scalar("zp_offset", "float32"), *ACT_SCALARS, Ptr("act_sorted", "float32")),
             ))
             out.append(KernelDef(
                 f"fc2_bm{bm}",
                 f"qmoe::fc2_gemm<{t['S']}, {t['B2']}, {t['Z2']}, {t['BLOCK']}, {t['ALIGNED']}, {bm}>",
                 (Ptr("act_sorted", "float32"), *GROUP_ARGS, Scalar("E", "int32"), Scalar("H", "int32"),
-                 Scalar("I", "int32"), *projection_args("fc2", sdt), Scalar("zp_offset", "float32"),
-                 Ptr("y", "float32")),
+                 Scalar("I", "int32"), *projection_args("fc2", sdt), *shared_args("fc2", sdt),
+                 Scalar("zp_offset", "float32"), Ptr("y", "float32")),
             ))
         return tuple(out)
 
     def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem) -> str:
         if role in ("fc1", "fc2"):
-            return f"{role}_bm{tile_rows(problem.routes, problem.E)}"
+            return f"{role}_bm{tile_rows(problem.routes, problem.experts)}"
         return role
 
     def launch(self, spec: ModuleSpec, role: str, problem: Problem) -> Launch:
-        bm = tile_rows(problem.routes, problem.E)
+        bm = tile_rows(problem.routes, problem.experts)
         if role == "group":
             return group_launch(bm)
         if role == "combine":
             return combine_launch(problem)
-        tiles = route_tiles(problem.routes, problem.E, bm)
+        tiles = route_tiles(problem.routes, problem.experts, bm)
         gated = spec["swiglu_fusion"] != 0 or spec["has_fc3"]
         cols = (2 * problem.I if gated else problem.I) if role == "fc1" else problem.H
         return Launch((tiles, (cols + BW - 1) // BW, 1), (THREADS, 1, 1), 0)

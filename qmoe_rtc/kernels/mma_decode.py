@@ -19,6 +19,7 @@ from ._expert import (
     expert_spec,
     gate_of,
     projection_args,
+    shared_args,
     template_types,
     tensor_core_unsupported,
 )
@@ -103,15 +104,15 @@ class MmaDecodeFamily(KernelFamily):
                 f"qmoe::fc1_mma<{gate}, {t['T']}, {t['S']}, {t['B1']}, {t['Z1']}, {t['Z3']}, {t['BLOCK']}, {t['ACT']}, {ng}>",
                 (Ptr("x", dt), Ptr("topk_ids", "int32"), Scalar("R", "int32"), Scalar("k", "int32"),
                  Scalar("H", "int32"), Scalar("I", "int32"), Scalar("KS", "int32"),
-                 *projection_args("fc1", sdt), *projection_args("fc3", sdt), Scalar("zp_offset", "float32"),
-                 *ACT_SCALARS, Ptr("act", dt)),
+                 *projection_args("fc1", sdt), *projection_args("fc3", sdt), *shared_args("fc1", sdt),
+                 Scalar("zp_offset", "float32"), *ACT_SCALARS, Ptr("act", dt)),
             ))
             out.append(KernelDef(
                 f"fc2_ng{ng}",
                 f"qmoe::fc2_mma_combine<{t['T']}, {t['S']}, {t['B2']}, {t['Z2']}, {t['BLOCK']}, {ng}>",
                 (Ptr("act", dt), Ptr("topk_ids", "int32"), Ptr("topk_w", "float32"), Scalar("R", "int32"),
                  Scalar("k", "int32"), Scalar("H", "int32"), Scalar("I", "int32"), Scalar("KS", "int32"),
-                 *projection_args("fc2", sdt), Scalar("zp_offset", "float32"), Ptr("y", "float32"),
+                 *projection_args("fc2", sdt), *shared_args("fc2", sdt), Scalar("zp_offset", "float32"), Ptr("y", "float32"),
                  Ptr("counters", "uint32"), Ptr("out", dt)),
             ))
         return tuple(out)
@@ -121,7 +122,7 @@ class MmaDecodeFamily(KernelFamily):
 
     def geometry(self, spec: ModuleSpec, role: str, problem: Problem) -> tuple[int, int]:
         """(KS, grid.x) of ``role`` ("fc1" or "fc2"): K-split warps and output tiles."""
-        experts = min(problem.routes, problem.E)
+        experts = min(problem.routes, problem.experts)
         if role == "fc1":
             per_tile, n_out, K = (8 if gate_of(spec) != "none" else 16), problem.I, problem.H
         else:

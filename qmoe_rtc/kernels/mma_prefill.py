@@ -17,6 +17,7 @@ from ._expert import (
     GROUP_ARGS,
     expert_spec,
     projection_args,
+    shared_args,
     template_types,
     tensor_core_unsupported,
 )
@@ -101,24 +102,25 @@ class MmaPrefillFamily(KernelFamily):
                 f"{t['ACT']}, {nr}>",
                 (Ptr("x", dt), *GROUP_ARGS, Scalar("E", "int32"), Scalar("k", "int32"), Scalar("H", "int32"),
                  Scalar("I", "int32"), Scalar("NT", "int32"), Scalar("G", "int32"), *projection_args("fc1", sdt),
-                 *projection_args("fc3", sdt), Scalar("zp_offset", "float32"), *ACT_SCALARS, Ptr("act_sorted", dt)),
+                 *projection_args("fc3", sdt), *shared_args("fc1", sdt), Scalar("zp_offset", "float32"), *ACT_SCALARS,
+                 Ptr("act_sorted", dt)),
             ))
             out.append(KernelDef(
                 f"fc2_nr{nr}",
                 f"qmoe::fc2_prefill<{t['T']}, {t['S']}, {t['B2']}, {t['Z2']}, {t['BLOCK']}, {nr}>",
                 (Ptr("act_sorted", dt), *GROUP_ARGS, Scalar("E", "int32"), Scalar("H", "int32"), Scalar("I", "int32"),
-                 Scalar("NT", "int32"), Scalar("G", "int32"), *projection_args("fc2", sdt),
+                 Scalar("NT", "int32"), Scalar("G", "int32"), *projection_args("fc2", sdt), *shared_args("fc2", sdt),
                  Scalar("zp_offset", "float32"), Ptr("y", "float32")),
             ))
         return tuple(out)
 
     def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem) -> str:
         if role in ("fc1", "fc2"):
-            return f"{role}_nr{tile_routes(problem.routes, problem.E)}"
+            return f"{role}_nr{tile_routes(problem.routes, problem.experts)}"
         return role
 
     def launch(self, spec: ModuleSpec, role: str, problem: Problem) -> Launch:
-        nr = tile_routes(problem.routes, problem.E)
+        nr = tile_routes(problem.routes, problem.experts)
         if role == "group":
             return group_launch(8 * nr)
         if role == "combine":

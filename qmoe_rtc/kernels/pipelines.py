@@ -19,8 +19,15 @@ __all__ = ["PIPELINES", "Choice", "Pipeline", "Step", "choose", "decode_limit", 
 
 @dataclass(frozen=True)
 class Step:
+    """One launch of a pipeline. ``when``: a :class:`~qmoe_rtc.specialize.ModelConfig` field that must
+    be set for the step to run (``"router_gemm"``: the layer computes its own logits); '' = always."""
+
     family: str
     role: str
+    when: str = ""
+
+    def runs(self, config: ModelConfig) -> bool:
+        return not self.when or bool(getattr(config, self.when))
 
 
 @dataclass(frozen=True)
@@ -33,22 +40,30 @@ class Pipeline:
     def families(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(s.family for s in self.steps))
 
+    def steps_for(self, config: ModelConfig) -> tuple[Step, ...]:
+        """The steps that run for ``config`` (conditional ones dropped)."""
+        return tuple(s for s in self.steps if s.runs(config))
+
+
+#: Every pipeline starts with these: the router GEMM when the layer has one, then routing.
+_ROUTING = (Step("route", "logits", when="router_gemm"), Step("route", "route"))
+
 
 def _steps(*pairs: tuple[str, str]) -> tuple[Step, ...]:
-    return tuple(Step(f, r) for f, r in pairs)
+    return _ROUTING + tuple(Step(f, r) for f, r in pairs)
 
 
 #: Per path, fastest first: the first pipeline whose families all support the layer runs.
 PIPELINES: tuple[Pipeline, ...] = (
-    Pipeline("decode-mma", "decode", _steps(("route", "route"), ("mma_decode", "fc1"), ("mma_decode", "fc2"))),
-    Pipeline("decode-gemv", "decode", _steps(("route", "route"), ("gemv", "fc1"), ("gemv", "fc2"))),
-    Pipeline("prefill-wgmma", "prefill", _steps(("route", "route"), ("wgmma_prefill", "group"),
-                                                ("wgmma_prefill", "permute"), ("wgmma_prefill", "fc1"),
-                                                ("wgmma_prefill", "fc2"), ("wgmma_prefill", "combine"))),
-    Pipeline("prefill-mma", "prefill", _steps(("route", "route"), ("mma_prefill", "group"), ("mma_prefill", "fc1"),
+    Pipeline("decode-mma", "decode", _steps(("mma_decode", "fc1"), ("mma_decode", "fc2"))),
+    Pipeline("decode-gemv", "decode", _steps(("gemv", "fc1"), ("gemv", "fc2"))),
+    Pipeline("prefill-wgmma", "prefill", _steps(("wgmma_prefill", "group"), ("wgmma_prefill", "permute"),
+                                                ("wgmma_prefill", "fc1"), ("wgmma_prefill", "fc2"),
+                                                ("wgmma_prefill", "combine"))),
+    Pipeline("prefill-mma", "prefill", _steps(("mma_prefill", "group"), ("mma_prefill", "fc1"),
                                               ("mma_prefill", "fc2"), ("mma_prefill", "combine"))),
-    Pipeline("prefill-simt", "prefill", _steps(("route", "route"), ("gemm", "group"), ("gemm", "fc1"),
-                                               ("gemm", "fc2"), ("gemm", "combine"))),
+    Pipeline("prefill-simt", "prefill", _steps(("gemm", "group"), ("gemm", "fc1"), ("gemm", "fc2"),
+                                               ("gemm", "combine"))),
 )
 
 
@@ -117,7 +132,8 @@ def modules_for(config: ModelConfig, variants=("decode", "prefill"), arch: str =
     or on some devices; ``arch``, when given, settles the device part)."""
     seen: dict[ModuleSpec, None] = {}
     probe = Problem(rows=0, E=config.experts, H=config.hidden, I=config.inter, k=config.k,
-                    dtype=config.layout.dtype, arch=arch) if arch else None
+                    dtype=config.layout.dtype, arch=arch, shared=config.shared, shared_gate=config.shared_gate,
+                    router_gemm=config.router_gemm) if arch else None
     for path in variants:
         if path not in ("decode", "prefill"):
             raise QMoEAttributeError("variants", "items of ['decode', 'prefill']", repr(path))

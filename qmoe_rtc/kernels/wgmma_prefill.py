@@ -24,6 +24,7 @@ from ._expert import (
     GROUP_ARGS,
     expert_spec,
     projection_args,
+    shared_args,
     template_types,
     tensor_core_unsupported,
 )
@@ -147,7 +148,7 @@ class WgmmaPrefillFamily(KernelFamily):
     def slower(self, config, problem: Problem | None = None) -> str | None:
         if problem is None or problem.rows == 0 or knobs.get("prefill_engine") == "wgmma":
             return None
-        per_expert = problem.routes / max(1, min(problem.E, problem.routes))
+        per_expert = problem.routes / max(1, min(problem.experts, problem.routes))
         if per_expert < MIN_ROUTES_PER_EXPERT:
             return f"{per_expert:.0f} routes per expert (< {MIN_ROUTES_PER_EXPERT}: the mma.sync engine is faster)"
         return None
@@ -166,7 +167,7 @@ class WgmmaPrefillFamily(KernelFamily):
                 f"{t['BLOCK']}, {t['ACT']}, {br}>",
                 (Ptr("xp", dt), *GROUP_ARGS, Scalar("E", "int32"), Scalar("k", "int32"), Scalar("H", "int32"),
                  Scalar("Hp", "int32"), Scalar("I", "int32"), Scalar("Ip", "int32"), Scalar("NT", "int32"),
-                 Scalar("G", "int32"), *projection_args("fc1", sdt), *projection_args("fc3", sdt),
+                 Scalar("G", "int32"), *projection_args("fc1", sdt), *projection_args("fc3", sdt), *shared_args("fc1", sdt),
                  Scalar("zp_offset", "float32"), *ACT_SCALARS, Ptr("act_sorted", dt)),
             ))
             out.append(KernelDef(
@@ -174,17 +175,17 @@ class WgmmaPrefillFamily(KernelFamily):
                 f"qmoe::fc2_wgmma<{t['T']}, {t['S']}, {t['B2']}, {t['Z2']}, {t['BLOCK']}, {br}>",
                 (Ptr("act_sorted", dt), *GROUP_ARGS, Scalar("E", "int32"), Scalar("H", "int32"), Scalar("I", "int32"),
                  Scalar("Ip", "int32"), Scalar("NT", "int32"), Scalar("G", "int32"), *projection_args("fc2", sdt),
-                 Scalar("zp_offset", "float32"), Ptr("y", "float32")),
+                 *shared_args("fc2", sdt), Scalar("zp_offset", "float32"), Ptr("y", "float32")),
             ))
         return tuple(out)
 
     def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem) -> str:
         if role in ("fc1", "fc2"):
-            return f"{role}_br{tile_routes(problem.routes, problem.E, spec['groups'])}"
+            return f"{role}_br{tile_routes(problem.routes, problem.experts, spec['groups'])}"
         return role
 
     def launch(self, spec: ModuleSpec, role: str, problem: Problem) -> Launch:
-        br = tile_routes(problem.routes, problem.E, spec["groups"])
+        br = tile_routes(problem.routes, problem.experts, spec["groups"])
         Hp, Ip = padded(problem.H), padded(problem.I)
         if role == "group":
             return group_launch(br)

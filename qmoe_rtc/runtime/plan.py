@@ -17,10 +17,16 @@ from ..jit.driver import _drv
 from ..kernels import Pipeline, Problem, Slot
 from ..specialize import ModuleSpec
 
-__all__ = ["PER_CALL", "BoundLaunches", "Plan", "PlanStep"]
+__all__ = ["PER_CALL", "BoundLaunches", "Plan", "PlanStep", "problem_scalars"]
 
 #: Arguments that change with every call, in the order a call passes their addresses.
 PER_CALL = ("x", "logits", "router_weights", "out")
+
+
+def problem_scalars(p: Problem) -> dict:
+    """The problem sizes every kernel may take by name. The expert engines see E + S experts and
+    k + S routes per token (shared experts [ext] are routes); routing takes the routed E and k."""
+    return dict(rows=p.rows, R=p.routes, E=p.experts, H=p.H, I=p.I, k=p.slots, E_routed=p.E, k_routed=p.k, S=p.shared)
 
 
 @dataclass(frozen=True)
@@ -71,7 +77,7 @@ class BoundLaunches:
     def __init__(self, plan: Plan, pool, table: dict):
         p = plan.problem
         base = dict(table)
-        base.update(rows=p.rows, R=p.routes, E=p.E, H=p.H, I=p.I, k=p.k)
+        base.update(problem_scalars(p))
         base.update({name: pool.address(name) for name in pool.bufs})
         base.update(dict.fromkeys(PER_CALL, 0))
         items = []

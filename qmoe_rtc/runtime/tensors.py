@@ -11,7 +11,7 @@ import logging
 
 from .._arrays import dtype_name
 
-__all__ = ["layer_scale_dtype", "layer_table", "upload_projections"]
+__all__ = ["EXTRA_TENSORS", "layer_scale_dtype", "layer_table", "upload_extras", "upload_projections"]
 
 log = logging.getLogger("qmoe_rtc")
 
@@ -35,13 +35,14 @@ def layer_scale_dtype(layer) -> str:
     return sdts.pop() if len(sdts) == 1 else "float32"
 
 
-def upload_projections(cp, w: dict, layer, device_id: int):
+def upload_projections(cp, w: dict, layer, device_id: int, scale_dtype: str | None = None):
     """(scale dtype of the layer, {projection: (weights, scales, zero points, bias)}) on the device.
 
-    Scales share one dtype (float32 when the projections disagree); weights not 16-byte aligned are
-    copied once (the kernels read them with 16-byte loads); biases become float32.
+    Scales share one dtype (float32 when the projections disagree; ``scale_dtype`` when given: the
+    shared experts take the routed ones'); weights not 16-byte aligned are copied once (the kernels
+    read them with 16-byte loads); biases become float32.
     """
-    scale_dtype = layer_scale_dtype(layer)
+    scale_dtype = scale_dtype or layer_scale_dtype(layer)
     if len({p.scale_dtype for p in layer.projections()}) > 1:
         log.info("qmoe_rtc: projections have scales of different dtypes; converted to float32 once")
     proj = {}
@@ -65,13 +66,35 @@ def upload_projections(cp, w: dict, layer, device_id: int):
     return scale_dtype, proj
 
 
-def layer_table(proj: dict, attrs) -> dict:
+#: Extension tensors [ext] other than the shared experts' projections, by input (= argument) name,
+#: and whether they are held in float32 (small vectors) or as given (router_weight: float32 or T).
+EXTRA_TENSORS = {"shared_gate_weight": True, "router_weight": False, "router_bias": True}
+
+
+def upload_extras(cp, w: dict, device_id: int) -> dict:
+    """The layer's :data:`EXTRA_TENSORS` on the device (absent ones left out): shared_gate_weight [H]
+    f32, router_weight [E, H] as given, router_bias [E] f32."""
+    out = {}
+    with cp.cuda.Device(device_id):
+        for name, f32 in EXTRA_TENSORS.items():
+            a = w.get(name)
+            if a is not None:
+                out[name] = cp.ascontiguousarray(a.astype(cp.float32) if f32 else a)
+    return out
+
+
+def layer_table(proj: dict, attrs, shared: dict | None = None, extras: dict | None = None) -> dict:
     """Argument name -> value for everything constant in a layer. Without FC3 its arguments hold FC1's
-    tensors (the kernels never read them then)."""
+    tensors (the kernels never read them then); the shared experts' projections [ext] are
+    ``shared_fc1_w`` ... (NULL without them), the other extension tensors their input names."""
     t = {}
     for p in ("fc1", "fc2", "fc3"):
         w, s, z, b = proj.get(p) or proj["fc1"]
         t.update({f"{p}_w": w, f"{p}_scales": s, f"{p}_zp": z, f"{p}_bias": b})
+    for p in ("fc1", "fc2"):
+        w, s, z, b = (shared or {}).get(p) or (None,) * 4
+        t.update({f"shared_{p}_w": w, f"shared_{p}_scales": s, f"shared_{p}_zp": z, f"shared_{p}_bias": b})
+    t.update({n: (extras or {}).get(n) for n in EXTRA_TENSORS})
     t.update(zp_offset=float(attrs.zero_point_offset or 0.0), alpha=float(attrs.activation_alpha),
              beta=float(attrs.activation_beta), limit=float(attrs.swiglu_limit),
              limit_after=int(attrs.swiglu_limit_after_activation), normalize=int(attrs.normalize_routing_weights))

@@ -13,6 +13,7 @@
 #pragma once
 
 #include "core/dequant.cuh"
+#include "core/experts.cuh"
 #include "core/types.cuh"
 #include "core/unpack.cuh"
 #include "epilogue/combine.cuh"
@@ -113,7 +114,8 @@ fc1_gemm(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* __r
          const i32* __restrict__ tile_offsets, i32 E, i32 k, i32 H, i32 I,
          const u8* __restrict__ w1, const ScaleT* __restrict__ s1, const u8* __restrict__ z1, const float* __restrict__ b1,
          const u8* __restrict__ w3, const ScaleT* __restrict__ s3, const u8* __restrict__ z3, const float* __restrict__ b3,
-         float zp_offset, float alpha, float beta, float limit, i32 limit_after,
+         i32 E_routed, const u8* __restrict__ shared_w1, const ScaleT* __restrict__ shared_s1,
+         const u8* __restrict__ shared_z1, const float* __restrict__ shared_b1, float zp_offset, float alpha, float beta, float limit, i32 limit_after,
          float* __restrict__ act_sorted) {
   using Rows = Fc1Rows<GATE>;
   constexpr int TM = BM / 16;
@@ -121,6 +123,7 @@ fc1_gemm(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* __r
   const ActParams ap{alpha, beta, limit, limit_after};
   i32 e, m0, m_end;
   if (!find_tile<BM>(offsets, tile_offsets, E, blockIdx.x, e, m0, m_end)) return;
+  pick_expert(e, E_routed, w1, s1, z1, b1, shared_w1, shared_s1, shared_z1, shared_b1);
   const i32 c0 = blockIdx.y * kGemmBW;  // first tile column
   const QuantParams<ScaleT, B1, BLOCK, Z1> q1{s1, z1, zp_offset, Rows::n1(I), H};
   const QuantParams<ScaleT, B3, BLOCK, Z3> q3{s3, z3, zp_offset, I, H};
@@ -157,11 +160,13 @@ __global__ void __launch_bounds__(kGemmThreads)
 fc2_gemm(const float* __restrict__ act_sorted, const i32* __restrict__ sorted, const i32* __restrict__ offsets,
          const i32* __restrict__ tile_offsets, i32 E, i32 H, i32 I,
          const u8* __restrict__ w2, const ScaleT* __restrict__ s2, const u8* __restrict__ z2, const float* __restrict__ b2,
-         float zp_offset, float* __restrict__ y) {
+         i32 E_routed, const u8* __restrict__ shared_w2, const ScaleT* __restrict__ shared_s2,
+         const u8* __restrict__ shared_z2, const float* __restrict__ shared_b2, float zp_offset, float* __restrict__ y) {
   constexpr int TM = BM / 16;
   __shared__ i64 src[BM];
   i32 e, m0, m_end;
   if (!find_tile<BM>(offsets, tile_offsets, E, blockIdx.x, e, m0, m_end)) return;
+  pick_expert(e, E_routed, w2, s2, z2, b2, shared_w2, shared_s2, shared_z2, shared_b2);
   const i32 c0 = blockIdx.y * kGemmBW;
   const QuantParams<ScaleT, B2, BLOCK, Z2> q2{s2, z2, zp_offset, H, I};
   for (int m = threadIdx.x; m < BM; m += kGemmThreads) src[m] = m0 + m < m_end ? (i64)(m0 + m) * I : -1;

@@ -19,6 +19,7 @@
 #pragma once
 
 #include "core/dequant.cuh"
+#include "core/experts.cuh"
 #include "core/types.cuh"
 #include "engines/dot.cuh"
 #include "epilogue/fc1.cuh"
@@ -40,14 +41,17 @@ __global__ void __launch_bounds__(kGemvThreads)
 fc1_gemv(const T* __restrict__ x, const i32* __restrict__ ids, i32 k, i32 H, i32 I,
          const u8* __restrict__ w1, const ScaleT* __restrict__ s1, const u8* __restrict__ z1, const float* __restrict__ b1,
          const u8* __restrict__ w3, const ScaleT* __restrict__ s3, const u8* __restrict__ z3, const float* __restrict__ b3,
-         float zp_offset, float alpha, float beta, float limit, i32 limit_after, T* __restrict__ act) {
+         i32 E_routed, const u8* __restrict__ shared_w1, const ScaleT* __restrict__ shared_s1,
+         const u8* __restrict__ shared_z1, const float* __restrict__ shared_b1, float zp_offset, float alpha, float beta, float limit, i32 limit_after,
+         T* __restrict__ act) {
   __shared__ float red[kGemvThreads / 32 * kFc1Groups * 4];
   using Shape = Fc1Shape<GATE>;
   using Rows = Fc1Rows<GATE>;
   constexpr int OPG = Shape::kOutPerGroup;
   const ActParams ap{alpha, beta, limit, limit_after};
   const i32 r = blockIdx.x;
-  const i32 e = ids[r];
+  i32 e = ids[r];
+  pick_expert(e, E_routed, w1, s1, z1, b1, shared_w1, shared_s1, shared_z1, shared_b1);
   const T* xr = x + (i64)(r / k) * H;
   const i32 N1 = Rows::n1(I);
   const QuantParams<ScaleT, B1, BLOCK, Z1> q1{s1, z1, zp_offset, N1, H};
@@ -121,11 +125,14 @@ template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, bool VEC>
 __global__ void __launch_bounds__(kGemvThreads)
 fc2_gemv_combine(const T* __restrict__ act, const i32* __restrict__ ids, const float* __restrict__ wts, i32 k,
                  i32 H, i32 I, const u8* __restrict__ w2, const ScaleT* __restrict__ s2, const u8* __restrict__ z2,
-                 const float* __restrict__ b2, float zp_offset, T* __restrict__ out) {
+                 const float* __restrict__ b2, i32 E_routed, const u8* __restrict__ shared_w2,
+                 const ScaleT* __restrict__ shared_s2, const u8* __restrict__ shared_z2,
+                 const float* __restrict__ shared_b2, float zp_offset, T* __restrict__ out) {
   __shared__ float red[kGemvThreads / 32 * kFc2Rows];
   const i64 row = blockIdx.x;
   const i32 n0 = blockIdx.y * kFc2Rows;
   const QuantParams<ScaleT, B2, BLOCK, Z2> q2{s2, z2, zp_offset, H, I};
+  const QuantParams<ScaleT, B2, BLOCK, Z2> q2s{shared_s2, shared_z2, zp_offset, H, I};  // shared experts [ext]
   i32 n[kFc2Rows];
 #pragma unroll
   for (int j = 0; j < kFc2Rows; ++j) n[j] = min(n0 + j, H - 1);
@@ -135,7 +142,9 @@ fc2_gemv_combine(const T* __restrict__ act, const i32* __restrict__ ids, const f
   auto item = [&](i32 t) {
     const i32 slot = t / per_slot, it = t - slot * per_slot;
     const i64 r = row * k + slot;
-    accum_item<kFc2Rows, VEC>(q2, w2, ids[r], n, act + r * I, it, wts[r], acc);
+    const i32 e = ids[r];
+    const bool sh = e >= E_routed;  // a shared expert's slot (core/experts.cuh)
+    accum_item<kFc2Rows, VEC>(sh ? q2s : q2, sh ? shared_w2 : w2, sh ? e - E_routed : e, n, act + r * I, it, wts[r], acc);
   };
   for (i32 t = threadIdx.x; t < items; t += 2 * kGemvThreads) {
     item(t);
@@ -148,10 +157,12 @@ fc2_gemv_combine(const T* __restrict__ act, const i32* __restrict__ ids, const f
     float v = 0.0f;
 #pragma unroll
     for (int j = 0; j < kFc2Rows; ++j) if (j == (int)threadIdx.x) v = y[j];
-    if (b2) {
+    if (b2 || shared_b2) {
       for (i32 slot = 0; slot < k; ++slot) {  // slot order: deterministic
         const i64 r = row * k + slot;
-        v = fmaf(wts[r], b2[(i64)ids[r] * H + nn], v);
+        const i32 e = ids[r];
+        const float* bias = e >= E_routed ? shared_b2 : b2;
+        if (bias) v = fmaf(wts[r], bias[(i64)(e >= E_routed ? e - E_routed : e) * H + nn], v);
       }
     }
     out[row * H + nn] = Traits<T>::from_float(v);

@@ -26,6 +26,7 @@
 // codes, zero_point_offset, FC3 with a bit width other than FC1's, 1-bit with block 16, K % 32 ≠ 0.
 #pragma once
 
+#include "core/experts.cuh"
 #include "core/types.cuh"
 #include "engines/mma_ring.cuh"
 #include "epilogue/fc1.cuh"
@@ -94,7 +95,9 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_blocks<NG>())
 fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 H, i32 I, i32 KS,
         const u8* __restrict__ w1, const ScaleT* __restrict__ s1, const u8* __restrict__ z1, const float* __restrict__ b1,
         const u8* __restrict__ w3, const ScaleT* __restrict__ s3, const u8* __restrict__ z3, const float* __restrict__ b3,
-        float zp_offset, float alpha, float beta, float limit, i32 limit_after, T* __restrict__ act) {
+        i32 E_routed, const u8* __restrict__ shared_w1, const ScaleT* __restrict__ shared_s1,
+        const u8* __restrict__ shared_z1, const float* __restrict__ shared_b1, float zp_offset, float alpha, float beta,
+        float limit, i32 limit_after, T* __restrict__ act) {
   __shared__ i32 s_ids[kMmaMaxRoutes], s_list[kMmaMaxRoutes], s_n;
   __shared__ float red[kMmaWarps * NG * 4 * 32];
   extern __shared__ __align__(16) u8 dyn_smem[];
@@ -104,7 +107,8 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
   constexpr bool kGated = Rows::kGated;
   constexpr int kOutPerTile = kGated ? 8 : 16;
   const ActParams ap{alpha, beta, limit, limit_after};
-  const i32 e = ids[blockIdx.y];
+  i32 e = ids[blockIdx.y];
+  pick_expert(e, E_routed, w1, s1, z1, b1, shared_w1, shared_s1, shared_z1, shared_b1);
   const i32 N1 = Rows::n1(I);
   const QuantParams<ScaleT, B1, BLOCK, Z1> q1{s1, z1, zp_offset, N1, H};
   const QuantParams<ScaleT, B1, BLOCK, Z3> q3{s3, z3, zp_offset, I, H};
@@ -164,8 +168,10 @@ template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, int NG>
 __global__ void __launch_bounds__(kMmaThreads, mma_min_blocks<NG>())
 fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const float* __restrict__ wts, i32 R, i32 k,
                 i32 H, i32 I, i32 KS, const u8* __restrict__ w2, const ScaleT* __restrict__ s2,
-                const u8* __restrict__ z2, const float* __restrict__ b2, float zp_offset, float* __restrict__ y,
-                u32* __restrict__ counters, T* __restrict__ out) {
+                const u8* __restrict__ z2, const float* __restrict__ b2, i32 E_routed,
+                const u8* __restrict__ shared_w2, const ScaleT* __restrict__ shared_s2, const u8* __restrict__ shared_z2,
+                const float* __restrict__ shared_b2, float zp_offset, float* __restrict__ y, u32* __restrict__ counters,
+                T* __restrict__ out) {
   __shared__ i32 s_ids[kMmaMaxRoutes], s_list[kMmaMaxRoutes], s_n;
   __shared__ float red[kMmaWarps * NG * 4 * 32];
   __shared__ bool s_last;
@@ -175,7 +181,8 @@ fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const fl
   const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const i32 MT = kMmaWarps / KS, mt = warp % MT, ks = warp / MT;
   const i32 g = lane >> 2, t = lane & 3;
-  const i32 e = ids[blockIdx.y];
+  i32 e = ids[blockIdx.y];
+  pick_expert(e, E_routed, w2, s2, z2, b2, shared_w2, shared_s2, shared_z2, shared_b2);
   const i32 n0 = (blockIdx.x * MT + mt) * 16;
   const i32 na = min(n0 + g, H - 1), nb = min(n0 + g + 8, H - 1);
   const QuantParams<ScaleT, B2, BLOCK, Z2> q2{s2, z2, zp_offset, H, I};

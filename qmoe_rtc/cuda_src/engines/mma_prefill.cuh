@@ -24,6 +24,7 @@
 
 #include "core/cp_async.cuh"
 #include "core/dequant.cuh"
+#include "core/experts.cuh"
 #include "core/lane_meta.cuh"
 #include "core/mma_pair.cuh"
 #include "core/types.cuh"
@@ -263,8 +264,9 @@ fc1_prefill(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* 
             const i32* __restrict__ tile_offsets, i32 E, i32 k, i32 H, i32 I, i32 NT, i32 G,
             const u8* __restrict__ w1, const ScaleT* __restrict__ s1, const u8* __restrict__ z1,
             const float* __restrict__ b1, const u8* __restrict__ w3, const ScaleT* __restrict__ s3,
-            const u8* __restrict__ z3, const float* __restrict__ b3, float zp_offset, float alpha, float beta,
-            float limit, i32 limit_after, T* __restrict__ act_sorted) {
+            const u8* __restrict__ z3, const float* __restrict__ b3, i32 E_routed, const u8* __restrict__ shared_w1,
+            const ScaleT* __restrict__ shared_s1, const u8* __restrict__ shared_z1, const float* __restrict__ shared_b1,
+            float zp_offset, float alpha, float beta, float limit, i32 limit_after, T* __restrict__ act_sorted) {
   using Rows = Fc1Rows<GATE>;
   constexpr bool kZpw = Z1 == ZP_PACKED || (GATE == GATE_FC3 && Z3 == ZP_PACKED);
   using St = PfStage<B1, ScaleT, BLOCK, kZpw, NR>;
@@ -274,6 +276,7 @@ fc1_prefill(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* 
   pf_check_smem<St>();
   i32 nt, e, m0, m_end;
   if (!pf_tile<BR>(offsets, tile_offsets, E, NT, G, nt, e, m0, m_end)) return;
+  pick_expert(e, E_routed, w1, s1, z1, b1, shared_w1, shared_s1, shared_z1, shared_b1);
   const ActParams ap{alpha, beta, limit, limit_after};
   const i32 N1 = Rows::n1(I);
   using Q1 = QuantParams<ScaleT, B1, BLOCK, Z1>;
@@ -325,8 +328,9 @@ template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, int NR>
 __global__ void __launch_bounds__(kPfThreads, kPfMinBlocks)
 fc2_prefill(const T* __restrict__ act_sorted, const i32* __restrict__ sorted, const i32* __restrict__ offsets,
             const i32* __restrict__ tile_offsets, i32 E, i32 H, i32 I, i32 NT, i32 G, const u8* __restrict__ w2,
-            const ScaleT* __restrict__ s2, const u8* __restrict__ z2, const float* __restrict__ b2, float zp_offset,
-            float* __restrict__ y) {
+            const ScaleT* __restrict__ s2, const u8* __restrict__ z2, const float* __restrict__ b2, i32 E_routed,
+            const u8* __restrict__ shared_w2, const ScaleT* __restrict__ shared_s2, const u8* __restrict__ shared_z2,
+            const float* __restrict__ shared_b2, float zp_offset, float* __restrict__ y) {
   constexpr bool kZpw = Z2 == ZP_PACKED;
   using St = PfStage<B2, ScaleT, BLOCK, kZpw, NR>;
   constexpr int BR = 8 * NR;
@@ -335,6 +339,7 @@ fc2_prefill(const T* __restrict__ act_sorted, const i32* __restrict__ sorted, co
   pf_check_smem<St>();
   i32 nt, e, m0, m_end;
   if (!pf_tile<BR>(offsets, tile_offsets, E, NT, G, nt, e, m0, m_end)) return;
+  pick_expert(e, E_routed, w2, s2, z2, b2, shared_w2, shared_s2, shared_z2, shared_b2);
   using Q2 = QuantParams<ScaleT, B2, BLOCK, Z2>;
   const Q2 q2{s2, z2, zp_offset, H, I};
   const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
