@@ -29,8 +29,8 @@ from dataclasses import replace
 from . import knobs
 from ._arrays import device_of, dtype_name, is_c_contiguous, shape_str
 from .contract import INPUT_NAMES, LAYER_INPUTS, CallSpec, QMoEAttributes, check_call, check_content, describe_layer
-from .errors import CaptureError, DeviceError, QMoEInputError, QMoEUnsupportedError
-from .extensions import EXT_INPUTS, check_ext_call, describe_extensions, refuse_on_gpu
+from .errors import CaptureError, DeviceError, QMoEInputError
+from .extensions import EXT_INPUTS, check_ext_call, describe_extensions, refuse_on_gpu, shared_weights
 from .jit import load_module
 from .jit.driver import probe, stream_is_capturing
 from .kernels import Problem, choose, decode_limit, get_family
@@ -126,7 +126,10 @@ class QMoE:
             raise DeviceError(f"weights live on cuda:{layer.device_id}, device={device!r} was asked for")
         check_supported(layer, ext)
         if validate_content:  # host arrays are read where they are; device arrays through a zero-copy view
-            check_content({n: a if is_host_array(a) else to_cupy(n, a, 0) for n, a in weights.items()}, layer)
+            views = {n: a if is_host_array(a) else to_cupy(n, a, 0) for n, a in weights.items()}
+            check_content(views, layer)
+            if ext.shared is not None:  # the shared experts' tensors by their routed names
+                check_content(shared_weights(views), ext.shared)
         # 2. the GPU: a DeviceError saying what is missing (no driver, driver too old, no GPU)
         self.device_id = _resolve_device(want if want is not None else layer.device_id)
         cp = cupy()

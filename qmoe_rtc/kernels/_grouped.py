@@ -11,7 +11,7 @@ from ._expert import gate_of
 from .base import Problem, Slot
 
 GROUP_THREADS = 1024  # kGroupThreads
-GROUP_MAX_EXPERTS = 512  # kGroupMaxExperts
+GROUP_MAX_EXPERTS = 1023  # kGroupMaxExperts: routed + shared experts [ext]
 COMBINE_THREADS = 256
 GROUP = 8  # route tiles launched side by side for each weight tile (L2 reuse; pf_tile in mma_prefill.cuh)
 

@@ -36,8 +36,8 @@ class GemmFamily(KernelFamily):
         return expert_spec(self.name, config)
 
     def supports(self, config, problem: Problem | None = None) -> str | None:
-        if config.experts > GROUP_MAX_EXPERTS:
-            return f"{config.experts} experts (grouping handles at most {GROUP_MAX_EXPERTS})"
+        if config.experts + config.shared > GROUP_MAX_EXPERTS:
+            return f"{config.experts + config.shared} experts (grouping handles at most {GROUP_MAX_EXPERTS})"
         if (2 * config.inter + BW - 1) // BW > MAX_GRID_Y or (config.hidden + BW - 1) // BW > MAX_GRID_Y:
             return f"hidden {config.hidden} / inter {config.inter} need more than {MAX_GRID_Y} tiles on grid.y"
         return None

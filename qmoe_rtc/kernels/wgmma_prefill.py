@@ -134,8 +134,8 @@ class WgmmaPrefillFamily(KernelFamily):
         return [] if self.supports(config) else [self.spec(config)]
 
     def supports(self, config, problem: Problem | None = None) -> str | None:
-        if config.experts > GROUP_MAX_EXPERTS:
-            return f"{config.experts} experts (grouping handles at most {GROUP_MAX_EXPERTS})"
+        if config.experts + config.shared > GROUP_MAX_EXPERTS:
+            return f"{config.experts + config.shared} experts (grouping handles at most {GROUP_MAX_EXPERTS})"
         why = tensor_core_unsupported(config)
         if why:
             return why

@@ -6,7 +6,7 @@
 //   sorted       [R]      i32   (out) route ids in expert order (order inside an expert is arbitrary:
 //                                every route's result depends on its own row only)
 //
-// Launch: one block of kGroupThreads threads. E <= 512.
+// Launch: one block of kGroupThreads threads. E < kGroupThreads (E counts shared experts [ext] too).
 // find_tile: what a GEMM block of tile t works on (binary search over tile_offsets).
 #pragma once
 
@@ -15,7 +15,7 @@
 namespace qmoe {
 
 constexpr int kGroupThreads = 1024;
-constexpr int kGroupMaxExperts = 512;
+constexpr int kGroupMaxExperts = kGroupThreads - 1;  // the scan gives each expert one thread, and one more
 
 __global__ void __launch_bounds__(kGroupThreads)
 group_by_expert(const i32* __restrict__ topk_ids, i32 R, i32 E, i32 BM, i32* __restrict__ offsets,
@@ -29,7 +29,7 @@ group_by_expert(const i32* __restrict__ topk_ids, i32 R, i32 E, i32 BM, i32* __r
   for (i32 r = tid; r < R; r += kGroupThreads) atomicAdd(&count[topk_ids[r]], 1);
   __syncthreads();
 
-  // exclusive scans of count[] and ceil(count/BM)[] (E <= 512 < kGroupThreads: one entry per thread)
+  // exclusive scans of count[] and ceil(count/BM)[] (E < kGroupThreads: one entry per thread)
   const int lane = tid & 31, warp = tid >> 5;
   const i32 c = tid < E ? count[tid] : 0;
   const i32 t = (c + BM - 1) / BM;
