@@ -73,7 +73,8 @@ class ProjectionSpec:
     block_size: int  #: 0 = row-wise
     row_bytes: int  #: ceil(K·b/8)
     scale_dtype: str
-    zp_mode: str  #: "none" (zp = 2^(b−1)) | "packed" (zero-point tensor) | "offset" (zero_point_offset)
+    #: "none" (zp = 2^(b−1)) | "packed" (zero-point tensor) | "offset" (zero_point_offset) | "fp8" (e4m3fn, no zp)
+    zp_mode: str
     has_bias: bool
     bias_dtype: str | None
     quant: str = "int"  #: "int" (b-bit codes) | "fp8" (float8e4m3fn codes [E, N, K])
@@ -169,10 +170,12 @@ def _infer_dtype(tensors) -> str | None:
     return next(iter(seen), None)
 
 
-def describe_layer(weights: dict, attrs: QMoEAttributes) -> LayerSpec:
+def describe_layer(weights: dict, attrs: QMoEAttributes, routed_experts: int | None = None) -> LayerSpec:
     """Validate the expert tensors (``fc1_experts_weights`` … ``fc3_zero_points``) and derive sizes.
 
     ``weights`` maps ONNX Runtime input names to arrays (missing or None = not given).
+    ``routed_experts``: the experts routing picks from when the weights hold only a slice of them
+    (:mod:`qmoe_rtc.slices`; k is checked against it).
     """
     w = {n: weights.get(n) for n in LAYER_INPUTS}
     unknown = set(weights) - set(LAYER_INPUTS)
@@ -202,8 +205,8 @@ def describe_layer(weights: dict, attrs: QMoEAttributes) -> LayerSpec:
     if int(w["fc2_experts_weights"].shape[0]) != E:
         raise QMoEInputError("fc2_experts_weights", f"{E} experts in dim 0 (as fc1_experts_weights)",
                              f"shape {shape_str(w['fc2_experts_weights'].shape)}")
-    if attrs.k > E:
-        raise QMoEAttributeError("k", f"1 <= k <= E = {E}", str(attrs.k))
+    if attrs.k > (routed_experts or E):
+        raise QMoEAttributeError("k", f"1 <= k <= E = {routed_experts or E}", str(attrs.k))
 
     has_fc3 = w["fc3_experts_weights"] is not None
     act = attrs.activation_type
@@ -311,7 +314,7 @@ def _fp8_projection(w, attrs, p, E, N, K) -> ProjectionSpec:
     if w[bn] is not None:
         _require(bn, w[bn], shape=(E, N), dtypes=FLOAT_DTYPES)
     return ProjectionSpec(name=p, bits=8, N=N, K=K, block_size=max(bs, 0), row_bytes=K, scale_dtype=dtype_name(w[sn]),
-                          zp_mode="none", has_bias=w[bn] is not None,
+                          zp_mode="fp8", has_bias=w[bn] is not None,
                           bias_dtype=dtype_name(w[bn]) if w[bn] is not None else None, quant="fp8")
 
 

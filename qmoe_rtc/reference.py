@@ -8,6 +8,8 @@ are copied to the host. It is meant to be obviously right, not fast.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from ._arrays import is_cupy, np_dtype
@@ -15,6 +17,7 @@ from .contract import QMoEAttributes, check_content, describe_layer
 from .extensions import EXT_INPUTS, check_ext_call, describe_extensions, shared_weights
 from .fp8 import dequantize_fp8
 from .quantize import dequantize
+from .slices import describe_slice
 
 __all__ = ["qmoe", "route", "activate", "order_key", "expert_mlp", "router_logits", "shared_part"]
 
@@ -218,9 +221,12 @@ def qmoe(
     ``router_weight`` [E, H] / ``router_bias`` [E], with which ``router_probs`` is None.
     ``validate_content``: also check what :class:`~qmoe_rtc.executor.QMoE` checks with the same flag
     (finite non-negative scales, finite biases, zero-point padding, no NaN FP8 codes), raising the
-    same ``QMoEInputError``.
+    same ``QMoEInputError``. Expert slices [ext] (``expert_range`` + ``num_experts``, or
+    ``expert_map``; :mod:`qmoe_rtc.slices`): the weights hold the slice's experts, routing runs over
+    all E logits and the result is the slice's partial output.
     """
     ext_in = {n: _host(attributes.pop(n)) for n in EXT_INPUTS if n in attributes}
+    slice_args = {n: attributes.pop(n, None) for n in ("expert_range", "expert_map", "num_experts")}
     attrs = QMoEAttributes.from_kwargs(**attributes)
     given = dict(fc1_experts_weights=fc1_experts_weights, fc1_scales=fc1_scales, fc1_experts_bias=fc1_experts_bias,
                  fc2_experts_weights=fc2_experts_weights, fc2_scales=fc2_scales, fc2_experts_bias=fc2_experts_bias,
@@ -228,15 +234,18 @@ def qmoe(
                  fc1_zero_points=fc1_zero_points, fc2_zero_points=fc2_zero_points, fc3_zero_points=fc3_zero_points,
                  fc1_global_scale=fc1_global_scale, fc2_global_scale=fc2_global_scale)
     weights = {n: _host(a) for n, a in given.items()}
-    layer = describe_layer(weights, attrs)
-    ext = describe_extensions(ext_in, attrs, layer)
+    sl = describe_slice(**slice_args)
+    layer = describe_layer(weights, attrs, routed_experts=sl.num_experts if sl is not None else None)
+    sl = describe_slice(**slice_args, local_experts=layer.E)
+    routed = replace(layer, E=sl.num_experts) if sl is not None else layer  # routing sees all E experts
+    ext = describe_extensions(ext_in, attrs, routed)
     sw = shared_weights(ext_in)
     if validate_content:
         check_content(weights, layer)
         if ext.shared is not None:
             check_content(sw, ext.shared)
     x_in, logits, rw = _host(input), _host(router_probs), _host(router_weights)
-    call = check_ext_call(layer, ext, x_in, logits, rw)
+    call = check_ext_call(routed, ext, x_in, logits, rw)
     out_dtype = np_dtype(call.dtype)
     if call.rows == 0:
         return np.zeros(call.input_shape, dtype=out_dtype)
@@ -246,9 +255,12 @@ def qmoe(
         logits = router_logits(x, ext_in["router_weight"], ext_in.get("router_bias"))
     experts, route_w = route(logits, attrs, rw)  # [rows, k]
     out = np.zeros((call.rows, layer.H), dtype=np.float64)
+    local = sl.global_to_local() if sl is not None else np.arange(layer.E)
     for e in np.unique(experts):
+        if local[e] < 0:  # an expert this slice does not hold: contributes nothing here
+            continue
         r, j = np.nonzero(experts == e)
-        y = expert_mlp(x[r], layer, weights, attrs, int(e))  # [n, H]
+        y = expert_mlp(x[r], layer, weights, attrs, int(local[e]))  # [n, H]
         np.add.at(out, r, route_w[r, j][:, None] * y)
     if ext.shared is not None:
         out += shared_part(x, ext.shared, sw, attrs, ext_in.get("shared_gate_weight"))
