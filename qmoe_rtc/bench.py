@@ -25,6 +25,18 @@ CuPy without torch). Bytes = the unique experts
 chosen by the true routing over the T tokens × their packed weights + scales + zero points, plus
 input, output and logits. FLOPs = 2·T·k·(H·2I + I·H). ``%floor`` = floor_us / graph_us · 100.
 
+Shapes with [ext] parts (qwen3-next-80b-a3b, deepseek-v3-tp8: shared experts, router GEMM) time up to
+three layers per point (``--variants``): ``routed`` (routed experts only), ``shared`` (+ shared
+experts), both called with the logits the router GEMM gives (x·Wᵀ on the host, so all route alike),
+and ``full`` (+ router GEMM, ``router_probs`` None; rows whose k-th and (k+1)-th logits nearly tie are
+left out of its check). Their floors add the shared experts' bytes (+ gate) and the router weight's,
+and their FLOPs. Target: full_us <= 1.15·(routed_us + (shared + router bytes) / copy rate).
+
+``--bits fp8`` / ``fp8g``: FP8 e4m3 experts, float32 block scales or one global scale per expert;
+1 byte per weight + scales in the floor. Per (shape, dtype), against ``--bits 8`` of the same run:
+FP8 %floor at 1 token >= 80 % of int8's, FP8 time at 4096 tokens <= 1.2× int8's. Targets print
+PASS / MISS and go to the JSON's ``targets``; a MISS does not fail the run.
+
 A failing point prints ``ERR`` with the reason and the run goes on; the exit code is non-zero if any
 point failed.
 """
@@ -32,7 +44,6 @@ point failed.
 from __future__ import annotations
 
 import json
-import math
 import platform
 import statistics
 import sys
@@ -42,23 +53,35 @@ from dataclasses import asdict
 
 import numpy as np
 
+from .bench_layers import build_layer, prepare_layer  # noqa: F401
 from .bench_report import (  # noqa: F401
     BENCH_SHAPES,
+    EXT_FACTOR,
     TOL,
+    VARIANTS,
     Shape,
     _reason,
     block_for,
     build_parser,
     check_rows,
     expert_bytes,
+    ext_flops,
+    ext_target,
+    extension_bytes,
     floor_bytes,
     flop_count,
     format_row,
+    format_target,
+    fp8_targets,
+    is_fp8,
+    label_width,
     layout_problem,
+    near_tie_rows,
     parse_args,
     rel_err,
     table_header,
     top_k_experts,
+    variants_for,
 )
 from .bench_torch import torch_moe, torch_weights
 
@@ -139,64 +162,15 @@ def measure_ceilings(cp, timer: Timer, torch) -> dict:
     return out
 
 
-def build_layer(cp, rs, shape: Shape, dtype: str, bits, block_size: int, zero_points: bool):
-    """Random quantized experts on the GPU (chunked over experts): (weights by ORT name, attributes)."""
-    from ._arrays import np_dtype
-    from .quantize import quantize
-
-    weights = {}
-    for name, N, K, b in (("fc1", 2 * shape.I, shape.H, bits[0]), ("fc2", shape.H, shape.I, bits[1])):
-        chunk = max(1, (1 << 26) // (N * K))  # float32 temporaries of at most 256 MiB
-        parts = []
-        for e0 in range(0, shape.E, chunk):
-            w = rs.standard_normal((min(chunk, shape.E - e0), N, K), dtype=cp.float32)
-            w *= cp.float32(1.0 / math.sqrt(K))
-            parts.append(quantize(w, b, block_size, symmetric=not zero_points, scale_dtype=np_dtype(dtype)))
-            del w
-        weights[f"{name}_experts_weights"] = cp.concatenate([q.packed for q in parts])
-        weights[f"{name}_scales"] = cp.concatenate([q.scales for q in parts])
-        if zero_points:
-            weights[f"{name}_zero_points"] = cp.concatenate([q.zero_points for q in parts])
-    attrs = dict(k=shape.k, activation_type="swiglu", swiglu_fusion=1, normalize_routing_weights=1,
-                 block_size=block_size, expert_weight_bits=bits[0], fc2_expert_weight_bits=bits[1])
-    return weights, attrs
-
-
-def _prepare(cp, rs, args, shape, dtype, bits, bs):
-    """Layer, inputs per T (device and host) and the reference rows per T, from one reference call."""
-    from ._arrays import np_dtype
-    from .executor import QMoE
-    from .reference import qmoe as reference
-
-    t0 = time.perf_counter()
-    weights, attrs = build_layer(cp, rs, shape, dtype, bits, bs, args.zero_points)
-    extra = {} if args.decode_max_routes is None else {"decode_max_routes": args.decode_max_routes}
-    moe = QMoE(**weights, **attrs, **extra)
-    per_expert = sum(int(v.nbytes) for v in weights.values()) // shape.E
-    calc = expert_bytes(shape.H, shape.I, bits, bs, args.zero_points, np_dtype(dtype).itemsize)
-    if calc != per_expert:
-        print(f"  warning: expert bytes {per_expert} (arrays) != {calc} (formula)", flush=True)
-    inputs = {}
-    for T in args.tokens:
-        x = rs.standard_normal((T, shape.H), dtype=cp.float32).astype(np_dtype(dtype))
-        logits = 2 * rs.standard_normal((T, shape.E), dtype=cp.float32)
-        inputs[T] = (x, logits, cp.asnumpy(x), cp.asnumpy(logits), check_rows(T, args.check_rows))
-    t1 = time.perf_counter()
-    host_w = {n: cp.asnumpy(v) for n, v in weights.items()}  # rows are independent: one call covers every T
-    X = np.concatenate([xh[r] for _, _, xh, _, r in inputs.values()])
-    ref = reference(X, np.concatenate([lh[r] for _, _, _, lh, r in inputs.values()]), **host_w, **attrs)
-    ends = np.cumsum([len(r) for *_, r in inputs.values()])
-    refs = dict(zip(inputs, np.split(ref, ends[:-1])))
-    print(f"  [{shape.name} {dtype} bits {','.join(map(str, bits))}: built on GPU in {t1 - t0:.1f} s, CPU "
-          f"reference over {len(X)} rows in {time.perf_counter() - t1:.1f} s]", flush=True)
-    return weights, moe, per_expert, inputs, refs
-
-
-def _time_point(cp, timer, ceil, args, moe, p, x, logits, lh, rows, ref, per_expert, act_itemsize) -> None:
-    """Floors, correctness of the graph and eager outputs, and their timings, into the point ``p``."""
+def _time_point(cp, timer, ceil, args, moe, p, x, logits, lh, rows, ref, per_expert, act_itemsize,
+                ext=(0, 0), keep=None) -> None:
+    """Floors, correctness of the graph and eager outputs, and their timings, into the point ``p``.
+    ``logits`` is what the layer is called with (None: its router GEMM makes them), ``lh`` the host
+    logits of the routing; ``ext`` the (bytes, FLOPs) beyond the routed experts; ``keep`` the checked
+    rows compared (near-ties of the router GEMM's logits left out)."""
     T, k, H = p["T"], p["k"], p["H"]
     nbytes, uniq = floor_bytes(lh, k, H, per_expert, act_itemsize)
-    flops = flop_count(T, k, H, p["I"])
+    nbytes, flops = nbytes + ext[0], flop_count(T, k, H, p["I"]) + ext[1]
     bw, mm = ceil.get("copy_GBps"), ceil.get("matmul_TFLOPs")
     p.update(floor_bytes=nbytes, unique_experts=uniq, flops=flops, bytes_floor_us=nbytes / (bw * 1e3) if bw else None,
              flop_floor_us=flops / (mm * 1e6) if mm else None)
@@ -209,8 +183,11 @@ def _time_point(cp, timer, ceil, args, moe, p, x, logits, lh, rows, ref, per_exp
     _poison(cp, g.output)
     g.replay()
     cp.cuda.get_current_stream().synchronize()
-    p["rel_err_graph"] = rel_err(cp.asnumpy(g.output)[rows], ref)
-    p["rel_err_eager"] = rel_err(cp.asnumpy(out)[rows], ref)
+    sel = slice(None) if keep is None else keep
+    if keep is not None:
+        p["tie_rows_skipped"] = int(len(keep) - np.count_nonzero(keep))
+    p["rel_err_graph"] = rel_err(cp.asnumpy(g.output)[rows][sel], ref[sel])
+    p["rel_err_eager"] = rel_err(cp.asnumpy(out)[rows][sel], ref[sel])
     p["rel_err"], p["tol"] = max(p["rel_err_graph"], p["rel_err_eager"]), TOL[p["dtype"]]
     p["ok"] = p["rel_err"] <= p["tol"]
     s = timer.samples_us(g.replay, args.iters, args.warmup)
@@ -223,7 +200,7 @@ def _time_point(cp, timer, ceil, args, moe, p, x, logits, lh, rows, ref, per_exp
         p["host_alloc_us"], _ = host_time_us(cp, lambda: moe(x, logits))
         torch = sys.modules.get("torch")
         if torch is not None and torch.cuda.is_available():
-            tx, tl = torch.from_dlpack(x), torch.from_dlpack(logits)
+            tx, tl = torch.from_dlpack(x), None if logits is None else torch.from_dlpack(logits)
             to = torch.empty_like(tx)
             p["host_torch_us"], _ = host_time_us(cp, lambda: moe(tx, tl, out=to))
 
@@ -244,27 +221,46 @@ def host_time_us(cp, fn, calls: int = 1000) -> tuple[float, float]:
     return samples[len(samples) // 2] / 1e3, samples[(9 * len(samples)) // 10] / 1e3
 
 
+def _torch_point(cp, torch, timer, args, p, tw, x, logits, rows, ref, k: int) -> None:
+    """The PyTorch baseline of a routed point: its error against the reference and its time, into ``p``."""
+    try:
+        tx = torch.from_dlpack(x.astype(cp.float32)).to(tw[0].dtype)
+        tl = torch.from_dlpack(logits)
+        p["torch_err"] = rel_err(torch_moe(torch, tx, tl, *tw, k).float().cpu().numpy()[rows], ref)
+        p["torch_us"] = timer.median_us(lambda: torch_moe(torch, tx, tl, *tw, k), args.iters, args.warmup)
+    except Exception as exc:
+        p["torch_err"] = "ERR " + _reason(exc)
+        print(f"  torch baseline: {p['torch_err']}", flush=True)
+
+
 def bench_layer(cp, torch, timer, ceil, args, shape, dtype, bits, rs, emit) -> None:
-    """Every token count of one (shape, dtype, bits) layer; calls ``emit(point)`` per point."""
+    """Every token count (and variant) of one (shape, dtype, bits) layer; calls ``emit(point)`` per point."""
     from ._arrays import np_dtype
 
-    bs = block_for(shape, args.block_size)
+    bs, fp8 = block_for(shape, args.block_size, bits), is_fp8(bits)
+    variants = variants_for(shape, bits, args.variants)
     base = dict(shape=shape.name, H=shape.H, I=shape.I, E=shape.E, k=shape.k, dtype=dtype, bits=list(bits),
-                block_size=bs, zero_points=bool(args.zero_points))
-    problem = layout_problem(shape, bs)
+                block_size=bs, zero_points=bool(args.zero_points) and not fp8, quant="fp8" if fp8 else "int")
+    problem = layout_problem(shape, bs, bits)
     try:
         if not problem:
-            weights, moe, per_expert, inputs, refs = _prepare(cp, rs, args, shape, dtype, bits, bs)
+            weights, layers, per_expert, ext_bytes, inputs, refs = prepare_layer(cp, rs, args, shape, dtype, bits, bs,
+                                                                            variants)
     except Exception as exc:
         if args.verbose:
             traceback.print_exc()
         problem = "layer: " + _reason(exc)
     if problem:
         for T in args.tokens:
-            emit(dict(base, T=T, error=problem))
+            for v in variants:
+                emit(dict(base, T=T, variant=v, error=problem))
         return
+    if fp8 and shape.has_ext:
+        print("  [fp8: routed layer only (FP8 shared experts are not defined, docs/contract.md)]", flush=True)
     tw, terr0 = None, None
-    if torch is not None:
+    if torch is not None and fp8:
+        print("  torch baseline: not run for fp8 (it runs the same dense dequantized weights as for int bits)")
+    elif torch is not None:
         try:
             tw = torch_weights(cp, torch, weights, shape, dtype, bits, bs)
         except Exception as exc:
@@ -272,26 +268,33 @@ def bench_layer(cp, torch, timer, ceil, args, shape, dtype, bits, rs, emit) -> N
             print(f"  torch baseline unavailable for this layer: {terr0}", flush=True)
     for T in args.tokens:
         x, logits, _, lh, rows = inputs[T]
-        p = dict(base, T=T, path=moe.path_for(T))
-        try:
-            _time_point(cp, timer, ceil, args, moe, p, x, logits, lh, rows, refs[T], per_expert,
-                        np_dtype(dtype).itemsize)
-        except Exception as exc:
-            if args.verbose:
-                traceback.print_exc()
-            p["error"] = _reason(exc)
-        if tw is not None and not p.get("error"):
+        done = {}
+        for v in variants:
+            moe = layers[v]
+            p = dict(base, T=T, variant=v)
+            if isinstance(moe, str):
+                emit(dict(p, error=moe))
+                continue
+            p["path"] = moe.path_for(T)
+            full = v == "full" and shape.router
+            ext = (ext_bytes[v], ext_flops(T, shape, v))
+            keep = ~near_tie_rows(lh[rows], shape.k) if full else None
             try:
-                tx = torch.from_dlpack(x.astype(cp.float32)).to(tw[0].dtype)
-                tl = torch.from_dlpack(logits)
-                p["torch_err"] = rel_err(torch_moe(torch, tx, tl, *tw, shape.k).float().cpu().numpy()[rows], refs[T])
-                p["torch_us"] = timer.median_us(lambda: torch_moe(torch, tx, tl, *tw, shape.k), args.iters, args.warmup)
+                _time_point(cp, timer, ceil, args, moe, p, x, None if full else logits, lh, rows, refs[v][T],
+                            per_expert, np_dtype(dtype).itemsize, ext, keep)
             except Exception as exc:
-                p["torch_err"] = "ERR " + _reason(exc)
-                print(f"  torch baseline: {p['torch_err']}", flush=True)
-        elif terr0:
-            p["torch_err"] = terr0
-        emit(p)
+                if args.verbose:
+                    traceback.print_exc()
+                p["error"] = _reason(exc)
+            if v == "routed" and tw is not None and not p.get("error"):
+                _torch_point(cp, torch, timer, args, p, tw, x, logits, rows, refs[v][T], shape.k)
+            elif v == "routed" and terr0:
+                p["torch_err"] = terr0
+            done[v] = p
+            if v == "full" and "routed" in done:
+                p["target"] = ext_target(done["routed"].get("graph_us"), p.get("graph_us"), ext_bytes["full"],
+                                         ceil.get("copy_GBps"))
+            emit(p)
 
 
 def _environment(cp, torch) -> dict:
@@ -340,8 +343,13 @@ def main(argv=None) -> int:
     print(f"times: median of {args.iters} CUDA-event samples after {args.warmup} warm-up, L2 flushed "
           f"({FLUSH_BYTES >> 20} MiB write) before each; floor = max(bytes/copy, FLOPs/matmul), * = FLOP-bound; "
           f"rel_err = max over graph and eager outputs' check vs float64 reference")
-    print(table_header(), flush=True)
-    points, failed = [], 0
+    if any(s.has_ext for s in args.shapes):
+        print("shapes with shared experts / router GEMM: name = routed experts only, name/shared = + shared experts "
+              "(both with the router GEMM's logits passed), name/full = the whole layer (router_probs None); "
+              f"target full <= {EXT_FACTOR}*(routed + (shared + router bytes)/copy)")
+    width = label_width(args.shapes, args.variants)
+    print(table_header(width), flush=True)
+    points, targets, failed = [], [], 0
     conf = {k: v for k, v in vars(args).items() if k not in ("shape", "shapes", "json")}
     conf["shapes"] = [asdict(s) for s in args.shapes]
 
@@ -349,15 +357,22 @@ def main(argv=None) -> int:
         nonlocal failed
         points.append(p)
         failed += bool(p.get("error")) or not p.get("ok", False)
-        print(format_row(p), flush=True)
+        print(format_row(p, width), flush=True)
+        if p.get("target"):
+            targets.append(dict(p["target"], shape=p["shape"], dtype=p["dtype"], bits=p["bits"], T=p["T"]))
+            print(format_target(p["target"]), flush=True)
         if p.get("host_us") is not None:
             print(f"  host time per call: {p['host_us']:.1f} us with out= (p90 {p['host_p90_us']:.1f}), "
                   f"{p['host_alloc_us']:.1f} us allocating the output"
                   + (f", {p['host_torch_us']:.1f} us on torch tensors with out=" if p.get("host_torch_us") else ""),
                   flush=True)
+        save()
+
+    def save():
         if args.json:  # rewritten after every point: a run cut short still leaves its numbers
             with open(args.json, "w") as f:
-                json.dump(dict(environment=env, ceilings=ceil, config=conf, points=points), f, indent=1, default=str)
+                json.dump(dict(environment=env, ceilings=ceil, config=conf, points=points, targets=targets), f,
+                          indent=1, default=str)
 
     for i, shape in enumerate(args.shapes):
         for dtype in args.dtypes:
@@ -369,7 +384,15 @@ def main(argv=None) -> int:
                     cp.get_default_memory_pool().free_all_blocks()
                     if torch is not None:
                         torch.cuda.empty_cache()
-    print(f"{len(points)} points, {failed} failed" + (f"; numbers in {args.json}" if args.json else ""), flush=True)
+            for t in fp8_targets([p for p in points if p["shape"] == shape.name and p["dtype"] == dtype]):
+                targets.append(t)
+                print(format_target(t), flush=True)
+            save()
+    verdicts = [{True: "PASS", False: "MISS", None: "not measured"}[t["ok"]] for t in targets]
+    summary = "; targets " + ", ".join(f"{verdicts.count(w)} {w}" for w in ("PASS", "MISS", "not measured")
+                                       if w in verdicts) if targets else ""
+    print(f"{len(points)} points, {failed} failed{summary}" + (f"; numbers in {args.json}" if args.json else ""),
+          flush=True)
     return 1 if failed else 0
 
 

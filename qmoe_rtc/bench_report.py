@@ -1,4 +1,5 @@
-"""The GPU-free half of the benchmark (:mod:`qmoe_rtc.bench`): shapes, arguments, floors, the table."""
+"""The GPU-free half of the benchmark (:mod:`qmoe_rtc.bench`): shapes, arguments, floors, the table, and
+the targets (shared experts + router GEMM against the routed layer, FP8 against int8)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,25 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["BENCH_SHAPES", "DEFAULT_PRESETS", "DEFAULT_TOKENS", "TOL", "Shape", "block_for", "build_parser",
-           "check_rows", "expert_bytes", "floor_bytes", "flop_count", "format_row", "layout_problem", "parse_args",
-           "parse_bits", "parse_shape", "rel_err", "table_header", "top_k_experts"]
+__all__ = ["BENCH_SHAPES", "DEFAULT_PRESETS", "DEFAULT_TOKENS", "EXT_FACTOR", "FP8_BITS", "TOL", "VARIANTS", "Shape",
+           "block_for", "build_parser", "check_rows", "expert_bytes", "ext_flops", "ext_target", "extension_bytes",
+           "floor_bytes", "flop_count", "format_row", "format_target", "fp8_targets", "is_fp8", "label_width",
+           "layout_problem", "near_tie_rows", "parse_args", "parse_bits", "parse_shape", "rel_err", "row_label",
+           "table_header", "top_k_experts", "variants_for"]
 
 TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}  # docs/contract.md, "Accuracy"
 DEFAULT_PRESETS = "qwen3-30b-a3b,mixtral-8x7b,gpt-oss-120b,ort-2048"
 DEFAULT_TOKENS = "1,2,4,8,16,32,64"
+#: Layers timed per point of a shape with [ext] parts: routed experts only (logits passed), + the shared
+#: experts (logits passed), the full layer (shared experts + router GEMM, router_probs None).
+VARIANTS = ("routed", "shared", "full")
+#: The issue's target for the full layer: full_us <= EXT_FACTOR * (routed_us + extension bytes / copy rate).
+EXT_FACTOR = 1.15
+#: --bits values for FP8 experts: block scales of the run's block size, or one global scale per expert.
+FP8_BITS = {"fp8": "block", "fp8g": "global"}
+#: FP8 targets: decode at FP8_DECODE_T tokens >= FP8_DECODE_SHARE of int8's %floor; prefill at
+#: FP8_PREFILL_T tokens <= FP8_PREFILL_FACTOR x int8's time (same shape, dtype and run).
+FP8_DECODE_T, FP8_DECODE_SHARE, FP8_PREFILL_T, FP8_PREFILL_FACTOR = 1, 0.8, 4096, 1.2
 
 
 @dataclass(frozen=True)
@@ -26,6 +39,13 @@ class Shape:
     E: int
     k: int
     block_size: int = 128  # default when --block-size is not given
+    shared: int = 0  # [ext] shared experts, intermediate size I
+    shared_gate: bool = False  # [ext] their sum scaled by sigmoid(x·g)
+    router: bool = False  # [ext] router GEMM in the layer: router_weight [E, H] in the activation dtype
+
+    @property
+    def has_ext(self) -> bool:
+        return bool(self.shared or self.router)
 
 
 BENCH_SHAPES = {s.name: s for s in (
@@ -33,7 +53,8 @@ BENCH_SHAPES = {s.name: s for s in (
     Shape("mixtral-8x7b", 4096, 14336, 8, 2),  # as fused swiglu: FC1 [8, 28672, 4096]
     Shape("gpt-oss-120b", 2880, 2880, 128, 4, block_size=32),
     Shape("ort-2048", 2048, 2048, 8, 2),
-    Shape("deepseek-v3-tp8", 7168, 2048 // 8, 256, 8),
+    Shape("deepseek-v3-tp8", 7168, 2048 // 8, 256, 8, shared=1, router=True),
+    Shape("qwen3-next-80b-a3b", 2048, 512, 512, 10, shared=1, shared_gate=True, router=True),
 )}
 
 
@@ -53,32 +74,50 @@ def parse_shape(text: str) -> Shape:
     return Shape(f"{H}x{I}x{E}x{k}", H, I, E, k)
 
 
-def parse_bits(text: str) -> tuple[int, int]:
-    """``4`` → (4, 4); ``4,2`` → (fc1 4, fc2 2)."""
+def parse_bits(text: str) -> tuple:
+    """``4`` → (4, 4); ``4,2`` → (fc1 4, fc2 2); ``fp8`` / ``fp8g`` → ('fp8', 'fp8') / ('fp8g', 'fp8g')."""
     from .quantize import SUPPORTED_BITS
 
+    if text.strip() in FP8_BITS:
+        return (text.strip(),) * 2
     try:
         b = _ints(text)
     except ValueError:
         b = []
     if len(b) not in (1, 2) or any(x not in SUPPORTED_BITS for x in b):
-        raise argparse.ArgumentTypeError(f"--bits wants b or fc1,fc2 with b in {SUPPORTED_BITS}, got {text!r}")
+        raise argparse.ArgumentTypeError(f"--bits wants b or fc1,fc2 with b in {SUPPORTED_BITS}, or one of "
+                                         f"{', '.join(FP8_BITS)}; got {text!r}")
     return (b[0], b[-1])
 
 
+def is_fp8(bits) -> bool:
+    return bits[0] in FP8_BITS
+
+
 def build_parser() -> argparse.ArgumentParser:
-    shapes = ", ".join(f"{s.name} (H {s.H}, I {s.I}, E {s.E}, k {s.k})" for s in BENCH_SHAPES.values())
+    ext = lambda s: (f", {s.shared} shared" + (" gated" if s.shared_gate else "") if s.shared else "") + (  # noqa: E731
+        ", router GEMM" if s.router else "")
+    shapes = ", ".join(f"{s.name} (H {s.H}, I {s.I}, E {s.E}, k {s.k}{ext(s)})" for s in BENCH_SHAPES.values())
     p = argparse.ArgumentParser(
         prog="python -m qmoe_rtc bench", epilog=f"bench shapes: {shapes}",
         description="Time CUDA-graph replay, eager calls and a PyTorch baseline of random quantized MoE layers; check "
                     "every point against the CPU reference; report % of the floor measured in the same run (the "
                     "module docstring of qmoe_rtc/bench.py says how).")
-    p.add_argument("--preset", help=f"comma list of bench shapes, or 'all' (default {DEFAULT_PRESETS}; "
-                                    "none when only --shape is given)")
+    p.add_argument("--preset", "--shapes", dest="preset",
+                   help=f"comma list of bench shapes, or 'all' (default {DEFAULT_PRESETS}; none when only --shape is "
+                        "given)")
     p.add_argument("--shape", type=parse_shape, action="append", default=[], help="custom H,I,E,k (repeatable)")
     p.add_argument("--tokens", type=_ints, default=_ints(DEFAULT_TOKENS), help=f"comma list (default {DEFAULT_TOKENS})")
-    p.add_argument("--bits", type=parse_bits, action="append", help="b, or fc1,fc2 (repeatable; default 4)")
+    p.add_argument("--bits", type=parse_bits, action="append",
+                   help="b, or fc1,fc2 (repeatable; default 4); fp8: FP8 e4m3 experts with float32 block scales of "
+                        "the block size (a global scale per expert with --block-size 0); fp8g: FP8 with a global "
+                        "scale per expert. With --bits 8 and fp8/fp8g at --tokens 1 and 4096 the FP8 targets are "
+                        "reported")
     p.add_argument("--block-size", type=int, help="0 (row-wise) or a power of two >= 16 (default 128, gpt-oss 32)")
+    p.add_argument("--variants", default=",".join(VARIANTS),
+                   help="for shapes with shared experts or a router GEMM, the layers timed per point: routed "
+                        "(routed experts only, logits passed), shared (+ shared experts, logits passed), full "
+                        "(+ router GEMM, router_probs None); comma list (default all; the target needs routed,full)")
     p.add_argument("--dtype", default="float16", help="comma list of float16,bfloat16,float32 (default float16)")
     p.add_argument("--zero-points", action="store_true", help="asymmetric quantization with zero-point tensors")
     p.add_argument("--iters", type=int, default=100, help="timed samples per measurement, >= 50 (default 100)")
@@ -114,6 +153,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         if d not in TOL:
             p.error(f"--dtype: {d!r} is not one of {', '.join(TOL)}")
     a.bits = a.bits or [(4, 4)]
+    a.variants = [v.strip() for v in a.variants.split(",") if v.strip()]
+    if not a.variants or any(v not in VARIANTS for v in a.variants):
+        p.error(f"--variants: a comma list of {', '.join(VARIANTS)}, got {','.join(a.variants) or repr('')}")
     if not a.tokens or min(a.tokens) < 1:
         p.error("--tokens: positive integers")
     bs = a.block_size
@@ -126,12 +168,25 @@ def parse_args(argv=None) -> argparse.Namespace:
     return a
 
 
-def block_for(shape: Shape, block_size) -> int:
+def block_for(shape: Shape, block_size, bits=None) -> int:
+    """The block size of a layer: --block-size, else the shape's; 0 for FP8 with a global scale (fp8g)."""
+    if bits is not None and FP8_BITS.get(bits[0]) == "global":
+        return 0
     return shape.block_size if block_size is None else int(block_size)
 
 
-def layout_problem(shape: Shape, block_size: int) -> str | None:
-    """Why this block size cannot quantize this shape (None if it can)."""
+def variants_for(shape: Shape, bits, wanted) -> list[str]:
+    """The layers timed for ``shape``: 'routed' alone without [ext] parts or with FP8 experts (FP8 shared
+    experts are not defined), else the wanted ones it has (no 'shared' without shared experts)."""
+    if not shape.has_ext or is_fp8(bits):
+        return ["routed"]
+    return [v for v in VARIANTS if v in wanted and (v != "shared" or (shape.shared and shape.router))]
+
+
+def layout_problem(shape: Shape, block_size: int, bits=None) -> str | None:
+    """Why this block size cannot quantize this shape (None if it can; FP8 blocks may be partial)."""
+    if bits is not None and is_fp8(bits):
+        return None
     for name, K in (("H", shape.H), ("I", shape.I)):
         if block_size and K % block_size:
             return f"block_size {block_size} does not divide {name}={K} (give --block-size 0 or one dividing H and I)"
@@ -145,7 +200,10 @@ def top_k_experts(logits, k: int) -> np.ndarray:
     return np.argsort(-lg, axis=-1, kind="stable")[:, :k]
 
 
-def _proj_bytes(N: int, K: int, bits: int, block_size: int, zero_points: bool, scale_itemsize: int) -> int:
+def _proj_bytes(N: int, K: int, bits, block_size: int, zero_points: bool, scale_itemsize: int) -> int:
+    if bits in FP8_BITS:  # one byte per weight + float32 scales: square blocks, or one per expert
+        nbn, nbk = (-(-N // block_size), -(-K // block_size)) if block_size else (1, 1)
+        return N * K + nbn * nbk * 4
     nb = K // block_size if block_size else 1
     packed = N * ((K * bits + 7) // 8)
     scales = N * nb * scale_itemsize
@@ -156,7 +214,8 @@ def _proj_bytes(N: int, K: int, bits: int, block_size: int, zero_points: bool, s
 
 
 def expert_bytes(H: int, I: int, bits, block_size: int, zero_points: bool, scale_itemsize: int) -> int:  # noqa: E741
-    """Bytes of one expert: fused FC1 [2I, H] + FC2 [H, I], packed codes + scales + zero points."""
+    """Bytes of one expert: fused FC1 [2I, H] + FC2 [H, I], packed codes + scales + zero points (FP8:
+    codes + float32 scales, ``scale_itemsize`` unused)."""
     b1, b2 = bits
     return (_proj_bytes(2 * I, H, b1, block_size, zero_points, scale_itemsize)
             + _proj_bytes(H, I, b2, block_size, zero_points, scale_itemsize))
@@ -174,6 +233,30 @@ def flop_count(T: int, k: int, H: int, I: int) -> int:  # noqa: E741
     return 2 * T * k * (H * 2 * I + I * H)
 
 
+def extension_bytes(shape: Shape, bits, block_size: int, zero_points: bool, scale_itemsize: int,
+                    act_itemsize: int) -> tuple[int, int]:
+    """(shared bytes, router bytes) a forward reads beyond the routed experts: every shared expert
+    (the routed layout) + the gate weight [H]; the router weight [E, H] (all in the activation dtype)."""
+    shared = shape.shared * expert_bytes(shape.H, shape.I, bits, block_size, zero_points, scale_itemsize)
+    shared += shape.H * act_itemsize if shape.shared_gate else 0
+    return shared, (shape.E * shape.H * act_itemsize if shape.router else 0)
+
+
+def ext_flops(T: int, shape: Shape, variant: str) -> int:
+    """FLOPs the variant adds to the routed ones: S more routes per token, the router GEMM [T, H]·[H, E]."""
+    f = flop_count(T, shape.shared, shape.H, shape.I) if variant in ("shared", "full") else 0
+    return f + (2 * T * shape.E * shape.H if variant == "full" and shape.router else 0)
+
+
+def near_tie_rows(logits, k: int, eps: float = 1e-3) -> np.ndarray:
+    """bool [T]: rows whose k-th and (k+1)-th largest logits are within eps·max(1, max |logit|); the
+    router GEMM's float32 logits may choose differently from the float64 reference there."""
+    lg = np.sort(np.asarray(logits, dtype=np.float64), axis=-1)[:, ::-1]
+    if k >= lg.shape[1]:
+        return np.zeros(lg.shape[0], dtype=bool)
+    scale = np.maximum(1.0, np.abs(lg).max(axis=-1))
+    return (lg[:, k - 1] - lg[:, k]) <= eps * scale
+
 def check_rows(T: int, limit: int) -> np.ndarray:
     """Rows checked against the reference: all if T <= limit, else ``limit`` evenly spaced ones."""
     if T <= limit:
@@ -189,20 +272,100 @@ def rel_err(got, want) -> float:
     return float(np.linalg.norm(g - w) / (n if n else 1.0))
 
 
+# -- targets (GPU-free) ----------------------------------------------------------------------------
+def ext_target(routed_us: float, full_us: float, ext_bytes: int, copy_GBps: float | None,
+               factor: float = EXT_FACTOR) -> dict:
+    """full_us <= factor·(routed_us + ext_bytes / copy rate): the bound, full/bound and PASS (ok)."""
+    extra = ext_bytes / (copy_GBps * 1e3) if copy_GBps else None
+    if extra is None or not routed_us or full_us is None:
+        return dict(kind="ext", ok=None, reason="needs the routed and full times and the copy rate")
+    bound = factor * (routed_us + extra)
+    return dict(kind="ext", routed_us=routed_us, full_us=full_us, ext_bytes=ext_bytes, ext_us=extra,
+                bound_us=bound, ratio=full_us / bound, ok=full_us <= bound)
+
+
+def _pick(points, T: int, fp8: bool, block_size=None):
+    for p in points:
+        if (p["T"] == T and is_fp8(p["bits"]) == fp8 and (fp8 or tuple(p["bits"]) == (8, 8))
+                and p.get("variant", "routed") == "routed" and not p.get("error") and p.get("graph_us")
+                and (block_size is None or p["block_size"] == block_size)):
+            return p
+    return None
+
+
+def fp8_targets(points) -> list[dict]:
+    """The FP8 targets of one (shape, dtype) from its points, per FP8 scale form measured: decode at
+    FP8_DECODE_T tokens (FP8 %floor >= FP8_DECODE_SHARE of int8's) and prefill at FP8_PREFILL_T
+    (FP8 time <= FP8_PREFILL_FACTOR x int8's); ok None where a point is missing."""
+    out = []
+    forms = sorted({p["block_size"] for p in points if is_fp8(p["bits"])})
+    for bs in forms:
+        base = dict(shape=points[0]["shape"], dtype=points[0]["dtype"], scales=f"block {bs}" if bs else "global",
+                    block_size=bs)
+        f, i = _pick(points, FP8_DECODE_T, True, bs), _pick(points, FP8_DECODE_T, False)
+        t = dict(base, kind="fp8_decode", T=FP8_DECODE_T, want=FP8_DECODE_SHARE, ok=None)
+        if f and i and f.get("pct_floor") and i.get("pct_floor"):
+            t.update(fp8=f["pct_floor"], int8=i["pct_floor"], ratio=f["pct_floor"] / i["pct_floor"])
+            t["ok"] = t["ratio"] >= FP8_DECODE_SHARE
+        out.append(t)
+        f, i = _pick(points, FP8_PREFILL_T, True, bs), _pick(points, FP8_PREFILL_T, False)
+        t = dict(base, kind="fp8_prefill", T=FP8_PREFILL_T, want=FP8_PREFILL_FACTOR, ok=None)
+        if f and i:
+            t.update(fp8=f["graph_us"], int8=i["graph_us"], ratio=f["graph_us"] / i["graph_us"])
+            t["ok"] = t["ratio"] <= FP8_PREFILL_FACTOR
+        out.append(t)
+    return out
+
+
+def _verdict(ok) -> str:
+    return "not measured" if ok is None else "PASS" if ok else "MISS"
+
+
+def format_target(t: dict) -> str:
+    """One summary line of a target dict from :func:`ext_target` or :func:`fp8_targets`."""
+    if t["kind"] == "ext":
+        if t["ok"] is None:
+            return f"  target full <= {EXT_FACTOR}*(routed + ext bytes/copy): not measured ({t.get('reason')})"
+        return (f"  target full <= {EXT_FACTOR}*(routed + ext bytes/copy): {t['full_us']:.1f} <= {EXT_FACTOR}*"
+                f"({t['routed_us']:.1f} + {t['ext_us']:.1f} for {t['ext_bytes'] / 1e6:.2f} MB) = {t['bound_us']:.1f} "
+                f"us: ratio {t['ratio']:.3f} {_verdict(t['ok'])}")
+    head = f"fp8 target {t['shape']} {t['dtype']} fp8 {t['scales']}: "
+    if t["kind"] == "fp8_decode":
+        what = f"decode T={t['T']} %floor fp8 >= {t['want']:.0%} of int8"
+        nums = f"{t['fp8']:.1f} vs {t['int8']:.1f} = {t['ratio']:.0%} " if t["ok"] is not None else ""
+    else:
+        what = f"prefill T={t['T']} time fp8 <= {t['want']}x int8"
+        nums = f"{t['fp8']:.1f} vs {t['int8']:.1f} us = {t['ratio']:.2f}x " if t["ok"] is not None else ""
+    need = "" if t["ok"] is not None else f" (needs --bits 8 and the fp8 form at --tokens {t['T']})"
+    return f"{head}{what}: {nums}{_verdict(t['ok'])}{need}"
+
+
 # -- table (GPU-free) ------------------------------------------------------------------------------
-def table_header() -> str:
-    return (f"{'shape':<16} {'dtype':<8} {'bits':>4} {'T':>5} | {'graph_us':>9} {'eager_us':>9} {'torch_us':>9} | "
-            f"{'floor_us':>9} {'MB':>8} {'%floor':>6} | {'rel_err':>8} {'torch_err':>9}")
+def row_label(p: dict) -> str:
+    """The shape column: the shape, with '/shared' or '/full' for those variants."""
+    v = p.get("variant", "routed")
+    return p["shape"] if v == "routed" else f"{p['shape']}/{v}"
+
+
+def label_width(shapes, variants=VARIANTS) -> int:
+    """Width of the shape column: 16, or the longest label of the run."""
+    return max([16] + [len(row_label(dict(shape=s.name, variant=v))) for s in shapes
+                       for v in (variants if s.has_ext else ["routed"])])
+
+
+def table_header(width: int = 16) -> str:
+    return (f"{'shape':<{width}} {'dtype':<8} {'bits':>4} {'T':>5} | {'graph_us':>9} {'eager_us':>9} "
+            f"{'torch_us':>9} | {'floor_us':>9} {'MB':>8} {'%floor':>6} | {'rel_err':>8} {'torch_err':>9}")
 
 
 def _f(v, spec: str, width: int) -> str:
     return f"{'-':>{width}}" if v is None else f"{v:{width}{spec}}"
 
 
-def format_row(p: dict) -> str:
+def format_row(p: dict, width: int = 16) -> str:
     """One table line of a point dict (keys as in the JSON; missing/None values print as '-')."""
     b1, b2 = p["bits"]
-    head = f"{p['shape']:<16} {p['dtype']:<8} {(str(b1) if b1 == b2 else f'{b1},{b2}'):>4} {p['T']:>5} | "
+    head = f"{row_label(p):<{width}} {p['dtype']:<8} {(str(b1) if b1 == b2 else f'{b1},{b2}'):>4} {p['T']:>5} | "
     if p.get("error"):
         return head + "ERR " + p["error"]
     mb = None if p.get("floor_bytes") is None else p["floor_bytes"] / 1e6

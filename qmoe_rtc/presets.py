@@ -2,17 +2,25 @@
 
 A :class:`Preset` is shapes + routing + the model's natural activation, with int4 and a block size of
 128 (32 for gpt-oss, whose 2880 is no multiple of 128) as the default quantization; choices (bits,
-block size, zero points, dtype) are given when building a :class:`~qmoe_rtc.specialize.ModelConfig`
-with :meth:`Preset.config`.
+block size, zero points, dtype, int or FP8 experts) are given when building a
+:class:`~qmoe_rtc.specialize.ModelConfig` with :meth:`Preset.config`.
+
+[ext] ``shared`` shared experts (the routed layout and intermediate size), ``shared_gate`` (their sum
+scaled by sigmoid(x·g), Qwen-style) and ``router_gemm`` (the layer computes its logits from
+``router_weight``, in the activation dtype unless told otherwise): docs/contract.md, "Shared experts"
+and "Router GEMM".
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import QMoEAttributeError
+from .errors import QMoEAttributeError, QMoEUnsupportedError
 
-__all__ = ["Preset", "PRESETS", "get_preset"]
+__all__ = ["Preset", "PRESETS", "QUANT_FORMATS", "get_preset"]
+
+#: Expert formats a config can be built for: b-bit integer codes, FP8 (float8 e4m3fn) codes.
+QUANT_FORMATS = ("int", "fp8")
 
 
 @dataclass(frozen=True)
@@ -30,15 +38,29 @@ class Preset:
     use_sparse_mixer: bool = False
     normalize_routing_weights: bool = True
     note: str = ""
+    shared: int = 0  #: [ext] shared experts (intermediate size ``inter``)
+    shared_gate: bool = False  #: [ext] the shared sum is scaled by sigmoid(x·shared_gate_weight)
+    router_gemm: bool = False  #: [ext] the layer computes its logits (router_weight [E, H])
 
     def config(self, *, bits: int | None = None, fc1_bits: int | None = None, fc2_bits: int | None = None,
                fc3_bits: int | None = None, block_size: int | None = None, zero_points: str = "none",
                dtype: str = "float16", scale_dtype: str = "", activation: str | None = None,
-               swiglu_fusion: int | None = None, has_fc3: bool | None = None):
-        """A ModelConfig for this preset; unspecified choices take the preset's defaults."""
+               swiglu_fusion: int | None = None, has_fc3: bool | None = None, quant: str = "int",
+               shared: int | None = None, shared_gate: bool | None = None, router_gemm: str | None = None):
+        """A ModelConfig for this preset; unspecified choices take the preset's defaults.
+
+        ``router_gemm``: router_weight's dtype, '' for none (default: ``dtype`` when the preset has a
+        router GEMM). ``quant="fp8"``: FP8 experts, i.e. every projection 8-bit with zero-point mode
+        'fp8' (e4m3fn codes), float32 scales unless ``scale_dtype`` says otherwise (block size 0 = one
+        global scale per expert), and no shared experts (FP8 shared experts are not defined);
+        :class:`QMoEUnsupportedError` where the layouts have no 'fp8' mode.
+        """
         from .specialize import Layout, ModelConfig
 
-        b = self.bits if bits is None else bits
+        if quant not in QUANT_FORMATS:
+            raise QMoEAttributeError("quant", f"one of {list(QUANT_FORMATS)}", repr(quant))
+        fp8 = quant == "fp8"
+        b = 8 if fp8 else self.bits if bits is None else bits
         act = self.activation if activation is None else activation
         fusion = self.swiglu_fusion if swiglu_fusion is None else swiglu_fusion
         fc3 = self.has_fc3 if has_fc3 is None else has_fc3
@@ -47,6 +69,13 @@ class Preset:
             gated = act in ("swiglu", "geglu")
             fusion = 2 if gated else 0
             fc3 = False if gated else self.has_fc3
+        if fp8:
+            _check_fp8_layouts()
+            if fc3:
+                raise QMoEAttributeError("has_fc3", "False with FP8 experts (ONNX Runtime defines no FP8 FC3; a gated "
+                                         "layer takes activation='swiglu', fused FC1)", "True")
+            fc1_bits = fc2_bits = fc3_bits = None
+            zero_points, scale_dtype = "fp8", scale_dtype or "float32"
         layout = Layout(
             dtype=dtype, scale_dtype=scale_dtype,
             fc1_bits=b if fc1_bits is None else fc1_bits,
@@ -56,9 +85,24 @@ class Preset:
             fc1_zp=zero_points, fc2_zp=zero_points, fc3_zp=zero_points if fc3 else "none",
             activation=act, swiglu_fusion=fusion, has_fc3=fc3,
         )
+        S = self.shared if shared is None else shared
+        S = 0 if fp8 else S
+        gate = bool(S) and (self.shared_gate if shared_gate is None else shared_gate)
+        router = (dtype if self.router_gemm else "") if router_gemm is None else router_gemm
         return ModelConfig(hidden=self.hidden, inter=self.inter, experts=self.experts, k=self.k, layout=layout,
                            use_sparse_mixer=self.use_sparse_mixer,
-                           normalize_routing_weights=self.normalize_routing_weights, name=self.name)
+                           normalize_routing_weights=self.normalize_routing_weights, name=self.name,
+                           shared=S, shared_gate=gate, router_gemm=router)
+
+
+def _check_fp8_layouts() -> None:
+    """:class:`QMoEUnsupportedError` unless the kernel layouts know FP8 projections (zero-point mode 'fp8')."""
+    from .specialize import ZP_MODES
+
+    if "fp8" not in ZP_MODES:
+        raise QMoEUnsupportedError("FP8 experts: the kernel layouts of this build have no FP8 form (zero-point mode "
+                                   "'fp8') yet, so no FP8 modules exist to build; the reference computes FP8 layers "
+                                   "(docs/contract.md)")
 
 
 PRESETS: dict[str, Preset] = {
@@ -72,6 +116,13 @@ PRESETS: dict[str, Preset] = {
         Preset("deepseek-v3", 7168, 2048, 256, 8, "swiglu", swiglu_fusion=1, block_size=128),
         Preset("phi-3.5-moe", 4096, 6400, 16, 2, "silu", has_fc3=True, use_sparse_mixer=True, block_size=128,
                normalize_routing_weights=False, note="sparse mixer routing"),
+        Preset("qwen3-next-80b-a3b", 2048, 512, 512, 10, "swiglu", swiglu_fusion=1, block_size=128,
+               shared=1, shared_gate=True, router_gemm=True,
+               note="one shared expert (I 512) with a sigmoid gate; router GEMM in the layer"),
+        Preset("deepseek-v3-tp8", 7168, 256, 256, 8, "swiglu", swiglu_fusion=1, block_size=128,
+               shared=1, router_gemm=True,
+               note="DeepSeek-V3 at tensor parallel 8 (I 2048/8); one shared expert, no gate; router GEMM in the "
+                    "layer (its sigmoid, group-limited routing is approximated by softmax top-k)"),
     )
 }
 

@@ -1,22 +1,26 @@
-"""Random QMoE layers and inputs for tests, the demo and the benchmark (NumPy on the host).
+"""Random QMoE layers and inputs for tests, the demo and the benchmark.
 
 ``random_layer`` draws float experts, quantizes them with :func:`qmoe_rtc.quantize.quantize` and
-returns the ONNX Runtime-named weight tensors plus the attributes that describe them.
+returns the ONNX Runtime-named weight tensors (plus the [ext] shared experts, gate and router weight
+when asked for) and the attributes that describe them. It runs on NumPy with a
+``numpy.random.Generator``, and on the GPU with a ``cupy.random.RandomState`` (anything whose
+``standard_normal(size, dtype=...)`` returns arrays that :func:`~qmoe_rtc.quantize.quantize` takes).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ._arrays import np_dtype
+from ._arrays import array_module, np_dtype
 from .contract import GLU_ACTIVATIONS
+from .errors import QMoEAttributeError
 from .quantize import quantize
 
 __all__ = ["random_layer", "random_inputs"]
 
 
 def random_layer(
-    rng: np.random.Generator,
+    rng,
     *,
     E: int,
     H: int,
@@ -33,6 +37,11 @@ def random_layer(
     bias: bool = False,
     progress=None,
     format: str = "int",
+    shared: int = 0,
+    shared_inter: int | None = None,
+    shared_gate: bool = False,
+    router_gemm: bool = False,
+    router_bias: bool = False,
     **attributes,
 ) -> tuple[dict, dict]:
     """A random layer: ``(weights by ONNX Runtime input name, attributes)``.
@@ -43,10 +52,21 @@ def random_layer(
     the experts are drawn and quantized (a few at a time; the values are the same either way).
     ``format="fp8_e4m3"``: FP8 experts (``quant_type="fp8"``; ``bits`` and ``zero_points`` are ignored):
     float32 ``fc*_global_scale`` with block_size 0, else square block scales in ``fc*_scales``.
+
+    [ext] ``shared`` = S shared experts (intermediate size ``shared_inter``, default I), quantized like
+    the routed FC1/FC2 (``shared_fc*_...``; with ``bias`` their biases too); ``shared_gate``: a
+    ``shared_gate_weight`` [H]; ``router_gemm``: a ``router_weight`` [E, H] (and with ``router_bias``
+    a ``router_bias`` [E]), with which the call passes ``router_probs=None``. These are drawn after
+    the routed experts, so the routed tensors are the same with or without them. Gate and router
+    weights are in the activation dtype: N(0, 1)/sqrt(H) for the gate, 2·N(0, 1)/sqrt(H) for the
+    router (logits of about 2·N(0, 1) for unit inputs, like :func:`random_inputs`).
     """
     fp8 = format == "fp8_e4m3"
     if fp8:
         bits, zero_points = 8, False
+        if shared:
+            raise QMoEAttributeError("shared", "0 with format='fp8_e4m3' (FP8 shared experts are not defined yet)",
+                                     repr(shared))
     b1, b2, b3 = (bits,) * 3 if isinstance(bits, int) else tuple(bits)
     z1, z2, z3 = (zero_points,) * 3 if isinstance(zero_points, bool) else tuple(zero_points)
     glu = activation_type in GLU_ACTIVATIONS
@@ -56,33 +76,49 @@ def random_layer(
     sdt = np_dtype(scale_dtype or dtype)
     bdt = np_dtype(dtype)
 
-    def proj(name, N, K, b, zp):
-        step = E if progress is None else max(1, min(E, (1 << 23) // max(1, N * K)))  # ~32 MiB of floats at a time
+    def draw(shape, K):
+        w = rng.standard_normal(shape, dtype=np.float32)
+        w *= np.float32(1.0 / np.sqrt(K))
+        return w
+
+    def proj(name, n_experts, N, K, b, zp):
+        step = n_experts if progress is None else max(1, min(n_experts, (1 << 23) // max(1, N * K)))  # ~32 MiB floats
         parts = []
-        for e0 in range(0, E, step):  # the generator fills experts in order: chunks draw the same values
-            w = rng.standard_normal((min(step, E - e0), N, K), dtype=np.float32)
-            w *= np.float32(1.0 / np.sqrt(K))
+        for e0 in range(0, n_experts, step):  # the generator fills experts in order: chunks draw the same values
+            w = draw((min(step, n_experts - e0), N, K), K)
             if fp8:
                 parts.append(quantize(w, None, block_size, scale_dtype=sdt if block_size else np.float32, format=format))
             else:
                 parts.append(quantize(w, b, block_size, symmetric=not zp, scale_dtype=sdt))
+            del w
             if progress is not None:
-                progress(name, min(E, e0 + step), E)
+                progress(name, min(n_experts, e0 + step), n_experts)
+        xp = array_module(parts[0].packed)
         q = parts[0] if len(parts) == 1 else type(parts[0])(
-            *(None if parts[0][i] is None else np.concatenate([p[i] for p in parts]) for i in range(3)))
+            *(None if parts[0][i] is None else xp.concatenate([p[i] for p in parts]) for i in range(3)))
         out = {f"{name}_experts_weights": q.packed,
                f"{name}_global_scale" if fp8 and not block_size else f"{name}_scales": q.scales}
         if zp:
             out[f"{name}_zero_points"] = q.zero_points
         if bias:
-            out[f"{name}_experts_bias"] = (0.1 * rng.standard_normal((E, N))).astype(bdt)
+            out[f"{name}_experts_bias"] = (0.1 * rng.standard_normal((n_experts, N))).astype(bdt)
         return out
 
     weights = {}
-    weights.update(proj("fc1", F * I, H, b1, z1))
-    weights.update(proj("fc2", H, I, b2, z2))
+    weights.update(proj("fc1", E, F * I, H, b1, z1))
+    weights.update(proj("fc2", E, H, I, b2, z2))
     if fc3:
-        weights.update(proj("fc3", I, H, b3, z3))
+        weights.update(proj("fc3", E, I, H, b3, z3))
+    if shared:
+        Is = I if shared_inter is None else shared_inter
+        weights.update(proj("shared_fc1", shared, F * Is, H, b1, z1))
+        weights.update(proj("shared_fc2", shared, H, Is, b2, z2))
+    if shared_gate:
+        weights["shared_gate_weight"] = draw((H,), H).astype(bdt)
+    if router_gemm:
+        weights["router_weight"] = (2 * draw((E, H), H)).astype(bdt)
+        if router_bias:
+            weights["router_bias"] = (0.1 * rng.standard_normal((E,))).astype(bdt)
     attrs = dict(k=k, activation_type=activation_type, block_size=block_size, expert_weight_bits=b1,
                  swiglu_fusion=swiglu_fusion, **attributes)
     if fp8:
@@ -98,7 +134,8 @@ def random_inputs(rng: np.random.Generator, rows, H: int, E: int, dtype: str = "
                   router_dtype: str = "float32", router_weights: bool = False):
     """``(input [rows, H] or [B, S, H], router_probs [rows, E], router_weights or None)``.
 
-    Logits are continuous random values, so ties have probability zero.
+    Logits are continuous random values, so ties have probability zero. (A layer with a router GEMM
+    takes ``router_probs=None`` instead.)
     """
     shape = tuple(rows) if isinstance(rows, (tuple, list)) else (int(rows),)
     n = int(np.prod(shape))

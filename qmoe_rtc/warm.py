@@ -27,6 +27,8 @@ _EXAMPLES = """examples:
   python -m qmoe_rtc warm --preset qwen3-30b-a3b --dtype bfloat16 --arch sm_90
   python -m qmoe_rtc warm --preset mixtral-8x7b --dtype float16,bfloat16 --zero-points none,packed --arch sm_90 --arch sm_80
   python -m qmoe_rtc warm --hidden 4096 --inter 14336 --experts 8 --k 2 --bits 4 --block-size 128 --arch sm_90 --list
+  python -m qmoe_rtc warm --preset qwen3-next-80b-a3b --dtype bfloat16 --arch sm_90   (shared expert + router GEMM)
+  python -m qmoe_rtc warm --preset deepseek-v3-tp8 --format int,fp8 --dtype bfloat16 --arch sm_90
 
 exit status: 0 every planned module is on disk and loads; 1 some module failed or was not stored;
 2 bad arguments, a bad QMOE_RTC_* value, or a cache directory that cannot store.
@@ -51,7 +53,7 @@ def _positive(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .presets import PRESETS
+    from .presets import PRESETS, QUANT_FORMATS
     from .specialize import ACTIVATIONS, DTYPES, ZP_MODES
 
     p = argparse.ArgumentParser(
@@ -65,7 +67,18 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--inter", type=int, metavar="I", help="intermediate size I of one expert (overrides the preset's)")
     src.add_argument("--experts", type=int, metavar="E", help="number of experts E (overrides the preset's)")
     src.add_argument("--k", type=int, metavar="K", help="experts per token k (overrides the preset's)")
+    src.add_argument("--shared", type=int, metavar="S", help="shared experts, intermediate size I (default: the "
+                                                             "preset's, else 0; 0 also drops the gate)")
+    src.add_argument("--shared-gate", action=argparse.BooleanOptionalAction, default=None,
+                     help="the shared experts' sum is scaled by sigmoid(x·g) (default: the preset's)")
+    src.add_argument("--router-gemm", action=argparse.BooleanOptionalAction, default=None,
+                     help="the layer computes its logits from router_weight in the activation dtype (default: the "
+                          "preset's)")
     q = p.add_argument_group("quantization / codegen (comma lists give every combination)")
+    q.add_argument("--format", type=_csv(str), default=["int"], metavar="FMT[,FMT...]",
+                   help=f"expert formats, from {', '.join(QUANT_FORMATS)} (default: int); fp8: FP8 e4m3 experts "
+                        "(8-bit codes, no zero points: --bits and --zero-points do not apply; float32 scales unless "
+                        "--scale-dtype; --block-size 0 = one global scale per expert; no shared experts)")
     q.add_argument("--bits", type=_csv(int), metavar="B[,B...]",
                    help="bits of every projection, e.g. 4 or 2,4 (default: the preset's, else 4)")
     q.add_argument("--fc1-bits", type=int, metavar="B", help="bits of FC1 only (default: --bits)")
@@ -100,9 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _configs(args) -> list:
-    """Every ModelConfig the arguments describe."""
+    """Every ModelConfig the arguments describe (each once)."""
     from .errors import QMoEAttributeError
-    from .presets import Preset, get_preset
+    from .presets import QUANT_FORMATS, Preset, get_preset
 
     if args.preset:
         base = get_preset(args.preset)
@@ -118,18 +131,33 @@ def _configs(args) -> list:
         fusion = args.swiglu_fusion if args.swiglu_fusion is not None else (1 if gated and not args.fc3 else 0)
         base = Preset("custom", args.hidden, args.inter, args.experts, args.k, act, swiglu_fusion=fusion,
                       has_fc3=bool(args.fc3))
-    out = []
+    for fmt in args.format:
+        if fmt not in QUANT_FORMATS:
+            raise QMoEAttributeError("--format", f"items of {list(QUANT_FORMATS)}", repr(fmt))
+    out = {}
     for dtype in args.dtype:
-        for bits in (args.bits or [None]):
-            for bs in (args.block_size or [None]):
-                for zp in args.zero_points:
-                    out.append(base.config(bits=bits, fc1_bits=args.fc1_bits, fc2_bits=args.fc2_bits,
-                                           fc3_bits=args.fc3_bits, block_size=bs, zero_points=zp, dtype=dtype,
-                                           scale_dtype=args.scale_dtype,
-                                           activation=args.activation if args.preset else None,
-                                           swiglu_fusion=args.swiglu_fusion if args.preset else None,
-                                           has_fc3=args.fc3 if args.preset else None))
-    return out
+        router = None if args.router_gemm is None else dtype if args.router_gemm else ""
+        for fmt in args.format:
+            fp8 = fmt == "fp8"
+            for bits in ([None] if fp8 else args.bits or [None]):
+                for bs in (args.block_size or [None]):
+                    for zp in (["none"] if fp8 else args.zero_points):
+                        cfg = base.config(bits=bits, fc1_bits=args.fc1_bits, fc2_bits=args.fc2_bits,
+                                          fc3_bits=args.fc3_bits, block_size=bs, zero_points=zp, dtype=dtype,
+                                          scale_dtype=args.scale_dtype,
+                                          activation=args.activation if args.preset else None,
+                                          swiglu_fusion=args.swiglu_fusion if args.preset else None,
+                                          has_fc3=args.fc3 if args.preset else None, quant=fmt,
+                                          shared=args.shared, shared_gate=args.shared_gate, router_gemm=router)
+                        out.setdefault(cfg, None)
+    return list(out)
+
+
+def _ext_words(cfg) -> str:
+    """' shared 1 (gated), router GEMM bfloat16' for a config with [ext] parts, else ''."""
+    words = [f"shared {cfg.shared}" + (" (gated)" if cfg.shared_gate else "")] if cfg.shared else []
+    words += [f"router GEMM {cfg.router_gemm}"] if cfg.router_gemm else []
+    return (" " + ", ".join(words)) if words else ""
 
 
 def plan(configs, archs: Sequence[str], variants=("decode", "prefill")) -> list[tuple]:
@@ -285,7 +313,7 @@ def _main(args) -> int:
     todo = plan(configs, archs, tuple(args.variants))
     if args.list or args.dry_run:
         for cfg in configs:
-            print(f"# {cfg.name} H{cfg.hidden} I{cfg.inter} E{cfg.experts} k{cfg.k}: {cfg.layout.name}")
+            print(f"# {cfg.name} H{cfg.hidden} I{cfg.inter} E{cfg.experts} k{cfg.k}{_ext_words(cfg)}: {cfg.layout.name}")
         for spec, arch in todo:
             print(f"{arch} {spec.name}")
         print(f"{len(todo)} modules, {len(archs)} arch(s), cache {knobs.cache_dir()} ({knobs.cache_mode()})")

@@ -60,12 +60,16 @@ def test_help_without_gpu(capsys):
 
 
 def test_shapes_agree_with_presets():
+    seen = set()
     for name, s in bench.BENCH_SHAPES.items():
-        p = PRESETS.get(name) or PRESETS.get(name.replace("-tp8", ""))
+        p = PRESETS.get(name)
         if p is None:
             continue
-        tp = 8 if name.endswith("-tp8") else 1
-        assert (s.H, s.I, s.E, s.k) == (p.hidden, p.inter // tp, p.experts, p.k), name
+        seen.add(name)
+        assert (s.H, s.I, s.E, s.k) == (p.hidden, p.inter, p.experts, p.k), name
+        assert (s.shared, s.shared_gate, s.router) == (p.shared, p.shared_gate, p.router_gemm), name
+    assert {"qwen3-30b-a3b", "gpt-oss-120b", "deepseek-v3-tp8", "qwen3-next-80b-a3b"} <= seen
+    assert PRESETS["deepseek-v3-tp8"].inter == PRESETS["deepseek-v3"].inter // 8
     gpt = bench.BENCH_SHAPES["gpt-oss-120b"]
     assert bench.layout_problem(gpt, 128) and not bench.layout_problem(gpt, 32) and not bench.layout_problem(gpt, 0)
 

@@ -1,0 +1,92 @@
+"""The benchmark's layers (:mod:`qmoe_rtc.bench`): random quantized experts on the GPU with the shape's
+[ext] tensors (shared experts, gate, router weight), one :class:`~qmoe_rtc.QMoE` per variant (routed /
+shared / full), the inputs per token count and the float64 reference rows per variant.
+
+Everything takes the array module ``cp`` as an argument (CuPy on the GPU; the CPU tests pass NumPy).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .bench_report import Shape, _reason, check_rows, expert_bytes, extension_bytes, is_fp8
+
+__all__ = ["build_layer", "prepare_layer"]
+
+
+def build_layer(cp, rs, shape: Shape, dtype: str, bits, block_size: int, zero_points: bool, shared: bool = False):
+    """Random quantized experts on the GPU (drawn and quantized ~32 MiB of floats at a time) with
+    :func:`qmoe_rtc.random_layer.random_layer`: (weights by ORT name, attributes). FP8 (``bits`` fp8/fp8g):
+    e4m3 codes with float32 scales. The shape's router weight [E, H] comes along when it has a router
+    GEMM, its shared experts (and gate) with ``shared`` (int experts only: FP8 shared experts are not defined)."""
+    from .random_layer import random_layer
+
+    fp8 = is_fp8(bits)
+    sh = shared and not fp8
+    return random_layer(rs, E=shape.E, H=shape.H, I=shape.I, k=shape.k, bits=8 if fp8 else (*bits, bits[0]),
+                        block_size=block_size, zero_points=bool(zero_points) and not fp8, dtype=dtype,
+                        scale_dtype="float32" if fp8 else None, activation_type="swiglu", swiglu_fusion=1,
+                        normalize_routing_weights=1, format="fp8_e4m3" if fp8 else "int",
+                        progress=lambda *_: None, shared=shape.shared if sh else 0,
+                        shared_gate=sh and shape.shared_gate, router_gemm=shape.router)
+
+
+def prepare_layer(cp, rs, args, shape, dtype, bits, bs, variants):
+    """Layers per variant (an error string where one cannot be built), inputs per T (device and host)
+    and the reference rows per variant and T (one reference call per variant over the checked rows)."""
+    from ._arrays import np_dtype
+    from .executor import QMoE
+    from .extensions import EXT_INPUTS
+    from .reference import qmoe as reference
+    from .reference import router_logits
+
+    t0 = time.perf_counter()
+    weights, attrs = build_layer(cp, rs, shape, dtype, bits, bs, args.zero_points, shared=variants != ["routed"])
+    ext = {n: weights.pop(n) for n in list(weights) if n in EXT_INPUTS}
+    per_variant = {"routed": {}, "shared": {n: a for n, a in ext.items() if n.startswith("shared_")}, "full": ext}
+    extra = {} if args.decode_max_routes is None else {"decode_max_routes": args.decode_max_routes}
+    layers = {}
+    for v in variants:
+        try:
+            layers[v] = QMoE(**weights, **per_variant[v], **attrs, **extra)
+        except Exception as exc:  # e.g. a build whose GPU engines refuse shared experts: that variant's rows say so
+            layers[v] = "layer: " + _reason(exc)
+    isz = np_dtype(dtype).itemsize
+    per_expert = sum(int(v.nbytes) for v in weights.values()) // shape.E
+    calc = expert_bytes(shape.H, shape.I, bits, bs, args.zero_points, isz)
+    got_ext = (sum(int(a.nbytes) for n, a in ext.items() if n != "router_weight"),
+               int(ext["router_weight"].nbytes) if "router_weight" in ext else 0)
+    want_ext = extension_bytes(shape, bits, bs, args.zero_points, isz, isz)
+    if calc != per_expert or (variants != ["routed"] and got_ext != want_ext):
+        print(f"  warning: bytes per expert {per_expert}, shared/router {got_ext} (arrays) != {calc}, {want_ext} "
+              "(formula)", flush=True)
+    host_ext = {n: cp.asnumpy(a) for n, a in ext.items()}
+    inputs = {}
+    for T in args.tokens:
+        x = rs.standard_normal((T, shape.H), dtype=cp.float32).astype(np_dtype(dtype))
+        xh = cp.asnumpy(x)
+        if shape.router:  # the routed layers get the logits the router GEMM makes: every variant routes alike
+            lh = router_logits(xh.astype(np.float32), host_ext["router_weight"])
+            logits = cp.asarray(lh)
+        else:
+            logits = 2 * rs.standard_normal((T, shape.E), dtype=cp.float32)
+            lh = cp.asnumpy(logits)
+        inputs[T] = (x, logits, xh, lh, check_rows(T, args.check_rows))
+    t1 = time.perf_counter()
+    host_w = {n: cp.asnumpy(v) for n, v in weights.items()}  # rows are independent: one call covers every T
+    X = np.concatenate([xh[r] for _, _, xh, _, r in inputs.values()])
+    L = np.concatenate([lh[r] for _, _, _, lh, r in inputs.values()])
+    ends = np.cumsum([len(r) for *_, r in inputs.values()])[:-1]
+    refs = {}
+    for v in variants:
+        if isinstance(layers[v], str):
+            continue
+        hx = {n: host_ext[n] for n in per_variant[v]}
+        ref = reference(X, None if "router_weight" in hx else L, **host_w, **hx, **attrs)
+        refs[v] = dict(zip(inputs, np.split(ref, ends)))
+    ext_bytes = {"routed": 0, "shared": want_ext[0], "full": sum(want_ext)}
+    print(f"  [{shape.name} {dtype} bits {','.join(map(str, bits))}: built on GPU in {t1 - t0:.1f} s, CPU "
+          f"reference over {len(X)} rows ({'/'.join(refs)}) in {time.perf_counter() - t1:.1f} s]", flush=True)
+    return weights, layers, per_expert, ext_bytes, inputs, refs

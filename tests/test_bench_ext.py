@@ -1,0 +1,414 @@
+"""The benchmark, warm tool and presets for shared experts, the router GEMM and FP8 experts, on the CPU:
+arguments, shapes, byte and FLOP accounting, the targets' arithmetic, random extension tensors that the
+contract and the reference accept, and a smoke run of ``bench.main`` through NumPy stand-ins."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+import numpy as np
+import pytest
+
+from qmoe_rtc import bench, warm
+from qmoe_rtc.attributes import QMoEAttributes
+from qmoe_rtc.contract import describe_layer
+from qmoe_rtc.errors import QMoEAttributeError, QMoEUnsupportedError
+from qmoe_rtc.extensions import EXT_INPUTS, describe_extensions
+from qmoe_rtc.presets import PRESETS
+from qmoe_rtc.quantize import quantize
+from qmoe_rtc.random_layer import random_inputs, random_layer
+from qmoe_rtc.reference import qmoe as reference
+from qmoe_rtc.reference import router_logits, shared_part
+
+NEW = ("qwen3-next-80b-a3b", "deepseek-v3-tp8")
+
+
+# -- presets ---------------------------------------------------------------------------------------
+def test_new_presets_and_their_configs():
+    q, d = PRESETS["qwen3-next-80b-a3b"], PRESETS["deepseek-v3-tp8"]
+    assert (q.hidden, q.inter, q.experts, q.k, q.activation, q.shared, q.shared_gate, q.router_gemm) == (
+        2048, 512, 512, 10, "swiglu", 1, True, True)
+    assert (d.hidden, d.inter, d.experts, d.k, d.activation, d.shared, d.shared_gate, d.router_gemm) == (
+        7168, 256, 256, 8, "swiglu", 1, False, True)
+    for p in (q, d):
+        assert p.block_size == 128 and p.hidden % 128 == 0 and p.inter % 128 == 0
+        for dt in ("float16", "bfloat16"):
+            c = p.config(dtype=dt)  # the default block size is accepted by ModelConfig for both shapes
+            assert (c.shared, c.shared_gate, c.router_gemm, c.layout.block_size) == (1, p.shared_gate, dt, 128)
+            assert c.layout.aligned and c.name == p.name
+    c = q.config(dtype="bfloat16", router_gemm="", shared=0)
+    assert (c.shared, c.shared_gate, c.router_gemm) == (0, False, "")  # no shared experts: no gate either
+    assert q.config(router_gemm="float32").router_gemm == "float32"
+    assert d.config(shared_gate=True).shared_gate
+
+
+def test_existing_presets_unchanged():
+    for name in ("qwen3-30b-a3b", "mixtral-8x7b", "gpt-oss-20b", "gpt-oss-120b", "deepseek-v3", "phi-3.5-moe"):
+        c = PRESETS[name].config(dtype="bfloat16")
+        assert (c.shared, c.shared_gate, c.router_gemm) == (0, False, ""), name
+    assert (PRESETS["deepseek-v3"].inter, PRESETS["qwen3-30b-a3b"].inter) == (2048, 768)
+
+
+def _fp8_layouts() -> bool:
+    from qmoe_rtc.specialize import ZP_MODES
+
+    return "fp8" in ZP_MODES
+
+
+def test_fp8_config():
+    if not _fp8_layouts():  # a build whose kernel layouts have no FP8 form: refused, naming FP8
+        with pytest.raises(QMoEUnsupportedError, match="FP8"):
+            PRESETS["deepseek-v3-tp8"].config(quant="fp8")
+        return
+    c = PRESETS["qwen3-next-80b-a3b"].config(quant="fp8", bits=4, zero_points="packed", dtype="bfloat16")
+    lay = c.layout
+    assert (lay.fc1_bits, lay.fc2_bits, lay.fc1_zp, lay.fc2_zp, lay.scale_dtype, lay.block_size) == (
+        8, 8, "fp8", "fp8", "float32", 128)
+    assert (c.shared, c.shared_gate, c.router_gemm) == (0, False, "bfloat16")  # FP8 shared experts are undefined
+    assert PRESETS["deepseek-v3-tp8"].config(quant="fp8", block_size=0, dtype="float16").layout.scale_dtype == "float32"
+    assert PRESETS["deepseek-v3-tp8"].config(quant="fp8", scale_dtype="float16").layout.scale_dtype == "float16"
+    assert PRESETS["qwen3-30b-a3b"].config(quant="int").layout.fc1_zp == "none"
+    with pytest.raises(QMoEAttributeError, match="has_fc3"):
+        PRESETS["mixtral-8x7b"].config(quant="fp8")
+    assert not PRESETS["mixtral-8x7b"].config(quant="fp8", activation="swiglu").layout.has_fc3
+
+
+def test_bad_quant_format():
+    with pytest.raises(QMoEAttributeError, match="quant"):
+        PRESETS["qwen3-30b-a3b"].config(quant="fp4")
+
+
+# -- warm ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", NEW)
+def test_warm_lists_the_new_presets(cache, capsys, name):
+    from qmoe_rtc.kernels import modules_for
+
+    assert warm.main(["--preset", name, "--dtype", "bfloat16", "--arch", "sm_90", "--list"]) == 0
+    out = capsys.readouterr().out
+    cfg = PRESETS[name].config(dtype="bfloat16")
+    specs = modules_for(cfg, arch="sm_90a")
+    assert specs and all(f"sm_90a {s.name}" in out for s in specs)
+    assert f"{len(specs)} modules" in out
+    words = "shared 1 (gated), router GEMM bfloat16" if name.startswith("qwen") else "shared 1, router GEMM bfloat16"
+    assert f"E{cfg.experts} k{cfg.k} {words}: " in out
+    assert not any(cache.iterdir())
+
+
+def _warm_args(*argv):
+    return warm.build_parser().parse_args(list(argv))
+
+
+def test_warm_extension_flags():
+    cfgs = warm._configs(_warm_args("--preset", "qwen3-next-80b-a3b", "--dtype", "float16,bfloat16"))
+    assert [(c.shared, c.shared_gate, c.router_gemm) for c in cfgs] == [(1, True, "float16"), (1, True, "bfloat16")]
+    (c,) = warm._configs(_warm_args("--preset", "qwen3-next-80b-a3b", "--no-router-gemm", "--no-shared-gate"))
+    assert (c.shared, c.shared_gate, c.router_gemm) == (1, False, "")
+    (c,) = warm._configs(_warm_args("--preset", "deepseek-v3-tp8", "--shared", "0"))
+    assert (c.shared, c.router_gemm) == (0, "float16")
+    (c,) = warm._configs(_warm_args("--hidden", "256", "--inter", "128", "--experts", "8", "--k", "2", "--shared", "2",
+                                    "--shared-gate", "--router-gemm", "--dtype", "bfloat16"))
+    assert (c.shared, c.shared_gate, c.router_gemm, c.name) == (2, True, "bfloat16", "custom")
+    (c,) = warm._configs(_warm_args("--preset", "qwen3-30b-a3b"))
+    assert (c.shared, c.shared_gate, c.router_gemm) == (0, False, "")
+    with pytest.raises(QMoEAttributeError):
+        warm._configs(_warm_args("--preset", "qwen3-30b-a3b", "--format", "fp4"))
+
+
+def test_warm_format_fp8(cache, capsys):
+    argv = ["--preset", "deepseek-v3-tp8", "--format", "int,fp8", "--arch", "sm_90", "--list"]
+    if not _fp8_layouts():  # this build: refused in one line, exit 2
+        assert warm.main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "FP8" in err[0]
+        return
+    from qmoe_rtc.kernels import modules_for
+
+    cfgs = warm._configs(_warm_args("--preset", "deepseek-v3-tp8", "--format", "int,fp8", "--bits", "2,4",
+                                    "--zero-points", "none,packed", "--block-size", "0,128"))
+    fp8 = [c for c in cfgs if c.layout.fc1_zp == "fp8"]
+    assert len(cfgs) == 2 * 2 * 2 + 2 and len(fp8) == 2  # FP8: one per block size (bits, zero points do not apply)
+    assert sorted(c.layout.block_size for c in fp8) == [0, 128]
+    assert all(c.layout.fc1_bits == c.layout.fc2_bits == 8 and c.shared == 0 for c in fp8)
+    assert warm.main(argv) == 0
+    out = capsys.readouterr().out
+    (cfg,) = warm._configs(_warm_args("--preset", "deepseek-v3-tp8", "--format", "fp8"))
+    assert f"# deepseek-v3-tp8 H7168 I256 E256 k8 router GEMM float16: {cfg.layout.name}" in out
+    assert all(f"sm_90a {s.name}" in out for s in modules_for(cfg, arch="sm_90a"))
+
+
+# -- bench arguments -------------------------------------------------------------------------------
+def test_bench_new_shapes_and_flags():
+    a = bench.parse_args(["--shapes", ",".join(NEW), "--bits", "8", "--bits", "fp8", "--bits", "fp8g",
+                          "--variants", "routed,full", "--tokens", "1,4096"])
+    q, d = a.shapes
+    assert (q.name, q.H, q.I, q.E, q.k, q.shared, q.shared_gate, q.router) == (NEW[0], 2048, 512, 512, 10, 1, True,
+                                                                                 True)
+    assert (d.name, d.H, d.I, d.E, d.k, d.shared, d.shared_gate, d.router) == (NEW[1], 7168, 256, 256, 8, 1, False,
+                                                                                 True)
+    assert a.bits == [(8, 8), ("fp8", "fp8"), ("fp8g", "fp8g")] and a.variants == ["routed", "full"]
+    assert [bench.block_for(q, None, b) for b in a.bits] == [128, 128, 0]
+    assert [bench.block_for(q, 0, b) for b in a.bits] == [0, 0, 0] and bench.block_for(q, 64, a.bits[1]) == 64
+    assert not any(bench.layout_problem(s, 128) for s in a.shapes)
+    assert bench.layout_problem(q, 1024) and not bench.layout_problem(q, 1024, ("fp8", "fp8"))  # FP8 blocks may be partial
+    assert bench.parse_args(["--preset", NEW[0]]).variants == ["routed", "shared", "full"]
+    assert bench.is_fp8(("fp8g", "fp8g")) and not bench.is_fp8((8, 8))
+    assert "qwen3-next-80b-a3b (H 2048, I 512, E 512, k 10, 1 shared gated, router GEMM)" in bench.build_parser().epilog
+
+
+@pytest.mark.parametrize("argv", [["--bits", "fp8,4"], ["--bits", "fp9"], ["--variants", "routed,all"],
+                                  ["--variants", ","]])
+def test_bench_bad_new_arguments(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.parse_args(argv)
+    assert e.value.code == 2 and "error" in capsys.readouterr().err
+
+
+def test_variants_for():
+    q, d, plain = bench.BENCH_SHAPES[NEW[0]], bench.BENCH_SHAPES[NEW[1]], bench.BENCH_SHAPES["qwen3-30b-a3b"]
+    allv = list(bench.VARIANTS)
+    assert bench.variants_for(q, (4, 4), allv) == allv and bench.variants_for(d, (8, 8), allv) == allv
+    assert bench.variants_for(q, (4, 4), ["full", "routed"]) == ["routed", "full"]
+    assert bench.variants_for(q, ("fp8", "fp8"), allv) == ["routed"]  # FP8 shared experts are not defined
+    assert bench.variants_for(plain, (4, 4), allv) == ["routed"]
+    router_only = bench.Shape("r", 64, 32, 8, 2, router=True)
+    shared_only = bench.Shape("s", 64, 32, 8, 2, shared=2)
+    assert bench.variants_for(router_only, (4, 4), allv) == ["routed", "full"]
+    assert bench.variants_for(shared_only, (4, 4), allv) == ["routed", "full"]
+
+
+# -- bytes and FLOPs -------------------------------------------------------------------------------
+def test_fp8_expert_bytes_hand_count():
+    # H 256, I 128: FC1 [256, 256] codes 65536, FC2 [256, 128] codes 32768. Block 128, float32 scales:
+    # FC1 2·2 blocks = 16 B, FC2 2·1 = 8 B. Global: 4 B per projection. Block 96 (partial): FC1 3·3, FC2 3·2.
+    for b in ("fp8", "fp8g"):
+        assert bench.expert_bytes(256, 128, (b, b), 128, False, 2) == 65536 + 16 + 32768 + 8
+        assert bench.expert_bytes(256, 128, (b, b), 0, True, 2) == 65536 + 4 + 32768 + 4
+    assert bench.expert_bytes(256, 128, ("fp8", "fp8"), 96, False, 2) == 65536 + 9 * 4 + 32768 + 6 * 4
+
+
+@pytest.mark.parametrize("bs", [0, 32, 128])
+def test_fp8_expert_bytes_match_quantized_arrays(rng, bs):
+    E, H, I = 3, 96, 64  # 96 is no multiple of 64 or 128: partial blocks
+    n = 0
+    for N, K in ((2 * I, H), (H, I)):
+        q = quantize(rng.standard_normal((E, N, K)).astype(np.float32), None, bs, scale_dtype=np.float32,
+                     format="fp8_e4m3")
+        n += sum(a.nbytes for a in q if a is not None)
+    assert bench.expert_bytes(H, I, ("fp8", "fp8"), bs, False, 4) == n // E
+
+
+@pytest.mark.parametrize("bits,bs,zp,dt", [((4, 4), 32, False, "float16"), ((4, 2), 16, True, "bfloat16"),
+                                           ((8, 8), 0, True, "float32")])
+def test_extension_bytes_match_random_layer(rng, bits, bs, zp, dt):
+    from qmoe_rtc._arrays import np_dtype
+
+    shape = bench.Shape("t", 64, 32, 8, 2, shared=2, shared_gate=True, router=True)
+    w, _ = bench.build_layer(np, rng, shape, dt, bits, bs, zp, shared=True)
+    isz = np_dtype(dt).itemsize
+    shared = sum(a.nbytes for n, a in w.items() if n.startswith("shared_"))
+    assert bench.extension_bytes(shape, bits, bs, zp, isz, isz) == (shared, w["router_weight"].nbytes)
+    assert shared == 2 * bench.expert_bytes(64, 32, bits, bs, zp, isz) + 64 * isz
+    assert bench.extension_bytes(bench.Shape("p", 64, 32, 8, 2), bits, bs, zp, isz, isz) == (0, 0)
+    routed = sum(a.nbytes for n, a in w.items() if n not in EXT_INPUTS) // 8
+    assert routed == bench.expert_bytes(64, 32, bits, bs, zp, isz)
+
+
+def test_ext_flops_hand_count():
+    s = bench.Shape("t", 64, 32, 8, 2, shared=2, router=True)
+    per_route = 2 * (64 * 64 + 32 * 64)  # FC1 [2I, H] + FC2 [H, I], 2 FLOPs a multiply-add
+    assert bench.ext_flops(3, s, "routed") == 0
+    assert bench.ext_flops(3, s, "shared") == 3 * 2 * per_route
+    assert bench.ext_flops(3, s, "full") == 3 * 2 * per_route + 2 * 3 * 8 * 64
+    assert bench.ext_flops(3, bench.Shape("g", 64, 32, 8, 2, shared=1), "full") == 3 * per_route
+
+
+# -- targets ---------------------------------------------------------------------------------------
+def test_ext_target_arithmetic():
+    # 2 MB at 1000 GB/s = 2 us; bound = 1.15 · (40 + 2) = 48.3 us
+    t = bench.ext_target(40.0, 48.0, 2_000_000, 1000.0)
+    assert math.isclose(t["ext_us"], 2.0) and math.isclose(t["bound_us"], 48.3)
+    assert t["ok"] is True and math.isclose(t["ratio"], 48.0 / 48.3)
+    assert bench.ext_target(40.0, 48.4, 2_000_000, 1000.0)["ok"] is False
+    assert bench.ext_target(40.0, 48.3, 2_000_000, 1000.0)["ok"] is True  # <= : the bound itself passes
+    assert bench.ext_target(40.0, 48.0, 2_000_000, None)["ok"] is None
+    assert bench.ext_target(None, 48.0, 2_000_000, 1000.0)["ok"] is None
+    line = bench.format_target(t)
+    for s in ("48.0 <= 1.15*(40.0 + 2.0 for 2.00 MB) = 48.3 us", "ratio 0.994", "PASS"):
+        assert s in line, line
+    assert "MISS" in bench.format_target(bench.ext_target(40.0, 60.0, 0, 1000.0))
+    assert "not measured" in bench.format_target(bench.ext_target(40.0, 48.0, 0, None))
+
+
+def _pt(bits, T, graph_us, pct, bs=128, **kw):
+    return dict(shape="s", dtype="bfloat16", bits=list(bits), T=T, graph_us=graph_us, pct_floor=pct, block_size=bs,
+                variant="routed", **kw)
+
+
+def test_fp8_targets_arithmetic():
+    pts = [_pt((8, 8), 1, 30.0, 50.0), _pt((8, 8), 4096, 1000.0, 40.0),
+           _pt(("fp8", "fp8"), 1, 40.0, 40.0), _pt(("fp8", "fp8"), 4096, 1200.0, 30.0),  # 80 % exactly, 1.2x exactly
+           _pt(("fp8g", "fp8g"), 1, 50.0, 39.9, bs=0), _pt(("fp8g", "fp8g"), 4096, 1201.0, 30.0, bs=0),
+           _pt((4, 4), 1, 20.0, 99.0), _pt(("fp8", "fp8"), 4096, 1.0, 99.0, error="boom")]  # errors never count
+    t = {(x["scales"], x["kind"]): x for x in bench.fp8_targets(pts)}
+    assert set(t) == {("block 128", "fp8_decode"), ("block 128", "fp8_prefill"), ("global", "fp8_decode"),
+                      ("global", "fp8_prefill")}
+    dec, pre = t["block 128", "fp8_decode"], t["block 128", "fp8_prefill"]
+    assert (dec["fp8"], dec["int8"], dec["ok"]) == (40.0, 50.0, True) and math.isclose(dec["ratio"], 0.8)
+    assert (pre["fp8"], pre["int8"], pre["ok"]) == (1200.0, 1000.0, True) and math.isclose(pre["ratio"], 1.2)
+    assert t["global", "fp8_decode"]["ok"] is False and t["global", "fp8_prefill"]["ok"] is False
+    lines = [bench.format_target(x) for x in bench.fp8_targets(pts)]  # global (block 0) first
+    assert lines[2] == "fp8 target s bfloat16 fp8 block 128: decode T=1 %floor fp8 >= 80% of int8: 40.0 vs 50.0 = 80% PASS"
+    assert "prefill T=4096 time fp8 <= 1.2x int8: 1200.0 vs 1000.0 us = 1.20x PASS" in lines[3], lines
+    assert lines[0].endswith("MISS") and lines[1].endswith("MISS") and "fp8 global" in lines[0]
+
+
+def test_fp8_targets_missing_points():
+    assert bench.fp8_targets([_pt((8, 8), 1, 30.0, 50.0)]) == []  # no FP8 point: nothing to report
+    only = bench.fp8_targets([_pt(("fp8", "fp8"), 1, 40.0, 45.0), _pt((8, 8), 4096, 1000.0, 40.0),
+                              dict(_pt((8, 8), 1, 30.0, 50.0), variant="full")])
+    assert [x["ok"] for x in only] == [None, None]  # int8 at T=1 only as a 'full' variant; no FP8 at 4096
+    assert all("not measured (needs --bits 8 and the fp8 form at --tokens" in bench.format_target(x) for x in only)
+
+
+def test_near_tie_rows():
+    lg = np.array([[3.0, 2.0, 1.0, 0.0], [3.0, 2.0, 2.0 - 1e-4, 0.0], [5.0, 5.0, 0.0, 0.0], [9.0, 4.0, 3.98, 0]],
+                  np.float32)
+    assert bench.near_tie_rows(lg, 2).tolist() == [False, True, False, False]  # row 3: gap 0.02 > 1e-3·9
+    assert bench.near_tie_rows(lg, 1).tolist() == [False, False, True, False]
+    assert bench.near_tie_rows(lg, 4).tolist() == [False] * 4  # k = E: nothing is left out
+
+
+def test_format_row_variants_and_width():
+    p = dict(shape="qwen3-next-80b-a3b", dtype="bfloat16", bits=["fp8", "fp8"], T=1, graph_us=10.0, floor_us=5.0,
+             bound="bytes", floor_bytes=1e6, pct_floor=50.0, rel_err=1e-3, ok=True, variant="full")
+    shapes = [bench.BENCH_SHAPES[n] for n in NEW] + [bench.BENCH_SHAPES["ort-2048"]]
+    w = bench.label_width(shapes)
+    assert w == len("qwen3-next-80b-a3b/shared") and bench.label_width([bench.BENCH_SHAPES["ort-2048"]]) == 16
+    assert bench.label_width(shapes, ["routed", "full"]) == len("qwen3-next-80b-a3b/full")
+    row, head = bench.format_row(p, w), bench.table_header(w)
+    assert row.startswith("qwen3-next-80b-a3b/full ") and " fp8 " in row
+    assert row.index("|") == head.index("|") and len(row) == len(head)
+    assert bench.format_row(dict(p, variant="routed"), w).startswith("qwen3-next-80b-a3b  ")
+    assert bench.table_header() == bench.table_header(16) and bench.table_header(20).startswith("shape" + " " * 16)
+
+
+# -- random extension tensors ----------------------------------------------------------------------
+@pytest.mark.parametrize("gate,bias,dt", [(True, False, "float16"), (False, True, "bfloat16"), (True, True, "float32")])
+def test_random_layer_extensions_pass_contract_and_reference(rng, gate, bias, dt):
+    E, H, I, k = 8, 64, 32, 2
+    seed = int(rng.integers(1 << 30))
+    kw = dict(E=E, H=H, I=I, k=k, bits=4, block_size=32, dtype=dt, normalize_routing_weights=1)
+    w, attrs = random_layer(np.random.default_rng(seed), **kw, shared=2, shared_gate=gate, router_gemm=True,
+                            router_bias=bias)
+    plain, attrs0 = random_layer(np.random.default_rng(seed), **kw)
+    assert attrs == attrs0
+    for n in plain:  # the [ext] tensors are drawn after the routed ones
+        np.testing.assert_array_equal(w[n], plain[n])
+    ext = {n: a for n, a in w.items() if n in EXT_INPUTS}
+    assert ext["shared_fc1_experts_weights"].shape == (2, 2 * I, H // 2) and ext["router_weight"].shape == (E, H)
+    assert ("shared_gate_weight" in ext) == gate and ("router_bias" in ext) == bias
+    a = QMoEAttributes.from_kwargs(**attrs)
+    spec = describe_extensions(ext, a, describe_layer(plain, a))
+    assert (spec.S, spec.gate, spec.router, spec.router_bias) == (2, gate, True, bias)
+    x, _, _ = random_inputs(rng, 5, H, E, dt)
+    full = reference(x, None, **w, **attrs)
+    # what the bench's routed / shared layers are given: the router GEMM's logits, so all variants route alike
+    lg = router_logits(x, ext["router_weight"], ext.get("router_bias"))
+    routed = reference(x, lg, **plain, **attrs)
+    sh = {n: a for n, a in ext.items() if n.startswith("shared_")}
+    np.testing.assert_array_equal(reference(x, lg, **plain, **sh, **attrs), full)
+    sw = {n.removeprefix("shared_"): a for n, a in sh.items() if n != "shared_gate_weight"}
+    part = shared_part(x.astype(np.float64), spec.shared, sw, a, ext.get("shared_gate_weight"))
+    assert np.abs(part).max() > 0.1
+    tol = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}[dt]
+    assert bench.rel_err(full, routed.astype(np.float64) + part) < tol  # full = routed + shared, one rounding
+    assert bench.rel_err(routed, full) > 10 * tol
+    assert np.isfinite(full.astype(np.float32)).all() and 0.1 < np.abs(full.astype(np.float32)).mean() < 10
+
+
+def test_random_layer_fp8_and_refusals(rng):
+    w, attrs = random_layer(rng, E=4, H=64, I=32, k=2, format="fp8_e4m3", block_size=0, router_gemm=True)
+    assert attrs["quant_type"] == "fp8" and w["fc1_global_scale"].shape == (4,) and "router_weight" in w
+    x, _, _ = random_inputs(rng, 3, 64, 4)
+    assert np.isfinite(reference(x, None, **w, **attrs).astype(np.float32)).all()
+    with pytest.raises(QMoEAttributeError, match="shared"):
+        random_layer(rng, E=4, H=64, I=32, format="fp8_e4m3", shared=1)
+
+
+# -- a whole run on the CPU ------------------------------------------------------------------------
+class _FakeExtQMoE:
+    """The executor's surface that bench uses, computed by the reference (extension inputs included)."""
+
+    decode_max_routes = 64
+
+    def __init__(self, **kw):
+        self.kw = kw
+
+    def path_for(self, rows):
+        return "decode" if rows * self.kw["k"] <= self.decode_max_routes else "prefill"
+
+    def __call__(self, x, logits, out=None):
+        out[...] = reference(x, logits, **self.kw)
+        return out
+
+    def capture(self, x, logits):
+        moe = self
+
+        class Graph:
+            output = np.empty_like(x)
+
+            def replay(self):
+                return moe(x, logits, out=self.output)
+
+        return Graph()
+
+
+def test_main_on_cpu_with_extensions_and_fp8(monkeypatch, tmp_path, capsys):
+    from test_bench import _fake_cupy
+
+    import qmoe_rtc.executor
+
+    cp = _fake_cupy()
+    cp.asarray = np.asarray
+    monkeypatch.setitem(sys.modules, "cupy", cp)
+    monkeypatch.setitem(sys.modules, "torch", None)
+    monkeypatch.setattr(qmoe_rtc.executor, "QMoE", _FakeExtQMoE)
+    monkeypatch.setattr(bench, "_d2d", lambda dst, src: np.copyto(dst, src))
+    monkeypatch.setattr(bench, "FLUSH_BYTES", 1 << 10)
+    monkeypatch.setattr(bench, "COPY_BYTES", 1 << 16)
+    monkeypatch.setattr(bench, "MATMUL_N", 32)
+    monkeypatch.setitem(bench.BENCH_SHAPES, "tiny-next", bench.Shape("tiny-next", 64, 32, 8, 2, block_size=32,
+                                                                     shared=1, shared_gate=True, router=True))
+    path = tmp_path / "b.json"
+    argv = ["--preset", "tiny-next", "--tokens", "1,3", "--bits", "8", "--bits", "fp8", "--bits", "fp8g",
+            "--dtype", "bfloat16", "--iters", "50", "--warmup", "1", "--json", str(path)]
+    assert bench.main(argv) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("tiny-next")]
+    assert len(rows) == 2 * 3 + 2 + 2, out  # int8: 3 variants x 2 T; fp8 and fp8g: routed only
+    assert sum(r.startswith("tiny-next/full ") for r in rows) == 2 and not any("ERR" in r or "FAIL" in r for r in rows)
+    assert out.count("  target full <= 1.15*(routed + ext bytes/copy): ") == 2 and "ratio " in out
+    assert "fp8 target tiny-next bfloat16 fp8 block 32: decode T=1" in out
+    assert "fp8 target tiny-next bfloat16 fp8 global: prefill T=4096 time fp8 <= 1.2x int8: not measured" in out
+    assert "[fp8: routed layer only" in out and "10 points, 0 failed; targets " in out
+    doc = json.loads(path.read_text())
+    pts = doc["points"]
+    assert {p["variant"] for p in pts} == {"routed", "shared", "full"} and all(p["rel_err"] == 0.0 for p in pts)
+    r, s, f = (next(p for p in pts if p["T"] == 3 and p["variant"] == v and p["bits"] == [8, 8])
+               for v in ("routed", "shared", "full"))
+    isz = 2
+    shared, router = bench.extension_bytes(bench.BENCH_SHAPES["tiny-next"], (8, 8), 32, False, isz, isz)
+    assert (shared, router) == (bench.expert_bytes(64, 32, (8, 8), 32, False, 2) + 64 * 2, 8 * 64 * 2)
+    assert r["unique_experts"] == s["unique_experts"] == f["unique_experts"]  # the same routing in every variant
+    assert s["floor_bytes"] == r["floor_bytes"] + shared and f["floor_bytes"] == r["floor_bytes"] + shared + router
+    assert f["flops"] == r["flops"] + bench.ext_flops(3, bench.BENCH_SHAPES["tiny-next"], "full")
+    assert f["target"]["ext_bytes"] == shared + router and f["target"]["routed_us"] == r["graph_us"]
+    assert f["tie_rows_skipped"] >= 0 and "tie_rows_skipped" not in r
+    g = next(p for p in pts if p["bits"] == ["fp8g", "fp8g"] and p["T"] == 1)
+    assert (g["quant"], g["block_size"], g["variant"]) == ("fp8", 0, "routed")
+    assert g["floor_bytes"] == g["unique_experts"] * (64 * 64 + 4 + 64 * 32 + 4) + 2 * 64 * 2 + 8 * 4
+    kinds = [t["kind"] for t in doc["targets"]]
+    assert kinds.count("ext") == 2 and kinds.count("fp8_decode") == 2 and kinds.count("fp8_prefill") == 2
+    assert doc["config"]["shapes"][0]["shared"] == 1 and doc["config"]["variants"] == ["routed", "shared", "full"]
