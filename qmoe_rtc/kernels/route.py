@@ -1,11 +1,22 @@
-"""Kernel family ``route``: softmax top-k routing (and the Phi-3.5 sparse mixer), one block per row.
+"""Kernel family ``route``: softmax top-k routing (and the Phi-3.5 sparse mixer), one block per row, with
+the shared experts [ext] as every row's last S slots (role ``route``); and the router GEMM [ext], the
+layer's own float32 logits (role ``logits``).
 
-Template ``cuda_src/routing/route.cuh``: ``qmoe::route_topk<LT, WT, HAS_RW, SPARSE>``. One module per
-activation dtype holds every logits / router-weights dtype combination (float32 or T).
+Templates: ``cuda_src/routing/route.cuh``: ``qmoe::route_topk<LT, WT, T, HAS_RW, SPARSE, GATE>``;
+``cuda_src/routing/router_gemm.cuh``: ``qmoe::router_logits_mma<T, MT, NT, U, KMAX>`` (router_weight in
+T: tensor cores), ``router_logits_gemv<T>`` and ``router_logits_tiled<T>`` (router_weight in float32).
+
+One module per activation dtype holds every logits / router-weights dtype combination (float32 or T).
+Two [ext] parameters, set from the :class:`~qmoe_rtc.specialize.ModelConfig` (not the layout, so
+``depends_on`` stays the dtype and a plain layer's module is the one it always was): ``gate`` (the
+shared experts have a sigmoid gate: the gated variants instead of the plain ones) and ``rgemm`` (the
+layer computes its logits: both router-GEMM weight dtypes, and routing variants that read the GEMM's
+float32 ``router_logits`` scratch instead of the call's ``logits``).
 """
 
 from __future__ import annotations
 
+from ..errors import QMoEUnsupportedError
 from ..jit import KernelDef, Launch, Ptr, Scalar
 from ..specialize import CPP_TYPES, ModuleSpec
 from .base import KernelFamily, Problem, Slot, register
@@ -13,18 +24,76 @@ from .base import KernelFamily, Problem, Slot, register
 THREADS = 128  # kRouteThreads
 MAX_EXPERTS = 512  # kRouteMaxExperts
 MAX_K = 32  # kRouteMaxK
+GEMM_HEADER = "routing/router_gemm.cuh"
+
+#: Router GEMM geometry (router_gemm.cuh). Tensor cores: (MT, NT, U, KMAX) = 16·MT experts × 8·NT rows
+#: per block, U steps of 32 k per round, at most KMAX K-split warps. The row switches are not measured.
+MMA_SMALL = (1, 2, 4, 16)  # rows <= MMA_SMALL_ROWS: 16 × 16 tiles, up to 16 warps over K
+MMA_LARGE = (2, 8, 2, 4)  # 32 × 64 tiles, up to 4 warps over K
+MMA_SMALL_ROWS = 256
+GEMV_TE, GEMV_RB, GEMV_MAX_WARPS = 4, 8, 16  # kRgTE, kRgRB, kRgMaxWarps
+GEMV_ROWS = 64  # float32 router_weight: the gemv kernel up to here, the tiled one above
+TILE, TILE_THREADS = 64, 256  # kRgTile, kRgTileThreads
+TARGET_WARPS = 2048  # K splits grow until the grid has about this many warps (16 per SM of an H200)
+MAX_GRID_Y = 65535
 
 
-def kernel_key(logits_dtype: str, rw_dtype: str | None, sparse: bool) -> str:
-    if sparse:
-        return f"sparse_{logits_dtype}"
-    return f"topk_{logits_dtype}" + (f"_rw_{rw_dtype}" if rw_dtype else "")
+def kernel_key(logits_dtype: str, rw_dtype: str | None, sparse: bool, gate: bool = False) -> str:
+    """Routing kernel key; ``logits_dtype`` "gemm": reads the router GEMM's float32 ``router_logits``."""
+    key = f"sparse_{logits_dtype}" if sparse else f"topk_{logits_dtype}" + (f"_rw_{rw_dtype}" if rw_dtype else "")
+    return key + ("_gate" if gate else "")
 
 
-def _args(lt: str, wt: str) -> tuple:
-    return (Ptr("logits", lt), Ptr("router_weights", wt, nullable=True), Scalar("rows", "int32"),
-            Scalar("E", "int32"), Scalar("k", "int32"), Scalar("normalize", "int32"),
-            Ptr("topk_ids", "int32"), Ptr("topk_w", "float32"))
+def logits_key(weight_dtype: str, kind: str) -> str:
+    """Router GEMM kernel key: ``kind`` "gemv" / "tiled" (float32 weight), "mma" / "mma_tiled" (T)."""
+    return f"logits_{weight_dtype}_{kind}"
+
+
+def _route_args(lt: str, wt: str, t: str, gemm: bool) -> tuple:
+    return (Ptr("router_logits" if gemm else "logits", lt), Ptr("router_weights", wt, nullable=True),
+            Scalar("rows", "int32"), Scalar("E_routed", "int32"), Scalar("k_routed", "int32"), Scalar("S", "int32"),
+            Scalar("H", "int32"), Scalar("normalize", "int32"), Ptr("x", t, nullable=True),
+            Ptr("shared_gate_weight", "float32", nullable=True), Ptr("topk_ids", "int32"), Ptr("topk_w", "float32"))
+
+
+def _gemm_args(t: str, wt: str) -> tuple:
+    return (Ptr("x", t), Ptr("router_weight", wt), Ptr("router_bias", "float32", nullable=True),
+            Scalar("rows", "int32"), Scalar("E_routed", "int32"), Scalar("H", "int32"), Ptr("router_logits", "float32"))
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _k_split(blocks: int, work: int, most: int) -> int:
+    """Warps per block over K: doubled while the grid stays under TARGET_WARPS and each warp keeps work."""
+    kw = 1
+    while kw * 2 <= most and blocks * kw * 2 <= TARGET_WARPS and kw * 2 <= work:
+        kw *= 2
+    return kw
+
+
+def logits_kind(problem: Problem) -> str:
+    """Which router GEMM kernel runs ``problem`` (``problem.router_gemm``: the weight dtype)."""
+    if problem.router_gemm == "float32":
+        return "gemv" if problem.rows <= GEMV_ROWS else "tiled"
+    return "mma" if problem.rows <= MMA_SMALL_ROWS else "mma_tiled"
+
+
+def logits_geometry(problem: Problem, kind: str | None = None) -> tuple[str, Launch]:
+    """(kind, launch) of the router GEMM for ``problem``; ``kind`` forces one (tests)."""
+    kind = kind or logits_kind(problem)
+    rows, E, H = problem.rows, problem.E, problem.H
+    if kind == "gemv":
+        gx, gy = _cdiv(E, GEMV_TE), _cdiv(rows, GEMV_RB)
+        kw = _k_split(gx * gy, _cdiv(_cdiv(H, 8), 32), GEMV_MAX_WARPS)
+        return kind, Launch((gx, gy, 1), (32 * kw, 1, 1), 0)
+    if kind == "tiled":
+        return kind, Launch((_cdiv(E, TILE), _cdiv(rows, TILE), 1), (TILE_THREADS, 1, 1), 0)
+    mt, nt, u, most = MMA_SMALL if kind == "mma" else MMA_LARGE
+    gx, gy = _cdiv(E, 16 * mt), _cdiv(rows, 8 * nt)
+    kw = _k_split(gx * gy, _cdiv(_cdiv(H, 32), u), most)
+    return kind, Launch((gx, gy, 1), (32 * kw, 1, 1), (kw - 1) * mt * nt * 4 * 32 * 4)
 
 
 @register
@@ -33,16 +102,46 @@ class RouteFamily(KernelFamily):
     header = "routing/route.cuh"
     depends_on = ("dtype",)
 
+    def spec(self, config) -> ModuleSpec:
+        layout = getattr(config, "layout", config)
+        ext = {}
+        if getattr(config, "shared_gate", False):
+            ext["gate"] = 1
+        if getattr(config, "router_gemm", ""):
+            ext["rgemm"] = 1
+        return ModuleSpec.make(self.name, dtype=layout.dtype, **ext)
+
+    def source(self, spec: ModuleSpec) -> str:
+        src = super().source(spec)
+        if spec.get("rgemm"):
+            src = src.replace(f'#include "{self.header}"\n', f'#include "{self.header}"\n#include "{GEMM_HEADER}"\n')
+        return src
+
     def kernels(self, spec: ModuleSpec) -> tuple[KernelDef, ...]:
-        dts = ["float32"] if spec["dtype"] == "float32" else ["float32", spec["dtype"]]
+        T = spec["dtype"]
+        dts = ["float32"] if T == "float32" else ["float32", T]
+        gate, rgemm = bool(spec.get("gate")), bool(spec.get("rgemm"))
+        g = "true" if gate else "false"
+        CT = CPP_TYPES[T]
         out = []
-        for lt in dts:
-            L = CPP_TYPES[lt]
+        for lt in ["gemm"] if rgemm else dts:  # "gemm": the router GEMM's float32 logits
+            ltype = "float32" if lt == "gemm" else lt
+            L = CPP_TYPES[ltype]
             for rw in [None, *dts]:
                 flag = "true" if rw else "false"
-                out.append(KernelDef(kernel_key(lt, rw, False), f"qmoe::route_topk<{L}, {CPP_TYPES[rw or lt]}, {flag}, false>",
-                                     _args(lt, rw or lt)))
-            out.append(KernelDef(kernel_key(lt, None, True), f"qmoe::route_topk<{L}, {L}, false, true>", _args(lt, lt)))
+                out.append(KernelDef(kernel_key(lt, rw, False, gate),
+                                     f"qmoe::route_topk<{L}, {CPP_TYPES[rw or ltype]}, {CT}, {flag}, false, {g}>",
+                                     _route_args(ltype, rw or ltype, T, rgemm)))
+            out.append(KernelDef(kernel_key(lt, None, True, gate), f"qmoe::route_topk<{L}, {L}, {CT}, false, true, {g}>",
+                                 _route_args(ltype, ltype, T, rgemm)))
+        if rgemm:
+            out += [KernelDef(logits_key("float32", "gemv"), f"qmoe::router_logits_gemv<{CT}>", _gemm_args(T, "float32")),
+                    KernelDef(logits_key("float32", "tiled"), f"qmoe::router_logits_tiled<{CT}>",
+                              _gemm_args(T, "float32"))]
+            if T != "float32":
+                for kind, cfg in (("mma", MMA_SMALL), ("mma_tiled", MMA_LARGE)):
+                    out.append(KernelDef(logits_key(T, kind), f"qmoe::router_logits_mma<{CT}, {', '.join(map(str, cfg))}>",
+                                         _gemm_args(T, T)))
         return tuple(out)
 
     def supports(self, config, problem: Problem | None = None) -> str | None:
@@ -50,14 +149,36 @@ class RouteFamily(KernelFamily):
             return f"{config.experts} experts (routing handles at most {MAX_EXPERTS})"
         if config.k > MAX_K:
             return f"k = {config.k} (routing handles at most {MAX_K})"
+        rg = getattr(config, "router_gemm", "")
+        if rg and rg not in ("float32", config.layout.dtype):
+            return (f"router_weight in {rg} with {config.layout.dtype} activations (the router GEMM takes float32 "
+                    "or the activation dtype)")
+        if rg and problem is not None and _cdiv(problem.rows, TILE) > MAX_GRID_Y:
+            return f"{problem.rows} rows (the router GEMM's grid holds at most {MAX_GRID_Y * TILE})"
         return None
 
     def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem) -> str:
-        return kernel_key(problem.router_dtype, problem.router_weights_dtype, problem.sparse)
+        gate, rgemm = bool(spec.get("gate")), bool(spec.get("rgemm"))
+        if role == "logits":
+            if not rgemm or not problem.router_gemm:
+                raise QMoEUnsupportedError(f"module {spec.name} has no router GEMM for this problem (router_gemm "
+                                           f"{problem.router_gemm!r}): make the spec from a config with router_gemm")
+            return logits_key(problem.router_gemm, logits_kind(problem))
+        if gate != bool(problem.shared_gate) or rgemm != bool(problem.router_gemm):
+            raise QMoEUnsupportedError(f"module {spec.name} was made for shared_gate={gate}, router GEMM={rgemm}; the "
+                                       f"problem has shared_gate={problem.shared_gate}, "
+                                       f"router_gemm={problem.router_gemm!r}")
+        lt = "gemm" if rgemm else problem.router_dtype
+        return kernel_key(lt, problem.router_weights_dtype, problem.sparse, gate)
 
     def launch(self, spec: ModuleSpec, role: str, problem: Problem) -> Launch:
+        if role == "logits":
+            return logits_geometry(problem)[1]
         return Launch((problem.rows, 1, 1), (THREADS, 1, 1), 0)
 
     def scratch(self, spec: ModuleSpec, role: str, problem: Problem) -> dict[str, Slot]:
-        R = problem.routes
-        return {"topk_ids": Slot(4 * R), "topk_w": Slot(4 * R)}  # [R] i32, [R] f32
+        logits = {"router_logits": Slot(4 * problem.rows * problem.E)} if problem.router_gemm else {}  # [rows, E] f32
+        if role == "logits":
+            return logits
+        R = problem.routes  # rows·(k + S)
+        return {"topk_ids": Slot(4 * R), "topk_w": Slot(4 * R), **logits}  # [R] i32, [R] f32

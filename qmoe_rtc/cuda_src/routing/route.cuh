@@ -1,15 +1,22 @@
-// routing/route.cuh: softmax top-k routing, one 128-thread block per token row (docs/contract.md, "Routing").
+// routing/route.cuh: softmax top-k routing, one 128-thread block per token row (docs/contract.md, "Routing"),
+// then the shared experts [ext] as the row's last S slots ("Shared experts").
 //
-//   logits          [rows, E]  LT (float or T)       -- router_probs are logits
-//   router_weights  [rows, E]  WT, optional          -- mixing weights gathered at the chosen experts
-//   topk_ids        [rows, k]  i32   (out)           -- route r = row*k + slot
-//   topk_w          [rows, k]  f32   (out)
+//   logits              [rows, E]  LT (float or T)   -- router_probs are logits (or the router GEMM's, f32)
+//   router_weights      [rows, E]  WT, optional      -- mixing weights gathered at the chosen experts
+//   x                   [rows, H]  T, GATE only      -- the layer input
+//   shared_gate_weight  [H]        f32, GATE only    -- shared weight = sigmoid(x[row] · g)
+//   topk_ids            [rows, k + S]  i32 (out)     -- route r = row*(k + S) + slot
+//   topk_w              [rows, k + S]  f32 (out)
 //
-// Selection by rank: expert e's rank is the number of experts ordered before it (a larger total-order
-// key on the float32 bits, -0 < +0 and +NaN above +inf; equal keys: the lower index first). Every
-// rank is computed independently against the keys in shared memory (no serial pick loop); experts
-// with rank < k land in slot = rank. Softmax and sums in float32; sums over the k picks are taken
-// in slot order (deterministic). E <= kRouteMaxExperts.
+// E and k are the routed experts and top-k. Slots 0..k-1: the routed picks. Selection by rank: expert
+// e's rank is the number of experts ordered before it (a larger total-order key on the float32 bits,
+// -0 < +0 and +NaN above +inf; equal keys: the lower index first). Every rank is computed
+// independently against the keys in shared memory (no serial pick loop); experts with rank < k land in
+// slot = rank. Softmax and sums in float32; sums over the k picks are taken in slot order
+// (deterministic). E <= kRouteMaxExperts, k <= kRouteMaxK.
+// Slots k..k+S-1: shared expert s has id E + s and weight 1, or with GATE sigmoid(d) = 1/(1 + e^-d),
+// d = x[row] · g in float32: thread t sums the 8-element chunks t, t + 128, ... in order, then the fixed
+// block reduction (the same sum whatever the alignment: vector and scalar loads feed the same FMAs).
 #pragma once
 
 #include "core/reduce.cuh"
@@ -27,10 +34,36 @@ __device__ __forceinline__ u32 order_key(float v) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-template <typename LT, typename WT, bool HAS_RW, bool SPARSE>
+// sigmoid(x[row] · g) over H in float32 (every thread gets it). Contains __syncthreads().
+template <typename T>
+__device__ __forceinline__ float shared_gate(const T* __restrict__ xr, const float* __restrict__ g, i32 H, float* red) {
+  const bool vec = (H & 7) == 0 && is_aligned(xr, 16) && is_aligned(g, 16);
+  float d = 0.0f;
+  for (i32 c = threadIdx.x * 8; c < H; c += kRouteThreads * 8) {
+    float xv[8], gv[8];
+    if (vec) {
+      load8_f32<T, true>(xr + c, xv);
+      load8_f32<float, true>(g + c, gv);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        xv[i] = c + i < H ? Traits<T>::to_float(xr[c + i]) : 0.0f;
+        gv[i] = c + i < H ? g[c + i] : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) d = fmaf(xv[i], gv[i], d);
+  }
+  d = block_sum<kRouteThreads>(d, red);
+  return 1.0f / (1.0f + expf(-d));
+}
+
+// LT: logits, WT: router_weights, T: x (the activation dtype); GATE: shared slots get the sigmoid gate.
+template <typename LT, typename WT, typename T, bool HAS_RW, bool SPARSE, bool GATE>
 __global__ void __launch_bounds__(kRouteThreads)
-route_topk(const LT* __restrict__ logits, const WT* __restrict__ router_weights, i32 rows, i32 E, i32 k,
-           i32 normalize, i32* __restrict__ topk_ids, float* __restrict__ topk_w) {
+route_topk(const LT* __restrict__ logits, const WT* __restrict__ router_weights, i32 rows, i32 E, i32 k, i32 S,
+           i32 H, i32 normalize, const T* __restrict__ x, const float* __restrict__ shared_gate_weight,
+           i32* __restrict__ topk_ids, float* __restrict__ topk_w) {
   __shared__ __align__(16) u32 keys[kRouteMaxExperts];
   __shared__ float vals[kRouteMaxExperts];
   __shared__ float red[kRouteThreads / 32];
@@ -38,7 +71,15 @@ route_topk(const LT* __restrict__ logits, const WT* __restrict__ router_weights,
   __shared__ float sel_w[kRouteMaxK];
   const i64 row = blockIdx.x;
   const int tid = threadIdx.x;
+  const i64 out0 = row * (k + S);  // the row's first route
   const LT* l = logits + row * E;
+
+  float gate = 1.0f;
+  if constexpr (GATE) gate = shared_gate<T>(x + row * H, shared_gate_weight, H, red);
+  for (i32 s = tid; s < S; s += kRouteThreads) {  // shared experts: the row's last S slots
+    topk_ids[out0 + k + s] = E + s;
+    topk_w[out0 + k + s] = gate;
+  }
 
   float v[kRoutePerThread];
   float m = __int_as_float(0xff800000);  // -inf
@@ -99,10 +140,10 @@ route_topk(const LT* __restrict__ logits, const WT* __restrict__ router_weights,
     s1 = block_sum<kRouteThreads>(s1, red);
     s2 = block_sum<kRouteThreads>(s2, red);
     if (tid == 0) {
-      topk_ids[row * 2] = e1;
-      topk_ids[row * 2 + 1] = e2;
-      topk_w[row * 2] = 1.0f / s1;
-      topk_w[row * 2 + 1] = 1.0f / s2;
+      topk_ids[out0] = e1;
+      topk_ids[out0 + 1] = e2;
+      topk_w[out0] = 1.0f / s1;
+      topk_w[out0 + 1] = 1.0f / s2;
     }
   } else {
     float denom = 0.0f;
@@ -129,8 +170,8 @@ route_topk(const LT* __restrict__ logits, const WT* __restrict__ router_weights,
         for (i32 t = 0; t < k; ++t) s += sel_w[t];  // slot order: the same sum in every thread
         w = s != 0.0f ? w / s : 0.0f;
       }
-      topk_ids[row * k + tid] = sel_id[tid];
-      topk_w[row * k + tid] = w;
+      topk_ids[out0 + tid] = sel_id[tid];
+      topk_w[out0 + tid] = w;
     }
   }
 }
