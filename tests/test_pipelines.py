@@ -26,6 +26,13 @@ CONFIGS = [
                 layout=L(dtype="float32", fc1_bits=3, fc2_bits=4, block_size=0, activation="geglu", swiglu_fusion=2,
                          fc2_zp="offset")),
     ModelConfig(hidden=100, inter=36, experts=8, k=2, layout=L(dtype="float16", fc1_bits=4, fc2_bits=4, activation="relu")),
+    # [ext] shared experts with the gate and the router GEMM; shared only; router GEMM in float32 on float32
+    ModelConfig(hidden=2048, inter=512, experts=512, k=10, shared=1, shared_gate=True, router_gemm="bfloat16",
+                layout=L(dtype="bfloat16", fc1_bits=4, fc2_bits=4, block_size=128, activation="swiglu", swiglu_fusion=1)),
+    ModelConfig(hidden=256, inter=128, experts=8, k=2, shared=2,
+                layout=L(dtype="float16", fc1_bits=8, fc2_bits=8, activation="gelu", fc1_zp="packed", fc2_zp="packed")),
+    ModelConfig(hidden=256, inter=128, experts=16, k=4, router_gemm="float32",
+                layout=L(dtype="float32", fc1_bits=4, fc2_bits=4, activation="silu")),
 ]
 ROWS = (1, 7, 64, 1000)
 LAYER_SCALARS = set(problem_scalars(Problem(rows=1, E=8, H=64, I=32, k=2, dtype="float16")))
@@ -40,7 +47,8 @@ def _table():
 @pytest.mark.parametrize("rows", ROWS)
 def test_every_kernel_argument_is_bound_by_name(cfg, rows):
     table = set(_table())
-    problem = Problem(rows=rows, E=cfg.experts, H=cfg.hidden, I=cfg.inter, k=cfg.k, dtype=cfg.layout.dtype)
+    problem = Problem(rows=rows, E=cfg.experts, H=cfg.hidden, I=cfg.inter, k=cfg.k, dtype=cfg.layout.dtype,
+                      shared=cfg.shared, shared_gate=cfg.shared_gate, router_gemm=cfg.router_gemm)
     ran = 0
     for pipeline in PIPELINES:
         if any(get_family(f).supports(cfg, problem) for f in pipeline.families):
