@@ -33,6 +33,9 @@ CONFIGS = [
                 layout=L(dtype="float16", fc1_bits=8, fc2_bits=8, activation="gelu", fc1_zp="packed", fc2_zp="packed")),
     ModelConfig(hidden=256, inter=128, experts=16, k=4, router_gemm="float32",
                 layout=L(dtype="float32", fc1_bits=4, fc2_bits=4, activation="silu")),
+    # [ext] an expert slice (4 of 16 experts held) with a shared expert and the router GEMM
+    ModelConfig(hidden=256, inter=128, experts=4, k=6, all_experts=16, shared=1, router_gemm="float16",
+                layout=L(dtype="float16", fc1_bits=4, fc2_bits=4, block_size=64, activation="swiglu", swiglu_fusion=1)),
 ]
 ROWS = (1, 7, 64, 1000)
 LAYER_SCALARS = set(problem_scalars(Problem(rows=1, E=8, H=64, I=32, k=2, dtype="float16")))
@@ -48,7 +51,8 @@ def _table():
 def test_every_kernel_argument_is_bound_by_name(cfg, rows):
     table = set(_table())
     problem = Problem(rows=rows, E=cfg.experts, H=cfg.hidden, I=cfg.inter, k=cfg.k, dtype=cfg.layout.dtype,
-                      shared=cfg.shared, shared_gate=cfg.shared_gate, router_gemm=cfg.router_gemm)
+                      shared=cfg.shared, shared_gate=cfg.shared_gate, router_gemm=cfg.router_gemm,
+                      all_experts=cfg.all_experts)
     ran = 0
     for pipeline in PIPELINES:
         if any(get_family(f).supports(cfg, problem) for f in pipeline.families):

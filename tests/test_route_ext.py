@@ -17,10 +17,10 @@ from qmoe_rtc.runtime.plan import PER_CALL, problem_scalars
 from qmoe_rtc.specialize import Layout, ModelConfig
 
 FAM = get_family("route")
-ROUTE_ARGS = ("logits", "router_weights", "rows", "E_routed", "k_routed", "S", "H", "normalize", "x",
-              "shared_gate_weight", "topk_ids", "topk_w")
-GEMM_ARGS = ("x", "router_weight", "router_bias", "rows", "E_routed", "H", "router_logits")
-EXT_TABLE = {"shared_gate_weight", "router_weight", "router_bias"}  # what the executor's table adds [ext]
+ROUTE_ARGS = ("logits", "router_weights", "rows", "E_logits", "k_routed", "S", "H", "normalize", "x",
+              "shared_gate_weight", "E_routed", "expert_map", "topk_ids", "topk_w")
+GEMM_ARGS = ("x", "router_weight", "router_bias", "rows", "E_logits", "H", "router_logits")
+EXT_TABLE = {"shared_gate_weight", "router_weight", "router_bias", "expert_map"}  # what the executor's table adds [ext]
 
 
 def cdiv(a: int, b: int) -> int:

@@ -16,6 +16,7 @@ from qmoe_rtc.attributes import QMoEAttributes
 from qmoe_rtc.kernels import Problem, get_family
 from qmoe_rtc.kernels import route as rt
 from qmoe_rtc.reference import route as reference_route
+from qmoe_rtc.runtime.plan import problem_scalars
 from qmoe_rtc.specialize import ModuleSpec
 
 pytestmark = pytest.mark.gpu
@@ -59,7 +60,7 @@ def step(mod, spec, role: str, p: Problem, kind: str | None = None, **arrays):
     else:
         key, launch = FAM.kernel_for(spec, role, p), FAM.launch(spec, role, p)
     kern = mod[key]
-    values = dict(rows=p.rows, E_routed=p.E, k_routed=p.k, S=p.shared, H=p.H, **dict(launch.args), **arrays)
+    values = dict(problem_scalars(p), **dict(launch.args), **arrays)
     kern(launch.grid, launch.block, [values.get(n) for n in kern.kdef.arg_names()], shared_mem=launch.shared_mem)
 
 

@@ -28,7 +28,9 @@ class Problem:
     writes ``slots`` = k + S routes per token (slots k..k+S-1 are the shared experts, ids E..E+S-1,
     weight 1 or the sigmoid gate), so the expert engines see ``experts`` = E + S experts and
     ``routes`` = rows·(k + S) routes. ``router_gemm``: the dtype of ``router_weight`` when the layer
-    computes its logits from the input [ext] ('' when the call passes them).
+    computes its logits from the input [ext] ('' when the call passes them). ``all_experts``: with an
+    expert slice [ext] the layer holds E of the whole layer's ``all_experts`` experts; routing picks
+    from all of them and writes -1 for a route to an expert not held, which the engines skip.
     """
 
     rows: int
@@ -44,6 +46,12 @@ class Problem:
     shared: int = 0  # S shared experts [ext]
     shared_gate: bool = False  # their sum is scaled by sigmoid(x·shared_gate_weight)
     router_gemm: str = ""  # router_weight's dtype when the layer computes the logits ('' : passed in)
+    all_experts: int = 0  # expert slices [ext]: the whole layer's E, which routing picks from (0: E)
+
+    @property
+    def logit_count(self) -> int:
+        """Router logits per token: the whole layer's experts (a slice holds E of them)."""
+        return self.all_experts or self.E
 
     @property
     def slots(self) -> int:

@@ -51,14 +51,15 @@ def logits_key(weight_dtype: str, kind: str) -> str:
 
 def _route_args(lt: str, wt: str, t: str, gemm: bool) -> tuple:
     return (Ptr("router_logits" if gemm else "logits", lt), Ptr("router_weights", wt, nullable=True),
-            Scalar("rows", "int32"), Scalar("E_routed", "int32"), Scalar("k_routed", "int32"), Scalar("S", "int32"),
+            Scalar("rows", "int32"), Scalar("E_logits", "int32"), Scalar("k_routed", "int32"), Scalar("S", "int32"),
             Scalar("H", "int32"), Scalar("normalize", "int32"), Ptr("x", t, nullable=True),
-            Ptr("shared_gate_weight", "float32", nullable=True), Ptr("topk_ids", "int32"), Ptr("topk_w", "float32"))
+            Ptr("shared_gate_weight", "float32", nullable=True), Scalar("E_routed", "int32"),
+            Ptr("expert_map", "int32", nullable=True), Ptr("topk_ids", "int32"), Ptr("topk_w", "float32"))
 
 
 def _gemm_args(t: str, wt: str) -> tuple:
     return (Ptr("x", t), Ptr("router_weight", wt), Ptr("router_bias", "float32", nullable=True),
-            Scalar("rows", "int32"), Scalar("E_routed", "int32"), Scalar("H", "int32"), Ptr("router_logits", "float32"))
+            Scalar("rows", "int32"), Scalar("E_logits", "int32"), Scalar("H", "int32"), Ptr("router_logits", "float32"))
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -83,7 +84,7 @@ def logits_kind(problem: Problem) -> str:
 def logits_geometry(problem: Problem, kind: str | None = None) -> tuple[str, Launch]:
     """(kind, launch) of the router GEMM for ``problem``; ``kind`` forces one (tests)."""
     kind = kind or logits_kind(problem)
-    rows, E, H = problem.rows, problem.E, problem.H
+    rows, E, H = problem.rows, problem.logit_count, problem.H
     if kind == "gemv":
         gx, gy = _cdiv(E, GEMV_TE), _cdiv(rows, GEMV_RB)
         kw = _k_split(gx * gy, _cdiv(_cdiv(H, 8), 32), GEMV_MAX_WARPS)
@@ -145,8 +146,9 @@ class RouteFamily(KernelFamily):
         return tuple(out)
 
     def supports(self, config, problem: Problem | None = None) -> str | None:
-        if config.experts > MAX_EXPERTS:
-            return f"{config.experts} experts (routing handles at most {MAX_EXPERTS})"
+        E = config.all_experts or config.experts  # routing sees all of a slice's layer [ext]
+        if E > MAX_EXPERTS:
+            return f"{E} experts (routing handles at most {MAX_EXPERTS})"
         if config.k > MAX_K:
             return f"k = {config.k} (routing handles at most {MAX_K})"
         rg = getattr(config, "router_gemm", "")
@@ -177,7 +179,7 @@ class RouteFamily(KernelFamily):
         return Launch((problem.rows, 1, 1), (THREADS, 1, 1), 0)
 
     def scratch(self, spec: ModuleSpec, role: str, problem: Problem) -> dict[str, Slot]:
-        logits = {"router_logits": Slot(4 * problem.rows * problem.E)} if problem.router_gemm else {}  # [rows, E] f32
+        logits = {"router_logits": Slot(4 * problem.rows * problem.logit_count)} if problem.router_gemm else {}  # [rows, E] f32
         if role == "logits":
             return logits
         R = problem.routes  # rows·(k + S)

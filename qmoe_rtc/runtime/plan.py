@@ -25,8 +25,10 @@ PER_CALL = ("x", "logits", "router_weights", "out")
 
 def problem_scalars(p: Problem) -> dict:
     """The problem sizes every kernel may take by name. The expert engines see E + S experts and
-    k + S routes per token (shared experts [ext] are routes); routing takes the routed E and k."""
-    return dict(rows=p.rows, R=p.routes, E=p.experts, H=p.H, I=p.I, k=p.slots, E_routed=p.E, k_routed=p.k, S=p.shared)
+    k + S routes per token (shared experts [ext] are routes); routing takes the routed E and k, and
+    the router logits per token (the whole layer's E, for an expert slice [ext])."""
+    return dict(rows=p.rows, R=p.routes, E=p.experts, H=p.H, I=p.I, k=p.slots, E_routed=p.E, k_routed=p.k, S=p.shared,
+                E_logits=p.logit_count)
 
 
 @dataclass(frozen=True)

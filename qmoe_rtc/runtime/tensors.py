@@ -40,7 +40,9 @@ def upload_projections(cp, w: dict, layer, device_id: int, scale_dtype: str | No
 
     Scales share one dtype (float32 when the projections disagree; ``scale_dtype`` when given: the
     shared experts take the routed ones'); weights not 16-byte aligned are copied once (the kernels
-    read them with 16-byte loads); biases become float32.
+    read them with 16-byte loads); biases become float32. FP8 projections hold e4m3fn codes [E, N, K]
+    (uint8) and their scales are ``fc*_global_scale`` [E] (block_size 0) or the square blocks in
+    ``fc*_scales`` (:attr:`~qmoe_rtc.contract.ProjectionSpec.scale_input`).
     """
     scale_dtype = scale_dtype or layer_scale_dtype(layer)
     if len({p.scale_dtype for p in layer.projections()}) > 1:
@@ -52,14 +54,14 @@ def upload_projections(cp, w: dict, layer, device_id: int, scale_dtype: str | No
             if wt.data.ptr % 16:
                 log.info("qmoe_rtc: %s_experts_weights is not 16-byte aligned; copied once", p.name)
                 wt = wt.copy()
-            s = w[f"{p.name}_scales"]
+            s = w[p.scale_input]
             if dtype_name(s) != scale_dtype:
                 s = s.astype(cp.float32)
             b = w.get(f"{p.name}_experts_bias")
             z = w.get(f"{p.name}_zero_points")
             proj[p.name] = (
                 wt,  # [E, N, ceil(K·b/8)] u8
-                _word_readable(cp, cp.ascontiguousarray(s), f"{p.name}_scales"),  # [E, N] / [E, N, nb]
+                _word_readable(cp, cp.ascontiguousarray(s), p.scale_input),  # [E, N] / [E, N, nb]; FP8 [E] / blocks
                 None if z is None else _word_readable(cp, z, f"{p.name}_zero_points"),  # packed u8
                 None if b is None else cp.ascontiguousarray(b.astype(cp.float32)),  # [E, N] f32
             )
@@ -79,7 +81,10 @@ def upload_extras(cp, w: dict, device_id: int) -> dict:
         for name, f32 in EXTRA_TENSORS.items():
             a = w.get(name)
             if a is not None:
-                out[name] = cp.ascontiguousarray(a.astype(cp.float32) if f32 else a)
+                a = cp.ascontiguousarray(a.astype(cp.float32) if f32 else a)
+                if a.data.ptr % 16:  # the router GEMM reads router_weight rows with 16-byte loads
+                    a = a.copy()
+                out[name] = a
     return out
 
 
@@ -94,7 +99,7 @@ def layer_table(proj: dict, attrs, shared: dict | None = None, extras: dict | No
     for p in ("fc1", "fc2"):
         w, s, z, b = (shared or {}).get(p) or (None,) * 4
         t.update({f"shared_{p}_w": w, f"shared_{p}_scales": s, f"shared_{p}_zp": z, f"shared_{p}_bias": b})
-    t.update({n: (extras or {}).get(n) for n in EXTRA_TENSORS})
+    t.update({n: (extras or {}).get(n) for n in (*EXTRA_TENSORS, "expert_map")})  # expert_map: slices [ext]
     t.update(zp_offset=float(attrs.zero_point_offset or 0.0), alpha=float(attrs.activation_alpha),
              beta=float(attrs.activation_beta), limit=float(attrs.swiglu_limit),
              limit_after=int(attrs.swiglu_limit_after_activation), normalize=int(attrs.normalize_routing_weights))

@@ -33,7 +33,9 @@ class Layout:
     """Everything about one QMoE layer that shapes generated code.
 
     ``scale_dtype=""`` means "same as ``dtype``" and is normalised, so equal layouts compare equal.
-    ``fc3_bits`` / ``fc3_zp`` must be 0 / 'none' unless ``has_fc3``. ``aligned``: every packed row is
+    ``fc3_bits`` / ``fc3_zp`` must be 0 / 'none' unless ``has_fc3``. A projection with zero-point
+    mode 'fp8' holds float8 e4m3fn codes: 8 bits, and its square scale blocks may be partial (no
+    divisibility rule, see :class:`ModelConfig`). ``aligned``: every packed row is
     whole 32-code chunks (H and I multiples of 32), which lets kernels use 16-byte loads;
     :class:`ModelConfig` derives it from the shapes.
     """
@@ -61,6 +63,8 @@ class Layout:
         _check("fc2_bits", self.fc2_bits, BITS)
         for p in ("fc1_zp", "fc2_zp", "fc3_zp"):
             _check(p, getattr(self, p), ZP_MODES)
+            if getattr(self, p) == "fp8":
+                _check(f"{p[:3]}_bits", getattr(self, f"{p[:3]}_bits"), (8,), f"8 ({p}='fp8': e4m3fn codes are bytes)")
         for b in ("has_fc3", "aligned"):
             if type(getattr(self, b)) is not bool:
                 raise QMoEAttributeError(b, "a bool", repr(getattr(self, b)))
@@ -121,7 +125,7 @@ class Layout:
         return tuple(f.name for f in fields(cls))
 
 
-_ZP_LETTER = {"none": "N", "packed": "P", "offset": "O"}
+_ZP_LETTER = {"none": "N", "packed": "P", "offset": "O", "fp8": "F"}
 _NAME_FORMS = {
     "bits": lambda v: f"b{v}",
     "block_size": lambda v: f"bs{v}",
@@ -203,7 +207,13 @@ class ModuleSpec:
 @dataclass(frozen=True)
 class ModelConfig:
     """A model's MoE layer: shapes plus its :class:`Layout` (presets and the executor build these).
-    The layout's ``aligned`` is derived from the shapes here."""
+    The layout's ``aligned`` is derived from the shapes here.
+
+    [ext] ``shared``: S shared experts in the routed layout (same intermediate size), run as S more
+    routes per token; ``shared_gate``: their sum is scaled by sigmoid(x·g); ``router_gemm``: the
+    dtype of ``router_weight`` when the layer computes its logits ('' : the call passes them);
+    ``all_experts``: an expert slice [ext] holds ``experts`` of this many (0: not a slice).
+    """
 
     hidden: int
     inter: int
@@ -213,20 +223,32 @@ class ModelConfig:
     use_sparse_mixer: bool = False
     normalize_routing_weights: bool = True
     name: str = ""
+    shared: int = 0
+    shared_gate: bool = False
+    router_gemm: str = ""
+    all_experts: int = 0
 
     def __post_init__(self) -> None:
         for f in ("hidden", "inter", "experts", "k"):
             v = getattr(self, f)
             if not (type(v) is int and v >= 1):
                 raise QMoEAttributeError(f, "a positive int", repr(v))
-        if self.k > self.experts:
-            raise QMoEAttributeError("k", f"<= experts ({self.experts})", repr(self.k))
+        if not (type(self.shared) is int and self.shared >= 0):
+            raise QMoEAttributeError("shared", "a non-negative int", repr(self.shared))
+        if self.shared_gate and not self.shared:
+            raise QMoEAttributeError("shared_gate", "False without shared experts", repr(self.shared_gate))
+        _check("router_gemm", self.router_gemm, ("", *DTYPES), f"'' or one of {list(DTYPES)}")
+        if not (type(self.all_experts) is int and (self.all_experts == 0 or self.all_experts >= self.experts)):
+            raise QMoEAttributeError("all_experts", f"0 or at least experts ({self.experts})", repr(self.all_experts))
+        if self.k > (self.all_experts or self.experts):
+            raise QMoEAttributeError("k", f"<= experts ({self.all_experts or self.experts})", repr(self.k))
         if self.use_sparse_mixer and self.k != 2:
             raise QMoEAttributeError("k", "2 with use_sparse_mixer", repr(self.k))
-        bs = self.layout.block_size
-        if bs:
-            for what, K in (("hidden", self.hidden), ("inter", self.inter)):
-                if K % bs:
+        bs, lay = self.layout.block_size, self.layout
+        if bs:  # FP8's square blocks may be partial: no rule for its projections
+            for p in lay.projections:
+                what, K = ("inter", self.inter) if p == "fc2" else ("hidden", self.hidden)
+                if K % bs and lay.zp(p) != "fp8":
                     raise QMoEAttributeError("block_size", f"a divisor of {what}={K}", repr(bs))
         aligned = self.hidden % 32 == 0 and self.inter % 32 == 0
         if self.layout.aligned != aligned:

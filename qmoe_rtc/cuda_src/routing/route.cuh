@@ -5,6 +5,8 @@
 //   router_weights      [rows, E]  WT, optional      -- mixing weights gathered at the chosen experts
 //   x                   [rows, H]  T, GATE only      -- the layer input
 //   shared_gate_weight  [H]        f32, GATE only    -- shared weight = sigmoid(x[row] · g)
+//   expert_map          [E]        i32, optional     -- expert slices [ext]: local index of each expert, -1
+//                                                       where this layer does not hold it
 //   topk_ids            [rows, k + S]  i32 (out)     -- route r = row*(k + S) + slot
 //   topk_w              [rows, k + S]  f32 (out)
 //
@@ -14,7 +16,10 @@
 // independently against the keys in shared memory (no serial pick loop); experts with rank < k land in
 // slot = rank. Softmax and sums in float32; sums over the k picks are taken in slot order
 // (deterministic). E <= kRouteMaxExperts, k <= kRouteMaxK.
-// Slots k..k+S-1: shared expert s has id E + s and weight 1, or with GATE sigmoid(d) = 1/(1 + e^-d),
+// Expert slices [ext]: the picks and weights are the whole layer's; an id is written through
+// expert_map (-1: not held here; the engines skip such routes). E_held: the experts this layer holds
+// (E without a slice), after which the shared experts' ids start.
+// Slots k..k+S-1: shared expert s has id E_held + s and weight 1, or with GATE sigmoid(d) = 1/(1 + e^-d),
 // d = x[row] · g in float32: thread t sums the 8-element chunks t, t + 128, ... in order, then the fixed
 // block reduction (the same sum whatever the alignment: vector and scalar loads feed the same FMAs).
 #pragma once
@@ -62,8 +67,8 @@ __device__ __forceinline__ float shared_gate(const T* __restrict__ xr, const flo
 template <typename LT, typename WT, typename T, bool HAS_RW, bool SPARSE, bool GATE>
 __global__ void __launch_bounds__(kRouteThreads)
 route_topk(const LT* __restrict__ logits, const WT* __restrict__ router_weights, i32 rows, i32 E, i32 k, i32 S,
-           i32 H, i32 normalize, const T* __restrict__ x, const float* __restrict__ shared_gate_weight,
-           i32* __restrict__ topk_ids, float* __restrict__ topk_w) {
+           i32 H, i32 normalize, const T* __restrict__ x, const float* __restrict__ shared_gate_weight, i32 E_held,
+           const i32* __restrict__ expert_map, i32* __restrict__ topk_ids, float* __restrict__ topk_w) {
   __shared__ __align__(16) u32 keys[kRouteMaxExperts];
   __shared__ float vals[kRouteMaxExperts];
   __shared__ float red[kRouteThreads / 32];
@@ -77,7 +82,7 @@ route_topk(const LT* __restrict__ logits, const WT* __restrict__ router_weights,
   float gate = 1.0f;
   if constexpr (GATE) gate = shared_gate<T>(x + row * H, shared_gate_weight, H, red);
   for (i32 s = tid; s < S; s += kRouteThreads) {  // shared experts: the row's last S slots
-    topk_ids[out0 + k + s] = E + s;
+    topk_ids[out0 + k + s] = E_held + s;
     topk_w[out0 + k + s] = gate;
   }
 
@@ -140,8 +145,8 @@ route_topk(const LT* __restrict__ logits, const WT* __restrict__ router_weights,
     s1 = block_sum<kRouteThreads>(s1, red);
     s2 = block_sum<kRouteThreads>(s2, red);
     if (tid == 0) {
-      topk_ids[out0] = e1;
-      topk_ids[out0 + 1] = e2;
+      topk_ids[out0] = expert_map ? expert_map[e1] : e1;
+      topk_ids[out0 + 1] = expert_map ? expert_map[e2] : e2;
       topk_w[out0] = 1.0f / s1;
       topk_w[out0 + 1] = 1.0f / s2;
     }
@@ -170,7 +175,7 @@ route_topk(const LT* __restrict__ logits, const WT* __restrict__ router_weights,
         for (i32 t = 0; t < k; ++t) s += sel_w[t];  // slot order: the same sum in every thread
         w = s != 0.0f ? w / s : 0.0f;
       }
-      topk_ids[out0 + tid] = sel_id[tid];
+      topk_ids[out0 + tid] = expert_map ? expert_map[sel_id[tid]] : sel_id[tid];
       topk_w[out0 + tid] = w;
     }
   }
