@@ -28,9 +28,9 @@ from dataclasses import replace
 
 from . import knobs
 from ._arrays import device_of, dtype_name, is_c_contiguous, shape_str
-from .contract import INPUT_NAMES, LAYER_INPUTS, CallSpec, QMoEAttributes, check_call, check_content, describe_layer
+from .contract import INPUT_NAMES, LAYER_INPUTS, CallSpec, QMoEAttributes, check_call, check_content
 from .errors import CaptureError, DeviceError, QMoEInputError
-from .extensions import EXT_INPUTS, check_ext_call, describe_extensions, refuse_on_gpu, shared_weights
+from .extensions import EXT_INPUTS, check_ext_call, refuse_on_gpu, shared_weights
 from .jit import load_module
 from .jit.driver import probe, stream_is_capturing
 from .kernels import Problem, choose, decode_limit, get_family
@@ -48,7 +48,7 @@ from .runtime.interop import (
     signature,
     to_cupy,
 )
-from .runtime.layer import check_supported, layer_config, upload_layer
+from .runtime.layer import check_supported, describe_gpu_layer, layer_config, upload_layer
 from .runtime.plan import Plan, PlanStep
 from .runtime.scratch import ScratchPool
 from .specialize import ModelConfig
@@ -93,7 +93,10 @@ class QMoE:
     (``shared_fc1_experts_weights`` ..., optional ``shared_gate_weight``) run as more routes per token
     in the routed launches, so they need the routed layout; with ``router_weight`` (and maybe
     ``router_bias``) the layer computes its logits and a call passes ``router_probs=None``
-    (docs/contract.md).
+    (docs/contract.md). Expert slices [ext]: ``expert_range=(e0, e1)`` with ``num_experts=E`` (or an
+    ``expert_map`` [E] of local indices / -1): the weights hold only those experts, routing runs over
+    all E logits and a call returns this slice's partial output in T (:mod:`qmoe_rtc.slices`,
+    :mod:`qmoe_rtc.distributed`).
 
     ``decode_max_routes``: rows·k up to which the decode path runs (default: the crossover measured
     for this shape, :func:`qmoe_rtc.kernels.decode_limit`). ``validate_content``: also check scales,
@@ -106,7 +109,8 @@ class QMoE:
     """
 
     def __init__(self, *, decode_max_routes: int | None = None, validate_content: bool = False,
-                 device: int | str | None = None, **kwargs):
+                 device: int | str | None = None, expert_range=None, expert_map=None, num_experts=None, **kwargs):
+        slice_args = dict(expert_range=expert_range, expert_map=expert_map, num_experts=num_experts)
         weights = {n: kwargs.pop(n) for n in list(kwargs) if n in LAYER_INPUTS + EXT_INPUTS}
         for n in list(kwargs):
             if n in INPUT_NAMES:
@@ -119,12 +123,12 @@ class QMoE:
         metas = {n: array_meta(n, a) for n, a in weights.items()}
         on_dev = next((m.device for m in metas.values() if m is not None and m.device is not None), None)
         metas = {n: m if m is None or m.device is not None else replace(m, device=on_dev) for n, m in metas.items()}
-        layer = describe_layer({n: m for n, m in metas.items() if n in LAYER_INPUTS}, self.attrs)
-        ext = describe_extensions({n: m for n, m in metas.items() if n in EXT_INPUTS}, self.attrs, layer)
+        g = describe_gpu_layer(metas, self.attrs, slice_args)
+        layer, ext = g.layer, g.ext
         refuse_on_gpu(layer, ext)
         if want is not None and layer.device_id is not None and layer.device_id != want:
             raise DeviceError(f"weights live on cuda:{layer.device_id}, device={device!r} was asked for")
-        check_supported(layer, ext)
+        check_supported(layer, ext, g.slice.num_experts if g.slice else 0)
         if validate_content:  # host arrays are read where they are; device arrays through a zero-copy view
             views = {n: a if is_host_array(a) else to_cupy(n, a, 0) for n, a in weights.items()}
             check_content(views, layer)
@@ -135,11 +139,11 @@ class QMoE:
         cp = cupy()
         try:
             w = {n: to_cupy(n, a, self.device_id) for n, a in weights.items()}
-            # the device arrays themselves, as every call sees them
-            self.layer = describe_layer({n: a for n, a in w.items() if n in LAYER_INPUTS}, self.attrs)
-            self.ext = describe_extensions({n: a for n, a in w.items() if n in EXT_INPUTS}, self.attrs, self.layer)
+            g = describe_gpu_layer(w, self.attrs, slice_args)  # the device arrays themselves, as every call sees them
+            self.layer, self.ext, self.slice, self._routing = g.layer, g.ext, g.slice, g.routing
             self._weights = w  # keep the caller's arrays alive
-            self.scale_dtype, self._proj, self._table = upload_layer(cp, w, self.layer, self.ext, self.device_id)
+            self.scale_dtype, self._proj, self._table = upload_layer(cp, w, self.layer, self.ext, self.device_id,
+                                                                     self.slice)
         except (cp.cuda.memory.OutOfMemoryError, cp.cuda.runtime.CUDARuntimeError) as exc:
             raise DeviceError(f"uploading the layer to cuda:{self.device_id} failed: {type(exc).__name__}: {exc}") from exc
         self._decode_max_routes = decode_max_routes
@@ -152,7 +156,7 @@ class QMoE:
     # -- layout and choice -----------------------------------------------------------------------
     def model_config(self, dtype: str) -> ModelConfig:
         """The :class:`~qmoe_rtc.specialize.ModelConfig` of this layer for activation dtype ``dtype``."""
-        return layer_config(self.layer, dtype, self.scale_dtype, self.ext)
+        return layer_config(self.layer, dtype, self.scale_dtype, self.ext, self._all_experts)
 
     @property
     def decode_max_routes(self) -> int:
@@ -170,7 +174,12 @@ class QMoE:
         return Problem(rows=int(rows), E=L.E, H=L.H, I=L.I, k=self.attrs.k, dtype=dtype, router_dtype=router_dtype,
                        router_weights_dtype=router_weights_dtype, sparse=bool(self.attrs.use_sparse_mixer),
                        arch=self._arch(), shared=x.S, shared_gate=bool(x.S and x.gate),
-                       router_gemm=x.router_dtype if x.router else "")
+                       router_gemm=x.router_dtype if x.router else "", all_experts=self._all_experts)
+
+    @property
+    def _all_experts(self) -> int:
+        """The whole layer's E for an expert slice [ext] (0 otherwise)."""
+        return self.slice.num_experts if self.slice is not None else 0
 
     def _arch(self) -> str:
         if self._arch_cache is None:
@@ -264,8 +273,8 @@ class QMoE:
     # -- run -------------------------------------------------------------------------------------
     def _resolve(self, key, input, router_probs, router_weights, out) -> _Call:
         """First call with this signature: validate everything, plan, cache."""
-        call = (check_ext_call(self.layer, self.ext, input, router_probs, router_weights) if self.ext.used else
-                check_call(self.layer, input, router_probs, router_weights))
+        call = (check_ext_call(self._routing, self.ext, input, router_probs, router_weights) if self.ext.used else
+                check_call(self._routing, input, router_probs, router_weights))
         if out is not None:
             if tuple(out.shape) != call.input_shape or dtype_name(out) != call.dtype:
                 raise QMoEInputError("out", f"{call.dtype} {shape_str(call.input_shape)} (the input's)",

@@ -113,3 +113,30 @@ def test_reference_slice_refuses_logits_of_the_slice_width(rng):
     with pytest.raises(errors.QMoEInputError) as ei:
         qmoe(x, lg[:, :4], **take(w, range(4)), **a, expert_range=(0, 4), num_experts=E)
     assert ei.value.name == "router_probs"
+
+
+# ---- the GPU layer: slices validated before the driver -------------------------------------------------
+
+from test_errors import machine  # noqa: E402, F401  (the fake-driver fixture)
+
+import qmoe_rtc  # noqa: E402
+
+
+@pytest.mark.parametrize("bad, name", [
+    (dict(expert_range=(0, 3), num_experts=E), "fc1_experts_weights"),  # 4 experts' weights, a slice of 3
+    (dict(expert_range=(0, 4)), "num_experts"),
+    (dict(expert_map=np.array([0, 1, 2, 2, -1, -1, -1, -1])), "expert_map"),
+])
+def test_gpu_slice_refusals_come_before_the_driver(machine, rng, bad, name):  # noqa: F811
+    calls = machine(lib=False)
+    w, a = random_layer(rng, E=E, H=H, I=I, k=2, dtype="float16")
+    with pytest.raises((errors.QMoEInputError, errors.QMoEAttributeError)) as ei:
+        qmoe_rtc.QMoE(**take(w, range(4)), **a, **bad)
+    assert ei.value.name == name and calls == []
+
+
+def test_gpu_slice_with_k_above_its_experts_reaches_the_driver(machine, rng):  # noqa: F811
+    machine(lib=False)
+    w, a = random_layer(rng, E=E, H=H, I=I, k=6, dtype="float16")
+    with pytest.raises(errors.DeviceError):  # valid: k = 6 of the layer's 8 experts, 2 held here
+        qmoe_rtc.QMoE(**take(w, [3, 5]), **a, expert_map=np.array([-1, -1, -1, 0, -1, 1, -1, -1]))

@@ -10,18 +10,48 @@ except :func:`upload_layer`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
+from ..contract import LAYER_INPUTS, describe_layer
 from ..errors import QMoEUnsupportedError
+from ..extensions import EXT_INPUTS, describe_extensions
 from ..kernels import choose
+from ..slices import describe_slice
 from ..specialize import Layout, ModelConfig
 from .tensors import layer_scale_dtype, layer_table, upload_extras, upload_projections
 
-__all__ = ["check_supported", "layer_config", "shared_unsupported", "upload_layer"]
+__all__ = ["GpuLayer", "check_supported", "describe_gpu_layer", "layer_config", "shared_unsupported", "upload_layer"]
 
 
-def layer_config(layer, dtype: str, scale_dtype: str, ext=None) -> ModelConfig:
+@dataclass(frozen=True)
+class GpuLayer:
+    """A described layer: the experts it holds (``layer``), the view routing and the calls are checked
+    against (``routing``: E = all the experts of a slice's layer), its extensions and its slice."""
+
+    layer: object  #: :class:`~qmoe_rtc.contract.LayerSpec` of the held experts
+    routing: object  #: the same with E = the whole layer's experts (``layer`` itself without a slice)
+    ext: object  #: :class:`~qmoe_rtc.extensions.ExtensionSpec`
+    slice: object  #: :class:`~qmoe_rtc.slices.ExpertSlice` or None
+
+
+def describe_gpu_layer(arrays: dict, attrs, slice_args: dict) -> GpuLayer:
+    """Validate a layer's arrays (or their metadata) by input name, its extensions and its expert slice
+    (``slice_args``: ``expert_range`` / ``expert_map`` / ``num_experts``, :mod:`qmoe_rtc.slices`)."""
+    sl = describe_slice(**slice_args)
+    layer = describe_layer({n: a for n, a in arrays.items() if n in LAYER_INPUTS}, attrs,
+                           routed_experts=sl.num_experts if sl is not None else None)
+    if sl is not None:
+        describe_slice(**slice_args, local_experts=layer.E)
+    routing = replace(layer, E=sl.num_experts) if sl is not None else layer
+    ext = describe_extensions({n: a for n, a in arrays.items() if n in EXT_INPUTS}, attrs, routing)
+    return GpuLayer(layer, routing, ext, sl)
+
+
+def layer_config(layer, dtype: str, scale_dtype: str, ext=None, all_experts: int = 0) -> ModelConfig:
     """The :class:`~qmoe_rtc.specialize.ModelConfig` of a validated layer (:class:`~qmoe_rtc.contract.LayerSpec`,
-    with its :class:`~qmoe_rtc.extensions.ExtensionSpec` ``ext``) called with activation dtype ``dtype``,
-    its scales held as ``scale_dtype`` (GPU-free)."""
+    with its :class:`~qmoe_rtc.extensions.ExtensionSpec` ``ext``; ``all_experts``: the whole layer's E
+    when it is an expert slice) called with activation dtype ``dtype``, its scales held as
+    ``scale_dtype`` (GPU-free)."""
     L, a = layer, layer.attrs
     layout = Layout(
         dtype=dtype, scale_dtype=scale_dtype if scale_dtype in ("float32", dtype) else "float32",
@@ -32,7 +62,7 @@ def layer_config(layer, dtype: str, scale_dtype: str, ext=None) -> ModelConfig:
     router = ext.router_dtype if ext is not None and ext.router else ""
     return ModelConfig(hidden=L.H, inter=L.I, experts=L.E, k=a.k, layout=layout, use_sparse_mixer=bool(a.use_sparse_mixer),
                        normalize_routing_weights=bool(a.normalize_routing_weights), shared=S,
-                       shared_gate=bool(S and ext.gate), router_gemm=router)
+                       shared_gate=bool(S and ext.gate), router_gemm=router, all_experts=all_experts)
 
 
 def shared_unsupported(layer, ext) -> str | None:
@@ -54,7 +84,7 @@ def shared_unsupported(layer, ext) -> str | None:
     return None
 
 
-def check_supported(layer, ext=None) -> None:
+def check_supported(layer, ext=None, all_experts: int = 0) -> None:
     """:class:`QMoEUnsupportedError` naming the limit when no pipeline of a path runs the layer at any
     activation dtype it can be called with (e.g. more than 512 experts, k above 32: the routing
     kernel's limits; docs/contract.md, "Limits of this build"), or its shared experts cannot run in
@@ -70,7 +100,7 @@ def check_supported(layer, ext=None) -> None:
         first = None
         for dt in dtypes:
             try:
-                choose(layer_config(layer, dt, sdt, ext), None, path)
+                choose(layer_config(layer, dt, sdt, ext, all_experts), None, path)
                 break
             except QMoEUnsupportedError as exc:
                 first = first or exc
@@ -79,14 +109,18 @@ def check_supported(layer, ext=None) -> None:
                                        f"{first}") from None
 
 
-def upload_layer(cp, weights: dict, layer, ext, device_id: int):
+def upload_layer(cp, weights: dict, layer, ext, device_id: int, expert_slice=None):
     """(scale dtype, routed projections, binding table) of a validated layer whose arrays ``weights``
-    (by input name, extension inputs included) are already CuPy arrays on ``device_id``."""
+    (by input name, extension inputs included) are already CuPy arrays on ``device_id``; an expert
+    slice adds ``expert_map`` (int32 [all experts]: local index or -1) for routing."""
     scale_dtype, proj = upload_projections(cp, weights, layer, device_id)
     shared = None
     if ext is not None and ext.shared is not None:
         sw = {n.removeprefix("shared_"): a for n, a in weights.items() if n.startswith("shared_fc")}
         _, shared = upload_projections(cp, sw, ext.shared, device_id, scale_dtype=scale_dtype)
     extras = upload_extras(cp, weights, device_id)
+    if expert_slice is not None:
+        with cp.cuda.Device(device_id):
+            extras["expert_map"] = cp.asarray(expert_slice.global_to_local())  # [E] i32
     return scale_dtype, proj, layer_table(proj, layer.attrs, shared=shared, extras=extras)
 
