@@ -160,11 +160,10 @@ def check_ext_call(layer: LayerSpec, ext: ExtensionSpec, input, router_probs, ro
 
 def refuse_on_gpu(layer: LayerSpec, ext: ExtensionSpec) -> None:
     """:class:`QMoEUnsupportedError` for a valid layer that uses what the reference serves and the GPU
-    engines do not implement yet (FP8 experts). Shared experts and the router GEMM run on the GPU
-    (their layout limits: :func:`qmoe_rtc.runtime.layer.shared_unsupported`). GPU-free."""
+    engines do not implement yet. Shared experts and the router GEMM run on the GPU (their layout
+    limits: :func:`qmoe_rtc.runtime.layer.shared_unsupported`), FP8 routed experts too (FP8 shared
+    experts are refused by validation). GPU-free."""
     what = []
-    if any(p.quant == "fp8" for p in layer.projections()):
-        what.insert(0, "FP8 (quant_type='fp8') experts")
     if what:
         raise QMoEUnsupportedError(f"the GPU engines of this build do not implement {' and '.join(what)} yet; "
                                    "qmoe_rtc.reference.qmoe computes such layers (docs/contract.md)")

@@ -220,14 +220,16 @@ def test_shared_input_names():
 # ---- the GPU layer: validated before the GPU; what it cannot run refused there -----------------------
 
 GPU_REFUSED = {
-    "fp8 global": lambda rng: (random_layer(rng, E=E, H=H, I=I, dtype="float16", format="fp8_e4m3"), {}),
-    "fp8 block": lambda rng: (random_layer(rng, E=E, H=H, I=I, dtype="float16", block_size=16, format="fp8_e4m3"), {}),
     "shared of another size": lambda rng: (routed(rng), shared(rng, I_s=2 * I)[0]),
     "shared of other bits": lambda rng: (routed(rng), dict(shared(rng, I_s=I, bits=8)[0], shared_expert_weight_bits=8)),
     "shared beside fc3": lambda rng: (routed(rng, activation_type="silu", fc3=True),
                                       shared(rng, I_s=I, activation_type="silu")[0]),
 }
 GPU_ACCEPTED = {
+    "fp8 global": lambda rng: (random_layer(rng, E=E, H=H, I=I, dtype="float16", format="fp8_e4m3"), {}),
+    "fp8 block": lambda rng: (random_layer(rng, E=E, H=H, I=I, dtype="float16", block_size=16, format="fp8_e4m3"), {}),
+    "fp8 partial blocks": lambda rng: (random_layer(rng, E=E, H=H, I=I, dtype="bfloat16", block_size=64,
+                                                    format="fp8_e4m3"), {}),
     "shared": lambda rng: (routed(rng), shared(rng, I_s=I)[0]),
     "shared gated": lambda rng: (routed(rng), dict(shared(rng, I_s=I)[0], shared_gate_weight=np.zeros(H, np.float32))),
     "router gemm": lambda rng: (routed(rng), dict(router_weight=np.zeros((E, H), np.float32))),
@@ -244,7 +246,7 @@ def test_gpu_layer_refuses_what_it_cannot_run_before_the_gpu(machine, rng, what)
 
 
 @pytest.mark.parametrize("what", sorted(GPU_ACCEPTED))
-def test_gpu_layer_accepts_shared_experts_and_the_router_gemm(machine, rng, what):  # noqa: F811
+def test_gpu_layer_accepts_fp8_shared_experts_and_the_router_gemm(machine, rng, what):  # noqa: F811
     machine(lib=False)  # validation passes; the next thing is the driver, which is missing here
     (w, a), ext = GPU_ACCEPTED[what](rng)
     with pytest.raises(errors.DeviceError):

@@ -4,6 +4,8 @@ of the tensor-core engines."""
 
 from __future__ import annotations
 
+import re
+
 from ..jit import Ptr, Scalar
 from ..specialize import CPP_ACT, CPP_GATE, CPP_TYPES, CPP_ZP, ModelConfig, ModuleSpec
 
@@ -61,9 +63,20 @@ def shared_args(p: str, scale_dtype: str) -> tuple:
             Ptr(f"shared_{p}_bias", "float32", nullable=True))
 
 
-def tensor_core_unsupported(config: ModelConfig) -> str | None:
+#: The first compute capability with the e4m3 -> f16 conversion the tensor-core engines decode FP8 with.
+FP8_MIN_SM = 89
+
+
+def _sm(arch: str) -> int | None:
+    """The compute capability of a target ('sm_90a' -> 90), None when unknown ('')."""
+    m = re.fullmatch(r"sm_(\d+)[a-z]?", arch or "")
+    return int(m.group(1)) if m else None
+
+
+def tensor_core_unsupported(config: ModelConfig, problem=None) -> str | None:
     """Why the tensor-core engines (mma_decode, mma_prefill, wgmma_prefill) cannot run ``config`` (None: they
-    can)."""
+    can). With a ``problem`` whose ``arch`` is known, FP8 weights also need sm_89+ (an unknown arch, as in
+    module listing, is assumed to have it)."""
     layout = getattr(config, "layout", config)
     if layout.dtype not in ("float16", "bfloat16"):
         return (f"{layout.dtype} activations (the tensor-core engines compute in float16/bfloat16; TF32, with its "
@@ -80,4 +93,8 @@ def tensor_core_unsupported(config: ModelConfig) -> str | None:
     if not layout.aligned:
         hidden, inter = getattr(config, "hidden", "?"), getattr(config, "inter", "?")
         return f"hidden_size {hidden} / inter_size {inter} not multiples of 32"
+    sm = _sm(getattr(problem, "arch", ""))
+    if "fp8" in [layout.zp(p) for p in layout.projections] and sm is not None and sm < FP8_MIN_SM:
+        return (f"FP8 (e4m3fn) weights need sm_{FP8_MIN_SM}+ for the tensor-core engines' e4m3 conversion "
+                f"(this device: {problem.arch}); the SIMT engines decode them in software")
     return None

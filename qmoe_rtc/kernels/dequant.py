@@ -1,14 +1,15 @@
 """Kernel family ``dequant``: packed expert weights -> dense [E, N, K] in T.
 
 Template: ``cuda_src/engines/dequant_expert.cuh``, ``qmoe::dequant_expert<T, ScaleT, BITS, BLOCK, ZP>``.
-One module per distinct projection quantization (bits, zero-point mode) of a layer; used by tests
-and as a fallback path.
+One module per distinct projection quantization (bits, zero-point mode; 'fp8' for float8 e4m3fn
+codes) of a layer; used by tests and as a fallback path.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from .._arrays import dtype_name
 from ..errors import QMoEAttributeError, QMoEInputError
 from ..jit import KernelDef, Launch, Ptr, Scalar
 from ..specialize import BITS, CPP_TYPES, CPP_ZP, ZP_MODES, Layout, ModuleSpec
@@ -74,18 +75,21 @@ class DequantFamily(KernelFamily):
 
 def dequantize_experts(w, scales, bits: int, *, zero_points=None, zero_point_offset: float | None = None,
                        block_size: int = 0, K: int | None = None, dtype: str = "float16", out=None,
-                       stream=None, threads: int = 256):
+                       stream=None, threads: int = 256, fp8: bool = False):
     """Dequantize ``w`` [E, N, ceil(K*b/8)] uint8 (CuPy) to ``out`` [E, N, K] in ``dtype``.
 
     zero-point mode: 'packed' with ``zero_points``, 'offset' with ``zero_point_offset``, else 'none'.
     ``K`` defaults to the largest K the packed row length allows (exact for K*b % 8 == 0).
     A bfloat16 ``out`` may be a uint16 CuPy array (bit pattern).
+    ``fp8``: ``w`` holds float8 e4m3fn codes [E, N, K] (bits 8, no zero points) and ``scales`` is the
+    per-expert scale [E] (block_size 0) or square blocks [E, ceil(N/bs), ceil(K/bs)] (qmoe_rtc.fp8).
     """
-    import cupy
-
-    from .._arrays import dtype_name
-    from ..jit import load_module
-
+    if fp8:
+        if bits != 8:
+            raise QMoEInputError("bits", "8 for float8 e4m3fn codes (fp8=True)", repr(bits))
+        if zero_points is not None or zero_point_offset is not None:
+            raise QMoEInputError("zero_points", "none with fp8=True (e4m3fn has no zero point)", "given")
+        return _dequantize_fp8(w, scales, block_size, dtype, out, stream, threads)
     if w.ndim != 3:
         raise QMoEInputError("w", "[E, N, ceil(K*b/8)] uint8", f"rank {w.ndim}")
     E, N, row_bytes = (int(d) for d in w.shape)
@@ -108,6 +112,30 @@ def dequantize_experts(w, scales, bits: int, *, zero_points=None, zero_point_off
         zwant = (E, N, (nb * bits + 7) // 8) if block_size else (E, (N * bits + 7) // 8)
         if tuple(zero_points.shape) != zwant:
             raise QMoEInputError("zero_points", f"shape {list(zwant)}", f"{list(zero_points.shape)}")
+    return _launch(spec, w, scales, zero_points, float(zero_point_offset or 0.0), dtype, out, stream, (E, N, K))
+
+
+def _dequantize_fp8(w, scales, block_size: int, dtype: str, out, stream, threads: int):
+    """:func:`dequantize_experts` for float8 e4m3fn codes (``fp8=True``)."""
+    from ..fp8 import fp8_scale_shape
+
+    if w.ndim != 3 or dtype_name(w) not in ("uint8", "float8_e4m3fn"):
+        raise QMoEInputError("w", "[E, N, K] uint8 (float8 e4m3fn codes)", f"rank {w.ndim}, dtype {dtype_name(w)}")
+    E, N, K = (int(d) for d in w.shape)
+    want = fp8_scale_shape(E, N, K, block_size)
+    if tuple(int(d) for d in scales.shape) != want:
+        raise QMoEInputError("scales", f"shape {list(want)} (block_size={block_size})", f"{list(scales.shape)}")
+    sdt = dtype_name(scales)
+    spec = dequant_spec(dtype, 8, block_size, "fp8", "float32" if sdt == "float32" else dtype, threads)
+    return _launch(spec, w.view("uint8"), scales, None, 0.0, dtype, out, stream, (E, N, K))
+
+
+def _launch(spec: ModuleSpec, w, scales, zero_points, zp_offset: float, dtype: str, out, stream, shape):
+    import cupy
+
+    from ..jit import load_module
+
+    E, N, K = shape
     if out is None:
         from .._arrays import np_dtype
 
@@ -117,6 +145,6 @@ def dequantize_experts(w, scales, bits: int, *, zero_points=None, zero_point_off
     fam = DequantFamily()
     mod = load_module(fam.unit(spec), w.device.id)
     geo = fam.geometry(spec, E=E, N=N, K=K)
-    mod["dequant_expert"](geo.grid, geo.block, (w, scales, zero_points, float(zero_point_offset or 0.0), out, E, N, K),
+    mod["dequant_expert"](geo.grid, geo.block, (w, scales, zero_points, zp_offset, out, E, N, K),
                           shared_mem=geo.shared_mem, stream=stream)
     return out

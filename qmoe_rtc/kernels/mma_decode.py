@@ -85,7 +85,7 @@ class MmaDecodeFamily(KernelFamily):
         return [] if tensor_core_unsupported(config) else [self.spec(config)]
 
     def supports(self, config, problem: Problem | None = None) -> str | None:
-        why = tensor_core_unsupported(config)
+        why = tensor_core_unsupported(config, problem)
         if why is None and problem is not None and problem.routes > MAX_ROUTES:
             why = f"{problem.routes} routes (one block scans at most {MAX_ROUTES})"
         return why

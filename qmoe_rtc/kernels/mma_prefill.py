@@ -85,7 +85,7 @@ class MmaPrefillFamily(KernelFamily):
     def supports(self, config, problem: Problem | None = None) -> str | None:
         if config.experts + config.shared > GROUP_MAX_EXPERTS:
             return f"{config.experts + config.shared} experts (grouping handles at most {GROUP_MAX_EXPERTS})"
-        return tensor_core_unsupported(config)
+        return tensor_core_unsupported(config, problem)
 
     def defines(self, spec: ModuleSpec) -> tuple[str, ...]:
         return (f"-DQMOE_PF_STAGES={spec['stages']}", f"-DQMOE_PF_WARPS={spec['warps']}",

@@ -136,7 +136,7 @@ class WgmmaPrefillFamily(KernelFamily):
     def supports(self, config, problem: Problem | None = None) -> str | None:
         if config.experts + config.shared > GROUP_MAX_EXPERTS:
             return f"{config.experts + config.shared} experts (grouping handles at most {GROUP_MAX_EXPERTS})"
-        why = tensor_core_unsupported(config)
+        why = tensor_core_unsupported(config, problem)
         if why:
             return why
         if problem is not None and problem.arch and problem.arch not in ("sm_90", "sm_90a"):  # sm_90 builds as sm_90a

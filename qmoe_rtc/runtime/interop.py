@@ -120,10 +120,13 @@ def parse_device(device) -> int | None:
 
 def to_cupy(name: str, a, device_id: int):
     """A CuPy view of a CuPy array or CUDA tensor (DLPack, zero copy), or a device copy of a NumPy array
-    (layer construction only: never on the call path)."""
+    (layer construction only: never on the call path). float8_e4m3fn arrays (FP8 expert weights) are
+    read as their uint8 codes (CuPy has no float8 dtype)."""
     if a is None:
         return None
     cp = cupy()
+    if dtype_name(a) == "float8_e4m3fn":
+        a = _codes_view(a)
     if is_cupy(a):
         return a
     if hasattr(a, "__dlpack__") and not type(a).__module__.startswith("numpy"):
@@ -135,6 +138,17 @@ def to_cupy(name: str, a, device_id: int):
         with cp.cuda.Device(device_id):
             return cp.asarray(a)
     raise QMoEInputError(name, "a CuPy array, a torch CUDA tensor or a NumPy array", type(a).__name__)
+
+
+def _codes_view(a):
+    """The uint8 codes of a float8_e4m3fn NumPy array or torch tensor (a view, no copy)."""
+    if is_torch(a):
+        import torch
+
+        return a.view(torch.uint8)
+    import numpy as np
+
+    return a.view(np.uint8)
 
 
 def _torch_raw_stream():

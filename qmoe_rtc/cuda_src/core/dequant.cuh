@@ -1,9 +1,12 @@
 // core/dequant.cuh: scales, zero points and the dequantization formula of one projection.
 //
 //   w = (q - zp) * scale      (float32; docs/contract.md, "Packed weights and dequantization")
+//   w = e4m3(q) * scale       (ZP_FP8: float8 e4m3fn codes; docs/contract.md, "FP8 experts")
 //
-// Compile-time layout: BITS (1/2/3/4/8), BLOCK (0 = row-wise, else a power of two >= 16 dividing K)
-// and ZP (zero-point mode below). The scale storage type ScaleT is float or the activation type.
+// Compile-time layout: BITS (1/2/3/4/8), BLOCK (0 = row-wise, else a power of two >= 16 dividing K;
+// FP8: 0 = one scale per expert, else square blocks, the last ones partial) and ZP (zero-point mode
+// below). The scale storage type ScaleT is float or the activation type. Where a scale lives is
+// QuantParams::scale_index, the one place every engine reads it from.
 #pragma once
 
 #include "core/types.cuh"
@@ -16,7 +19,19 @@ enum ZpMode : int {
   ZP_NONE = 0,    // no zero-point tensor: zp = 2^(b-1) (offset-binary storage)
   ZP_PACKED = 1,  // uint8 zero-point tensor packed like the weights (8-bit: one byte each)
   ZP_OFFSET = 2,  // no tensor, zp = the runtime float zero_point_offset [ext]
+  ZP_FP8 = 3,     // 8-bit float8 e4m3fn codes, no zero point: w = e4m3(q) * scale
 };
+
+// The float32 value of an e4m3fn code (bits 0-7 of c): sign bit 7, exponent bits 6-3 (bias 7),
+// mantissa bits 2-0; exponent 0 is subnormal (m/8 * 2^-6), 0x7F / 0xFF are NaN, no infinities.
+// Exact, built from integer fields (no subnormal float32 is ever formed, so -ftz cannot change it).
+__device__ __forceinline__ float e4m3_to_float(u32 c) {
+  const u32 em = c & 0x7Fu;                                             // exponent and mantissa
+  const float v = (em >> 3) ? __uint_as_float((em << 20) + (120u << 23))  // (1 + m/8) * 2^(e-7)
+                            : (float)(c & 7u) * 0.001953125f;             // m * 2^-9
+  const u32 bits = em == 0x7Fu ? 0x7FC00000u : __float_as_uint(v);
+  return __uint_as_float(bits | ((c & 0x80u) << 24));
+}
 
 struct ScaleZp {
   float scale;
@@ -25,11 +40,13 @@ struct ScaleZp {
 
 // Per-(row, block) scale and zero point of one projection of all experts.
 //   scales: [E, N] (BLOCK == 0) or [E, N, nb], nb = K / BLOCK
+//           ZP_FP8: [E] (BLOCK == 0) or [E, ceil(N/BLOCK), nb], nb = ceil(K/BLOCK) (square blocks)
 //   zp (ZP_PACKED): [E, ceil(N*b/8)] packed along N (BLOCK == 0)
 //                   [E, N, ceil(nb*b/8)] packed along the block axis (BLOCK > 0)
 template <typename ScaleT, int BITS, int BLOCK, int ZP> struct QuantParams {
   static_assert(BLOCK == 0 || (BLOCK >= 8 && (BLOCK & (BLOCK - 1)) == 0), "block size must be 0 or a power of two >= 8");
-  static_assert(ZP == ZP_NONE || ZP == ZP_PACKED || ZP == ZP_OFFSET, "bad zero-point mode");
+  static_assert(ZP == ZP_NONE || ZP == ZP_PACKED || ZP == ZP_OFFSET || ZP == ZP_FP8, "bad zero-point mode");
+  static_assert(ZP != ZP_FP8 || BITS == 8, "FP8 codes are 8-bit");
   static constexpr int kBits = BITS;
   static constexpr int kBlock = BLOCK;
   static constexpr int kZp = ZP;
@@ -41,27 +58,53 @@ template <typename ScaleT, int BITS, int BLOCK, int ZP> struct QuantParams {
   i32 N;                      // rows per expert
   i32 K;                      // codes per row
 
-  __device__ __forceinline__ i32 blocks_per_row() const { return BLOCK ? K / BLOCK : 1; }
+  // Scale blocks along K (1 for row-wise / per-expert scales; FP8 blocks may be partial).
+  __device__ __forceinline__ i32 blocks_per_row() const {
+    if constexpr (BLOCK == 0) return 1;
+    else return ZP == ZP_FP8 ? (K + BLOCK - 1) / BLOCK : K / BLOCK;
+  }
 
   // Index of the block holding element k (0 for row-wise).
   static __device__ __forceinline__ i32 block_of(i64 k) { return BLOCK ? (i32)(k / BLOCK) : 0; }
 
+  // Where the scale of expert e, row n, block j lives in `scales` (linear in j: blocks j, j + 1 of a
+  // row are neighbours). Every engine addresses scales through this.
+  __device__ __forceinline__ i64 scale_index(i32 e, i32 n, i32 j) const {
+    if constexpr (ZP == ZP_FP8 && BLOCK == 0) return e;  // one scale per expert
+    else if constexpr (ZP == ZP_FP8) return ((i64)e * ((N + BLOCK - 1) / BLOCK) + n / BLOCK) * blocks_per_row() + j;
+    else return ((i64)e * N + n) * blocks_per_row() + j;
+  }
+
+  // The zero point when it is not read from a tensor (ZP_NONE, ZP_OFFSET, ZP_FP8).
+  __device__ __forceinline__ float fixed_zp() const {
+    if constexpr (ZP == ZP_OFFSET) return zp_offset;
+    else if constexpr (ZP == ZP_FP8) return 0.0f;
+    else return (float)(1u << (BITS - 1));
+  }
+
   // Scale and zero point of expert e, row n, block j (j = 0 for row-wise).
   __device__ __forceinline__ ScaleZp fetch(i32 e, i32 n, i32 j) const {
-    const i64 row = (i64)e * N + n;
-    const i32 nb = blocks_per_row();
     ScaleZp r;
-    r.scale = Traits<ScaleT>::to_float(scales[row * nb + j]);
-    if constexpr (ZP == ZP_NONE) {
-      r.zp = (float)(1u << (BITS - 1));
-    } else if constexpr (ZP == ZP_OFFSET) {
-      r.zp = zp_offset;
+    r.scale = Traits<ScaleT>::to_float(scales[scale_index(e, n, j)]);
+    if constexpr (ZP != ZP_PACKED) {
+      r.zp = fixed_zp();
     } else if constexpr (BLOCK == 0) {
       r.zp = (float)code_at<BITS>(zp + (i64)e * packed_bytes<BITS>(N), n);
     } else {
-      r.zp = (float)code_at<BITS>(zp + row * packed_bytes<BITS>(nb), j);
+      r.zp = (float)code_at<BITS>(zp + ((i64)e * N + n) * packed_bytes<BITS>(blocks_per_row()), j);
     }
     return r;
+  }
+
+  // One weight in float32 from its code: (q - zp) * scale, or e4m3(q) * scale.
+  static __device__ __forceinline__ float weight(u32 q, ScaleZp sz) {
+    if constexpr (ZP == ZP_FP8) return e4m3_to_float(q) * sz.scale;
+    else return ((float)q - sz.zp) * sz.scale;
+  }
+  // Eight codes (from unpack8 / load_unpack8) to float32 weights.
+  static __device__ __forceinline__ void weights8(const u32 (&q)[8], ScaleZp sz, float (&w)[8]) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = weight(q[i], sz);
   }
 
   // Where fetch() reads the zero point, for kernels that copy the bytes themselves (cp.async) and
@@ -76,16 +119,5 @@ template <typename ScaleT, int BITS, int BLOCK, int ZP> struct QuantParams {
     return (float)((byte >> (((BLOCK == 0 ? n : j) * BITS) & 7)) & ((1u << BITS) - 1u));
   }
 };
-
-// One weight in float32.
-__device__ __forceinline__ float dequant1(u32 q, ScaleZp sz) {
-  return ((float)q - sz.zp) * sz.scale;
-}
-
-// Eight codes (from unpack8 / load_unpack8) to float32 weights.
-__device__ __forceinline__ void dequant8(const u32 (&q)[8], ScaleZp sz, float (&w)[8]) {
-#pragma unroll
-  for (int i = 0; i < 8; ++i) w[i] = dequant1(q[i], sz);
-}
 
 }  // namespace qmoe

@@ -26,8 +26,9 @@ template <class QP, bool ZPW> struct LaneMeta {
   using ScaleT = typename QP::Scale;
   using L = MetaLayout<ScaleT, QP::kBlock, ZPW>;
 
-  // Copy the words of expert e, row n, block j (scale index sbase + j) to the lane's `meta` (shared
-  // address of its word 0); `live` false zero-fills. `dummy`: any valid global address.
+  // Copy the words of expert e, row n, block j to the lane's `meta` (shared address of its word 0);
+  // `live` false zero-fills. `sbase`: qp.scale_index(e, n, 0) (the scale of block j is at sbase + j),
+  // computed once per lane row by the caller. `dummy`: any valid global address.
   static __device__ __forceinline__ void issue(const QP& qp, i64 sbase, i32 e, i32 n, i32 j, u32 meta, bool live,
                                                const void* dummy) {
     const i64 si = sbase + j;
@@ -62,7 +63,7 @@ template <class QP, bool ZPW> struct LaneMeta {
       const i64 zb = qp.zp_byte(e, n, j);
       sz.zp = QP::zp_from_byte((meta[L::kSW * 32] >> (8 * (zb & 3))) & 0xffu, n, j);
     } else {
-      sz.zp = QP::kZp == ZP_NONE ? (float)(1u << (QP::kBits - 1)) : qp.zp_offset;
+      sz.zp = qp.fixed_zp();  // 2^(b-1), the zero_point_offset, or 0 for FP8
     }
     return sz;
   }

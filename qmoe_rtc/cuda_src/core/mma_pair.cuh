@@ -4,6 +4,10 @@
 //
 // Dequantization: (magic | q) − (magic + zp) is exact in f16 (magic 1024) and bf16 (magic 128, q < 128);
 // bf16 with 8-bit codes goes through float32 ((2^23 | q) − (2^23 + zp)), rounded once (exact: |q − zp| ≤ 255).
+// FP8 (e4m3fn codes, MmaDeq<T, 8, true>): int8's pairs (bytes j and j + 2 of a word), converted by
+// cvt.rn.f16x2.e4m3x2 (sm_89+; the low byte becomes the low half), exact in f16; bf16 goes through
+// float32 (exact: every e4m3 value is a bf16 value). NaN codes stay NaN. Below sm_89 (the engines
+// refuse FP8 there) the same values come from e4m3_to_float.
 // A lane holds 32 consecutive codes of a row (4·b bytes); pair i is the codes (c, c + 16/b) with
 // c = first_code(i), which is the order the shifts and masks produce them in; the activations are
 // permuted the same way (x_pair), so the mma's k index needs no shuffle.
@@ -97,14 +101,43 @@ struct Coef {
   float scf;  // scale
 };
 
-template <typename T, int B> struct MmaDeq {
+// Two e4m3fn codes (low byte: the low half) as f16x2, exact; NaN codes give NaN.
+__device__ __forceinline__ u32 e4m3x2_to_f16x2(u32 two) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  u32 d;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(d) : "h"((u16)two));
+  return d;
+#else
+  return Pair2<__half>::pack(e4m3_to_float(two & 0xffu), e4m3_to_float((two >> 8) & 0xffu));
+#endif
+}
+
+// FP8: codes in the pair order of 8-bit integers, scaled or not (see the file comment).
+template <typename T, bool SCALED> __device__ __forceinline__ u32 fp8_pair(u32 word, int j, const Coef& cf) {
+  const u32 h = e4m3x2_to_f16x2(__byte_perm(word, 0u, 0x4420 + 0x11 * j));  // bytes j, j + 2
+  if constexpr (Pair2<T>::kMagicByte != 0) {  // float16: the converted pair as it is
+    return SCALED ? Pair2<__half>::mul(h, cf.sc) : h;
+  } else {
+    const __half2 hh = *reinterpret_cast<const __half2*>(&h);
+    const float lo = __low2float(hh), hi = __high2float(hh);
+    return SCALED ? Pair2<T>::pack(lo * cf.scf, hi * cf.scf) : Pair2<T>::pack(lo, hi);
+  }
+}
+
+template <typename T, int B, bool FP8 = false> struct MmaDeq {
+  static_assert(!FP8 || B == 8, "FP8 codes are 8-bit");
   static constexpr bool kF32 = B == 8 && Pair2<T>::kMagicByte == 0;  // bf16 with 8-bit codes
   static constexpr int kPairsPerWord = 16 / B;                         // pair i = codes (c, c + 16/B)
   static constexpr int kCodesPerWord = 32 / B;
 
   static __device__ __forceinline__ Coef coef(ScaleZp s) {
     Coef c;
-    if constexpr (kF32) {
+    if constexpr (FP8) {
+      c.zpm = c.zph = 0;
+      c.sc = Pair2<T>::splat(s.scale);  // float16: the scaled pairs' multiplier
+      c.zpf = 0.0f;
+      c.scf = s.scale;  // bfloat16 scaled pairs, and the mma's partial sums when unscaled
+    } else if constexpr (kF32) {
       c.zpf = 8388608.0f + s.zp;
       c.scf = s.scale;
       c.zpm = c.zph = c.sc = 0;
@@ -135,7 +168,9 @@ template <typename T, int B> struct MmaDeq {
   template <bool SCALED>
   static __device__ __forceinline__ u32 pair(const u32 (&w)[B], int i, const Coef& cf) {
     const int word = i / kPairsPerWord, j = i % kPairsPerWord;
-    if constexpr (kF32) {
+    if constexpr (FP8) {
+      return fp8_pair<T, SCALED>(w[word], j, cf);
+    } else if constexpr (kF32) {
       const float lo = __int_as_float(__byte_perm(w[word], 0x4B000000u, 0x7440 + j)) - cf.zpf;
       const float hi = __int_as_float(__byte_perm(w[word], 0x4B000000u, 0x7442 + j)) - cf.zpf;
       return SCALED ? Pair2<T>::pack(lo * cf.scf, hi * cf.scf) : Pair2<T>::pack(lo, hi);

@@ -1,9 +1,9 @@
 // engines/dequant_expert.cuh: kernel family "dequant": packed experts -> dense weights.
 //
-//   w      [E, N, ceil(K*b/8)] uint8   codes, LSB-first along K
-//   scales [E, N] or [E, N, K/BLOCK]   ScaleT
+//   w      [E, N, ceil(K*b/8)] uint8   codes, LSB-first along K (ZP_FP8: [E, N, K] e4m3fn codes)
+//   scales [E, N] or [E, N, K/BLOCK]   ScaleT (ZP_FP8: [E] or [E, ceil(N/BLOCK), ceil(K/BLOCK)])
 //   zp     see QuantParams (ZP_PACKED only; may be null otherwise)
-//   out    [E, N, K] T                 out = (q - zp) * scale, rounded once to T
+//   out    [E, N, K] T                 out = (q - zp) * scale (ZP_FP8: e4m3(q) * scale), rounded once to T
 //
 // One thread per group of 8 consecutive codes of a row (a group never straddles a block because
 // BLOCK is a multiple of 8); the partial last group of a row (K % 8 != 0) is read code by code.
@@ -40,15 +40,15 @@ __global__ void dequant_expert(const u8* __restrict__ w, const ScaleT* __restric
       float v[8];
       if (vec) {
         load_unpack8<BITS, true>(wrow, k0, q);
-        dequant8(q, sz, v);
+        qp.weights8(q, sz, v);
         store8_f32<T, true>(orow + k0, v);
       } else {
         load_unpack8<BITS, false>(wrow, k0, q);
-        dequant8(q, sz, v);
+        qp.weights8(q, sz, v);
         store8_f32<T, false>(orow + k0, v);
       }
     } else {
-      for (i64 k = k0; k < K; ++k) store_f32(orow + k, dequant1(code_at<BITS>(wrow, k), sz));
+      for (i64 k = k0; k < K; ++k) store_f32(orow + k, qp.weight(code_at<BITS>(wrow, k), sz));
     }
   }
 }

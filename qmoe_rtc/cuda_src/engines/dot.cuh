@@ -4,7 +4,8 @@
 // VEC (K % 32 == 0, rows 16-byte aligned): an item is a chunk of 32 codes (4*b bytes: one 16-byte
 // load for 4-bit, two for 8-bit, 8/4/12 bytes for 2/1/3-bit) and the matching 32 activations, read
 // straight from global memory (L1/L2-resident). Codes become floats exactly through the 2^23
-// mantissa trick, the zero point is subtracted exactly, the scale is applied per block.
+// mantissa trick, the zero point is subtracted exactly (FP8: e4m3_to_float, no zero point), the
+// scale is applied per block.
 // !VEC: an item is a group of 8 codes (any K: the last group may be partial), read byte-wise.
 #pragma once
 
@@ -33,15 +34,16 @@ template <int B> __device__ __forceinline__ void load_chunk32(const u8* __restri
 }
 
 // Float of code q minus the zero point: (2^23 + q) - (2^23 + zp), exact for integer zp (one FADD);
-// a fractional zero_point_offset subtracts in two steps.
-template <bool INT_ZP> __device__ __forceinline__ float code_minus_zp(u32 q, float zp) {
+// a fractional zero_point_offset subtracts in two steps; FP8 codes are e4m3 values (no zero point).
+template <int ZP> __device__ __forceinline__ float code_minus_zp(u32 q, float zp) {
   const float f = __int_as_float(0x4B000000u | q);  // 2^23 + q
-  if constexpr (INT_ZP) return f - (8388608.0f + zp);
+  if constexpr (ZP == ZP_FP8) return e4m3_to_float(q);
+  else if constexpr (ZP != ZP_OFFSET) return f - (8388608.0f + zp);
   else return (f - 8388608.0f) - zp;
 }
 
 // sum_j (q_j - zp) x_j for codes j in [J0, J0 + N) of a chunk (unrolled: every shift is a constant).
-template <int B, int J0, int N, bool INT_ZP>
+template <int B, int J0, int N, int ZP>
 __device__ __forceinline__ float chunk_dot(const u32 (&w)[B], const float (&xv)[32], float zp) {
   float a[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -50,7 +52,7 @@ __device__ __forceinline__ float chunk_dot(const u32 (&w)[B], const float (&xv)[
     u32 q;
     if (off + B <= 32) q = (w[word] >> off) & ((1u << B) - 1u);
     else q = __funnelshift_r(w[word], w[word + 1 < B ? word + 1 : word], off) & ((1u << B) - 1u);
-    a[j & 3] = fmaf(code_minus_zp<INT_ZP>(q, zp), xv[j], a[j & 3]);
+    a[j & 3] = fmaf(code_minus_zp<ZP>(q, zp), xv[j], a[j & 3]);
   }
   return (a[0] + a[1]) + (a[2] + a[3]);
 }
@@ -62,7 +64,7 @@ __device__ __forceinline__ void accum_item(const QP& qp, const u8* __restrict__ 
                                            const XT* __restrict__ x, i32 it, float wt, float (&acc)[RW]) {
   constexpr int B = QP::kBits;
   constexpr int BLK = QP::kBlock;
-  constexpr bool kIntZp = QP::kZp != ZP_OFFSET;
+  constexpr int kZp = QP::kZp;
   const i64 row_bytes = packed_bytes<B>(qp.K);
   if constexpr (VEC) {
     const i64 k0 = (i64)it << 5;
@@ -81,12 +83,12 @@ __device__ __forceinline__ void accum_item(const QP& qp, const u8* __restrict__ 
     for (int r = 0; r < RW; ++r) {
       if constexpr (BLK == 16) {
         const ScaleZp s0 = qp.fetch(e, n[r], (i32)(k0 >> 4)), s1 = qp.fetch(e, n[r], (i32)(k0 >> 4) + 1);
-        const float d = s0.scale * chunk_dot<B, 0, 16, kIntZp>(wq[r], xv, s0.zp) +
-                        s1.scale * chunk_dot<B, 16, 16, kIntZp>(wq[r], xv, s1.zp);
+        const float d = s0.scale * chunk_dot<B, 0, 16, kZp>(wq[r], xv, s0.zp) +
+                        s1.scale * chunk_dot<B, 16, 16, kZp>(wq[r], xv, s1.zp);
         acc[r] = fmaf(wt, d, acc[r]);
       } else {
         const ScaleZp s = qp.fetch(e, n[r], QP::block_of(k0));
-        acc[r] = fmaf(wt * s.scale, chunk_dot<B, 0, 32, kIntZp>(wq[r], xv, s.zp), acc[r]);
+        acc[r] = fmaf(wt * s.scale, chunk_dot<B, 0, 32, kZp>(wq[r], xv, s.zp), acc[r]);
       }
     }
   } else {
@@ -100,10 +102,10 @@ __device__ __forceinline__ void accum_item(const QP& qp, const u8* __restrict__ 
         u32 q[8];
         load_unpack8<B, false>(row, k0, q);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) d = fmaf(((float)q[i] - s.zp) * s.scale, Traits<XT>::to_float(x[k0 + i]), d);
+        for (int i = 0; i < 8; ++i) d = fmaf(QP::weight(q[i], s), Traits<XT>::to_float(x[k0 + i]), d);
       } else {
         for (i64 kk = k0; kk < k0 + 8 && kk < qp.K; ++kk)
-          d = fmaf(dequant1(code_at<B>(row, kk), qp.fetch(e, n[r], QP::block_of(kk))), Traits<XT>::to_float(x[kk]), d);
+          d = fmaf(QP::weight(code_at<B>(row, kk), qp.fetch(e, n[r], QP::block_of(kk))), Traits<XT>::to_float(x[kk]), d);
       }
       acc[r] = fmaf(wt, d, acc[r]);
     }

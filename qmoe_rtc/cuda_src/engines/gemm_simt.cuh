@@ -35,12 +35,12 @@ __device__ __forceinline__ void dequant_group(const QP& qp, const u8* __restrict
     const ScaleZp sz = qp.fetch(e, n, QP::block_of(k0));
     u32 q[8];
     load_unpack8<B, ALIGNED>(row, k0, q);
-    dequant8(q, sz, out);
+    QP::weights8(q, sz, out);
   } else {
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const i64 kk = k0 + i;
-      out[i] = kk < qp.K ? dequant1(code_at<B>(row, kk), qp.fetch(e, n, QP::block_of(kk))) : 0.0f;
+      out[i] = kk < qp.K ? QP::weight(code_at<B>(row, kk), qp.fetch(e, n, QP::block_of(kk))) : 0.0f;
     }
   }
 }

@@ -93,10 +93,10 @@ __device__ __forceinline__ Coef pf_row_coef(const QP& qp, i32 e, i32 n, float& s
   if constexpr (QP::kBlock == 0) {
     const ScaleZp sz = qp.fetch(e, n, 0);
     scale = sz.scale;
-    return MmaDeq<T, QP::kBits>::coef(sz);
+    return MmaDeq<T, QP::kBits, QP::kZp == ZP_FP8>::coef(sz);
   } else {
     scale = 1.0f;
-    return MmaDeq<T, QP::kBits>::zero();
+    return MmaDeq<T, QP::kBits, QP::kZp == ZP_FP8>::zero();
   }
 }
 
@@ -133,16 +133,15 @@ __device__ __forceinline__ void pf_mainloop(const QA& qa, const QB& qb, const Pf
   constexpr int BR = 8 * NR, CB = St::kCB, MW = kPfMW;
   constexpr bool kScaled = QA::kBlock != 0;
   constexpr int NSB = MetaLayout<typename QA::Scale, QA::kBlock, ZPW>::NSB;
-  using D = MmaDeq<T, B>;
+  using D = MmaDeq<T, B, QA::kZp == ZP_FP8>;
   const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const i32 nch = (K + kPfChunk - 1) / kPfChunk;
   const u32 s0 = (u32)__cvta_generic_to_shared(smem);
-  const i32 nblk = QA::kBlock ? K / QA::kBlock : 1;
   i64 sba[MW], sbb[MW];  // scale index of block 0 of each lane row
 #pragma unroll
   for (int m = 0; m < MW; ++m) {
-    sba[m] = ((i64)e * qa.N + lr.na[m]) * nblk;
-    sbb[m] = ((i64)e * qb.N + lr.nb[m]) * nblk;
+    sba[m] = qa.scale_index(e, lr.na[m], 0);
+    sbb[m] = qb.scale_index(e, lr.nb[m], 0);
   }
 
   auto issue = [&](i32 slot, i32 c) {

@@ -83,7 +83,7 @@ __device__ __forceinline__ void mma_rows(const QA& qa, const u8* __restrict__ pa
   using ScaleT = typename QA::Scale;
   constexpr bool kZpw = QA::kZp == ZP_PACKED || QB::kZp == ZP_PACKED;  // = the kernel's Stage
   using St = MmaStage<B, ScaleT, QA::kBlock, kZpw>;
-  using D = MmaDeq<T, B>;
+  using D = MmaDeq<T, B, QA::kZp == ZP_FP8>;
   constexpr int KST = St::KST, NSB = St::NSB, CB = St::kCodeBytes;
   const i32 lane = threadIdx.x & 31, t = lane & 3;
   const i32 nch = (K + kMmaChunk - 1) / kMmaChunk;
@@ -94,8 +94,7 @@ __device__ __forceinline__ void mma_rows(const QA& qa, const u8* __restrict__ pa
   // (q - zp)·x of a chunk in float32 and the row scale multiplies that partial sum (fewer
   // instructions, and the products are never rounded to T). Else each pair is scaled in T.
   constexpr bool kFactor = QA::kBlock == 0 || QA::kBlock >= kMmaChunk;
-  const i32 nblk = QA::kBlock ? K / QA::kBlock : 1;
-  const i64 sbase[2] = {((i64)e * qa.N + na) * nblk, ((i64)e * qb.N + nb) * nblk};  // scale index of block 0
+  const i64 sbase[2] = {qa.scale_index(e, na, 0), qb.scale_index(e, nb, 0)};  // scale index of block 0
 
   auto issue = [&](i32 slot, i32 c0) {
     const u32 base = ring0 + slot * St::kBytes;

@@ -114,12 +114,11 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
   constexpr int CB = St::kCB, S = St::kStages;
   constexpr bool kScaled = QA::kBlock != 0;
   constexpr int NSB = MetaLayout<typename QA::Scale, QA::kBlock, ZPW>::NSB;
-  using D = MmaDeq<T, B>;
+  using D = MmaDeq<T, B, QA::kZp == ZP_FP8>;
   const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3;
   const i32 nch = Kp / 128;
   const u32 s0 = (u32)__cvta_generic_to_shared(smem);
-  const i32 nblk = QA::kBlock ? K / QA::kBlock : 1;
-  const i64 sba = ((i64)e * qa.N + lr.na[0]) * nblk, sbb = ((i64)e * qb.N + lr.nb[0]) * nblk;
+  const i64 sba = qa.scale_index(e, lr.na[0], 0), sbb = qb.scale_index(e, lr.nb[0], 0);  // scale index of block 0
 
   auto issue = [&](i32 slot, i32 c) {
     const u32 base = s0 + slot * St::kBytes;
