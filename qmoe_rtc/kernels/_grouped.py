@@ -23,8 +23,8 @@ def group_and_combine(spec: ModuleSpec) -> tuple[KernelDef, ...]:
                   (Ptr("topk_ids", "int32"), Scalar("R", "int32"), Scalar("E", "int32"), Scalar("BM", "int32"),
                    Ptr("offsets", "int32"), Ptr("tile_offsets", "int32"), Ptr("sorted", "int32"))),
         KernelDef("combine", f"qmoe::combine_routes<{CPP_TYPES[spec['dtype']]}>",
-                  (Ptr("y", "float32"), Ptr("topk_w", "float32"), Scalar("rows", "int32"), Scalar("k", "int32"),
-                   Scalar("H", "int32"), Ptr("out", spec["dtype"]))),
+                  (Ptr("y", "float32"), Ptr("topk_ids", "int32"), Ptr("topk_w", "float32"), Scalar("rows", "int32"),
+                   Scalar("k", "int32"), Scalar("H", "int32"), Ptr("out", spec["dtype"]))),
     )
 
 

@@ -51,6 +51,7 @@ fc1_gemv(const T* __restrict__ x, const i32* __restrict__ ids, i32 k, i32 H, i32
   const ActParams ap{alpha, beta, limit, limit_after};
   const i32 r = blockIdx.x;
   i32 e = ids[r];
+  if (e < 0) return;  // an expert this layer does not hold (expert slices [ext]): FC2 skips the route too
   pick_expert(e, E_routed, w1, s1, z1, b1, shared_w1, shared_s1, shared_z1, shared_b1);
   const T* xr = x + (i64)(r / k) * H;
   const i32 N1 = Rows::n1(I);
@@ -143,6 +144,7 @@ fc2_gemv_combine(const T* __restrict__ act, const i32* __restrict__ ids, const f
     const i32 slot = t / per_slot, it = t - slot * per_slot;
     const i64 r = row * k + slot;
     const i32 e = ids[r];
+    if (e < 0) return;  // not held here (expert slices [ext]): contributes nothing
     const bool sh = e >= E_routed;  // a shared expert's slot (core/experts.cuh)
     accum_item<kFc2Rows, VEC>(sh ? q2s : q2, sh ? shared_w2 : w2, sh ? e - E_routed : e, n, act + r * I, it, wts[r], acc);
   };
@@ -161,6 +163,7 @@ fc2_gemv_combine(const T* __restrict__ act, const i32* __restrict__ ids, const f
       for (i32 slot = 0; slot < k; ++slot) {  // slot order: deterministic
         const i64 r = row * k + slot;
         const i32 e = ids[r];
+        if (e < 0) continue;
         const float* bias = e >= E_routed ? shared_b2 : b2;
         if (bias) v = fmaf(wts[r], bias[(i64)(e >= E_routed ? e - E_routed : e) * H + nn], v);
       }

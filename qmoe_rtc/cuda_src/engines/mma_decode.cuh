@@ -108,6 +108,7 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
   constexpr int kOutPerTile = kGated ? 8 : 16;
   const ActParams ap{alpha, beta, limit, limit_after};
   i32 e = ids[blockIdx.y];
+  if (e < 0) return;  // an expert this layer does not hold (expert slices [ext]): FC2 skips the route too
   pick_expert(e, E_routed, w1, s1, z1, b1, shared_w1, shared_s1, shared_z1, shared_b1);
   const i32 N1 = Rows::n1(I);
   const QuantParams<ScaleT, B1, BLOCK, Z1> q1{s1, z1, zp_offset, N1, H};
@@ -189,8 +190,10 @@ fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const fl
   const i64 row_bytes = packed_bytes<B2>(I);
   const u8* pa = w2 + ((i64)e * H + na) * row_bytes;
   const u8* pb = w2 + ((i64)e * H + nb) * row_bytes;
-  if (R <= kMmaPrefetchRoutes) prefetch_rows<B2>(pa, pb, I, ks, KS, kMmaPrefetchChunks);
-  const ExpertRoutes er = collect_routes(ids, R, s_ids, s_list, &s_n);
+  // e < 0: an expert this layer does not hold (expert slices [ext]): nothing to compute, but the block
+  // still counts for its tile below (block-uniform, so collect_routes' barriers are skipped by all)
+  if (e >= 0 && R <= kMmaPrefetchRoutes) prefetch_rows<B2>(pa, pb, I, ks, KS, kMmaPrefetchChunks);
+  const ExpertRoutes er = e < 0 ? ExpertRoutes{0} : collect_routes(ids, R, s_ids, s_list, &s_n);
   for (i32 p = 0; p < er.n; p += 8 * NG) {
     const T* xrow[NG];
 #pragma unroll
@@ -229,7 +232,8 @@ fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const fl
     const i32 row = idx / tile, n = h0 + idx % tile;
     if (n >= H) continue;
     float v = 0.0f;
-    for (i32 slot = 0; slot < k; ++slot) v += __ldcg(y + ((i64)row * k + slot) * H + n);
+    for (i32 slot = 0; slot < k; ++slot)
+      if (ids[(i64)row * k + slot] >= 0) v += __ldcg(y + ((i64)row * k + slot) * H + n);
     out[(i64)row * H + n] = Traits<T>::from_float(v);
   }
   if (threadIdx.x == 0) counters[blockIdx.x] = 0u;

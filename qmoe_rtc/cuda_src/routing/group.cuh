@@ -1,6 +1,6 @@
 // routing/group.cuh: group routes by expert on the device, in one block (no host sync).
 //
-//   topk_ids     [R]      i32   expert of route r (r = row*k + slot)
+//   topk_ids     [R]      i32   expert of route r (r = row*k + slot); -1 (expert slices [ext]): left out
 //   offsets      [E + 1]  i32   (out) first sorted position of expert e; offsets[E] = R
 //   tile_offsets [E + 1]  i32   (out) first GEMM tile of expert e (tiles of BM rows); tile_offsets[E] = tiles
 //   sorted       [R]      i32   (out) route ids in expert order (order inside an expert is arbitrary:
@@ -26,7 +26,8 @@ group_by_expert(const i32* __restrict__ topk_ids, i32 R, i32 E, i32 BM, i32* __r
   const int tid = threadIdx.x;
   for (int e = tid; e < E; e += kGroupThreads) count[e] = 0;
   __syncthreads();
-  for (i32 r = tid; r < R; r += kGroupThreads) atomicAdd(&count[topk_ids[r]], 1);
+  for (i32 r = tid; r < R; r += kGroupThreads)  // id -1: an expert this layer does not hold (slices [ext])
+    if (topk_ids[r] >= 0) atomicAdd(&count[topk_ids[r]], 1);
   __syncthreads();
 
   // exclusive scans of count[] and ceil(count/BM)[] (E < kGroupThreads: one entry per thread)
@@ -65,6 +66,7 @@ group_by_expert(const i32* __restrict__ topk_ids, i32 R, i32 E, i32 BM, i32* __r
   }
   __syncthreads();
   for (i32 r = tid; r < R; r += kGroupThreads) {
+    if (topk_ids[r] < 0) continue;
     const i32 pos = atomicAdd(&cursor[topk_ids[r]], 1);
     sorted[pos] = r;
   }
