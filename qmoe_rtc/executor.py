@@ -30,7 +30,7 @@ from . import knobs
 from ._arrays import device_of, dtype_name, is_c_contiguous, shape_str
 from .contract import INPUT_NAMES, LAYER_INPUTS, CallSpec, QMoEAttributes, check_call, check_content
 from .errors import CaptureError, DeviceError, QMoEInputError
-from .extensions import EXT_INPUTS, check_ext_call, refuse_on_gpu, shared_weights
+from .extensions import EXT_INPUTS, check_ext_call, shared_weights
 from .jit import load_module
 from .jit.driver import probe, stream_is_capturing
 from .kernels import Problem, choose, decode_limit, get_family
@@ -125,7 +125,6 @@ class QMoE:
         metas = {n: m if m is None or m.device is not None else replace(m, device=on_dev) for n, m in metas.items()}
         g = describe_gpu_layer(metas, self.attrs, slice_args)
         layer, ext = g.layer, g.ext
-        refuse_on_gpu(layer, ext)
         if want is not None and layer.device_id is not None and layer.device_id != want:
             raise DeviceError(f"weights live on cuda:{layer.device_id}, device={device!r} was asked for")
         check_supported(layer, ext, g.slice.num_experts if g.slice else 0)

@@ -19,11 +19,10 @@ from dataclasses import dataclass
 from ._arrays import FLOAT_DTYPES, ArrayMeta, device_of, dtype_name, shape_str
 from .attributes import QMoEAttributes
 from .contract import LayerSpec, _infer_dtype, _require, check_call, describe_layer
-from .errors import DeviceError, QMoEAttributeError, QMoEInputError, QMoEUnsupportedError
+from .errors import DeviceError, QMoEAttributeError, QMoEInputError
 from .specialize.vocab import GLU_ACTIVATIONS
 
-__all__ = ["SHARED_INPUTS", "EXT_INPUTS", "ExtensionSpec", "describe_extensions", "check_ext_call", "shared_weights",
-           "refuse_on_gpu"]
+__all__ = ["SHARED_INPUTS", "EXT_INPUTS", "ExtensionSpec", "describe_extensions", "check_ext_call", "shared_weights"]
 
 #: The shared experts' tensors: the routed fc1/fc2 inputs with ``shared_`` in front, leading dim S.
 SHARED_INPUTS = tuple(f"shared_{p}_{t}" for p in ("fc1", "fc2")
@@ -156,15 +155,4 @@ def check_ext_call(layer: LayerSpec, ext: ExtensionSpec, input, router_probs, ro
         raise QMoEInputError("input", f"dtype {ext.dtype} (the dtype of the layer's extension tensors)",
                              f"dtype {call.dtype}")
     return call
-
-
-def refuse_on_gpu(layer: LayerSpec, ext: ExtensionSpec) -> None:
-    """:class:`QMoEUnsupportedError` for a valid layer that uses what the reference serves and the GPU
-    engines do not implement yet. Shared experts and the router GEMM run on the GPU (their layout
-    limits: :func:`qmoe_rtc.runtime.layer.shared_unsupported`), FP8 routed experts too (FP8 shared
-    experts are refused by validation). GPU-free."""
-    what = []
-    if what:
-        raise QMoEUnsupportedError(f"the GPU engines of this build do not implement {' and '.join(what)} yet; "
-                                   "qmoe_rtc.reference.qmoe computes such layers (docs/contract.md)")
 

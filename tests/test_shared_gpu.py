@@ -12,24 +12,13 @@ import math
 
 import numpy as np
 import pytest
+from test_executor_gpu import TOL, rel_err
 
 from qmoe_rtc import knobs
 from qmoe_rtc.random_layer import random_inputs, random_layer
 from qmoe_rtc.reference import qmoe as reference
 
 pytestmark = pytest.mark.gpu
-
-TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}
-
-
-def rel_err(got, want):
-    g = np.asarray(got).astype(np.float64)
-    w = np.asarray(want).astype(np.float64)
-    if not np.isfinite(g).all():
-        return math.inf
-    n = np.linalg.norm(w)
-    return np.linalg.norm(g - w) / (n if n else 1.0)
-
 
 def build(rng, *, E, H, I, k, dtype, S=1, gate=False, router=None, router_bias=False, **kw):  # noqa: E741
     """(routed weights, attributes, extension inputs): S shared experts in the routed layout."""
@@ -68,7 +57,7 @@ DECODE_ROWS = (1, 3, 8)
 PREFILL_ROWS = (64, 300)
 
 
-def _engines(dtype):
+def engines(dtype):
     """(path, knob settings, pipeline the plan must pick) for each engine that runs ``dtype`` here."""
     import cupy as cp
 
@@ -92,7 +81,7 @@ def test_extensions_vs_reference_on_every_engine(rng, name, kw, dtype):
     router = "router_weight" in ext
     wd, xd = to_dev(w), to_dev(ext)
     worst = 0.0
-    for path, knob, pipeline in _engines(dtype):
+    for path, knob, pipeline in engines(dtype):
         limit = 10**6 if path == "decode" else 0
         with knobs.scope(**knob):
             moe = QMoE(decode_max_routes=limit, **wd, **a, **xd)
