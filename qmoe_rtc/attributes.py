@@ -149,12 +149,13 @@ class QMoEAttributes:
 
     def shared_attrs(self) -> QMoEAttributes:
         """The attributes the shared experts are read with: their own bits and block size where set (else
-        the routed ones, per projection), integer codes, one 'route' per shared expert."""
+        the routed ones, per projection), the routed quantization (integer codes, or FP8 like the routed
+        experts), one 'route' per shared expert."""
         sb = self.shared_expert_weight_bits
         per = {f"{p}_expert_weight_bits": sb if sb is not None else self.bits(p) for p in ("fc1", "fc2")}
         bs = self.block_size if self.shared_block_size is None else self.shared_block_size
         return replace(self, k=1, use_sparse_mixer=0, **per, fc3_expert_weight_bits=None, block_size=bs,
-                       quant_type="int", shared_expert_weight_bits=None, shared_block_size=None)
+                       shared_expert_weight_bits=None, shared_block_size=None)
 
     @property
     def is_glu(self) -> bool:

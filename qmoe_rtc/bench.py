@@ -256,7 +256,7 @@ def bench_layer(cp, torch, timer, ceil, args, shape, dtype, bits, rs, emit) -> N
                 emit(dict(base, T=T, variant=v, error=problem))
         return
     if fp8 and shape.has_ext:
-        print("  [fp8: routed layer only (FP8 shared experts are not defined, docs/contract.md)]", flush=True)
+        print("  [fp8: routed layer only (the FP8 targets compare routed layers with int8)]", flush=True)
     tw, terr0 = None, None
     if torch is not None and fp8:
         print("  torch baseline: not run for fp8 (it runs the same dense dequantized weights as for int bits)")

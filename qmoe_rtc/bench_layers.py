@@ -20,7 +20,7 @@ def build_layer(cp, rs, shape: Shape, dtype: str, bits, block_size: int, zero_po
     """Random quantized experts on the GPU (drawn and quantized ~32 MiB of floats at a time) with
     :func:`qmoe_rtc.random_layer.random_layer`: (weights by ORT name, attributes). FP8 (``bits`` fp8/fp8g):
     e4m3 codes with float32 scales. The shape's router weight [E, H] comes along when it has a router
-    GEMM, its shared experts (and gate) with ``shared`` (int experts only: FP8 shared experts are not defined)."""
+    GEMM, its shared experts (and gate) with ``shared`` (int experts only: the FP8 targets time routed layers)."""
     from .random_layer import random_layer
 
     fp8 = is_fp8(bits)

@@ -176,8 +176,9 @@ def block_for(shape: Shape, block_size, bits=None) -> int:
 
 
 def variants_for(shape: Shape, bits, wanted) -> list[str]:
-    """The layers timed for ``shape``: 'routed' alone without [ext] parts or with FP8 experts (FP8 shared
-    experts are not defined), else the wanted ones it has (no 'shared' without shared experts)."""
+    """The layers timed for ``shape``: 'routed' alone without [ext] parts or with FP8 experts (the FP8
+    targets compare routed layers with int8), else the wanted ones it has (no 'shared' without shared
+    experts)."""
     if not shape.has_ext or is_fp8(bits):
         return ["routed"]
     return [v for v in VARIANTS if v in wanted and (v != "shared" or (shape.shared and shape.router))]

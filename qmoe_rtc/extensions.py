@@ -24,9 +24,11 @@ from .specialize.vocab import GLU_ACTIVATIONS
 
 __all__ = ["SHARED_INPUTS", "EXT_INPUTS", "ExtensionSpec", "describe_extensions", "check_ext_call", "shared_weights"]
 
-#: The shared experts' tensors: the routed fc1/fc2 inputs with ``shared_`` in front, leading dim S.
+#: The shared experts' tensors: the routed fc1/fc2 inputs with ``shared_`` in front, leading dim S
+#: (FP8 shared experts with block_size 0: their per-expert ``shared_fc*_global_scale`` [S]).
 SHARED_INPUTS = tuple(f"shared_{p}_{t}" for p in ("fc1", "fc2")
-                      for t in ("experts_weights", "scales", "zero_points", "experts_bias"))
+                      for t in ("experts_weights", "scales", "zero_points", "experts_bias")) + \
+    ("shared_fc1_global_scale", "shared_fc2_global_scale")
 #: Every extension input (all constant across calls: passed with the weights).
 EXT_INPUTS = SHARED_INPUTS + ("shared_gate_weight", "router_weight", "router_bias")
 
@@ -63,7 +65,7 @@ def shared_weights(inputs: dict) -> dict:
     return {n.removeprefix("shared_"): inputs.get(n) for n in SHARED_INPUTS if inputs.get(n) is not None}
 
 
-_ROUTED_NAME = re.compile(r"(?<![\w])(fc[123]_(?:experts_weights|scales|zero_points|experts_bias)|block_size|"
+_ROUTED_NAME = re.compile(r"(?<![\w])(fc[123]_(?:experts_weights|scales|zero_points|experts_bias|global_scale)|block_size|"
                           r"expert_weight_bits|fc[123]_expert_weight_bits)\b")
 
 
@@ -77,9 +79,9 @@ def _shared_name(text: str) -> str:
 
 
 def _describe_shared(inputs: dict, attrs: QMoEAttributes, layer: LayerSpec) -> LayerSpec:
-    if attrs.quant_type != "int":
-        raise QMoEAttributeError("quant_type", "'int' when shared experts are given (FP8 shared experts are not "
-                                 "defined yet)", repr(attrs.quant_type))
+    if attrs.quant_type == "fp8" and attrs.shared_expert_weight_bits not in (None, 8):
+        raise QMoEAttributeError("shared_expert_weight_bits", "unset or 8 with quant_type='fp8' (the shared experts "
+                                 "are FP8 like the routed ones)", str(attrs.shared_expert_weight_bits))
     if attrs.activation_type in GLU_ACTIVATIONS and not attrs.swiglu_fusion:
         raise QMoEAttributeError("swiglu_fusion", f"1 or 2 when shared experts are given with '{attrs.activation_type}'"
                                  " (they have no fc3 to take the linear half from)", "0")

@@ -52,8 +52,8 @@ class Preset:
         ``router_gemm``: router_weight's dtype, '' for none (default: ``dtype`` when the preset has a
         router GEMM). ``quant="fp8"``: FP8 experts, i.e. every projection 8-bit with zero-point mode
         'fp8' (e4m3fn codes), float32 scales unless ``scale_dtype`` says otherwise (block size 0 = one
-        global scale per expert), and no shared experts (FP8 shared experts are not defined);
-        :class:`QMoEUnsupportedError` where the layouts have no 'fp8' mode.
+        global scale per expert), the preset's shared experts FP8 too; :class:`QMoEUnsupportedError`
+        where the layouts have no 'fp8' mode.
         """
         from .specialize import Layout, ModelConfig
 
@@ -85,8 +85,7 @@ class Preset:
             fc1_zp=zero_points, fc2_zp=zero_points, fc3_zp=zero_points if fc3 else "none",
             activation=act, swiglu_fusion=fusion, has_fc3=fc3,
         )
-        S = self.shared if shared is None else shared
-        S = 0 if fp8 else S
+        S = self.shared if shared is None else shared  # FP8 layers have FP8 shared experts
         gate = bool(S) and (self.shared_gate if shared_gate is None else shared_gate)
         router = (dtype if self.router_gemm else "") if router_gemm is None else router_gemm
         return ModelConfig(hidden=self.hidden, inter=self.inter, experts=self.experts, k=self.k, layout=layout,

@@ -13,7 +13,6 @@ import numpy as np
 
 from ._arrays import array_module, np_dtype
 from .contract import GLU_ACTIVATIONS
-from .errors import QMoEAttributeError
 from .quantize import quantize
 
 __all__ = ["random_layer", "random_inputs"]
@@ -64,9 +63,6 @@ def random_layer(
     fp8 = format == "fp8_e4m3"
     if fp8:
         bits, zero_points = 8, False
-        if shared:
-            raise QMoEAttributeError("shared", "0 with format='fp8_e4m3' (FP8 shared experts are not defined yet)",
-                                     repr(shared))
     b1, b2, b3 = (bits,) * 3 if isinstance(bits, int) else tuple(bits)
     z1, z2, z3 = (zero_points,) * 3 if isinstance(zero_points, bool) else tuple(zero_points)
     glu = activation_type in GLU_ACTIVATIONS

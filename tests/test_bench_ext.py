@@ -66,7 +66,7 @@ def test_fp8_config():
     lay = c.layout
     assert (lay.fc1_bits, lay.fc2_bits, lay.fc1_zp, lay.fc2_zp, lay.scale_dtype, lay.block_size) == (
         8, 8, "fp8", "fp8", "float32", 128)
-    assert (c.shared, c.shared_gate, c.router_gemm) == (0, False, "bfloat16")  # FP8 shared experts are undefined
+    assert (c.shared, c.shared_gate, c.router_gemm) == (1, True, "bfloat16")  # its shared expert is FP8 too
     assert PRESETS["deepseek-v3-tp8"].config(quant="fp8", block_size=0, dtype="float16").layout.scale_dtype == "float32"
     assert PRESETS["deepseek-v3-tp8"].config(quant="fp8", scale_dtype="float16").layout.scale_dtype == "float16"
     assert PRESETS["qwen3-30b-a3b"].config(quant="int").layout.fc1_zp == "none"
@@ -130,11 +130,11 @@ def test_warm_format_fp8(cache, capsys):
     fp8 = [c for c in cfgs if c.layout.fc1_zp == "fp8"]
     assert len(cfgs) == 2 * 2 * 2 + 2 and len(fp8) == 2  # FP8: one per block size (bits, zero points do not apply)
     assert sorted(c.layout.block_size for c in fp8) == [0, 128]
-    assert all(c.layout.fc1_bits == c.layout.fc2_bits == 8 and c.shared == 0 for c in fp8)
+    assert all(c.layout.fc1_bits == c.layout.fc2_bits == 8 and c.shared == 1 for c in fp8)  # FP8 shared expert
     assert warm.main(argv) == 0
     out = capsys.readouterr().out
     (cfg,) = warm._configs(_warm_args("--preset", "deepseek-v3-tp8", "--format", "fp8"))
-    assert f"# deepseek-v3-tp8 H7168 I256 E256 k8 router GEMM float16: {cfg.layout.name}" in out
+    assert f"# deepseek-v3-tp8 H7168 I256 E256 k8 shared 1, router GEMM float16: {cfg.layout.name}" in out
     assert all(f"sm_90a {s.name}" in out for s in modules_for(cfg, arch="sm_90a"))
 
 
@@ -170,7 +170,7 @@ def test_variants_for():
     allv = list(bench.VARIANTS)
     assert bench.variants_for(q, (4, 4), allv) == allv and bench.variants_for(d, (8, 8), allv) == allv
     assert bench.variants_for(q, (4, 4), ["full", "routed"]) == ["routed", "full"]
-    assert bench.variants_for(q, ("fp8", "fp8"), allv) == ["routed"]  # FP8 shared experts are not defined
+    assert bench.variants_for(q, ("fp8", "fp8"), allv) == ["routed"]  # the FP8 targets time routed layers
     assert bench.variants_for(plain, (4, 4), allv) == ["routed"]
     router_only = bench.Shape("r", 64, 32, 8, 2, router=True)
     shared_only = bench.Shape("s", 64, 32, 8, 2, shared=2)
@@ -328,13 +328,15 @@ def test_random_layer_extensions_pass_contract_and_reference(rng, gate, bias, dt
     assert np.isfinite(full.astype(np.float32)).all() and 0.1 < np.abs(full.astype(np.float32)).mean() < 10
 
 
-def test_random_layer_fp8_and_refusals(rng):
+def test_random_layer_fp8(rng):
     w, attrs = random_layer(rng, E=4, H=64, I=32, k=2, format="fp8_e4m3", block_size=0, router_gemm=True)
     assert attrs["quant_type"] == "fp8" and w["fc1_global_scale"].shape == (4,) and "router_weight" in w
     x, _, _ = random_inputs(rng, 3, 64, 4)
     assert np.isfinite(reference(x, None, **w, **attrs).astype(np.float32)).all()
-    with pytest.raises(QMoEAttributeError, match="shared"):
-        random_layer(rng, E=4, H=64, I=32, format="fp8_e4m3", shared=1)
+    ws, a2 = random_layer(rng, E=4, H=64, I=32, format="fp8_e4m3", shared=1)  # FP8 shared experts, global scales
+    assert ws["shared_fc1_global_scale"].shape == (1,) and ws["shared_fc1_experts_weights"].dtype == np.uint8
+    x2, lg2, _ = random_inputs(rng, 3, 64, 4)
+    assert np.isfinite(reference(x2, lg2, **ws, **a2).astype(np.float32)).all()
 
 
 # -- a whole run on the CPU ------------------------------------------------------------------------

@@ -203,18 +203,44 @@ def test_extension_refusals(rng, what):
     assert f"'{name}'" in str(ei.value)
 
 
-def test_fp8_shared_experts_are_refused(rng):
+@pytest.mark.parametrize("bs", [0, 16])
+def test_fp8_shared_part_equals_dense_computation(rng, bs):
+    """FP8 layers have FP8 shared experts (global scales [S] with block size 0, square blocks else)."""
+    from qmoe_rtc.fp8 import dequantize_fp8
+
+    w, a = random_layer(rng, E=E, H=H, I=I, k=2, dtype="float32", block_size=bs, format="fp8_e4m3",
+                        activation_type="swiglu")
+    sw, _ = shared(rng, S=2, block_size=bs, format="fp8_e4m3")
+    scale = "global_scale" if bs == 0 else "scales"
+    assert f"shared_fc1_{scale}" in sw and f"shared_fc2_{scale}" in sw
+    x, lg, _ = random_inputs(rng, 4, H, E, "float32")
+    got = qmoe(x, lg, **w, **a, **sw).astype(np.float64)
+    base = qmoe(x, lg, **w, **a).astype(np.float64)
+    attrs = QMoEAttributes.from_kwargs(**a)
+    W1 = dequantize_fp8(sw["shared_fc1_experts_weights"], sw[f"shared_fc1_{scale}"], bs).astype(np.float64)
+    W2 = dequantize_fp8(sw["shared_fc2_experts_weights"], sw[f"shared_fc2_{scale}"], bs).astype(np.float64)
+    want = sum(activate(x.astype(np.float64) @ W1[s].T, attrs, 2) @ W2[s].T for s in range(2))
+    assert np.allclose(got - base, want, rtol=1e-5, atol=1e-5)
+    assert np.abs(want).max() > 0.1
+
+
+def test_fp8_shared_experts_refuse_other_bits_and_missing_scales(rng):
     w, a = random_layer(rng, E=E, H=H, I=I, k=2, dtype="float32", format="fp8_e4m3")
-    sw, _ = shared(rng, bits=8)
+    sw, _ = shared(rng, format="fp8_e4m3")
     x, lg, _ = random_inputs(rng, 2, H, E, "float32")
-    with pytest.raises(errors.QMoEAttributeError, match="quant_type"):
-        qmoe(x, lg, **w, **a, **sw)
+    with pytest.raises(errors.QMoEAttributeError) as ei:
+        qmoe(x, lg, **w, **a, **sw, shared_expert_weight_bits=4)
+    assert ei.value.name == "shared_expert_weight_bits"
+    with pytest.raises(errors.QMoEInputError) as ei:
+        qmoe(x, lg, **w, **a, **{**sw, "shared_fc2_global_scale": None})
+    assert ei.value.name == "shared_fc2_global_scale"
 
 
 def test_shared_input_names():
     assert SHARED_INPUTS == ("shared_fc1_experts_weights", "shared_fc1_scales", "shared_fc1_zero_points",
                              "shared_fc1_experts_bias", "shared_fc2_experts_weights", "shared_fc2_scales",
-                             "shared_fc2_zero_points", "shared_fc2_experts_bias")
+                             "shared_fc2_zero_points", "shared_fc2_experts_bias", "shared_fc1_global_scale",
+                             "shared_fc2_global_scale")
 
 
 # ---- the GPU layer: validated before the GPU; what it cannot run refused there -----------------------
@@ -224,6 +250,9 @@ GPU_REFUSED = {
     "shared of other bits": lambda rng: (routed(rng), dict(shared(rng, I_s=I, bits=8)[0], shared_expert_weight_bits=8)),
     "shared beside fc3": lambda rng: (routed(rng, activation_type="silu", fc3=True),
                                       shared(rng, I_s=I, activation_type="silu")[0]),
+    "fp8 shared of another block size": lambda rng: (routed(rng, format="fp8_e4m3", block_size=16),
+                                                     dict(shared(rng, I_s=I, format="fp8_e4m3", block_size=32)[0],
+                                                          shared_block_size=32)),
 }
 GPU_ACCEPTED = {
     "fp8 global": lambda rng: (random_layer(rng, E=E, H=H, I=I, dtype="float16", format="fp8_e4m3"), {}),
@@ -233,6 +262,9 @@ GPU_ACCEPTED = {
     "shared": lambda rng: (routed(rng), shared(rng, I_s=I)[0]),
     "shared gated": lambda rng: (routed(rng), dict(shared(rng, I_s=I)[0], shared_gate_weight=np.zeros(H, np.float32))),
     "router gemm": lambda rng: (routed(rng), dict(router_weight=np.zeros((E, H), np.float32))),
+    "fp8 shared": lambda rng: (routed(rng, format="fp8_e4m3"), shared(rng, I_s=I, format="fp8_e4m3")[0]),
+    "fp8 shared blocks": lambda rng: (routed(rng, format="fp8_e4m3", block_size=16),
+                                      shared(rng, I_s=I, format="fp8_e4m3", block_size=16)[0]),
 }
 
 

@@ -15,6 +15,7 @@ import pytest
 from test_executor_gpu import TOL, rel_err
 
 from qmoe_rtc import knobs
+from qmoe_rtc._arrays import np_dtype
 from qmoe_rtc.random_layer import random_inputs, random_layer
 from qmoe_rtc.reference import qmoe as reference
 
@@ -30,7 +31,7 @@ def build(rng, *, E, H, I, k, dtype, S=1, gate=False, router=None, router_bias=F
     if gate:
         ext["shared_gate_weight"] = (rng.standard_normal(H) / math.sqrt(H)).astype(np.float32)
     if router:
-        rdt = np.float32 if router == "float32" else w["fc1_scales"].dtype
+        rdt = np.float32 if router == "float32" else np_dtype(dtype)
         ext["router_weight"] = (2 * rng.standard_normal((E, H)) / math.sqrt(H)).astype(rdt)
         if router_bias:
             ext["router_bias"] = rng.standard_normal(E).astype(np.float32)
@@ -44,7 +45,8 @@ def to_dev(d):
 
 
 # (name, kwargs): int4 block 128 swiglu (fused 1), int8 row-wise with zero points and biases (fused 2),
-# int2 block 32 plain gelu, each with shared experts and the gate / router GEMM in some combination
+# int2 block 32 plain gelu, FP8 (block 128 / global scales), each with shared experts and the gate /
+# router GEMM in some combination
 CASES = [
     ("b4-bs128-swiglu1-S1-gate-router", dict(bits=4, block_size=128, activation_type="swiglu", swiglu_fusion=1,
                                              S=1, gate=True, router="T", router_bias=True)),
@@ -52,6 +54,10 @@ CASES = [
                                    swiglu_fusion=2, S=2)),
     ("b2-bs32-gelu-S1-router-f32", dict(bits=2, block_size=32, activation_type="gelu", S=1, router="float32")),
     ("b4-bs64-silu-router-only", dict(bits=4, block_size=64, activation_type="silu", S=0, router="T")),
+    # FP8 shared experts beside FP8 routed ones: square block scales, and per-expert global scales
+    ("fp8-bs128-swiglu1-S1-gate-router", dict(format="fp8_e4m3", block_size=128, activation_type="swiglu",
+                                              swiglu_fusion=1, S=1, gate=True, router="T")),
+    ("fp8-global-swiglu2-S2", dict(format="fp8_e4m3", block_size=0, activation_type="swiglu", swiglu_fusion=2, S=2)),
 ]
 DECODE_ROWS = (1, 3, 8)
 PREFILL_ROWS = (64, 300)
