@@ -22,7 +22,7 @@ its communicator). torch is imported when a layer is built, not with the package
 from __future__ import annotations
 
 from ._arrays import shape_str
-from .errors import QMoEAttributeError, QMoEInputError
+from .errors import DeviceError, QMoEAttributeError, QMoEInputError
 from .extensions import SHARED_INPUTS
 from .slices import even_split
 
@@ -75,7 +75,10 @@ class ExpertParallelQMoE:
     """
 
     def __init__(self, *, group=None, placement=None, shared_rank: int = 0, **weights_and_attributes):
-        import torch.distributed as dist
+        try:
+            import torch.distributed as dist
+        except ImportError as exc:  # the package itself needs no torch
+            raise DeviceError(f"qmoe_rtc.distributed needs torch with torch.distributed ({exc})") from exc
 
         from .executor import QMoE
 
