@@ -2,8 +2,9 @@
 # One call on the GPU machine: environment, parallel precompile, the GPU test suites, a memcheck of one
 # prefill and one decode call, then the benchmark (decode, prefill, host cost) and, when the humming
 # wheel and a copy of the peers script are carried (.whl/, .peers/), the peers side by side.
-#   SECTIONS="tests memcheck bench peers ab extra soak racecheck" bash tools/device_check.sh   (logs under $OUT or ./out)
-# ab: both prefill engines forced; extra: fbgemm_w4 (.whl_fb/) and marlin (.marlin/*.so) peers; soak: tools/soak.py.
+#   SECTIONS="tests memcheck bench peers ab extra ext soak racecheck" bash tools/device_check.sh   (logs under $OUT or ./out)
+# ab: both prefill engines forced; extra: fbgemm_w4 (.whl_fb/) and marlin (.marlin/*.so) peers; soak: tools/soak.py;
+# ext: tools/ext_bench.sh (shared experts + router GEMM targets, FP8 vs int8).
 # Knobs: TESTS (pytest paths), BENCH_ARGS, PEER_TOKENS, PEERS, *_TIMEOUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -70,6 +71,11 @@ if has extra && ls .whl/humming_kernels-*.whl >/dev/null 2>&1 && [ -f .peers/ben
       --peers humming_g,marlin,qmoe_rtc --tokens "${PEER_TOKENS:-16,32,64,128,512,4096}" --out "$OUT/peers_marlin.json" 2>&1 \
       | tee "$OUT/peers_marlin.txt" | grep -vE "^# humming prep" | tail -40
   fi
+fi
+
+if has ext; then
+  stamp ext
+  bash tools/ext_bench.sh 2>&1 | tail -60
 fi
 
 if has soak && [ -f tools/soak.py ]; then
