@@ -236,7 +236,8 @@ def qmoe(
     weights = {n: _host(a) for n, a in given.items()}
     sl = describe_slice(**slice_args)
     layer = describe_layer(weights, attrs, routed_experts=sl.num_experts if sl is not None else None)
-    sl = describe_slice(**slice_args, local_experts=layer.E)
+    if sl is not None:
+        sl.check_local(layer.E)
     routed = replace(layer, E=sl.num_experts) if sl is not None else layer  # routing sees all E experts
     ext = describe_extensions(ext_in, attrs, routed)
     sw = shared_weights(ext_in)

@@ -46,6 +46,12 @@ class ExpertSlice:
     def is_range(self) -> bool:
         return self.held == tuple(range(self.held[0], self.held[0] + len(self.held)))
 
+    def check_local(self, local_experts: int) -> None:
+        """:class:`QMoEInputError` unless the slice's weights hold ``local_experts`` experts (dim 0)."""
+        if local_experts != self.local_experts:
+            raise QMoEInputError("fc1_experts_weights", f"{self.local_experts} experts in dim 0 ({self.describe()})",
+                                 f"{local_experts}")
+
     def describe(self) -> str:
         if self.is_range:
             return f"experts {self.held[0]}..{self.held[-1]} of {self.num_experts}"
@@ -102,9 +108,8 @@ def describe_slice(expert_range=None, expert_map=None, num_experts=None, local_e
         if not 0 <= e0 < e1 <= E:
             raise QMoEAttributeError("expert_range", f"0 <= e0 < e1 <= num_experts ({E})", repr(tuple(expert_range)))
         sl = ExpertSlice(E, tuple(range(e0, e1)))
-    if local_experts is not None and local_experts != sl.local_experts:
-        raise QMoEInputError("fc1_experts_weights", f"{sl.local_experts} experts in dim 0 ({sl.describe()})",
-                             f"{local_experts}")
+    if local_experts is not None:
+        sl.check_local(local_experts)
     return sl
 
 

@@ -41,7 +41,7 @@ def describe_gpu_layer(arrays: dict, attrs, slice_args: dict) -> GpuLayer:
     layer = describe_layer({n: a for n, a in arrays.items() if n in LAYER_INPUTS}, attrs,
                            routed_experts=sl.num_experts if sl is not None else None)
     if sl is not None:
-        describe_slice(**slice_args, local_experts=layer.E)
+        sl.check_local(layer.E)
     routing = replace(layer, E=sl.num_experts) if sl is not None else layer
     ext = describe_extensions({n: a for n, a in arrays.items() if n in EXT_INPUTS}, attrs, routing)
     return GpuLayer(layer, routing, ext, sl)
