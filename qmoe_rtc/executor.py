@@ -40,6 +40,7 @@ from .runtime.interop import (
     allocate_like,
     array_meta,
     cupy,
+    cupy_stream,
     current_stream,
     data_ptr,
     is_host_array,
@@ -338,8 +339,7 @@ class QMoE:
         if hasattr(input, "clone"):  # torch: copies on torch's current stream
             x = input.clone()
         else:
-            cp = cupy()
-            with cp.cuda.ExternalStream(stream, self.device_id):
+            with cupy_stream(stream, self.device_id):
                 x = input.copy()
         return x, data_ptr(x)
 

@@ -108,6 +108,9 @@ KNOBS: dict[str, Knob] = {
         Knob("eager_graphs", "QMOE_RTC_EAGER_GRAPHS", "bool", True, False,
              "Launch an eager call's kernels as one CUDA graph (one driver launch per call instead of one per "
              "kernel; read when a layer is built). 0: plain launches."),
+        Knob("pdl", "QMOE_RTC_PDL", "bool", True, False,
+             "Programmatic dependent launch on sm_90+: a forward's kernels that declare it start while the previous "
+             "one finishes (read when a plan is bound to its scratch). 0: every launch waits for the previous one."),
         Knob("jobs", "QMOE_RTC_JOBS", "int", 0, False,
              "Worker processes of the warm tool (0 = number of CPUs)."),
         Knob("mma_stages", "QMOE_RTC_MMA_STAGES", "int", 0, True,

@@ -111,7 +111,7 @@ def test_kernel_for_route(name):
     spec = FAM.spec(c)
     p = problem(c, **kw)
     assert FAM.kernel_for(spec, "route", p) == key and key in kdefs(c)
-    assert FAM.launch(spec, "route", p) == Launch((p.rows, 1, 1), (rt.THREADS, 1, 1), 0)
+    assert FAM.launch(spec, "route", p) == Launch((p.rows, 1, 1), (rt.THREADS, 1, 1), 0, overlap=True)
 
 
 @pytest.mark.parametrize("rows,wt,kind", [(1, "bfloat16", "mma"), (256, "bfloat16", "mma"),

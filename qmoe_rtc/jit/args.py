@@ -63,12 +63,19 @@ class KernelDef:
 @dataclass(frozen=True)
 class Launch:
     """Launch geometry, plus the scalar arguments the kernel family derives from the problem
-    (e.g. a K split), as ``(name, value)`` pairs bound by name like every other argument."""
+    (e.g. a K split), as ``(name, value)`` pairs bound by name like every other argument.
+
+    ``overlap``: the kernel may start before the previous launch on its stream has finished
+    (programmatic dependent launch, sm_90+): it waits (``griddepcontrol.wait``) before it reads
+    anything an earlier launch writes, and releases its own dependents only after that wait
+    (``cuda_src/core/pdl.cuh``). Whoever launches decides whether to use it.
+    """
 
     grid: tuple
     block: tuple
     shared_mem: int = 0
     args: tuple = ()
+    overlap: bool = False
 
 
 def check_pointer(where: str, spec: Ptr, value, device_id: int | None) -> int:

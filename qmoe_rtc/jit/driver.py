@@ -12,8 +12,8 @@ import threading
 from ..errors import DeviceError
 
 __all__ = ["CU_FUNC_ATTRIBUTE", "MIN_COMPUTE_CAPABILITY", "MIN_DRIVER_VERSION", "REQUIREMENTS", "bindings", "check",
-           "current_context", "func_attribute", "get_function", "launch", "load_cubin", "probe", "set_max_dynamic_smem",
-           "stream_is_capturing"]
+           "current_context", "func_attribute", "get_function", "launch", "launch_config", "launch_ex", "load_cubin",
+           "probe", "programmatic_edge", "set_max_dynamic_smem", "stream_is_capturing"]
 
 #: The oldest driver API this build runs on: CUDA 13.0, i.e. NVIDIA driver R580 or newer.
 MIN_DRIVER_VERSION = 13000
@@ -186,6 +186,41 @@ def launch(function, grid, block, shared_mem: int, stream: int, params_address: 
                                 stream, params_address, 0)[0]
     if int(err) != 0:
         _check((err,), f"cuLaunchKernel(grid {tuple(grid)}, block {tuple(block)}, smem {shared_mem})")
+
+
+def launch_config(grid, block, shared_mem: int, overlap: bool):
+    """A ``CUlaunchConfig`` for :func:`launch_ex`; ``overlap`` sets programmatic stream serialization (the
+    kernel may start before the previous one on the stream ends; sm_90+). The stream is set per launch."""
+    drv = _drv()
+    cfg = drv.CUlaunchConfig()
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = (int(g) for g in grid)
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = (int(b) for b in block)
+    cfg.sharedMemBytes = int(shared_mem)
+    if overlap:
+        attr = drv.CUlaunchAttribute()
+        attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        cfg.attrs = [attr]
+        cfg.numAttrs = 1
+    return cfg
+
+
+def launch_ex(config, function, stream: int, params_address: int) -> None:
+    """``cuLaunchKernelEx`` on ``stream`` with a config from :func:`launch_config`."""
+    drv = _drv()
+    config.hStream = stream
+    err = drv.cuLaunchKernelEx(config, function, params_address, 0)[0]
+    if int(err) != 0:
+        _check((err,), f"cuLaunchKernelEx(grid {(config.gridDimX, config.gridDimY, config.gridDimZ)}, overlapped)")
+
+
+def programmatic_edge():
+    """Graph edge data of a programmatic dependency (what capturing an overlapped launch records)."""
+    drv = _drv()
+    edge = drv.CUgraphEdgeData()
+    edge.from_port = drv.CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC
+    edge.type = drv.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC
+    return edge
 
 
 def stream_is_capturing(stream: int) -> bool:

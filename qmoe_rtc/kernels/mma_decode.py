@@ -141,7 +141,8 @@ class MmaDecodeFamily(KernelFamily):
         else:
             smem = ring_bytes(spec["fc2_bits"], scale_bytes, spec["block_size"], spec["fc2_zp"] == "packed",
                               spec["stages"])
-        return Launch((gx, problem.routes, 1), (THREADS, 1, 1), smem, (("KS", ks),))
+        # overlap: FC1 waits for the ids, FC2 reads the ids and prefetches its weights, then waits for act
+        return Launch((gx, problem.routes, 1), (THREADS, 1, 1), smem, (("KS", ks),), overlap=True)
 
     def scratch(self, spec: ModuleSpec, role: str, problem: Problem) -> dict[str, Slot]:
         R = problem.routes

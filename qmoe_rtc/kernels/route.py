@@ -176,7 +176,7 @@ class RouteFamily(KernelFamily):
     def launch(self, spec: ModuleSpec, role: str, problem: Problem) -> Launch:
         if role == "logits":
             return logits_geometry(problem)[1]
-        return Launch((problem.rows, 1, 1), (THREADS, 1, 1), 0)
+        return Launch((problem.rows, 1, 1), (THREADS, 1, 1), 0, overlap=True)  # waits for the router GEMM
 
     def scratch(self, spec: ModuleSpec, role: str, problem: Problem) -> dict[str, Slot]:
         logits = {"router_logits": Slot(4 * problem.rows * problem.logit_count)} if problem.router_gemm else {}  # [rows, E] f32

@@ -1,6 +1,8 @@
 """One driver launch per eager call: a plan's launches as an instantiated CUDA graph. Before each
 launch the kernel nodes that take the call's addresses get them (``cuGraphExecKernelNodeSetParams``,
 host-side only); then ``cuGraphLaunch``. Used outside capture (a capture records the plain launches).
+A launch that overlaps its predecessor (``BoundLaunches.overlapped``) hangs on a programmatic edge,
+as capturing it would record.
 
 A graph exec serialises its own launches, and each (plan, pool) has its own exec, so calls on
 different streams (different pools) stay independent.
@@ -27,13 +29,18 @@ class GraphedLaunches:
         with driver.current_context(device_id):
             self._graph = driver.check(drv.cuGraphCreate(0), "cuGraphCreate")
             prev = None
-            for fn, gx, gy, gz, bx, by, bz, smem, vals, address, slots, kern, _params in bound.items:
+            for (fn, gx, gy, gz, bx, by, bz, smem, vals, address, slots, kern, _params), cfg in zip(bound.items,
+                                                                                                 bound.overlapped):
                 p = drv.CUDA_KERNEL_NODE_PARAMS()
                 p.func, p.sharedMemBytes, p.kernelParams, p.extra = fn, smem, address, 0
                 p.gridDimX, p.gridDimY, p.gridDimZ, p.blockDimX, p.blockDimY, p.blockDimZ = gx, gy, gz, bx, by, bz
-                deps = [prev] if prev is not None else None
-                prev = driver.check(drv.cuGraphAddKernelNode(self._graph, deps, 0 if deps is None else 1, p),
+                deps = [prev] if prev is not None and cfg is None else None
+                node = driver.check(drv.cuGraphAddKernelNode(self._graph, deps, 0 if deps is None else 1, p),
                                     f"cuGraphAddKernelNode({kern!r})")
+                if prev is not None and cfg is not None:  # an overlapped launch: a programmatic edge
+                    driver.check(drv.cuGraphAddDependencies(self._graph, [prev], [node], [driver.programmatic_edge()], 1),
+                                 f"cuGraphAddDependencies({kern!r}, programmatic)")
+                prev = node
                 if slots:
                     updates.append((prev, p, vals, slots, kern))
             self._exec = driver.check(drv.cuGraphInstantiate(self._graph, 0), "cuGraphInstantiate")

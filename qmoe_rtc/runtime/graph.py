@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .._arrays import dtype_name, shape_str
 from ..errors import QMoEInputError
-from .interop import cupy, signature
+from .interop import cupy, cupy_stream, signature
 
 __all__ = ["QMoEGraph", "capture_launches"]
 
@@ -14,7 +14,7 @@ def capture_launches(bound, stream: int, ptrs: tuple, device_id: int):
     first waits for ``stream`` (so the capture sees everything queued before it)."""
     cp = cupy()
     with cp.cuda.Device(device_id):
-        caller = cp.cuda.ExternalStream(stream, device_id)
+        caller = cupy_stream(stream, device_id)
         cap = cp.cuda.Stream(non_blocking=True)
         cap.wait_event(caller.record())
         cap.begin_capture()
@@ -56,14 +56,13 @@ class QMoEGraph:
                 dst.copy_(src)  # torch -> torch on torch's current stream
             else:
                 cp = cupy()
-                with cp.cuda.ExternalStream(self._stream_of(self.device_id), self.device_id):
+                with cupy_stream(self._stream_of(self.device_id), self.device_id):
                     cp.from_dlpack(dst)[...] = cp.asarray(src) if not hasattr(src, "__dlpack__") else cp.from_dlpack(src)
 
     def replay(self, stream=None):
         """Launch the graph on ``stream`` (a raw handle or a stream object; default: the current stream
         of the captured arrays' kind); returns ``output``."""
-        cp = cupy()
         handle = self._stream_of(self.device_id) if stream is None else \
             int(getattr(stream, "cuda_stream", getattr(stream, "ptr", stream)))
-        self.graph.launch(cp.cuda.ExternalStream(handle, self.device_id))
+        self.graph.launch(cupy_stream(handle, self.device_id))
         return self.output

@@ -8,7 +8,8 @@ from __future__ import annotations
 from .._arrays import ArrayMeta, dtype_name, is_c_contiguous, is_cupy, is_torch, np_dtype
 from ..errors import DeviceError, QMoEInputError
 
-__all__ = ["allocate_like", "array_meta", "cupy", "current_stream", "data_ptr", "parse_device", "signature", "to_cupy"]
+__all__ = ["allocate_like", "array_meta", "cupy", "cupy_stream", "current_stream", "data_ptr", "parse_device", "signature",
+           "to_cupy"]
 
 _DLPACK_CUDA = (2, 13)  # kDLCUDA, kDLCUDAManaged
 
@@ -22,6 +23,31 @@ def cupy():
     except ImportError as exc:  # pragma: no cover - a dependency
         raise DeviceError(f"the GPU executor needs CuPy ({exc})") from exc
     return cp
+
+
+class _StreamHandle:
+    """A raw ``cudaStream_t`` speaking the CUDA stream protocol (what ``cupy.cuda.Stream.from_external`` reads)."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: int):
+        self.handle = int(handle)
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.handle)
+
+
+def cupy_stream(handle: int, device_id: int):
+    """CuPy's view of the raw stream ``handle`` of ``device_id`` (for ``with`` blocks and graph launches):
+    ``Stream.from_external`` where CuPy has it (14+, where ``ExternalStream`` is deprecated), the
+    null stream for handle 0."""
+    cp = cupy()
+    if int(handle) == 0:
+        return cp.cuda.Stream.null
+    from_external = getattr(cp.cuda.Stream, "from_external", None)
+    if from_external is None:  # CuPy 13
+        return cp.cuda.ExternalStream(int(handle), device_id)
+    return from_external(_StreamHandle(handle))
 
 
 def _kind(a) -> int:

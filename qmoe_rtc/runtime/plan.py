@@ -4,23 +4,32 @@
 launch's parameters once, binding each kernel argument by its name from one table (layer tensors
 and attributes, problem sizes, the family's launch scalars, scratch addresses); the per-call
 arrays (:data:`PER_CALL`) are pointer slots a call overwrites. ``BoundLaunches.launch`` only writes
-those slots and calls ``cuLaunchKernel``: no allocation, no sync, capture-safe.
+those slots and calls ``cuLaunchKernel`` (``cuLaunchKernelEx`` for a launch that overlaps its
+predecessor, see :func:`overlap_allowed`): no allocation, no sync, capture-safe.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .. import knobs
 from ..errors import DeviceError
-from ..jit import Kernel, Launch
+from ..jit import Kernel, Launch, driver
 from ..jit.driver import _drv
 from ..kernels import Pipeline, Problem, Slot
 from ..specialize import ModuleSpec
 
-__all__ = ["PER_CALL", "BoundLaunches", "Plan", "PlanStep", "problem_scalars"]
+__all__ = ["PER_CALL", "BoundLaunches", "Plan", "PlanStep", "overlap_allowed", "problem_scalars"]
 
 #: Arguments that change with every call, in the order a call passes their addresses.
 PER_CALL = ("x", "logits", "router_weights", "out")
+
+
+def overlap_allowed(arch: str) -> bool:
+    """Whether launches that declare ``overlap`` run overlapped (programmatic dependent launch) on a
+    device compiled for ``arch`` ('sm_90a' ...): sm_90 and newer, unless the ``pdl`` knob is off."""
+    digits = "".join(c for c in arch.removeprefix("sm_") if c.isdigit())
+    return bool(digits) and int(digits) >= 90 and bool(knobs.get("pdl"))
 
 
 def problem_scalars(p: Problem) -> dict:
@@ -74,7 +83,7 @@ class Plan:
 class BoundLaunches:
     """The packed launches of a plan on one pool."""
 
-    __slots__ = ("_launch", "_ok", "generation", "graphed", "items", "pool")
+    __slots__ = ("_launch", "_ok", "generation", "graphed", "items", "overlapped", "pool")
 
     def __init__(self, plan: Plan, pool, table: dict):
         p = plan.problem
@@ -82,8 +91,9 @@ class BoundLaunches:
         base.update(problem_scalars(p))
         base.update({name: pool.address(name) for name in pool.bufs})
         base.update(dict.fromkeys(PER_CALL, 0))
-        items = []
-        for st in plan.steps:
+        overlap_ok = overlap_allowed(p.arch)
+        items, overlapped = [], []
+        for i, st in enumerate(plan.steps):
             values = {**base, **dict(st.launch.args)}
             params = st.kernel.pack(values)
             slots = tuple((i, PER_CALL.index(n)) for i, n in enumerate(params.names) if n in PER_CALL)
@@ -91,7 +101,11 @@ class BoundLaunches:
             g, b = st.launch.grid, st.launch.block
             items.append((st.kernel.function, int(g[0]), int(g[1]), int(g[2]), int(b[0]), int(b[1]), int(b[2]),
                           int(st.launch.shared_mem), params.values, params.address, slots, st.kernel, params))
+            # the first launch always waits for whatever the stream ran before the forward
+            overlapped.append(driver.launch_config(g, b, st.launch.shared_mem, True)
+                              if overlap_ok and i > 0 and st.launch.overlap else None)
         self.items = tuple(items)
+        self.overlapped = tuple(overlapped)  # per item: its CUlaunchConfig when launched overlapped, else None
         self.generation = pool.generation
         self.pool = pool
         self.graphed = None  # the same launches as one graph (runtime/eager_graph.py), built on first eager use
@@ -101,9 +115,13 @@ class BoundLaunches:
     def launch(self, stream: int, ptrs: tuple) -> None:
         """Every launch of the forward on ``stream`` with the call's addresses ``ptrs`` (see PER_CALL)."""
         launch, ok = self._launch, self._ok
-        for fn, gx, gy, gz, bx, by, bz, smem, vals, address, slots, kern, _params in self.items:
+        for (fn, gx, gy, gz, bx, by, bz, smem, vals, address, slots, kern, _params), cfg in zip(self.items,
+                                                                                             self.overlapped):
             for i, w in slots:
                 vals[i] = ptrs[w]
+            if cfg is not None:
+                driver.launch_ex(cfg, fn, stream, address)
+                continue
             err = launch(fn, gx, gy, gz, bx, by, bz, smem, stream, address, 0)[0]
             if err != ok:
                 raise DeviceError(f"launching {kern!r} (grid {(gx, gy, gz)}, block {(bx, by, bz)}, smem {smem}) "

@@ -27,6 +27,7 @@
 #pragma once
 
 #include "core/experts.cuh"
+#include "core/pdl.cuh"
 #include "core/types.cuh"
 #include "engines/mma_ring.cuh"
 #include "epilogue/fc1.cuh"
@@ -107,6 +108,8 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
   constexpr bool kGated = Rows::kGated;
   constexpr int kOutPerTile = kGated ? 8 : 16;
   const ActParams ap{alpha, beta, limit, limit_after};
+  pdl_wait();     // the route ids come from the routing kernel launched just before (core/pdl.cuh)
+  pdl_release();  // FC2's blocks may start: routing is complete, so they can read the ids at once
   i32 e = ids[blockIdx.y];
   if (e < 0) return;  // an expert this layer does not hold (expert slices [ext]): FC2 skips the route too
   pick_expert(e, E_routed, w1, s1, z1, b1, shared_w1, shared_s1, shared_z1, shared_b1);
@@ -182,7 +185,9 @@ fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const fl
   const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const i32 MT = kMmaWarps / KS, mt = warp % MT, ks = warp / MT;
   const i32 g = lane >> 2, t = lane & 3;
-  i32 e = ids[blockIdx.y];
+  // Before pdl_wait (core/pdl.cuh): only the route ids (complete once FC1 released this grid; read
+  // through L2) and the weights, so the prefetch below overlaps FC1's tail.
+  i32 e = __ldcg(ids + blockIdx.y);
   pick_expert(e, E_routed, w2, s2, z2, b2, shared_w2, shared_s2, shared_z2, shared_b2);
   const i32 n0 = (blockIdx.x * MT + mt) * 16;
   const i32 na = min(n0 + g, H - 1), nb = min(n0 + g + 8, H - 1);
@@ -193,6 +198,7 @@ fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const fl
   // e < 0: an expert this layer does not hold (expert slices [ext]): nothing to compute, but the block
   // still counts for its tile below (block-uniform, so collect_routes' barriers are skipped by all)
   if (e >= 0 && R <= kMmaPrefetchRoutes) prefetch_rows<B2>(pa, pb, I, ks, KS, kMmaPrefetchChunks);
+  pdl_wait();  // act (FC1's output) from here on
   const ExpertRoutes er = e < 0 ? ExpertRoutes{0} : collect_routes(ids, R, s_ids, s_list, &s_n);
   for (i32 p = 0; p < er.n; p += 8 * NG) {
     const T* xrow[NG];

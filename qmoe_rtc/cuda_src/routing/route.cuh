@@ -25,6 +25,7 @@
 // block reduction (the same sum whatever the alignment: vector and scalar loads feed the same FMAs).
 #pragma once
 
+#include "core/pdl.cuh"
 #include "core/reduce.cuh"
 #include "core/types.cuh"
 
@@ -82,7 +83,9 @@ route_topk(const LT* __restrict__ logits, const WT* __restrict__ router_weights,
   const LT* l = logits + row * E;
 
   float gate = 1.0f;
-  if constexpr (GATE) gate = shared_gate<T>(x + row * H, shared_gate_weight, H, red);
+  if constexpr (GATE) gate = shared_gate<T>(x + row * H, shared_gate_weight, H, red);  // the input: no wait
+  pdl_wait();     // the logits may come from the router GEMM launched just before
+  pdl_release();  // the expert kernels' blocks may start (they wait for these ids)
   for (i32 s = tid; s < S; s += kRouteThreads) {  // shared experts: the row's last S slots
     topk_ids[out0 + k + s] = E_held + s;
     topk_w[out0 + k + s] = gate;

@@ -14,6 +14,7 @@
 #pragma once
 
 #include "core/mma_pair.cuh"
+#include "core/pdl.cuh"
 #include "core/reduce.cuh"
 #include "core/types.cuh"
 
@@ -84,6 +85,7 @@ template <typename T, int MT, int NT, int U, int KMAX>
 __global__ void __launch_bounds__(32 * KMAX)
 router_logits_mma(const T* __restrict__ x, const T* __restrict__ router_weight, const float* __restrict__ router_bias,
                   i32 rows, i32 E, i32 H, float* __restrict__ router_logits) {
+  pdl_release();  // routing may launch now: it waits for these logits (core/pdl.cuh)
   extern __shared__ __align__(16) float rg_part[];
   constexpr int kAcc = MT * NT * 4;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, KW = blockDim.x >> 5;
@@ -183,6 +185,7 @@ template <typename T>
 __global__ void __launch_bounds__(32 * kRgMaxWarps)
 router_logits_gemv(const T* __restrict__ x, const float* __restrict__ router_weight,
                    const float* __restrict__ router_bias, i32 rows, i32 E, i32 H, float* __restrict__ router_logits) {
+  pdl_release();  // routing may launch now: it waits for these logits (core/pdl.cuh)
   __shared__ float part[kRgMaxWarps][kRgTE * kRgRB];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, KW = blockDim.x >> 5;
   const i32 e0 = blockIdx.x * kRgTE, r0 = blockIdx.y * kRgRB;
@@ -238,6 +241,7 @@ template <typename T>
 __global__ void __launch_bounds__(kRgTileThreads)
 router_logits_tiled(const T* __restrict__ x, const float* __restrict__ router_weight,
                     const float* __restrict__ router_bias, i32 rows, i32 E, i32 H, float* __restrict__ router_logits) {
+  pdl_release();  // routing may launch now: it waits for these logits (core/pdl.cuh)
   __shared__ __align__(16) float ws[kRgTileK][kRgTile + 4];  // [k][expert]
   __shared__ __align__(16) float xs[kRgTileK][kRgTile + 4];  // [k][row]
   const int tid = threadIdx.x, tm = tid & 15, tn = tid >> 4;
