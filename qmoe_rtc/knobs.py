@@ -118,6 +118,8 @@ KNOBS: dict[str, Knob] = {
              "a -D option, hence part of the cache key."),
         Knob("mma_target_warps", "QMOE_RTC_MMA_TARGET_WARPS", "int", 0, False,
              "Tuning only: warps the decode K-split aims for (0 = the built-in 132·24)."),
+        Knob("mma_one_wave", "QMOE_RTC_MMA_ONE_WAVE", "bool", True, False,
+             "Tuning only: the decode K-split's one-wave rule (kernels/mma_decode.py k_split); 0: the warp target alone."),
         Knob("prefill_stages", "QMOE_RTC_PREFILL_STAGES", "int", 0, True,
              "Tuning only: cp.async pipeline depth of the tensor-core prefill kernels (0 = the built-in 3); "
              "a -D option, hence part of the cache key."),

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Decode round 2 on the GPU machine (issue 13), in sections so one device call fits each:
 #   tests  the GPU tests of what the decode work touches (TESTS to change them)
-#   ab     the decode bench with programmatic dependent launch off, then on (QMOE_RTC_PDL), same process
-#          kind, same shapes: the A/B of the overlapped launches
+#   ab     the decode bench with a knob off, then on (AB_KNOB, default QMOE_RTC_PDL: programmatic dependent
+#          launch; QMOE_RTC_MMA_ONE_WAVE: the K-split's one-wave rule), same shapes, same machine
 #   bits   int2 vs int4 at 1 token (mixtral, gpt-oss): the narrow-code target
 #   peers  humming, humming_g and vLLM's Marlin MoE beside qmoe_rtc in one process (.whl/, .peers/, .marlin/)
 #   SECTIONS="tests ab" bash tools/decode_check.sh      (logs under $OUT or ./out)
@@ -16,6 +16,8 @@ SHAPES="${SHAPES:-qwen3-30b-a3b,mixtral-8x7b,gpt-oss-120b,ort-2048}"
 has() { case " $SECTIONS " in *" $1 "*) return 0;; esac; return 1; }
 t0=$(date +%s)
 stamp() { echo "== $1 (+$(( $(date +%s) - t0 )) s)"; }
+# left TIMEOUT: a section's own limit, cut to what is left of DEADLINE seconds (default 590) for the call
+left() { local r=$(( ${DEADLINE:-590} - ($(date +%s) - t0) )); [ "$r" -lt "$1" ] && echo $(( r > 5 ? r : 5 )) || echo "$1"; }
 
 python3 -m qmoe_rtc info 2>&1 | grep -E "GPU 0|driver" | head -3
 stamp precompile
@@ -23,23 +25,25 @@ timeout "${PRECOMPILE_TIMEOUT:-80}" python3 tools/precompile.py --arch sm_90 --j
 
 if has tests; then
   stamp tests
-  timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider -rf -x \
+  timeout "$(left "${TEST_TIMEOUT:-240}")" python3 -m pytest -q -m gpu -p no:cacheprovider -rf -x \
     ${TESTS:-tests/test_overlap_gpu.py tests/test_mma_decode_gpu.py tests/test_graphs_gpu.py tests/test_route_ext_gpu.py} \
     2>&1 | tee "$OUT/gpu_tests.txt" | grep -E "passed|failed|FAILED|Error" | tail -30
+  if [ "${PIPESTATUS[0]}" != 0 ] && [ "${STOP_ON_FAIL:-1}" = 1 ]; then stamp "tests did not pass: stopping"; exit 1; fi
 fi
 
-if has ab; then
-  for pdl in 0 1; do
-    stamp "bench pdl=$pdl"
-    QMOE_RTC_PDL=$pdl timeout "${BENCH_TIMEOUT:-150}" python3 -m qmoe_rtc bench --preset "$SHAPES" --dtype "${DTYPES:-bfloat16}" \
-      --tokens "${AB_TOKENS:-1,2,4,8}" --iters 50 --no-torch --no-eager --check-rows 8 --json "$OUT/bench_pdl$pdl.json" 2>&1 \
-      | tee "$OUT/bench_pdl$pdl.txt" | grep -vE "^  \[|^#" | grep -E "^(qwen3|mixtral|gpt|ort)|target|error" | head -60
+if has ab; then  # AB_KNOB off, then on (default QMOE_RTC_PDL; QMOE_RTC_MMA_ONE_WAVE for the K-split rule)
+  knob="${AB_KNOB:-QMOE_RTC_PDL}"
+  for v in 0 1; do
+    stamp "bench $knob=$v"
+    env "$knob=$v" timeout "$(left "${BENCH_TIMEOUT:-150}")" python3 -m qmoe_rtc bench --preset "$SHAPES" --dtype "${DTYPES:-bfloat16}" \
+      --tokens "${AB_TOKENS:-1,2,4,8}" --iters 50 --no-torch --no-eager --check-rows 8 --json "$OUT/bench_${knob}_$v.json" 2>&1 \
+      | tee "$OUT/bench_${knob}_$v.txt" | grep -E "^(qwen3|mixtral|gpt|ort)|target|error" | head -60
   done
 fi
 
 if has bits; then
   stamp bits
-  timeout "${BITS_TIMEOUT:-150}" python3 -m qmoe_rtc bench --preset mixtral-8x7b,gpt-oss-120b --dtype bfloat16 --tokens 1 \
+  timeout "$(left "${BITS_TIMEOUT:-150}")" python3 -m qmoe_rtc bench --preset mixtral-8x7b,gpt-oss-120b --dtype bfloat16 --tokens 1 \
     --bits 2 --bits 4 --iters 50 --no-torch --no-eager --check-rows 8 --json "$OUT/bench_bits.json" 2>&1 \
     | tee "$OUT/bench_bits.txt" | grep -E "^(mixtral|gpt)|error" | head -20
 fi
@@ -49,7 +53,7 @@ if has peers && ls .whl/humming_kernels-*.whl >/dev/null 2>&1 && [ -f .peers/ben
   python3 -m pip install -q --no-deps --no-index --target /tmp/hsite .whl/humming_kernels-*.whl
   marlin=(); peers="humming,humming_g,qmoe_rtc"
   if ls .marlin/*.so >/dev/null 2>&1; then marlin=(--marlin-so .marlin/*.so); peers="humming,humming_g,marlin,qmoe_rtc"; fi
-  timeout "${PEERS_TIMEOUT:-300}" python3 .peers/bench_peers.py --humming-site /tmp/hsite --qmoe-path . "${marlin[@]}" \
+  timeout "$(left "${PEERS_TIMEOUT:-300}")" python3 .peers/bench_peers.py --humming-site /tmp/hsite --qmoe-path . "${marlin[@]}" \
     --peers "${PEERS:-$peers}" --tokens "${PEER_TOKENS:-1,2,4,8,16,32,64}" --out "$OUT/peers.json" 2>&1 \
     | tee "$OUT/peers.txt" | grep -vE "^# (humming|marlin) prep|Deprecation|return g.replay" | tail -45
 fi

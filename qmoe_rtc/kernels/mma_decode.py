@@ -33,6 +33,9 @@ MAX_ROUTES = 512  # kMmaMaxRoutes: route ids one block scans
 ROUTE_GROUPS = (1, 2, 4)  # NG: route groups of 8 served per pass over an expert's weights
 TARGET_WARPS = 132 * 24  # enough warps for every SM of an H200 to keep ~24 in flight
 STAGES = 3  # kMmaStages: cp.async ring depth per warp
+RESIDENT_SMS = 132  # SMs the split rules are tuned for (an H200; TARGET_WARPS assumes the same)
+MIN_BLOCKS = {1: 5, 2: 4, 4: 3}  # mma_min_blocks<NG>: resident blocks per SM the registers are set for
+ONE_WAVE_CHUNKS = 8  # most 128-code chunks per warp the one-wave rule of k_split accepts
 
 
 def _stages() -> int:
@@ -59,15 +62,25 @@ def route_groups(rows: int) -> int:
     return ROUTE_GROUPS[-1]
 
 
-def k_split(tiles: int, experts: int, K: int) -> int:
+def k_split(tiles: int, experts: int, K: int, ng: int = 1) -> int:
     """Warps of a block that split K (1, 2 or 4): the fewest that give about TARGET_WARPS warps,
-    keeping at least two 128-code chunks per warp."""
+    keeping at least two 128-code chunks per warp; then one wave instead of a sliver more: when that
+    split puts more blocks in the grid than are resident at once (``RESIDENT_SMS`` SMs × the blocks per
+    SM of route group ``ng``) and half of it fits them in one wave with at most ``ONE_WAVE_CHUNKS``
+    chunks per warp, half it is. Measured on the H200 in one process (docs/performance.md, session 6):
+    qwen3-30b-a3b's FC1 at 1 token (768 blocks for 660 resident, or 384) took the layer 34.4 → 31.1 µs,
+    while halving where the half still spills or runs long chunks lost (gpt-oss-120b 56.5 → 57.9 / 65.8)."""
     target = knobs.get("mma_target_warps") or TARGET_WARPS
     chunks = (K + 127) // 128
-    for ks in (1, 2, 4):
-        if tiles * experts * ks >= target or chunks < 2 * 2 * ks:
-            return ks
-    return 4
+    ks = next((s for s in (1, 2, 4) if tiles * experts * s >= target or chunks < 2 * 2 * s), 4)
+    if ks > 1 and knobs.get("mma_one_wave"):
+        resident = RESIDENT_SMS * MIN_BLOCKS[ng]
+        half = ks // 2
+        blocks = experts * ((tiles * ks + WARPS - 1) // WARPS)  # grid.x · experts (grid.x = tiles / (WARPS / ks))
+        blocks_half = experts * ((tiles * half + WARPS - 1) // WARPS)
+        if blocks > resident >= blocks_half and (chunks + half - 1) // half <= ONE_WAVE_CHUNKS:
+            ks = half
+    return ks
 
 
 @register
@@ -128,7 +141,7 @@ class MmaDecodeFamily(KernelFamily):
         else:
             per_tile, n_out, K = 16, problem.H, problem.I
         tiles = (n_out + per_tile - 1) // per_tile
-        ks = k_split(tiles, experts, K)
+        ks = k_split(tiles, experts, K, route_groups(problem.rows))
         per_block = per_tile * (WARPS // ks)
         return ks, (n_out + per_block - 1) // per_block
 

@@ -13,9 +13,9 @@
 // E and k are the routed experts and top-k. Slots 0..k-1: the routed picks. Selection by rank: expert
 // e's rank is the number of experts ordered before it (a larger total-order key on the float32 bits,
 // -0 < +0 and +NaN above +inf; equal keys: the lower index first), and experts with rank < k land in
-// slot = rank. The ranks come from one bitonic sort of (key, index) composites in shared memory
-// (log2(P)·(log2(P)+1)/2 barrier steps for E padded to P; the all-pairs count it replaced cost O(E²)
-// per row on one SM: 36 µs at E = 512 under ncu). Softmax and sums in float32; sums over the k
+// slot = rank. The ranks come from one bitonic sort of (key, index) composites held in registers
+// (routing/bitonic.cuh: warp shuffles below stride 32, so 3 barrier steps at E = 128; the all-pairs
+// count it replaced cost O(E²) per row on one SM: 36 µs at E = 512 under ncu). Softmax and sums in float32; sums over the k
 // picks are taken in slot order (deterministic). E <= kRouteMaxExperts, k <= kRouteMaxK.
 // Expert slices [ext]: the picks and weights are the whole layer's; an id is written through
 // expert_map (-1: not held here; the engines skip such routes). E_held: the experts this layer holds
@@ -28,6 +28,7 @@
 #include "core/pdl.cuh"
 #include "core/reduce.cuh"
 #include "core/types.cuh"
+#include "routing/bitonic.cuh"
 
 namespace qmoe {
 
@@ -72,7 +73,7 @@ route_topk(const LT* __restrict__ logits, const WT* __restrict__ router_weights,
            i32 H, i32 normalize, const T* __restrict__ x, const float* __restrict__ shared_gate_weight, i32 E_held,
            const i32* __restrict__ expert_map, i32* __restrict__ topk_ids, float* __restrict__ topk_w) {
   // (order key << 32) | (0xFFFF - e): a larger composite is ordered first (equal keys: lower index)
-  __shared__ u64 comp[kRouteMaxExperts];
+  __shared__ u64 comp[kRouteMaxExperts];  // the sort's exchange buffer
   __shared__ float vals[kRouteMaxExperts];
   __shared__ float red[kRouteThreads / 32];
   __shared__ i32 sel_id[kRouteMaxK];
@@ -92,37 +93,26 @@ route_topk(const LT* __restrict__ logits, const WT* __restrict__ router_weights,
   }
 
   float v[kRoutePerThread];
+  u64 c[kRoutePerThread];  // composite of expert tid + kRouteThreads·j (0: padding, below every real one)
   float m = __int_as_float(0xff800000);  // -inf
 #pragma unroll
   for (int j = 0; j < kRoutePerThread; ++j) {
     const i32 e = tid + kRouteThreads * j;
     v[j] = e < E ? Traits<LT>::to_float(l[e]) : __int_as_float(0xff800000);
+    c[j] = e < E ? ((u64)order_key(v[j]) << 32) | (u64)(0xFFFFu - (u32)e) : 0ull;
     if (e < E) {
-      comp[e] = ((u64)order_key(v[j]) << 32) | (u64)(0xFFFFu - (u32)e);
       vals[e] = v[j];
       m = fmaxf(m, v[j]);
     }
   }
-  m = block_max<kRouteThreads>(m, red);  // contains __syncthreads: comp/vals are visible after it
+  m = block_max<kRouteThreads>(m, red);  // contains __syncthreads: vals are visible after it
 
   // order: a bitonic sort (descending) of the composite keys; position = rank, the first k are the picks
+  // (position p is thread p's c[0] after the sort, as p < k <= kRouteMaxK < kRouteThreads)
   const i32 P = E <= 1 ? 1 : 1 << (32 - __clz(E - 1));  // E rounded up to a power of two
-  for (i32 e = E + tid; e < P; e += kRouteThreads) comp[e] = 0ull;  // padding: below every real expert
-  __syncthreads();
-  for (i32 size = 2; size <= P; size <<= 1) {
-    for (i32 stride = size >> 1; stride > 0; stride >>= 1) {
-      for (i32 i = tid; i < P / 2; i += kRouteThreads) {
-        const i32 lo = 2 * i - (i & (stride - 1)), hi = lo + stride;
-        const u64 a = comp[lo], b = comp[hi];
-        if ((lo & size) == 0 ? a < b : a > b) {  // runs of `size` alternate; the last one is descending
-          comp[lo] = b;
-          comp[hi] = a;
-        }
-      }
-      __syncthreads();
-    }
-  }
-  if (tid < k) sel_id[tid] = (i32)(0xFFFFu - (u32)(comp[tid] & 0xFFFFFFFFull));
+  bitonic_sort_desc<kRouteThreads>(c, P, comp);
+  if (tid < k) sel_id[tid] = (i32)(0xFFFFu - (u32)(c[0] & 0xFFFFFFFFull));
+  __syncthreads();  // sel_id visible to every thread
 
   if constexpr (SPARSE) {
     // Phi-3.5-MoE sparse mixer, k = 2, jitter eps = 0.01: w_t = 1 / sum over the experts j not masked

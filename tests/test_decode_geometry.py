@@ -1,0 +1,31 @@
+"""The tensor-core decode engine's K split (CPU only): the warp target, then the one-wave rule --
+halve the split when that turns a grid a little past the resident blocks into one wave without long
+chunks per warp, and only then (kernels/mma_decode.py k_split)."""
+
+from __future__ import annotations
+
+import pytest
+
+from qmoe_rtc import knobs
+from qmoe_rtc.kernels.mma_decode import MIN_BLOCKS, ONE_WAVE_CHUNKS, RESIDENT_SMS, k_split
+
+
+@pytest.mark.parametrize("what, tiles, experts, K, ng, want, want_off", [
+    ("qwen3-30b FC1, 1 token: 768 blocks > 660 resident, 384 fit with 8 chunks a warp", 96, 8, 2048, 1, 2, 4),
+    ("gpt-oss-120b FC1, 1 token: half still spills (720 blocks)", 360, 4, 2880, 1, 4, 4),
+    ("gpt-oss-120b FC2, 1 token: half fits but runs 12 chunks a warp", 180, 4, 2880, 1, 4, 4),
+    ("ort-2048 FC1, 1 token: 512 blocks already one wave", 256, 2, 2048, 1, 4, 4),
+    ("mixtral FC1, 1 token: no split to halve", 1792, 2, 4096, 1, 1, 1),
+])
+def test_one_wave_rule(what, tiles, experts, K, ng, want, want_off):
+    assert k_split(tiles, experts, K, ng) == want, what
+    with knobs.scope(mma_one_wave=False):
+        assert k_split(tiles, experts, K, ng) == want_off, what
+
+
+def test_one_wave_rule_counts_the_route_groups_resident_blocks():
+    # 4 experts, K 1024 (8 chunks), 220 tiles: split 4 is 880 blocks, halved 440 -- inside NG = 1's
+    # 660 resident blocks, past NG = 4's 396
+    assert RESIDENT_SMS * MIN_BLOCKS[1] == 660 and RESIDENT_SMS * MIN_BLOCKS[4] == 396 and ONE_WAVE_CHUNKS == 8
+    assert k_split(220, 4, 1024, 1) == 2
+    assert k_split(220, 4, 1024, 4) == 4
