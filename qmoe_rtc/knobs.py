@@ -120,6 +120,9 @@ KNOBS: dict[str, Knob] = {
              "Tuning only: warps the decode K-split aims for (0 = the built-in 132·24)."),
         Knob("mma_one_wave", "QMOE_RTC_MMA_ONE_WAVE", "bool", True, False,
              "Tuning only: the decode K-split's one-wave rule (kernels/mma_decode.py k_split); 0: the warp target alone."),
+        Knob("mma_prefetch_chunks", "QMOE_RTC_MMA_PREFETCH_CHUNKS", "int", 0, False,
+             "Tuning only: 128-code chunks of its rows a decode warp warms L2 with before the route scan (FC2: while "
+             "FC1 finishes; 0 = the built-in 4); a launch scalar, not a code change."),
         Knob("prefill_stages", "QMOE_RTC_PREFILL_STAGES", "int", 0, True,
              "Tuning only: cp.async pipeline depth of the tensor-core prefill kernels (0 = the built-in 3); "
              "a -D option, hence part of the cache key."),

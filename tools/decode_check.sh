@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Decode round 2 on the GPU machine (issue 13), in sections so one device call fits each:
 #   tests  the GPU tests of what the decode work touches (TESTS to change them)
-#   ab     the decode bench with a knob off, then on (AB_KNOB, default QMOE_RTC_PDL: programmatic dependent
-#          launch; QMOE_RTC_MMA_ONE_WAVE: the K-split's one-wave rule), same shapes, same machine
+#   ab     the decode bench once per setting of AB (space-separated "NAME=V,NAME=V" knob sets; default
+#          QMOE_RTC_PDL=0 then =1: programmatic dependent launch off / on), same shapes, same machine
 #   bits   int2 vs int4 at 1 token (mixtral, gpt-oss): the narrow-code target
 #   peers  humming, humming_g and vLLM's Marlin MoE beside qmoe_rtc in one process (.whl/, .peers/, .marlin/)
 #   SECTIONS="tests ab" bash tools/decode_check.sh      (logs under $OUT or ./out)
@@ -31,13 +31,13 @@ if has tests; then
   if [ "${PIPESTATUS[0]}" != 0 ] && [ "${STOP_ON_FAIL:-1}" = 1 ]; then stamp "tests did not pass: stopping"; exit 1; fi
 fi
 
-if has ab; then  # AB_KNOB off, then on (default QMOE_RTC_PDL; QMOE_RTC_MMA_ONE_WAVE for the K-split rule)
-  knob="${AB_KNOB:-QMOE_RTC_PDL}"
-  for v in 0 1; do
-    stamp "bench $knob=$v"
-    env "$knob=$v" timeout "$(left "${BENCH_TIMEOUT:-150}")" python3 -m qmoe_rtc bench --preset "$SHAPES" --dtype "${DTYPES:-bfloat16}" \
-      --tokens "${AB_TOKENS:-1,2,4,8}" --iters 50 --no-torch --no-eager --check-rows 8 --json "$OUT/bench_${knob}_$v.json" 2>&1 \
-      | tee "$OUT/bench_${knob}_$v.txt" | grep -E "^(qwen3|mixtral|gpt|ort)|target|error" | head -60
+if has ab; then  # one bench per AB setting ("NAME=V,NAME=V" items; default: programmatic dependent launch off / on)
+  for setting in ${AB:-QMOE_RTC_PDL=0 QMOE_RTC_PDL=1}; do
+    stamp "bench $setting"
+    tag=$(echo "$setting" | tr -c 'A-Za-z0-9\n' '_')
+    env ${setting//,/ } timeout "$(left "${BENCH_TIMEOUT:-150}")" python3 -m qmoe_rtc bench --preset "$SHAPES" \
+      --dtype "${DTYPES:-bfloat16}" --tokens "${AB_TOKENS:-1,2,4,8}" --iters 50 --no-torch --no-eager --check-rows 8 \
+      --json "$OUT/bench_$tag.json" 2>&1 | tee "$OUT/bench_$tag.txt" | grep -E "^(qwen3|mixtral|gpt|ort)|target|error" | head -60
   done
 fi
 

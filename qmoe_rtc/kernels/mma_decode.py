@@ -36,6 +36,7 @@ STAGES = 3  # kMmaStages: cp.async ring depth per warp
 RESIDENT_SMS = 132  # SMs the split rules are tuned for (an H200; TARGET_WARPS assumes the same)
 MIN_BLOCKS = {1: 5, 2: 4, 4: 3}  # mma_min_blocks<NG>: resident blocks per SM the registers are set for
 ONE_WAVE_CHUNKS = 8  # most 128-code chunks per warp the one-wave rule of k_split accepts
+PREFETCH_CHUNKS = 4  # chunks of its two rows a warp warms L2 with before the route scan (kernel scalar PF)
 
 
 def _stages() -> int:
@@ -116,7 +117,7 @@ class MmaDecodeFamily(KernelFamily):
                 f"fc1_ng{ng}",
                 f"qmoe::fc1_mma<{gate}, {t['T']}, {t['S']}, {t['B1']}, {t['Z1']}, {t['Z3']}, {t['BLOCK']}, {t['ACT']}, {ng}>",
                 (Ptr("x", dt), Ptr("topk_ids", "int32"), Scalar("R", "int32"), Scalar("k", "int32"),
-                 Scalar("H", "int32"), Scalar("I", "int32"), Scalar("KS", "int32"),
+                 Scalar("H", "int32"), Scalar("I", "int32"), Scalar("KS", "int32"), Scalar("PF", "int32"),
                  *projection_args("fc1", sdt), *projection_args("fc3", sdt), *shared_args("fc1", sdt),
                  Scalar("zp_offset", "float32"), *ACT_SCALARS, Ptr("act", dt)),
             ))
@@ -125,8 +126,8 @@ class MmaDecodeFamily(KernelFamily):
                 f"qmoe::fc2_mma_combine<{t['T']}, {t['S']}, {t['B2']}, {t['Z2']}, {t['BLOCK']}, {ng}>",
                 (Ptr("act", dt), Ptr("topk_ids", "int32"), Ptr("topk_w", "float32"), Scalar("R", "int32"),
                  Scalar("k", "int32"), Scalar("H", "int32"), Scalar("I", "int32"), Scalar("KS", "int32"),
-                 *projection_args("fc2", sdt), *shared_args("fc2", sdt), Scalar("zp_offset", "float32"), Ptr("y", "float32"),
-                 Ptr("counters", "uint32"), Ptr("out", dt)),
+                 Scalar("PF", "int32"), *projection_args("fc2", sdt), *shared_args("fc2", sdt),
+                 Scalar("zp_offset", "float32"), Ptr("y", "float32"), Ptr("counters", "uint32"), Ptr("out", dt)),
             ))
         return tuple(out)
 
@@ -155,7 +156,8 @@ class MmaDecodeFamily(KernelFamily):
             smem = ring_bytes(spec["fc2_bits"], scale_bytes, spec["block_size"], spec["fc2_zp"] == "packed",
                               spec["stages"])
         # overlap: FC1 waits for the ids, FC2 reads the ids and prefetches its weights, then waits for act
-        return Launch((gx, problem.routes, 1), (THREADS, 1, 1), smem, (("KS", ks),), overlap=True)
+        pf = knobs.get("mma_prefetch_chunks") or PREFETCH_CHUNKS
+        return Launch((gx, problem.routes, 1), (THREADS, 1, 1), smem, (("KS", ks), ("PF", pf)), overlap=True)
 
     def scratch(self, spec: ModuleSpec, role: str, problem: Problem) -> dict[str, Slot]:
         R = problem.routes

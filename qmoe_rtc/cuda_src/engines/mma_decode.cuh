@@ -19,6 +19,7 @@
 // engines/mma_ring.cuh and core/mma_pair.cuh.
 // Weights, scales and zero points stream through a per-warp cp.async ring in dynamic shared memory
 // (kMmaStages stages of 2 KiB of codes); each lane reads back only what it copied (no barrier).
+// PF: chunks of its rows each warp warms L2 with before the route scan (FC2: before waiting for FC1).
 // A block = 4 warps = MT row tiles × KS slices of K (MT·KS = 4, KS a launch argument); the KS
 // partial sums are added in a fixed order (deterministic). A route group of 8·NG routes shares the
 // dequantized A fragments; experts with more routes take several passes.
@@ -93,7 +94,7 @@ template <int NG> __device__ __forceinline__ void reduce_slices(float (&acc)[NG]
 // Rows per 16-row warp tile: gated FC1 = 8 outputs (rows g: gate, g + 8: linear); else 16 outputs.
 template <int GATE, typename T, typename ScaleT, int B1, int Z1, int Z3, int BLOCK, int ACT, int NG>
 __global__ void __launch_bounds__(kMmaThreads, mma_min_blocks<NG>())
-fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 H, i32 I, i32 KS,
+fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 H, i32 I, i32 KS, i32 PF,
         const u8* __restrict__ w1, const ScaleT* __restrict__ s1, const u8* __restrict__ z1, const float* __restrict__ b1,
         const u8* __restrict__ w3, const ScaleT* __restrict__ s3, const u8* __restrict__ z3, const float* __restrict__ b3,
         i32 E_routed, const u8* __restrict__ shared_w1, const ScaleT* __restrict__ shared_s1,
@@ -127,7 +128,7 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
   const i64 row_bytes = packed_bytes<B1>(H);
   const u8* pa = w1 + ((i64)e * N1 + na) * row_bytes;
   const u8* pb = GATE == GATE_FC3 ? w3 + ((i64)e * I + nb) * row_bytes : w1 + ((i64)e * N1 + nb) * row_bytes;
-  if (R <= kMmaPrefetchRoutes) prefetch_rows<B1>(pa, pb, H, ks, KS, kMmaPrefetchChunks);
+  if (R <= kMmaPrefetchRoutes) prefetch_rows<B1>(pa, pb, H, ks, KS, PF);
   const ExpertRoutes er = collect_routes(ids, R, s_ids, s_list, &s_n);
   if (er.n == 0) return;
 
@@ -171,7 +172,7 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
 template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, int NG>
 __global__ void __launch_bounds__(kMmaThreads, mma_min_blocks<NG>())
 fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const float* __restrict__ wts, i32 R, i32 k,
-                i32 H, i32 I, i32 KS, const u8* __restrict__ w2, const ScaleT* __restrict__ s2,
+                i32 H, i32 I, i32 KS, i32 PF, const u8* __restrict__ w2, const ScaleT* __restrict__ s2,
                 const u8* __restrict__ z2, const float* __restrict__ b2, i32 E_routed,
                 const u8* __restrict__ shared_w2, const ScaleT* __restrict__ shared_s2, const u8* __restrict__ shared_z2,
                 const float* __restrict__ shared_b2, float zp_offset, float* __restrict__ y, u32* __restrict__ counters,
@@ -197,7 +198,7 @@ fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const fl
   const u8* pb = w2 + ((i64)e * H + nb) * row_bytes;
   // e < 0: an expert this layer does not hold (expert slices [ext]): nothing to compute, but the block
   // still counts for its tile below (block-uniform, so collect_routes' barriers are skipped by all)
-  if (e >= 0 && R <= kMmaPrefetchRoutes) prefetch_rows<B2>(pa, pb, I, ks, KS, kMmaPrefetchChunks);
+  if (e >= 0 && R <= kMmaPrefetchRoutes) prefetch_rows<B2>(pa, pb, I, ks, KS, PF);
   pdl_wait();  // act (FC1's output) from here on
   const ExpertRoutes er = e < 0 ? ExpertRoutes{0} : collect_routes(ids, R, s_ids, s_list, &s_n);
   for (i32 p = 0; p < er.n; p += 8 * NG) {

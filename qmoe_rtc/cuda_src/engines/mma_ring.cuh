@@ -24,7 +24,6 @@ constexpr int kMmaThreads = 32 * kMmaWarps;
 constexpr int kMmaMaxRoutes = 512;  // route ids a block scans (R = rows·k)
 constexpr int kMmaChunk = 128;      // codes of K per warp step (4 lanes × 32)
 constexpr int kMmaPrefetchRoutes = 64;  // up to this many routes, blocks warm L2 before the route scan
-constexpr int kMmaPrefetchChunks = 4;   // chunks of the lane rows warmed per warp
 
 // Pipeline stages per warp (cp.async ring in dynamic shared memory).
 #ifndef QMOE_MMA_STAGES
