@@ -37,10 +37,15 @@ def _as_float(name, value, finite: bool = False):
     return v
 
 
-def _block_size(name, value) -> int:
+def _block_size(name, value, fp8: bool = False) -> int:
+    """0 (row-wise) or a power of two >= 16; with quant_type='fp8' any value <= 0 means per-expert
+    global scales, as ONNX Runtime reads it, and is normalized to 0."""
     bs = _as_int(name, value)
+    if fp8 and bs < 0:
+        return 0
     if bs != 0 and (bs < 16 or bs & (bs - 1)):
-        raise QMoEAttributeError(name, "0 (row-wise) or a power of two >= 16", str(bs))
+        raise QMoEAttributeError(name, "0 (row-wise) or a power of two >= 16" + (" (or <= 0 for global scales)" if fp8 else ""),
+                                 str(bs))
     return bs
 
 
@@ -97,11 +102,17 @@ class QMoEAttributes:
             n = f"{p}_expert_weight_bits"
             v = a.get(n)
             out[n] = None if v is None else _as_int(n, v, SUPPORTED_BITS)
-        out["block_size"] = _block_size("block_size", a.get("block_size", 0))
+        qt = a.get("quant_type", "int")
+        if isinstance(qt, bytes):
+            qt = qt.decode()
+        if qt not in ("int", "fp8"):
+            raise QMoEAttributeError("quant_type", "'int' or 'fp8' (the quantizations this build implements)", repr(qt))
+        out["quant_type"] = qt
+        out["block_size"] = _block_size("block_size", a.get("block_size", 0), fp8=qt == "fp8")
         sb = a.get("shared_expert_weight_bits")
         out["shared_expert_weight_bits"] = None if sb is None else _as_int("shared_expert_weight_bits", sb, SUPPORTED_BITS)
         sbs = a.get("shared_block_size")
-        out["shared_block_size"] = None if sbs is None else _block_size("shared_block_size", sbs)
+        out["shared_block_size"] = None if sbs is None else _block_size("shared_block_size", sbs, fp8=qt == "fp8")
         out["swiglu_fusion"] = _as_int("swiglu_fusion", a.get("swiglu_fusion", 0), (0, 1, 2))
         out["swiglu_limit"] = _as_float("swiglu_limit", a.get("swiglu_limit", math.inf))
         if out["swiglu_limit"] <= 0:
@@ -111,12 +122,6 @@ class QMoEAttributes:
         out["swiglu_limit_after_activation"] = _as_int(
             "swiglu_limit_after_activation", a.get("swiglu_limit_after_activation", 0), (0, 1)
         )
-        qt = a.get("quant_type", "int")
-        if isinstance(qt, bytes):
-            qt = qt.decode()
-        if qt not in ("int", "fp8"):
-            raise QMoEAttributeError("quant_type", "'int' or 'fp8' (the quantizations this build implements)", repr(qt))
-        out["quant_type"] = qt
         zpo = a.get("zero_point_offset")
         if zpo is not None:
             zpo = _as_float("zero_point_offset", zpo, finite=True)

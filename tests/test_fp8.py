@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from qmoe_rtc import errors
+from qmoe_rtc.attributes import QMoEAttributes
 from qmoe_rtc.fp8 import E4M3_MAX, decode_e4m3fn, dequantize_fp8, encode_e4m3fn
 from qmoe_rtc.quantize import quantize
 from qmoe_rtc.random_layer import random_inputs, random_layer
@@ -165,6 +166,20 @@ def test_reference_fp8_global_scales_are_inputs_15_and_16(rng):
     assert np.array_equal(pos, qmoe(x, lg, **w, **a))
     doubled = qmoe(x, lg, **{**w, "fc2_global_scale": w["fc2_global_scale"] * 2}, **a)
     assert np.allclose(doubled.astype(np.float32), 2 * pos.astype(np.float32), rtol=2e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("bs", [-1, -128])
+def test_fp8_block_size_at_or_below_zero_means_global_scales(rng, bs):
+    """ONNX Runtime reads FP8 block_size <= 0 as per-expert global scales: a negative value is the same
+    layer as 0 (an integer layer still refuses it)."""
+    w, a = random_layer(rng, E=E, H=H, I=I, k=2, dtype="float16", format="fp8_e4m3")
+    assert a["block_size"] == 0
+    x, lg, _ = random_inputs(rng, 3, H, E)
+    assert QMoEAttributes.from_kwargs(**{**a, "block_size": bs}).block_size == 0
+    assert np.array_equal(qmoe(x, lg, **w, **{**a, "block_size": bs}), qmoe(x, lg, **w, **a))
+    wi, ai = random_layer(rng, E=E, H=H, I=I, k=2, dtype="float16")
+    with pytest.raises(errors.QMoEAttributeError, match="block_size"):
+        qmoe(x, lg, **wi, **{**ai, "block_size": bs})
 
 
 def test_nan_codes_propagate_and_are_refused_by_content_checks(rng):
