@@ -8,16 +8,9 @@
 #   SECTIONS="tests ab" bash tools/decode_check.sh      (logs under $OUT or ./out)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-export OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
-export QMOE_RTC_CACHE_DIR="${QMOE_RTC_CACHE_DIR:-/tmp/qmoe_rtc_cache}"
 SECTIONS="${SECTIONS:-tests ab}"
+. tools/device_env.sh
 SHAPES="${SHAPES:-qwen3-30b-a3b,mixtral-8x7b,gpt-oss-120b,ort-2048}"
-has() { case " $SECTIONS " in *" $1 "*) return 0;; esac; return 1; }
-t0=$(date +%s)
-stamp() { echo "== $1 (+$(( $(date +%s) - t0 )) s)"; }
-# left TIMEOUT: a section's own limit, cut to what is left of DEADLINE seconds (default 590) for the call
-left() { local r=$(( ${DEADLINE:-590} - ($(date +%s) - t0) )); [ "$r" -lt "$1" ] && echo $(( r > 5 ? r : 5 )) || echo "$1"; }
 
 python3 -m qmoe_rtc info 2>&1 | grep -E "GPU 0|driver" | head -3
 stamp precompile

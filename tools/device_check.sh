@@ -8,13 +8,8 @@
 # Knobs: TESTS (pytest paths), BENCH_ARGS, PEER_TOKENS, PEERS, *_TIMEOUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-export OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
-export QMOE_RTC_CACHE_DIR="${QMOE_RTC_CACHE_DIR:-/tmp/qmoe_rtc_cache}"
 SECTIONS="${SECTIONS:-tests memcheck bench}"
-has() { case " $SECTIONS " in *" $1 "*) return 0;; esac; return 1; }
-t0=$(date +%s)
-stamp() { echo "== $1 (+$(( $(date +%s) - t0 )) s)"; }
+. tools/device_env.sh
 
 python3 -m qmoe_rtc info 2>&1 | tee "$OUT/info.txt" | grep -E "GPU 0|NVRTC|cupy|cuda-bindings|driver"
 stamp precompile

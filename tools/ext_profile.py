@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 
 import cupy as cp
+from profile_decode import activations, run_steps
 
 from qmoe_rtc.bench_layers import build_layer
 from qmoe_rtc.bench_report import BENCH_SHAPES
@@ -23,16 +24,10 @@ def main() -> None:
     w, a = build_layer(cp, rs, shape, "bfloat16", (4, 4), 128, False, shared=True)
     routed = {n: v for n, v in w.items() if n not in EXT_INPUTS}
     shared = {n: v for n, v in w.items() if n not in ("router_weight", "router_bias")}
-    x = cp.asarray(rs.standard_normal((rows, shape.H)), dtype=cp.float32).astype(w["fc1_scales"].dtype)
+    x = activations(rs, rows, shape.H, w["fc1_scales"].dtype)
     lg = cp.asarray(2 * rs.standard_normal((rows, shape.E)), dtype=cp.float32)
     for label, ws, logits in (("routed", routed, lg), ("shared", shared, lg), ("full", w, None)):
-        moe = QMoE(**ws, **a)
-        out = cp.empty_like(x)
-        for _ in range(3):
-            moe(x, logits, out=out)
-        cp.cuda.Device().synchronize()
-        plan = moe.plan(rows, "bfloat16", "float32")
-        print(label, plan.engine, [(s.role, s.kernel.kdef.key, s.launch.grid) for s in plan.steps], flush=True)
+        run_steps(label, QMoE(**ws, **a), x, logits)
 
 
 if __name__ == "__main__":

@@ -4,9 +4,11 @@
 // stream still runs. It must call pdl_wait() before it reads anything that kernel (or one before it)
 // writes: the wait returns once every earlier grid of the chain has finished and its writes are
 // visible. pdl_release() lets the next kernel of the chain start its blocks (they run their own
-// prologue, then wait); a kernel calls it only after its own pdl_wait(), so whatever the kernels
-// before it wrote is complete by the time its dependent starts. Launched the ordinary way (or below
-// sm_90) both are no-ops, so one translation unit serves every launch mode.
+// prologue, then wait); a kernel that overlaps its predecessor calls it only after its own
+// pdl_wait(), so whatever the kernels before it wrote is complete by the time its dependent starts
+// (the router GEMM, always a forward's first launch and never overlapped, releases at once).
+// Launched the ordinary way (or below sm_90) both are no-ops, so one translation unit serves every
+// launch mode.
 #pragma once
 
 namespace qmoe {
