@@ -34,8 +34,11 @@ and their FLOPs. Target: full_us <= 1.15·(routed_us + (shared + router bytes) /
 
 ``--bits fp8`` / ``fp8g``: FP8 e4m3 experts, float32 block scales or one global scale per expert;
 1 byte per weight + scales in the floor. Per (shape, dtype), against ``--bits 8`` of the same run:
-FP8 %floor at 1 token >= 80 % of int8's, FP8 time at 4096 tokens <= 1.2× int8's. Targets print
-PASS / MISS and go to the JSON's ``targets``; a MISS does not fail the run.
+FP8 %floor at 1 token >= 80 % of int8's, FP8 time at 4096 tokens <= 1.2× int8's. Decode (issue 13,
+the four default shapes, int4 at the shape's block size): % of the bytes floor at 1, 2, 4 and 8 tokens
+against the shape's target, and int2 at 1 token <= 0.65× int4 on mixtral and gpt-oss when both bit
+widths ran (``qmoe_rtc/bench_targets.py``). Targets print PASS / MISS and go to the JSON's ``targets``;
+a MISS does not fail the run.
 
 A failing point prints ``ERR`` with the reason and the run goes on; the exit code is non-zero if any
 point failed.
@@ -56,7 +59,6 @@ import numpy as np
 from .bench_layers import build_layer, prepare_layer  # noqa: F401
 from .bench_report import (  # noqa: F401
     BENCH_SHAPES,
-    EXT_FACTOR,
     TOL,
     VARIANTS,
     Shape,
@@ -66,13 +68,10 @@ from .bench_report import (  # noqa: F401
     check_rows,
     expert_bytes,
     ext_flops,
-    ext_target,
     extension_bytes,
     floor_bytes,
     flop_count,
     format_row,
-    format_target,
-    fp8_targets,
     is_fp8,
     label_width,
     layout_problem,
@@ -83,6 +82,7 @@ from .bench_report import (  # noqa: F401
     top_k_experts,
     variants_for,
 )
+from .bench_targets import EXT_FACTOR, decode_targets, ext_target, format_target, fp8_targets  # noqa: F401
 from .bench_torch import torch_moe, torch_weights
 
 __all__ = ["BENCH_SHAPES", "Shape", "expert_bytes", "floor_bytes", "format_row", "main", "parse_args"]
@@ -384,7 +384,8 @@ def main(argv=None) -> int:
                     cp.get_default_memory_pool().free_all_blocks()
                     if torch is not None:
                         torch.cuda.empty_cache()
-            for t in fp8_targets([p for p in points if p["shape"] == shape.name and p["dtype"] == dtype]):
+            mine = [p for p in points if p["shape"] == shape.name and p["dtype"] == dtype]
+            for t in fp8_targets(mine) + decode_targets(mine):
                 targets.append(t)
                 print(format_target(t), flush=True)
             save()

@@ -1,5 +1,5 @@
-"""The GPU-free half of the benchmark (:mod:`qmoe_rtc.bench`): shapes, arguments, floors, the table, and
-the targets (shared experts + router GEMM against the routed layer, FP8 against int8)."""
+"""The GPU-free half of the benchmark (:mod:`qmoe_rtc.bench`): shapes, arguments, floors and the table
+(the issues' targets are in :mod:`qmoe_rtc.bench_targets`)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["BENCH_SHAPES", "DEFAULT_PRESETS", "DEFAULT_TOKENS", "EXT_FACTOR", "FP8_BITS", "TOL", "VARIANTS", "Shape",
-           "block_for", "build_parser", "check_rows", "expert_bytes", "ext_flops", "ext_target", "extension_bytes",
-           "floor_bytes", "flop_count", "format_row", "format_target", "fp8_targets", "is_fp8", "label_width",
+__all__ = ["BENCH_SHAPES", "DEFAULT_PRESETS", "DEFAULT_TOKENS", "FP8_BITS", "TOL", "VARIANTS", "Shape",
+           "block_for", "build_parser", "check_rows", "expert_bytes", "ext_flops", "extension_bytes",
+           "floor_bytes", "flop_count", "format_row", "is_fp8", "label_width",
            "layout_problem", "near_tie_rows", "parse_args", "parse_bits", "parse_shape", "rel_err", "row_label",
            "table_header", "top_k_experts", "variants_for"]
 
@@ -22,13 +22,8 @@ DEFAULT_TOKENS = "1,2,4,8,16,32,64"
 #: Layers timed per point of a shape with [ext] parts: routed experts only (logits passed), + the shared
 #: experts (logits passed), the full layer (shared experts + router GEMM, router_probs None).
 VARIANTS = ("routed", "shared", "full")
-#: The issue's target for the full layer: full_us <= EXT_FACTOR * (routed_us + extension bytes / copy rate).
-EXT_FACTOR = 1.15
 #: --bits values for FP8 experts: block scales of the run's block size, or one global scale per expert.
 FP8_BITS = {"fp8": "block", "fp8g": "global"}
-#: FP8 targets: decode at FP8_DECODE_T tokens >= FP8_DECODE_SHARE of int8's %floor; prefill at
-#: FP8_PREFILL_T tokens <= FP8_PREFILL_FACTOR x int8's time (same shape, dtype and run).
-FP8_DECODE_T, FP8_DECODE_SHARE, FP8_PREFILL_T, FP8_PREFILL_FACTOR = 1, 0.8, 4096, 1.2
 
 
 @dataclass(frozen=True)
@@ -271,74 +266,6 @@ def rel_err(got, want) -> float:
         return math.inf
     n = np.linalg.norm(w)
     return float(np.linalg.norm(g - w) / (n if n else 1.0))
-
-
-# -- targets (GPU-free) ----------------------------------------------------------------------------
-def ext_target(routed_us: float, full_us: float, ext_bytes: int, copy_GBps: float | None,
-               factor: float = EXT_FACTOR) -> dict:
-    """full_us <= factor·(routed_us + ext_bytes / copy rate): the bound, full/bound and PASS (ok)."""
-    extra = ext_bytes / (copy_GBps * 1e3) if copy_GBps else None
-    if extra is None or not routed_us or full_us is None:
-        return dict(kind="ext", ok=None, reason="needs the routed and full times and the copy rate")
-    bound = factor * (routed_us + extra)
-    return dict(kind="ext", routed_us=routed_us, full_us=full_us, ext_bytes=ext_bytes, ext_us=extra,
-                bound_us=bound, ratio=full_us / bound, ok=full_us <= bound)
-
-
-def _pick(points, T: int, fp8: bool, block_size=None):
-    for p in points:
-        if (p["T"] == T and is_fp8(p["bits"]) == fp8 and (fp8 or tuple(p["bits"]) == (8, 8))
-                and p.get("variant", "routed") == "routed" and not p.get("error") and p.get("graph_us")
-                and (block_size is None or p["block_size"] == block_size)):
-            return p
-    return None
-
-
-def fp8_targets(points) -> list[dict]:
-    """The FP8 targets of one (shape, dtype) from its points, per FP8 scale form measured: decode at
-    FP8_DECODE_T tokens (FP8 %floor >= FP8_DECODE_SHARE of int8's) and prefill at FP8_PREFILL_T
-    (FP8 time <= FP8_PREFILL_FACTOR x int8's); ok None where a point is missing."""
-    out = []
-    forms = sorted({p["block_size"] for p in points if is_fp8(p["bits"])})
-    for bs in forms:
-        base = dict(shape=points[0]["shape"], dtype=points[0]["dtype"], scales=f"block {bs}" if bs else "global",
-                    block_size=bs)
-        f, i = _pick(points, FP8_DECODE_T, True, bs), _pick(points, FP8_DECODE_T, False)
-        t = dict(base, kind="fp8_decode", T=FP8_DECODE_T, want=FP8_DECODE_SHARE, ok=None)
-        if f and i and f.get("pct_floor") and i.get("pct_floor"):
-            t.update(fp8=f["pct_floor"], int8=i["pct_floor"], ratio=f["pct_floor"] / i["pct_floor"])
-            t["ok"] = t["ratio"] >= FP8_DECODE_SHARE
-        out.append(t)
-        f, i = _pick(points, FP8_PREFILL_T, True, bs), _pick(points, FP8_PREFILL_T, False)
-        t = dict(base, kind="fp8_prefill", T=FP8_PREFILL_T, want=FP8_PREFILL_FACTOR, ok=None)
-        if f and i:
-            t.update(fp8=f["graph_us"], int8=i["graph_us"], ratio=f["graph_us"] / i["graph_us"])
-            t["ok"] = t["ratio"] <= FP8_PREFILL_FACTOR
-        out.append(t)
-    return out
-
-
-def _verdict(ok) -> str:
-    return "not measured" if ok is None else "PASS" if ok else "MISS"
-
-
-def format_target(t: dict) -> str:
-    """One summary line of a target dict from :func:`ext_target` or :func:`fp8_targets`."""
-    if t["kind"] == "ext":
-        if t["ok"] is None:
-            return f"  target full <= {EXT_FACTOR}*(routed + ext bytes/copy): not measured ({t.get('reason')})"
-        return (f"  target full <= {EXT_FACTOR}*(routed + ext bytes/copy): {t['full_us']:.1f} <= {EXT_FACTOR}*"
-                f"({t['routed_us']:.1f} + {t['ext_us']:.1f} for {t['ext_bytes'] / 1e6:.2f} MB) = {t['bound_us']:.1f} "
-                f"us: ratio {t['ratio']:.3f} {_verdict(t['ok'])}")
-    head = f"fp8 target {t['shape']} {t['dtype']} fp8 {t['scales']}: "
-    if t["kind"] == "fp8_decode":
-        what = f"decode T={t['T']} %floor fp8 >= {t['want']:.0%} of int8"
-        nums = f"{t['fp8']:.1f} vs {t['int8']:.1f} = {t['ratio']:.0%} " if t["ok"] is not None else ""
-    else:
-        what = f"prefill T={t['T']} time fp8 <= {t['want']}x int8"
-        nums = f"{t['fp8']:.1f} vs {t['int8']:.1f} us = {t['ratio']:.2f}x " if t["ok"] is not None else ""
-    need = "" if t["ok"] is not None else f" (needs --bits 8 and the fp8 form at --tokens {t['T']})"
-    return f"{head}{what}: {nums}{_verdict(t['ok'])}{need}"
 
 
 # -- table (GPU-free) ------------------------------------------------------------------------------

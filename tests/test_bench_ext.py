@@ -414,3 +414,29 @@ def test_main_on_cpu_with_extensions_and_fp8(monkeypatch, tmp_path, capsys):
     kinds = [t["kind"] for t in doc["targets"]]
     assert kinds.count("ext") == 2 and kinds.count("fp8_decode") == 2 and kinds.count("fp8_prefill") == 2
     assert doc["config"]["shapes"][0]["shared"] == 1 and doc["config"]["variants"] == ["routed", "shared", "full"]
+
+
+def test_decode_targets_arithmetic():
+    """Issue 13: int4 %floor against the shape's target at T 1-8, int2 <= 0.65x int4 at T 1 (mixtral,
+    gpt-oss), only from points of the shape's own block size; other shapes have none."""
+    from qmoe_rtc.bench_targets import DECODE_PCT, decode_targets
+
+    def pt(bits, T, us, pct, bs=128, shape="mixtral-8x7b", **kw):
+        return dict(_pt(bits, T, us, pct, bs=bs, **kw), shape=shape)
+
+    pts = [pt((4, 4), 1, 70.0, 60.0), pt((4, 4), 2, 150.0, 59.9), pt((4, 4), 8, 300.0, 61.0),
+           pt((4, 4), 4, 1.0, 99.0, bs=64), pt((4, 4), 4, 1.0, 99.0, error="boom"),  # other block, error: skipped
+           pt((2, 2), 1, 45.5, 40.0)]
+    t = {(x["kind"], x["T"]): x for x in decode_targets(pts)}
+    assert set(t) == {("decode", 1), ("decode", 2), ("decode", 8), ("int2", 1)}
+    assert t["decode", 1]["ok"] is True and t["decode", 2]["ok"] is False and t["decode", 8]["ok"] is True
+    assert DECODE_PCT["mixtral-8x7b"] == t["decode", 1]["want"] == 60.0
+    assert math.isclose(t["int2", 1]["ratio"], 0.65) and t["int2", 1]["ok"] is True  # <= : the bound passes
+    assert decode_targets([pt((2, 2), 1, 46.0, 40.0), pt((4, 4), 1, 70.0, 60.0)])[-1]["ok"] is False
+    line = bench.format_target(t["decode", 2])
+    assert "T=2" in line and "59.9 % of the bytes floor (>= 60 %)" in line and "MISS" in line, line
+    assert "int2 45.5 us vs int4 70.0 us = 0.65x (<= 0.65x) PASS" in bench.format_target(t["int2", 1])
+    # qwen3 has no int2 target; deepseek no decode target at all
+    q = decode_targets([pt((4, 4), 1, 30.0, 15.0, shape="qwen3-30b-a3b"), pt((2, 2), 1, 10.0, 20.0, shape="qwen3-30b-a3b")])
+    assert [(x["kind"], x["ok"]) for x in q] == [("decode", False)]
+    assert decode_targets([pt((4, 4), 1, 30.0, 99.0, shape="deepseek-v3-tp8")]) == []
