@@ -38,7 +38,7 @@ if has bits; then
   stamp bits
   timeout "$(left "${BITS_TIMEOUT:-150}")" python3 -m qmoe_rtc bench --preset mixtral-8x7b,gpt-oss-120b --dtype bfloat16 --tokens 1 \
     --bits 2 --bits 4 --iters 50 --no-torch --no-eager --check-rows 8 --json "$OUT/bench_bits.json" 2>&1 \
-    | tee "$OUT/bench_bits.txt" | grep -E "^(mixtral|gpt)|error" | head -20
+    | tee "$OUT/bench_bits.txt" | grep -E "^(mixtral|gpt)|target|error" | head -20
 fi
 
 if has peers && ls .whl/humming_kernels-*.whl >/dev/null 2>&1 && [ -f .peers/bench_peers.py ]; then
