@@ -1,5 +1,6 @@
-# Sourced by the device scripts (device_check.sh, decode_check.sh) after `cd` to the repository root:
-# the environment of a run from the tree, the section test, the elapsed-time stamp and the deadline.
+# Sourced by the device scripts (device_check, decode_check, ext_bench, prefill_ab, final_check, tune_check)
+# after `cd` to the repository root: the environment of a run from the tree, the section test, the
+# elapsed-time stamp and the deadline.
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
 export QMOE_RTC_CACHE_DIR="${QMOE_RTC_CACHE_DIR:-/tmp/qmoe_rtc_cache}"

@@ -4,17 +4,13 @@
 #   bash tools/ext_bench.sh        (logs and JSON under $OUT or ./out)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-export OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
-export QMOE_RTC_CACHE_DIR="${QMOE_RTC_CACHE_DIR:-/tmp/qmoe_rtc_cache}"
-t0=$(date +%s)
-stamp() { echo "== $1 (+$(( $(date +%s) - t0 )) s)"; }
+. tools/device_env.sh
 stamp "shared experts + router GEMM"
 timeout "${EXT_TIMEOUT:-300}" python3 -m qmoe_rtc bench --shapes "${EXT_SHAPES:-qwen3-next-80b-a3b,deepseek-v3-tp8}" \
-  --variants routed,full --dtype bfloat16 --tokens "${EXT_TOKENS:-1,8,64,512,4096}" --iters "${ITERS:-30}" --no-torch \
+  --variants routed,full --dtype bfloat16 --tokens "${EXT_TOKENS:-1,8,64,512,4096}" --iters "${ITERS:-50}" --no-torch \
   --no-eager --check-rows 4 --json "$OUT/bench_ext.json" 2>&1 | tee "$OUT/bench_ext.txt" | grep -v "^  \["
 stamp "fp8 vs int8"
 timeout "${FP8_TIMEOUT:-240}" python3 -m qmoe_rtc bench --preset "${FP8_SHAPES:-qwen3-30b-a3b}" --dtype bfloat16 \
-  --tokens "${FP8_TOKENS:-1,8,4096}" --bits 8 --bits fp8 --bits fp8g --iters "${ITERS:-30}" --no-torch --no-eager \
+  --tokens "${FP8_TOKENS:-1,8,4096}" --bits 8 --bits fp8 --bits fp8g --iters "${ITERS:-50}" --no-torch --no-eager \
   --check-rows 4 --json "$OUT/bench_fp8.json" 2>&1 | tee "$OUT/bench_fp8.txt" | grep -v "^  \["
 stamp done

@@ -4,10 +4,7 @@
 # tokens. Peers run separately: SECTIONS=peers bash tools/device_check.sh (outputs under $OUT or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-export OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
-export QMOE_RTC_CACHE_DIR="${QMOE_RTC_CACHE_DIR:-/tmp/qmoe_rtc_cache}"
-t0=$(date +%s); stamp() { echo "== $1 (+$(( $(date +%s) - t0 )) s)"; }
+. tools/device_env.sh
 SECTIONS=tests TEST_TIMEOUT="${TEST_TIMEOUT:-200}" bash tools/device_check.sh 2>&1 | grep -vE "^\.|worst rel err" | tail -12
 stamp "compile time, one module at a time (fresh cache)"
 timeout 90 python3 -m qmoe_rtc warm --preset qwen3-30b-a3b --dtype bfloat16 --arch sm_90 --jobs 1 \

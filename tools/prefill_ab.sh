@@ -4,11 +4,7 @@
 #   TESTS_K="wgmma" PRESETS=qwen3-30b-a3b,mixtral-8x7b TOKENS=64,512,4096 bash tools/prefill_ab.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-export OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
-export QMOE_RTC_CACHE_DIR="${QMOE_RTC_CACHE_DIR:-/tmp/qmoe_rtc_cache}"
-t0=$(date +%s)
-stamp() { echo "== $1 (+$(( $(date +%s) - t0 )) s)"; }
+. tools/device_env.sh
 stamp precompile
 timeout "${PRECOMPILE_TIMEOUT:-150}" python3 tools/precompile.py --arch sm_90 --jobs 16 2>&1 | tail -3
 if [ "${TESTS_K:-}" != "none" ]; then

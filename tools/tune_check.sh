@@ -3,10 +3,7 @@
 #   bash tools/tune_check.sh      (logs under $OUT or ./out); SWEEPS / NCU_ARGS override the defaults
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-export OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
-export QMOE_RTC_CACHE_DIR="${QMOE_RTC_CACHE_DIR:-/tmp/qmoe_rtc_cache}"
-t0=$(date +%s); stamp() { echo "== $1 (+$(( $(date +%s) - t0 )) s)"; }
+. tools/device_env.sh
 stamp host
 timeout 60 python3 tools/host_profile.py 2>&1 | tee "$OUT/host.txt"
 stamp sweep
