@@ -42,7 +42,8 @@ def cmd_info(args) -> int:
         for i in range(n):
             p = cupy.cuda.runtime.getDeviceProperties(i)
             name = p["name"].decode() if isinstance(p["name"], bytes) else p["name"]
-            print(f"GPU {i}             {name}, sm_{p['major']}{p['minor']}, {p['totalGlobalMem'] / 2**30:.0f} GiB")
+            print(f"GPU {i}             {name}, sm_{p['major']}{p['minor']}, {p['totalGlobalMem'] / 2**30:.0f} GiB"
+                  + _overlap_note(p["major"] * 10 + p["minor"]))
         if n == 0:
             print("GPU               none found")
     except Exception as exc:
@@ -54,6 +55,18 @@ def cmd_info(args) -> int:
     except Exception as exc:  # knobs may be mis-set; say so
         print(f"kernel cache      unavailable ({exc})")
     return 0
+
+
+def _overlap_note(cc: int) -> str:
+    """', overlapped launches on|off' for a device of compute capability ``cc`` (major·10 + minor): whether
+    the decode kernels start while their predecessor finishes (programmatic dependent launch)."""
+    try:
+        from .runtime.plan import overlap_allowed
+
+        on = overlap_allowed(f"sm_{cc}")
+    except Exception as exc:  # a mis-set knob: say so, info is a diagnostic
+        return f", overlapped launches unknown ({exc})"
+    return f", overlapped launches {'on' if on else 'off'}" + ("" if cc >= 90 else " (sm_90+ only)")
 
 
 def _gpu_present() -> bool:

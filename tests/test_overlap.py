@@ -99,3 +99,12 @@ def test_bound_launches_overlap_all_but_the_first(monkeypatch):
     assert _bound("sm_89", (True, True, True), monkeypatch) == (None, None, None)
     with knobs.scope(pdl=False):
         assert _bound("sm_90a", (True, True, True), monkeypatch) == (None, None, None)
+
+
+def test_info_says_whether_launches_overlap():
+    from qmoe_rtc.__main__ import _overlap_note
+
+    assert _overlap_note(90) == ", overlapped launches on"
+    assert _overlap_note(86) == ", overlapped launches off (sm_90+ only)"
+    with knobs.scope(pdl=False):
+        assert _overlap_note(100) == ", overlapped launches off"
