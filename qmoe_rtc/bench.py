@@ -35,9 +35,8 @@ and their FLOPs. Target: full_us <= 1.15·(routed_us + (shared + router bytes) /
 ``--bits fp8`` / ``fp8g``: FP8 e4m3 experts, float32 block scales or one global scale per expert;
 1 byte per weight + scales in the floor. Per (shape, dtype), against ``--bits 8`` of the same run:
 FP8 %floor at 1 token >= 80 % of int8's, FP8 time at 4096 tokens <= 1.2× int8's. Decode (issue 13,
-the four default shapes, int4 at the shape's block size): % of the bytes floor at 1, 2, 4 and 8 tokens
-against the shape's target, and int2 at 1 token <= 0.65× int4 on mixtral and gpt-oss when both bit
-widths ran (``qmoe_rtc/bench_targets.py``). Targets print PASS / MISS and go to the JSON's ``targets``;
+default shapes, int4): %floor at 1-8 tokens vs the shape's target, int2 <= 0.65× int4 at 1 token on
+mixtral and gpt-oss (``bench_targets.py``). Targets print PASS / MISS and go to the JSON's ``targets``;
 a MISS does not fail the run.
 
 A failing point prints ``ERR`` with the reason and the run goes on; the exit code is non-zero if any

@@ -207,9 +207,10 @@ def _fake_cupy():
 
 
 class _FakeQMoE:
-    """The executor's surface that bench uses, computed by the reference; fails at T == 2 on purpose."""
+    """The executor's surface that bench uses, computed by the reference; fails at T == fail_rows on purpose."""
 
     decode_max_routes = 64
+    fail_rows = 2
 
     def __init__(self, **kw):
         self.kw = kw
@@ -218,7 +219,7 @@ class _FakeQMoE:
         return "decode" if rows * self.kw["k"] <= self.decode_max_routes else "prefill"
 
     def __call__(self, x, logits, out=None):
-        if x.shape[0] == 2:
+        if x.shape[0] == self.fail_rows:
             raise RuntimeError("injected failure")
         out[...] = reference(x, logits, **self.kw)
         return out

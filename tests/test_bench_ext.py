@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 import pytest
+from test_bench import _FakeQMoE
 
 from qmoe_rtc import bench, warm
 from qmoe_rtc.attributes import QMoEAttributes
@@ -340,31 +341,11 @@ def test_random_layer_fp8(rng):
 
 
 # -- a whole run on the CPU ------------------------------------------------------------------------
-class _FakeExtQMoE:
-    """The executor's surface that bench uses, computed by the reference (extension inputs included)."""
+class _FakeExtQMoE(_FakeQMoE):
+    """The executor's surface that bench uses, computed by the reference (extension inputs included),
+    with no injected failure."""
 
-    decode_max_routes = 64
-
-    def __init__(self, **kw):
-        self.kw = kw
-
-    def path_for(self, rows):
-        return "decode" if rows * self.kw["k"] <= self.decode_max_routes else "prefill"
-
-    def __call__(self, x, logits, out=None):
-        out[...] = reference(x, logits, **self.kw)
-        return out
-
-    def capture(self, x, logits):
-        moe = self
-
-        class Graph:
-            output = np.empty_like(x)
-
-            def replay(self):
-                return moe(x, logits, out=self.output)
-
-        return Graph()
+    fail_rows = None
 
 
 def test_main_on_cpu_with_extensions_and_fp8(monkeypatch, tmp_path, capsys):
