@@ -116,6 +116,9 @@ KNOBS: dict[str, Knob] = {
         Knob("mma_stages", "QMOE_RTC_MMA_STAGES", "int", 0, True,
              "Tuning only: cp.async ring depth of the tensor-core decode kernels (0 = the built-in 3); "
              "a -D option, hence part of the cache key."),
+        Knob("mma_min_blocks", "QMOE_RTC_MMA_MIN_BLOCKS", "int", 0, True,
+             "Tuning only: resident blocks per SM the registers of the decode kernels for up to 8 tokens are set for "
+             "(4..8, 0 = the built-in 5); a -D option, hence part of the cache key."),
         Knob("mma_target_warps", "QMOE_RTC_MMA_TARGET_WARPS", "int", 0, False,
              "Tuning only: warps the decode K-split aims for (0 = the built-in 132·24)."),
         Knob("mma_one_wave", "QMOE_RTC_MMA_ONE_WAVE", "bool", True, False,

@@ -5,6 +5,8 @@
 #          QMOE_RTC_PDL=0 then =1: programmatic dependent launch off / on), same shapes, same machine
 #   bits   int2 vs int4 at 1 token (mixtral, gpt-oss): the narrow-code target
 #   peers  humming, humming_g and vLLM's Marlin MoE beside qmoe_rtc in one process (.whl/, .peers/, .marlin/)
+#   probe  tools/stream_probe.py: the weight stream's own rate, no arithmetic (row-major vs tiled, ring depth)
+#   ncu    warp stall reasons, memory and occupancy of FC1 / FC2 at 1 token (NCU_SHAPES, default mixtral, qwen3)
 #   SECTIONS="tests ab" bash tools/decode_check.sh      (logs under $OUT or ./out)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,7 +31,7 @@ if has ab; then  # one bench per AB setting ("NAME=V,NAME=V" items; default: pro
     stamp "bench $setting"
     tag=$(echo "$setting" | tr -c 'A-Za-z0-9\n' '_')
     env ${setting//,/ } timeout "$(left "${BENCH_TIMEOUT:-150}")" python3 -m qmoe_rtc bench --preset "$SHAPES" \
-      --dtype "${DTYPES:-bfloat16}" --tokens "${AB_TOKENS:-1,2,4,8}" --iters 50 --no-torch --no-eager --check-rows 8 \
+      --dtype "${DTYPES:-bfloat16}" --tokens "${AB_TOKENS:-1,2,4,8}" --iters 50 --no-torch --no-eager --check-rows "${CHECK_ROWS:-8}" \
       --json "$OUT/bench_$tag.json" 2>&1 | tee "$OUT/bench_$tag.txt" | grep -E "^(qwen3|mixtral|gpt|ort)|target|error" | head -60
   done
 fi
@@ -49,5 +51,22 @@ if has peers && ls .whl/humming_kernels-*.whl >/dev/null 2>&1 && [ -f .peers/ben
   timeout "$(left "${PEERS_TIMEOUT:-300}")" python3 .peers/bench_peers.py --humming-site /tmp/hsite --qmoe-path . "${marlin[@]}" \
     --peers "${PEERS:-$peers}" --tokens "${PEER_TOKENS:-1,2,4,8,16,32,64}" --out "$OUT/peers.json" 2>&1 \
     | tee "$OUT/peers.txt" | grep -vE "^# (humming|marlin) prep|Deprecation|return g.replay" | tail -45
+fi
+if has probe; then
+  stamp probe
+  timeout "$(left "${PROBE_TIMEOUT:-120}")" python3 tools/stream_probe.py 2>&1 | tee "$OUT/probe.txt"
+fi
+
+if has ncu; then
+  for shape in ${NCU_SHAPES:-mixtral-8x7b qwen3-30b-a3b}; do
+    stamp "ncu $shape"
+    timeout "$(left "${NCU_TIMEOUT:-120}")" ncu --clock-control none --kernel-name regex:"fc1_mma|fc2_mma" \
+      --launch-skip 2 --launch-count 2 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+      --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
+      --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+      python3 tools/profile_decode.py --preset "$shape" --tokens "${NCU_TOKENS:-1}" --calls 3 2>&1 \
+      | tee "$OUT/ncu_$shape.txt" | grep -vE "^==PROF==|^ *-+ *$|^    [A-Z].*:$" \
+      | grep -E "fc1_mma|fc2_mma|Duration|DRAM Through|Memory Through|Stall|Warp Cycles|Issued Warp|No Eligible|Active Warps|Achieved Occ|Registers|Theoretical Occ|Block Limit|L2 Hit|L1/TEX Hit|Mem Busy|Max Bandwidth|Eligible|stalled" | grep -vE "stalled_[a-z_]+_per_issue_active.ratio +ratio +0\.0[0-9]?$" | head -80
+  done
 fi
 stamp done

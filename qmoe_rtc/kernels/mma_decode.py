@@ -23,9 +23,10 @@ from ._expert import (
     template_types,
     tensor_core_unsupported,
 )
+from ._grouped import tuning_knob
 from .base import KernelFamily, Problem, Slot, register
 
-__all__ = ["MmaDecodeFamily", "ring_bytes", "route_groups"]
+__all__ = ["MmaDecodeFamily", "decode_smem_bytes", "ring_bytes", "route_groups"]
 
 THREADS = 128  # kMmaThreads (4 warps)
 WARPS = 4
@@ -35,6 +36,7 @@ TARGET_WARPS = 132 * 24  # enough warps for every SM of an H200 to keep ~24 in f
 STAGES = 3  # kMmaStages: cp.async ring depth per warp
 RESIDENT_SMS = 132  # SMs the split rules are tuned for (an H200; TARGET_WARPS assumes the same)
 MIN_BLOCKS = {1: 5, 2: 4, 4: 3}  # mma_min_blocks<NG>: resident blocks per SM the registers are set for
+MIN_BLOCKS_ALLOWED = (4, 5, 6, 7, 8)  # QMOE_RTC_MMA_MIN_BLOCKS (NG 1 only: route groups of 8, up to 8 tokens)
 ONE_WAVE_CHUNKS = 8  # most 128-code chunks per warp the one-wave rule of k_split accepts
 PREFETCH_CHUNKS = 4  # chunks of its two rows a warp warms L2 with before the route scan (kernel scalar PF)
 
@@ -55,6 +57,17 @@ def ring_bytes(bits: int, scale_bytes: int, block_size: int, zp_packed: bool, st
     return WARPS * stages * stage
 
 
+def decode_smem_bytes(ring: int, routes: int) -> int:
+    """Dynamic shared memory of a decode launch: the four rings, then two lists of ``routes`` route ids
+    (s_ids, s_list; engines/mma_decode.cuh)."""
+    return ring + 8 * routes
+
+
+def min_blocks(spec: ModuleSpec, ng: int) -> int:
+    """Resident blocks per SM the registers of route group ``ng``'s kernels are set for."""
+    return spec["min_blocks"] if ng == 1 else MIN_BLOCKS[ng]
+
+
 def route_groups(rows: int) -> int:
     """NG for a call with ``rows`` tokens: an expert has at most ``rows`` routes."""
     for ng in ROUTE_GROUPS:
@@ -63,19 +76,20 @@ def route_groups(rows: int) -> int:
     return ROUTE_GROUPS[-1]
 
 
-def k_split(tiles: int, experts: int, K: int, ng: int = 1) -> int:
+def k_split(tiles: int, experts: int, K: int, ng: int = 1, per_sm: int | None = None) -> int:
     """Warps of a block that split K (1, 2 or 4): the fewest that give about TARGET_WARPS warps,
     keeping at least two 128-code chunks per warp; then one wave instead of a sliver more: when that
-    split puts more blocks in the grid than are resident at once (``RESIDENT_SMS`` SMs × the blocks per
-    SM of route group ``ng``) and half of it fits them in one wave with at most ``ONE_WAVE_CHUNKS``
-    chunks per warp, half it is. Measured on the H200 in one process (docs/performance.md, session 6):
+    split puts more blocks in the grid than are resident at once (``RESIDENT_SMS`` SMs × ``per_sm``,
+    the blocks per SM of route group ``ng``, default ``MIN_BLOCKS[ng]``) and half of it fits them in
+    one wave with at most ``ONE_WAVE_CHUNKS`` chunks per warp, half it is. Measured on the H200 in one
+    process (docs/performance.md, session 6):
     qwen3-30b-a3b's FC1 at 1 token (768 blocks for 660 resident, or 384) took the layer 34.4 → 31.1 µs,
     while halving where the half still spills or runs long chunks lost (gpt-oss-120b 56.5 → 57.9 / 65.8)."""
     target = knobs.get("mma_target_warps") or TARGET_WARPS
     chunks = (K + 127) // 128
     ks = next((s for s in (1, 2, 4) if tiles * experts * s >= target or chunks < 2 * 2 * s), 4)
     if ks > 1 and knobs.get("mma_one_wave"):
-        resident = RESIDENT_SMS * MIN_BLOCKS[ng]
+        resident = RESIDENT_SMS * (per_sm or MIN_BLOCKS[ng])
         half = ks // 2
         blocks = experts * ((tiles * ks + WARPS - 1) // WARPS)  # grid.x · experts (grid.x = tiles / (WARPS / ks))
         blocks_half = experts * ((tiles * half + WARPS - 1) // WARPS)
@@ -91,9 +105,12 @@ class MmaDecodeFamily(KernelFamily):
     depends_on = EXPERT_FIELDS
 
     def spec(self, config) -> ModuleSpec:
-        """The layout's fields plus the ring depth (the tuning knob is read here, once per spec, so the
-        module key and the launch's shared memory always agree)."""
-        return expert_spec(self.name, config, stages=_stages())
+        """The layout's fields plus the ring depth and the resident blocks per SM of the 8-route kernels
+        (tuning knobs, read here once per spec, so the module key, the launch's shared memory and the
+        K split always agree)."""
+        return expert_spec(self.name, config, stages=_stages(),
+                           min_blocks=tuning_knob("mma_min_blocks", "QMOE_RTC_MMA_MIN_BLOCKS", MIN_BLOCKS[1],
+                                                  MIN_BLOCKS_ALLOWED))
 
     def specs(self, config) -> list[ModuleSpec]:
         return [] if tensor_core_unsupported(config) else [self.spec(config)]
@@ -105,7 +122,7 @@ class MmaDecodeFamily(KernelFamily):
         return why
 
     def defines(self, spec: ModuleSpec) -> tuple[str, ...]:
-        return (f"-DQMOE_MMA_STAGES={spec['stages']}",)
+        return (f"-DQMOE_MMA_STAGES={spec['stages']}", f"-DQMOE_MMA_MIN_BLOCKS={spec['min_blocks']}")
 
     def kernels(self, spec: ModuleSpec) -> tuple[KernelDef, ...]:
         t = template_types(spec)
@@ -142,7 +159,8 @@ class MmaDecodeFamily(KernelFamily):
         else:
             per_tile, n_out, K = 16, problem.H, problem.I
         tiles = (n_out + per_tile - 1) // per_tile
-        ks = k_split(tiles, experts, K, route_groups(problem.rows))
+        ng = route_groups(problem.rows)
+        ks = k_split(tiles, experts, K, ng, min_blocks(spec, ng))
         per_block = per_tile * (WARPS // ks)
         return ks, (n_out + per_block - 1) // per_block
 
@@ -155,6 +173,7 @@ class MmaDecodeFamily(KernelFamily):
         else:
             smem = ring_bytes(spec["fc2_bits"], scale_bytes, spec["block_size"], spec["fc2_zp"] == "packed",
                               spec["stages"])
+        smem = decode_smem_bytes(smem, problem.routes)
         # overlap: FC1 waits for the ids, FC2 reads the ids and prefetches its weights, then waits for act
         pf = knobs.get("mma_prefetch_chunks") or PREFETCH_CHUNKS
         return Launch((gx, problem.routes, 1), (THREADS, 1, 1), smem, (("KS", ks), ("PF", pf)), overlap=True)

@@ -19,6 +19,8 @@
 // engines/mma_ring.cuh and core/mma_pair.cuh.
 // Weights, scales and zero points stream through a per-warp cp.async ring in dynamic shared memory
 // (kMmaStages stages of 2 KiB of codes); each lane reads back only what it copied (no barrier).
+// Dynamic shared memory: [kMmaWarps rings][s_ids: R i32][s_list: R i32]; the K-slice reduction
+// reuses the rings, so the static shared memory is a few bytes and more blocks fit an SM.
 // PF: chunks of its rows each warp warms L2 with before the route scan (FC2: before waiting for FC1).
 // A block = 4 warps = MT row tiles × KS slices of K (MT·KS = 4, KS a launch argument); the KS
 // partial sums are added in a fixed order (deterministic). A route group of 8·NG routes shares the
@@ -67,28 +69,32 @@ __device__ __forceinline__ ExpertRoutes collect_routes(const i32* __restrict__ i
   return ExpertRoutes{*s_n};
 }
 
-// Adds the KS slices' C fragments into the slice-0 warps (fixed order). red: kMmaWarps·NG·4·32 floats.
+// Adds the KS slices' C fragments into the slice-0 warps (fixed order). Each warp's partial sums go
+// to the start of its own ring (NG·512 bytes, smaller than a ring; its copies have all landed and
+// been read when mma_rows returns), so the reduction needs no shared memory of its own.
 template <int NG> __device__ __forceinline__ void reduce_slices(float (&acc)[NG][4], i32 mt, i32 ks, i32 MT, i32 KS,
-                                                                float* red) {
+                                                                u8* rings, i32 ring_bytes) {
   if (KS == 1) return;
   const i32 lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  __syncwarp();  // every lane of this warp has read its ring
   if (ks > 0) {
+    float* red = reinterpret_cast<float*>(rings + w * ring_bytes);
 #pragma unroll
     for (int g = 0; g < NG; ++g)
 #pragma unroll
-      for (int v = 0; v < 4; ++v) red[((w * NG + g) * 4 + v) * 32 + lane] = acc[g][v];
+      for (int v = 0; v < 4; ++v) red[(g * 4 + v) * 32 + lane] = acc[g][v];
   }
   __syncthreads();
   if (ks == 0) {
     for (i32 s = 1; s < KS; ++s) {
-      const i32 ws = s * MT + mt;
+      const float* red = reinterpret_cast<const float*>(rings + (s * MT + mt) * ring_bytes);
 #pragma unroll
       for (int g = 0; g < NG; ++g)
 #pragma unroll
-        for (int v = 0; v < 4; ++v) acc[g][v] += red[((ws * NG + g) * 4 + v) * 32 + lane];
+        for (int v = 0; v < 4; ++v) acc[g][v] += red[(g * 4 + v) * 32 + lane];
     }
   }
-  __syncthreads();
+  __syncthreads();  // the rings are free again for the next route group
 }
 
 // Rows per 16-row warp tile: gated FC1 = 8 outputs (rows g: gate, g + 8: linear); else 16 outputs.
@@ -100,11 +106,14 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
         i32 E_routed, const u8* __restrict__ shared_w1, const ScaleT* __restrict__ shared_s1,
         const u8* __restrict__ shared_z1, const float* __restrict__ shared_b1, float zp_offset, float alpha, float beta,
         float limit, i32 limit_after, T* __restrict__ act) {
-  __shared__ i32 s_ids[kMmaMaxRoutes], s_list[kMmaMaxRoutes], s_n;
-  __shared__ float red[kMmaWarps * NG * 4 * 32];
+  __shared__ i32 s_n;
   extern __shared__ __align__(16) u8 dyn_smem[];
   using Stage = MmaStage<B1, ScaleT, BLOCK, Z1 == ZP_PACKED || (GATE == GATE_FC3 && Z3 == ZP_PACKED)>;
-  check_ring_size<Stage>();
+  constexpr i32 kRing = kMmaStages * Stage::kBytes;
+  static_assert(kRing >= NG * 4 * 32 * 4, "a ring holds its warp's partial sums (reduce_slices)");
+  check_ring_size<Stage>(R);
+  i32* s_ids = reinterpret_cast<i32*>(dyn_smem + kMmaWarps * kRing);  // [R] after the rings
+  i32* s_list = s_ids + R;                                             // [R]
   using Rows = Fc1Rows<GATE>;
   constexpr bool kGated = Rows::kGated;
   constexpr int kOutPerTile = kGated ? 8 : 16;
@@ -140,10 +149,10 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
       xrow[gg] = j < er.n ? x + (i64)(s_list[j] / k) * H : nullptr;
     }
     float acc[NG][4] = {};
-    u8* ring = dyn_smem + warp * kMmaStages * Stage::kBytes;
+    u8* ring = dyn_smem + warp * kRing;
     if constexpr (GATE == GATE_FC3) mma_rows<T, B1, NG>(q1, pa, na, q3, pb, nb, e, xrow, H, ks, KS, acc, ring);
     else mma_rows<T, B1, NG>(q1, pa, na, q1, pb, nb, e, xrow, H, ks, KS, acc, ring);  // both rows from W1
-    reduce_slices<NG>(acc, mt, ks, MT, KS, red);
+    reduce_slices<NG>(acc, mt, ks, MT, KS, dyn_smem, kRing);
     if (ks == 0) {
 #pragma unroll
       for (int gg = 0; gg < NG; ++gg) {
@@ -177,12 +186,15 @@ fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const fl
                 const u8* __restrict__ shared_w2, const ScaleT* __restrict__ shared_s2, const u8* __restrict__ shared_z2,
                 const float* __restrict__ shared_b2, float zp_offset, float* __restrict__ y, u32* __restrict__ counters,
                 T* __restrict__ out) {
-  __shared__ i32 s_ids[kMmaMaxRoutes], s_list[kMmaMaxRoutes], s_n;
-  __shared__ float red[kMmaWarps * NG * 4 * 32];
+  __shared__ i32 s_n;
   __shared__ bool s_last;
   extern __shared__ __align__(16) u8 dyn_smem[];
   using Stage = MmaStage<B2, ScaleT, BLOCK, Z2 == ZP_PACKED>;
-  check_ring_size<Stage>();
+  constexpr i32 kRing = kMmaStages * Stage::kBytes;
+  static_assert(kRing >= NG * 4 * 32 * 4, "a ring holds its warp's partial sums (reduce_slices)");
+  check_ring_size<Stage>(R);
+  i32* s_ids = reinterpret_cast<i32*>(dyn_smem + kMmaWarps * kRing);  // [R] after the rings
+  i32* s_list = s_ids + R;                                             // [R]
   const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const i32 MT = kMmaWarps / KS, mt = warp % MT, ks = warp / MT;
   const i32 g = lane >> 2, t = lane & 3;
@@ -209,9 +221,9 @@ fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const fl
       xrow[gg] = j < er.n ? act + (i64)s_list[j] * I : nullptr;
     }
     float acc[NG][4] = {};
-    u8* ring = dyn_smem + warp * kMmaStages * Stage::kBytes;
+    u8* ring = dyn_smem + warp * kRing;
     mma_rows<T, B2, NG>(q2, pa, na, q2, pb, nb, e, xrow, I, ks, KS, acc, ring);
-    reduce_slices<NG>(acc, mt, ks, MT, KS, red);
+    reduce_slices<NG>(acc, mt, ks, MT, KS, dyn_smem, kRing);
     if (ks == 0) {
 #pragma unroll
       for (int gg = 0; gg < NG; ++gg) {

@@ -30,8 +30,12 @@ constexpr int kMmaPrefetchRoutes = 64;  // up to this many routes, blocks warm L
 #define QMOE_MMA_STAGES 3
 #endif
 constexpr int kMmaStages = QMOE_MMA_STAGES;
-// Blocks per SM the register budget is set for (route groups need more accumulators).
-template <int NG> constexpr int mma_min_blocks() { return NG == 1 ? 5 : (NG == 2 ? 4 : 3); }
+// Blocks per SM the register budget is set for (route groups need more accumulators); route groups
+// of 8 (NG 1, up to 8 tokens) take QMOE_MMA_MIN_BLOCKS.
+#ifndef QMOE_MMA_MIN_BLOCKS
+#define QMOE_MMA_MIN_BLOCKS 5
+#endif
+template <int NG> constexpr int mma_min_blocks() { return NG == 1 ? QMOE_MMA_MIN_BLOCKS : (NG == 2 ? 4 : 3); }
 
 // One stage of a warp's ring: KST chunks of its two lane rows, as copied (not decoded).
 //   codes [KST][2 rows][32 lanes][4·B bytes]       (KST = 8/B: 2 KiB of codes per stage, any B)
@@ -62,12 +66,13 @@ template <int B> __device__ __forceinline__ void prefetch_rows(const u8* pa, con
   }
 }
 
-// The launch must give kMmaWarps rings of kMmaStages stages (the host computes the same size:
-// kernels/mma.py ring_bytes); a smaller dynamic shared memory is a host bug: trap, never overrun.
-template <class Stage> __device__ __forceinline__ void check_ring_size() {
+// The launch must give kMmaWarps rings of kMmaStages stages and the block's two route lists (R ids
+// each; the host computes the same size: kernels/mma_decode.py decode_smem_bytes); a smaller dynamic
+// shared memory is a host bug: trap, never overrun.
+template <class Stage> __device__ __forceinline__ void check_ring_size(i32 R) {
   u32 have;
   asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(have));
-  if (have < (u32)(kMmaWarps * kMmaStages * Stage::kBytes)) __trap();
+  if (have < (u32)(kMmaWarps * kMmaStages * Stage::kBytes) + 8u * (u32)R) __trap();
 }
 
 // One warp's product over its K slice (chunks ks, ks + KS, ...): acc[ng] (C fragments) +=
@@ -144,18 +149,15 @@ __device__ __forceinline__ void mma_rows(const QA& qa, const u8* __restrict__ pa
         ca[h] = (kFactor || live) ? coef(st, u, 0, h, j0) : D::zero();
         cb[h] = (kFactor || live) ? coef(st, u, 1, h, j0) : D::zero();
       }
-      u32 a[8][4];
-#pragma unroll
-      for (int s = 0; s < 8; ++s) {
+      // A fragment of k16 step s: pairs 2s, 2s + 1 of both lane rows
+      auto frag = [&](int s, u32 (&a)[4]) {
         const int h0 = NSB == 2 ? D::first_code(2 * s) / 16 : 0, h1 = NSB == 2 ? D::first_code(2 * s + 1) / 16 : 0;
-        a[s][0] = D::template pair<!kFactor>(ra, 2 * s, ca[h0]);
-        a[s][1] = D::template pair<!kFactor>(rb, 2 * s, cb[h0]);
-        a[s][2] = D::template pair<!kFactor>(ra, 2 * s + 1, ca[h1]);
-        a[s][3] = D::template pair<!kFactor>(rb, 2 * s + 1, cb[h1]);
-      }
-#pragma unroll
-      for (int g = 0; g < NG; ++g) {
-        u32 xw[16];
+        a[0] = D::template pair<!kFactor>(ra, 2 * s, ca[h0]);
+        a[1] = D::template pair<!kFactor>(rb, 2 * s, cb[h0]);
+        a[2] = D::template pair<!kFactor>(ra, 2 * s + 1, ca[h1]);
+        a[3] = D::template pair<!kFactor>(rb, 2 * s + 1, cb[h1]);
+      };
+      auto load_x = [&](int g, u32 (&xw)[16]) {
         if (xrow[g] != nullptr && live) {
           const uint4* px = reinterpret_cast<const uint4*>(xrow[g] + k0);
 #pragma unroll
@@ -167,17 +169,40 @@ __device__ __forceinline__ void mma_rows(const QA& qa, const u8* __restrict__ pa
 #pragma unroll
           for (int v = 0; v < 16; ++v) xw[v] = 0u;
         }
-        if constexpr (kFactor) {
+      };
+      // kFactor: the chunk's exact partial sums, scaled once per row
+      auto finish = [&](int g, const float (&part)[4]) {
+        acc[g][0] = fmaf(ca[0].scf, part[0], acc[g][0]);  // C rows g (lane row na) ...
+        acc[g][1] = fmaf(ca[0].scf, part[1], acc[g][1]);
+        acc[g][2] = fmaf(cb[0].scf, part[2], acc[g][2]);  // ... and g + 8 (lane row nb)
+        acc[g][3] = fmaf(cb[0].scf, part[3], acc[g][3]);
+      };
+      if constexpr (NG == 1) {
+        // one route group: each k16 step's fragment is dequantized just before its mma (4 registers
+        // live instead of 32: more resident blocks per SM)
+        u32 xw[16];
+        load_x(0, xw);
+        float part[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int s = 0; s < 8; ++s) {
+          u32 a[4];
+          frag(s, a);
+          Pair2<T>::mma(kFactor ? part : acc[0], a, D::x_pair(xw, 2 * s), D::x_pair(xw, 2 * s + 1));
+        }
+        if constexpr (kFactor) finish(0, part);
+      } else {
+        // several route groups share each dequantized fragment
+        u32 a[8][4];
+#pragma unroll
+        for (int s = 0; s < 8; ++s) frag(s, a[s]);
+#pragma unroll
+        for (int g = 0; g < NG; ++g) {
+          u32 xw[16];
+          load_x(g, xw);
           float part[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-          for (int s = 0; s < 8; ++s) Pair2<T>::mma(part, a[s], D::x_pair(xw, 2 * s), D::x_pair(xw, 2 * s + 1));
-          acc[g][0] = fmaf(ca[0].scf, part[0], acc[g][0]);  // C rows g (lane row na) ...
-          acc[g][1] = fmaf(ca[0].scf, part[1], acc[g][1]);
-          acc[g][2] = fmaf(cb[0].scf, part[2], acc[g][2]);  // ... and g + 8 (lane row nb)
-          acc[g][3] = fmaf(cb[0].scf, part[3], acc[g][3]);
-        } else {
-#pragma unroll
-          for (int s = 0; s < 8; ++s) Pair2<T>::mma(acc[g], a[s], D::x_pair(xw, 2 * s), D::x_pair(xw, 2 * s + 1));
+          for (int s = 0; s < 8; ++s) Pair2<T>::mma(kFactor ? part : acc[g], a[s], D::x_pair(xw, 2 * s), D::x_pair(xw, 2 * s + 1));
+          if constexpr (kFactor) finish(g, part);
         }
       }
     }
