@@ -107,7 +107,7 @@ __device__ __forceinline__ void mma_rows(const QA& qa, const u8* __restrict__ pa
       const i32 c = c0 + u * KS, k0 = c * kMmaChunk + 32 * t;
       if (c >= nch) break;  // warp-uniform
       const bool live = k0 < K;
-      const i64 off = live ? (i64)(4 * c + t) * CB : 0;  // = k0 / 32 · CB
+      const i64 off = live ? (i64)(k0 / 32) * CB : 0;
       // the block of the lane's codes; with kFactor the block of the chunk (the same for every lane,
       // and valid on lanes past K, whose C fragments still need their rows' scale)
       const i32 j = kFactor ? QA::block_of((i64)c * kMmaChunk) : (live ? QA::block_of(k0) : 0);
@@ -126,21 +126,10 @@ __device__ __forceinline__ void mma_rows(const QA& qa, const u8* __restrict__ pa
   };
 
   // Coefficients of row r (0: na, 1: nb) for scale block h of chunk u, from the stage's meta words.
-  // With one scale per chunk and a zero point that is not read from a tensor, only the scale changes
-  // from chunk to chunk: the rest is computed once (base), outside the loop.
-  constexpr bool kFixedA = QA::kZp != ZP_PACKED, kFixedB = QB::kZp != ZP_PACKED;
-  const Coef base_a = D::coef(ScaleZp{0.0f, kFixedA ? qa.fixed_zp() : 0.0f});
-  const Coef base_b = D::coef(ScaleZp{0.0f, kFixedB ? qb.fixed_zp() : 0.0f});
   auto coef = [&](const u8* st, int u, int r, int h, i32 j0) -> Coef {
     const u32* meta = reinterpret_cast<const u32*>(st + St::kCodes) + ((u * 2 + r) * St::kWords) * 32 + lane;
-    const ScaleZp sz = r ? LaneMeta<QB, kZpw>::decode(qb, meta, sbase[1], e, nb, j0, h)
-                         : LaneMeta<QA, kZpw>::decode(qa, meta, sbase[0], e, na, j0, h);
-    if (kFactor && (r ? kFixedB : kFixedA)) {  // compile-time
-      Coef cf = r ? base_b : base_a;
-      cf.scf = sz.scale;
-      return cf;
-    }
-    return D::coef(sz);
+    return D::coef(r ? LaneMeta<QB, kZpw>::decode(qb, meta, sbase[1], e, nb, j0, h)
+                     : LaneMeta<QA, kZpw>::decode(qa, meta, sbase[0], e, na, j0, h));
   };
 
   auto compute = [&](i32 slot, i32 c0) {
