@@ -89,11 +89,12 @@ def test_executor_modules_compile(cache, arch, layout, hidden, inter):
 
 
 def test_mma_ring_bytes_match_the_device_struct():
-    """The host's dynamic shared memory size (kernels/mma.py ring_bytes) equals the device's
-    kMmaWarps·kMmaStages·MmaStage::kBytes for every bit width, scale size, block kind and zp mode
-    (a mismatch would trap the kernel): checked by static_asserts compiled with NVRTC."""
+    """The host's dynamic shared memory size (kernels/mma_decode.py ring_bytes + the route lists,
+    decode_smem_bytes) equals the device's mma_smem_bytes (kMmaWarps·kMmaStages·MmaStage::kBytes + 8·R)
+    for every bit width, scale size, block kind and zp mode (a smaller launch would trap the kernel):
+    checked by static_asserts compiled with NVRTC."""
     from qmoe_rtc.jit import compiler
-    from qmoe_rtc.kernels.mma_decode import ring_bytes
+    from qmoe_rtc.kernels.mma_decode import decode_smem_bytes, ring_bytes
 
     lines = ['#include "engines/mma_decode.cuh"']
     for bits in (1, 2, 4, 8):
@@ -101,9 +102,12 @@ def test_mma_ring_bytes_match_the_device_struct():
             for block in (0, 16, 32, 128):
                 for zp in (False, True):
                     want = ring_bytes(bits, sbytes, block, zp, 5)
-                    lines.append(f"static_assert(qmoe::kMmaWarps * qmoe::kMmaStages * "
-                                 f"qmoe::MmaStage<{bits}, {scale_t}, {block}, {'true' if zp else 'false'}>::kBytes"
+                    stage = f"qmoe::MmaStage<{bits}, {scale_t}, {block}, {'true' if zp else 'false'}>"
+                    lines.append(f"static_assert(qmoe::kMmaWarps * qmoe::kMmaStages * {stage}::kBytes"
                                  f" == {want}, \"ring_bytes({bits}, {sbytes}, {block}, {zp})\");")
+                    for R in (1, 64, 512):
+                        lines.append(f"static_assert(qmoe::mma_smem_bytes<{stage}>({R}) == {decode_smem_bytes(want, R)},"
+                                     f" \"decode_smem_bytes({bits}, {sbytes}, {block}, {zp}, R {R})\");")
     options = compiler.base_options("sm_90", ("-DQMOE_MMA_STAGES=5",))
     compiler.compile_unit("ring_bytes_check", "\n".join(lines) + "\n", {}, "sm_90", options)
 

@@ -29,3 +29,29 @@ def test_one_wave_rule_counts_the_route_groups_resident_blocks():
     assert RESIDENT_SMS * MIN_BLOCKS[1] == 660 and RESIDENT_SMS * MIN_BLOCKS[4] == 396 and ONE_WAVE_CHUNKS == 8
     assert k_split(220, 4, 1024, 1) == 2
     assert k_split(220, 4, 1024, 4) == 4
+
+
+def test_one_wave_rule_counts_the_blocks_the_kernels_are_built_for():
+    """With QMOE_RTC_MMA_MIN_BLOCKS the 8-route kernels are built for more blocks per SM; the split rule
+    counts those (qwen3-30b FC1 at 1 token: 768 blocks fit 132 x 6 at once, so split 4 stays)."""
+    assert k_split(96, 8, 2048, 1, per_sm=5) == k_split(96, 8, 2048, 1) == 2
+    assert k_split(96, 8, 2048, 1, per_sm=6) == 4
+
+
+def test_min_blocks_knob_reaches_the_spec_and_the_geometry():
+    from qmoe_rtc.kernels import Problem, get_family
+    from qmoe_rtc.kernels.mma_decode import min_blocks
+    from qmoe_rtc.presets import PRESETS
+
+    fam = get_family("mma_decode")
+    cfg = PRESETS["qwen3-30b-a3b"].config(dtype="bfloat16")
+    p = Problem(rows=1, E=128, H=2048, I=768, k=8, dtype="bfloat16")
+    default = fam.spec(cfg)
+    assert min_blocks(default, 1) == MIN_BLOCKS[1] and min_blocks(default, 4) == MIN_BLOCKS[4]
+    assert fam.geometry(default, "fc1", p)[0] == 2
+    with knobs.scope(mma_min_blocks=6):
+        six = fam.spec(cfg)
+    assert min_blocks(six, 1) == 6 and min_blocks(six, 2) == MIN_BLOCKS[2]
+    assert fam.geometry(six, "fc1", p)[0] == 4
+    with knobs.scope(mma_min_blocks=9), pytest.raises(Exception, match="QMOE_RTC_MMA_MIN_BLOCKS"):
+        fam.spec(cfg)

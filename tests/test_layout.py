@@ -161,17 +161,21 @@ def test_modules_for_follows_the_pipeline_choice():
     assert {s.family for s in modules_for(config(BASE), variants=("decode",))} == {"route", "mma_decode"}
 
 
-def test_stage_knobs_change_the_spec_and_the_unit_key():
-    """The ring-depth knobs are read into the module spec: a new value is a new name and a new key
-    (a knob cannot leave a stale module loaded while the launch sizes shared memory from the new value)."""
-    for family, knob in (("mma_decode", "mma_stages"), ("mma_prefill", "prefill_stages")):
-        fam = get_family(family)
-        default = fam.spec(config(BASE))
-        with knobs.scope(**{knob: 4}):
-            four = fam.spec(config(BASE))
-        assert four != default and four.name != default.name and four["stages"] == 4
-        assert "-D" in " ".join(fam.unit(four).defines) and fam.unit(four).defines != fam.unit(default).defines
-        assert cache_key(four, "sm_90") != cache_key(default, "sm_90")
+@pytest.mark.parametrize("family, knob, field", [
+    ("mma_decode", "mma_stages", "stages"), ("mma_prefill", "prefill_stages", "stages"),
+    ("mma_decode", "mma_min_blocks", "min_blocks"), ("mma_prefill", "prefill_min_blocks", "min_blocks"),
+])
+def test_stage_knobs_change_the_spec_and_the_unit_key(family, knob, field):
+    """The code-changing tuning knobs are read into the module spec: a new value is a new name and a new
+    key (a knob cannot leave a stale module loaded while the launch sizes shared memory or the K split
+    from the new value)."""
+    fam = get_family(family)
+    default = fam.spec(config(BASE))
+    with knobs.scope(**{knob: 4}):
+        four = fam.spec(config(BASE))
+    assert four != default and four.name != default.name and four[field] == 4
+    assert "-D" in " ".join(fam.unit(four).defines) and fam.unit(four).defines != fam.unit(default).defines
+    assert cache_key(four, "sm_90") != cache_key(default, "sm_90")
 
 
 def test_knobs_typed_scoped_and_lazy(monkeypatch, tmp_path):

@@ -66,13 +66,16 @@ template <int B> __device__ __forceinline__ void prefetch_rows(const u8* pa, con
   }
 }
 
-// The launch must give kMmaWarps rings of kMmaStages stages and the block's two route lists (R ids
-// each; the host computes the same size: kernels/mma_decode.py decode_smem_bytes); a smaller dynamic
-// shared memory is a host bug: trap, never overrun.
+// Dynamic shared memory of a decode launch with R routes: kMmaWarps rings of kMmaStages stages, then
+// the block's two route lists (R ids each). The host computes the same size (kernels/mma_decode.py
+// decode_smem_bytes; a CPU test compares them); a smaller launch is a host bug: trap, never overrun.
+template <class Stage> constexpr u32 mma_smem_bytes(i32 R) {
+  return (u32)(kMmaWarps * kMmaStages * Stage::kBytes) + 8u * (u32)R;
+}
 template <class Stage> __device__ __forceinline__ void check_ring_size(i32 R) {
   u32 have;
   asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(have));
-  if (have < (u32)(kMmaWarps * kMmaStages * Stage::kBytes) + 8u * (u32)R) __trap();
+  if (have < mma_smem_bytes<Stage>(R)) __trap();
 }
 
 // One warp's product over its K slice (chunks ks, ks + KS, ...): acc[ng] (C fragments) +=
