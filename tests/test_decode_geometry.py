@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from qmoe_rtc import knobs
+from qmoe_rtc.errors import QMoEAttributeError
 from qmoe_rtc.kernels.mma_decode import MIN_BLOCKS, ONE_WAVE_CHUNKS, RESIDENT_SMS, k_split
 
 
@@ -53,5 +54,5 @@ def test_min_blocks_knob_reaches_the_spec_and_the_geometry():
         six = fam.spec(cfg)
     assert min_blocks(six, 1) == 6 and min_blocks(six, 2) == MIN_BLOCKS[2]
     assert fam.geometry(six, "fc1", p)[0] == 4
-    with knobs.scope(mma_min_blocks=9), pytest.raises(Exception, match="QMOE_RTC_MMA_MIN_BLOCKS"):
+    with knobs.scope(mma_min_blocks=9), pytest.raises(QMoEAttributeError, match="QMOE_RTC_MMA_MIN_BLOCKS"):
         fam.spec(cfg)
