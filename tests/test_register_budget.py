@@ -1,5 +1,6 @@
 """Compile-only (NVRTC, no GPU): the tensor-core kernels' register budget, from ptxas -v of the installed
-NVRTC (13.5 when this was written; the H200 host's 13.0 gave the same 94 registers to mixtral's FC1).
+NVRTC (13.5 when this was written; the H200 host's 13.0 gave mixtral's FC1 / FC2 94 / 96 registers
+where 13.5 gives 96 / 94).
 
 With 4- and 8-bit codes the kernels of up to 8 tokens (route groups of 8: every decode speed target at
 1-8 tokens) compile without spilling at the default knobs, and the 16- and 32-route kernels spill at
