@@ -15,8 +15,7 @@ SECTIONS="${SECTIONS:-tests ab}"
 SHAPES="${SHAPES:-qwen3-30b-a3b,mixtral-8x7b,gpt-oss-120b,ort-2048}"
 
 python3 -m qmoe_rtc info 2>&1 | grep -E "GPU 0|driver" | head -3
-stamp precompile
-timeout "${PRECOMPILE_TIMEOUT:-80}" python3 tools/precompile.py --arch sm_90 --jobs 16 2>&1 | tail -1
+precompile "${PRECOMPILE_TIMEOUT:-80}"
 
 if has tests; then
   stamp tests

@@ -12,8 +12,7 @@ SECTIONS="${SECTIONS:-tests memcheck bench}"
 . tools/device_env.sh
 
 python3 -m qmoe_rtc info 2>&1 | tee "$OUT/info.txt" | grep -E "GPU 0|NVRTC|cupy|cuda-bindings|driver"
-stamp precompile
-timeout "${PRECOMPILE_TIMEOUT:-120}" python3 tools/precompile.py --arch sm_90 --jobs 16 2>&1 | tail -3
+precompile "${PRECOMPILE_TIMEOUT:-120}"
 
 if has tests; then
   stamp tests

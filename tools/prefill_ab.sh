@@ -5,8 +5,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . tools/device_env.sh
-stamp precompile
-timeout "${PRECOMPILE_TIMEOUT:-150}" python3 tools/precompile.py --arch sm_90 --jobs 16 2>&1 | tail -3
+precompile "${PRECOMPILE_TIMEOUT:-150}"
 if [ "${TESTS_K:-}" != "none" ]; then
   stamp tests
   timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider -rf -s -x ${TESTS:-tests/test_mma_prefill_gpu.py} \
