@@ -128,6 +128,23 @@ def test_prefill_engine_by_device_and_size():
         assert choose(tc, _problem(tc, 4096), "prefill").pipeline.name == "prefill-mma"
 
 
+def test_prefill_engine_counts_only_a_slices_own_routes():
+    """An expert slice [ext] computes only the routes to its experts (the rest are skipped), so the
+    wgmma / mma.sync crossover counts its expected share: a slice of 64 of 128 experts sees the same
+    routes per expert as the whole layer at the same rows (counting every route would double it)."""
+    from qmoe_rtc.kernels.wgmma_prefill import MIN_ROUTES_PER_EXPERT
+
+    tc = CONFIGS[0]  # 128 experts, k 8
+    whole_rows = 16 * MIN_ROUTES_PER_EXPERT  # exactly MIN routes per expert
+    half = dataclasses.replace(_problem(tc, whole_rows - 16), E=64, all_experts=128)
+    # 64 held experts get half of the (rows - 16)·8 routes: MIN - 1 per expert, below the crossover
+    assert get_family("wgmma_prefill").slower(tc, half) is not None
+    assert get_family("wgmma_prefill").slower(tc, dataclasses.replace(half, rows=whole_rows)) is None
+    # the whole layer at the same rows: the same routes per expert, the same answer
+    assert get_family("wgmma_prefill").slower(tc, _problem(tc, whole_rows - 16)) is not None
+    assert get_family("wgmma_prefill").slower(tc, _problem(tc, whole_rows)) is None
+
+
 def test_warm_modules_cover_both_prefill_engines():
     """The wgmma family runs only at some sizes: the warm tool also gets the mma.sync modules after it,
     and on a non-Hopper arch only those."""

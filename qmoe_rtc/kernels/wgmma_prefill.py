@@ -148,7 +148,10 @@ class WgmmaPrefillFamily(KernelFamily):
     def slower(self, config, problem: Problem | None = None) -> str | None:
         if problem is None or problem.rows == 0 or knobs.get("prefill_engine") == "wgmma":
             return None
-        per_expert = problem.routes / max(1, min(problem.experts, problem.routes))
+        # routes that reach a held expert: an expert slice [ext] holds E of the layer's logit_count
+        # experts, so it expects that share of the k routed picks (the rest are skipped); shared ones all
+        routes = problem.rows * (problem.k * problem.E / problem.logit_count + problem.shared)
+        per_expert = routes / max(1, min(problem.experts, routes))
         if per_expert < MIN_ROUTES_PER_EXPERT:
             return f"{per_expert:.0f} routes per expert (< {MIN_ROUTES_PER_EXPERT}: the mma.sync engine is faster)"
         return None
