@@ -15,8 +15,9 @@
 // -0 < +0 and +NaN above +inf; equal keys: the lower index first), and experts with rank < k land in
 // slot = rank. The ranks come from one bitonic sort of (key, index) composites held in registers
 // (routing/bitonic.cuh: warp shuffles below stride 32, so 3 barrier steps at E = 128; the all-pairs
-// count it replaced cost O(E²) per row on one SM: 36 µs at E = 512 under ncu). Softmax and sums in float32; sums over the k
-// picks are taken in slot order (deterministic). E <= kRouteMaxExperts, k <= kRouteMaxK.
+// count it replaced cost O(E²) per row on one SM: 36 µs at E = 512 under ncu). Softmax and sums in
+// float32; sums over the k picks are taken in slot order (deterministic). E <= kRouteMaxExperts,
+// k <= kRouteMaxK.
 // Expert slices [ext]: the picks and weights are the whole layer's; an id is written through
 // expert_map (-1: not held here; the engines skip such routes). E_held: the experts this layer holds
 // (E without a slice), after which the shared experts' ids start.
