@@ -105,7 +105,9 @@ __device__ __forceinline__ void mma_rows(const QA& qa, const u8* __restrict__ pa
 
   auto issue = [&](i32 slot, i32 c0) {
     const u32 base = ring0 + slot * St::kBytes;
-#pragma unroll
+    // narrow codes (KST 4 / 8 chunks a stage): a rolled loop; unrolled, the chunks' hoisted addresses
+    // made the kernels spill (ptxas: int2 ~50 bytes, int1 ~450; rolled: none, ~80 registers)
+#pragma unroll(KST > 2 ? 1 : KST)
     for (int u = 0; u < KST; ++u) {
       const i32 c = c0 + u * KS, k0 = c * kMmaChunk + 32 * t;
       if (c >= nch) break;  // warp-uniform
