@@ -83,3 +83,15 @@ def test_prefill_kernels_do_not_spill(family, preset, dtype, bits):
     usage = ptxas_usage(preset, dtype, bits, family)
     spilled = {k: v for k, v in usage.items() if v[1] > 0}
     assert usage and not spilled, f"{family} {preset} {dtype} int{bits}: (registers, spilled bytes) {spilled}"
+
+
+def test_rolled_copies_free_registers_for_more_blocks():
+    """QMOE_RTC_MMA_ROLL_COPIES rolls the copy loop for every width: int4's 8-route kernels then need
+    at most 72 registers at 7 blocks per SM (the default build: 94-96 at 5), without spilling."""
+    from qmoe_rtc import knobs
+
+    with knobs.scope(mma_roll_copies=True, mma_min_blocks=7):
+        usage = ptxas_usage("mixtral-8x7b", "bfloat16", 4)
+    for key in ("fc1_ng1", "fc2_ng1"):
+        regs, spill = usage[key]
+        assert regs <= 72 and spill == 0, (key, regs, spill)

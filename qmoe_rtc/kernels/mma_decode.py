@@ -110,7 +110,8 @@ class MmaDecodeFamily(KernelFamily):
         K split always agree)."""
         return expert_spec(self.name, config, stages=_stages(),
                            min_blocks=tuning_knob("mma_min_blocks", "QMOE_RTC_MMA_MIN_BLOCKS", MIN_BLOCKS[1],
-                                                  MIN_BLOCKS_ALLOWED))
+                                                  MIN_BLOCKS_ALLOWED),
+                           roll_copies=bool(knobs.get("mma_roll_copies")))
 
     def specs(self, config) -> list[ModuleSpec]:
         return [] if tensor_core_unsupported(config) else [self.spec(config)]
@@ -122,7 +123,8 @@ class MmaDecodeFamily(KernelFamily):
         return why
 
     def defines(self, spec: ModuleSpec) -> tuple[str, ...]:
-        return (f"-DQMOE_MMA_STAGES={spec['stages']}", f"-DQMOE_MMA_MIN_BLOCKS={spec['min_blocks']}")
+        return (f"-DQMOE_MMA_STAGES={spec['stages']}", f"-DQMOE_MMA_MIN_BLOCKS={spec['min_blocks']}",
+                f"-DQMOE_MMA_ROLL_COPIES={int(spec['roll_copies'])}")
 
     def kernels(self, spec: ModuleSpec) -> tuple[KernelDef, ...]:
         t = template_types(spec)

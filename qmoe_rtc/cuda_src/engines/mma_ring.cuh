@@ -30,6 +30,9 @@ constexpr int kMmaPrefetchRoutes = 64;  // up to this many routes, blocks warm L
 #define QMOE_MMA_STAGES 3
 #endif
 constexpr int kMmaStages = QMOE_MMA_STAGES;
+#ifndef QMOE_MMA_ROLL_COPIES
+#define QMOE_MMA_ROLL_COPIES 0
+#endif
 // Blocks per SM the register budget is set for (route groups need more accumulators); route groups
 // of 8 (NG 1, up to 8 tokens) take QMOE_MMA_MIN_BLOCKS.
 #ifndef QMOE_MMA_MIN_BLOCKS
@@ -105,9 +108,10 @@ __device__ __forceinline__ void mma_rows(const QA& qa, const u8* __restrict__ pa
 
   auto issue = [&](i32 slot, i32 c0) {
     const u32 base = ring0 + slot * St::kBytes;
-    // narrow codes (KST 4 / 8 chunks a stage): a rolled loop; unrolled, the chunks' hoisted addresses
-    // made the kernels spill (ptxas: int2 ~50 bytes, int1 ~450; rolled: none, ~80 registers)
-#pragma unroll(KST > 2 ? 1 : KST)
+    // a rolled loop for narrow codes (KST 4 / 8 chunks a stage: unrolled, the chunks' hoisted
+    // addresses made the kernels spill, int2 ~50 bytes, int1 ~450; rolled: none, ~80 registers), and
+    // for every width with QMOE_MMA_ROLL_COPIES (int4 FC1 96 -> 72 registers: room for 7 blocks/SM)
+#pragma unroll(QMOE_MMA_ROLL_COPIES || KST > 2 ? 1 : KST)
     for (int u = 0; u < KST; ++u) {
       const i32 c = c0 + u * KS, k0 = c * kMmaChunk + 32 * t;
       if (c >= nch) break;  // warp-uniform
