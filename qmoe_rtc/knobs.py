@@ -121,8 +121,9 @@ KNOBS: dict[str, Knob] = {
              "(4..8, 0 = the built-in 5; with 3 stages at most 7 fit in shared memory); a -D option, hence part of "
              "the cache key."),
         Knob("mma_roll_copies", "QMOE_RTC_MMA_ROLL_COPIES", "bool", False, True,
-             "Tuning only: the decode ring's copy loop rolled for every bit width (always for 1/2-bit codes); "
-             "fewer registers, not yet measured on the GPU; a -D option, hence part of the cache key."),
+             "Tuning only: the decode ring's copy loop rolled for every bit width (always for 1/2-bit codes and "
+             "scale blocks below 128); fewer registers, block 128 measured within noise; a -D option, hence "
+             "part of the cache key."),
         Knob("mma_target_warps", "QMOE_RTC_MMA_TARGET_WARPS", "int", 0, False,
              "Tuning only: warps the decode K-split aims for (0 = the built-in 132·24)."),
         Knob("mma_one_wave", "QMOE_RTC_MMA_ONE_WAVE", "bool", True, False,

@@ -109,9 +109,11 @@ __device__ __forceinline__ void mma_rows(const QA& qa, const u8* __restrict__ pa
   auto issue = [&](i32 slot, i32 c0) {
     const u32 base = ring0 + slot * St::kBytes;
     // a rolled loop for narrow codes (KST 4 / 8 chunks a stage: unrolled, the chunks' hoisted
-    // addresses made the kernels spill, int2 ~50 bytes, int1 ~450; rolled: none, ~80 registers), and
-    // for every width with QMOE_MMA_ROLL_COPIES (int4 FC1 96 -> 72 registers: room for 7 blocks/SM)
-#pragma unroll(QMOE_MMA_ROLL_COPIES || KST > 2 ? 1 : KST)
+    // addresses made the kernels spill, int2 ~50 bytes, int1 ~450; rolled: none, ~80 registers), for
+    // scale blocks below a chunk (more meta words per chunk; gpt-oss-120b int4 block 32 measured
+    // 58.7 -> 55.0 us at 1 token on the H200, docs/performance.md session 8), and for every width with
+    // QMOE_MMA_ROLL_COPIES (int4 FC1 96 -> 72 registers; block 128 measured within noise, +-0.7 us)
+#pragma unroll(QMOE_MMA_ROLL_COPIES || KST > 2 || !kFactor ? 1 : KST)
     for (int u = 0; u < KST; ++u) {
       const i32 c = c0 + u * KS, k0 = c * kMmaChunk + 32 * t;
       if (c >= nch) break;  // warp-uniform
