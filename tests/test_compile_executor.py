@@ -34,6 +34,11 @@ LAYOUTS = [
     (L(dtype="bfloat16", fc1_bits=8, fc2_bits=1, fc3_bits=8, has_fc3=True, block_size=32, activation="gelu",
        fc1_zp="packed"), 256, 128),
     (L(dtype="float16", fc1_bits=2, fc2_bits=8, block_size=16, activation="relu", fc2_zp="packed"), 256, 96),
+    # 3-bit on the tensor-core engines (no packed zero points): scale per chunk, blocks of 16, row-wise + FC3
+    (L(dtype="float16", fc1_bits=3, fc2_bits=3, block_size=128, activation="swiglu", swiglu_fusion=1), 512, 256),
+    (L(dtype="bfloat16", scale_dtype="float32", fc1_bits=3, fc2_bits=3, block_size=16, activation="swiglu",
+       swiglu_fusion=2), 256, 128),
+    (L(dtype="bfloat16", fc1_bits=3, fc2_bits=4, fc3_bits=3, has_fc3=True, block_size=0, activation="silu"), 256, 128),
 ]
 
 
@@ -43,9 +48,10 @@ def test_mma_eligibility():
     assert unsupported_reason(ok, 2048, 768) is None
     assert unsupported_reason(L(dtype="bfloat16", fc1_bits=8, fc2_bits=1, block_size=0, activation="relu")) is None
     assert unsupported_reason(L(dtype="bfloat16", fc1_bits=2, fc2_bits=1, block_size=32, activation="relu")) is None
+    assert unsupported_reason(L(dtype="float16", fc1_bits=3, fc2_bits=4, block_size=16, activation="relu")) is None
     cases = [
         (L(dtype="float32", fc1_bits=4, fc2_bits=4, activation="relu"), "float32"),
-        (L(dtype="float16", fc1_bits=3, fc2_bits=4, activation="relu"), "3-bit"),
+        (L(dtype="float16", fc1_bits=3, fc2_bits=4, fc1_zp="packed", activation="relu"), "3-bit"),
         (L(dtype="float16", fc1_bits=4, fc2_bits=4, fc3_bits=8, has_fc3=True, activation="silu"), "FC3"),
         (L(dtype="float16", fc1_bits=4, fc2_bits=4, fc1_zp="offset", activation="relu"), "zero_point_offset"),
         (L(dtype="bfloat16", fc1_bits=1, fc2_bits=4, block_size=16, activation="relu"), "block_size 16"),

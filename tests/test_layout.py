@@ -156,8 +156,9 @@ def test_modules_for_follows_the_pipeline_choice():
     call and the device); the others the SIMT ones, never both."""
     fams = {s.family for s in modules_for(config(BASE))}
     assert fams == {"route", "mma_decode", "mma_prefill", "wgmma_prefill"}
-    simt = {s.family for s in modules_for(config(dataclasses.replace(BASE, fc1_bits=3)))}
+    simt = {s.family for s in modules_for(config(dataclasses.replace(BASE, fc1_bits=3, fc1_zp="packed")))}
     assert simt == {"route", "gemv", "gemm"}
+    assert {s.family for s in modules_for(config(dataclasses.replace(BASE, fc1_bits=3)))} == fams  # 3-bit: tensor cores
     assert {s.family for s in modules_for(config(BASE), variants=("decode",))} == {"route", "mma_decode"}
 
 

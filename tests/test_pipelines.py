@@ -157,7 +157,7 @@ def test_warm_modules_cover_both_prefill_engines():
         assert "wgmma_prefill" in {s.family for s in modules_for(CONFIGS[0], ("prefill",), arch=arch)}
 
 
-@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
 def test_wgmma_k_order_is_a_permutation_matching_the_pairs(bits):
     """The logical K order of the wgmma operands is a bijection of each 128-chunk, and logical columns
     2t, 2t+1 (+8) of k16 step s are the codes lane t's pairs 2s, 2s+1 hold (core/mma_pair.cuh)."""
@@ -166,7 +166,8 @@ def test_wgmma_k_order_is_a_permutation_matching_the_pairs(bits):
     nat = [wg_natural(l, bits) for l in range(128)]
     assert sorted(nat) == list(range(128))
     assert [wg_logical(n, bits) for n in nat] == list(range(128))
-    P, C = 16 // bits, 32 // bits
+    order = 4 if bits == 3 else bits  # 3-bit codes pair as 4-bit ones (core/mma_pair.cuh)
+    P, C = 16 // order, 32 // order
     for s in range(8):
         for t in range(4):
             for half in range(2):

@@ -2,7 +2,7 @@
 NVRTC (13.5 when this was written; the H200 host's 13.0 gave mixtral's FC1 / FC2 94 / 96 registers
 where 13.5 gives 96 / 94).
 
-With 4- and 8-bit codes the kernels of up to 8 tokens (route groups of 8: every decode speed target at
+With 3-, 4- and 8-bit codes the kernels of up to 8 tokens (route groups of 8: every decode speed target at
 1-8 tokens) compile without spilling at the default knobs, and the 16- and 32-route kernels spill at
 most a little. A change that looked smaller in PTX measured 9-13 % slower at 8 tokens on the H200 and
 spills 16 bytes in FC2 under NVRTC 13.5 (docs/performance.md, session 7): this test catches that
@@ -28,13 +28,14 @@ ARCH = "sm_90a"
 WIDE_SPILL_LIMIT = 32  # bytes of spill stores a 16- or 32-route kernel may have (24 measured at most)
 
 # (preset, dtype, bits): int4 block 128 (one scale per chunk) in both dtypes, gpt-oss block 32
-# (scaled pairs), 8-bit codes through float32 (bf16) and in f16
+# (scaled pairs), 8-bit codes through float32 (bf16) and in f16, 3-bit (funnel-shift pairs)
 WIDE = [
     ("mixtral-8x7b", "bfloat16", 4),
     ("qwen3-30b-a3b", "float16", 4),
     ("gpt-oss-120b", "float16", 4),
     ("phi-3.5-moe", "bfloat16", 8),
     ("gpt-oss-20b", "float16", 8),
+    ("mixtral-8x7b", "bfloat16", 3),
 ]
 NARROW = [("qwen3-30b-a3b", "bfloat16", 2), ("mixtral-8x7b", "bfloat16", 1)]
 
@@ -78,7 +79,7 @@ def test_narrow_code_decode_kernels_do_not_spill(preset, dtype, bits):
 
 
 @pytest.mark.parametrize("family", ["mma_prefill", "wgmma_prefill"])
-@pytest.mark.parametrize("preset, dtype, bits", [WIDE[0], WIDE[2], NARROW[0]])
+@pytest.mark.parametrize("preset, dtype, bits", [WIDE[0], WIDE[2], WIDE[5], NARROW[0]])
 def test_prefill_kernels_do_not_spill(family, preset, dtype, bits):
     usage = ptxas_usage(preset, dtype, bits, family)
     spilled = {k: v for k, v in usage.items() if v[1] > 0}

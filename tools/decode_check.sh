@@ -3,7 +3,7 @@
 #   tests  the GPU tests of what the decode work touches (TESTS to change them)
 #   ab     the decode bench once per setting of AB (space-separated "NAME=V,NAME=V" knob sets; default
 #          QMOE_RTC_PDL=0 then =1: programmatic dependent launch off / on), same shapes, same machine
-#   bits   int2 vs int4 at 1 token (mixtral, gpt-oss): the narrow-code target
+#   bits   int2 / int3 / int4 at 1 token (mixtral, gpt-oss): the narrow-code target
 #   peers  humming, humming_g and vLLM's Marlin MoE beside qmoe_rtc in one process (.whl/, .peers/, .marlin/)
 #   probe  tools/stream_probe.py: the weight stream's own rate, no arithmetic (row-major vs tiled, ring depth)
 #   ncu    warp stall reasons, memory and occupancy of FC1 / FC2 at 1 token (NCU_SHAPES, default mixtral, qwen3)
@@ -38,7 +38,7 @@ fi
 if has bits; then
   stamp bits
   timeout "$(left "${BITS_TIMEOUT:-150}")" python3 -m qmoe_rtc bench --preset mixtral-8x7b,gpt-oss-120b --dtype bfloat16 --tokens 1 \
-    --bits 2 --bits 4 --iters 50 --no-torch --no-eager --check-rows 8 --json "$OUT/bench_bits.json" 2>&1 \
+    --bits 2 --bits 3 --bits 4 --iters 50 --no-torch --no-eager --check-rows 8 --json "$OUT/bench_bits.json" 2>&1 \
     | tee "$OUT/bench_bits.txt" | grep -E "^(mixtral|gpt)|target|error" | head -20
 fi
 

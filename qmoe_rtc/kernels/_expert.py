@@ -82,8 +82,8 @@ def tensor_core_unsupported(config: ModelConfig, problem=None) -> str | None:
         return (f"{layout.dtype} activations (the tensor-core engines compute in float16/bfloat16; TF32, with its "
                 "10-bit mantissa, would miss the float32 tolerance of 1e-5)")
     bits = [layout.bits(p) for p in layout.projections]
-    if 3 in bits:
-        return "3-bit weights (codes straddle 32-bit words)"
+    if any(layout.bits(p) == 3 and layout.zp(p) == "packed" for p in layout.projections):
+        return "3-bit weights with packed zero points (a 3-bit zero point may straddle the 32-bit word a lane copies)"
     if layout.has_fc3 and layout.fc3_bits != layout.fc1_bits:
         return "FC3 bit width differs from FC1's"
     if "offset" in [layout.zp(p) for p in layout.projections]:

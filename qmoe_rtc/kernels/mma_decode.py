@@ -1,4 +1,4 @@
-"""Kernel family ``mma_decode``: the tensor-core decode engine (float16/bfloat16, 1/2/4/8-bit weights).
+"""Kernel family ``mma_decode``: the tensor-core decode engine (float16/bfloat16, 1/2/3/4/8-bit weights).
 
 Template ``cuda_src/engines/mma_decode.cuh``: ``qmoe::fc1_mma`` (FC1 [+FC3], activation fused) and
 ``qmoe::fc2_mma_combine`` (FC2, routing weight and bias applied, the last block of each output tile

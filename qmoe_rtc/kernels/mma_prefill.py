@@ -1,4 +1,4 @@
-"""Kernel family ``mma_prefill``: the tensor-core prefill engine (float16/bfloat16, 1/2/4/8-bit weights).
+"""Kernel family ``mma_prefill``: the tensor-core prefill engine (float16/bfloat16, 1/2/3/4/8-bit weights).
 
 Template ``cuda_src/engines/mma_prefill.cuh``: ``qmoe::fc1_prefill`` (FC1 [+FC3] with the activation
 fused, sorted order, output in T) and ``qmoe::fc2_prefill`` (FC2 + bias, by route id); with

@@ -1,5 +1,5 @@
 """Kernel family ``wgmma_prefill``: the Hopper (sm_90a) prefill engine, warpgroup MMAs with the weights
-dequantized exactly in registers (float16/bfloat16, 1/2/4/8-bit weights).
+dequantized exactly in registers (float16/bfloat16, 1/2/3/4/8-bit weights).
 
 Template ``cuda_src/engines/wgmma_prefill.cuh``: ``qmoe::wg_permute`` (the input's K chunks in the
 order the MMA's shared-memory operand needs), ``qmoe::fc1_wgmma`` (FC1 [+FC3] with the activation
@@ -61,9 +61,15 @@ def padded(K: int) -> int:
     return (K + CHUNK - 1) // CHUNK * CHUNK
 
 
+def _pair_order(bits: int) -> tuple[int, int]:
+    """(pairs, codes) per 32-bit word of the device's pair order (MmaDeq); 3-bit codes take 4-bit's."""
+    order = 4 if bits == 3 else bits
+    return 16 // order, 32 // order
+
+
 def wg_natural(l: int, bits: int) -> int:  # noqa: E741
     """Natural k (0..127) of logical column ``l`` of a chunk (mirror of the device's wg_natural)."""
-    P, C = 16 // bits, 32 // bits
+    P, C = _pair_order(bits)
     s, j = l >> 4, l & 15
     pair = 2 * s + (j >> 3)
     return 32 * ((j & 7) >> 1) + (pair // P) * C + pair % P + (j & 1) * P
@@ -71,7 +77,7 @@ def wg_natural(l: int, bits: int) -> int:  # noqa: E741
 
 def wg_logical(n: int, bits: int) -> int:
     """Logical column of natural k ``n`` (0..127): the inverse of :func:`wg_natural`."""
-    P, C = 16 // bits, 32 // bits
+    P, C = _pair_order(bits)
     t, r = n >> 5, n & 31
     w = r % C
     pair = (r // C) * P + w % P

@@ -10,7 +10,9 @@
 // refuse FP8 there) the same values come from e4m3_to_float.
 // A lane holds 32 consecutive codes of a row (4·b bytes); pair i is the codes (c, c + 16/b) with
 // c = first_code(i), which is the order the shifts and masks produce them in; the activations are
-// permuted the same way (x_pair), so the mma's k index needs no shuffle.
+// permuted the same way (x_pair), so the mma's k index needs no shuffle. 3-bit codes (one 96-bit
+// string per lane, codes straddling words) take 4-bit's pair order: pair i = (c, c + 4), each pair cut
+// out of the string by one 32-bit funnel-shift window.
 #pragma once
 
 #include "core/dequant.cuh"
@@ -25,6 +27,7 @@ template <> struct Pair2<__half> {
   static constexpr u32 kMagic = 0x64006400u;  // half2(1024, 1024): (magic | q) = 1024 + q, q < 1024
   static constexpr float kMagicF = 1024.0f;
   static constexpr u32 kMagicByte = 0x64646464u;
+  static constexpr u32 kSixteenthOne = 0x3C002C00u;  // half2(1/16, 1)
   static __device__ __forceinline__ u32 splat(float v) {
     const __half2 h = __float2half2_rn(v);
     return *reinterpret_cast<const u32*>(&h);
@@ -65,6 +68,7 @@ template <> struct Pair2<__nv_bfloat16> {
   static constexpr u32 kMagic = 0x43004300u;  // bf16x2(128, 128): (magic | q) = 128 + q, q < 128
   static constexpr float kMagicF = 128.0f;
   static constexpr u32 kMagicByte = 0;  // 8-bit codes go through float32
+  static constexpr u32 kSixteenthOne = 0x3F803D80u;  // bf16x2(1/16, 1)
   static __device__ __forceinline__ u32 splat(float v) {
     const __nv_bfloat162 h = __float2bfloat162_rn(v);
     return *reinterpret_cast<const u32*>(&h);
@@ -77,6 +81,14 @@ template <> struct Pair2<__nv_bfloat16> {
     u32 d;
     asm("fma.rn.bf16x2 %0, %1, %3, %2;" : "=r"(d) : "r"(a), "r"(zpm ^ 0x80008000u), "r"(0x3F803F80u));
     return d;
+  }
+  static __device__ __forceinline__ u32 fma(u32 a, u32 b, u32 c) {  // a * b + c
+    u32 d;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+  }
+  static __device__ __forceinline__ u32 mul(u32 a, u32 b) {  // a * b + (-0): the sm_80 form of a multiply
+    return fma(a, b, 0x80008000u);
   }
   static __device__ __forceinline__ u32 sub_mul(u32 a, u32 zpm, u32 sc) {  // fma forms exist on sm_80
     u32 d;
@@ -95,7 +107,8 @@ template <> struct Pair2<__nv_bfloat16> {
 // Dequantization coefficients of one row over one lane's 32 codes (two when BLOCK == 16).
 struct Coef {
   u32 zpm;  // T2 splat of magic + zp   (float32 path: unused)
-  u32 zph;  // float16 4-bit: splat of -(magic/16 + zp), the addend for codes read as 16·q
+  u32 zph;  // float16 4-bit: splat of -(magic/16 + zp), the addend for codes read as 16·q;
+            // 3-bit: (-(magic/16 + zp), -(magic + zp)), the addend for pairs read as (16·q, q)
   u32 sc;   // T2 splat of scale
   float zpf;  // float32 path: 2^23 + zp
   float scf;  // scale
@@ -126,9 +139,11 @@ template <typename T, bool SCALED> __device__ __forceinline__ u32 fp8_pair(u32 w
 
 template <typename T, int B, bool FP8 = false> struct MmaDeq {
   static_assert(!FP8 || B == 8, "FP8 codes are 8-bit");
+  static_assert(B == 1 || B == 2 || B == 3 || B == 4 || B == 8, "1/2/3/4/8-bit codes");
   static constexpr bool kF32 = B == 8 && Pair2<T>::kMagicByte == 0;  // bf16 with 8-bit codes
-  static constexpr int kPairsPerWord = 16 / B;                         // pair i = codes (c, c + 16/B)
-  static constexpr int kCodesPerWord = 32 / B;
+  static constexpr int kOrder = B == 3 ? 4 : B;                        // 3-bit codes pair as 4-bit ones do
+  static constexpr int kPairsPerWord = 16 / kOrder;                    // pair i = codes (c, c + kPairsPerWord)
+  static constexpr int kCodesPerWord = 32 / kOrder;
 
   static __device__ __forceinline__ Coef coef(ScaleZp s) {
     Coef c;
@@ -143,7 +158,8 @@ template <typename T, int B, bool FP8 = false> struct MmaDeq {
       c.zpm = c.zph = c.sc = 0;
     } else {
       c.zpm = Pair2<T>::splat(Pair2<T>::kMagicF + s.zp);
-      c.zph = Pair2<T>::splat(-(Pair2<T>::kMagicF / 16.0f + s.zp));
+      c.zph = B == 3 ? Pair2<T>::pack(-(Pair2<T>::kMagicF / 16.0f + s.zp), -(Pair2<T>::kMagicF + s.zp))
+                     : Pair2<T>::splat(-(Pair2<T>::kMagicF / 16.0f + s.zp));
       c.sc = Pair2<T>::splat(s.scale);
       c.zpf = 0.0f;
       c.scf = s.scale;  // applied to the mma's partial sums when the scale is constant over a chunk
@@ -153,22 +169,37 @@ template <typename T, int B, bool FP8 = false> struct MmaDeq {
   static __device__ __forceinline__ Coef zero() {
     Coef c;
     c.zpm = kF32 ? 0u : Pair2<T>::kMagic;
-    c.zph = kF32 ? 0u : Pair2<T>::splat(-Pair2<T>::kMagicF / 16.0f);  // (magic | 0)/16 + zph = 0
+    c.zph = kF32 ? 0u
+                 : (B == 3 ? Pair2<T>::pack(-Pair2<T>::kMagicF / 16.0f, -Pair2<T>::kMagicF)  // zero codes -> 0
+                           : Pair2<T>::splat(-Pair2<T>::kMagicF / 16.0f));  // (magic | 0)/16 + zph = 0
     c.sc = 0u;
     c.zpf = 8388608.0f;
     c.scf = 0.0f;
     return c;
   }
-  // First code of pair i within the lane's 32 codes (the second is 16/B further).
+  // First code of pair i within the lane's 32 codes (the second is kPairsPerWord further).
   static __device__ __forceinline__ constexpr int first_code(int i) {
     return (i / kPairsPerWord) * kCodesPerWord + i % kPairsPerWord;
   }
-  // Pair i (0..15) of the lane's 32 codes as T2 for codes (c, c + 16/B): (q - zp) * scale, or the
-  // exact (q - zp) when !SCALED (the caller scales the mma's partial sums).
+  // Pair i (0..15) of the lane's 32 codes as T2 for codes (c, c + kPairsPerWord): (q - zp) * scale, or
+  // the exact (q - zp) when !SCALED (the caller scales the mma's partial sums).
   template <bool SCALED>
   static __device__ __forceinline__ u32 pair(const u32 (&w)[B], int i, const Coef& cf) {
     const int word = i / kPairsPerWord, j = i % kPairsPerWord;
-    if constexpr (FP8) {
+    if constexpr (B == 3) {
+      // codes c and c + 4 are bits 3c and 3c + 12 of the lane's 96-bit string w[0] | w[1] << 32 | w[2] << 64:
+      // the 32-bit window from bit 3c - 4 holds them at bits 4..6 and 16..18, read in place as
+      // (magic | 16·q_c, magic | q_c+4) and brought to q - zp by one exact fma:
+      // × (1/16, 1) + (-(magic/16 + zp), -(magic + zp)). i is a constant once unrolled, so is the window.
+      const int o = 3 * first_code(i) - 4;
+      u32 win;
+      if (o < 0) win = w[0] << -o;
+      else if (o >= 64) win = w[2] >> (o - 64);
+      else win = __funnelshift_r(w[o >> 5], w[(o >> 5) + 1], o & 31);
+      const u32 v = (win & 0x00070070u) | Pair2<T>::kMagic;
+      const u32 d = Pair2<T>::fma(v, Pair2<T>::kSixteenthOne, cf.zph);
+      return SCALED ? Pair2<T>::mul(d, cf.sc) : d;
+    } else if constexpr (FP8) {
       return fp8_pair<T, SCALED>(w[word], j, cf);
     } else if constexpr (kF32) {
       const float lo = __int_as_float(__byte_perm(w[word], 0x4B000000u, 0x7440 + j)) - cf.zpf;
@@ -202,9 +233,12 @@ template <typename T, int B, bool FP8 = false> struct MmaDeq {
 };
 
 // A lane's 32 codes of one row as B words, from shared memory (4·B bytes at p; 16-byte aligned for
-// B >= 4, 4·B-byte aligned otherwise).
+// B >= 4, 4·B-byte aligned for 1/2-bit, 4-byte aligned for 3-bit).
 template <int B> __device__ __forceinline__ void lds_codes(const u8* p, u32 (&w)[B]) {
-  if constexpr (4 * B >= 16) {
+  if constexpr (B == 3) {
+    const u32* q = reinterpret_cast<const u32*>(p);
+    w[0] = q[0]; w[1] = q[1]; w[2] = q[2];
+  } else if constexpr (4 * B >= 16) {
 #pragma unroll
     for (int q = 0; q < B / 4; ++q) {
       const uint4 v = *reinterpret_cast<const uint4*>(p + 16 * q);

@@ -1,4 +1,4 @@
-// engines/mma_prefill.cuh: the tensor-core prefill engine (float16 / bfloat16 activations, 1/2/4/8-bit
+// engines/mma_prefill.cuh: the tensor-core prefill engine (float16 / bfloat16 activations, 1/2/3/4/8-bit
 // weights, mixed widths): grouped GEMMs over expert-contiguous routes (routing/group.cuh), FC1 with
 // the activation fused (epilogue/fc1.cuh), FC2 + bias, then the weighted combine (epilogue/combine.cuh).
 //
@@ -18,8 +18,8 @@
 // 16-byte loads) and each warp's codes + scale / zero-point words (core/lane_meta.cuh).
 // Scales: row-wise — the mma sums the exact (q − zp)·x and the epilogue applies the row scale;
 // block-wise — each pair is scaled in T before the mma (rounded once, like a dequantize-to-T GEMM).
-// Not covered (the executor runs the SIMT engine and says why): float32 activations, 3-bit codes,
-// zero_point_offset, FC3 with a bit width other than FC1's, 1-bit with block 16, K % 32 ≠ 0.
+// Not covered (the executor runs the SIMT engine and says why): float32 activations, 3-bit codes
+// with packed zero points, zero_point_offset, FC3 with a bit width other than FC1's, 1-bit with block 16, K % 32 ≠ 0.
 #pragma once
 
 #include "core/cp_async.cuh"
@@ -164,8 +164,7 @@ __device__ __forceinline__ void pf_mainloop(const QA& qa, const QB& qb, const Pf
       for (int r = 0; r < 2; ++r) {
         const u8* p = (r ? lr.pb[m] : lr.pa[m]) + off;
         const u32 dst = wbase + ((m * 2 + r) * 32 + lane) * CB;
-#pragma unroll
-        for (int q = 0; q < (CB + 15) / 16; ++q) cp_async(dst + 16 * q, p + 16 * q, CB < 16 ? CB : 16, live);
+        cp_async_codes<CB>(dst, p, live);
         if constexpr (kScaled) {
           const u32 meta = wbase + St::kWarpCodes + ((m * 2 + r) * St::kWords) * 128 + lane * 4;
           if (r) LaneMeta<QB, ZPW>::issue(qb, sbb[m], e, lr.nb[m], j, meta, live, lr.pa[m]);

@@ -127,8 +127,7 @@ __device__ __forceinline__ void mma_rows(const QA& qa, const u8* __restrict__ pa
       for (int r = 0; r < 2; ++r) {
         const u8* src = (r ? pb : pa) + off;
         const u32 dst = base + ((u * 2 + r) * 32 + lane) * CB;
-#pragma unroll
-        for (int q = 0; q < (CB + 15) / 16; ++q) cp_async(dst + 16 * q, src + 16 * q, CB < 16 ? CB : 16, live);
+        cp_async_codes<CB>(dst, src, live);
         const u32 meta = base + St::kCodes + ((u * 2 + r) * St::kWords) * 128 + lane * 4;
         if (r) LaneMeta<QB, kZpw>::issue(qb, sbase[1], e, nb, j, meta, mlive, pa);
         else LaneMeta<QA, kZpw>::issue(qa, sbase[0], e, na, j, meta, mlive, pa);

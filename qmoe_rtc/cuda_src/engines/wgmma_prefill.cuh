@@ -50,12 +50,12 @@ constexpr int kWgSmemBudget = 227 * 1024 - 1024 - 4096;  // dynamic bytes for st
 // Natural k (0..127) of logical column l of a chunk, and the inverse, for B-bit codes: logical
 // column 16s + j of k16 step s is lane t = (j % 8) / 2's pair 2s + j / 8, low or high value j % 2.
 template <int B> __device__ __forceinline__ int wg_natural(int l) {
-  constexpr int P = 16 / B;
+  constexpr int P = MmaDeq<__half, B>::kPairsPerWord;
   const int s = l >> 4, j = l & 15, pair = 2 * s + (j >> 3);
   return 32 * ((j & 7) >> 1) + MmaDeq<__half, B>::first_code(pair) + (j & 1) * P;
 }
 template <int B> __device__ __forceinline__ int wg_logical(int n) {
-  constexpr int P = 16 / B, C = 32 / B;
+  constexpr int P = MmaDeq<__half, B>::kPairsPerWord, C = MmaDeq<__half, B>::kCodesPerWord;
   const int t = n >> 5, r = n & 31, w = r % C;
   const int pair = (r / C) * P + w % P;
   return 16 * (pair >> 1) + 8 * (pair & 1) + 2 * t + w / P;
@@ -137,8 +137,7 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
     for (int r = 0; r < 2; ++r) {
       const u8* p = (r ? lr.pb[0] : lr.pa[0]) + off;
       const u32 dst = wbase + (r * 32 + lane) * CB;
-#pragma unroll
-      for (int q = 0; q < (CB + 15) / 16; ++q) cp_async(dst + 16 * q, p + 16 * q, CB < 16 ? CB : 16, live);
+      cp_async_codes<CB>(dst, p, live);
       if constexpr (kScaled) {
         const u32 meta = wbase + St::kWarpCodes + (r * St::kWords) * 128 + lane * 4;
         if (r) LaneMeta<QB, ZPW>::issue(qb, sbb, e, lr.nb[0], j, meta, live, lr.pa[0]);
