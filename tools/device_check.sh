@@ -3,6 +3,8 @@
 # prefill and one decode call, then the benchmark (decode, prefill, host cost) and, when the humming
 # wheel and a copy of the peers script are carried (.whl/, .peers/), the peers side by side.
 #   SECTIONS="tests memcheck bench peers ab extra ext soak racecheck" bash tools/device_check.sh   (logs under $OUT or ./out)
+# suite: the whole GPU suite as SHARDS (default 3) pytest processes side by side (~3x faster than tests;
+# the launch-overlap file first, alone).
 # ab: both prefill engines forced; extra: fbgemm_w4 (.whl_fb/) and marlin (.marlin/*.so) peers; soak: tools/soak.py;
 # ext: tools/ext_bench.sh (shared experts + router GEMM targets, FP8 vs int8).
 # Knobs: TESTS (pytest paths), BENCH_ARGS, PEER_TOKENS, PEERS, *_TIMEOUT.
@@ -18,6 +20,24 @@ if has tests; then
   stamp tests
   timeout "${TEST_TIMEOUT:-330}" python3 -m pytest -q -m gpu -p no:cacheprovider -rf -s ${TESTS:-tests/} 2>&1 \
     | tee "$OUT/gpu_tests.txt" | grep -E "worst|passed|failed|FAILED|Error|error" | tail -70
+fi
+
+if has suite; then  # the whole GPU suite in SHARDS parallel pytest processes (one GPU; the overlap file runs alone first)
+  stamp suite
+  files=$(ls tests/test_*_gpu.py | grep -v test_overlap_gpu.py)
+  timeout "$(left "${TEST_TIMEOUT:-150}")" python3 -m pytest -q -m gpu -p no:cacheprovider -rf tests/test_overlap_gpu.py \
+    2>&1 | tee "$OUT/gpu_tests_overlap.txt" | tail -2
+  n="${SHARDS:-3}"; i=0
+  for f in $files; do echo "$f" >> "/tmp/shard_$((i % n))"; i=$((i + 1)); done
+  for s in $(seq 0 $((n - 1))); do
+    timeout "$(left "${SUITE_TIMEOUT:-500}")" python3 -m pytest -q -m gpu -p no:cacheprovider -rf -s $(cat "/tmp/shard_$s") \
+      > "$OUT/gpu_tests_shard$s.txt" 2>&1 &
+  done
+  wait
+  for s in $(seq 0 $((n - 1))); do
+    echo "shard $s: $(tr '\n' ' ' < "/tmp/shard_$s")"; grep -E "worst|FAILED|Error" "$OUT/gpu_tests_shard$s.txt" | grep -vE "worst" | head -20
+    tail -1 "$OUT/gpu_tests_shard$s.txt"
+  done
 fi
 
 if has memcheck; then

@@ -85,11 +85,16 @@ template <class Stage> __device__ __forceinline__ void check_ring_size(i32 R) {
 // W[rows na, nb] · x[routes]ᵀ. pa, pb: the lane rows' packed codes (K·B/8 bytes each); qa, qb their
 // quant params; xrow[ng]: the activation row of route group ng's lane route, or null.
 // Weights, scales and zero points stream through a kMmaStages-deep cp.async ring per warp; each lane
-// reads back only what it copied, so no barrier is needed.
-template <typename T, int B, int NG, class QA, class QB, typename XT>
-__device__ __forceinline__ void mma_rows(const QA& qa, const u8* __restrict__ pa, i32 na, const QB& qb,
-                                         const u8* __restrict__ pb, i32 nb, i32 e, const XT* const (&xrow)[NG],
-                                         i32 K, i32 ks, i32 KS, float (&acc)[NG][4], u8* ring) {
+// reads back only what it copied, so no barrier is needed (except with COOP).
+// COOP (3-bit only): the warp copies each row's 48-byte chunk of codes as three 16-byte pieces (lane
+// L < 24: lane group L / 3's rows, piece L % 3) into the same shared layout, instead of each lane
+// copying its own 12 bytes as three 4-byte pieces; lanes then read codes other lanes copied (a
+// __syncwarp per stage). Needs every row's chunks 16-byte aligned (mma_rows checks).
+template <typename T, int B, int NG, bool COOP, class QA, class QB, typename XT>
+__device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* __restrict__ pa, i32 na, const QB& qb,
+                                              const u8* __restrict__ pb, i32 nb, i32 e, const XT* const (&xrow)[NG],
+                                              i32 K, i32 ks, i32 KS, float (&acc)[NG][4], u8* ring) {
+  static_assert(!COOP || B == 3, "shared code copies are for 3-bit codes");
   using ScaleT = typename QA::Scale;
   constexpr bool kZpw = QA::kZp == ZP_PACKED || QB::kZp == ZP_PACKED;  // = the kernel's Stage
   using St = MmaStage<B, ScaleT, QA::kBlock, kZpw>;
@@ -106,31 +111,45 @@ __device__ __forceinline__ void mma_rows(const QA& qa, const u8* __restrict__ pa
   constexpr bool kFactor = QA::kBlock == 0 || QA::kBlock >= kMmaChunk;
   const i64 sbase[2] = {qa.scale_index(e, na, 0), qb.scale_index(e, nb, 0)};  // scale index of block 0
 
+  const u8* ra = pa;  // the rows this lane copies codes from (COOP: its lane group's)
+  const u8* rb = pb;
+  const i32 cgr = lane / 3, cpc = lane % 3;
+  if constexpr (COOP) {
+    const i32 from = 4 * min(cgr, 7);
+    ra = reinterpret_cast<const u8*>(__shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(pa), from));
+    rb = reinterpret_cast<const u8*>(__shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(pb), from));
+  }
+
   auto issue = [&](i32 slot, i32 c0) {
     const u32 base = ring0 + slot * St::kBytes;
     // a rolled loop for narrow codes (KST 4 / 8 chunks a stage: unrolled, the chunks' hoisted
     // addresses made the kernels spill, int2 ~50 bytes, int1 ~450; rolled: none, ~80 registers), for
     // scale blocks below a chunk (more meta words per chunk; gpt-oss-120b int4 block 32 measured
     // 58.7 -> 55.0 us at 1 token on the H200, docs/performance.md session 8), and for every width with
-    // QMOE_MMA_ROLL_COPIES (int4 FC1 96 -> 72 registers; block 128 measured within noise, +-0.7 us)
-#pragma unroll(QMOE_MMA_ROLL_COPIES || KST > 2 || !kFactor ? 1 : KST)
+    // QMOE_MMA_ROLL_COPIES (int4 FC1 96 -> 72 registers; block 128 measured within noise, +-0.7 us);
+    // COOP: rolled, its FC2 spilled 8 bytes unrolled (NVRTC 13.5)
+#pragma unroll(QMOE_MMA_ROLL_COPIES || KST > 2 || !kFactor || COOP ? 1 : KST)
     for (int u = 0; u < KST; ++u) {
       const i32 c = c0 + u * KS, k0 = c * kMmaChunk + 32 * t;
       if (c >= nch) break;  // warp-uniform
       const bool live = k0 < K;
-      const i64 off = live ? (i64)(k0 / 32) * CB : 0;
+      const i64 off = COOP ? (i64)c * 48 + 16 * cpc : (live ? (i64)(k0 / 32) * CB : 0);
       // the block of the lane's codes; with kFactor the block of the chunk (the same for every lane,
       // and valid on lanes past K, whose C fragments still need their rows' scale)
       const i32 j = kFactor ? QA::block_of((i64)c * kMmaChunk) : (live ? QA::block_of(k0) : 0);
       const bool mlive = kFactor || live;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const u8* src = (r ? pb : pa) + off;
+        const u8* src = (r ? rb : ra) + off;
         const u32 dst = base + ((u * 2 + r) * 32 + lane) * CB;
-        cp_async_codes<CB>(dst, src, live);
+        if constexpr (COOP) {
+          if (lane < 24) cp_async(base + (u * 2 + r) * 32 * CB + 48 * cgr + 16 * cpc, src, 16, true);
+        } else {
+          cp_async_codes<CB>(dst, src, live);
+        }
         const u32 meta = base + St::kCodes + ((u * 2 + r) * St::kWords) * 128 + lane * 4;
-        if (r) LaneMeta<QB, kZpw>::issue(qb, sbase[1], e, nb, j, meta, mlive, pa);
-        else LaneMeta<QA, kZpw>::issue(qa, sbase[0], e, na, j, meta, mlive, pa);
+        if (r) LaneMeta<QB, kZpw>::issue(qb, sbase[1], e, nb, j, meta, mlive, ra);
+        else LaneMeta<QA, kZpw>::issue(qa, sbase[0], e, na, j, meta, mlive, ra);
       }
     }
   };
@@ -227,12 +246,30 @@ __device__ __forceinline__ void mma_rows(const QA& qa, const u8* __restrict__ pa
   }
   for (i32 i = 0, c = ks; c < nch; ++i, c += step) {
     cp_async_wait<S - 2>();  // stage i has landed (this lane's copies)
+    if constexpr (COOP) __syncwarp();  // ... and the warp's; every lane has read slot i - 1
     const i32 cn = c + (S - 1) * step;
     if (cn < nch) issue((i + S - 1) % S, cn);  // the slot computed in iteration i - 1
     cp_async_commit();
     compute(i % S, c);
   }
   cp_async_wait<0>();
+}
+
+// One warp's product over its K slice (mma_rows_ring); 3-bit codes whose row chunks are all 16-byte
+// aligned (K % 128 == 0, 16-byte aligned rows: warp-uniform) take the shared 16-byte copies (measured on
+// the H200, mixtral-8x7b int3 at 1 token: 151.2 -> 138.8 us; docs/performance.md session 8).
+template <typename T, int B, int NG, class QA, class QB, typename XT>
+__device__ __forceinline__ void mma_rows(const QA& qa, const u8* __restrict__ pa, i32 na, const QB& qb,
+                                         const u8* __restrict__ pb, i32 nb, i32 e, const XT* const (&xrow)[NG],
+                                         i32 K, i32 ks, i32 KS, float (&acc)[NG][4], u8* ring) {
+  if constexpr (B == 3) {
+    const bool al = ((reinterpret_cast<unsigned long long>(pa) | reinterpret_cast<unsigned long long>(pb)) & 15) == 0;
+    if (K % kMmaChunk == 0 && __all_sync(0xffffffffu, al)) {
+      mma_rows_ring<T, B, NG, true>(qa, pa, na, qb, pb, nb, e, xrow, K, ks, KS, acc, ring);
+      return;
+    }
+  }
+  mma_rows_ring<T, B, NG, false>(qa, pa, na, qb, pb, nb, e, xrow, K, ks, KS, acc, ring);
 }
 
 }  // namespace qmoe
