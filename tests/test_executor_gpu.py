@@ -119,19 +119,22 @@ def test_decode_and_prefill_paths_agree(rng, dtype):
         assert rel_err(got, want) <= TOL[dtype]
 
 
-def test_graph_replay_matches_eager_bitwise(rng):
+@pytest.mark.parametrize("bits, bs, H, I", [(4, 128, 256, 128), (3, 128, 256, 128), (3, 32, 160, 96)],
+                         ids=["b4", "b3-aligned-chunks", "b3-K%128"])  # 3-bit: both copy variants of the ring
+def test_graph_replay_matches_eager_bitwise(rng, bits, bs, H, I):
     import cupy as cp
 
     from qmoe_rtc.executor import QMoE
 
     for rows, E in ((1, 32), (3, 32), (200, 32)):  # decode and prefill graphs
-        w, a = random_layer(rng, E=E, H=256, I=128, k=4, bits=4, block_size=128, dtype="float16",
+        w, a = random_layer(rng, E=E, H=H, I=I, k=4, bits=bits, block_size=bs, dtype="float16",
                             activation_type="swiglu", swiglu_fusion=1, normalize_routing_weights=1)
         moe = QMoE(**to_dev(w), **a)
-        x0, l0, _ = random_inputs(rng, rows, 256, E, "float16")
+        assert moe.plan(rows, "float16", "float32").engine not in ("decode-gemv", "prefill-simt"), bits  # tensor cores
+        x0, l0, _ = random_inputs(rng, rows, H, E, "float16")
         g = moe.capture(cp.asarray(x0), cp.asarray(l0))
         for _ in range(3):
-            x, lg, _ = random_inputs(rng, rows, 256, E, "float16")
+            x, lg, _ = random_inputs(rng, rows, H, E, "float16")
             g.output.fill(cp.nan)
             g.update(cp.asarray(x), cp.asarray(lg))
             y_graph = cp.asnumpy(g.replay()).copy()
