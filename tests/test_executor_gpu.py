@@ -16,6 +16,18 @@ pytestmark = pytest.mark.gpu
 
 TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}
 
+#: 3-bit layers of the tensor-core suites (decode and prefill), as (name, random_layer kwargs, E, H, I):
+#: one 96-bit string per lane, pairs cut by funnel shifts; a scale per chunk, blocks of 16 with float32
+#: scales + FC3 + K % 128 != 0, row-wise, and 3-bit FC2 under 4-bit FC1 / FC3 with zero points
+TENSOR_CORE_3BIT = [
+    ("b3-bs128-swiglu1", dict(bits=3, block_size=128, activation_type="swiglu", swiglu_fusion=1, k=4), 16, 256, 128),
+    ("b3-bs16-f32-scales-silu-fc3", dict(bits=3, block_size=16, activation_type="silu", fc3=True, k=2,
+                                         scale_dtype="float32", bias=True), 8, 160, 96),
+    ("b3-rowwise-gelu", dict(bits=3, block_size=0, activation_type="gelu", k=2), 8, 128, 64),
+    ("mixed-4-3-4-fc3-zp", dict(bits=(4, 3, 4), block_size=32, zero_points=(True, False, True),
+                                activation_type="silu", fc3=True, k=2), 8, 128, 64),
+]
+
 
 def rel_err(got, want):
     g = np.asarray(got).astype(np.float64)

@@ -9,7 +9,7 @@ graph replay must equal the eager call bitwise.
 
 import numpy as np
 import pytest
-from test_executor_gpu import TOL, rel_err, to_dev
+from test_executor_gpu import TENSOR_CORE_3BIT, TOL, rel_err, to_dev
 
 from qmoe_rtc import knobs
 from qmoe_rtc.random_layer import random_inputs, random_layer
@@ -48,14 +48,7 @@ LAYERS = [
                                 activation_type="swiglu", fc3=True, swiglu_fusion=0, k=2, bias=True), 8, 128, 64),
     ("mixed-2-1-geglu1", dict(bits=(2, 1, 2), block_size=0, activation_type="geglu", swiglu_fusion=1, k=2),
      4, 128, 64),
-    # 3-bit (one 96-bit string per lane, pairs cut by funnel shifts): a scale per chunk, blocks of 16 with
-    # float32 scales + FC3 + K % 128 != 0, row-wise, and 3-bit FC2 under 4-bit FC1 / FC3 with zero points
-    ("b3-bs128-swiglu1", dict(bits=3, block_size=128, activation_type="swiglu", swiglu_fusion=1, k=4), 16, 256, 128),
-    ("b3-bs16-f32-scales-silu-fc3", dict(bits=3, block_size=16, activation_type="silu", fc3=True, k=2,
-                                         scale_dtype="float32", bias=True), 8, 160, 96),
-    ("b3-rowwise-gelu", dict(bits=3, block_size=0, activation_type="gelu", k=2), 8, 128, 64),
-    ("mixed-4-3-4-fc3-zp", dict(bits=(4, 3, 4), block_size=32, zero_points=(True, False, True),
-                                activation_type="silu", fc3=True, k=2), 8, 128, 64),
+    *TENSOR_CORE_3BIT,  # test_executor_gpu.py
     ("f32-scales-b4-bs16-swiglu1", dict(bits=4, block_size=16, activation_type="swiglu", swiglu_fusion=1, k=2,
                                         scale_dtype="float32"), 8, 128, 96),
 ]
