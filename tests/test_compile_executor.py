@@ -103,7 +103,7 @@ def test_mma_ring_bytes_match_the_device_struct():
     from qmoe_rtc.kernels.mma_decode import decode_smem_bytes, ring_bytes
 
     lines = ['#include "engines/mma_decode.cuh"']
-    for bits in (1, 2, 4, 8):
+    for bits in (1, 2, 3, 4, 8):
         for scale_t, sbytes in (("__half", 2), ("float", 4)):
             for block in (0, 16, 32, 128):
                 for zp in (False, True):
@@ -125,7 +125,7 @@ def test_prefill_stage_bytes_match_the_device_struct():
     from qmoe_rtc.kernels.mma_prefill import ROUTE_TILES, stage_bytes
 
     lines = ['#include "engines/mma_prefill.cuh"']
-    for bits in (1, 2, 4, 8):
+    for bits in (1, 2, 3, 4, 8):
         for scale_t, sbytes in (("__half", 2), ("float", 4)):
             for block in (0, 16, 32, 128):
                 for zp in (False, True):
@@ -146,7 +146,7 @@ def test_wgmma_stage_bytes_match_the_device_struct(groups):
     from qmoe_rtc.kernels.wgmma_prefill import route_tiles_of, stage_bytes, stages
 
     lines = ['#include "engines/wgmma_prefill.cuh"']
-    for bits in (1, 2, 4, 8):
+    for bits in (1, 2, 3, 4, 8):
         for scale_t, sbytes in (("__half", 2), ("float", 4)):
             for block in (0, 16, 32, 128):
                 for zp in (False, True):
