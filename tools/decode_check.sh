@@ -6,7 +6,8 @@
 #   bits   int2 / int3 / int4 at 1 token (mixtral, gpt-oss): the narrow-code target
 #   peers  humming, humming_g and vLLM's Marlin MoE beside qmoe_rtc in one process (.whl/, .peers/, .marlin/)
 #   probe  tools/stream_probe.py: the weight stream's own rate, no arithmetic (row-major vs tiled, ring depth)
-#   ncu    warp stall reasons, memory and occupancy of FC1 / FC2 at 1 token (NCU_SHAPES, default mixtral, qwen3)
+#   ncu    warp stall reasons, memory and occupancy of FC1 / FC2 at 1 token (NCU_SHAPES: "shape" or "shape:bits"
+#          items, default mixtral, qwen3 at 4 bits)
 #   SECTIONS="tests ab" bash tools/decode_check.sh      (logs under $OUT or ./out)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -57,14 +58,15 @@ if has probe; then
 fi
 
 if has ncu; then
-  for shape in ${NCU_SHAPES:-mixtral-8x7b qwen3-30b-a3b}; do
-    stamp "ncu $shape"
+  for item in ${NCU_SHAPES:-mixtral-8x7b qwen3-30b-a3b}; do  # "shape" or "shape:bits" (default 4)
+    shape=${item%%:*}; nbits=${item#*:}; [ "$nbits" = "$item" ] && nbits=4
+    stamp "ncu $shape int$nbits"
     timeout "$(left "${NCU_TIMEOUT:-120}")" ncu --clock-control none --kernel-name regex:"fc1_mma|fc2_mma" \
       --launch-skip 2 --launch-count 2 --section SpeedOfLight --section MemoryWorkloadAnalysis \
       --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
       --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
-      python3 tools/profile_decode.py --preset "$shape" --tokens "${NCU_TOKENS:-1}" --calls 3 2>&1 \
-      | tee "$OUT/ncu_$shape.txt" | grep -vE "^==PROF==|^ *-+ *$|^    [A-Z].*:$" \
+      python3 tools/profile_decode.py --preset "$shape" --bits "$nbits" --tokens "${NCU_TOKENS:-1}" --calls 3 2>&1 \
+      | tee "$OUT/ncu_${shape}_int$nbits.txt" | grep -vE "^==PROF==|^ *-+ *$|^    [A-Z].*:$" \
       | grep -E "fc1_mma|fc2_mma|Duration|DRAM Through|Memory Through|Stall|Warp Cycles|Issued Warp|No Eligible|Active Warps|Achieved Occ|Registers|Theoretical Occ|Block Limit|L2 Hit|L1/TEX Hit|Mem Busy|Max Bandwidth|Eligible|stalled" | grep -vE "stalled_[a-z_]+_per_issue_active.ratio +ratio +0\.0[0-9]?$" | head -80
   done
 fi
