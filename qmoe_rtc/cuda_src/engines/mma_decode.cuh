@@ -1,4 +1,5 @@
-// engines/mma_decode.cuh: the tensor-core decode path (float16 / bfloat16 activations, 1/2/3/4/8-bit weights).
+// engines/mma_decode.cuh: the tensor-core decode path (float16 / bfloat16 activations, 1/2/3/4/8-bit
+// weights).
 //
 // Expert-grouped: a block belongs to (row tile, route r); it works only if r is the first route of
 // its expert e = ids[r] and then serves every route of e (found by scanning the R route ids in the
@@ -26,7 +27,8 @@
 // partial sums are added in a fixed order (deterministic). A route group of 8·NG routes shares the
 // dequantized A fragments; experts with more routes take several passes.
 // Not covered (the executor uses the SIMT gemv kernels and logs why): float32 activations, 3-bit
-// codes with packed zero points, zero_point_offset, FC3 with a bit width other than FC1's, 1-bit with block 16, K % 32 ≠ 0.
+// codes with packed zero points, zero_point_offset, FC3 with a bit width other than FC1's, 1-bit
+// with block 16, K % 32 ≠ 0.
 #pragma once
 
 #include "core/experts.cuh"

@@ -19,7 +19,8 @@
 // Scales: row-wise — the mma sums the exact (q − zp)·x and the epilogue applies the row scale;
 // block-wise — each pair is scaled in T before the mma (rounded once, like a dequantize-to-T GEMM).
 // Not covered (the executor runs the SIMT engine and says why): float32 activations, 3-bit codes
-// with packed zero points, zero_point_offset, FC3 with a bit width other than FC1's, 1-bit with block 16, K % 32 ≠ 0.
+// with packed zero points, zero_point_offset, FC3 with a bit width other than FC1's, 1-bit with
+// block 16, K % 32 ≠ 0.
 #pragma once
 
 #include "core/cp_async.cuh"
