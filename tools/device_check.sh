@@ -27,7 +27,7 @@ if has suite; then  # the whole GPU suite in SHARDS parallel pytest processes (o
   files=$(ls tests/test_*_gpu.py | grep -v test_overlap_gpu.py)
   timeout "$(left "${TEST_TIMEOUT:-150}")" python3 -m pytest -q -m gpu -p no:cacheprovider -rf tests/test_overlap_gpu.py \
     2>&1 | tee "$OUT/gpu_tests_overlap.txt" | tail -2
-  n="${SHARDS:-3}"; i=0
+  n="${SHARDS:-3}"; i=0; rm -f /tmp/shard_*
   for f in $files; do echo "$f" >> "/tmp/shard_$((i % n))"; i=$((i + 1)); done
   for s in $(seq 0 $((n - 1))); do
     timeout "$(left "${SUITE_TIMEOUT:-500}")" python3 -m pytest -q -m gpu -p no:cacheprovider -rf -s $(cat "/tmp/shard_$s") \
