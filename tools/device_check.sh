@@ -37,7 +37,7 @@ if has suite; then  # the whole GPU suite in SHARDS parallel pytest processes (o
   wait
   for s in $(seq 0 $((n - 1))); do
     [ -s "/tmp/shard_$s" ] || continue
-    echo "shard $s: $(tr '\n' ' ' < "/tmp/shard_$s")"; grep -E "worst|FAILED|Error" "$OUT/gpu_tests_shard$s.txt" | grep -vE "worst" | head -20
+    echo "shard $s: $(tr '\n' ' ' < "/tmp/shard_$s")"; grep -E "FAILED|Error" "$OUT/gpu_tests_shard$s.txt" | head -20
     tail -1 "$OUT/gpu_tests_shard$s.txt"
   done
 fi
