@@ -124,6 +124,10 @@ KNOBS: dict[str, Knob] = {
              "Tuning only: the decode ring's copy loop rolled for every bit width (always for 1/2-bit codes and "
              "scale blocks below 128); fewer registers, block 128 measured within noise; a -D option, hence "
              "part of the cache key."),
+        Knob("mma_expert_flow", "QMOE_RTC_MMA_EXPERT_FLOW", "bool", False, True,
+             "Tuning only: the decode FC2 blocks of an expert start when that expert's FC1 blocks have counted "
+             "themselves done, instead of waiting for the whole FC1 grid; not yet measured on the GPU; a -D "
+             "option, hence part of the cache key."),
         Knob("mma_target_warps", "QMOE_RTC_MMA_TARGET_WARPS", "int", 0, False,
              "Tuning only: warps the decode K-split aims for (0 = the built-in 132·24)."),
         Knob("mma_one_wave", "QMOE_RTC_MMA_ONE_WAVE", "bool", True, False,

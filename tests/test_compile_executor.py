@@ -157,3 +157,18 @@ def test_wgmma_stage_bytes_match_the_device_struct(groups):
                                      f"\"stage_bytes({bits}, {sbytes}, {block}, {zp}, {br})\");")
     options = compiler.base_options("sm_90", (f"-DQMOE_WG_GROUPS={groups}", "-DQMOE_WG_STAGES=3"))
     compiler.compile_unit("wg_stage_bytes_check", "\n".join(lines) + "\n", {}, "sm_90", options)
+
+
+def test_expert_flow_decode_module_compiles():
+    """QMOE_RTC_MMA_EXPERT_FLOW's decode module (per-expert FC1 counters, FC2 waiting on them) compiles
+    for sm_90 (where launches overlap) and sm_80 (where they do not: the counters are then full when FC2
+    starts), with every kernel."""
+    from qmoe_rtc import knobs
+
+    cfg = ModelConfig(hidden=2048, inter=768, experts=8, k=2, layout=LAYOUTS[0][0])
+    with knobs.scope(mma_expert_flow=True):
+        spec = get_family("mma_decode").spec(cfg)
+    assert spec["expert_flow"] is True
+    for arch in ("sm_90", "sm_80"):
+        mod = get_cubin(spec_unit(spec), arch)
+        assert set(mod.lowered) == EXPECTED_KERNELS["mma_decode"], sorted(mod.lowered)

@@ -179,6 +179,32 @@ def test_stage_knobs_change_the_spec_and_the_unit_key(family, knob, field):
     assert cache_key(four, "sm_90") != cache_key(default, "sm_90")
 
 
+@pytest.mark.parametrize("knob, field", [("mma_roll_copies", "roll_copies"), ("mma_expert_flow", "expert_flow")])
+def test_decode_bool_knobs_change_the_spec_and_the_unit_key(knob, field):
+    fam = get_family("mma_decode")
+    default = fam.spec(config(BASE))
+    with knobs.scope(**{knob: True}):
+        on = fam.spec(config(BASE))
+    assert on[field] is True and default[field] is False and on.name != default.name
+    assert fam.unit(on).defines != fam.unit(default).defines
+    assert cache_key(on, "sm_90") != cache_key(default, "sm_90")
+
+
+def test_expert_flow_scratch_and_fc1_tiles():
+    """With the expert flow the FC1 step asks for two zeroed counters per expert and FC2 is told FC1's grid.x."""
+    from qmoe_rtc.kernels import Problem
+
+    fam = get_family("mma_decode")
+    p = Problem(rows=1, E=8, H=256, I=128, k=2, dtype="float16")
+    off = fam.spec(config(BASE))
+    assert set(fam.scratch(off, "fc1", p)) == {"act"}
+    with knobs.scope(mma_expert_flow=True):
+        on = fam.spec(config(BASE))
+    sc = fam.scratch(on, "fc1", p)
+    assert sc["fc1_done"].zero and sc["fc2_seen"].zero and sc["fc1_done"].nbytes == 4 * p.experts
+    assert dict(fam.launch(on, "fc2", p).args)["FC1_TILES"] == fam.launch(on, "fc1", p).grid[0]
+
+
 def test_knobs_typed_scoped_and_lazy(monkeypatch, tmp_path):
     monkeypatch.setenv("QMOE_RTC_STRICT", "yes")
     assert knobs.get("strict") is True and knobs.cache_mode() == "strict"

@@ -16,7 +16,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests"))
 
-SUITES = ("test_executor_gpu", "test_mma_decode_gpu", "test_mma_prefill_gpu")
+SUITES = ("test_executor_gpu", "test_mma_decode_gpu", "test_mma_prefill_gpu", "test_expert_flow_gpu")
 EXECUTOR_FAMILIES = ("route", "gemv", "gemm", "mma_decode", "mma_prefill")
 
 
@@ -25,31 +25,39 @@ def specs() -> list:
 
     import numpy as np
 
-    from qmoe_rtc.contract import QMoEAttributes, describe_layer
-    from qmoe_rtc.executor import layer_config
-    from qmoe_rtc.kernels import get_family
-    from qmoe_rtc.random_layer import random_layer
+    from qmoe_rtc import knobs
 
     seen: dict = {}
     rng = np.random.default_rng(0)
     for name in SUITES:
         mod = importlib.import_module(name)
-        for case in mod.LAYERS:
-            kw, E, H, I = case[1], case[2], case[3], case[4]
-            dtypes = [case[5]] if len(case) > 5 else ["float16", "bfloat16"]
-            for dtype in dtypes:
-                kw2 = dict(kw)
-                k = kw2.pop("k")
-                w, a = random_layer(rng, E=E, H=H, I=I, k=k, dtype=dtype, **kw2)
-                layer = describe_layer(w, QMoEAttributes.from_kwargs(**a))
-                sdt = {p.scale_dtype for p in layer.projections()}
-                cfg = layer_config(layer, dtype, sdt.pop() if len(sdt) == 1 else "float32")
-                for fam in EXECUTOR_FAMILIES:
-                    f = get_family(fam)
-                    if f.supports(cfg) is None:
-                        for s in f.specs(cfg):
-                            seen.setdefault(s, None)
+        with knobs.scope(**getattr(mod, "PRECOMPILE_KNOBS", {})):  # a suite's code-changing knobs
+            _add_specs(mod.LAYERS, rng, seen)
     return list(seen)
+
+
+def _add_specs(layers, rng, seen: dict) -> None:
+    """The module specs of every (layer, dtype) case of a suite's LAYERS, added to ``seen``."""
+    from qmoe_rtc.contract import QMoEAttributes, describe_layer
+    from qmoe_rtc.executor import layer_config
+    from qmoe_rtc.kernels import get_family
+    from qmoe_rtc.random_layer import random_layer
+
+    for case in layers:
+        kw, E, H, I = case[1], case[2], case[3], case[4]
+        dtypes = [case[5]] if len(case) > 5 else ["float16", "bfloat16"]
+        for dtype in dtypes:
+            kw2 = dict(kw)
+            k = kw2.pop("k")
+            w, a = random_layer(rng, E=E, H=H, I=I, k=k, dtype=dtype, **kw2)
+            layer = describe_layer(w, QMoEAttributes.from_kwargs(**a))
+            sdt = {p.scale_dtype for p in layer.projections()}
+            cfg = layer_config(layer, dtype, sdt.pop() if len(sdt) == 1 else "float32")
+            for fam in EXECUTOR_FAMILIES:
+                f = get_family(fam)
+                if f.supports(cfg) is None:
+                    for s in f.specs(cfg):
+                        seen.setdefault(s, None)
 
 
 def main() -> int:

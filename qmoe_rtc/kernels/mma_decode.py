@@ -111,7 +111,8 @@ class MmaDecodeFamily(KernelFamily):
         return expert_spec(self.name, config, stages=_stages(),
                            min_blocks=tuning_knob("mma_min_blocks", "QMOE_RTC_MMA_MIN_BLOCKS", MIN_BLOCKS[1],
                                                   MIN_BLOCKS_ALLOWED),
-                           roll_copies=bool(knobs.get("mma_roll_copies")))
+                           roll_copies=bool(knobs.get("mma_roll_copies")),
+                           expert_flow=bool(knobs.get("mma_expert_flow")))
 
     def specs(self, config) -> list[ModuleSpec]:
         return [] if tensor_core_unsupported(config) else [self.spec(config)]
@@ -124,7 +125,8 @@ class MmaDecodeFamily(KernelFamily):
 
     def defines(self, spec: ModuleSpec) -> tuple[str, ...]:
         return (f"-DQMOE_MMA_STAGES={spec['stages']}", f"-DQMOE_MMA_MIN_BLOCKS={spec['min_blocks']}",
-                f"-DQMOE_MMA_ROLL_COPIES={int(spec['roll_copies'])}")
+                f"-DQMOE_MMA_ROLL_COPIES={int(spec['roll_copies'])}",
+                f"-DQMOE_MMA_EXPERT_FLOW={int(spec['expert_flow'])}")
 
     def kernels(self, spec: ModuleSpec) -> tuple[KernelDef, ...]:
         t = template_types(spec)
@@ -138,7 +140,8 @@ class MmaDecodeFamily(KernelFamily):
                 (Ptr("x", dt), Ptr("topk_ids", "int32"), Scalar("R", "int32"), Scalar("k", "int32"),
                  Scalar("H", "int32"), Scalar("I", "int32"), Scalar("KS", "int32"), Scalar("PF", "int32"),
                  *projection_args("fc1", sdt), *projection_args("fc3", sdt), *shared_args("fc1", sdt),
-                 Scalar("zp_offset", "float32"), *ACT_SCALARS, Ptr("act", dt)),
+                 Scalar("zp_offset", "float32"), *ACT_SCALARS, Ptr("act", dt),
+                 Ptr("fc1_done", "uint32", nullable=True)),
             ))
             out.append(KernelDef(
                 f"fc2_ng{ng}",
@@ -146,7 +149,9 @@ class MmaDecodeFamily(KernelFamily):
                 (Ptr("act", dt), Ptr("topk_ids", "int32"), Ptr("topk_w", "float32"), Scalar("R", "int32"),
                  Scalar("k", "int32"), Scalar("H", "int32"), Scalar("I", "int32"), Scalar("KS", "int32"),
                  Scalar("PF", "int32"), *projection_args("fc2", sdt), *shared_args("fc2", sdt),
-                 Scalar("zp_offset", "float32"), Ptr("y", "float32"), Ptr("counters", "uint32"), Ptr("out", dt)),
+                 Scalar("zp_offset", "float32"), Ptr("y", "float32"), Ptr("counters", "uint32"), Ptr("out", dt),
+                 Ptr("fc1_done", "uint32", nullable=True), Ptr("fc2_seen", "uint32", nullable=True),
+                 Scalar("FC1_TILES", "int32")),
             ))
         return tuple(out)
 
@@ -178,11 +183,17 @@ class MmaDecodeFamily(KernelFamily):
         smem = decode_smem_bytes(smem, problem.routes)
         # overlap: FC1 waits for the ids, FC2 reads the ids and prefetches its weights, then waits for act
         pf = knobs.get("mma_prefetch_chunks") or PREFETCH_CHUNKS
-        return Launch((gx, problem.routes, 1), (THREADS, 1, 1), smem, (("KS", ks), ("PF", pf)), overlap=True)
+        args = (("KS", ks), ("PF", pf))
+        if role == "fc2":  # expert flow: an expert's FC1 blocks, which its FC2 blocks wait for
+            args += (("FC1_TILES", self.geometry(spec, "fc1", problem)[1]),)
+        return Launch((gx, problem.routes, 1), (THREADS, 1, 1), smem, args, overlap=True)
 
     def scratch(self, spec: ModuleSpec, role: str, problem: Problem) -> dict[str, Slot]:
         R = problem.routes
         if role == "fc1":
-            return {"act": Slot(R * problem.I * 2)}  # [R, I] T
+            out = {"act": Slot(R * problem.I * 2)}  # [R, I] T
+            if spec["expert_flow"]:  # [E + S] u32 each, zero between calls (FC2 resets them)
+                out |= {"fc1_done": Slot(4 * problem.experts, zero=True), "fc2_seen": Slot(4 * problem.experts, zero=True)}
+            return out
         # y [R, H] f32; counters [ceil(H / 16) + 1] u32, zero between calls (the counting kernel resets them)
         return {"y": Slot(4 * R * problem.H), "counters": Slot(4 * (problem.H // 16 + 1), zero=True)}

@@ -37,7 +37,44 @@
 #include "engines/mma_ring.cuh"
 #include "epilogue/fc1.cuh"
 
+// Expert flow (QMOE_MMA_EXPERT_FLOW, a tuning knob): FC2's blocks of expert e wait only for e's FC1
+// blocks instead of the whole FC1 grid (griddepcontrol.wait). Each FC1 block that computed tile x of
+// expert e counts itself in fc1_done[e] after its act stores (threadfence + atomicAdd); an FC2 block of
+// e spins (acquire) until fc1_done[e] == FC1_TILES, FC1's grid.x, then counts itself in fc2_seen[e];
+// the last of e's FC2 blocks zeroes both (every FC2 block of e has passed by then, and FC1 of the next
+// call starts after routing, which waits for this grid). No deadlock: FC2 starts only once every FC1
+// block has released it (core/pdl.cuh), i.e. is resident or done. FC2 then reads act through L2.
+#ifndef QMOE_MMA_EXPERT_FLOW
+#define QMOE_MMA_EXPERT_FLOW 0
+#endif
+
 namespace qmoe {
+
+constexpr bool kMmaExpertFlow = QMOE_MMA_EXPERT_FLOW;
+
+// FC1: this block's tile of expert e is written (all threads call it).
+__device__ __forceinline__ void flow_count_fc1(u32* fc1_done, i32 e) {
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) atomicAdd(fc1_done + e, 1u);
+}
+
+// FC2: wait until every FC1 tile of expert e is written (all threads call it; block-uniform).
+__device__ __forceinline__ void flow_wait_fc1(u32* fc1_done, u32* fc2_seen, i32 e, i32 fc1_tiles) {
+  if (threadIdx.x == 0) {
+    u32 n;
+    for (;;) {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(n) : "l"(fc1_done + e) : "memory");
+      if (n >= (u32)fc1_tiles) break;
+      __nanosleep(32);
+    }
+    if (atomicAdd(fc2_seen + e, 1u) == gridDim.x - 1) {  // the last FC2 block of e: reset for the next call
+      fc1_done[e] = 0u;
+      fc2_seen[e] = 0u;
+    }
+  }
+  __syncthreads();
+}
 
 // The routes of one expert. Every block loads the R ids into shared memory; the block of route r
 // proceeds only if no earlier route has the same expert, and then lists (in route order) every
@@ -49,7 +86,7 @@ struct ExpertRoutes {
 __device__ __forceinline__ ExpertRoutes collect_routes(const i32* __restrict__ ids, i32 R, i32* s_ids, i32* s_list,
                                                        i32* s_n) {
   const i32 r = blockIdx.y;
-  for (i32 q = threadIdx.x; q < R; q += kMmaThreads) s_ids[q] = ids[q];
+  for (i32 q = threadIdx.x; q < R; q += kMmaThreads) s_ids[q] = __ldcg(ids + q);  // L2: FC2 may read before its wait
   __syncthreads();
   const i32 e = s_ids[r];
   bool dup = false;
@@ -107,7 +144,7 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
         const u8* __restrict__ w3, const ScaleT* __restrict__ s3, const u8* __restrict__ z3, const float* __restrict__ b3,
         i32 E_routed, const u8* __restrict__ shared_w1, const ScaleT* __restrict__ shared_s1,
         const u8* __restrict__ shared_z1, const float* __restrict__ shared_b1, float zp_offset, float alpha, float beta,
-        float limit, i32 limit_after, T* __restrict__ act) {
+        float limit, i32 limit_after, T* __restrict__ act, u32* __restrict__ fc1_done) {
   __shared__ i32 s_n;
   extern __shared__ __align__(16) u8 dyn_smem[];
   using Stage = MmaStage<B1, ScaleT, BLOCK, Z1 == ZP_PACKED || (GATE == GATE_FC3 && Z3 == ZP_PACKED)>;
@@ -124,6 +161,7 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
   pdl_release();  // FC2's blocks may start: routing is complete, so they can read the ids at once
   i32 e = ids[blockIdx.y];
   if (e < 0) return;  // an expert this layer does not hold (expert slices [ext]): FC2 skips the route too
+  const i32 eid = e;  // the route's expert id (routed or shared): the expert flow's counter
   pick_expert(e, E_routed, w1, s1, z1, b1, shared_w1, shared_s1, shared_z1, shared_b1);
   const i32 N1 = Rows::n1(I);
   const QuantParams<ScaleT, B1, BLOCK, Z1> q1{s1, z1, zp_offset, N1, H};
@@ -178,6 +216,7 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
       }
     }
   }
+  if constexpr (kMmaExpertFlow) flow_count_fc1(fc1_done, eid);
 }
 
 template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, int NG>
@@ -187,7 +226,7 @@ fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const fl
                 const u8* __restrict__ z2, const float* __restrict__ b2, i32 E_routed,
                 const u8* __restrict__ shared_w2, const ScaleT* __restrict__ shared_s2, const u8* __restrict__ shared_z2,
                 const float* __restrict__ shared_b2, float zp_offset, float* __restrict__ y, u32* __restrict__ counters,
-                T* __restrict__ out) {
+                T* __restrict__ out, u32* __restrict__ fc1_done, u32* __restrict__ fc2_seen, i32 FC1_TILES) {
   __shared__ i32 s_n;
   __shared__ bool s_last;
   extern __shared__ __align__(16) u8 dyn_smem[];
@@ -203,6 +242,7 @@ fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const fl
   // Before pdl_wait (core/pdl.cuh): only the route ids (complete once FC1 released this grid; read
   // through L2) and the weights, so the prefetch below overlaps FC1's tail.
   i32 e = __ldcg(ids + blockIdx.y);
+  const i32 eid = e;  // the route's expert id: the expert flow's counter
   pick_expert(e, E_routed, w2, s2, z2, b2, shared_w2, shared_s2, shared_z2, shared_b2);
   const i32 n0 = (blockIdx.x * MT + mt) * 16;
   const i32 na = min(n0 + g, H - 1), nb = min(n0 + g + 8, H - 1);
@@ -213,8 +253,11 @@ fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const fl
   // e < 0: an expert this layer does not hold (expert slices [ext]): nothing to compute, but the block
   // still counts for its tile below (block-uniform, so collect_routes' barriers are skipped by all)
   if (e >= 0 && R <= kMmaPrefetchRoutes) prefetch_rows<B2>(pa, pb, I, ks, KS, PF);
-  pdl_wait();  // act (FC1's output) from here on
+  if constexpr (!kMmaExpertFlow) pdl_wait();  // act (FC1's output) from here on
   const ExpertRoutes er = e < 0 ? ExpertRoutes{0} : collect_routes(ids, R, s_ids, s_list, &s_n);
+  if constexpr (kMmaExpertFlow) {
+    if (er.n > 0) flow_wait_fc1(fc1_done, fc2_seen, eid, FC1_TILES);  // this expert's act from here on
+  }
   for (i32 p = 0; p < er.n; p += 8 * NG) {
     const T* xrow[NG];
 #pragma unroll
@@ -224,7 +267,7 @@ fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const fl
     }
     float acc[NG][4] = {};
     u8* ring = dyn_smem + warp * kRing;
-    mma_rows<T, B2, NG>(q2, pa, na, q2, pb, nb, e, xrow, I, ks, KS, acc, ring);
+    mma_rows<T, B2, NG, kMmaExpertFlow>(q2, pa, na, q2, pb, nb, e, xrow, I, ks, KS, acc, ring);
     reduce_slices<NG>(acc, mt, ks, MT, KS, dyn_smem, kRing);
     if (ks == 0) {
 #pragma unroll
@@ -234,13 +277,15 @@ fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const fl
           const i32 j = p + 8 * gg + 2 * t + c;
           if (j >= er.n) continue;
           const i64 r = s_list[j];
-          const float wr = wts[r];
+          const float wr = __ldcg(wts + r);  // routing's, complete (see the ids above)
           if (n0 + g < H) y[r * H + n0 + g] = wr * (acc[gg][c] + (b2 ? b2[(i64)e * H + na] : 0.0f));
           if (n0 + g + 8 < H) y[r * H + n0 + g + 8] = wr * (acc[gg][2 + c] + (b2 ? b2[(i64)e * H + nb] : 0.0f));
         }
       }
     }
   }
+  // expert flow: FC1 has finished when FC2 does, as for every grid of the chain (core/pdl.cuh)
+  if constexpr (kMmaExpertFlow) pdl_wait();
   // The last of the R blocks of this H tile adds the routes' y in slot order and resets the counter.
   __threadfence();
   __syncthreads();

@@ -90,7 +90,7 @@ template <class Stage> __device__ __forceinline__ void check_ring_size(i32 R) {
 // L < 24: lane group L / 3's rows, piece L % 3) into the same shared layout, instead of each lane
 // copying its own 12 bytes as three 4-byte pieces; lanes then read codes other lanes copied (a
 // __syncwarp per stage). Needs every row's chunks 16-byte aligned (mma_rows checks).
-template <typename T, int B, int NG, bool COOP, class QA, class QB, typename XT>
+template <typename T, int B, int NG, bool COOP, bool COHERENT_X, class QA, class QB, typename XT>
 __device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* __restrict__ pa, i32 na, const QB& qb,
                                               const u8* __restrict__ pb, i32 nb, i32 e, const XT* const (&xrow)[NG],
                                               i32 K, i32 ks, i32 KS, float (&acc)[NG][4], u8* ring) {
@@ -191,7 +191,7 @@ __device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* __restrict
           const uint4* px = reinterpret_cast<const uint4*>(xrow[g] + k0);
 #pragma unroll
           for (int v = 0; v < 4; ++v) {
-            const uint4 q = __ldg(px + v);
+            const uint4 q = COHERENT_X ? __ldcg(px + v) : __ldg(px + v);
             xw[4 * v] = q.x; xw[4 * v + 1] = q.y; xw[4 * v + 2] = q.z; xw[4 * v + 3] = q.w;
           }
         } else {
@@ -258,18 +258,20 @@ __device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* __restrict
 // One warp's product over its K slice (mma_rows_ring); 3-bit codes whose row chunks are all 16-byte
 // aligned (K % 128 == 0, 16-byte aligned rows: warp-uniform) take the shared 16-byte copies (measured on
 // the H200, mixtral-8x7b int3 at 1 token: 151.2 -> 138.8 us; docs/performance.md session 8).
-template <typename T, int B, int NG, class QA, class QB, typename XT>
+// COHERENT_X: the activations are read through L2 (ld.global.cg), not the read-only path: for inputs
+// another grid may still be writing while this one runs (FC2 with the expert flow).
+template <typename T, int B, int NG, bool COHERENT_X = false, class QA, class QB, typename XT>
 __device__ __forceinline__ void mma_rows(const QA& qa, const u8* __restrict__ pa, i32 na, const QB& qb,
                                          const u8* __restrict__ pb, i32 nb, i32 e, const XT* const (&xrow)[NG],
                                          i32 K, i32 ks, i32 KS, float (&acc)[NG][4], u8* ring) {
   if constexpr (B == 3) {
     const bool al = ((reinterpret_cast<unsigned long long>(pa) | reinterpret_cast<unsigned long long>(pb)) & 15) == 0;
     if (K % kMmaChunk == 0 && __all_sync(0xffffffffu, al)) {
-      mma_rows_ring<T, B, NG, true>(qa, pa, na, qb, pb, nb, e, xrow, K, ks, KS, acc, ring);
+      mma_rows_ring<T, B, NG, true, COHERENT_X>(qa, pa, na, qb, pb, nb, e, xrow, K, ks, KS, acc, ring);
       return;
     }
   }
-  mma_rows_ring<T, B, NG, false>(qa, pa, na, qb, pb, nb, e, xrow, K, ks, KS, acc, ring);
+  mma_rows_ring<T, B, NG, false, COHERENT_X>(qa, pa, na, qb, pb, nb, e, xrow, K, ks, KS, acc, ring);
 }
 
 }  // namespace qmoe
