@@ -191,13 +191,12 @@ def test_decode_bool_knobs_change_the_spec_and_the_unit_key(knob, field):
 
 
 def test_expert_flow_scratch_and_fc1_tiles():
-    """With the expert flow the FC1 step asks for two zeroed counters per expert and FC2 is told FC1's grid.x."""
+    """The FC1 step declares two zeroed counters per expert (read only with the expert flow) and FC2 is
+    told FC1's grid.x."""
     from qmoe_rtc.kernels import Problem
 
     fam = get_family("mma_decode")
     p = Problem(rows=1, E=8, H=256, I=128, k=2, dtype="float16")
-    off = fam.spec(config(BASE))
-    assert set(fam.scratch(off, "fc1", p)) == {"act"}
     with knobs.scope(mma_expert_flow=True):
         on = fam.spec(config(BASE))
     sc = fam.scratch(on, "fc1", p)

@@ -141,7 +141,7 @@ class MmaDecodeFamily(KernelFamily):
                  Scalar("H", "int32"), Scalar("I", "int32"), Scalar("KS", "int32"), Scalar("PF", "int32"),
                  *projection_args("fc1", sdt), *projection_args("fc3", sdt), *shared_args("fc1", sdt),
                  Scalar("zp_offset", "float32"), *ACT_SCALARS, Ptr("act", dt),
-                 Ptr("fc1_done", "uint32", nullable=True)),
+                 Ptr("fc1_done", "uint32")),
             ))
             out.append(KernelDef(
                 f"fc2_ng{ng}",
@@ -150,7 +150,7 @@ class MmaDecodeFamily(KernelFamily):
                  Scalar("k", "int32"), Scalar("H", "int32"), Scalar("I", "int32"), Scalar("KS", "int32"),
                  Scalar("PF", "int32"), *projection_args("fc2", sdt), *shared_args("fc2", sdt),
                  Scalar("zp_offset", "float32"), Ptr("y", "float32"), Ptr("counters", "uint32"), Ptr("out", dt),
-                 Ptr("fc1_done", "uint32", nullable=True), Ptr("fc2_seen", "uint32", nullable=True),
+                 Ptr("fc1_done", "uint32"), Ptr("fc2_seen", "uint32"),
                  Scalar("FC1_TILES", "int32")),
             ))
         return tuple(out)
@@ -191,9 +191,9 @@ class MmaDecodeFamily(KernelFamily):
     def scratch(self, spec: ModuleSpec, role: str, problem: Problem) -> dict[str, Slot]:
         R = problem.routes
         if role == "fc1":
-            out = {"act": Slot(R * problem.I * 2)}  # [R, I] T
-            if spec["expert_flow"]:  # [E + S] u32 each, zero between calls (FC2 resets them)
-                out |= {"fc1_done": Slot(4 * problem.experts, zero=True), "fc2_seen": Slot(4 * problem.experts, zero=True)}
-            return out
+            # act [R, I] T; the expert flow's counters [E + S] u32 each, zero between calls (FC2 resets
+            # them), declared with the flow off too so every argument binds by name (then never read)
+            return {"act": Slot(R * problem.I * 2), "fc1_done": Slot(4 * problem.experts, zero=True),
+                    "fc2_seen": Slot(4 * problem.experts, zero=True)}
         # y [R, H] f32; counters [ceil(H / 16) + 1] u32, zero between calls (the counting kernel resets them)
         return {"y": Slot(4 * R * problem.H), "counters": Slot(4 * (problem.H // 16 + 1), zero=True)}
