@@ -1,0 +1,121 @@
+"""Interleaved A/B of tuning knobs in one process: the same layer built once per knob setting, each
+captured as a CUDA graph, then timed in turns (round r times setting 0, 1, …, each ``--iters`` samples
+with the L2 flushed before every sample), so clock and thermal drift fall on every setting alike.
+A separate bench process per setting (decode_check.sh's ``ab`` section) sees ~3 % between runs of the
+same code; this tool is for differences smaller than that.
+
+    python3 tools/knob_ab.py --preset mixtral-8x7b,gpt-oss-120b --tokens 1,8 \
+        mma_expert_flow=0 mma_expert_flow=1 QMOE_RTC_MMA_TARGET_WARPS=6336
+
+A setting is ``name=value[,name=value]`` with knob names or their environment variables; ``base`` is
+the built-in defaults. Prints per point and setting the median of all samples, the spread of the round
+medians and the ratio to the first setting, and each setting's largest difference from the first
+setting's output relative to its largest element (the bench checks against the float64 reference).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+import cupy as cp
+import numpy as np
+
+from qmoe_rtc import knobs
+from qmoe_rtc.bench import Timer
+from qmoe_rtc.bench_layers import build_layer
+from qmoe_rtc.bench_report import BENCH_SHAPES
+from qmoe_rtc.executor import QMoE
+
+_BY_ENV = {k.env: k.name for k in knobs.KNOBS.values()}
+
+
+def parse_setting(text: str) -> dict:
+    """``name=value[,name=value]`` (knob names or environment variables) → overrides; ``base`` → {}."""
+    if text == "base":
+        return {}
+    out = {}
+    for item in text.split(","):
+        name, sep, value = item.partition("=")
+        name = _BY_ENV.get(name, name)
+        if not sep or name not in knobs.KNOBS:
+            raise SystemExit(f"setting {text!r}: {item!r} is not name=value with a knob name or variable")
+        out[name] = knobs.KNOBS[name].parse(value)
+    return out
+
+
+def point(timer, shape, T, layers, x, logits, rounds: int, iters: int) -> list[dict]:
+    """Graphs of every setting's layer on the same inputs, timed in turns; one row per setting."""
+    graphs = []
+    for setting, moe in layers:
+        with knobs.scope(**setting):
+            moe(x, logits)
+            g = moe.capture(x, logits)
+            g.output.fill(0x7FFF if g.output.dtype == cp.uint16 else np.nan)
+            g.replay()
+        graphs.append(g)
+    cp.cuda.get_current_stream().synchronize()
+    outs = [cp.asnumpy(g.output).astype(np.float32) if g.output.dtype != cp.uint16
+            else (cp.asnumpy(g.output).astype(np.uint32) << 16).view(np.float32) for g in graphs]
+    samples = [[] for _ in graphs]
+    per_round = [[] for _ in graphs]
+    for _ in range(rounds):
+        for i, g in enumerate(graphs):
+            s = timer.samples_us(g.replay, iters, 3)
+            samples[i] += s
+            per_round[i].append(statistics.median(s))
+    base = statistics.median(samples[0])
+    scale = float(np.max(np.abs(outs[0]))) or 1.0
+    rows = []
+    for i, (setting, _) in enumerate(layers):
+        med = statistics.median(samples[i])
+        rows.append(dict(shape=shape, T=T, setting=setting, median_us=med, round_min_us=min(per_round[i]),
+                         round_max_us=max(per_round[i]), ratio=med / base,
+                         finite=bool(np.isfinite(outs[i]).all()),
+                         rel_diff=float(np.max(np.abs(outs[i] - outs[0]))) / scale))
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("settings", nargs="+", help="name=value[,name=value] knob sets ('base': the defaults)")
+    p.add_argument("--preset", default="mixtral-8x7b")
+    p.add_argument("--tokens", default="1")
+    p.add_argument("--bits", type=int, default=4)
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--json", default=None)
+    a = p.parse_args(argv)
+    settings = [parse_setting(s) for s in a.settings]
+    timer = Timer(cp)
+    rows = []
+    print(f"{'shape':16} {'T':>3} {'setting':44} | {'median_us':>9} {'rounds':>13} {'ratio':>6} | rel_diff")
+    for name in a.preset.split(","):
+        shape = BENCH_SHAPES[name]
+        rs = cp.random.RandomState(0)
+        w, at = build_layer(cp, rs, shape, a.dtype, (a.bits, a.bits), shape.block_size, False)
+        layers = []
+        for s in settings:
+            with knobs.scope(**s):
+                layers.append((s, QMoE(**w, **at)))
+        for T in (int(t) for t in a.tokens.split(",")):
+            x = rs.standard_normal((T, shape.H), dtype=cp.float32)
+            x = (x.view(cp.uint32) >> 16).astype(cp.uint16) if a.dtype == "bfloat16" else x.astype(cp.float16)
+            logits = cp.asarray(2 * rs.standard_normal((T, shape.E)), dtype=cp.float32)
+            for r in point(timer, name, T, layers, x, logits, a.rounds, a.iters):
+                label = ",".join(f"{k}={v}" for k, v in r["setting"].items()) or "base"
+                print(f"{name:16} {T:>3} {label:44} | {r['median_us']:9.1f} {r['round_min_us']:6.1f}-"
+                      f"{r['round_max_us']:<6.1f} {r['ratio']:6.3f} | {r['rel_diff']:.1e}"
+                      + ("" if r["finite"] else "  NOT FINITE (unwritten output?)"), flush=True)
+                rows.append(r)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1, default=str)
+    return 0 if all(r["finite"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
