@@ -39,6 +39,11 @@ LAYOUTS = [
     (L(dtype="bfloat16", scale_dtype="float32", fc1_bits=3, fc2_bits=3, block_size=16, activation="swiglu",
        swiglu_fusion=2), 256, 128),
     (L(dtype="bfloat16", fc1_bits=3, fc2_bits=4, fc3_bits=3, has_fc3=True, block_size=0, activation="silu"), 256, 128),
+    # 3-bit packed zero points (two staged words: a zero point may straddle them): blocks of 16, row-wise + FC3
+    (L(dtype="float16", fc1_bits=3, fc2_bits=3, block_size=16, activation="swiglu", swiglu_fusion=1,
+       fc1_zp="packed", fc2_zp="packed"), 256, 128),
+    (L(dtype="bfloat16", fc1_bits=3, fc2_bits=3, fc3_bits=3, has_fc3=True, block_size=0, activation="silu",
+       fc3_zp="packed", fc2_zp="packed"), 512, 256),
 ]
 
 
@@ -49,9 +54,9 @@ def test_mma_eligibility():
     assert unsupported_reason(L(dtype="bfloat16", fc1_bits=8, fc2_bits=1, block_size=0, activation="relu")) is None
     assert unsupported_reason(L(dtype="bfloat16", fc1_bits=2, fc2_bits=1, block_size=32, activation="relu")) is None
     assert unsupported_reason(L(dtype="float16", fc1_bits=3, fc2_bits=4, block_size=16, activation="relu")) is None
+    assert unsupported_reason(L(dtype="float16", fc1_bits=3, fc2_bits=4, fc1_zp="packed", activation="relu")) is None
     cases = [
         (L(dtype="float32", fc1_bits=4, fc2_bits=4, activation="relu"), "float32"),
-        (L(dtype="float16", fc1_bits=3, fc2_bits=4, fc1_zp="packed", activation="relu"), "3-bit"),
         (L(dtype="float16", fc1_bits=4, fc2_bits=4, fc3_bits=8, has_fc3=True, activation="silu"), "FC3"),
         (L(dtype="float16", fc1_bits=4, fc2_bits=4, fc1_zp="offset", activation="relu"), "zero_point_offset"),
         (L(dtype="bfloat16", fc1_bits=1, fc2_bits=4, block_size=16, activation="relu"), "block_size 16"),

@@ -18,7 +18,8 @@ TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}
 
 #: 3-bit layers of the tensor-core suites (decode and prefill), as (name, random_layer kwargs, E, H, I):
 #: one 96-bit string per lane, pairs cut by funnel shifts; a scale per chunk, blocks of 16 with float32
-#: scales + FC3 + K % 128 != 0, row-wise, and 3-bit FC2 under 4-bit FC1 / FC3 with zero points
+#: scales + FC3 + K % 128 != 0, row-wise, 3-bit FC2 under 4-bit FC1 / FC3 with zero points, and packed
+#: 3-bit zero points (two staged words: a zero point may straddle them) with blocks of 16, 64 and row-wise
 TENSOR_CORE_3BIT = [
     ("b3-bs128-swiglu1", dict(bits=3, block_size=128, activation_type="swiglu", swiglu_fusion=1, k=4), 16, 256, 128),
     ("b3-bs16-f32-scales-silu-fc3", dict(bits=3, block_size=16, activation_type="silu", fc3=True, k=2,
@@ -26,6 +27,14 @@ TENSOR_CORE_3BIT = [
     ("b3-rowwise-gelu", dict(bits=3, block_size=0, activation_type="gelu", k=2), 8, 128, 64),
     ("mixed-4-3-4-fc3-zp", dict(bits=(4, 3, 4), block_size=32, zero_points=(True, False, True),
                                 activation_type="silu", fc3=True, k=2), 8, 128, 64),
+    ("b3-bs16-zp-swiglu1", dict(bits=3, block_size=16, zero_points=True, activation_type="swiglu", swiglu_fusion=1,
+                                k=2), 8, 256, 128),
+    ("b3-bs64-zp-silu-fc3", dict(bits=3, block_size=64, zero_points=True, activation_type="silu", fc3=True, k=4),
+     16, 192, 128),
+    ("b3-rowwise-zp-gelu-bias", dict(bits=3, block_size=0, zero_points=True, activation_type="gelu", k=2, bias=True),
+     8, 128, 96),
+    ("mixed-3-3-3-zp-fc3-only", dict(bits=3, block_size=32, zero_points=(False, True, True), activation_type="silu",
+                                     fc3=True, k=2), 8, 128, 64),
 ]
 
 

@@ -156,9 +156,10 @@ def test_modules_for_follows_the_pipeline_choice():
     call and the device); the others the SIMT ones, never both."""
     fams = {s.family for s in modules_for(config(BASE))}
     assert fams == {"route", "mma_decode", "mma_prefill", "wgmma_prefill"}
-    simt = {s.family for s in modules_for(config(dataclasses.replace(BASE, fc1_bits=3, fc1_zp="packed")))}
+    simt = {s.family for s in modules_for(config(dataclasses.replace(BASE, dtype="float32")))}
     assert simt == {"route", "gemv", "gemm"}
-    assert {s.family for s in modules_for(config(dataclasses.replace(BASE, fc1_bits=3)))} == fams  # 3-bit: tensor cores
+    for zp in ("none", "packed"):  # 3-bit: tensor cores, zero points or not
+        assert {s.family for s in modules_for(config(dataclasses.replace(BASE, fc1_bits=3, fc1_zp=zp)))} == fams
     assert {s.family for s in modules_for(config(BASE), variants=("decode",))} == {"route", "mma_decode"}
 
 

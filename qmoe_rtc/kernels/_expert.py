@@ -63,6 +63,15 @@ def shared_args(p: str, scale_dtype: str) -> tuple:
             Ptr(f"shared_{p}_bias", "float32", nullable=True))
 
 
+def meta_words(bits: int, scale_bytes: int, block_size: int, zp_packed: bool) -> int:
+    """4-byte meta words a tensor-core lane stages per row segment of 32 codes (core/lane_meta.cuh
+    MetaLayout::kWords): the scale word(s) — two float32 scales when the segment spans two blocks of
+    16 — then the zero-point word(s) when packed, two for 3-bit codes (a 3-bit zero point may straddle
+    two words)."""
+    scale = 2 if block_size == 16 and scale_bytes == 4 else 1
+    return scale + ((2 if bits == 3 else 1) if zp_packed else 0)
+
+
 #: The first compute capability with the e4m3 -> f16 conversion the tensor-core engines decode FP8 with.
 FP8_MIN_SM = 89
 
@@ -82,8 +91,6 @@ def tensor_core_unsupported(config: ModelConfig, problem=None) -> str | None:
         return (f"{layout.dtype} activations (the tensor-core engines compute in float16/bfloat16; TF32, with its "
                 "10-bit mantissa, would miss the float32 tolerance of 1e-5)")
     bits = [layout.bits(p) for p in layout.projections]
-    if any(layout.bits(p) == 3 and layout.zp(p) == "packed" for p in layout.projections):
-        return "3-bit weights with packed zero points (a 3-bit zero point may straddle the 32-bit word a lane copies)"
     if layout.has_fc3 and layout.fc3_bits != layout.fc1_bits:
         return "FC3 bit width differs from FC1's"
     if "offset" in [layout.zp(p) for p in layout.projections]:

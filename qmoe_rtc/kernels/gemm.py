@@ -1,6 +1,6 @@
 """Kernel family ``gemm``: the SIMT prefill engine (grouped float32 GEMMs), for the layouts the
-tensor-core prefill engine does not take (float32 activations, 3-bit codes with packed zero points,
-zero_point_offset).
+tensor-core prefill engine does not take (float32 activations, zero_point_offset, sizes not multiples
+of 32).
 
 Template ``cuda_src/engines/gemm_simt.cuh``: ``qmoe::fc1_gemm`` (FC1 [+FC3], activation fused, sorted
 order), ``qmoe::fc2_gemm`` (FC2 + bias, by route id); with ``group_by_expert`` and ``combine_routes``.

@@ -18,6 +18,7 @@ from ._expert import (
     EXPERT_FIELDS,
     expert_spec,
     gate_of,
+    meta_words,
     projection_args,
     shared_args,
     template_types,
@@ -51,8 +52,7 @@ def _stages() -> int:
 def ring_bytes(bits: int, scale_bytes: int, block_size: int, zp_packed: bool, stages: int) -> int:
     """Dynamic shared memory of one block (mma_ring.cuh MmaStage): 4 warps × stages × stage bytes."""
     kst = 1 if bits >= 8 else 8 // bits
-    nsb = 2 if block_size == 16 else 1
-    words = (2 if nsb == 2 and scale_bytes == 4 else 1) + (1 if zp_packed else 0)
+    words = meta_words(bits, scale_bytes, block_size, zp_packed)
     stage = kst * 2 * 32 * 4 * bits + kst * 2 * words * 32 * 4
     return WARPS * stages * stage
 

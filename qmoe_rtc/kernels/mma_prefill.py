@@ -16,6 +16,7 @@ from ._expert import (
     EXPERT_FIELDS,
     GROUP_ARGS,
     expert_spec,
+    meta_words,
     projection_args,
     shared_args,
     template_types,
@@ -58,9 +59,7 @@ def tile_routes(routes: int, E: int) -> int:
 
 def stage_bytes(bits: int, scale_bytes: int, block_size: int, zp_packed: bool, nr: int, warps: int = WARPS) -> int:
     """One pipeline stage (mma_prefill.cuh PfStage): activation tile + every warp's codes and meta words."""
-    words = 0
-    if block_size:
-        words = (2 if block_size == 16 and scale_bytes == 4 else 1) + (1 if zp_packed else 0)
+    words = meta_words(bits, scale_bytes, block_size, zp_packed) if block_size else 0
     warp = MW * 2 * 32 * 4 * bits + MW * 2 * words * 128
     return 8 * nr * 256 + warps * warp
 

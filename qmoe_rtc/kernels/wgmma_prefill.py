@@ -23,6 +23,7 @@ from ._expert import (
     EXPERT_FIELDS,
     GROUP_ARGS,
     expert_spec,
+    meta_words,
     projection_args,
     shared_args,
     template_types,
@@ -86,9 +87,7 @@ def wg_logical(n: int, bits: int) -> int:
 
 def stage_bytes(bits: int, scale_bytes: int, block_size: int, zp_packed: bool, br: int, groups: int = GROUPS) -> int:
     """One pipeline stage (wgmma_prefill.cuh WgStage), rounded to 1024 bytes."""
-    words = 0
-    if block_size:
-        words = (2 if block_size == 16 and scale_bytes == 4 else 1) + (1 if zp_packed else 0)
+    words = meta_words(bits, scale_bytes, block_size, zp_packed) if block_size else 0
     raw = br * 256 + 4 * groups * (2 * 32 * 4 * bits + 2 * words * 128)
     return (raw + 1023) // 1024 * 1024
 

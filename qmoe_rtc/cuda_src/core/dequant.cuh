@@ -107,6 +107,12 @@ template <typename ScaleT, int BITS, int BLOCK, int ZP> struct QuantParams {
     for (int i = 0; i < 8; ++i) w[i] = weight(q[i], sz);
   }
 
+  // Bit index in `zp` of the zero point of expert e, row n, block j (any width; a 3-bit zero point
+  // may straddle bytes and 32-bit words).
+  __device__ __forceinline__ i64 zp_bit(i32 e, i32 n, i32 j) const {
+    if constexpr (BLOCK == 0) return (i64)e * packed_bytes<BITS>(N) * 8 + (i64)n * BITS;
+    else return ((i64)e * N + n) * packed_bytes<BITS>(blocks_per_row()) * 8 + (i64)j * BITS;
+  }
   // Where fetch() reads the zero point, for kernels that copy the bytes themselves (cp.async) and
   // decode later (BITS 1/2/4/8: a zero-point code never straddles a byte).
   __device__ __forceinline__ i64 zp_byte(i32 e, i32 n, i32 j) const {

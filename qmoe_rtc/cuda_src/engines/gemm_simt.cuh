@@ -1,5 +1,5 @@
 // engines/gemm_simt.cuh: the SIMT prefill engine, for layouts the tensor-core engine does not take
-// (float32 activations, 3-bit codes with packed zero points, zero_point_offset): grouped GEMMs over
+// (float32 activations, zero_point_offset, sizes not multiples of 32): grouped GEMMs over
 // expert-contiguous routes (routing/group.cuh) in float32, then the weighted combine (epilogue/combine.cuh).
 //
 //   sorted        [R]       i32   route ids in expert order; offsets / tile_offsets [E + 1] i32

@@ -26,9 +26,8 @@
 // A block = 4 warps = MT row tiles × KS slices of K (MT·KS = 4, KS a launch argument); the KS
 // partial sums are added in a fixed order (deterministic). A route group of 8·NG routes shares the
 // dequantized A fragments; experts with more routes take several passes.
-// Not covered (the executor uses the SIMT gemv kernels and logs why): float32 activations, 3-bit
-// codes with packed zero points, zero_point_offset, FC3 with a bit width other than FC1's, 1-bit
-// with block 16, K % 32 ≠ 0.
+// Not covered (the executor uses the SIMT gemv kernels and logs why): float32 activations,
+// zero_point_offset, FC3 with a bit width other than FC1's, 1-bit with block 16, K % 32 ≠ 0.
 #pragma once
 
 #include "core/experts.cuh"

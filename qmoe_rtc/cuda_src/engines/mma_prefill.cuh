@@ -18,9 +18,8 @@
 // 16-byte loads) and each warp's codes + scale / zero-point words (core/lane_meta.cuh).
 // Scales: row-wise — the mma sums the exact (q − zp)·x and the epilogue applies the row scale;
 // block-wise — each pair is scaled in T before the mma (rounded once, like a dequantize-to-T GEMM).
-// Not covered (the executor runs the SIMT engine and says why): float32 activations, 3-bit codes
-// with packed zero points, zero_point_offset, FC3 with a bit width other than FC1's, 1-bit with
-// block 16, K % 32 ≠ 0.
+// Not covered (the executor runs the SIMT engine and says why): float32 activations,
+// zero_point_offset, FC3 with a bit width other than FC1's, 1-bit with block 16, K % 32 ≠ 0.
 #pragma once
 
 #include "core/cp_async.cuh"
@@ -61,7 +60,7 @@ constexpr int kPfStages = QMOE_PF_STAGES;
 template <int B, typename ScaleT, int BLOCK, bool ZPW, int NR> struct PfStage {
   static constexpr int kBR = 8 * NR;
   static constexpr int kXBytes = kBR * 256;
-  static constexpr int kWords = BLOCK ? MetaLayout<ScaleT, BLOCK, ZPW>::kWords : 0;
+  static constexpr int kWords = BLOCK ? MetaLayout<ScaleT, BLOCK, ZPW, B>::kWords : 0;
   static constexpr int kCB = 4 * B;  // code bytes per lane row per chunk
   static constexpr int kWarpCodes = kPfMW * 2 * 32 * kCB;
   static constexpr int kWarpBytes = kWarpCodes + kPfMW * 2 * kWords * 128;

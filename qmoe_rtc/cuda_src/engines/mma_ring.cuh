@@ -50,7 +50,7 @@ template <int NG> constexpr int mma_min_blocks() { return NG == 1 ? QMOE_MMA_MIN
 template <int B, typename ScaleT, int BLOCK, bool ZPW> struct MmaStage {
   static constexpr int KST = B >= 8 ? 1 : 8 / B;
   static constexpr int NSB = MetaLayout<ScaleT, BLOCK, ZPW>::NSB;  // scale blocks per lane chunk
-  static constexpr int kWords = MetaLayout<ScaleT, BLOCK, ZPW>::kWords;
+  static constexpr int kWords = MetaLayout<ScaleT, BLOCK, ZPW, B>::kWords;
   static constexpr int kCodeBytes = 4 * B;  // per lane, row, chunk
   static constexpr int kCodes = KST * 2 * 32 * kCodeBytes;
   static constexpr int kBytes = kCodes + KST * 2 * kWords * 32 * 4;

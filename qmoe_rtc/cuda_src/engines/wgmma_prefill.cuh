@@ -70,7 +70,7 @@ template <int B> __device__ __forceinline__ i32 wg_pos(i32 o) { return (o & ~127
 //   meta  [warps][2 rows][kWords][32] u32       their scale / zp words (block-wise scales only)
 template <int B, typename ScaleT, int BLOCK, bool ZPW, int BR> struct WgStage {
   static constexpr int kXBytes = BR * 256;
-  static constexpr int kWords = BLOCK ? MetaLayout<ScaleT, BLOCK, ZPW>::kWords : 0;
+  static constexpr int kWords = BLOCK ? MetaLayout<ScaleT, BLOCK, ZPW, B>::kWords : 0;
   static constexpr int kCB = 4 * B;
   static constexpr int kWarpCodes = 2 * 32 * kCB;
   static constexpr int kWarpBytes = kWarpCodes + 2 * kWords * 128;
