@@ -3,7 +3,10 @@
 #   tests  the GPU tests of what the decode work touches (TESTS to change them)
 #   ab     the decode bench once per setting of AB (space-separated "NAME=V,NAME=V" knob sets; default
 #          QMOE_RTC_PDL=0 then =1: programmatic dependent launch off / on), same shapes, same machine
-#   bits   int2 / int3 / int4 at 1 token (mixtral, gpt-oss): the narrow-code target
+#   bits   int2 / int3 / int4 at 1 token (mixtral, gpt-oss): the narrow-code target (BITS_ARGS: more bench
+#          options, e.g. --zero-points)
+#   knobab tools/knob_ab.py: the settings of KNOB_AB (default expert flow off / on) timed in turns in one
+#          process (KNOB_AB_SHAPES, KNOB_AB_TOKENS): for differences below the ~3 % between bench processes
 #   peers  humming, humming_g and vLLM's Marlin MoE beside qmoe_rtc in one process (.whl/, .peers/, .marlin/)
 #   probe  tools/stream_probe.py: the weight stream's own rate, no arithmetic (row-major vs tiled, ring depth)
 #   ncu    warp stall reasons, memory and occupancy of FC1 / FC2 at 1 token (NCU_SHAPES: "shape" or "shape:bits"
@@ -39,7 +42,7 @@ fi
 if has bits; then
   stamp bits
   timeout "$(left "${BITS_TIMEOUT:-150}")" python3 -m qmoe_rtc bench --preset mixtral-8x7b,gpt-oss-120b --dtype bfloat16 --tokens 1 \
-    --bits 2 --bits 3 --bits 4 --iters 50 --no-torch --no-eager --check-rows 8 --json "$OUT/bench_bits.json" 2>&1 \
+    --bits 2 --bits 3 --bits 4 --iters 50 --no-torch --no-eager --check-rows 8 ${BITS_ARGS:-} --json "$OUT/bench_bits.json" 2>&1 \
     | tee "$OUT/bench_bits.txt" | grep -E "^(mixtral|gpt)|target|error" | head -20
 fi
 
@@ -51,6 +54,12 @@ if has peers && ls .whl/humming_kernels-*.whl >/dev/null 2>&1 && [ -f .peers/ben
   timeout "$(left "${PEERS_TIMEOUT:-300}")" python3 .peers/bench_peers.py --humming-site /tmp/hsite --qmoe-path . "${marlin[@]}" \
     --peers "${PEERS:-$peers}" --tokens "${PEER_TOKENS:-1,2,4,8,16,32,64}" --out "$OUT/peers.json" 2>&1 \
     | tee "$OUT/peers.txt" | grep -vE "^# (humming|marlin) prep|Deprecation|return g.replay" | tail -45
+fi
+if has knobab; then
+  stamp knobab
+  timeout "$(left "${KNOB_AB_TIMEOUT:-150}")" python3 tools/knob_ab.py ${KNOB_AB:-mma_expert_flow=0 mma_expert_flow=1} \
+    --preset "${KNOB_AB_SHAPES:-mixtral-8x7b,gpt-oss-120b}" --tokens "${KNOB_AB_TOKENS:-1,8}" --json "$OUT/knob_ab.json" 2>&1 \
+    | tee "$OUT/knob_ab.txt" | tail -40
 fi
 if has probe; then
   stamp probe
