@@ -127,8 +127,9 @@ __device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* __restrict
     // scale blocks below a chunk (more meta words per chunk; gpt-oss-120b int4 block 32 measured
     // 58.7 -> 55.0 us at 1 token on the H200, docs/performance.md session 8), and for every width with
     // QMOE_MMA_ROLL_COPIES (int4 FC1 96 -> 72 registers; block 128 measured within noise, +-0.7 us);
-    // COOP: rolled, its FC2 spilled 8 bytes unrolled (NVRTC 13.5)
-#pragma unroll(QMOE_MMA_ROLL_COPIES || KST > 2 || !kFactor || COOP ? 1 : KST)
+    // COOP: rolled, its FC2 spilled 8 bytes unrolled (NVRTC 13.5); packed zero points (kZpw): rolled,
+    // block 128 spilled 24-140 bytes unrolled (mixtral int4 163.9 us vs 126 without zero points)
+#pragma unroll(QMOE_MMA_ROLL_COPIES || KST > 2 || !kFactor || COOP || kZpw ? 1 : KST)
     for (int u = 0; u < KST; ++u) {
       const i32 c = c0 + u * KS, k0 = c * kMmaChunk + 32 * t;
       if (c >= nch) break;  // warp-uniform
