@@ -1,6 +1,7 @@
 """The tensor-core decode engine's K split (CPU only): the warp target, then the one-wave rule --
 halve the split when that turns a grid a little past the resident blocks into one wave without long
-chunks per warp, and only then (kernels/mma_decode.py k_split)."""
+chunks per warp, and only then -- then the deep-K rule: double it for a grid of one to two waves whose
+warps keep at least DEEP_CHUNKS chunks (kernels/mma_decode.py k_split)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 
 from qmoe_rtc import knobs
 from qmoe_rtc.errors import QMoEAttributeError
-from qmoe_rtc.kernels.mma_decode import MIN_BLOCKS, ONE_WAVE_CHUNKS, RESIDENT_SMS, k_split
+from qmoe_rtc.kernels.mma_decode import DEEP_CHUNKS, MIN_BLOCKS, ONE_WAVE_CHUNKS, RESIDENT_SMS, k_split
 
 
 @pytest.mark.parametrize("what, tiles, experts, K, ng, want, want_off", [
@@ -19,9 +20,34 @@ from qmoe_rtc.kernels.mma_decode import MIN_BLOCKS, ONE_WAVE_CHUNKS, RESIDENT_SM
     ("mixtral FC1, 1 token: no split to halve", 1792, 2, 4096, 1, 1, 1),
 ])
 def test_one_wave_rule(what, tiles, experts, K, ng, want, want_off):
-    assert k_split(tiles, experts, K, ng) == want, what
-    with knobs.scope(mma_one_wave=False):
-        assert k_split(tiles, experts, K, ng) == want_off, what
+    with knobs.scope(mma_deep_split=False):
+        assert k_split(tiles, experts, K, ng) == want, what
+        with knobs.scope(mma_one_wave=False):
+            assert k_split(tiles, experts, K, ng) == want_off, what
+
+
+@pytest.mark.parametrize("what, tiles, experts, K, want, want_off", [
+    ("mixtral FC1, 1 token: 896 blocks (1.4 waves), 32 chunks -> 16 a warp at split 2", 1792, 2, 4096, 2, 1),
+    ("mixtral FC2, 8 tokens: 1024 blocks, 112 chunks -> 28 a warp at split 4", 256, 8, 14336, 4, 2),
+    ("ort-2048 FC1, 8 tokens: 1024 blocks but 16 chunks (4 a warp at split 4)", 256, 8, 2048, 2, 2),
+    ("qwen3-30b FC1, 8 tokens: 1536 blocks, past two waves", 96, 64, 2048, 1, 1),
+    ("gpt-oss-120b FC2, 8 tokens: 1440 blocks, past two waves", 180, 32, 2880, 1, 1),
+    ("mixtral FC1, 8 tokens: 3584 blocks", 1792, 8, 4096, 1, 1),
+    ("gpt-oss-120b FC1, 1 token: split 4 already", 360, 4, 2880, 4, 4),
+])
+def test_deep_split_rule(what, tiles, experts, K, want, want_off):
+    assert DEEP_CHUNKS == 16 and RESIDENT_SMS * MIN_BLOCKS[1] == 660
+    assert k_split(tiles, experts, K, 1) == want, what
+    with knobs.scope(mma_deep_split=False):
+        assert k_split(tiles, experts, K, 1) == want_off, what
+
+
+def test_deep_split_rule_is_for_route_groups_of_8():
+    """Measured for up to 8 tokens only: the 16- and 32-route kernels keep the other rules' split."""
+    assert k_split(1792, 2, 4096, 1) == 2
+    with knobs.scope(mma_deep_split=False):
+        off = k_split(1792, 2, 4096, 2)
+    assert k_split(1792, 2, 4096, 2) == off
 
 
 def test_one_wave_rule_counts_the_route_groups_resident_blocks():

@@ -1,8 +1,9 @@
-"""The decode engine with the expert flow (QMOE_RTC_MMA_EXPERT_FLOW: FC2's blocks of an expert wait for
-that expert's FC1 blocks, counted in scratch, instead of the whole FC1 grid) vs the float64 reference
-on the GPU: poisoned outputs, every row count of the decode path, the counters back at zero after
-every call (a count left over would let the next call's FC2 read act early), graph replay = eager
-bitwise."""
+"""The decode engine with and without the expert flow (QMOE_RTC_MMA_EXPERT_FLOW, on by default: FC2's
+blocks of an expert wait for that expert's FC1 blocks, counted in scratch, instead of the whole FC1
+grid; off: the whole-grid wait) vs the float64 reference on the GPU: poisoned outputs, every row count
+of the decode path, the counters back at zero after every call (a count left over would let the next
+call's FC2 read act early), the two modes bitwise equal (the same sums in the same order), graph
+replay = eager bitwise."""
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from qmoe_rtc.reference import qmoe as reference
 pytestmark = pytest.mark.gpu
 
 #: read by tools/precompile.py: the modules of LAYERS are compiled with these knobs
-PRECOMPILE_KNOBS = {"mma_expert_flow": True}
+PRECOMPILE_KNOBS = [{"mma_expert_flow": True}, {"mma_expert_flow": False}]
 
 # (name, random_layer kwargs, E, H, I, dtype): one expert's many tiles (FC1 K split 1), experts hit
 # by several routes (duplicate blocks), FC3 + zero points, 3-bit with the warp's shared copies, a shared expert
@@ -46,7 +47,7 @@ def _counters_zero(moe):
 
 
 @pytest.mark.parametrize("name, kw, E, H, I, dtype", LAYERS, ids=[c[0] for c in LAYERS])
-def test_expert_flow_vs_reference(rng, name, kw, E, H, I, dtype):
+def test_expert_flow_vs_reference_and_the_whole_grid_wait(rng, name, kw, E, H, I, dtype):
     import cupy as cp
 
     from qmoe_rtc.executor import QMoE
@@ -54,18 +55,27 @@ def test_expert_flow_vs_reference(rng, name, kw, E, H, I, dtype):
     kw = dict(kw)
     k = kw.pop("k")
     w, a = random_layer(rng, E=E, H=H, I=I, k=k, dtype=dtype, **kw)
-    with knobs.scope(mma_expert_flow=True):
-        moe = QMoE(**to_dev(w), **a, decode_max_routes=512)
-        for rows in ROWS:
-            plan = moe.plan(rows, dtype, "float32")
-            assert plan.engine == "decode-mma" and any(s.spec.get("expert_flow") for s in plan.steps), (name, rows)
-            for _ in range(2):  # twice: the second call runs on the counters the first one reset
-                x, lg, _ = random_inputs(rng, rows, H, E, dtype)
-                out = cp.full(x.shape, cp.nan, dtype=x.dtype)
-                moe(cp.asarray(x), cp.asarray(lg), out=out)
-                e = rel_err(cp.asnumpy(out), reference(x, lg, **w, **a))
-                assert e <= TOL[dtype], f"{name} {dtype} rows={rows}: rel err {e:.3e}"
+    layers = {}
+    for flow in (True, False):
+        with knobs.scope(mma_expert_flow=flow):
+            layers[flow] = QMoE(**to_dev(w), **a, decode_max_routes=512)
+            for rows in ROWS:
+                plan = layers[flow].plan(rows, dtype, "float32")
+                assert plan.engine == "decode-mma", (name, rows)
+                assert any(s.spec.get("expert_flow") for s in plan.steps) is flow, (name, rows, flow)
+    for rows in ROWS:
+        for _ in range(2):  # twice: the second call runs on the counters the first one reset
+            x, lg, _ = random_inputs(rng, rows, H, E, dtype)
+            outs = {}
+            for flow, moe in layers.items():
+                out = outs[flow] = cp.full(x.shape, cp.nan, dtype=x.dtype)
+                with knobs.scope(mma_expert_flow=flow):
+                    moe(cp.asarray(x), cp.asarray(lg), out=out)
                 _counters_zero(moe)
+            y = cp.asnumpy(outs[True])
+            e = rel_err(y, reference(x, lg, **w, **a))
+            assert e <= TOL[dtype], f"{name} {dtype} rows={rows}: rel err {e:.3e}"
+            np.testing.assert_array_equal(y, cp.asnumpy(outs[False]), err_msg=f"{name} rows={rows}: flow on != off")
 
 
 def test_expert_flow_with_a_shared_expert(rng):

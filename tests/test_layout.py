@@ -180,13 +180,14 @@ def test_stage_knobs_change_the_spec_and_the_unit_key(family, knob, field):
     assert cache_key(four, "sm_90") != cache_key(default, "sm_90")
 
 
-@pytest.mark.parametrize("knob, field", [("mma_roll_copies", "roll_copies"), ("mma_expert_flow", "expert_flow")])
-def test_decode_bool_knobs_change_the_spec_and_the_unit_key(knob, field):
+@pytest.mark.parametrize("knob, field, default_value", [("mma_roll_copies", "roll_copies", False),
+                                                        ("mma_expert_flow", "expert_flow", True)])
+def test_decode_bool_knobs_change_the_spec_and_the_unit_key(knob, field, default_value):
     fam = get_family("mma_decode")
     default = fam.spec(config(BASE))
-    with knobs.scope(**{knob: True}):
+    with knobs.scope(**{knob: not default_value}):
         on = fam.spec(config(BASE))
-    assert on[field] is True and default[field] is False and on.name != default.name
+    assert on[field] is (not default_value) and default[field] is default_value and on.name != default.name
     assert fam.unit(on).defines != fam.unit(default).defines
     assert cache_key(on, "sm_90") != cache_key(default, "sm_90")
 

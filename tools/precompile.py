@@ -31,8 +31,10 @@ def specs() -> list:
     rng = np.random.default_rng(0)
     for name in SUITES:
         mod = importlib.import_module(name)
-        with knobs.scope(**getattr(mod, "PRECOMPILE_KNOBS", {})):  # a suite's code-changing knobs
-            _add_specs(mod.LAYERS, rng, seen)
+        sets = getattr(mod, "PRECOMPILE_KNOBS", {})  # a suite's code-changing knobs: one set or a list of sets
+        for kn in sets if isinstance(sets, list) else [sets]:
+            with knobs.scope(**kn):
+                _add_specs(mod.LAYERS, rng, seen)
     return list(seen)
 
 

@@ -39,6 +39,7 @@ RESIDENT_SMS = 132  # SMs the split rules are tuned for (an H200; TARGET_WARPS a
 MIN_BLOCKS = {1: 5, 2: 4, 4: 3}  # mma_min_blocks<NG>: resident blocks per SM the registers are set for
 MIN_BLOCKS_ALLOWED = (4, 5, 6, 7, 8)  # QMOE_RTC_MMA_MIN_BLOCKS (NG 1 only: route groups of 8, up to 8 tokens)
 ONE_WAVE_CHUNKS = 8  # most 128-code chunks per warp the one-wave rule of k_split accepts
+DEEP_CHUNKS = 16  # fewest 128-code chunks per warp the deep-K rule of k_split leaves
 PREFETCH_CHUNKS = 4  # chunks of its two rows a warp warms L2 with before the route scan (kernel scalar PF)
 
 
@@ -84,17 +85,29 @@ def k_split(tiles: int, experts: int, K: int, ng: int = 1, per_sm: int | None = 
     one wave with at most ``ONE_WAVE_CHUNKS`` chunks per warp, half it is. Measured on the H200 in one
     process (docs/performance.md, session 6):
     qwen3-30b-a3b's FC1 at 1 token (768 blocks for 660 resident, or 384) took the layer 34.4 → 31.1 µs,
-    while halving where the half still spills or runs long chunks lost (gpt-oss-120b 56.5 → 57.9 / 65.8)."""
+    while halving where the half still spills or runs long chunks lost (gpt-oss-120b 56.5 → 57.9 / 65.8).
+    Last the deep-K rule (route groups of 8 only, where it was measured): a grid of one to two waves
+    whose K is long enough that twice the split still leaves every warp ``DEEP_CHUNKS`` chunks splits
+    twice as deep -- twice the warps over the same bytes, the second wave no longer mostly idle.
+    Measured on the H200 in one process, layers timed in turns (session 9): mixtral-8x7b FC1 at 1 token
+    (896 blocks, 32 chunks) 126.1 → 121.6 µs, its FC2 at 8 tokens (1024 blocks, 112 chunks) 375.2 →
+    366.6; the short-K grids it leaves alone measured slower split deeper (ort-2048 FC1 at 8 tokens,
+    16 chunks: +2.2 %, qwen3-30b-a3b FC1 at 8 tokens, 2.3 waves: +3.4 %)."""
     target = knobs.get("mma_target_warps") or TARGET_WARPS
     chunks = (K + 127) // 128
+    resident = RESIDENT_SMS * (per_sm or MIN_BLOCKS[ng])
+
+    def blocks(s: int) -> int:  # grid.x · experts (grid.x = tiles / (WARPS / s))
+        return experts * ((tiles * s + WARPS - 1) // WARPS)
+
     ks = next((s for s in (1, 2, 4) if tiles * experts * s >= target or chunks < 2 * 2 * s), 4)
     if ks > 1 and knobs.get("mma_one_wave"):
-        resident = RESIDENT_SMS * (per_sm or MIN_BLOCKS[ng])
         half = ks // 2
-        blocks = experts * ((tiles * ks + WARPS - 1) // WARPS)  # grid.x · experts (grid.x = tiles / (WARPS / ks))
-        blocks_half = experts * ((tiles * half + WARPS - 1) // WARPS)
-        if blocks > resident >= blocks_half and (chunks + half - 1) // half <= ONE_WAVE_CHUNKS:
+        if blocks(ks) > resident >= blocks(half) and (chunks + half - 1) // half <= ONE_WAVE_CHUNKS:
             ks = half
+    if (ks < 4 and ng == 1 and knobs.get("mma_deep_split") and resident < blocks(ks) < 2 * resident
+            and chunks >= DEEP_CHUNKS * 2 * ks):
+        ks *= 2
     return ks
 
 
