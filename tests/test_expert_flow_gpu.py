@@ -7,7 +7,7 @@ replay = eager bitwise."""
 
 import numpy as np
 import pytest
-from test_executor_gpu import TOL, rel_err, to_dev
+from test_executor_gpu import TOL, check_graph_replay_equals_eager, rel_err, to_dev
 
 from qmoe_rtc import knobs
 from qmoe_rtc.random_layer import random_inputs, random_layer
@@ -99,25 +99,15 @@ def test_expert_flow_with_a_shared_expert(rng):
             _counters_zero(moe)
 
 
-def test_expert_flow_graph_replay_matches_eager_bitwise(rng):
-    import cupy as cp
-
+@pytest.mark.parametrize("flow", [True, False], ids=["flow", "whole-grid-wait"])
+def test_expert_flow_graph_replay_matches_eager_bitwise(rng, flow):
     from qmoe_rtc.executor import QMoE
 
     E, H, I = 32, 256, 128
     w, a = random_layer(rng, E=E, H=H, I=I, k=4, bits=4, block_size=128, dtype="float16", activation_type="swiglu",
                         swiglu_fusion=1, normalize_routing_weights=1)
-    with knobs.scope(mma_expert_flow=True):
+    with knobs.scope(mma_expert_flow=flow):
         moe = QMoE(**to_dev(w), **a)
         for rows in (1, 3):
-            x0, l0, _ = random_inputs(rng, rows, H, E, "float16")
-            g = moe.capture(cp.asarray(x0), cp.asarray(l0))
-            for _ in range(3):
-                x, lg, _ = random_inputs(rng, rows, H, E, "float16")
-                g.output.fill(cp.nan)
-                g.update(cp.asarray(x), cp.asarray(lg))
-                y_graph = cp.asnumpy(g.replay()).copy()
-                y_eager = cp.asnumpy(moe(cp.asarray(x), cp.asarray(lg)))
-                np.testing.assert_array_equal(y_graph, y_eager)
-                assert rel_err(y_graph, reference(x, lg, **w, **a)) <= TOL["float16"]
+            check_graph_replay_equals_eager(rng, moe, rows, H, E, w, a)
             _counters_zero(moe)
