@@ -3,21 +3,18 @@ environment) and its --help; the A/B itself runs on a GPU."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from test_soak_tool import load_tool
 
 TOOL = Path(__file__).resolve().parent.parent / "tools" / "knob_ab.py"
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("knob_ab_tool", TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool(TOOL, "knob_ab_tool")
 
 
 def test_settings_take_knob_names_and_variables_typed():

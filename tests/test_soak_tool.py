@@ -13,11 +13,16 @@ REPO = Path(__file__).resolve().parent.parent
 SOAK = REPO / "tools" / "soak.py"
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("soak_tool", SOAK)
+def load_tool(path: Path, name: str):
+    """A script under tools/ loaded as a module (tools/ is not a package); also used by other tool tests."""
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def _load():
+    return load_tool(SOAK, "soak_tool")
 
 
 def test_help_works_without_a_gpu_and_imports_nothing_heavy():
