@@ -21,6 +21,8 @@ import threading
 import time
 from collections.abc import Sequence
 
+from .cli_args import csv, positive
+
 __all__ = ["main", "build_parser", "plan"]
 
 _EXAMPLES = """examples:
@@ -33,23 +35,6 @@ _EXAMPLES = """examples:
 exit status: 0 every planned module is on disk and loads; 1 some module failed or was not stored;
 2 bad arguments, a bad QMOE_RTC_* value, or a cache directory that cannot store.
 """
-
-
-def _csv(kind):
-    def parse(text: str):
-        return [kind(x) for x in text.split(",") if x.strip()]
-
-    return parse
-
-
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return v
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,20 +60,20 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the layer computes its logits from router_weight in the activation dtype (default: the "
                           "preset's)")
     q = p.add_argument_group("quantization / codegen (comma lists give every combination)")
-    q.add_argument("--format", type=_csv(str), default=["int"], metavar="FMT[,FMT...]",
+    q.add_argument("--format", type=csv(str), default=["int"], metavar="FMT[,FMT...]",
                    help=f"expert formats, from {', '.join(QUANT_FORMATS)} (default: int); fp8: FP8 e4m3 experts "
                         "(8-bit codes, no zero points: --bits and --zero-points do not apply; float32 scales unless "
                         "--scale-dtype; --block-size 0 = one global scale per expert; no shared experts)")
-    q.add_argument("--bits", type=_csv(int), metavar="B[,B...]",
+    q.add_argument("--bits", type=csv(int), metavar="B[,B...]",
                    help="bits of every projection, e.g. 4 or 2,4 (default: the preset's, else 4)")
     q.add_argument("--fc1-bits", type=int, metavar="B", help="bits of FC1 only (default: --bits)")
     q.add_argument("--fc2-bits", type=int, metavar="B", help="bits of FC2 only (default: --bits)")
     q.add_argument("--fc3-bits", type=int, metavar="B", help="bits of FC3 only, with --fc3 (default: --bits)")
-    q.add_argument("--block-size", type=_csv(int), metavar="BS[,BS...]",
+    q.add_argument("--block-size", type=csv(int), metavar="BS[,BS...]",
                    help="quantization block size; 0 = one scale per row (default: the preset's, else 0)")
-    q.add_argument("--zero-points", type=_csv(str), default=["none"], metavar="MODE[,MODE...]",
+    q.add_argument("--zero-points", type=csv(str), default=["none"], metavar="MODE[,MODE...]",
                    help=f"zero-point modes, from {', '.join(ZP_MODES)} (default: none)")
-    q.add_argument("--dtype", type=_csv(str), default=["float16"], metavar="DTYPE[,DTYPE...]",
+    q.add_argument("--dtype", type=csv(str), default=["float16"], metavar="DTYPE[,DTYPE...]",
                    help=f"activation dtypes, from {', '.join(DTYPES)} (default: float16)")
     q.add_argument("--scale-dtype", default="", metavar="DTYPE",
                    help="dtype of the scales: float32 or the activation dtype (default: the activation dtype)")
@@ -98,12 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gate/linear rows of FC1: 1 interleaved, 2 halves, 0 linear half from FC3 "
                         "(default: the preset's, else 1 for swiglu/geglu without --fc3)")
     q.add_argument("--fc3", action="store_true", default=None, help="the layer has FC3 (a separate linear/up projection)")
-    q.add_argument("--variants", type=_csv(str), default=["decode", "prefill"], metavar="PATH[,PATH...]",
+    q.add_argument("--variants", type=csv(str), default=["decode", "prefill"], metavar="PATH[,PATH...]",
                    help="paths to build: decode, prefill (default: both)")
     r = p.add_argument_group("run")
     r.add_argument("--arch", action="append", metavar="sm_XX",
                    help="target: sm_80, sm_86, sm_89, sm_90, sm_90a (repeat for several; default: this machine's GPU)")
-    r.add_argument("--jobs", "-j", type=_positive, default=None, metavar="N",
+    r.add_argument("--jobs", "-j", type=positive, default=None, metavar="N",
                    help="worker processes (default: $QMOE_RTC_JOBS, else the number of CPUs)")
     r.add_argument("--cache-dir", metavar="DIR", help="cache directory (default: $QMOE_RTC_CACHE_DIR, else ~/.cache/qmoe_rtc)")
     r.add_argument("--list", action="store_true", help="print the plan (modules per arch) and exit; compiles nothing")

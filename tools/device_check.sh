@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# One call on the GPU machine: environment, parallel precompile, the GPU test suites, a memcheck of one
-# prefill and one decode call, then the benchmark (decode, prefill, host cost) and, when the humming
+# One call on the GPU machine: environment, parallel precompile, the GPU test suites, compute-sanitizer
+# over every engine, then the benchmark (decode, prefill, host cost) and, when the humming
 # wheel and a copy of the peers script are carried (.whl/, .peers/), the peers side by side.
-#   SECTIONS="tests memcheck bench peers ab extra ext soak racecheck" bash tools/device_check.sh   (logs under $OUT or ./out)
+#   SECTIONS="tests sanitize stress bench peers ab extra ext soak" bash tools/device_check.sh   (logs under $OUT or ./out)
 # suite: the whole GPU suite as SHARDS (default 3) pytest processes side by side (~3x faster than tests;
 # the launch-overlap file first, alone).
 # ab: both prefill engines forced; extra: fbgemm_w4 (.whl_fb/) and marlin (.marlin/*.so) peers; soak: tools/soak.py;
 # ext: tools/ext_bench.sh (shared experts + router GEMM targets, FP8 vs int8).
-# Knobs: TESTS (pytest paths), BENCH_ARGS, PEER_TOKENS, PEERS, *_TIMEOUT.
+# sanitize: tools/sanitize_case.py (every engine) under each of SANITIZERS (default memcheck racecheck synccheck).
+# stress: python -m qmoe_rtc stress (STRESS_ARGS; default 16 processes, 1000 layer-runs per engine to pass).
+# Knobs: TESTS (pytest paths), BENCH_ARGS, PEER_TOKENS, PEERS, SANITIZERS, SANITIZE_ARGS, STRESS_ARGS, *_TIMEOUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-SECTIONS="${SECTIONS:-tests memcheck bench}"
+SECTIONS="${SECTIONS:-tests sanitize bench}"
 . tools/device_env.sh
 
 python3 -m qmoe_rtc info 2>&1 | tee "$OUT/info.txt" | grep -E "GPU 0|NVRTC|cupy|cuda-bindings|driver"
@@ -42,10 +44,20 @@ if has suite; then  # the whole GPU suite in SHARDS parallel pytest processes (o
   done
 fi
 
-if has memcheck; then
-  stamp memcheck
-  timeout "${MEMCHECK_TIMEOUT:-150}" compute-sanitizer --tool memcheck --report-api-errors no --print-limit 10 python3 tools/sanitize_case.py \
-    2>&1 | tee "$OUT/memcheck.txt" | tail -8
+if has sanitize; then  # every engine's forwards under each compute-sanitizer tool
+  for tool in ${SANITIZERS:-memcheck racecheck synccheck}; do
+    stamp "$tool"
+    # shellcheck disable=SC2086
+    timeout "$(left "${SANITIZE_TIMEOUT:-200}")" compute-sanitizer --tool "$tool" --report-api-errors no --print-limit 10 \
+      python3 tools/sanitize_case.py ${SANITIZE_ARGS:-} 2>&1 | tee "$OUT/$tool.txt" | grep -E "SUMMARY|sanitize_case|FAILED|rror" | tail -6
+  done
+fi
+
+if has stress; then  # contention: N processes at once, replay = eager bitwise = reference, every engine
+  stamp stress
+  # shellcheck disable=SC2086
+  timeout "$(left "${STRESS_TIMEOUT:-400}")" python3 -m qmoe_rtc stress ${STRESS_ARGS:---procs 16 --seconds 240 --min-runs 1000} \
+    --json "$OUT/stress.json" 2>&1 | tee "$OUT/stress.txt" | tail -30
 fi
 
 if has bench; then
@@ -99,11 +111,4 @@ if has soak && [ -f tools/soak.py ]; then
   timeout "${SOAK_TIMEOUT:-240}" python3 tools/soak.py 2>&1 | tee "$OUT/soak.txt" | tail -25
 fi
 
-if has racecheck; then  # the decode kernels under racecheck and synccheck
-  for tool in racecheck synccheck; do
-    stamp "$tool"
-    timeout "${RACE_TIMEOUT:-200}" compute-sanitizer --tool $tool --report-api-errors no --print-limit 10 python3 tools/sanitize_case.py \
-      2>&1 | tee "$OUT/$tool.txt" | tail -4
-  done
-fi
 stamp done

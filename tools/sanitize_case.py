@@ -1,11 +1,16 @@
-"""A few small forwards through every engine (both prefill engines on sm_90), for compute-sanitizer
-(memcheck / racecheck / synccheck) to watch:
+"""Small forwards through every engine, for compute-sanitizer (memcheck / racecheck / synccheck /
+initcheck) to watch: each layout of the stress check (``qmoe_rtc.stress.LAYOUTS``: every bit width and
+FP8, row / block scales, zero points, GLU and plain activations, FC3, shared experts, the router GEMM,
+float16 / bfloat16 / float32) on each engine it runs (decode-mma, prefill-mma, prefill-wgmma on sm_90,
+decode-gemv, prefill-simt), one decode-sized and one prefill-sized call, checked against the float64
+reference.
 
-    compute-sanitizer --tool memcheck python tools/sanitize_case.py
+    compute-sanitizer --tool racecheck python tools/sanitize_case.py [--layouts a,b] [--engines e,f] [--rows 3,70]
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
@@ -14,34 +19,46 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    from qmoe_rtc.cli_args import csv, names
+    from qmoe_rtc.stress import ENGINES, LAYOUTS, cases
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--layouts", type=names([lay[0] for lay in LAYOUTS], "layout"), help="default: all")
+    p.add_argument("--engines", type=names(ENGINES, "engine"), help="default: all this GPU has")
+    p.add_argument("--rows", type=csv(int), default=[3, 70], help="row counts per case (default 3,70)")
+    args = p.parse_args(argv)
+
     import cupy as cp
 
-    from qmoe_rtc import knobs
-    from qmoe_rtc.executor import QMoE
-    from qmoe_rtc.random_layer import random_inputs, random_layer
+    from qmoe_rtc.random_layer import random_inputs
     from qmoe_rtc.reference import qmoe as reference
+    from qmoe_rtc.stress_gpu import TOL, _rel_err, build_layer, engine_scope
 
     rng = np.random.default_rng(0)
-    worst = 0.0
-    for dtype, kw, E, H, I in (("bfloat16", dict(bits=4, block_size=32, zero_points=True), 8, 160, 96),
-                               ("float16", dict(bits=8, block_size=0), 8, 128, 64),
-                               ("float16", dict(bits=2, block_size=16, zero_points=True, fc3=True, swiglu_fusion=0), 8,
-                                128, 64)):
-        w, a = random_layer(rng, E=E, H=H, I=I, k=2, dtype=dtype, activation_type="swiglu", **kw)
-        for limit, engine in ((0, "mma"), (0, "wgmma"), (512, "auto")):  # prefill on both engines, decode
-            if engine == "wgmma" and cp.cuda.Device().compute_capability != "90":
-                continue
-            with knobs.scope(prefill_engine=engine):
-                moe = QMoE(**{n: cp.asarray(v) for n, v in w.items()}, **a, decode_max_routes=limit)
-                for rows in (3, 70):
-                    x, lg, _ = random_inputs(rng, rows, H, E, dtype)
-                    y = cp.asnumpy(moe(cp.asarray(x), cp.asarray(lg))).astype(np.float64)
-                    want = reference(x, lg, **w, **a).astype(np.float64)
-                    worst = max(worst, float(np.linalg.norm(y - want) / np.linalg.norm(want)))
+    failed, ran = [], {}
+    for case in cases(args.layouts, args.engines, cp.cuda.Device().compute_capability == "90"):
+        (name, kw, E, H, I, dtype), engine = case
+        moe, w, a = build_layer(cp, rng, case)
+        router_gemm = "router_weight" in w
+        with engine_scope(engine):
+            for rows in args.rows:
+                if engine.startswith("decode") and rows * (kw["k"] + kw.get("shared", 0)) > 512:
+                    continue
+                x, lg, _ = random_inputs(rng, rows, H, E, dtype)
+                out = cp.full(x.shape, cp.nan, x.dtype)
+                moe(cp.asarray(x), None if router_gemm else cp.asarray(lg), out=out)
+                want = reference(x, None if router_gemm else lg, **w, **a)
+                err = _rel_err(cp.asnumpy(out), want)
+                eng = moe.engine_for(rows, dtype).pipeline.name
+                ran[eng] = ran.get(eng, 0) + 1
+                if not err <= TOL[dtype]:
+                    failed.append(f"{name} {eng} rows={rows}: rel err {err:.2e}")
     cp.cuda.Device().synchronize()
-    print(f"sanitize_case: worst rel err {worst:.2e}")
-    return 0 if worst < 1e-2 else 1
+    print("sanitize_case: forwards per engine " + ", ".join(f"{e} {n}" for e, n in sorted(ran.items())))
+    for f in failed:
+        print("FAILED " + f)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,237 @@
+"""The GPU side of the contention stress check (:mod:`qmoe_rtc.stress`): one worker process.
+
+A worker draws layers from :data:`qmoe_rtc.stress.LAYOUTS` with its own seed, forces one engine per
+layer (decode / prefill path, mma.sync or wgmma prefill) and, per row count, does what a serving loop
+does with a captured forward: capture on its own arrays, then twice write fresh inputs, replay the
+graph, call the layer eagerly with ``out=``, and compare
+
+- replay against eager, bitwise (the difference the check exists for),
+- both against the float64 reference (:func:`qmoe_rtc.reference.qmoe`) on sampled rows, with every
+  output element checked for having been written.
+
+Before each forward the output is poisoned with 0xFF, every scratch buffer a kernel writes before it
+reads with a different byte for replay and for eager (a read of a stale scratch byte then shows up as
+a replay / eager difference), and every SM's shared memory with a third byte (a kernel that reads
+shared memory it did not write sees garbage that changes from forward to forward).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+
+import numpy as np
+
+__all__ = ["build_layer", "engine_scope", "run_worker"]
+
+#: Bytes poisoned into (output, replay scratch, eager scratch); shared memory gets a fresh byte each forward.
+OUT_POISON, SCRATCH_POISON = 0xFF, (0xA5, 0x5A)
+TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}
+REF_ROWS = 48  # rows per check compared with the float64 reference (drawn at random)
+SHOW = 6  # differing elements described per failure
+
+_SMEM_SRC = r"""
+extern "C" __global__ void qmoe_stress_smem(unsigned int word, int words) {
+  extern __shared__ unsigned int s[];
+  volatile unsigned int* p = s;
+  for (int i = threadIdx.x; i < words; i += blockDim.x) p[i] = word;
+}
+"""
+
+
+class SmemPoison:
+    """Fills every SM's shared memory (all a block may take) with one byte, on the current stream."""
+
+    def __init__(self, cp):
+        rt, dev = cp.cuda.runtime, cp.cuda.Device().id
+        self.nbytes = int(rt.deviceGetAttribute(rt.cudaDevAttrMaxSharedMemoryPerBlockOptin, dev))
+        self.sms = int(rt.deviceGetAttribute(rt.cudaDevAttrMultiProcessorCount, dev))
+        self.kernel = cp.RawKernel(_SMEM_SRC, "qmoe_stress_smem")
+        self.kernel.max_dynamic_shared_size_bytes = self.nbytes
+
+    def __call__(self, byte: int) -> None:
+        word = np.uint32(byte * 0x01010101)
+        self.kernel((2 * self.sms,), (1024,), (word, np.int32(self.nbytes // 4)), shared_mem=self.nbytes)
+
+
+def _written_scratch(moe) -> list:
+    """The layer's scratch buffers a forward writes before reading ((name, array) pairs): every buffer
+    except the zeroed ones, which kernels return to zero themselves (counters)."""
+    zeroed = {n for p in moe._plans.values() for n, s in p.needs.items() if s.zero}
+    return [(n, b) for pool in moe._pools.values() for n, b in pool.bufs.items() if n not in zeroed]
+
+
+def _snapshot(moe) -> dict:
+    return {n: b.get() for n, b in _written_scratch(moe)}
+
+
+def _stage_report(a: dict, b: dict, R: int) -> dict:
+    """Which scratch buffers differ between two forwards (replay ``a``, eager ``b``): bytes differing per
+    buffer, and for the grouped (prefill) path the FC1 / FC2 rows compared route by route."""
+    rep = {n: int((a[n] != b[n]).sum()) for n in a if n in b}
+    if "sorted" in a and "act_sorted" in a:
+        sa, sb = a["sorted"].view(np.int32)[:R], b["sorted"].view(np.int32)[:R]
+        rep["positions_same"] = bool((sa == sb).all())
+        acts = [x["act_sorted"].view(np.uint16) for x in (a, b)]
+        width = acts[0].size // max(R, 1)
+        if width and sa.min() >= 0 and sb.min() >= 0:
+            ra = np.empty((R, width), np.uint16)
+            rb = np.empty((R, width), np.uint16)
+            ra[sa] = acts[0][: R * width].reshape(R, width)
+            rb[sb] = acts[1][: R * width].reshape(R, width)
+            rep["act_routes_differ"] = int((ra != rb).any(axis=1).sum())
+    if "y" in a:
+        ya, yb = (x["y"].view(np.uint32) for x in (a, b))
+        n = min(ya.size, yb.size)
+        rep["y_elems_differ"] = int((ya[:n] != yb[:n]).sum())
+    return rep
+
+
+def _rel_err(got, want) -> float:
+    g, w = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    if not np.isfinite(g).all():
+        return math.inf
+    n = np.linalg.norm(w)
+    return float(np.linalg.norm(g - w) / (n if n else 1.0))
+
+
+def _describe(og, oe, ref_rows, ref, limit=SHOW) -> list:
+    """The first differing elements: (row, col, replay, eager, reference or None)."""
+    rows, cols = np.nonzero(og.view(np.uint16 if og.itemsize == 2 else np.uint32) !=
+                            oe.view(np.uint16 if oe.itemsize == 2 else np.uint32))
+    where = {int(r): i for i, r in enumerate(ref_rows)}
+    out = []
+    for r, c in zip(rows[:limit], cols[:limit]):
+        rv = float(ref[where[int(r)], c]) if int(r) in where else None
+        out.append((int(r), int(c), float(og[r, c]), float(oe[r, c]), rv))
+    return out
+
+
+class Stats:
+    """Counts per engine: layer-runs, replay / eager differences, reference failures, worst error."""
+
+    def __init__(self):
+        self.by_engine: dict = {}
+
+    def add(self, engine: str, diff: bool, ref_bad: bool, err: float) -> None:
+        s = self.by_engine.setdefault(engine, {"runs": 0, "diff": 0, "ref_fail": 0, "worst": 0.0})
+        s["runs"] += 1
+        s["diff"] += int(diff)
+        s["ref_fail"] += int(ref_bad)
+        s["worst"] = max(s["worst"], err if math.isfinite(err) else 1e30)
+
+
+def _emit(obj) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def _forward_pair(cp, moe, g, x, lg, og, oe, smem, diagnose):
+    """Replay then eager on the current inputs, each with fresh poison; (scratch after replay, after eager)."""
+    snaps = []
+    for i, out in enumerate((og, oe)):
+        out.view(cp.uint8).fill(OUT_POISON)
+        for _, buf in _written_scratch(moe):
+            buf.fill(SCRATCH_POISON[i])
+        if smem is not None:
+            smem(int(np.random.randint(1, 255)))
+        if i == 0:
+            g.replay()
+        else:
+            moe(x, lg, out=oe)
+        if diagnose:
+            snaps.append(_snapshot(moe))
+    cp.cuda.get_current_stream().synchronize()
+    return snaps
+
+
+def engine_scope(engine: str):
+    """The knob scope that makes the prefill path run ``engine`` ('prefill-mma' / 'prefill-wgmma')."""
+    from . import knobs
+
+    path, _, kind = engine.partition("-")
+    return knobs.scope(prefill_engine=kind if path == "prefill" and kind in ("mma", "wgmma") else "auto")
+
+
+def build_layer(cp, rng, case):
+    """A fresh random layer of ``case`` = (layout, engine) on the GPU, on the engine's path; call it (and
+    plan it) inside :func:`engine_scope`. Returns (layer, host weights, attributes)."""
+    from .executor import QMoE
+    from .random_layer import random_layer
+
+    (name, kw, E, H, I, dtype), engine = case
+    kw = dict(kw)
+    k = kw.pop("k")
+    w, a = random_layer(rng, E=E, H=H, I=I, k=k, dtype=dtype, **kw)
+    with engine_scope(engine):
+        moe = QMoE(**{n: cp.asarray(v) for n, v in w.items()}, **a,
+                   decode_max_routes=512 if engine.startswith("decode") else 0)
+    return moe, w, a
+
+
+def check_layer(cp, rng, case, rows_list, stats: Stats, opts) -> None:
+    """Build one random layer of ``case`` on its forced engine and check it at each row count."""
+    from .random_layer import random_inputs
+    from .reference import qmoe as reference
+
+    (name, kw, E, H, I, dtype), engine = case
+    moe, w, a = build_layer(cp, rng, case)
+    router_gemm = "router_weight" in w
+    slots = kw["k"] + int(kw.get("shared", 0))
+    with engine_scope(engine):
+        for rows in rows_list:
+            ran = moe.engine_for(rows, dtype).pipeline.name
+            x0, l0, _ = random_inputs(rng, rows, H, E, dtype)
+            x, lg = cp.asarray(x0), None if router_gemm else cp.asarray(l0)
+            og, oe = cp.empty_like(x), cp.empty_like(x)
+            g = moe.capture(x, lg, out=og)
+            for _ in range(opts.inputs):
+                xn, ln, _ = random_inputs(rng, rows, H, E, dtype)
+                x[...] = cp.asarray(xn)
+                if lg is not None:
+                    lg[...] = cp.asarray(ln)
+                snaps = _forward_pair(cp, moe, g, x, lg, og, oe, opts.smem, opts.diagnose)
+                hg, he = og.get(), oe.get()
+                diff = hg.view(np.uint8).tobytes() != he.view(np.uint8).tobytes()
+                sel = np.sort(rng.choice(rows, min(rows, REF_ROWS), replace=False))
+                ref = reference(xn[sel], None if router_gemm else ln[sel], **w, **a)
+                err = max(_rel_err(hg[sel], ref), _rel_err(he[sel], ref))
+                bad = not err <= TOL[dtype]
+                stats.add(ran, diff, bad, err)
+                if diff or bad:
+                    rec = dict(event="failure", layout=name, engine=ran, rows=rows, diff=diff, ref_err=err,
+                               tol=TOL[dtype], elems_differ=int((hg.view(np.uint8) != he.view(np.uint8)).sum()),
+                               first=_describe(hg, he, sel, ref) if diff else [])
+                    if snaps:
+                        rec["stages"] = _stage_report(snaps[0], snaps[1], rows * slots)
+                    _emit(rec)
+            del g
+
+
+def run_worker(opts) -> int:
+    """One stress worker: layers of ``opts.cases`` until ``opts.seconds`` have passed; prints JSON lines
+    (failures as they happen, then a summary with the per-engine counts)."""
+    import cupy as cp
+
+    from .stress import rows_for
+
+    rng = np.random.default_rng(opts.seed)
+    np.random.seed(opts.seed % (2**32))
+    opts.smem = SmemPoison(cp) if opts.poison_smem else None
+    stats = Stats()
+    t_end = time.monotonic() + opts.seconds
+    i = opts.index
+    errors = 0
+    while time.monotonic() < t_end:
+        case = opts.cases[i % len(opts.cases)]
+        i += opts.stride
+        rows_list = [int(r) for r in rng.choice(rows_for(case, opts.rows), size=opts.rows_per_layer)]
+        try:
+            check_layer(cp, rng, case, rows_list, stats, opts)
+        except Exception as exc:  # reported and counted: a crash is a failure of the check too
+            errors += 1
+            _emit(dict(event="error", layout=case[0][0], engine=case[1], error=f"{type(exc).__name__}: {exc}"))
+    _emit(dict(event="summary", seed=opts.seed, engines=stats.by_engine, errors=errors))
+    return 0
