@@ -1,4 +1,4 @@
-"""Command line: ``python -m qmoe_rtc {info,demo,warm,bench}``."""
+"""Command line: ``python -m qmoe_rtc {info,demo,warm,bench,stress}``."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import argparse
 import platform
 import sys
 import time
+
+from .cli_args import positive
 
 
 def _version(dist: str) -> str:
@@ -21,40 +23,52 @@ def cmd_info(args) -> int:
     """Versions, NVRTC found?, GPU found?"""
     import qmoe_rtc
 
-    print(f"qmoe_rtc          {qmoe_rtc.__version__}")
-    print(f"python            {platform.python_version()} ({sys.executable})")
+    print(f"qmoe_rtc            {qmoe_rtc.__version__}")
+    print(f"python              {platform.python_version()} ({sys.executable})")
     for dist in ("numpy", "ml_dtypes", "cupy-cuda13x", "cuda-bindings", "nvidia-cuda-nvrtc", "nvidia-cuda-runtime",
                  "onnxruntime"):
-        print(f"{dist:<18}{_version(dist)}")
+        print(f"{dist:<20}{_version(dist)}")
     try:
         from cuda.bindings import nvrtc
 
         err, major, minor = nvrtc.nvrtcVersion()
-        print(f"NVRTC             {major}.{minor}" if int(err) == 0 else f"NVRTC             error {err}")
+        print(f"NVRTC               {major}.{minor}" if int(err) == 0 else f"NVRTC               error {err}")
     except Exception as exc:  # report, don't fail: info is a diagnostic
-        print(f"NVRTC             not found ({type(exc).__name__}: {exc})")
-    try:
-        import cupy
-
-        n = cupy.cuda.runtime.getDeviceCount()
-        drv = cupy.cuda.runtime.driverGetVersion()
-        print(f"CUDA driver       {drv // 1000}.{drv % 1000 // 10}")
-        for i in range(n):
-            p = cupy.cuda.runtime.getDeviceProperties(i)
-            name = p["name"].decode() if isinstance(p["name"], bytes) else p["name"]
-            print(f"GPU {i}             {name}, sm_{p['major']}{p['minor']}, {p['totalGlobalMem'] / 2**30:.0f} GiB"
-                  + _overlap_note(p["major"] * 10 + p["minor"]))
-        if n == 0:
-            print("GPU               none found")
-    except Exception as exc:
-        print(f"GPU               none found ({type(exc).__name__}: {str(exc).splitlines()[0]})")
+        print(f"NVRTC               not found ({type(exc).__name__}: {exc})")
+    for line in _gpu_lines():
+        print(line)
     try:
         from . import knobs
 
-        print(f"kernel cache      {knobs.cache_dir()} (mode: {knobs.cache_mode()})")
+        print(f"kernel cache        {knobs.cache_dir()} (mode: {knobs.cache_mode()})")
     except Exception as exc:  # knobs may be mis-set; say so
-        print(f"kernel cache      unavailable ({exc})")
+        print(f"kernel cache        unavailable ({exc})")
     return 0
+
+
+def _gpu_lines() -> list[str]:
+    """The driver and GPU lines of ``info``: what :func:`qmoe_rtc.jit.driver.probe` finds, in the words a
+    layer would raise (no driver, driver too old, no GPU), then each GPU."""
+    from .errors import DeviceError
+    from .jit.driver import probe
+
+    try:
+        version, count = probe()
+    except DeviceError as exc:
+        return [f"GPU                 none usable: {exc}"]
+    lines = [f"CUDA driver         {version // 1000}.{version % 1000 // 10}"]
+    try:
+        import cupy
+
+        for i in range(count):
+            p = cupy.cuda.runtime.getDeviceProperties(i)
+            name = p["name"].decode() if isinstance(p["name"], bytes) else p["name"]
+            lines.append(f"{f'GPU {i}':<20}{name}, sm_{p['major']}{p['minor']}, {p['multiProcessorCount']} SMs, "
+                         f"{p['totalGlobalMem'] / 2**30:.0f} GiB" + _overlap_note(p["major"] * 10 + p["minor"]))
+    except Exception as exc:  # CuPy disagreeing with the driver probe: say so, info is a diagnostic
+        lines.append(f"GPU                 the driver sees {count}, CuPy cannot read them "
+                     f"({type(exc).__name__}: {str(exc).splitlines()[0]})")
+    return lines
 
 
 def _overlap_note(cc: int) -> str:
@@ -70,11 +84,12 @@ def _overlap_note(cc: int) -> str:
 
 
 def _gpu_present() -> bool:
-    try:
-        import cupy
+    from .errors import DeviceError
+    from .jit.driver import probe
 
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:
+    try:
+        return probe()[1] > 0
+    except DeviceError:
         return False
 
 
@@ -155,12 +170,13 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("info", help="versions, NVRTC and GPU found?")
     d = sub.add_parser("demo", help="run a random Qwen3-30B-A3B-shaped layer")
-    d.add_argument("--tokens", type=int, default=4, help="tokens (rows) of the input (default: 4)")
+    d.add_argument("--tokens", type=positive, default=4, help="tokens (rows) of the input (default: 4)")
     d.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float16",
                    help="activation dtype (default: float16)")
     d.add_argument("--seed", type=int, default=0, help="random seed of the layer and inputs (default: 0)")
     sub.add_parser("warm", help="pre-compile kernels into the on-disk cache (see `warm --help`)", add_help=False)
     sub.add_parser("bench", help="benchmark (see `bench --help`)", add_help=False)
+    sub.add_parser("stress", help="contention stress check on the GPU (see `stress --help`)", add_help=False)
     argv = list(sys.argv[1:] if argv is None else argv)
     from .errors import QMoEError
 
@@ -173,6 +189,10 @@ def main(argv=None) -> int:
             from .bench import main as bench_main
 
             return bench_main(argv[1:])
+        if argv and argv[0] == "stress":
+            from .stress import main as stress_main
+
+            return stress_main(argv[1:])
         args = parser.parse_args(argv)
         return {"info": cmd_info, "demo": cmd_demo}[args.cmd](args)
     except QMoEError as exc:  # a bad QMOE_RTC_* value, no usable GPU ...: one line, no traceback

@@ -32,7 +32,7 @@ from .contract import INPUT_NAMES, LAYER_INPUTS, CallSpec, QMoEAttributes, check
 from .errors import CaptureError, DeviceError, QMoEInputError
 from .extensions import EXT_INPUTS, check_ext_call, shared_weights
 from .jit import load_module
-from .jit.driver import probe, stream_is_capturing
+from .jit.driver import probe, sm_count, stream_is_capturing
 from .kernels import Problem, choose, decode_limit, get_family
 from .runtime.eager_graph import GraphedLaunches
 from .runtime.graph import QMoEGraph, capture_launches
@@ -174,7 +174,8 @@ class QMoE:
         return Problem(rows=int(rows), E=L.E, H=L.H, I=L.I, k=self.attrs.k, dtype=dtype, router_dtype=router_dtype,
                        router_weights_dtype=router_weights_dtype, sparse=bool(self.attrs.use_sparse_mixer),
                        arch=self._arch(), shared=x.S, shared_gate=bool(x.S and x.gate),
-                       router_gemm=x.router_dtype if x.router else "", all_experts=self._all_experts)
+                       router_gemm=x.router_dtype if x.router else "", all_experts=self._all_experts,
+                       sms=sm_count(self.device_id))
 
     @property
     def _all_experts(self) -> int:
@@ -374,11 +375,30 @@ def qmoe(input, router_probs, fc1_experts_weights, fc1_scales, fc1_experts_bias=
          fc1_zero_points=None, fc2_zero_points=None, fc3_zero_points=None, router_weights=None, **attributes):
     """One-shot QMoE on the GPU with ONNX Runtime's input order (0–14) and attribute names.
 
-    Builds a :class:`QMoE` each call (modules stay cached); keep a layer object for repeated use.
+    Builds a :class:`QMoE` each call (modules stay cached); keep a layer object for repeated use. Other
+    layer tensors (FP8 ``fc*_global_scale``, the [ext] inputs) are keywords, as for :class:`QMoE`. Every
+    input, the per-call ones included, is checked from its metadata before the driver is asked for a GPU.
     """
-    layer = QMoE(fc1_experts_weights=fc1_experts_weights, fc1_scales=fc1_scales, fc1_experts_bias=fc1_experts_bias,
-                 fc2_experts_weights=fc2_experts_weights, fc2_scales=fc2_scales, fc2_experts_bias=fc2_experts_bias,
-                 fc3_experts_weights=fc3_experts_weights, fc3_scales=fc3_scales, fc3_experts_bias=fc3_experts_bias,
-                 fc1_zero_points=fc1_zero_points, fc2_zero_points=fc2_zero_points, fc3_zero_points=fc3_zero_points,
-                 **attributes)
+    weights = {n: attributes.pop(n) for n in list(attributes) if n in LAYER_INPUTS + EXT_INPUTS}
+    weights.update(fc1_experts_weights=fc1_experts_weights, fc1_scales=fc1_scales, fc1_experts_bias=fc1_experts_bias,
+                   fc2_experts_weights=fc2_experts_weights, fc2_scales=fc2_scales, fc2_experts_bias=fc2_experts_bias,
+                   fc3_experts_weights=fc3_experts_weights, fc3_scales=fc3_scales, fc3_experts_bias=fc3_experts_bias,
+                   fc1_zero_points=fc1_zero_points, fc2_zero_points=fc2_zero_points, fc3_zero_points=fc3_zero_points)
+    _check_call_metadata(weights, attributes, input, router_probs, router_weights)
+    layer = QMoE(**weights, **attributes)
     return layer(input, router_probs, router_weights)
+
+
+def _check_call_metadata(weights: dict, attributes: dict, input, router_probs, router_weights) -> None:
+    """The per-call inputs against the layer, from metadata alone (where the arrays live is the layer's
+    concern once it is on the GPU)."""
+    attrs = QMoEAttributes.from_kwargs(**{n: v for n, v in attributes.items()
+                                          if n not in ("decode_max_routes", "validate_content", "device")})
+    metas = {n: array_meta(n, a) for n, a in weights.items()}
+    g = describe_gpu_layer({n: m if m is None else replace(m, device=None) for n, m in metas.items()}, attrs, {})
+    calls = [None if a is None else replace(array_meta(n, a), device=None)
+             for n, a in (("input", input), ("router_probs", router_probs), ("router_weights", router_weights))]
+    if g.ext.used:
+        check_ext_call(g.routing, g.ext, *calls)
+    else:
+        check_call(g.routing, *calls)

@@ -9,14 +9,21 @@ import pytest
 
 @functools.cache
 def gpu_available() -> tuple[bool, str]:
+    """(usable, why not): the driver probe a layer runs (no driver, driver too old, no GPU, GPU too old:
+    the same words ``QMoE()`` and ``python -m qmoe_rtc info`` use), then CuPy."""
+    from qmoe_rtc.errors import DeviceError
+    from qmoe_rtc.jit.driver import probe
+
+    try:
+        probe(0)
+    except DeviceError as exc:
+        return False, f"no usable GPU: {exc}"
     try:
         import cupy
 
-        n = cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:  # no CuPy, no driver, no device
-        return False, f"no usable GPU ({type(exc).__name__}: {exc})"
-    if n < 1:
-        return False, "no GPU device found"
+        cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # CuPy broken although the driver answers
+        return False, f"no usable GPU: CuPy cannot reach it ({type(exc).__name__}: {exc})"
     return True, ""
 
 
@@ -28,6 +35,23 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _kernel_cache_of_the_session(tmp_path_factory):
+    """No test writes into the user's own kernel cache: unless QMOE_RTC_CACHE_DIR names one (as the GPU
+    machine's scripts do, to share a precompiled cache), the session compiles into a temporary directory."""
+    import os
+
+    if os.environ.get("QMOE_RTC_CACHE_DIR"):
+        yield
+        return
+    from qmoe_rtc import knobs
+
+    path = tmp_path_factory.mktemp("kernel-cache")
+    path.chmod(0o700)
+    with knobs.scope(cache_dir=path):
+        yield
 
 
 @pytest.fixture

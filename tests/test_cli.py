@@ -120,3 +120,64 @@ def test_no_reference_points_outside_the_repository():
     assert not bad, bad
     for doc in re.findall(r"`(docs/[\w./-]+\.md)`", (REPO / "README.md").read_text()):
         assert (REPO / doc).is_file(), doc
+
+
+def readme_python() -> list[str]:
+    """The README's Python examples, in order (later ones may use what earlier ones made)."""
+    return re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), flags=re.S)
+
+
+def test_readme_examples_define_every_name_they_use():
+    """Copied into a session in order, the README's examples run as written: every name they read is
+    imported, assigned or a builtin (their GPU run is tools/device_check.sh's 'readme' section)."""
+    import ast
+    import builtins
+
+    blocks = readme_python()
+    assert len(blocks) >= 3
+    defined = set(dir(builtins))
+    for i, block in enumerate(blocks):
+        tree = ast.parse(block)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                defined |= {(a.asname or a.name).split(".")[0] for a in node.names}
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                defined.add(node.id)
+        used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        assert used <= defined, f"README example {i + 1} uses undefined {sorted(used - defined)}"
+
+
+@pytest.mark.parametrize("argv, says", [(["demo", "--tokens", "-1"], "--tokens: expected a positive integer"),
+                                        (["demo", "--tokens", "two"], "--tokens: expected a positive integer"),
+                                        (["stress", "--engines", "decode-fast"], "unknown engine decode-fast")])
+def test_bad_cli_numbers_and_names_are_usage_errors(argv, says):
+    r = _run(*argv)
+    assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_info_and_gpu_test_skips_say_what_the_layer_would_say(monkeypatch):
+    """Without a driver, `info` and the GPU tests' skip reason give the driver probe's words (the ones
+    QMoE() raises), not CuPy's 'driver version is insufficient'."""
+    from conftest import gpu_available
+
+    from qmoe_rtc import __main__ as cli
+    from qmoe_rtc.jit import driver
+
+    def no_driver(device_id=None):
+        raise DeviceError("no NVIDIA driver found (test)")
+
+    monkeypatch.setattr(driver, "probe", no_driver)
+    assert cli._gpu_lines() == ["GPU                 none usable: no NVIDIA driver found (test)"]
+    gpu_available.cache_clear()
+    try:
+        assert gpu_available() == (False, "no usable GPU: no NVIDIA driver found (test)")
+    finally:
+        gpu_available.cache_clear()
+
+
+def test_warm_for_a_gpu_too_old_is_one_refusal(tmp_path):
+    """sm_75 is refused before any compile, in one line (not a ptxas error per kernel)."""
+    r = _run("warm", "--preset", "qwen3-30b-a3b", "--arch", "sm_75", "--cache-dir", str(tmp_path / "c"))
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "sm_80 or newer" in lines[0] and "'sm_75'" in lines[0], r.stderr
+    assert not (tmp_path / "c").exists() or not any((tmp_path / "c").rglob("*.cubin"))

@@ -164,7 +164,7 @@ def test_wgmma_stage_bytes_match_the_device_struct(groups):
     compiler.compile_unit("wg_stage_bytes_check", "\n".join(lines) + "\n", {}, "sm_90", options)
 
 
-def test_expert_flow_decode_module_compiles():
+def test_expert_flow_decode_module_compiles(cache):
     """QMOE_RTC_MMA_EXPERT_FLOW's decode module (per-expert FC1 counters, FC2 waiting on them) compiles
     for sm_90 (where launches overlap) and sm_80 (where they do not: the counters are then full when FC2
     starts), with every kernel."""

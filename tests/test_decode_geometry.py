@@ -9,7 +9,8 @@ import pytest
 
 from qmoe_rtc import knobs
 from qmoe_rtc.errors import QMoEAttributeError
-from qmoe_rtc.kernels.mma_decode import DEEP_CHUNKS, MIN_BLOCKS, ONE_WAVE_CHUNKS, RESIDENT_SMS, k_split
+from qmoe_rtc.kernels.base import DEFAULT_SMS
+from qmoe_rtc.kernels.mma_decode import DEEP_CHUNKS, MIN_BLOCKS, ONE_WAVE_CHUNKS, k_split
 
 
 @pytest.mark.parametrize("what, tiles, experts, K, ng, want, want_off", [
@@ -36,7 +37,7 @@ def test_one_wave_rule(what, tiles, experts, K, ng, want, want_off):
     ("gpt-oss-120b FC1, 1 token: split 4 already", 360, 4, 2880, 4, 4),
 ])
 def test_deep_split_rule(what, tiles, experts, K, want, want_off):
-    assert DEEP_CHUNKS == 16 and RESIDENT_SMS * MIN_BLOCKS[1] == 660
+    assert DEEP_CHUNKS == 16 and DEFAULT_SMS * MIN_BLOCKS[1] == 660
     assert k_split(tiles, experts, K, 1) == want, what
     with knobs.scope(mma_deep_split=False):
         assert k_split(tiles, experts, K, 1) == want_off, what
@@ -53,7 +54,7 @@ def test_deep_split_rule_is_for_route_groups_of_8():
 def test_one_wave_rule_counts_the_route_groups_resident_blocks():
     # 4 experts, K 1024 (8 chunks), 220 tiles: split 4 is 880 blocks, halved 440 -- inside NG = 1's
     # 660 resident blocks, past NG = 4's 396
-    assert RESIDENT_SMS * MIN_BLOCKS[1] == 660 and RESIDENT_SMS * MIN_BLOCKS[4] == 396 and ONE_WAVE_CHUNKS == 8
+    assert DEFAULT_SMS * MIN_BLOCKS[1] == 660 and DEFAULT_SMS * MIN_BLOCKS[4] == 396 and ONE_WAVE_CHUNKS == 8
     assert k_split(220, 4, 1024, 1) == 2
     assert k_split(220, 4, 1024, 4) == 4
 
@@ -82,3 +83,37 @@ def test_min_blocks_knob_reaches_the_spec_and_the_geometry():
     assert fam.geometry(six, "fc1", p)[0] == 4
     with knobs.scope(mma_min_blocks=9), pytest.raises(QMoEAttributeError, match="QMOE_RTC_MMA_MIN_BLOCKS"):
         fam.spec(cfg)
+
+
+@pytest.mark.parametrize("sms", [132, 114, 108, 58])  # H200/H100 SXM, H100 PCIe, A100, L4
+def test_split_rules_follow_the_devices_sm_count(sms):
+    """The warp target and the resident blocks scale with the device's multiprocessors: a grid judged
+    on an H200 is judged the same on a GPU with proportionally fewer SMs."""
+    def scaled(n: int) -> int:  # blocks of the H200 case, scaled to this device
+        return n * sms // 132
+
+    # qwen3-30b FC1 at 1 token: 768 blocks against 132 x 5 = 660 resident -> halved to 2 on an H200
+    assert k_split(96, 8, 2048, 1) == k_split(96, 8, 2048, 1, sms=132) == 2
+    # the one-wave rule counts this device's resident blocks (5 per SM): qwen3's FC1 with its tiles scaled
+    # to the device is a little past one wave on each, as on the H200, and is halved the same way
+    assert k_split(scaled(96), 8, 2048, 1, sms=sms) == 2
+    # the target itself: split until tiles * experts * split reaches 24 warps per SM
+    with knobs.scope(mma_one_wave=False, mma_deep_split=False):
+        assert k_split(scaled(24 * 132) // 4, 1, 8192, 1, sms=sms) == 4
+        assert k_split(24 * sms, 1, 8192, 1, sms=sms) == 1
+        assert k_split(24 * sms - 1, 1, 8192, 1, sms=sms) == 2
+
+
+def test_geometry_takes_the_problems_sm_count():
+    """The family sizes its grid from Problem.sms (what the executor reads from the device)."""
+    from qmoe_rtc.kernels import Problem, get_family
+    from qmoe_rtc.presets import PRESETS
+
+    fam = get_family("mma_decode")
+    spec = fam.spec(PRESETS["qwen3-30b-a3b"].config(dtype="bfloat16"))
+    p = Problem(rows=1, E=128, H=2048, I=768, k=8, dtype="bfloat16")
+    assert p.sm_count == DEFAULT_SMS == 132 and fam.geometry(spec, "fc1", p)[0] == 2  # 768 blocks > 660 resident
+    from dataclasses import replace
+
+    # 160 SMs hold 800 blocks at once: the split of 4 (768 blocks) is one wave already and stays
+    assert fam.geometry(spec, "fc1", replace(p, sms=160))[0] == 4

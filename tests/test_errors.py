@@ -187,6 +187,25 @@ def test_bad_layers_are_refused_before_the_gpu_like_the_reference(machine, rng):
     assert calls == []
 
 
+def test_one_shot_qmoe_checks_the_call_before_the_gpu(machine, rng):
+    """qmoe_rtc.qmoe(...) refuses a bad per-call input the way the reference does, without asking the
+    driver (no GPU at all: the input error, not a DeviceError, comes first)."""
+    calls = machine(lib=False)
+    w, a = layer(rng)
+    x, lg, rw = random_inputs(rng, 3, H, E, router_weights=True)
+    for what, args, kw in (("H", (np.ascontiguousarray(x[:, :-1]), lg), {}), ("logits shape", (x, lg[:2]), {}),
+                           ("input dtype", (x.astype(np.float32), lg), {}),
+                           ("router_weights", (x, lg), dict(router_weights=rw[:, :-1]))):
+        with pytest.raises(errors.QMoEInputError) as ref:
+            reference(*args, **w, **a, **kw)
+        with pytest.raises(errors.QMoEInputError) as got:
+            qmoe_rtc.qmoe(*args, **w, **a, **kw)
+        assert (got.value.name, str(got.value)) == (ref.value.name, str(ref.value)), what
+    assert calls == []
+    with pytest.raises(errors.DeviceError, match="no NVIDIA driver"):  # a good call reaches the driver probe
+        qmoe_rtc.qmoe(x, lg, **w, **a)
+
+
 def test_objects_that_are_no_arrays_are_input_errors(machine, rng):
     calls = machine(lib=False)
     w, a = layer(rng)

@@ -155,7 +155,7 @@ def test_logits_launch_covers_the_output(wt, rows, E, H):
         assert (gx, gy) == (cdiv(E, 16 * mt), cdiv(rows, 8 * nt)) and 1 <= kw <= most
         assert launch.shared_mem == (kw - 1) * mt * nt * 4 * 32 * 4 <= 48 * 1024
         assert kw <= cdiv(cdiv(H, 32), u)  # every warp has a round of U steps
-    assert gx * gy * kw <= max(rt.TARGET_WARPS, gx * gy)  # K splits never push the grid past the target
+    assert gx * gy * kw <= max(rt.target_warps(p.sm_count), gx * gy)  # K splits never push the grid past the target
 
 
 def test_decode_router_gemm_spreads_the_weights():
@@ -276,3 +276,15 @@ def test_problem_slots_view():
     assert (p.slots, p.experts, p.routes) == (7, 63, 35)
     assert problem_scalars(p)["E_routed"] == 60 and problem_scalars(p)["k_routed"] == 4
     assert dataclasses.replace(p, shared=0).routes == 20
+
+
+def test_router_gemm_split_follows_the_devices_sm_count():
+    """The K split's warp target scales with the device's multiprocessors (an H200's 132 give 2048)."""
+    from dataclasses import replace
+
+    assert rt.target_warps(132) == rt.TARGET_WARPS == 2048 and rt.target_warps(66) == 1024
+    c = cfg(E=512, H=2048, rgemm="bfloat16")
+    p = problem(c, 1)
+    big = FAM.launch(FAM.spec(c), "logits", p).block[0] // 32
+    small = FAM.launch(FAM.spec(c), "logits", replace(p, sms=8)).block[0] // 32
+    assert big == 16 and small < big  # 32 blocks: 16 warps each on an H200, fewer when 8 SMs hold them

@@ -62,9 +62,17 @@ class CompiledModule:
 
 
 def check_arch(arch: str) -> str:
-    """Validate a cubin target ('sm_90', 'sm_90a' ...); 'compute_XX' (PTX) is refused."""
-    if not isinstance(arch, str) or not _ARCH_RE.match(arch):
+    """Validate a cubin target ('sm_90', 'sm_90a' ...): 'compute_XX' (PTX) is refused, and so is a GPU
+    older than the kernels need (compute capability 8.0: cp.async, bf16 mma), before any compile."""
+    m = _ARCH_RE.match(arch) if isinstance(arch, str) else None
+    if m is None:
         raise QMoEAttributeError("arch", "a SASS target like sm_80, sm_86, sm_89, sm_90 or sm_90a (never compute_XX)", repr(arch))
+    from .driver import MIN_COMPUTE_CAPABILITY
+
+    major, minor = MIN_COMPUTE_CAPABILITY
+    if int(m.group(1)) < 10 * major + minor:
+        raise QMoEAttributeError("arch", f"sm_{major}{minor} or newer (the kernels use cp.async and bfloat16 tensor-core "
+                                 "MMAs: A100, L4/L40, H100/H200)", repr(arch))
     return _ARCH_SPECIFIC.get(arch, arch)
 
 

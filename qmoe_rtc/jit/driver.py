@@ -13,7 +13,7 @@ from ..errors import DeviceError
 
 __all__ = ["CU_FUNC_ATTRIBUTE", "MIN_COMPUTE_CAPABILITY", "MIN_DRIVER_VERSION", "REQUIREMENTS", "bindings", "check",
            "current_context", "func_attribute", "get_function", "launch", "launch_config", "launch_ex", "load_cubin",
-           "probe", "programmatic_edge", "set_max_dynamic_smem", "stream_is_capturing"]
+           "probe", "programmatic_edge", "set_max_dynamic_smem", "sm_count", "stream_is_capturing"]
 
 #: The oldest driver API this build runs on: CUDA 13.0, i.e. NVIDIA driver R580 or newer.
 MIN_DRIVER_VERSION = 13000
@@ -98,6 +98,15 @@ def probe(device_id: int | None = None) -> tuple[int, int]:
             raise DeviceError(f"GPU {device_id} has compute capability {cc[0]}.{cc[1]}; this build needs "
                               f"{MIN_COMPUTE_CAPABILITY[0]}.{MIN_COMPUTE_CAPABILITY[1]} or newer (A100, L4/L40, H100/H200)")
     return version, count
+
+
+@functools.cache
+def sm_count(device_id: int) -> int:
+    """Multiprocessors of ``device_id`` (the launch-geometry rules size grids by it)."""
+    drv = _drv()
+    dev = _check(drv.cuDeviceGet(int(device_id)), f"cuDeviceGet({device_id})")
+    attr = drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+    return int(_check(drv.cuDeviceGetAttribute(attr, dev), "cuDeviceGetAttribute(multiprocessor count)"))
 
 
 @functools.cache

@@ -16,8 +16,13 @@ from ..errors import QMoEUnsupportedError
 from ..jit import CompileUnit, KernelDef, Launch
 from ..specialize import ModelConfig, ModuleSpec
 
-__all__ = ["BUILTIN_FAMILIES", "KernelFamily", "Problem", "Slot", "family_names", "get_family", "register",
+__all__ = ["BUILTIN_FAMILIES", "DEFAULT_SMS", "KernelFamily", "Problem", "Slot", "family_names", "get_family", "register",
            "spec_unit", "unregister"]
+
+
+#: Multiprocessors assumed when a problem does not know its device (an H200's 132, where the geometry
+#: rules were measured); never used for a launch on a GPU, whose own count the executor reads.
+DEFAULT_SMS = 132
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,13 @@ class Problem:
     shared_gate: bool = False  # their sum is scaled by sigmoid(x·shared_gate_weight)
     router_gemm: str = ""  # router_weight's dtype when the layer computes the logits ('' : passed in)
     all_experts: int = 0  # expert slices [ext]: the whole layer's E, which routing picks from (0: E)
+    sms: int = 0  # the device's multiprocessors (0 when unknown: warm tool, CPU tests; see sm_count)
+
+    @property
+    def sm_count(self) -> int:
+        """Multiprocessors the launch-geometry rules size grids for: the device's (the executor reads it
+        from the GPU), else :data:`DEFAULT_SMS`."""
+        return self.sms or DEFAULT_SMS
 
     @property
     def logit_count(self) -> int:

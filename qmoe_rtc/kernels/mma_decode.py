@@ -25,7 +25,7 @@ from ._expert import (
     tensor_core_unsupported,
 )
 from ._grouped import tuning_knob
-from .base import KernelFamily, Problem, Slot, register
+from .base import DEFAULT_SMS, KernelFamily, Problem, Slot, register
 
 __all__ = ["MmaDecodeFamily", "decode_smem_bytes", "ring_bytes", "route_groups"]
 
@@ -33,9 +33,8 @@ THREADS = 128  # kMmaThreads (4 warps)
 WARPS = 4
 MAX_ROUTES = 512  # kMmaMaxRoutes: route ids one block scans
 ROUTE_GROUPS = (1, 2, 4)  # NG: route groups of 8 served per pass over an expert's weights
-TARGET_WARPS = 132 * 24  # enough warps for every SM of an H200 to keep ~24 in flight
+TARGET_WARPS_PER_SM = 24  # the K split aims for enough warps for every SM to keep ~24 in flight
 STAGES = 3  # kMmaStages: cp.async ring depth per warp
-RESIDENT_SMS = 132  # SMs the split rules are tuned for (an H200; TARGET_WARPS assumes the same)
 MIN_BLOCKS = {1: 5, 2: 4, 4: 3}  # mma_min_blocks<NG>: resident blocks per SM the registers are set for
 MIN_BLOCKS_ALLOWED = (4, 5, 6, 7, 8)  # QMOE_RTC_MMA_MIN_BLOCKS (NG 1 only: route groups of 8, up to 8 tokens)
 ONE_WAVE_CHUNKS = 8  # most 128-code chunks per warp the one-wave rule of k_split accepts
@@ -77,10 +76,11 @@ def route_groups(rows: int) -> int:
     return ROUTE_GROUPS[-1]
 
 
-def k_split(tiles: int, experts: int, K: int, ng: int = 1, per_sm: int | None = None) -> int:
-    """Warps of a block that split K (1, 2 or 4): the fewest that give about TARGET_WARPS warps,
-    keeping at least two 128-code chunks per warp; then one wave instead of a sliver more: when that
-    split puts more blocks in the grid than are resident at once (``RESIDENT_SMS`` SMs × ``per_sm``,
+def k_split(tiles: int, experts: int, K: int, ng: int = 1, per_sm: int | None = None, sms: int = DEFAULT_SMS) -> int:
+    """Warps of a block that split K (1, 2 or 4) on a device of ``sms`` multiprocessors: the fewest that
+    give about ``TARGET_WARPS_PER_SM`` warps per SM, keeping at least two 128-code chunks per warp; then
+    one wave instead of a sliver more: when that
+    split puts more blocks in the grid than are resident at once (``sms`` SMs × ``per_sm``,
     the blocks per SM of route group ``ng``, default ``MIN_BLOCKS[ng]``) and half of it fits them in
     one wave with at most ``ONE_WAVE_CHUNKS`` chunks per warp, half it is. Measured on the H200 in one
     process (docs/performance.md, session 6):
@@ -93,9 +93,9 @@ def k_split(tiles: int, experts: int, K: int, ng: int = 1, per_sm: int | None = 
     (896 blocks, 32 chunks) 126.1 → 121.6 µs, its FC2 at 8 tokens (1024 blocks, 112 chunks) 375.2 →
     366.6; the short-K grids it leaves alone measured slower split deeper (ort-2048 FC1 at 8 tokens,
     16 chunks: +2.2 %, qwen3-30b-a3b FC1 at 8 tokens, 2.3 waves: +3.4 %)."""
-    target = knobs.get("mma_target_warps") or TARGET_WARPS
+    target = knobs.get("mma_target_warps") or TARGET_WARPS_PER_SM * sms
     chunks = (K + 127) // 128
-    resident = RESIDENT_SMS * (per_sm or MIN_BLOCKS[ng])
+    resident = sms * (per_sm or MIN_BLOCKS[ng])
 
     def blocks(s: int) -> int:  # grid.x · experts (grid.x = tiles / (WARPS / s))
         return experts * ((tiles * s + WARPS - 1) // WARPS)
@@ -180,7 +180,7 @@ class MmaDecodeFamily(KernelFamily):
             per_tile, n_out, K = 16, problem.H, problem.I
         tiles = (n_out + per_tile - 1) // per_tile
         ng = route_groups(problem.rows)
-        ks = k_split(tiles, experts, K, ng, min_blocks(spec, ng))
+        ks = k_split(tiles, experts, K, ng, min_blocks(spec, ng), problem.sm_count)
         per_block = per_tile * (WARPS // ks)
         return ks, (n_out + per_block - 1) // per_block
 

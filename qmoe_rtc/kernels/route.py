@@ -19,7 +19,7 @@ from __future__ import annotations
 from ..errors import QMoEUnsupportedError
 from ..jit import KernelDef, Launch, Ptr, Scalar
 from ..specialize import CPP_TYPES, ModuleSpec
-from .base import KernelFamily, Problem, Slot, register
+from .base import DEFAULT_SMS, KernelFamily, Problem, Slot, register
 
 THREADS = 128  # kRouteThreads
 MAX_EXPERTS = 512  # kRouteMaxExperts
@@ -34,7 +34,9 @@ MMA_SMALL_ROWS = 256
 GEMV_TE, GEMV_RB, GEMV_MAX_WARPS = 4, 8, 16  # kRgTE, kRgRB, kRgMaxWarps
 GEMV_ROWS = 64  # float32 router_weight: the gemv kernel up to here, the tiled one above
 TILE, TILE_THREADS = 64, 256  # kRgTile, kRgTileThreads
-TARGET_WARPS = 2048  # K splits grow until the grid has about this many warps (16 per SM of an H200)
+#: K splits grow until the grid has about this many warps on a device of DEFAULT_SMS (an H200's 132,
+#: ~16 per SM), scaled by the device's own multiprocessor count
+TARGET_WARPS = 2048
 MAX_GRID_Y = 65535
 
 
@@ -66,10 +68,16 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _k_split(blocks: int, work: int, most: int) -> int:
-    """Warps per block over K: doubled while the grid stays under TARGET_WARPS and each warp keeps work."""
+def target_warps(sms: int) -> int:
+    """The router GEMM's warp target on a device of ``sms`` multiprocessors (TARGET_WARPS on an H200)."""
+    return TARGET_WARPS * sms // DEFAULT_SMS
+
+
+def _k_split(blocks: int, work: int, most: int, sms: int) -> int:
+    """Warps per block over K: doubled while the grid stays under the device's warp target and each warp
+    keeps work."""
     kw = 1
-    while kw * 2 <= most and blocks * kw * 2 <= TARGET_WARPS and kw * 2 <= work:
+    while kw * 2 <= most and blocks * kw * 2 <= target_warps(sms) and kw * 2 <= work:
         kw *= 2
     return kw
 
@@ -87,13 +95,13 @@ def logits_geometry(problem: Problem, kind: str | None = None) -> tuple[str, Lau
     rows, E, H = problem.rows, problem.logit_count, problem.H
     if kind == "gemv":
         gx, gy = _cdiv(E, GEMV_TE), _cdiv(rows, GEMV_RB)
-        kw = _k_split(gx * gy, _cdiv(_cdiv(H, 8), 32), GEMV_MAX_WARPS)
+        kw = _k_split(gx * gy, _cdiv(_cdiv(H, 8), 32), GEMV_MAX_WARPS, problem.sm_count)
         return kind, Launch((gx, gy, 1), (32 * kw, 1, 1), 0)
     if kind == "tiled":
         return kind, Launch((_cdiv(E, TILE), _cdiv(rows, TILE), 1), (TILE_THREADS, 1, 1), 0)
     mt, nt, u, most = MMA_SMALL if kind == "mma" else MMA_LARGE
     gx, gy = _cdiv(E, 16 * mt), _cdiv(rows, 8 * nt)
-    kw = _k_split(gx * gy, _cdiv(_cdiv(H, 32), u), most)
+    kw = _k_split(gx * gy, _cdiv(_cdiv(H, 32), u), most, problem.sm_count)
     return kind, Launch((gx, gy, 1), (32 * kw, 1, 1), (kw - 1) * mt * nt * 4 * 32 * 4)
 
 
