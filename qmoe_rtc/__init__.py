@@ -15,7 +15,7 @@ import importlib
 
 __version__ = "0.1.0"
 
-_SUBMODULES = ("contract", "errors", "executor", "extensions", "fp8", "jit", "kernels", "knobs", "presets", "quantize",
+_SUBMODULES = ("contract", "errors", "executor", "extensions", "fp8", "jit", "kernels", "knobs", "oneshot", "presets", "quantize",
                "random_layer", "reference", "specialize")
 _EXPORTS = {
     "QMoEAttributes": "contract",
@@ -34,7 +34,7 @@ _EXPORTS = {
     "KnobError": "errors",
     "QMoE": "executor",
     "QMoEGraph": "executor",
-    "qmoe": "executor",
+    "qmoe": "oneshot",
 }
 
 __all__ = ["__version__", *_SUBMODULES, *_EXPORTS]

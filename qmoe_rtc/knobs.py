@@ -130,7 +130,7 @@ KNOBS: dict[str, Knob] = {
              "mixtral, gpt-oss, ort, +0.7 % qwen3; 8 tokens within 2 %); 0: the whole-grid wait; a -D "
              "option, hence part of the cache key."),
         Knob("mma_target_warps", "QMOE_RTC_MMA_TARGET_WARPS", "int", 0, False,
-             "Tuning only: warps the decode K-split aims for (0 = the built-in 132·24)."),
+             "Tuning only: warps the decode K-split aims for (0 = 24 per SM of the device: 3168 on an H200)."),
         Knob("mma_one_wave", "QMOE_RTC_MMA_ONE_WAVE", "bool", True, False,
              "Tuning only: the decode K-split's one-wave rule (kernels/mma_decode.py k_split); 0: the warp target alone."),
         Knob("mma_deep_split", "QMOE_RTC_MMA_DEEP_SPLIT", "bool", True, False,

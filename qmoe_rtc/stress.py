@@ -151,8 +151,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-smem-poison", dest="poison_smem", action="store_false",
                    help="do not fill shared memory with garbage before each forward")
     p.add_argument("--diagnose", action="store_true", help="on a difference, say which scratch buffers differ")
+    p.add_argument("--torch", action="store_true",
+                   help="torch CUDA tensors, the graph recorded by torch.cuda.graph around the layer call")
+    p.add_argument("--fresh", type=int, default=0, metavar="N",
+                   help="each worker process checks N layers and exits, a new one starting in its place (the "
+                        "first forwards of a process, module loads and first plans included, under contention)")
     p.add_argument("--json", help="write the totals and every failure record here")
+    p.add_argument("--no-precompile", dest="precompile", action="store_false",
+                   help="do not compile the modules first: the workers compile (and race for the cache) themselves")
     p.add_argument("--worker", type=int, help=argparse.SUPPRESS)  # internal: run as worker i
+    p.add_argument("--layers", type=int, default=0, help=argparse.SUPPRESS)  # internal: layers a worker checks
     p.add_argument("--hog-worker", action="store_true", help=argparse.SUPPRESS)
     return p
 
@@ -214,14 +222,40 @@ def worker_argv(args) -> list[str]:
             out += [flag, ",".join(map(str, value))]
     if not args.poison_smem:
         out.append("--no-smem-poison")
-    if args.diagnose:
-        out.append("--diagnose")
+    for flag in ("diagnose", "torch"):
+        if getattr(args, flag):
+            out.append("--" + flag)
     return out
 
 
 def _spawn(argv_extra: list[str]) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "qmoe_rtc", "stress", *argv_extra], stdout=subprocess.PIPE,
                             text=True, env=dict(os.environ))
+
+
+def _run_workers(args) -> list[str]:
+    """Run the workers (``--procs`` at once) and return their output lines. With ``--fresh N`` each
+    worker checks N layers and exits, and a new one (the next seed) takes its place until ``--seconds``."""
+    def collect(w) -> list[str]:
+        out, _ = w.communicate()
+        extra = [json.dumps(dict(event="error", error=f"worker exited {w.returncode}"))] if w.returncode else []
+        return out.splitlines() + extra
+
+    if not args.fresh:
+        workers = [_spawn([*worker_argv(args), "--worker", str(i)]) for i in range(args.procs)]
+        return [line for w in workers for line in collect(w)]
+    lines: list[str] = []
+    t_end, started = time.monotonic() + args.seconds, 0
+    running: list = []
+    while running or time.monotonic() < t_end:
+        while time.monotonic() < t_end and len(running) < args.procs:
+            running.append(_spawn([*worker_argv(args), "--worker", str(started), "--layers", str(args.fresh)]))
+            started += 1
+        time.sleep(0.05)
+        for w in [w for w in running if w.poll() is not None]:
+            running.remove(w)
+            lines += collect(w)
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -239,17 +273,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .stress_gpu import run_worker
 
         args.cases = selected
-        args.index, args.stride, args.seed = args.worker, args.procs, args.seed + args.worker
+        args.index, args.seed = args.worker, args.seed + args.worker
         return run_worker(args)
-    _precompile(selected)
+    if args.precompile:
+        _precompile(selected)
     hogs = [_spawn(["--hog-worker", "--seconds", str(args.seconds + 30)]) for _ in range(args.hog)]
-    workers = [_spawn([*worker_argv(args), "--worker", str(i)]) for i in range(args.procs)]
-    lines: list[str] = []
-    for w in workers:
-        out, _ = w.communicate()
-        lines += out.splitlines()
-        if w.returncode:
-            lines.append(json.dumps(dict(event="error", error=f"worker exited {w.returncode}")))
+    lines = _run_workers(args)
     for h in hogs:
         h.kill()
         h.wait()

@@ -6,8 +6,8 @@ does with a captured forward: capture on its own arrays, then twice write fresh 
 graph, call the layer eagerly with ``out=``, and compare
 
 - replay against eager, bitwise (the difference the check exists for),
-- both against the float64 reference (:func:`qmoe_rtc.reference.qmoe`) on sampled rows, with every
-  output element checked for having been written.
+- both against the float64 reference (:func:`qmoe_rtc.reference.qmoe`) on sampled rows, and every
+  output element of both for having been written (none left at the poison, a NaN).
 
 Before each forward the output is poisoned with 0xFF, every scratch buffer a kernel writes before it
 reads with a different byte for replay and for eager (a read of a stale scratch byte then shows up as
@@ -54,6 +54,80 @@ class SmemPoison:
     def __call__(self, byte: int) -> None:
         word = np.uint32(byte * 0x01010101)
         self.kernel((2 * self.sms,), (1024,), (word, np.int32(self.nbytes // 4)), shared_mem=self.nbytes)
+
+
+class CupyArrays:
+    """The worker's arrays as CuPy arrays, the graph from :meth:`QMoE.capture`."""
+
+    def __init__(self, cp):
+        self.cp = cp
+
+    def dev(self, a):
+        return self.cp.asarray(a)
+
+    def host(self, a):
+        return a.get()
+
+    def empty_like(self, a):
+        return self.cp.empty_like(a)
+
+    def poison(self, a, byte: int) -> None:
+        a.view(self.cp.uint8).fill(byte)
+
+    def write(self, dst, src) -> None:
+        dst[...] = self.cp.asarray(src)
+
+    def capture(self, moe, x, lg, out):
+        return moe.capture(x, lg, out=out).replay
+
+    def sync(self) -> None:
+        self.cp.cuda.get_current_stream().synchronize()
+
+
+class TorchArrays(CupyArrays):
+    """The worker's arrays as torch CUDA tensors, the graph recorded by ``torch.cuda.graph`` around the
+    layer call (as a serving engine captures a whole model): one eager call first, then the capture."""
+
+    def __init__(self, cp):
+        import torch
+
+        super().__init__(cp)
+        self.torch = torch
+
+    def dev(self, a):
+        t = self.torch
+        a = np.ascontiguousarray(a)
+        bits = {"bfloat16": (np.int16, t.bfloat16), "float8_e4m3fn": (np.uint8, t.float8_e4m3fn)}.get(a.dtype.name)
+        if bits:  # torch reads no ml_dtypes arrays: their bits, then a view
+            return t.from_numpy(a.view(bits[0])).cuda().view(bits[1])
+        return t.from_numpy(a).cuda()
+
+    def host(self, a):
+        if a.dtype == self.torch.bfloat16:
+            import ml_dtypes
+
+            return a.view(self.torch.int16).cpu().numpy().view(ml_dtypes.bfloat16)
+        return a.cpu().numpy()
+
+    def empty_like(self, a):
+        return self.torch.empty_like(a)
+
+    def poison(self, a, byte: int) -> None:
+        a.view(self.torch.uint8).fill_(byte)
+
+    def write(self, dst, src) -> None:
+        dst.copy_(self.dev(src))
+
+    def capture(self, moe, x, lg, out):
+        t = self.torch
+        moe(x, lg, out=out)
+        g = t.cuda.CUDAGraph()
+        with t.cuda.graph(g):
+            moe(x, lg, out=out)
+        return g.replay
+
+    def sync(self) -> None:
+        self.torch.cuda.synchronize()
 
 
 def _written_scratch(moe) -> list:
@@ -128,22 +202,22 @@ def _emit(obj) -> None:
     sys.stdout.flush()
 
 
-def _forward_pair(cp, moe, g, x, lg, og, oe, smem, diagnose):
+def _forward_pair(arr, moe, replay, x, lg, og, oe, smem, diagnose):
     """Replay then eager on the current inputs, each with fresh poison; (scratch after replay, after eager)."""
     snaps = []
     for i, out in enumerate((og, oe)):
-        out.view(cp.uint8).fill(OUT_POISON)
+        arr.poison(out, OUT_POISON)
         for _, buf in _written_scratch(moe):
             buf.fill(SCRATCH_POISON[i])
         if smem is not None:
             smem(int(np.random.randint(1, 255)))
         if i == 0:
-            g.replay()
+            replay()
         else:
             moe(x, lg, out=oe)
         if diagnose:
             snaps.append(_snapshot(moe))
-    cp.cuda.get_current_stream().synchronize()
+    arr.sync()
     return snaps
 
 
@@ -155,9 +229,10 @@ def engine_scope(engine: str):
     return knobs.scope(prefill_engine=kind if path == "prefill" and kind in ("mma", "wgmma") else "auto")
 
 
-def build_layer(cp, rng, case):
+def build_layer(cp, rng, case, dev=None):
     """A fresh random layer of ``case`` = (layout, engine) on the GPU, on the engine's path; call it (and
-    plan it) inside :func:`engine_scope`. Returns (layer, host weights, attributes)."""
+    plan it) inside :func:`engine_scope`. ``dev`` puts a host array on the GPU (default: CuPy).
+    Returns (layer, host weights, attributes)."""
     from .executor import QMoE
     from .random_layer import random_layer
 
@@ -166,70 +241,79 @@ def build_layer(cp, rng, case):
     k = kw.pop("k")
     w, a = random_layer(rng, E=E, H=H, I=I, k=k, dtype=dtype, **kw)
     with engine_scope(engine):
-        moe = QMoE(**{n: cp.asarray(v) for n, v in w.items()}, **a,
+        moe = QMoE(**{n: (dev or cp.asarray)(v) for n, v in w.items()}, **a,
                    decode_max_routes=512 if engine.startswith("decode") else 0)
     return moe, w, a
 
 
-def check_layer(cp, rng, case, rows_list, stats: Stats, opts) -> None:
-    """Build one random layer of ``case`` on its forced engine and check it at each row count."""
+def check_layer(arr, rng, case, rows_list, stats: Stats, opts) -> None:
+    """Build one random layer of ``case`` on its forced engine and check it at each row count (``arr``:
+    the array kind, :class:`CupyArrays` or :class:`TorchArrays`)."""
     from .random_layer import random_inputs
     from .reference import qmoe as reference
 
     (name, kw, E, H, I, dtype), engine = case
-    moe, w, a = build_layer(cp, rng, case)
+    moe, w, a = build_layer(arr.cp, rng, case, arr.dev)
     router_gemm = "router_weight" in w
     slots = kw["k"] + int(kw.get("shared", 0))
     with engine_scope(engine):
         for rows in rows_list:
             ran = moe.engine_for(rows, dtype).pipeline.name
             x0, l0, _ = random_inputs(rng, rows, H, E, dtype)
-            x, lg = cp.asarray(x0), None if router_gemm else cp.asarray(l0)
-            og, oe = cp.empty_like(x), cp.empty_like(x)
-            g = moe.capture(x, lg, out=og)
+            x, lg = arr.dev(x0), None if router_gemm else arr.dev(l0)
+            og, oe = arr.empty_like(x), arr.empty_like(x)
+            replay = arr.capture(moe, x, lg, og)
             for _ in range(opts.inputs):
                 xn, ln, _ = random_inputs(rng, rows, H, E, dtype)
-                x[...] = cp.asarray(xn)
+                arr.write(x, xn)
                 if lg is not None:
-                    lg[...] = cp.asarray(ln)
-                snaps = _forward_pair(cp, moe, g, x, lg, og, oe, opts.smem, opts.diagnose)
-                hg, he = og.get(), oe.get()
+                    arr.write(lg, ln)
+                snaps = _forward_pair(arr, moe, replay, x, lg, og, oe, opts.smem, opts.diagnose)
+                hg, he = arr.host(og), arr.host(oe)
                 diff = hg.view(np.uint8).tobytes() != he.view(np.uint8).tobytes()
                 sel = np.sort(rng.choice(rows, min(rows, REF_ROWS), replace=False))
                 ref = reference(xn[sel], None if router_gemm else ln[sel], **w, **a)
                 err = max(_rel_err(hg[sel], ref), _rel_err(he[sel], ref))
-                bad = not err <= TOL[dtype]
+                unwritten = int(np.isnan(hg.astype(np.float32)).sum() + np.isnan(he.astype(np.float32)).sum())
+                bad = not err <= TOL[dtype] or unwritten > 0
                 stats.add(ran, diff, bad, err)
                 if diff or bad:
                     rec = dict(event="failure", layout=name, engine=ran, rows=rows, diff=diff, ref_err=err,
+                               unwritten=unwritten,
                                tol=TOL[dtype], elems_differ=int((hg.view(np.uint8) != he.view(np.uint8)).sum()),
                                first=_describe(hg, he, sel, ref) if diff else [])
                     if snaps:
                         rec["stages"] = _stage_report(snaps[0], snaps[1], rows * slots)
                     _emit(rec)
-            del g
+            del replay
 
 
 def run_worker(opts) -> int:
-    """One stress worker: layers of ``opts.cases`` until ``opts.seconds`` have passed; prints JSON lines
-    (failures as they happen, then a summary with the per-engine counts)."""
+    """One stress worker: random layers until ``opts.seconds`` have passed (or ``opts.layers`` layers are
+    checked), the engines in turn (worker i starts at engine i), a random layout of each; prints JSON
+    lines (failures as they happen, then a summary with the per-engine counts)."""
     import cupy as cp
 
     from .stress import rows_for
 
     rng = np.random.default_rng(opts.seed)
     np.random.seed(opts.seed % (2**32))
+    arr = TorchArrays(cp) if opts.torch else CupyArrays(cp)
     opts.smem = SmemPoison(cp) if opts.poison_smem else None
+    by_engine: dict = {}
+    for case in opts.cases:
+        by_engine.setdefault(case[1], []).append(case)
+    engines = sorted(by_engine)
     stats = Stats()
     t_end = time.monotonic() + opts.seconds
-    i = opts.index
-    errors = 0
-    while time.monotonic() < t_end:
-        case = opts.cases[i % len(opts.cases)]
-        i += opts.stride
+    i, done, errors = opts.index, 0, 0
+    while time.monotonic() < t_end and (not opts.layers or done < opts.layers):
+        pool = by_engine[engines[i % len(engines)]]
+        case = pool[int(rng.integers(len(pool)))]
+        i, done = i + 1, done + 1
         rows_list = [int(r) for r in rng.choice(rows_for(case, opts.rows), size=opts.rows_per_layer)]
         try:
-            check_layer(cp, rng, case, rows_list, stats, opts)
+            check_layer(arr, rng, case, rows_list, stats, opts)
         except Exception as exc:  # reported and counted: a crash is a failure of the check too
             errors += 1
             _emit(dict(event="error", layout=case[0][0], engine=case[1], error=f"{type(exc).__name__}: {exc}"))

@@ -40,17 +40,17 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True, scope="session")
 def _kernel_cache_of_the_session(tmp_path_factory):
     """No test writes into the user's own kernel cache: unless QMOE_RTC_CACHE_DIR names one (as the GPU
-    machine's scripts do, to share a precompiled cache), the session compiles into a temporary directory."""
+    machine's scripts do, to share a precompiled cache), the session compiles into a temporary
+    directory (set as QMOE_RTC_CACHE_DIR, so processes the tests start inherit it too)."""
     import os
 
     if os.environ.get("QMOE_RTC_CACHE_DIR"):
         yield
         return
-    from qmoe_rtc import knobs
-
     path = tmp_path_factory.mktemp("kernel-cache")
     path.chmod(0o700)
-    with knobs.scope(cache_dir=path):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("QMOE_RTC_CACHE_DIR", str(path))
         yield
 
 

@@ -267,14 +267,19 @@ def test_bad_input_refused_before_launch(rng):
         moe(cp.asarray(x), cp.asarray(lg), out=cp.empty((3, 128), cp.float32))
 
 
-def test_one_shot_function(rng):
+@pytest.mark.parametrize("kw, dtype", [(dict(bits=8, activation_type="relu"), "float32"),
+                                       (dict(format="fp8_e4m3", block_size=0, activation_type="silu"), "bfloat16")])
+def test_one_shot_function(rng, kw, dtype):
+    """qmoe_rtc.qmoe(...): ONNX Runtime's positional inputs, other layer tensors (FP8 global scales) as
+    keywords."""
     import cupy as cp
 
-    import qmoe_rtc.executor as ex
+    import qmoe_rtc
 
-    w, a = random_layer(rng, E=8, H=128, I=64, k=2, bits=8, dtype="float32", activation_type="relu")
-    x, lg, _ = random_inputs(rng, 4, 128, 8, "float32")
+    w, a = random_layer(rng, E=8, H=128, I=64, k=2, dtype=dtype, **kw)
+    x, lg, _ = random_inputs(rng, 4, 128, 8, dtype)
     wd = to_dev(w)
-    y = ex.qmoe(cp.asarray(x), cp.asarray(lg), wd["fc1_experts_weights"], wd["fc1_scales"], None,
-                wd["fc2_experts_weights"], wd["fc2_scales"], **a)
-    assert rel_err(cp.asnumpy(y), reference(x, lg, **w, **a)) <= TOL["float32"]
+    extra = {n: v for n, v in wd.items() if n.endswith("_global_scale")}
+    y = qmoe_rtc.qmoe(cp.asarray(x), cp.asarray(lg), wd["fc1_experts_weights"], wd.get("fc1_scales"), None,
+                      wd["fc2_experts_weights"], wd.get("fc2_scales"), **extra, **a)
+    assert rel_err(cp.asnumpy(y), reference(x, lg, **w, **a)) <= TOL[dtype]

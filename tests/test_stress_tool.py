@@ -64,11 +64,13 @@ def test_modules_to_compile_cover_every_family():
 
 def test_worker_argv_round_trips_through_the_parser():
     args = stress.build_parser().parse_args(["--procs", "4", "--seconds", "5", "--layouts", "f32-b3-row-relu",
-                                             "--rows", "3,64", "--no-smem-poison", "--diagnose", "--json", "x.json"])
+                                             "--rows", "3,64", "--no-smem-poison", "--diagnose", "--torch", "--json",
+                                             "x.json", "--fresh", "2", "--hog", "3"])
     back = stress.build_parser().parse_args(stress.worker_argv(args))
-    for f in ("procs", "seconds", "layouts", "rows", "poison_smem", "diagnose", "seed", "inputs", "rows_per_layer"):
+    for f in ("procs", "seconds", "layouts", "rows", "poison_smem", "diagnose", "torch", "seed", "inputs",
+              "rows_per_layer"):
         assert getattr(back, f) == getattr(args, f), f
-    assert back.json is None
+    assert back.json is None and back.hog == 0 and back.fresh == 0  # the parent's own business
 
 
 @pytest.mark.parametrize("bad", [["--engines", "decode-fast"], ["--layouts", "nope"], ["--procs", "0"],

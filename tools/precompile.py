@@ -16,8 +16,8 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests"))
 
-SUITES = ("test_executor_gpu", "test_mma_decode_gpu", "test_mma_prefill_gpu", "test_expert_flow_gpu")
-EXECUTOR_FAMILIES = ("route", "gemv", "gemm", "mma_decode", "mma_prefill")
+SUITES = ("test_executor_gpu", "test_mma_decode_gpu", "test_mma_prefill_gpu", "test_expert_flow_gpu", "test_route_order_gpu")
+EXECUTOR_FAMILIES = ("route", "gemv", "gemm", "mma_decode", "mma_prefill", "wgmma_prefill")
 
 
 def specs() -> list:
