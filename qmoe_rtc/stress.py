@@ -262,6 +262,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.hog_worker:
         return _hog(args.seconds)
+    from .jit.driver import probe
+
+    probe(0)  # no driver, driver too old, no GPU: one line (a DeviceError) before CuPy is asked
     import cupy as cp
 
     wgmma = cp.cuda.Device().compute_capability == "90"
@@ -278,6 +281,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.precompile:
         _precompile(selected)
     hogs = [_spawn(["--hog-worker", "--seconds", str(args.seconds + 30)]) for _ in range(args.hog)]
+    fresh = f" (a new one every {args.fresh} layers)" if args.fresh else ""
+    hogging = f" beside {args.hog} hogs" if args.hog else ""
+    print(f"stress: {args.procs} worker processes{fresh}{hogging} for {args.seconds:.0f} s over {len(selected)} cases "
+          f"({', '.join(sorted({eng for _, eng in selected}))}); the table follows", flush=True)
     lines = _run_workers(args)
     for h in hogs:
         h.kill()

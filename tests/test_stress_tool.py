@@ -103,3 +103,17 @@ def test_verdict_needs_every_engine_its_runs_and_no_difference():
     res = stress.aggregate(lines + [failure, err])
     assert len(res["failures"]) == 1 and len(res["errors"]) == 1
     assert not stress.table(res, ["decode-mma"], 1)[1]
+
+
+def test_without_a_gpu_it_is_one_line_naming_what_is_missing():
+    import subprocess
+    import sys
+
+    from conftest import gpu_available
+
+    if gpu_available()[0]:
+        pytest.skip("this machine has a GPU")
+    r = subprocess.run([sys.executable, "-m", "qmoe_rtc", "stress", "--seconds", "1"], capture_output=True, text=True,
+                       timeout=120)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "DeviceError" in lines[0] and "Traceback" not in r.stderr
