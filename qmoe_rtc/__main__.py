@@ -162,7 +162,9 @@ def cmd_demo(args) -> int:
     err = np.linalg.norm(out - r) / np.linalg.norm(r)
     print(f"  GPU: first call (incl. compile/load) {first * 1e3:.1f} ms, eager {per * 1e3:.1f} us/call, "
           f"relative error vs reference {err:.2e}")
-    return 0 if err < {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}[args.dtype] else 1
+    from .bench_report import TOL
+
+    return 0 if err < TOL[args.dtype] else 1
 
 
 def main(argv=None) -> int:

@@ -24,11 +24,12 @@ import time
 
 import numpy as np
 
+from .bench_report import TOL, rel_err  # the contract's accuracy per dtype, the relative error it is judged by
+
 __all__ = ["build_layer", "engine_scope", "run_worker"]
 
 #: Bytes poisoned into (output, replay scratch, eager scratch); shared memory gets a fresh byte each forward.
 OUT_POISON, SCRATCH_POISON = 0xFF, (0xA5, 0x5A)
-TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}
 REF_ROWS = 48  # rows per check compared with the float64 reference (drawn at random)
 SHOW = 6  # differing elements described per failure
 
@@ -163,14 +164,6 @@ def _stage_report(a: dict, b: dict, R: int) -> dict:
     return rep
 
 
-def _rel_err(got, want) -> float:
-    g, w = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    if not np.isfinite(g).all():
-        return math.inf
-    n = np.linalg.norm(w)
-    return float(np.linalg.norm(g - w) / (n if n else 1.0))
-
-
 def _describe(og, oe, ref_rows, ref, limit=SHOW) -> list:
     """The first differing elements: (row, col, replay, eager, reference or None)."""
     rows, cols = np.nonzero(og.view(np.uint16 if og.itemsize == 2 else np.uint32) !=
@@ -273,7 +266,7 @@ def check_layer(arr, rng, case, rows_list, stats: Stats, opts) -> None:
                 diff = hg.view(np.uint8).tobytes() != he.view(np.uint8).tobytes()
                 sel = np.sort(rng.choice(rows, min(rows, REF_ROWS), replace=False))
                 ref = reference(xn[sel], None if router_gemm else ln[sel], **w, **a)
-                err = max(_rel_err(hg[sel], ref), _rel_err(he[sel], ref))
+                err = max(rel_err(hg[sel], ref), rel_err(he[sel], ref))
                 unwritten = int(np.isnan(hg.astype(np.float32)).sum() + np.isnan(he.astype(np.float32)).sum())
                 bad = not err <= TOL[dtype] or unwritten > 0
                 stats.add(ran, diff, bad, err)

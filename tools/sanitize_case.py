@@ -31,9 +31,10 @@ def main(argv=None) -> int:
 
     import cupy as cp
 
+    from qmoe_rtc.bench_report import TOL, rel_err
     from qmoe_rtc.random_layer import random_inputs
     from qmoe_rtc.reference import qmoe as reference
-    from qmoe_rtc.stress_gpu import TOL, _rel_err, build_layer, engine_scope
+    from qmoe_rtc.stress_gpu import build_layer, engine_scope
 
     rng = np.random.default_rng(0)
     failed, ran = [], {}
@@ -49,7 +50,7 @@ def main(argv=None) -> int:
                 out = cp.full(x.shape, cp.nan, x.dtype)
                 moe(cp.asarray(x), None if router_gemm else cp.asarray(lg), out=out)
                 want = reference(x, None if router_gemm else lg, **w, **a)
-                err = _rel_err(cp.asnumpy(out), want)
+                err = rel_err(cp.asnumpy(out), want)
                 eng = moe.engine_for(rows, dtype).pipeline.name
                 ran[eng] = ran.get(eng, 0) + 1
                 if not err <= TOL[dtype]:
