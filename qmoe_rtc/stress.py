@@ -69,9 +69,28 @@ DECODE_ROWS = (1, 2, 3, 5, 8, 13, 16, 31, 64, 100, 128)
 PREFILL_ROWS = (1, 3, 16, 64, 200, 1000, 2048, 4096)
 
 
-def _tensor_core(layout) -> bool:
+def model_config(layout):
+    """The :class:`~qmoe_rtc.specialize.ModelConfig` of a layout (GPU-free: a small layer drawn on the CPU)."""
+    import numpy as np
+
+    from .contract import QMoEAttributes
+    from .random_layer import random_layer
+    from .runtime.layer import describe_gpu_layer, layer_config
+    from .runtime.tensors import layer_scale_dtype
+
     name, kw, E, H, I, dtype = layout
-    return dtype != "float32" and "zero_point_offset" not in kw and H % 32 == 0 and I % 32 == 0
+    kw = dict(kw)
+    k = kw.pop("k")
+    w, a = random_layer(np.random.default_rng(0), E=E, H=H, I=I, k=k, dtype=dtype, **kw)
+    g = describe_gpu_layer(w, QMoEAttributes.from_kwargs(**a), {})
+    return layer_config(g.layer, dtype, layer_scale_dtype(g.layer), g.ext)
+
+
+def _tensor_core(layout) -> bool:
+    """Whether the tensor-core engines run the layout (their own rule, kernels/_expert.py)."""
+    from .kernels._expert import tensor_core_unsupported
+
+    return tensor_core_unsupported(model_config(layout)) is None
 
 
 def cases(layouts: Sequence[str] | None = None, engines: Sequence[str] | None = None, wgmma: bool = True) -> list:
@@ -180,22 +199,10 @@ def _hog(seconds: float) -> int:
 
 def modules(selected: list, arch: str) -> list:
     """(module spec, arch) pairs of every module the cases can load on ``arch`` (GPU-free)."""
-    import numpy as np
-
-    from .contract import QMoEAttributes
-    from .random_layer import random_layer
-    from .runtime.layer import describe_gpu_layer, layer_config
-    from .runtime.tensors import layer_scale_dtype
     from .warm import plan
 
-    configs = {}
-    for (name, kw, E, H, I, dtype), _ in selected:
-        kw = dict(kw)
-        k = kw.pop("k")
-        w, a = random_layer(np.random.default_rng(0), E=E, H=H, I=I, k=k, dtype=dtype, **kw)
-        g = describe_gpu_layer(w, QMoEAttributes.from_kwargs(**a), {})
-        configs[name] = layer_config(g.layer, dtype, layer_scale_dtype(g.layer), g.ext)
-    return plan(list(configs.values()), [arch])
+    layouts = {lay[0]: lay for lay, _ in selected}
+    return plan([model_config(lay) for lay in layouts.values()], [arch])
 
 
 def _precompile(selected: list) -> None:

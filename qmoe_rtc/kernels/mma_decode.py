@@ -79,8 +79,8 @@ def route_groups(rows: int) -> int:
 def k_split(tiles: int, experts: int, K: int, ng: int = 1, per_sm: int | None = None, sms: int = DEFAULT_SMS) -> int:
     """Warps of a block that split K (1, 2 or 4) on a device of ``sms`` multiprocessors: the fewest that
     give about ``TARGET_WARPS_PER_SM`` warps per SM, keeping at least two 128-code chunks per warp; then
-    one wave instead of a sliver more: when that
-    split puts more blocks in the grid than are resident at once (``sms`` SMs × ``per_sm``,
+    one wave instead of a sliver more: when that split puts more blocks in the grid than are resident
+    at once (``sms`` SMs × ``per_sm``,
     the blocks per SM of route group ``ng``, default ``MIN_BLOCKS[ng]``) and half of it fits them in
     one wave with at most ``ONE_WAVE_CHUNKS`` chunks per warp, half it is. Measured on the H200 in one
     process (docs/performance.md, session 6):
