@@ -49,9 +49,10 @@ from .runtime.interop import (
     signature,
     to_cupy,
 )
-from .runtime.layer import check_supported, describe_gpu_layer, layer_config, upload_layer
+from .runtime.layer import check_supported, describe_gpu_layer, layer_config, tiling_unsupported, upload_layer, use_tiled
 from .runtime.plan import Plan, PlanStep
 from .runtime.scratch import ScratchPool
+from .runtime.tensors import layer_scale_dtype
 from .specialize import ModelConfig
 
 __all__ = ["QMoE", "QMoEGraph", "layer_config"]
@@ -72,6 +73,20 @@ def _resolve_device(want: int | None) -> int:
             raise DeviceError(f"no current CUDA device ({type(exc).__name__}: {exc})") from exc
     probe(want)
     return want
+
+
+def _prepack_choice(setting, layer, ext, all_experts: int) -> bool:
+    """Whether the layer's codes are tiled (:func:`~qmoe_rtc.runtime.layer.use_tiled`); says so when 'auto'
+    keeps the contract layout of a layer the tensor-core engines could read tiled."""
+    known = layer.dtype in ("float16", "bfloat16")
+    cfg = layer_config(layer, layer.dtype or "float16", layer_scale_dtype(layer), ext, all_experts)
+    tiled = use_tiled(cfg, setting, known)
+    if not tiled and not known and setting in (None, "auto") and knobs.get("prepack") == "auto" \
+            and tiling_unsupported(cfg) is None:
+        log.warning("qmoe_rtc: codes kept in the contract layout, not tiled for the tensor-core engines: the "
+                    "scales and biases are float32, so the layer may be called with float32 activations, which "
+                    "only the SIMT engines run; pass prepack='on' for a layer called with float16/bfloat16 only")
+    return tiled
 
 
 class _Call:
@@ -110,7 +125,8 @@ class QMoE:
     """
 
     def __init__(self, *, decode_max_routes: int | None = None, validate_content: bool = False,
-                 device: int | str | None = None, expert_range=None, expert_map=None, num_experts=None, **kwargs):
+                 device: int | str | None = None, expert_range=None, expert_map=None, num_experts=None,
+                 prepack: bool | str | None = None, **kwargs):
         slice_args = dict(expert_range=expert_range, expert_map=expert_map, num_experts=num_experts)
         weights = {n: kwargs.pop(n) for n in list(kwargs) if n in LAYER_INPUTS + EXT_INPUTS}
         for n in list(kwargs):
@@ -129,6 +145,7 @@ class QMoE:
         if want is not None and layer.device_id is not None and layer.device_id != want:
             raise DeviceError(f"weights live on cuda:{layer.device_id}, device={device!r} was asked for")
         check_supported(layer, ext, g.slice.num_experts if g.slice else 0)
+        self._tiled = _prepack_choice(prepack, layer, ext, g.slice.num_experts if g.slice else 0)
         if validate_content:  # host arrays are read where they are; device arrays through a zero-copy view
             views = {n: a if is_host_array(a) else to_cupy(n, a, 0) for n, a in weights.items()}
             check_content(views, layer)
@@ -141,9 +158,11 @@ class QMoE:
             w = {n: to_cupy(n, a, self.device_id) for n, a in weights.items()}
             g = describe_gpu_layer(w, self.attrs, slice_args)  # the device arrays themselves, as every call sees them
             self.layer, self.ext, self.slice, self._routing = g.layer, g.ext, g.slice, g.routing
-            self._weights = w  # keep the caller's arrays alive
+            # keep the caller's arrays alive (not the codes once tiled: the caller may free them)
+            self._weights = {n: a for n, a in w.items() if not (self._tiled and n.endswith("_experts_weights"))}
             self.scale_dtype, self._proj, self._table = upload_layer(cp, w, self.layer, self.ext, self.device_id,
-                                                                     self.slice)
+                                                                     self.slice, tiled=self._tiled)
+            del w
         except (cp.cuda.memory.OutOfMemoryError, cp.cuda.runtime.CUDARuntimeError) as exc:
             raise DeviceError(f"uploading the layer to cuda:{self.device_id} failed: {type(exc).__name__}: {exc}") from exc
         self._decode_max_routes = decode_max_routes
@@ -156,7 +175,7 @@ class QMoE:
     # -- layout and choice -----------------------------------------------------------------------
     def model_config(self, dtype: str) -> ModelConfig:
         """The :class:`~qmoe_rtc.specialize.ModelConfig` of this layer for activation dtype ``dtype``."""
-        return layer_config(self.layer, dtype, self.scale_dtype, self.ext, self._all_experts)
+        return layer_config(self.layer, dtype, self.scale_dtype, self.ext, self._all_experts, tiled=self._tiled)
 
     @property
     def decode_max_routes(self) -> int:

@@ -155,6 +155,10 @@ KNOBS: dict[str, Knob] = {
         Knob("prefill_engine", "QMOE_RTC_PREFILL_ENGINE", "str", "auto", False,
              "Tuning only: 'wgmma' runs the Hopper prefill engine at every size it supports, 'mma' never runs it; "
              "'auto' (default) picks by the routes per expert."),
+        Knob("prepack", "QMOE_RTC_PREPACK", "str", "auto", False,
+             "The default of QMoE(prepack=...): 'auto' tiles the codes for the tensor-core engines when the layer's "
+             "scales or biases say its activations are float16/bfloat16; 'on' always (float32 calls refused); 'off' "
+             "keeps the contract layout (qmoe_rtc/prepack.py)."),
         Knob("prefill_wg_groups", "QMOE_RTC_PREFILL_WG_GROUPS", "int", 0, True,
              "Tuning only: warpgroups per block of the wgmma prefill engine (2 or 4; 0 = the built-in); "
              "a -D option, part of the key."),

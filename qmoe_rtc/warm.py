@@ -148,11 +148,13 @@ def _ext_words(cfg) -> str:
 def plan(configs, archs: Sequence[str], variants=("decode", "prefill")) -> list[tuple]:
     """Unique (spec, arch) pairs to build, in a stable order."""
     from .kernels import modules_for
+    from .runtime.layer import executor_config
 
     seen: dict = {}
     for arch in archs:
         for cfg in configs:
-            for spec in modules_for(cfg, variants, arch):  # the arch settles device-dependent engines
+            # the codes tiled where the executor's prepack would tile them (the QMOE_RTC_PREPACK knob's choice)
+            for spec in modules_for(executor_config(cfg), variants, arch):  # the arch settles device-dependent engines
                 seen.setdefault((spec, arch), None)
     return list(seen)
 

@@ -41,6 +41,7 @@ ALTERNATIVES = {
     "swiglu_fusion": dict(swiglu_fusion=2),
     "has_fc3": dict(has_fc3=True, fc3_bits=8, swiglu_fusion=0),
     "aligned": dict(aligned=False),
+    "tiled": dict(tiled=True),
 }
 
 
@@ -67,7 +68,7 @@ def test_equal_layouts_equal_identity():
     dict(dtype="float64"), dict(scale_dtype="float16", dtype="bfloat16"), dict(fc1_bits=5), dict(fc2_bits=0),
     dict(block_size=8), dict(block_size=48), dict(fc1_zp="yes"), dict(activation="tanh"),
     dict(swiglu_fusion=3), dict(swiglu_fusion=1, activation="relu"), dict(fc3_bits=4),
-    dict(has_fc3=True, fc3_bits=0), dict(activation="swiglu"), dict(has_fc3=1), dict(aligned=1),
+    dict(has_fc3=True, fc3_bits=0), dict(activation="swiglu"), dict(has_fc3=1), dict(aligned=1), dict(tiled=1),
     dict(fc1_bits=True),
 ])
 def test_layout_refuses_bad_values(bad):

@@ -44,6 +44,7 @@ def _add_specs(layers, rng, seen: dict) -> None:
     from qmoe_rtc.executor import layer_config
     from qmoe_rtc.kernels import get_family
     from qmoe_rtc.random_layer import random_layer
+    from qmoe_rtc.runtime.layer import executor_config
 
     for case in layers:
         kw, E, H, I = case[1], case[2], case[3], case[4]
@@ -54,7 +55,7 @@ def _add_specs(layers, rng, seen: dict) -> None:
             w, a = random_layer(rng, E=E, H=H, I=I, k=k, dtype=dtype, **kw2)
             layer = describe_layer(w, QMoEAttributes.from_kwargs(**a))
             sdt = {p.scale_dtype for p in layer.projections()}
-            cfg = layer_config(layer, dtype, sdt.pop() if len(sdt) == 1 else "float32")
+            cfg = executor_config(layer_config(layer, dtype, sdt.pop() if len(sdt) == 1 else "float32"))
             for fam in EXECUTOR_FAMILIES:
                 f = get_family(fam)
                 if f.supports(cfg) is None:

@@ -21,9 +21,29 @@ GROUP_ARGS = (Ptr("sorted", "int32"), Ptr("offsets", "int32"), Ptr("tile_offsets
 
 
 def expert_spec(family: str, config: ModelConfig, **extra) -> ModuleSpec:
-    """The module spec of an expert family: every EXPERT_FIELDS value of the layout, plus ``extra``."""
+    """The module spec of an expert family: every EXPERT_FIELDS value of the layout, plus ``extra``
+    (the tensor-core families add ``tiled=True`` for a layer whose codes are tiled: :func:`tiled_spec`)."""
     layout = getattr(config, "layout", config)
     return ModuleSpec.make(family, **{f: getattr(layout, f) for f in EXPERT_FIELDS}, **extra)
+
+
+def tiled_spec(config: ModelConfig) -> dict:
+    """``{"tiled": True}`` when the layer's codes are in the tiled layout (:mod:`qmoe_rtc.prepack`), else
+    nothing: a contract-layout module keeps the key it had before the tiled layout existed."""
+    return {"tiled": True} if getattr(config, "layout", config).tiled else {}
+
+
+def tiled_define(spec: ModuleSpec) -> tuple[str, ...]:
+    """The compiler define that makes ``cuda_src/core/codes.cuh`` address the tiled layout."""
+    return ("-DQMOE_TILED=1",) if spec.get("tiled") else ()
+
+
+def tiled_unsupported(config: ModelConfig) -> str | None:
+    """Why a SIMT family cannot run ``config``: it reads the contract layout, not tiled codes."""
+    if getattr(config, "layout", config).tiled:
+        return ("the layer's codes are prepacked in the tensor-core engines' tiled layout, which the SIMT "
+                "engines do not read (QMoE(prepack=False) keeps the contract layout)")
+    return None
 
 
 def gate_of(spec: ModuleSpec) -> str:

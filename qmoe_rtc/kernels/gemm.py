@@ -10,7 +10,16 @@ from __future__ import annotations
 
 from ..jit import KernelDef, Launch, Ptr, Scalar
 from ..specialize import ModuleSpec
-from ._expert import ACT_SCALARS, EXPERT_FIELDS, GROUP_ARGS, expert_spec, projection_args, shared_args, template_types
+from ._expert import (
+    ACT_SCALARS,
+    EXPERT_FIELDS,
+    GROUP_ARGS,
+    expert_spec,
+    projection_args,
+    shared_args,
+    template_types,
+    tiled_unsupported,
+)
 from ._grouped import GROUP_MAX_EXPERTS, combine_launch, group_and_combine, group_launch, grouped_scratch, route_tiles
 from .base import KernelFamily, Problem, Slot, register
 
@@ -37,6 +46,9 @@ class GemmFamily(KernelFamily):
         return expert_spec(self.name, config)
 
     def supports(self, config, problem: Problem | None = None) -> str | None:
+        why = tiled_unsupported(config)
+        if why:
+            return why
         if config.experts + config.shared > GROUP_MAX_EXPERTS:
             return f"{config.experts + config.shared} experts (grouping handles at most {GROUP_MAX_EXPERTS})"
         if (2 * config.inter + BW - 1) // BW > MAX_GRID_Y or (config.hidden + BW - 1) // BW > MAX_GRID_Y:

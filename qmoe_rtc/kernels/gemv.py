@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..jit import KernelDef, Launch, Ptr, Scalar
 from ..specialize import ModuleSpec
-from ._expert import ACT_SCALARS, EXPERT_FIELDS, expert_spec, projection_args, shared_args, template_types
+from ._expert import ACT_SCALARS, EXPERT_FIELDS, expert_spec, projection_args, shared_args, template_types, tiled_unsupported
 from .base import KernelFamily, Problem, Slot, register
 
 __all__ = ["GemvFamily"]
@@ -32,6 +32,9 @@ class GemvFamily(KernelFamily):
         return expert_spec(self.name, config)
 
     def supports(self, config, problem: Problem | None = None) -> str | None:
+        why = tiled_unsupported(config)
+        if why:
+            return why
         if (config.inter + 3) // 4 > MAX_GRID_Y or (config.hidden + FC2_ROWS - 1) // FC2_ROWS > MAX_GRID_Y:
             return f"hidden {config.hidden} / inter {config.inter} need more than {MAX_GRID_Y} blocks on grid.y"
         return None

@@ -23,6 +23,8 @@ from ._expert import (
     shared_args,
     template_types,
     tensor_core_unsupported,
+    tiled_define,
+    tiled_spec,
 )
 from ._grouped import tuning_knob
 from .base import DEFAULT_SMS, KernelFamily, Problem, Slot, register
@@ -115,7 +117,7 @@ def k_split(tiles: int, experts: int, K: int, ng: int = 1, per_sm: int | None = 
 class MmaDecodeFamily(KernelFamily):
     name = "mma_decode"
     header = "engines/mma_decode.cuh"
-    depends_on = EXPERT_FIELDS
+    depends_on = (*EXPERT_FIELDS, "tiled")
 
     def spec(self, config) -> ModuleSpec:
         """The layout's fields plus the ring depth and the resident blocks per SM of the 8-route kernels
@@ -125,7 +127,7 @@ class MmaDecodeFamily(KernelFamily):
                            min_blocks=tuning_knob("mma_min_blocks", "QMOE_RTC_MMA_MIN_BLOCKS", MIN_BLOCKS[1],
                                                   MIN_BLOCKS_ALLOWED),
                            roll_copies=bool(knobs.get("mma_roll_copies")),
-                           expert_flow=bool(knobs.get("mma_expert_flow")))
+                           expert_flow=bool(knobs.get("mma_expert_flow")), **tiled_spec(config))
 
     def specs(self, config) -> list[ModuleSpec]:
         return [] if tensor_core_unsupported(config) else [self.spec(config)]
@@ -139,7 +141,7 @@ class MmaDecodeFamily(KernelFamily):
     def defines(self, spec: ModuleSpec) -> tuple[str, ...]:
         return (f"-DQMOE_MMA_STAGES={spec['stages']}", f"-DQMOE_MMA_MIN_BLOCKS={spec['min_blocks']}",
                 f"-DQMOE_MMA_ROLL_COPIES={int(spec['roll_copies'])}",
-                f"-DQMOE_MMA_EXPERT_FLOW={int(spec['expert_flow'])}")
+                f"-DQMOE_MMA_EXPERT_FLOW={int(spec['expert_flow'])}", *tiled_define(spec))
 
     def kernels(self, spec: ModuleSpec) -> tuple[KernelDef, ...]:
         t = template_types(spec)

@@ -21,6 +21,8 @@ from ._expert import (
     shared_args,
     template_types,
     tensor_core_unsupported,
+    tiled_define,
+    tiled_spec,
 )
 from ._grouped import (
     GROUP_MAX_EXPERTS,
@@ -68,7 +70,7 @@ def stage_bytes(bits: int, scale_bytes: int, block_size: int, zp_packed: bool, n
 class MmaPrefillFamily(KernelFamily):
     name = "mma_prefill"
     header = "engines/mma_prefill.cuh"
-    depends_on = EXPERT_FIELDS
+    depends_on = (*EXPERT_FIELDS, "tiled")
 
     def spec(self, config) -> ModuleSpec:
         """The layout's fields plus the pipeline depth and warps per block (tuning knobs, read here once
@@ -76,7 +78,9 @@ class MmaPrefillFamily(KernelFamily):
         return expert_spec(self.name, config,
                            stages=tuning_knob("prefill_stages", "QMOE_RTC_PREFILL_STAGES", STAGES, range(2, 7)),
                            warps=tuning_knob("prefill_warps", "QMOE_RTC_PREFILL_WARPS", WARPS, (4, 8)),
-                           min_blocks=tuning_knob("prefill_min_blocks", "QMOE_RTC_PREFILL_MIN_BLOCKS", MIN_BLOCKS, (1, 2, 3, 4)))
+                           min_blocks=tuning_knob("prefill_min_blocks", "QMOE_RTC_PREFILL_MIN_BLOCKS", MIN_BLOCKS,
+                                                  (1, 2, 3, 4)),
+                           **tiled_spec(config))
 
     def specs(self, config) -> list[ModuleSpec]:
         return [] if self.supports(config) else [self.spec(config)]
@@ -88,7 +92,7 @@ class MmaPrefillFamily(KernelFamily):
 
     def defines(self, spec: ModuleSpec) -> tuple[str, ...]:
         return (f"-DQMOE_PF_STAGES={spec['stages']}", f"-DQMOE_PF_WARPS={spec['warps']}",
-                f"-DQMOE_PF_MIN_BLOCKS={spec['min_blocks']}")
+                f"-DQMOE_PF_MIN_BLOCKS={spec['min_blocks']}", *tiled_define(spec))
 
     def kernels(self, spec: ModuleSpec) -> tuple[KernelDef, ...]:
         t = template_types(spec)

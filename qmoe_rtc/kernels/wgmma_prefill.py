@@ -28,6 +28,8 @@ from ._expert import (
     shared_args,
     template_types,
     tensor_core_unsupported,
+    tiled_define,
+    tiled_spec,
 )
 from ._grouped import (
     GROUP_MAX_EXPERTS,
@@ -120,7 +122,7 @@ def tile_routes(routes: int, E: int, groups: int = GROUPS) -> int:
 class WgmmaPrefillFamily(KernelFamily):
     name = "wgmma_prefill"
     header = "engines/wgmma_prefill.cuh"
-    depends_on = EXPERT_FIELDS
+    depends_on = (*EXPERT_FIELDS, "tiled")
     conditional = True  # sm_90a only, and only from MIN_ROUTES_PER_EXPERT routes per expert
 
     def spec(self, config) -> ModuleSpec:
@@ -129,11 +131,12 @@ class WgmmaPrefillFamily(KernelFamily):
         return expert_spec(self.name, config,
                            groups=tuning_knob("prefill_wg_groups", "QMOE_RTC_PREFILL_WG_GROUPS", GROUPS, (2, 4)),
                            stages=tuning_knob("prefill_wg_stages", "QMOE_RTC_PREFILL_WG_STAGES", MAX_STAGES, range(2, 7)),
-                           inflight=tuning_knob("prefill_wg_inflight", "QMOE_RTC_PREFILL_WG_INFLIGHT", INFLIGHT, (1, 2)))
+                           inflight=tuning_knob("prefill_wg_inflight", "QMOE_RTC_PREFILL_WG_INFLIGHT", INFLIGHT, (1, 2)),
+                           **tiled_spec(config))
 
     def defines(self, spec: ModuleSpec) -> tuple[str, ...]:
         return (f"-DQMOE_WG_GROUPS={spec['groups']}", f"-DQMOE_WG_STAGES={spec['stages']}",
-                f"-DQMOE_WG_INFLIGHT={spec['inflight']}")
+                f"-DQMOE_WG_INFLIGHT={spec['inflight']}", *tiled_define(spec))
 
     def specs(self, config) -> list[ModuleSpec]:
         return [] if self.supports(config) else [self.spec(config)]

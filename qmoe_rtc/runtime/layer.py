@@ -13,14 +13,15 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..contract import LAYER_INPUTS, describe_layer
-from ..errors import QMoEUnsupportedError
+from ..errors import QMoEAttributeError, QMoEUnsupportedError
 from ..extensions import EXT_INPUTS, describe_extensions
 from ..kernels import choose
 from ..slices import describe_slice
 from ..specialize import Layout, ModelConfig
 from .tensors import layer_scale_dtype, layer_table, upload_extras, upload_projections
 
-__all__ = ["GpuLayer", "check_supported", "describe_gpu_layer", "layer_config", "shared_unsupported", "upload_layer"]
+__all__ = ["PREPACK_SETTINGS", "GpuLayer", "check_supported", "describe_gpu_layer", "executor_config", "layer_config",
+           "shared_unsupported", "tile_codes", "tiling_unsupported", "upload_layer", "use_tiled"]
 
 
 @dataclass(frozen=True)
@@ -47,17 +48,17 @@ def describe_gpu_layer(arrays: dict, attrs, slice_args: dict) -> GpuLayer:
     return GpuLayer(layer, routing, ext, sl)
 
 
-def layer_config(layer, dtype: str, scale_dtype: str, ext=None, all_experts: int = 0) -> ModelConfig:
+def layer_config(layer, dtype: str, scale_dtype: str, ext=None, all_experts: int = 0, tiled: bool = False) -> ModelConfig:
     """The :class:`~qmoe_rtc.specialize.ModelConfig` of a validated layer (:class:`~qmoe_rtc.contract.LayerSpec`,
     with its :class:`~qmoe_rtc.extensions.ExtensionSpec` ``ext``; ``all_experts``: the whole layer's E
     when it is an expert slice) called with activation dtype ``dtype``, its scales held as
-    ``scale_dtype`` (GPU-free)."""
+    ``scale_dtype``, its codes ``tiled`` or not (GPU-free)."""
     L, a = layer, layer.attrs
     layout = Layout(
         dtype=dtype, scale_dtype=scale_dtype if scale_dtype in ("float32", dtype) else "float32",
         fc1_bits=L.fc1.bits, fc2_bits=L.fc2.bits, fc3_bits=L.fc3.bits if L.fc3 else 0, block_size=a.block_size,
         fc1_zp=L.fc1.zp_mode, fc2_zp=L.fc2.zp_mode, fc3_zp=L.fc3.zp_mode if L.fc3 else "none",
-        activation=a.activation_type, swiglu_fusion=a.swiglu_fusion, has_fc3=L.fc3 is not None)
+        activation=a.activation_type, swiglu_fusion=a.swiglu_fusion, has_fc3=L.fc3 is not None, tiled=tiled)
     S = ext.S if ext is not None else 0
     router = ext.router_dtype if ext is not None and ext.router else ""
     return ModelConfig(hidden=L.H, inter=L.I, experts=L.E, k=a.k, layout=layout, use_sparse_mixer=bool(a.use_sparse_mixer),
@@ -109,15 +110,86 @@ def check_supported(layer, ext=None, all_experts: int = 0) -> None:
                                        f"{first}") from None
 
 
-def upload_layer(cp, weights: dict, layer, ext, device_id: int, expert_slice=None):
+#: QMoE(prepack=...) values (and the ``prepack`` knob's): see :func:`use_tiled`.
+PREPACK_SETTINGS = ("auto", "on", "off")
+_TENSOR_CORE_DTYPES = ("float16", "bfloat16")
+
+
+def _tiled(config: ModelConfig) -> ModelConfig:
+    return replace(config, layout=replace(config.layout, tiled=True))
+
+
+def tiling_unsupported(config: ModelConfig) -> str | None:
+    """Why ``config``'s codes cannot be tiled (None: they can): with tiled codes every path must still
+    have a pipeline that runs the layer, and only the tensor-core engines read the tiled layout."""
+    cfg = _tiled(config)
+    for path in ("decode", "prefill"):
+        try:
+            choose(cfg, None, path)
+        except QMoEUnsupportedError as exc:
+            return str(exc)
+    return None
+
+
+def use_tiled(config: ModelConfig, setting, dtype_known: bool) -> bool:
+    """Whether a layer of ``config`` holds its codes tiled (:mod:`qmoe_rtc.prepack`). ``setting``: 'auto',
+    'on', 'off' or a bool (None: the ``prepack`` knob); ``dtype_known``: the layer's scales or biases
+    fix its activations to float16/bfloat16. 'auto' tiles when the layout allows it and the dtype is
+    known (float32 calls would need the contract layout); 'on' refuses a layout that cannot be tiled."""
+    from .. import knobs
+
+    s = knobs.get("prepack") if setting is None else setting
+    s = {True: "on", False: "off"}.get(s, s) if isinstance(s, bool) else s
+    if s not in PREPACK_SETTINGS:
+        raise QMoEAttributeError("prepack", f"a bool or one of {list(PREPACK_SETTINGS)}", repr(s))
+    if s == "off":
+        return False
+    why = tiling_unsupported(config)
+    if s == "on" and why:
+        raise QMoEUnsupportedError(f"prepack='on' needs tensor-core engines for every path: {why}")
+    return why is None and (s == "on" or dtype_known)
+
+
+def executor_config(config: ModelConfig, setting=None) -> ModelConfig:
+    """The config the executor runs a layer of ``config`` with (warm / precompile use it): its codes
+    tiled where :func:`use_tiled` would tile them, taking the activation dtype as known when the
+    scales are in it."""
+    lay = config.layout
+    known = lay.dtype in _TENSOR_CORE_DTYPES and lay.scale_dtype == lay.dtype
+    return _tiled(config) if not lay.tiled and use_tiled(config, setting, known) else config
+
+
+def tile_codes(cp, proj: dict, layer, interleaved_fc1: bool) -> dict:
+    """``proj`` (:func:`upload_projections`) with every projection's codes in the tiled layout
+    (:func:`qmoe_rtc.prepack.tile`, on the GPU; the contract codes are not kept)."""
+    from ..prepack import tile
+
+    out = {}
+    for p in layer.projections():
+        w, s, z, b = proj[p.name]
+        codes = w.view(cp.uint8)  # FP8 codes are bytes too
+        out[p.name] = (tile(cp, codes, p.K, p.bits, interleaved_fc1 and p.name == "fc1", f"{p.name}_experts_weights"),
+                       s, z, b)  # [E, N/8, ceil(K/128), 8, 4, 4·b] u8
+    return out
+
+
+def upload_layer(cp, weights: dict, layer, ext, device_id: int, expert_slice=None, tiled: bool = False):
     """(scale dtype, routed projections, binding table) of a validated layer whose arrays ``weights``
     (by input name, extension inputs included) are already CuPy arrays on ``device_id``; an expert
-    slice adds ``expert_map`` (int32 [all experts]: local index or -1) for routing."""
+    slice adds ``expert_map`` (int32 [all experts]: local index or -1) for routing; ``tiled``: the
+    codes (routed and shared) are tiled for the tensor-core engines (:mod:`qmoe_rtc.prepack`)."""
     scale_dtype, proj = upload_projections(cp, weights, layer, device_id)
+    interleaved = layer.attrs.swiglu_fusion == 1
+    if tiled:
+        with cp.cuda.Device(device_id):
+            proj = tile_codes(cp, proj, layer, interleaved)
     shared = None
     if ext is not None and ext.shared is not None:
         sw = {n.removeprefix("shared_"): a for n, a in weights.items() if n.startswith("shared_fc")}
         _, shared = upload_projections(cp, sw, ext.shared, device_id, scale_dtype=scale_dtype)
+        if tiled:
+            with cp.cuda.Device(device_id):
+                shared = tile_codes(cp, shared, ext.shared, interleaved)
     extras = upload_extras(cp, weights, device_id)
     if expert_slice is not None:
         with cp.cuda.Device(device_id):

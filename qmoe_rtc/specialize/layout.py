@@ -37,7 +37,8 @@ class Layout:
     mode 'fp8' holds float8 e4m3fn codes: 8 bits, and its square scale blocks may be partial (no
     divisibility rule, see :class:`ModelConfig`). ``aligned``: every packed row is
     whole 32-code chunks (H and I multiples of 32), which lets kernels use 16-byte loads;
-    :class:`ModelConfig` derives it from the shapes.
+    :class:`ModelConfig` derives it from the shapes. ``tiled``: the codes are held in the tiled layout
+    the tensor-core engines read (:mod:`qmoe_rtc.prepack`), not the contract's rows.
     """
 
     dtype: str = "float16"
@@ -53,6 +54,7 @@ class Layout:
     swiglu_fusion: int = 0
     has_fc3: bool = False
     aligned: bool = True
+    tiled: bool = False
 
     def __post_init__(self) -> None:
         _check("dtype", self.dtype, DTYPES)
@@ -65,7 +67,7 @@ class Layout:
             _check(p, getattr(self, p), ZP_MODES)
             if getattr(self, p) == "fp8":
                 _check(f"{p[:3]}_bits", getattr(self, f"{p[:3]}_bits"), (8,), f"8 ({p}='fp8': e4m3fn codes are bytes)")
-        for b in ("has_fc3", "aligned"):
+        for b in ("has_fc3", "aligned", "tiled"):
             if type(getattr(self, b)) is not bool:
                 raise QMoEAttributeError(b, "a bool", repr(getattr(self, b)))
         if self.has_fc3:
@@ -118,6 +120,8 @@ class Layout:
         parts += [f"bs{self.block_size}", dtype_abbrev(self.dtype), "s-" + dtype_abbrev(self.scale_dtype)]
         if not self.aligned:
             parts.append("unaligned")
+        if self.tiled:
+            parts.append("tiled")
         return "_".join(parts)
 
     @classmethod
@@ -135,6 +139,7 @@ _NAME_FORMS = {
     "threads": lambda v: f"t{v}",
     "stages": lambda v: f"st{v}",
     "aligned": lambda v: "" if v else "unaligned",
+    "tiled": lambda v: "tiled" if v else "",
 }
 
 

@@ -174,9 +174,9 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
   // computed, never stored)
   const i32 oa = min(o0 + g, I - 1), ob = kGated ? oa : min(o0 + g + 8, I - 1);
   const i32 na = Rows::gate_row(oa, I), nb = kGated ? Rows::lin_row(oa, I) : ob;
-  const i64 row_bytes = packed_bytes<B1>(H);
-  const u8* pa = w1 + ((i64)e * N1 + na) * row_bytes;
-  const u8* pb = GATE == GATE_FC3 ? w3 + ((i64)e * I + nb) * row_bytes : w1 + ((i64)e * N1 + nb) * row_bytes;
+  using Codes = CodeRows<B1>;  // contract or tiled layout (core/codes.cuh)
+  const u8* pa = w1 + Codes::row(e, N1, Rows::tile_row(na), H);
+  const u8* pb = GATE == GATE_FC3 ? w3 + Codes::row(e, I, nb, H) : w1 + Codes::row(e, N1, Rows::tile_row(nb), H);
   if (R <= kMmaPrefetchRoutes) prefetch_rows<B1>(pa, pb, H, ks, KS, PF);
   const ExpertRoutes er = collect_routes(ids, R, s_ids, s_list, &s_n);
   if (er.n == 0) return;
@@ -247,9 +247,8 @@ fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const fl
   const i32 n0 = (blockIdx.x * MT + mt) * 16;
   const i32 na = min(n0 + g, H - 1), nb = min(n0 + g + 8, H - 1);
   const QuantParams<ScaleT, B2, BLOCK, Z2> q2{s2, z2, zp_offset, H, I};
-  const i64 row_bytes = packed_bytes<B2>(I);
-  const u8* pa = w2 + ((i64)e * H + na) * row_bytes;
-  const u8* pb = w2 + ((i64)e * H + nb) * row_bytes;
+  const u8* pa = w2 + CodeRows<B2>::row(e, H, na, I);  // contract or tiled layout (core/codes.cuh)
+  const u8* pb = w2 + CodeRows<B2>::row(e, H, nb, I);
   // e < 0: an expert this layer does not hold (expert slices [ext]): nothing to compute, but the block
   // still counts for its tile below (block-uniform, so collect_routes' barriers are skipped by all)
   if (e >= 0 && R <= kMmaPrefetchRoutes) prefetch_rows<B2>(pa, pb, I, ks, KS, PF);

@@ -22,6 +22,7 @@
 // zero_point_offset, FC3 with a bit width other than FC1's, 1-bit with block 16, K % 32 ≠ 0.
 #pragma once
 
+#include "core/codes.cuh"
 #include "core/cp_async.cuh"
 #include "core/dequant.cuh"
 #include "core/experts.cuh"
@@ -110,14 +111,14 @@ template <typename T, class QA, class QB, int MW = kPfMW> struct PfLaneRows {
   Coef rca[MW], rcb[MW];
   float sa[MW], sb[MW];
 
-  // Warp tile m reads row n_a of (qa, wa) and row n_b of (qb, wb) of expert e (same bits and K).
-  __device__ __forceinline__ void set(int m, const QA& qa, const u8* wa, i32 n_a, const QB& qb, const u8* wb, i32 n_b,
-                                      i32 e) {
-    const i64 row_bytes = packed_bytes<QA::kBits>(qa.K);
+  // Warp tile m reads row n_a of (qa, wa) and row n_b of (qb, wb) of expert e (same bits and K); m_a,
+  // m_b: their tile rows (core/codes.cuh; the rows themselves but for interleaved FC1 rows, tiled).
+  __device__ __forceinline__ void set(int m, const QA& qa, const u8* wa, i32 n_a, i32 m_a, const QB& qb, const u8* wb,
+                                      i32 n_b, i32 m_b, i32 e) {
     na[m] = n_a;
     nb[m] = n_b;
-    pa[m] = wa + ((i64)e * qa.N + n_a) * row_bytes;
-    pb[m] = wb + ((i64)e * qb.N + n_b) * row_bytes;
+    pa[m] = wa + CodeRows<QA::kBits>::row(e, qa.N, m_a, qa.K);
+    pb[m] = wb + CodeRows<QA::kBits>::row(e, qb.N, m_b, qb.K);
     rca[m] = pf_row_coef<T>(qa, e, n_a, sa[m]);
     rcb[m] = pf_row_coef<T>(qb, e, n_b, sb[m]);
   }
@@ -156,7 +157,7 @@ __device__ __forceinline__ void pf_mainloop(const QA& qa, const QB& qb, const Pf
     const u32 wbase = base + St::kXBytes + warp * St::kWarpBytes;
     const i32 k0 = c * kPfChunk + 32 * t;
     const bool live = k0 < K;
-    const i64 off = live ? (i64)(k0 / 32) * CB : 0;
+    const i64 off = live ? CodeRows<B>::seg(k0 / 32) : 0;
     const i32 j = live ? QA::block_of(k0) : 0;
 #pragma unroll
     for (int m = 0; m < MW; ++m) {
@@ -292,7 +293,8 @@ fc1_prefill(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* 
   for (int m = 0; m < kPfMW; ++m) {
     o0[m] = (nt * kPfTiles + warp * kPfMW + m) * kOut;
     const i32 oa = min(o0[m] + g, I - 1), ob = Rows::kGated ? oa : min(o0[m] + g + 8, I - 1);  // clamped: never stored
-    lr.set(m, q1, w1, Rows::gate_row(oa, I), qb, wb, Rows::kGated ? Rows::lin_row(oa, I) : ob, e);
+    const i32 na = Rows::gate_row(oa, I), nb = Rows::kGated ? Rows::lin_row(oa, I) : ob;
+    lr.set(m, q1, w1, na, Rows::tile_row(na), qb, wb, nb, Rows::tile_row(nb), e);
   }
   for (int i = threadIdx.x; i < BR; i += kPfThreads) s_src[i] = m0 + i < m_end ? (i64)(sorted[m0 + i] / k) * H : -1;
   __syncthreads();
@@ -346,7 +348,8 @@ fc2_prefill(const T* __restrict__ act_sorted, const i32* __restrict__ sorted, co
 #pragma unroll
   for (int m = 0; m < kPfMW; ++m) {
     n0[m] = (nt * kPfTiles + warp * kPfMW + m) * 16;
-    lr.set(m, q2, w2, min(n0[m] + g, H - 1), q2, w2, min(n0[m] + g + 8, H - 1), e);  // clamped: never stored
+    const i32 na = min(n0[m] + g, H - 1), nb = min(n0[m] + g + 8, H - 1);  // clamped: never stored
+    lr.set(m, q2, w2, na, na, q2, w2, nb, nb, e);
   }
   for (int i = threadIdx.x; i < BR; i += kPfThreads) s_src[i] = m0 + i < m_end ? (i64)(m0 + i) * I : -1;
   __syncthreads();

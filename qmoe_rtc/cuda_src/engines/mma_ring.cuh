@@ -11,6 +11,7 @@
 // pair is multiplied by its scale in T first (rounded once, like any dequantize-to-T engine).
 #pragma once
 
+#include "core/codes.cuh"
 #include "core/cp_async.cuh"
 #include "core/dequant.cuh"
 #include "core/lane_meta.cuh"
@@ -64,8 +65,8 @@ template <int B> __device__ __forceinline__ void prefetch_rows(const u8* pa, con
   for (i32 i = 0, c = ks; i < chunks && c < nch; ++i, c += KS) {
     const i32 k0 = c * kMmaChunk + 32 * t;
     if (k0 >= K) break;
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(pa + (i64)(k0 / 32) * (4 * B)));
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(pb + (i64)(k0 / 32) * (4 * B)));
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(pa + CodeRows<B>::seg(k0 / 32)));
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(pb + CodeRows<B>::seg(k0 / 32)));
   }
 }
 
@@ -134,7 +135,8 @@ __device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* __restrict
       const i32 c = c0 + u * KS, k0 = c * kMmaChunk + 32 * t;
       if (c >= nch) break;  // warp-uniform
       const bool live = k0 < K;
-      const i64 off = COOP ? (i64)c * 48 + 16 * cpc : (live ? (i64)(k0 / 32) * CB : 0);
+      // a row's chunk is 4·CB contiguous bytes in both layouts (core/codes.cuh), segment 4c on
+      const i64 off = COOP ? CodeRows<B>::seg(4 * c) + 16 * cpc : (live ? CodeRows<B>::seg(k0 / 32) : 0);
       // the block of the lane's codes; with kFactor the block of the chunk (the same for every lane,
       // and valid on lanes past K, whose C fragments still need their rows' scale)
       const i32 j = kFactor ? QA::block_of((i64)c * kMmaChunk) : (live ? QA::block_of(k0) : 0);

@@ -131,7 +131,7 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
     const u32 wbase = base + St::kXBytes + warp * St::kWarpBytes;
     const i32 k0 = c * 128 + 32 * t;
     const bool live = k0 < K;
-    const i64 off = live ? (i64)(k0 / 32) * CB : 0;
+    const i64 off = live ? CodeRows<B>::seg(k0 / 32) : 0;
     const i32 j = live ? QA::block_of(k0) : 0;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -245,7 +245,8 @@ fc1_wgmma(const T* __restrict__ xp, const i32* __restrict__ sorted, const i32* _
   PfLaneRows<T, Q1, QB, 1> lr;
   {
     const i32 oa = min(o0 + g, I - 1), ob = Rows::kGated ? oa : min(o0 + g + 8, I - 1);  // clamped: never stored
-    lr.set(0, q1, w1, Rows::gate_row(oa, I), qb, wb, Rows::kGated ? Rows::lin_row(oa, I) : ob, e);
+    const i32 na = Rows::gate_row(oa, I), nb = Rows::kGated ? Rows::lin_row(oa, I) : ob;
+    lr.set(0, q1, w1, na, Rows::tile_row(na), qb, wb, nb, Rows::tile_row(nb), e);
   }
   for (int i = threadIdx.x; i < BR; i += kWgThreads) s_src[i] = m0 + i < m_end ? (i64)(sorted[m0 + i] / k) * Hp : -1;
   __syncthreads();
@@ -294,7 +295,8 @@ fc2_wgmma(const T* __restrict__ act_sorted, const i32* __restrict__ sorted, cons
   const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const i32 n0 = (nt * kWgWarps + warp) * 16;
   PfLaneRows<T, Q2, Q2, 1> lr;
-  lr.set(0, q2, w2, min(n0 + g, H - 1), q2, w2, min(n0 + g + 8, H - 1), e);  // clamped: never stored
+  const i32 na = min(n0 + g, H - 1), nb = min(n0 + g + 8, H - 1);  // clamped: never stored
+  lr.set(0, q2, w2, na, na, q2, w2, nb, nb, e);
   for (int i = threadIdx.x; i < BR; i += kWgThreads) s_src[i] = m0 + i < m_end ? (i64)(m0 + i) * Ip : -1;
   __syncthreads();
   float acc[BR / 2];

@@ -8,6 +8,7 @@
 //   gated:       act[o] = act_gated(h_gate + b_gate, h_lin + b_lin)
 #pragma once
 
+#include "core/codes.cuh"
 #include "core/types.cuh"
 #include "epilogue/act.cuh"
 
@@ -23,6 +24,13 @@ template <int GATE> struct Fc1Rows {
   // row of the linear half of output o: in FC1 (fused), in FC3 (GATE_FC3)
   static __device__ __forceinline__ i32 lin_row(i32 o, i32 I) {
     return GATE == GATE_FUSED1 ? 2 * o + 1 : (GATE == GATE_FUSED2 ? I + o : o);
+  }
+  // tile row of FC1 row n in the tiled layout (core/codes.cuh): interleaved rows (GATE_FUSED1) put the
+  // 8 gate rows of outputs 8q .. 8q + 7 in tile rows 16q .. 16q + 7 and their linear rows in 16q + 8 ..
+  // 16q + 15, so each lane row of a gated warp tile is a whole row group; otherwise the row itself
+  static __device__ __forceinline__ i32 tile_row(i32 n) {
+    if constexpr (kTiled && GATE == GATE_FUSED1) return ((n >> 4) << 4) + ((n & 1) << 3) + ((n >> 1) & 7);
+    else return n;
   }
 };
 

@@ -1,0 +1,94 @@
+"""The tiled weight layout the tensor-core engines read, made once from the contract layout, and back.
+
+The contract (ONNX Runtime's) layout stores each expert's rows one after the other, ``w [E, N, K·b/8]``.
+A tensor-core lane reads 32 consecutive codes of a row per 128-code chunk (a *segment*, 4·b bytes), and
+the 32 lanes of a warp read rows ``8q + g`` (g = 0..7) at segments ``4c + t`` (t = 0..3): in the
+contract layout those are 8 pieces of 16·b bytes, one per row, a row apart. The tiled layout puts
+them next to each other::
+
+    tiled [E, N8, NCH, 8, 4, 4·b] u8    N8 = ceil(N / 8) row groups, NCH = ceil(K / 128) chunks
+          [e, q, c, g, t, :] = segment 4c + t of tile row 8q + g of expert e (zero past N or K)
+
+so a warp's copy of a row group's chunk is one contiguous run of 128·b bytes, and a row group's whole
+K is one contiguous run. Tile rows are the rows themselves, except FC1 with interleaved gate / linear
+rows (``swiglu_fusion=1``): the 8 gate rows of outputs 8p .. 8p + 7 become tile rows 16p .. 16p + 7 and
+their linear rows 16p + 8 .. 16p + 15, the two lane rows of a gated warp tile. Scales and zero points
+stay in the contract layout. The device mirror of :func:`tiled_offset` is ``CodeRows``
+(``cuda_src/core/codes.cuh``); a CPU test checks the two and that :func:`untile` inverts :func:`tile`.
+
+Every function takes the array module (``numpy`` or ``cupy``) so the same reshapes run on the host
+(tests, offline packing) and on the GPU (at upload).
+"""
+
+from __future__ import annotations
+
+from .errors import QMoEInputError
+
+__all__ = ["CHUNK", "GROUP", "tile", "tile_rows", "tiled_offset", "tiled_shape", "untile"]
+
+GROUP = 8  #: rows per row group (the lanes g of a warp)
+CHUNK = 128  #: codes per chunk (the 4 lanes t of a row, 32 codes each)
+
+
+def tiled_shape(E: int, N: int, K: int, bits: int) -> tuple[int, ...]:
+    """``(E, N8, NCH, 8, 4, 4·bits)``: the tiled array of a projection with N rows of K codes."""
+    return (E, -(-N // GROUP), -(-K // CHUNK), GROUP, 4, 4 * bits)
+
+
+def tile_rows(N: int, interleaved: bool) -> list[int]:
+    """Contract row of each tile row (``interleaved``: FC1 with gate row 2o and linear row 2o + 1)."""
+    if not interleaved:
+        return list(range(N))
+    out = []
+    for p in range(N // 16):  # 8 outputs: their gate rows, then their linear rows
+        out += [2 * (8 * p + g) for g in range(GROUP)] + [2 * (8 * p + g) + 1 for g in range(GROUP)]
+    return out
+
+
+def tiled_offset(e: int, N: int, m: int, K: int, bits: int, s: int) -> int:
+    """Byte offset of segment ``s`` of tile row ``m`` of expert ``e`` (the device's ``CodeRows``)."""
+    n8, nch = -(-N // GROUP), -(-K // CHUNK)
+    return ((e * n8 + m // GROUP) * nch + s // 4) * CHUNK * bits + ((m % GROUP) * 4 + s % 4) * 4 * bits
+
+
+def _check(w, K: int, bits: int, name: str) -> tuple[int, int]:
+    if bits not in (1, 2, 3, 4, 8):
+        raise QMoEInputError(f"{name} bits", "1, 2, 3, 4 or 8", repr(bits))
+    if K % 32:
+        raise QMoEInputError(f"{name} K", "a multiple of 32 (whole 32-code segments)", repr(K))
+    if len(w.shape) != 3 or w.shape[2] != K * bits // 8:
+        raise QMoEInputError(name, f"shape [E, N, {K * bits // 8}] (K={K}, {bits}-bit)", f"shape {tuple(w.shape)}")
+    if N_odd := w.shape[1] % GROUP:
+        raise QMoEInputError(name, f"N a multiple of {GROUP}", f"N={w.shape[1]} ({N_odd} over)")
+    return w.shape[0], w.shape[1]
+
+
+def tile(xp, w, K: int, bits: int, interleaved: bool = False, name: str = "weights"):
+    """The tiled layout of contract codes ``w`` [E, N, K·bits/8] (uint8, or any dtype of the same
+    shape: the tests tile index arrays), made expert by expert (temporaries of one expert)."""
+    E, N = _check(w, K, bits, name)
+    shape = tiled_shape(E, N, K, bits)
+    nch, seg = shape[2], 4 * bits
+    rows = xp.asarray(tile_rows(N, interleaved)) if interleaved else None
+    out = xp.zeros(shape, dtype=w.dtype)
+    for e in range(E):
+        we = w[e] if rows is None else w[e][rows]  # [N, Kb] in tile-row order
+        padded = xp.zeros((N, nch * 4 * seg), dtype=w.dtype)  # K padded to whole chunks
+        padded[:, : we.shape[1]] = we
+        # [N8, 8, NCH, 4, seg] -> [N8, NCH, 8, 4, seg]
+        out[e] = padded.reshape(N // GROUP, GROUP, nch, 4, seg).transpose(0, 2, 1, 3, 4)
+    return out
+
+
+def untile(xp, t, N: int, K: int, bits: int, interleaved: bool = False):
+    """The contract codes [E, N, K·bits/8] of a tiled array (the inverse of :func:`tile`)."""
+    E = t.shape[0]
+    if tuple(t.shape) != tiled_shape(E, N, K, bits):
+        raise QMoEInputError("tiled weights", f"shape {tiled_shape(E, N, K, bits)}", f"shape {tuple(t.shape)}")
+    nch, seg = t.shape[2], 4 * bits
+    flat = xp.ascontiguousarray(t.transpose(0, 1, 3, 2, 4, 5)).reshape(E, N, nch * 4 * seg)[:, :, : K * bits // 8]
+    if not interleaved:
+        return xp.ascontiguousarray(flat)
+    out = xp.empty_like(flat)
+    out[:, xp.asarray(tile_rows(N, True))] = flat
+    return out
