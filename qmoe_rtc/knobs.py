@@ -153,8 +153,12 @@ KNOBS: dict[str, Knob] = {
              "Tuning only: force the prefill route tile (16, 32 or 64 routes for mma.sync, 64, 128 or 256 for "
              "wgmma; 0 = chosen from the routes per expert)."),
         Knob("prefill_engine", "QMOE_RTC_PREFILL_ENGINE", "str", "auto", False,
-             "Tuning only: 'wgmma' runs the Hopper prefill engine at every size it supports, 'mma' never runs it; "
+             "Tuning only: 'batched' runs the batched-decode engine at every size, 'wgmma' the Hopper prefill "
+             "engine at every size it supports, 'mma' the mma.sync tile engine (neither of the others); "
              "'auto' (default) picks by the routes per expert."),
+        Knob("batched_route_groups", "QMOE_RTC_BATCHED_ROUTE_GROUPS", "int", 0, False,
+             "Tuning only: route groups of 8 the batched-decode engine serves per pass over the weights (1, 2 or 4; "
+             "0 = from the routes per expert)."),
         Knob("prepack", "QMOE_RTC_PREPACK", "str", "auto", False,
              "The default of QMoE(prepack=...): 'auto' tiles the codes for the tensor-core engines when the layer's "
              "scales or biases say its activations are float16/bfloat16; 'on' always (float32 calls refused); 'off' "

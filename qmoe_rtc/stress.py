@@ -60,7 +60,7 @@ LAYOUTS = (
 
 #: Engines (pipelines) and how a case forces one: the path through decode_max_routes, the prefill engine
 #: through QMOE_RTC_PREFILL_ENGINE. Tensor-core layouts run the first three, the others the SIMT two.
-TENSOR_CORE_ENGINES = ("decode-mma", "prefill-mma", "prefill-wgmma")
+TENSOR_CORE_ENGINES = ("decode-mma", "prefill-batched", "prefill-mma", "prefill-wgmma")
 SIMT_ENGINES = ("decode-gemv", "prefill-simt")
 ENGINES = TENSOR_CORE_ENGINES + SIMT_ENGINES
 

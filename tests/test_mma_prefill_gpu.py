@@ -1,5 +1,5 @@
-"""The tensor-core prefill engines (families ``mma_prefill`` and, on sm_90a, ``wgmma_prefill``) vs the
-float64 reference on the GPU.
+"""The tensor-core prefill-path engines (families ``mma_batched``, ``mma_prefill`` and, on sm_90a,
+``wgmma_prefill``) vs the float64 reference on the GPU.
 
 Covers bit widths 1/2/4/8 and mixed, block sizes 0/16/32/64/128, zero points, every gate source and
 activation, biases, float16/bfloat16, K not a multiple of 128, every route tile (16/32/64 routes for mma.sync,
@@ -17,7 +17,7 @@ from qmoe_rtc.reference import qmoe as reference
 
 pytestmark = pytest.mark.gpu
 
-ENGINES = ["mma", "wgmma"]
+ENGINES = ["batched", "mma", "wgmma"]
 
 
 @pytest.fixture(params=ENGINES)

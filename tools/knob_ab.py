@@ -7,8 +7,9 @@ same code; this tool is for differences smaller than that.
     python3 tools/knob_ab.py --preset mixtral-8x7b,gpt-oss-120b --tokens 1,8 \
         mma_expert_flow=0 mma_expert_flow=1 QMOE_RTC_MMA_TARGET_WARPS=6336
 
-A setting is ``name=value[,name=value]`` with knob names or their environment variables; ``base`` is
-the built-in defaults. Prints per point and setting the median of all samples, the spread of the round
+A setting is ``name=value[,name=value]`` with knob names or their environment variables (or
+``decode_max_routes``, a QMoE() argument); ``base`` is the built-in defaults. Prints per point and
+setting the engine, the median of all samples, the spread of the round
 medians and the ratio to the first setting, and each setting's largest difference from the first
 setting's output relative to its largest element (the bench checks against the float64 reference).
 """
@@ -24,7 +25,7 @@ import cupy as cp
 import numpy as np
 
 from qmoe_rtc import knobs
-from qmoe_rtc._arrays import np_dtype
+from qmoe_rtc._arrays import dtype_name, np_dtype
 from qmoe_rtc.bench import Timer, _poison
 from qmoe_rtc.bench_layers import build_layer
 from qmoe_rtc.bench_report import BENCH_SHAPES
@@ -34,14 +35,22 @@ from qmoe_rtc.extensions import EXT_INPUTS
 _BY_ENV = {k.env: k.name for k in knobs.KNOBS.values()}
 
 
+#: QMoE() arguments a setting may give besides knobs (``decode_max_routes=0``: the prefill path at every size).
+LAYER_ARGS = {"decode_max_routes": int}
+
+
 def parse_setting(text: str) -> dict:
-    """``name=value[,name=value]`` (knob names or environment variables) → overrides; ``base`` → {}."""
+    """``name=value[,name=value]`` (knob names or environment variables, or :data:`LAYER_ARGS`) → overrides;
+    ``base`` → {}."""
     if text == "base":
         return {}
     out = {}
     for item in text.split(","):
         name, sep, value = item.partition("=")
         name = _BY_ENV.get(name, name)
+        if sep and name in LAYER_ARGS:
+            out[name] = LAYER_ARGS[name](value)
+            continue
         if not sep or name not in knobs.KNOBS:
             raise SystemExit(f"setting {text!r}: {item!r} is not name=value with a knob name or variable")
         out[name] = knobs.KNOBS[name].parse(value)
@@ -50,9 +59,10 @@ def parse_setting(text: str) -> dict:
 
 def point(timer, shape, T, layers, x, logits, rounds: int, iters: int) -> list[dict]:
     """Graphs of every setting's layer on the same inputs, timed in turns; one row per setting."""
-    graphs = []
+    graphs, engines = [], []
     for setting, moe in layers:
-        with knobs.scope(**setting):
+        with knobs.scope(**{n: v for n, v in setting.items() if n not in LAYER_ARGS}):
+            engines.append(moe.engine_for(T, dtype_name(x)).pipeline.name)
             moe(x, logits)
             g = moe.capture(x, logits)
             _poison(cp, g.output)
@@ -72,7 +82,7 @@ def point(timer, shape, T, layers, x, logits, rounds: int, iters: int) -> list[d
     rows = []
     for i, (setting, _) in enumerate(layers):
         med = statistics.median(samples[i])
-        rows.append(dict(shape=shape, T=T, setting=setting, median_us=med, round_min_us=min(per_round[i]),
+        rows.append(dict(shape=shape, T=T, setting=setting, engine=engines[i], median_us=med, round_min_us=min(per_round[i]),
                          round_max_us=max(per_round[i]), ratio=med / base,
                          finite=bool(np.isfinite(outs[i]).all()),
                          rel_diff=float(np.max(np.abs(outs[i] - outs[0]))) / scale))
@@ -93,7 +103,7 @@ def main(argv=None) -> int:
     settings = [parse_setting(s) for s in a.settings]
     timer = Timer(cp)
     rows = []
-    print(f"{'shape':16} {'T':>3} {'setting':44} | {'median_us':>9} {'rounds':>13} {'ratio':>6} | rel_diff")
+    print(f"{'shape':16} {'T':>4} {'setting':44} {'engine':15} | {'median_us':>9} {'rounds':>13} {'ratio':>6} | rel_diff")
     for name in a.preset.split(","):
         shape = BENCH_SHAPES[name]
         rs = cp.random.RandomState(0)
@@ -101,14 +111,15 @@ def main(argv=None) -> int:
         w = {n: v for n, v in w.items() if n not in EXT_INPUTS}  # the routed layer (logits given), as the bench
         layers = []
         for s in settings:
-            with knobs.scope(**s):
-                layers.append((s, QMoE(**w, **at)))
+            args = {n: v for n, v in s.items() if n in LAYER_ARGS}
+            with knobs.scope(**{n: v for n, v in s.items() if n not in LAYER_ARGS}):
+                layers.append((s, QMoE(**w, **at, **args)))
         for T in (int(t) for t in a.tokens.split(",")):
             x = rs.standard_normal((T, shape.H), dtype=cp.float32).astype(np_dtype(a.dtype))
             logits = cp.asarray(2 * rs.standard_normal((T, shape.E)), dtype=cp.float32)
             for r in point(timer, name, T, layers, x, logits, a.rounds, a.iters):
                 label = ",".join(f"{k}={v}" for k, v in r["setting"].items()) or "base"
-                print(f"{name:16} {T:>3} {label:44} | {r['median_us']:9.1f} {r['round_min_us']:6.1f}-"
+                print(f"{name:16} {T:>4} {label[:44]:44} {r['engine']:15} | {r['median_us']:9.1f} {r['round_min_us']:6.1f}-"
                       f"{r['round_max_us']:<6.1f} {r['ratio']:6.3f} | {r['rel_diff']:.1e}"
                       + ("" if r["finite"] else "  NOT FINITE (unwritten output?)"), flush=True)
                 rows.append(r)

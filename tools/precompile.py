@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.p
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests"))
 
 SUITES = ("test_executor_gpu", "test_mma_decode_gpu", "test_mma_prefill_gpu", "test_expert_flow_gpu", "test_route_order_gpu")
-EXECUTOR_FAMILIES = ("route", "gemv", "gemm", "mma_decode", "mma_prefill", "wgmma_prefill")
+EXECUTOR_FAMILIES = ("route", "gemv", "gemm", "mma_decode", "mma_batched", "mma_prefill", "wgmma_prefill")
 
 
 def specs() -> list:

@@ -163,7 +163,8 @@ class KernelFamily:
 # -- registry ----------------------------------------------------------------------------------
 
 #: Built-in families, imported lazily on first lookup (nothing is imported at package import).
-BUILTIN_FAMILIES: tuple[str, ...] = ("dequant", "route", "gemv", "mma_decode", "gemm", "mma_prefill", "wgmma_prefill")
+BUILTIN_FAMILIES: tuple[str, ...] = ("dequant", "route", "gemv", "mma_decode", "gemm", "mma_batched", "mma_prefill",
+                                      "wgmma_prefill")
 
 _lock = threading.RLock()
 _registry: dict[str, KernelFamily] = {}

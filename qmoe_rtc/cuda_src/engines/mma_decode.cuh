@@ -108,34 +108,6 @@ __device__ __forceinline__ ExpertRoutes collect_routes(const i32* __restrict__ i
   return ExpertRoutes{*s_n};
 }
 
-// Adds the KS slices' C fragments into the slice-0 warps (fixed order). Each warp's partial sums go
-// to the start of its own ring (NG·512 bytes, smaller than a ring; its copies have all landed and
-// been read when mma_rows returns), so the reduction needs no shared memory of its own.
-template <int NG> __device__ __forceinline__ void reduce_slices(float (&acc)[NG][4], i32 mt, i32 ks, i32 MT, i32 KS,
-                                                                u8* rings, i32 ring_bytes) {
-  if (KS == 1) return;
-  const i32 lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-  __syncwarp();  // every lane of this warp has read its ring
-  if (ks > 0) {
-    float* red = reinterpret_cast<float*>(rings + w * ring_bytes);
-#pragma unroll
-    for (int g = 0; g < NG; ++g)
-#pragma unroll
-      for (int v = 0; v < 4; ++v) red[(g * 4 + v) * 32 + lane] = acc[g][v];
-  }
-  __syncthreads();
-  if (ks == 0) {
-    for (i32 s = 1; s < KS; ++s) {
-      const float* red = reinterpret_cast<const float*>(rings + (s * MT + mt) * ring_bytes);
-#pragma unroll
-      for (int g = 0; g < NG; ++g)
-#pragma unroll
-        for (int v = 0; v < 4; ++v) acc[g][v] += red[(g * 4 + v) * 32 + lane];
-    }
-  }
-  __syncthreads();  // the rings are free again for the next route group
-}
-
 // Rows per 16-row warp tile: gated FC1 = 8 outputs (rows g: gate, g + 8: linear); else 16 outputs.
 template <int GATE, typename T, typename ScaleT, int B1, int Z1, int Z3, int BLOCK, int ACT, int NG>
 __global__ void __launch_bounds__(kMmaThreads, mma_min_blocks<NG>())

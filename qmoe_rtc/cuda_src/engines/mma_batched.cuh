@@ -1,0 +1,158 @@
+// engines/mma_batched.cuh: the batched-decode engine (float16 / bfloat16 activations, 1/2/3/4/8-bit
+// weights): the decode engine's weight stream (engines/mma_ring.cuh: each warp streams its own rows
+// through a cp.async ring, K split over the warps of a block, mma.sync with the weights as A) over the
+// routes grouped by expert (routing/group.cuh), so any number of routes: batched decode and chunked
+// prefill with few routes per expert, where the prefill engines' 128-row tiles leave too few warps
+// streaming and have no K split (mixtral-8x7b's FC2: 256 blocks).
+//
+//   sorted, offsets   routing/group.cuh: route ids in expert order, expert e's at [offsets[e], offsets[e+1])
+//   x           [rows, H]   T     FC1's activations, row = route / k (read in place)
+//   act_sorted  [R, I]      T     FC1 out in sorted order (activation rounded to T), FC2's activations
+//   y           [R, H]      f32   FC2 out by route id, bias added (combine_routes applies the routing weight)
+//
+// Grid: (output tiles, experts): block (x, e) computes MT·16 rows of expert e (4 warps = MT row tiles
+// × KS slices of K, as the decode engine) for every route of e, 8·NG routes per pass over the weights;
+// experts without routes exit at once. Codes in the contract or the tiled layout (core/codes.cuh).
+// Not covered (the executor says why and runs another engine): float32 activations, zero_point_offset,
+// FC3 with a bit width other than FC1's, 1-bit with block 16, K % 32 != 0.
+#pragma once
+
+#include "core/codes.cuh"
+#include "core/experts.cuh"
+#include "core/types.cuh"
+#include "engines/mma_ring.cuh"
+#include "epilogue/combine.cuh"
+#include "epilogue/fc1.cuh"
+#include "routing/group.cuh"
+
+namespace qmoe {
+
+// The launch gives the four rings (kernels/mma_batched.py computes the same size): trap, never overrun.
+template <class Stage> __device__ __forceinline__ void check_batched_smem() {
+  u32 have;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(have));
+  if (have < (u32)(kMmaWarps * kMmaStages * Stage::kBytes)) __trap();
+}
+
+// FC1 (+FC3) with the activation fused: act_sorted[pos, o] for every route of expert blockIdx.y.
+template <int GATE, typename T, typename ScaleT, int B1, int Z1, int Z3, int BLOCK, int ACT, int NG>
+__global__ void __launch_bounds__(kMmaThreads, mma_min_blocks<NG>())
+fc1_batched(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* __restrict__ offsets, i32 k, i32 H,
+            i32 I, i32 KS, const u8* __restrict__ w1, const ScaleT* __restrict__ s1, const u8* __restrict__ z1,
+            const float* __restrict__ b1, const u8* __restrict__ w3, const ScaleT* __restrict__ s3,
+            const u8* __restrict__ z3, const float* __restrict__ b3, i32 E_routed, const u8* __restrict__ shared_w1,
+            const ScaleT* __restrict__ shared_s1, const u8* __restrict__ shared_z1, const float* __restrict__ shared_b1,
+            float zp_offset, float alpha, float beta, float limit, i32 limit_after, T* __restrict__ act_sorted) {
+  extern __shared__ __align__(16) u8 dyn_smem[];
+  using Stage = MmaStage<B1, ScaleT, BLOCK, Z1 == ZP_PACKED || (GATE == GATE_FC3 && Z3 == ZP_PACKED)>;
+  constexpr i32 kRing = kMmaStages * Stage::kBytes;
+  static_assert(kRing >= NG * 4 * 32 * 4, "a ring holds its warp's partial sums (reduce_slices)");
+  check_batched_smem<Stage>();
+  using Rows = Fc1Rows<GATE>;
+  constexpr bool kGated = Rows::kGated;
+  constexpr int kOutPerTile = kGated ? 8 : 16;
+  const ActParams ap{alpha, beta, limit, limit_after};
+  i32 e = blockIdx.y;
+  const i32 m0 = offsets[e], m1 = offsets[e + 1];
+  if (m0 >= m1) return;  // no routes (block-uniform)
+  pick_expert(e, E_routed, w1, s1, z1, b1, shared_w1, shared_s1, shared_z1, shared_b1);
+  const i32 N1 = Rows::n1(I);
+  const QuantParams<ScaleT, B1, BLOCK, Z1> q1{s1, z1, zp_offset, N1, H};
+  const QuantParams<ScaleT, B1, BLOCK, Z3> q3{s3, z3, zp_offset, I, H};
+  const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const i32 MT = kMmaWarps / KS, mt = warp % MT, ks = warp / MT;
+  const i32 g = lane >> 2, t = lane & 3;
+  const i32 o0 = (blockIdx.x * MT + mt) * kOutPerTile;
+  // lane rows as in the decode engine: gate and linear row of output o0 + g, or outputs o0 + g and
+  // o0 + g + 8 (clamped: computed, never stored)
+  const i32 oa = min(o0 + g, I - 1), ob = kGated ? oa : min(o0 + g + 8, I - 1);
+  const i32 na = Rows::gate_row(oa, I), nb = kGated ? Rows::lin_row(oa, I) : ob;
+  using Codes = CodeRows<B1>;
+  const u8* pa = w1 + Codes::row(e, N1, Rows::tile_row(na), H);
+  const u8* pb = GATE == GATE_FC3 ? w3 + Codes::row(e, I, nb, H) : w1 + Codes::row(e, N1, Rows::tile_row(nb), H);
+  u8* ring = dyn_smem + warp * kRing;
+  for (i32 p = m0; p < m1; p += 8 * NG) {
+    const T* xrow[NG];
+#pragma unroll
+    for (int gg = 0; gg < NG; ++gg) {
+      const i32 j = p + 8 * gg + g;
+      xrow[gg] = j < m1 ? x + (i64)(sorted[j] / k) * H : nullptr;
+    }
+    float acc[NG][4] = {};
+    if constexpr (GATE == GATE_FC3) mma_rows<T, B1, NG>(q1, pa, na, q3, pb, nb, e, xrow, H, ks, KS, acc, ring);
+    else mma_rows<T, B1, NG>(q1, pa, na, q1, pb, nb, e, xrow, H, ks, KS, acc, ring);  // both rows from W1
+    reduce_slices<NG>(acc, mt, ks, MT, KS, dyn_smem, kRing);
+    if (ks != 0) continue;
+#pragma unroll
+    for (int gg = 0; gg < NG; ++gg) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const i32 pos = p + 8 * gg + 2 * t + c;
+        if (pos >= m1) continue;
+        const float ha = acc[gg][c], hb = acc[gg][2 + c];  // rows g, g + 8
+        T* out = act_sorted + (i64)pos * I;
+        if constexpr (kGated) {
+          const i32 o = o0 + g;
+          if (o < I) out[o] = Traits<T>::from_float(fc1_activation<ACT, GATE>(ha, hb, b1, b3, e, o, I, ap));
+        } else {
+          if (o0 + g < I) out[o0 + g] = Traits<T>::from_float(fc1_activation<ACT, GATE>(ha, 0.0f, b1, b3, e, o0 + g, I, ap));
+          if (o0 + g + 8 < I)
+            out[o0 + g + 8] = Traits<T>::from_float(fc1_activation<ACT, GATE>(hb, 0.0f, b1, b3, e, o0 + g + 8, I, ap));
+        }
+      }
+    }
+  }
+}
+
+// FC2: y[route, n] = act_sorted[pos] · W2[e, n] + b2[e, n] for every route of expert blockIdx.y.
+template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, int NG>
+__global__ void __launch_bounds__(kMmaThreads, mma_min_blocks<NG>())
+fc2_batched(const T* __restrict__ act_sorted, const i32* __restrict__ sorted, const i32* __restrict__ offsets, i32 H,
+            i32 I, i32 KS, const u8* __restrict__ w2, const ScaleT* __restrict__ s2, const u8* __restrict__ z2,
+            const float* __restrict__ b2, i32 E_routed, const u8* __restrict__ shared_w2,
+            const ScaleT* __restrict__ shared_s2, const u8* __restrict__ shared_z2, const float* __restrict__ shared_b2,
+            float zp_offset, float* __restrict__ y) {
+  extern __shared__ __align__(16) u8 dyn_smem[];
+  using Stage = MmaStage<B2, ScaleT, BLOCK, Z2 == ZP_PACKED>;
+  constexpr i32 kRing = kMmaStages * Stage::kBytes;
+  static_assert(kRing >= NG * 4 * 32 * 4, "a ring holds its warp's partial sums (reduce_slices)");
+  check_batched_smem<Stage>();
+  i32 e = blockIdx.y;
+  const i32 m0 = offsets[e], m1 = offsets[e + 1];
+  if (m0 >= m1) return;
+  pick_expert(e, E_routed, w2, s2, z2, b2, shared_w2, shared_s2, shared_z2, shared_b2);
+  const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const i32 MT = kMmaWarps / KS, mt = warp % MT, ks = warp / MT;
+  const i32 g = lane >> 2, t = lane & 3;
+  const i32 n0 = (blockIdx.x * MT + mt) * 16;
+  const i32 na = min(n0 + g, H - 1), nb = min(n0 + g + 8, H - 1);  // clamped: never stored
+  const QuantParams<ScaleT, B2, BLOCK, Z2> q2{s2, z2, zp_offset, H, I};
+  const u8* pa = w2 + CodeRows<B2>::row(e, H, na, I);
+  const u8* pb = w2 + CodeRows<B2>::row(e, H, nb, I);
+  u8* ring = dyn_smem + warp * kRing;
+  for (i32 p = m0; p < m1; p += 8 * NG) {
+    const T* xrow[NG];
+#pragma unroll
+    for (int gg = 0; gg < NG; ++gg) {
+      const i32 j = p + 8 * gg + g;
+      xrow[gg] = j < m1 ? act_sorted + (i64)j * I : nullptr;
+    }
+    float acc[NG][4] = {};
+    mma_rows<T, B2, NG>(q2, pa, na, q2, pb, nb, e, xrow, I, ks, KS, acc, ring);
+    reduce_slices<NG>(acc, mt, ks, MT, KS, dyn_smem, kRing);
+    if (ks != 0) continue;
+#pragma unroll
+    for (int gg = 0; gg < NG; ++gg) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const i32 pos = p + 8 * gg + 2 * t + c;
+        if (pos >= m1) continue;
+        float* out = y + (i64)sorted[pos] * H;
+        if (n0 + g < H) out[n0 + g] = acc[gg][c] + (b2 ? b2[(i64)e * H + na] : 0.0f);
+        if (n0 + g + 8 < H) out[n0 + g + 8] = acc[gg][2 + c] + (b2 ? b2[(i64)e * H + nb] : 0.0f);
+      }
+    }
+  }
+}
+
+}  // namespace qmoe

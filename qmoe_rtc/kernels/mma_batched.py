@@ -1,0 +1,158 @@
+"""Kernel family ``mma_batched``: the batched-decode engine (float16/bfloat16, 1/2/3/4/8-bit weights) for
+calls with a few to a few dozen routes per expert (batched decode, chunked prefill).
+
+Template ``cuda_src/engines/mma_batched.cuh``: ``qmoe::fc1_batched`` (FC1 [+FC3], activation fused,
+sorted order) and ``qmoe::fc2_batched`` (FC2 + bias, by route id), with ``group_by_expert`` and
+``combine_routes`` as the prefill engines. The decode engine's weight stream (a cp.async ring per warp,
+K split over a block's warps) on grouped routes: no route limit, one block per (output tile, expert),
+``8·NG`` routes per pass over the weights with ``NG`` 1, 2 or 4 chosen from the routes per expert.
+Above :data:`MAX_ROUTES_PER_EXPERT` routes per expert the tile engines (mma_prefill, wgmma_prefill),
+which read each weight once per 16-256 routes, are faster (measured, docs/performance.md) and
+:meth:`MmaBatchedFamily.slower` says so.
+"""
+
+from __future__ import annotations
+
+from .. import knobs
+from ..jit import KernelDef, Launch, Ptr, Scalar
+from ..specialize import ModuleSpec
+from ._expert import (
+    ACT_SCALARS,
+    EXPERT_FIELDS,
+    expert_spec,
+    gate_of,
+    projection_args,
+    shared_args,
+    template_types,
+    tensor_core_unsupported,
+    tiled_define,
+    tiled_spec,
+)
+from ._grouped import (
+    GROUP_MAX_EXPERTS,
+    combine_launch,
+    group_and_combine,
+    group_launch,
+    grouped_scratch,
+    staged_projection,
+    tuning_knob,
+)
+from .base import KernelFamily, Problem, Slot, register
+from .mma_decode import MIN_BLOCKS, MIN_BLOCKS_ALLOWED, ROUTE_GROUPS, THREADS, WARPS, _stages, k_split, ring_bytes
+
+__all__ = ["MAX_ROUTES_PER_EXPERT", "MmaBatchedFamily", "route_groups"]
+
+#: Routes per expert (average over the experts that get routes) up to which this engine runs; above it
+#: the tile engines are faster (measured on the H200, docs/performance.md "Serving range").
+MAX_ROUTES_PER_EXPERT = 48
+
+
+def per_expert(problem: Problem) -> float:
+    """Average routes of the experts that get routes (expert slices [ext]: the routed share held)."""
+    routes = problem.rows * (problem.k * problem.E / problem.logit_count + problem.shared)
+    return routes / max(1, min(problem.experts, routes))
+
+
+def route_groups(problem: Problem) -> int:
+    """NG: the fewest route groups of 8 that hold the average expert's routes in one pass (experts with
+    more take more passes); knob ``batched_route_groups`` forces one."""
+    forced = tuning_knob("batched_route_groups", "QMOE_RTC_BATCHED_ROUTE_GROUPS", 0, (0, *ROUTE_GROUPS))
+    if forced:
+        return forced
+    avg = per_expert(problem)
+    return next((ng for ng in ROUTE_GROUPS if avg <= 8 * ng), ROUTE_GROUPS[-1])
+
+
+@register
+class MmaBatchedFamily(KernelFamily):
+    name = "mma_batched"
+    header = "engines/mma_batched.cuh"
+    depends_on = (*EXPERT_FIELDS, "tiled")
+    conditional = True  # only up to MAX_ROUTES_PER_EXPERT routes per expert
+
+    def spec(self, config) -> ModuleSpec:
+        """The layout's fields plus the ring depth and the 8-route kernels' blocks per SM (the decode
+        engine's knobs: the same ring)."""
+        return expert_spec(self.name, config, stages=_stages(),
+                           min_blocks=tuning_knob("mma_min_blocks", "QMOE_RTC_MMA_MIN_BLOCKS", MIN_BLOCKS[1],
+                                                  MIN_BLOCKS_ALLOWED),
+                           roll_copies=bool(knobs.get("mma_roll_copies")), **tiled_spec(config))
+
+    def specs(self, config) -> list[ModuleSpec]:
+        return [] if self.supports(config) else [self.spec(config)]
+
+    def supports(self, config, problem: Problem | None = None) -> str | None:
+        if config.experts + config.shared > GROUP_MAX_EXPERTS:
+            return f"{config.experts + config.shared} experts (grouping handles at most {GROUP_MAX_EXPERTS})"
+        why = tensor_core_unsupported(config, problem)
+        if why:
+            return why
+        forced = knobs.get("prefill_engine")
+        if problem is not None and problem.rows and forced in ("mma", "wgmma"):
+            return f"QMOE_RTC_PREFILL_ENGINE={forced}"
+        return None
+
+    def slower(self, config, problem: Problem | None = None) -> str | None:
+        if problem is None or problem.rows == 0 or knobs.get("prefill_engine") == "batched":
+            return None
+        avg = per_expert(problem)
+        if avg > MAX_ROUTES_PER_EXPERT:
+            return f"{avg:.0f} routes per expert (> {MAX_ROUTES_PER_EXPERT}: the tile engines are faster)"
+        return None
+
+    def defines(self, spec: ModuleSpec) -> tuple[str, ...]:
+        return (f"-DQMOE_MMA_STAGES={spec['stages']}", f"-DQMOE_MMA_MIN_BLOCKS={spec['min_blocks']}",
+                f"-DQMOE_MMA_ROLL_COPIES={int(spec['roll_copies'])}", *tiled_define(spec))
+
+    def kernels(self, spec: ModuleSpec) -> tuple[KernelDef, ...]:
+        t = template_types(spec)
+        dt, sdt = spec["dtype"], spec["scale_dtype"]
+        out = list(group_and_combine(spec))
+        grouped = (Ptr("sorted", "int32"), Ptr("offsets", "int32"))
+        for ng in ROUTE_GROUPS:
+            out.append(KernelDef(
+                f"fc1_ng{ng}",
+                f"qmoe::fc1_batched<{t['GATE']}, {t['T']}, {t['S']}, {t['B1']}, {t['Z1']}, {t['Z3']}, {t['BLOCK']}, "
+                f"{t['ACT']}, {ng}>",
+                (Ptr("x", dt), *grouped, Scalar("k", "int32"), Scalar("H", "int32"), Scalar("I", "int32"),
+                 Scalar("KS", "int32"), *projection_args("fc1", sdt), *projection_args("fc3", sdt),
+                 *shared_args("fc1", sdt), Scalar("zp_offset", "float32"), *ACT_SCALARS, Ptr("act_sorted", dt)),
+            ))
+            out.append(KernelDef(
+                f"fc2_ng{ng}",
+                f"qmoe::fc2_batched<{t['T']}, {t['S']}, {t['B2']}, {t['Z2']}, {t['BLOCK']}, {ng}>",
+                (Ptr("act_sorted", dt), *grouped, Scalar("H", "int32"), Scalar("I", "int32"), Scalar("KS", "int32"),
+                 *projection_args("fc2", sdt), *shared_args("fc2", sdt), Scalar("zp_offset", "float32"),
+                 Ptr("y", "float32")),
+            ))
+        return tuple(out)
+
+    def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem) -> str:
+        return f"{role}_ng{route_groups(problem)}" if role in ("fc1", "fc2") else role
+
+    def geometry(self, spec: ModuleSpec, role: str, problem: Problem) -> tuple[int, int]:
+        """(KS, grid.x) of ``role``: K-split warps and output tiles, by the decode engine's rule over the
+        experts that get routes."""
+        experts = min(problem.routes, problem.experts)
+        if role == "fc1":
+            per_tile, n_out, K = (8 if gate_of(spec) != "none" else 16), problem.I, problem.H
+        else:
+            per_tile, n_out, K = 16, problem.H, problem.I
+        tiles = (n_out + per_tile - 1) // per_tile
+        ng = route_groups(problem)
+        ks = k_split(tiles, experts, K, ng, spec["min_blocks"] if ng == 1 else MIN_BLOCKS[ng], problem.sm_count)
+        per_block = per_tile * (WARPS // ks)
+        return ks, (n_out + per_block - 1) // per_block
+
+    def launch(self, spec: ModuleSpec, role: str, problem: Problem) -> Launch:
+        if role == "group":
+            return group_launch(8)
+        if role == "combine":
+            return combine_launch(problem)
+        ks, gx = self.geometry(spec, role, problem)
+        bits, zp = staged_projection(spec, role)
+        smem = ring_bytes(bits, 4 if spec["scale_dtype"] == "float32" else 2, spec["block_size"], zp, spec["stages"])
+        return Launch((gx, problem.experts, 1), (THREADS, 1, 1), smem, (("KS", ks),))
+
+    def scratch(self, spec: ModuleSpec, role: str, problem: Problem) -> dict[str, Slot]:
+        return grouped_scratch(role, problem, 2)  # act_sorted in T
