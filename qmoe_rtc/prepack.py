@@ -10,13 +10,16 @@ them next to each other::
           [e, q, c, g, t, :] = segment 4c + t of tile row 8q + g of expert e (zero past N or K)
 
 so a warp's copy of a row group's chunk is one contiguous run of 128·b bytes, and a row group's whole
-K is one contiguous run. Tile rows are the rows themselves, except FC1 with interleaved gate / linear
+K is one contiguous run. Inside a segment the codes are in *pair order* (:func:`pair_order`): the
+positions the device's shifts and masks take a pair from hold natural codes 2i and 2i + 1, so the pair's
+activations are one 32-bit word of the input, with no byte permute. Tile rows are the rows themselves, except FC1 with interleaved gate / linear
 rows (``swiglu_fusion=1``): the 8 gate rows of outputs 8p .. 8p + 7 become tile rows 16p .. 16p + 7 and
 their linear rows 16p + 8 .. 16p + 15, the two lane rows of a gated warp tile. Scales and zero points
 stay in the contract layout. The device mirror of :func:`tiled_offset` is ``CodeRows``
 (``cuda_src/core/codes.cuh``); a CPU test checks the two and that :func:`untile` inverts :func:`tile`.
 
-Every function takes the array module (``numpy`` or ``cupy``) so the same reshapes run on the host
+:func:`pack` / :func:`unpack` do both steps (what the layer uploads); :func:`tile` / :func:`untile` move
+whole segments and work on any dtype (the tests tile index arrays). Every function takes the array module (``numpy`` or ``cupy``) so the same reshapes run on the host
 (tests, offline packing) and on the GPU (at upload).
 """
 
@@ -24,7 +27,8 @@ from __future__ import annotations
 
 from .errors import QMoEInputError
 
-__all__ = ["CHUNK", "GROUP", "tile", "tile_rows", "tiled_offset", "tiled_shape", "untile"]
+__all__ = ["CHUNK", "GROUP", "pack", "pair_order", "segment_order", "tile", "tile_rows", "tiled_offset", "tiled_shape",
+           "unpack", "untile"]
 
 GROUP = 8  #: rows per row group (the lanes g of a warp)
 CHUNK = 128  #: codes per chunk (the 4 lanes t of a row, 32 codes each)
@@ -92,3 +96,47 @@ def untile(xp, t, N: int, K: int, bits: int, interleaved: bool = False):
     out = xp.empty_like(flat)
     out[:, xp.asarray(tile_rows(N, True))] = flat
     return out
+
+
+def segment_order(bits: int) -> list[int]:
+    """Natural code (0..31) stored at each position of a tiled segment: the device dequantizes pair i from
+    positions ``first_code(i)`` and ``first_code(i) + P`` (``core/mma_pair.cuh``; 3-bit codes pair as
+    4-bit ones), which hold natural codes 2i and 2i + 1."""
+    order = 4 if bits == 3 else bits
+    P, C = 16 // order, 32 // order
+    out = [0] * 32
+    for i in range(16):
+        first = (i // P) * C + i % P
+        out[first], out[first + P] = 2 * i, 2 * i + 1
+    return out
+
+
+def pair_order(xp, t, bits: int, inverse: bool = False):
+    """Tiled uint8 codes ``t`` (any shape ending in whole segments) with each segment's codes put in pair
+    order (``inverse``: back to natural order). Codes are a little-endian bit string per segment."""
+    perm = segment_order(bits)
+    if inverse:
+        inv = [0] * 32
+        for pos, nat in enumerate(perm):
+            inv[nat] = pos
+        perm = inv
+    bits_flat = xp.unpackbits(xp.ascontiguousarray(t).reshape(-1), bitorder="little")  # [segments·32·b]
+    codes = bits_flat.reshape(-1, 32, bits)[:, xp.asarray(perm), :]
+    return xp.packbits(codes.reshape(-1), bitorder="little").reshape(t.shape)
+
+
+def pack(xp, w, K: int, bits: int, interleaved: bool = False, name: str = "weights"):
+    """The layer's upload: contract codes ``w`` [E, N, K·bits/8] u8 → the tiled layout in pair order,
+    [E, N8, NCH, 8, 4, 4·bits] u8, made expert by expert."""
+    t = tile(xp, w, K, bits, interleaved, name)
+    for e in range(t.shape[0]):
+        t[e] = pair_order(xp, t[e], bits)
+    return t
+
+
+def unpack(xp, t, N: int, K: int, bits: int, interleaved: bool = False):
+    """The contract codes [E, N, K·bits/8] of :func:`pack`'s output (its inverse)."""
+    natural = xp.empty_like(t)
+    for e in range(t.shape[0]):
+        natural[e] = pair_order(xp, t[e], bits, inverse=True)
+    return untile(xp, natural, N, K, bits, interleaved)

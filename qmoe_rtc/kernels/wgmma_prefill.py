@@ -70,21 +70,24 @@ def _pair_order(bits: int) -> tuple[int, int]:
     return 16 // order, 32 // order
 
 
-def wg_natural(l: int, bits: int) -> int:  # noqa: E741
-    """Natural k (0..127) of logical column ``l`` of a chunk (mirror of the device's wg_natural)."""
+def wg_natural(l: int, bits: int, tiled: bool = False) -> int:  # noqa: E741
+    """Natural k (0..127) of logical column ``l`` of a chunk (mirror of the device's wg_natural; ``tiled``:
+    codes in the tiled layout's pair order, pair i = natural codes 2i, 2i + 1)."""
     P, C = _pair_order(bits)
     s, j = l >> 4, l & 15
     pair = 2 * s + (j >> 3)
+    if tiled:
+        return 32 * ((j & 7) >> 1) + 2 * pair + (j & 1)
     return 32 * ((j & 7) >> 1) + (pair // P) * C + pair % P + (j & 1) * P
 
 
-def wg_logical(n: int, bits: int) -> int:
+def wg_logical(n: int, bits: int, tiled: bool = False) -> int:
     """Logical column of natural k ``n`` (0..127): the inverse of :func:`wg_natural`."""
     P, C = _pair_order(bits)
     t, r = n >> 5, n & 31
     w = r % C
-    pair = (r // C) * P + w % P
-    return 16 * (pair >> 1) + 8 * (pair & 1) + 2 * t + w // P
+    pair, hi = (r >> 1, r & 1) if tiled else ((r // C) * P + w % P, w // P)
+    return 16 * (pair >> 1) + 8 * (pair & 1) + 2 * t + hi
 
 
 def stage_bytes(bits: int, scale_bytes: int, block_size: int, zp_packed: bool, br: int, groups: int = GROUPS) -> int:

@@ -162,13 +162,13 @@ def executor_config(config: ModelConfig, setting=None) -> ModelConfig:
 def tile_codes(cp, proj: dict, layer, interleaved_fc1: bool) -> dict:
     """``proj`` (:func:`upload_projections`) with every projection's codes in the tiled layout
     (:func:`qmoe_rtc.prepack.tile`, on the GPU; the contract codes are not kept)."""
-    from ..prepack import tile
+    from ..prepack import pack
 
     out = {}
     for p in layer.projections():
         w, s, z, b = proj[p.name]
         codes = w.view(cp.uint8)  # FP8 codes are bytes too
-        out[p.name] = (tile(cp, codes, p.K, p.bits, interleaved_fc1 and p.name == "fc1", f"{p.name}_experts_weights"),
+        out[p.name] = (pack(cp, codes, p.K, p.bits, interleaved_fc1 and p.name == "fc1", f"{p.name}_experts_weights"),
                        s, z, b)  # [E, N/8, ceil(K/128), 8, 4, 4·b] u8
     return out
 

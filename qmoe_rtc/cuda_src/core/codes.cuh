@@ -9,7 +9,9 @@
 //                                            padding rows / codes zero; tile row m, segment 4c + t at
 //                                            ((e·N8 + m / 8)·NCH + c)·128·B + ((m % 8)·4 + t)·4·B
 // so the lanes (g, t) of a warp that read tile rows 8q + g of chunk c read 128·B contiguous bytes,
-// and a row group's K is one contiguous run.
+// and a row group's K is one contiguous run. Inside a tiled segment the codes are in pair order: the
+// stored positions a dequantized pair comes from (MmaDeq::first_code(i), + kPairsPerWord) hold natural
+// codes 2i and 2i + 1, so a pair's activations are one word of x (MmaDeq::low_code, x_pair).
 // Tile rows: every projection keeps its row order except FC1 with interleaved gate / linear rows
 // (epilogue/fc1.cuh Fc1Rows::tile_row).
 #pragma once

@@ -15,6 +15,7 @@
 // out of the string by one 32-bit funnel-shift window.
 #pragma once
 
+#include "core/codes.cuh"
 #include "core/dequant.cuh"
 #include "core/types.cuh"
 
@@ -177,10 +178,16 @@ template <typename T, int B, bool FP8 = false> struct MmaDeq {
     c.scf = 0.0f;
     return c;
   }
-  // First code of pair i within the lane's 32 codes (the second is kPairsPerWord further).
+  // Position of pair i's first code within the lane's 32 stored codes (the second is kPairsPerWord further).
   static __device__ __forceinline__ constexpr int first_code(int i) {
     return (i / kPairsPerWord) * kCodesPerWord + i % kPairsPerWord;
   }
+  // Which of the lane's 32 codes (natural k order) pair i holds: codes (low_code(i), low_code(i) +
+  // kPairStep). The contract layout stores codes in natural order, so a pair is what the shifts give,
+  // (first_code(i), + kPairsPerWord); the tiled layout (core/codes.cuh) stores natural codes 2i and
+  // 2i + 1 at those positions, so a pair is two neighbours and its activations are one word of x.
+  static constexpr int kPairStep = kTiled ? 1 : kPairsPerWord;
+  static __device__ __forceinline__ constexpr int low_code(int i) { return kTiled ? 2 * i : first_code(i); }
   // Pair i (0..15) of the lane's 32 codes as T2 for codes (c, c + kPairsPerWord): (q - zp) * scale, or
   // the exact (q - zp) when !SCALED (the caller scales the mma's partial sums).
   template <bool SCALED>
@@ -224,8 +231,10 @@ template <typename T, int B, bool FP8 = false> struct MmaDeq {
       return SCALED ? Pair2<T>::sub_mul(v, cf.zpm, cf.sc) : Pair2<T>::sub(v, cf.zpm);
     }
   }
-  // The activations of pair i: (x[c], x[c + 16/B]) from the lane's 32 activations xw (16 words).
+  // The activations of pair i: (x[c], x[c + kPairStep]), c = low_code(i), from the lane's 32 activations
+  // xw (16 words): one byte permute, none when tiled.
   static __device__ __forceinline__ u32 x_pair(const u32 (&xw)[16], int i) {
+    if constexpr (kTiled) return xw[i];
     const int c1 = first_code(i), c2 = c1 + kPairsPerWord;
     const u32 lo = (c1 & 1) * 2, hi = 4 + (c2 & 1) * 2;
     return __byte_perm(xw[c1 >> 1], xw[c2 >> 1], lo | ((lo + 1) << 4) | (hi << 8) | ((hi + 1) << 12));

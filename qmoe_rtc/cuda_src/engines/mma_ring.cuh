@@ -183,7 +183,7 @@ __device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* __restrict
       }
       // A fragment of k16 step s: pairs 2s, 2s + 1 of both lane rows
       auto frag = [&](int s, u32 (&a)[4]) {
-        const int h0 = NSB == 2 ? D::first_code(2 * s) / 16 : 0, h1 = NSB == 2 ? D::first_code(2 * s + 1) / 16 : 0;
+        const int h0 = NSB == 2 ? D::low_code(2 * s) / 16 : 0, h1 = NSB == 2 ? D::low_code(2 * s + 1) / 16 : 0;
         a[0] = D::template pair<!kFactor>(ra, 2 * s, ca[h0]);
         a[1] = D::template pair<!kFactor>(rb, 2 * s, cb[h0]);
         a[2] = D::template pair<!kFactor>(ra, 2 * s + 1, ca[h1]);

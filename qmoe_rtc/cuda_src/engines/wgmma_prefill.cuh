@@ -49,16 +49,17 @@ constexpr int kWgSmemBudget = 227 * 1024 - 1024 - 4096;  // dynamic bytes for st
 
 // Natural k (0..127) of logical column l of a chunk, and the inverse, for B-bit codes: logical
 // column 16s + j of k16 step s is lane t = (j % 8) / 2's pair 2s + j / 8, low or high value j % 2.
+// (Pairs as MmaDeq::low_code says: the tiled layout's pair i is natural codes 2i, 2i + 1.)
 template <int B> __device__ __forceinline__ int wg_natural(int l) {
-  constexpr int P = MmaDeq<__half, B>::kPairsPerWord;
+  using D = MmaDeq<__half, B>;
   const int s = l >> 4, j = l & 15, pair = 2 * s + (j >> 3);
-  return 32 * ((j & 7) >> 1) + MmaDeq<__half, B>::first_code(pair) + (j & 1) * P;
+  return 32 * ((j & 7) >> 1) + D::low_code(pair) + (j & 1) * D::kPairStep;
 }
 template <int B> __device__ __forceinline__ int wg_logical(int n) {
   constexpr int P = MmaDeq<__half, B>::kPairsPerWord, C = MmaDeq<__half, B>::kCodesPerWord;
   const int t = n >> 5, r = n & 31, w = r % C;
-  const int pair = (r / C) * P + w % P;
-  return 16 * (pair >> 1) + 8 * (pair & 1) + 2 * t + w / P;
+  const int pair = kTiled ? r >> 1 : (r / C) * P + w % P, hi = kTiled ? r & 1 : w / P;
+  return 16 * (pair >> 1) + 8 * (pair & 1) + 2 * t + hi;
 }
 // Where natural column o of a row goes in the permuted layout.
 template <int B> __device__ __forceinline__ i32 wg_pos(i32 o) { return (o & ~127) + wg_logical<B>(o & 127); }
@@ -171,7 +172,7 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
     u32 a[kWgInflight + 1][4];
 #pragma unroll
     for (int s = 0; s < 8; ++s) {
-      const int h0 = NSB == 2 ? D::first_code(2 * s) / 16 : 0, h1 = NSB == 2 ? D::first_code(2 * s + 1) / 16 : 0;
+      const int h0 = NSB == 2 ? D::low_code(2 * s) / 16 : 0, h1 = NSB == 2 ? D::low_code(2 * s + 1) / 16 : 0;
       u32(&f)[4] = a[s % (kWgInflight + 1)];
       f[0] = D::template pair<kScaled>(ra, 2 * s, ca[h0]);
       f[1] = D::template pair<kScaled>(rb, 2 * s, cb[h0]);
