@@ -83,7 +83,7 @@ def test_every_kernel_argument_is_bound_by_name(cfg, rows):
 def test_choice_prefers_tensor_cores_and_says_why_not():
     tc = CONFIGS[0]
     assert choose(tc, None, "decode").pipeline.name == "decode-mma"
-    assert choose(tc, None, "prefill").pipeline.name == "prefill-wgmma"
+    assert choose(tc, None, "prefill").pipeline.name == "prefill-batched"  # the first that runs it
     many = Problem(rows=100, E=tc.experts, H=tc.hidden, I=tc.inter, k=tc.k, dtype="bfloat16")
     c = choose(tc, many, "decode")  # 800 routes: more than one decode block scans
     assert c.pipeline.name == "decode-gemv" and "800 routes" in c.skipped[0][1]
@@ -94,13 +94,17 @@ def test_choice_prefers_tensor_cores_and_says_why_not():
 
 
 def test_decode_limit_is_the_measured_crossover():
-    """8 tokens for experts up to ~12 MB, 16 for mixtral's 88 MB ones (docs/performance.md)."""
+    """Tensor-core layers: 4 tokens (the batched-decode engine is faster from 8, docs/performance.md
+    session 11); SIMT-only layers: 8 tokens for experts up to ~12 MB, 16 for mixtral's 88 MB ones."""
     lay = CONFIGS[0].layout
-    assert decode_limit(CONFIGS[0]) == 8 * 8  # qwen3-30b-a3b: k 8
+    assert decode_limit(CONFIGS[0]) == 4 * 8  # qwen3-30b-a3b: k 8
     mixtral = ModelConfig(hidden=4096, inter=14336, experts=8, k=2, layout=lay)
-    assert decode_limit(mixtral) == 16 * 2
-    assert decode_limit(dataclasses.replace(mixtral, inter=2048)) == 8 * 2
-    assert decode_limit(dataclasses.replace(mixtral, k=64, experts=64)) == 512  # what one decode block scans
+    assert decode_limit(mixtral) == 4 * 2
+    assert decode_limit(dataclasses.replace(mixtral, k=64, experts=256)) == 256
+    assert decode_limit(dataclasses.replace(mixtral, k=200, experts=256)) == 512  # what one decode block scans
+    simt = dataclasses.replace(mixtral, layout=dataclasses.replace(lay, dtype="float32", scale_dtype="float32"))
+    assert decode_limit(simt) == 16 * 2
+    assert decode_limit(dataclasses.replace(simt, inter=2048)) == 8 * 2
 
 
 def _problem(cfg, rows, arch="sm_90a"):
@@ -115,17 +119,39 @@ def test_prefill_engine_by_device_and_size():
 
     tc = CONFIGS[0]  # 128 experts, k 8: rows r give r / 16 routes per expert
     big = choose(tc, _problem(tc, 4096), "prefill")
-    assert big.pipeline.name == "prefill-wgmma" and not big.skipped and not big.passed
+    assert big.pipeline.name == "prefill-wgmma" and not big.skipped
+    assert [n for n, _ in big.passed] == ["prefill-batched"] and "routes per expert" in big.passed[0][1]
     small_rows = 16 * (MIN_ROUTES_PER_EXPERT - 1)
     small = choose(tc, _problem(tc, small_rows), "prefill")
     assert small.pipeline.name == "prefill-mma" and not small.skipped
-    assert small.passed and "routes per expert" in small.passed[0][1]
+    assert [n for n, _ in small.passed] == ["prefill-batched", "prefill-wgmma"]
+    assert all("routes per expert" in why for _, why in small.passed)
     a100 = choose(tc, _problem(tc, 4096, "sm_80"), "prefill")
     assert a100.pipeline.name == "prefill-mma" and "sm_90a" in a100.skipped[0][1]
     with knobs.scope(prefill_engine="wgmma"):
         assert choose(tc, _problem(tc, small_rows), "prefill").pipeline.name == "prefill-wgmma"
     with knobs.scope(prefill_engine="mma"):
         assert choose(tc, _problem(tc, 4096), "prefill").pipeline.name == "prefill-mma"
+    with knobs.scope(prefill_engine="batched"):
+        assert choose(tc, _problem(tc, 4096), "prefill").pipeline.name == "prefill-batched"
+
+
+def test_batched_engine_by_routes_per_expert():
+    """The batched-decode engine runs up to 6 routes per expert on layers whose routes reach many
+    experts, up to 12 on layers of few experts (measured, session 11), with route groups holding twice
+    the average."""
+    from qmoe_rtc.kernels.mma_batched import route_groups
+
+    fam = get_family("mma_batched")
+    qwen3 = CONFIGS[0]  # 128 experts, k 8: rows r give r / 16 routes per expert
+    assert fam.slower(qwen3, _problem(qwen3, 96)) is None  # 6 per expert
+    assert "routes per expert" in fam.slower(qwen3, _problem(qwen3, 128))  # 8
+    mixtral = ModelConfig(hidden=4096, inter=14336, experts=8, k=2, layout=qwen3.layout)  # rows r: r / 4
+    assert fam.slower(mixtral, _problem(mixtral, 48)) is None  # 12 per expert
+    assert fam.slower(mixtral, _problem(mixtral, 64)) is not None
+    assert choose(mixtral, _problem(mixtral, 8), "prefill").pipeline.name == "prefill-batched"
+    # NG: 8·NG >= 2 × the average routes per expert, at most 4
+    assert [route_groups(_problem(mixtral, r)) for r in (8, 16, 17, 32, 33, 64, 512)] == [1, 1, 2, 2, 4, 4, 4]
 
 
 def test_prefill_engine_counts_only_a_slices_own_routes():

@@ -16,6 +16,7 @@ kernels spilled (int2 ~50 bytes, int1 ~450). Rolled, none spills.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -41,10 +42,14 @@ NARROW = [("qwen3-30b-a3b", "bfloat16", 2), ("mixtral-8x7b", "bfloat16", 1)]
 
 
 def ptxas_usage(preset: str, dtype: str, bits: int, family: str = "mma_decode",
-                zero_points: str = "none") -> dict[str, tuple[int, int]]:
-    """{kernel key: (registers, spill store bytes)} of the preset's ``family`` module, from ptxas -v."""
+                zero_points: str = "none", tiled: bool = False) -> dict[str, tuple[int, int]]:
+    """{kernel key: (registers, spill store bytes)} of the preset's ``family`` module (``tiled``: codes in
+    the tiled layout, qmoe_rtc/prepack.py), from ptxas -v."""
     fam = get_family(family)
-    unit = spec_unit(fam.spec(PRESETS[preset].config(dtype=dtype, bits=bits, zero_points=zero_points)))
+    cfg = PRESETS[preset].config(dtype=dtype, bits=bits, zero_points=zero_points)
+    if tiled:
+        cfg = dataclasses.replace(cfg, layout=dataclasses.replace(cfg.layout, tiled=True))
+    unit = spec_unit(fam.spec(cfg))
     _, lowered, log = compile_unit(unit.name, unit.source, unit.name_exprs(), ARCH,
                                    base_options(ARCH, unit.defines) + ("--ptxas-options=-v",))
     by_name = {v: k for k, v in lowered.items()}
@@ -98,6 +103,25 @@ def test_prefill_kernels_do_not_spill(family, preset, dtype, bits):
     usage = ptxas_usage(preset, dtype, bits, family)
     spilled = {k: v for k, v in usage.items() if v[1] > 0}
     assert usage and not spilled, f"{family} {preset} {dtype} int{bits}: (registers, spilled bytes) {spilled}"
+
+
+@pytest.mark.parametrize("preset, dtype, bits", [WIDE[0], WIDE[2], WIDE[5]])
+def test_batched_kernels_on_tiled_codes_do_not_spill(preset, dtype, bits):
+    """The batched-decode engine on the tiled layout (what a float16 / bfloat16 layer runs from 5 tokens):
+    the 8- and 16-route kernels do not spill, the 32-route ones at most the wide limit (int3: 4 / 16
+    bytes under NVRTC 13.5)."""
+    usage = ptxas_usage(preset, dtype, bits, "mma_batched", tiled=True)
+    assert {f"fc{p}_ng{g}" for p in (1, 2) for g in (1, 2, 4)} <= set(usage), sorted(usage)
+    for key, (regs, spill) in usage.items():
+        limit = WIDE_SPILL_LIMIT if key.endswith("ng4") else 0
+        assert spill <= limit, f"mma_batched {preset} {dtype} int{bits} {key}: {regs} registers, {spill} bytes spilled"
+
+
+def test_tiled_decode_kernels_spill_as_little_as_contract_ones():
+    """The tiled layout's decode kernels stay within the wide limit too (8-route ones: no spill)."""
+    for key, (regs, spill) in ptxas_usage("mixtral-8x7b", "bfloat16", 4, tiled=True).items():
+        limit = 0 if key.endswith("ng1") else WIDE_SPILL_LIMIT
+        assert spill <= limit, f"tiled {key}: {regs} registers, {spill} bytes spilled (at most {limit})"
 
 
 def test_rolled_copies_free_registers_for_more_blocks():

@@ -6,7 +6,7 @@ sorted order) and ``qmoe::fc2_batched`` (FC2 + bias, by route id), with ``group_
 ``combine_routes`` as the prefill engines. The decode engine's weight stream (a cp.async ring per warp,
 K split over a block's warps) on grouped routes: no route limit, one block per (output tile, expert),
 ``8·NG`` routes per pass over the weights with ``NG`` 1, 2 or 4 chosen from the routes per expert.
-Above :data:`MAX_ROUTES_PER_EXPERT` routes per expert the tile engines (mma_prefill, wgmma_prefill),
+Above :func:`max_routes_per_expert` routes per expert the tile engines (mma_prefill, wgmma_prefill),
 which read each weight once per 16-256 routes, are faster (measured, docs/performance.md) and
 :meth:`MmaBatchedFamily.slower` says so.
 """
@@ -40,11 +40,17 @@ from ._grouped import (
 from .base import KernelFamily, Problem, Slot, register
 from .mma_decode import MIN_BLOCKS, MIN_BLOCKS_ALLOWED, ROUTE_GROUPS, THREADS, WARPS, _stages, k_split, ring_bytes
 
-__all__ = ["MAX_ROUTES_PER_EXPERT", "MmaBatchedFamily", "route_groups"]
+__all__ = ["MAX_ROUTES_PER_EXPERT", "MmaBatchedFamily", "max_routes_per_expert", "per_expert", "route_groups"]
 
-#: Routes per expert (average over the experts that get routes) up to which this engine runs; above it
-#: the tile engines are faster (measured on the H200, docs/performance.md "Serving range").
-MAX_ROUTES_PER_EXPERT = 48
+#: Routes per expert (average over the experts that get routes) up to which this engine runs, for layers
+#: whose routes reach up to FEW_EXPERTS experts / more; above it the tile engines (mma_prefill,
+#: wgmma_prefill) are faster. Measured on the H200, bf16 int4 (docs/performance.md, session 11): at 8
+#: routes per expert this engine beat them on mixtral-8x7b (469 vs ~520 µs) and ort-2048 (52.7 vs 62),
+#: lost on qwen3-30b-a3b and gpt-oss-120b (128 experts: the tile engines' grids are full there); at 16
+#: the tile engines won on every shape but ort-2048 (a tie).
+MAX_ROUTES_PER_EXPERT = 12
+MAX_ROUTES_PER_EXPERT_MANY = 6
+FEW_EXPERTS = 32
 
 
 def per_expert(problem: Problem) -> float:
@@ -54,13 +60,23 @@ def per_expert(problem: Problem) -> float:
 
 
 def route_groups(problem: Problem) -> int:
-    """NG: the fewest route groups of 8 that hold the average expert's routes in one pass (experts with
-    more take more passes); knob ``batched_route_groups`` forces one."""
+    """NG: the fewest route groups of 8 that hold twice the average expert's routes, so that most experts
+    take one pass over their weights (an expert with more routes takes more); knob
+    ``batched_route_groups`` forces one. Measured on the H200 (bf16 int4, session 11), every shape at
+    average 2 to 64 routes per expert: the rule picks the fastest NG at all 18 points but one (ort-2048
+    at 16 per expert: NG 4 81.3 µs, NG 2 76.4); NG sized to the average itself (the first rule) lost
+    17-21 % at 8 and 16 per expert, where skewed experts took a second pass."""
     forced = tuning_knob("batched_route_groups", "QMOE_RTC_BATCHED_ROUTE_GROUPS", 0, (0, *ROUTE_GROUPS))
     if forced:
         return forced
     avg = per_expert(problem)
-    return next((ng for ng in ROUTE_GROUPS if avg <= 8 * ng), ROUTE_GROUPS[-1])
+    return next((ng for ng in ROUTE_GROUPS if 2 * avg <= 8 * ng), ROUTE_GROUPS[-1])
+
+
+def max_routes_per_expert(problem: Problem) -> int:
+    """Routes per expert up to which this engine runs (see :data:`MAX_ROUTES_PER_EXPERT`)."""
+    experts = min(problem.experts, max(1, problem.routes))
+    return MAX_ROUTES_PER_EXPERT if experts <= FEW_EXPERTS else MAX_ROUTES_PER_EXPERT_MANY
 
 
 @register
@@ -95,9 +111,9 @@ class MmaBatchedFamily(KernelFamily):
     def slower(self, config, problem: Problem | None = None) -> str | None:
         if problem is None or problem.rows == 0 or knobs.get("prefill_engine") == "batched":
             return None
-        avg = per_expert(problem)
-        if avg > MAX_ROUTES_PER_EXPERT:
-            return f"{avg:.0f} routes per expert (> {MAX_ROUTES_PER_EXPERT}: the tile engines are faster)"
+        avg, most = per_expert(problem), max_routes_per_expert(problem)
+        if avg > most:
+            return f"{avg:.0f} routes per expert (> {most}: the tile engines are faster)"
         return None
 
     def defines(self, spec: ModuleSpec) -> tuple[str, ...]:

@@ -14,7 +14,7 @@ from ..errors import QMoEAttributeError, QMoEUnsupportedError
 from ..specialize import ModelConfig, ModuleSpec
 from .base import Problem, get_family
 
-__all__ = ["PIPELINES", "Choice", "Pipeline", "Step", "choose", "decode_limit", "modules_for"]
+__all__ = ["DECODE_ROWS", "PIPELINES", "Choice", "Pipeline", "Step", "choose", "decode_limit", "modules_for"]
 
 
 @dataclass(frozen=True)
@@ -70,27 +70,36 @@ PIPELINES: tuple[Pipeline, ...] = (
 
 
 def decode_limit(config: ModelConfig) -> int:
-    """Routes (rows·k) up to which the decode path runs for this layer (the default switch).
+    """Routes (rows·k) up to which the decode path runs for this layer (the default switch), capped by
+    what one decode block scans (512 routes).
 
-    Measured on the H200 with both engines on the same layers (docs/performance.md, "Decode / prefill
-    crossover", bfloat16 int4): the decode engine is faster up to 8 tokens and the prefill engine from
-    16 tokens on layers whose experts hold up to ~12 MB (qwen3-30b-a3b, gpt-oss-120b, a 2048-wide
-    8-expert layer); with mixtral's 88 MB experts decode stays faster up to 16 tokens and prefill wins
-    from 32. Capped by what one decode block scans (512 routes).
+    Tensor-core layers: up to :data:`DECODE_ROWS` tokens. Measured on the H200 with the engines on the
+    same layers (docs/performance.md, session 11, bf16 int4, tiled codes): at 1 token the decode engine
+    is faster than the batched-decode engine of the prefill path (qwen3-30b-a3b 29.0 vs 38.8 µs,
+    gpt-oss-120b 49.5 vs 82.7, ort-2048 24.9 vs 25.4; mixtral-8x7b 112.7 vs 111.8), at 8 tokens slower
+    on every shape (qwen3 90.5 vs 82.8, mixtral 351 vs 317, gpt-oss 211.7 vs 210.8, ort 51.0 vs 44.4).
+    Layers only the SIMT engines run keep their own switch (docs/performance.md, "Decode / prefill
+    crossover"): 8 tokens, 16 with experts of 32 MB or more.
     """
+    from ._expert import tensor_core_unsupported
+
+    if tensor_core_unsupported(config) is None:
+        return int(min(512, DECODE_ROWS * config.k))
     lay = config.layout
     rows1 = (2 if lay.swiglu_fusion else 1) * config.inter
     expert_bytes = (rows1 * config.hidden * lay.fc1_bits + config.hidden * config.inter * lay.fc2_bits) / 8
     if lay.has_fc3:
         expert_bytes += config.inter * config.hidden * lay.fc3_bits / 8
-    rows = _DECODE_ROWS_BIG_EXPERTS if expert_bytes >= _BIG_EXPERT_BYTES else _DECODE_ROWS
+    rows = _SIMT_DECODE_ROWS_BIG_EXPERTS if expert_bytes >= _BIG_EXPERT_BYTES else _SIMT_DECODE_ROWS
     return int(min(512, rows * config.k))
 
 
-#: The measured switch (see decode_limit): tokens up to which decode runs, and for experts of at least
-#: _BIG_EXPERT_BYTES (packed weights of one expert).
-_DECODE_ROWS = 8
-_DECODE_ROWS_BIG_EXPERTS = 16
+#: Tokens up to which the decode path runs on tensor-core layers (see decode_limit).
+DECODE_ROWS = 4
+#: The SIMT engines' switch (see decode_limit): tokens up to which decode runs, and for experts of at
+#: least _BIG_EXPERT_BYTES (packed weights of one expert).
+_SIMT_DECODE_ROWS = 8
+_SIMT_DECODE_ROWS_BIG_EXPERTS = 16
 _BIG_EXPERT_BYTES = 32 << 20
 
 

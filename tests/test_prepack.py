@@ -1,0 +1,147 @@
+"""The tiled weight layout (qmoe_rtc/prepack.py) on the CPU: the packing is a bijection of the contract
+codes for every bit width, block size and zero-point mode; its addresses are the device's (CodeRows in
+core/codes.cuh); its pair order is what the dequantization reads; and the choice to tile a layer."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from qmoe_rtc.contract import QMoEAttributes, describe_layer
+from qmoe_rtc.errors import QMoEAttributeError, QMoEInputError, QMoEUnsupportedError
+from qmoe_rtc.kernels import choose, get_family
+from qmoe_rtc.prepack import pack, segment_order, tile, tile_rows, tiled_offset, tiled_shape, unpack, untile
+from qmoe_rtc.random_layer import random_layer
+from qmoe_rtc.runtime.layer import executor_config, layer_config, tiling_unsupported, use_tiled
+from qmoe_rtc.specialize import Layout, ModelConfig
+
+
+def _code(buf: np.ndarray, c: int, bits: int) -> int:
+    """Code c of a little-endian bit string (the contract's packing)."""
+    v = 0
+    for b in range(bits):
+        bit = c * bits + b
+        v |= ((int(buf[bit >> 3]) >> (bit & 7)) & 1) << b
+    return v
+
+
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("block_size, zero_points", [(0, False), (16, True), (32, False), (128, True)])
+def test_pack_round_trips_every_projection(rng, bits, block_size, zero_points):
+    """pack then unpack gives back every projection's codes, interleaved FC1 rows included; scales and
+    zero points are not part of the tiled array (they stay in the contract layout)."""
+    if bits == 1 and block_size == 16:
+        block_size = 32  # 1-bit codes with blocks of 16: not a tensor-core layout
+    fusion = 1 if bits != 3 else 2
+    w, a = random_layer(rng, E=3, H=384, I=96 if block_size <= 32 else 128, k=2, bits=bits, block_size=block_size,
+                        zero_points=zero_points, dtype="bfloat16", activation_type="swiglu", swiglu_fusion=fusion)
+    layer = describe_layer(w, QMoEAttributes.from_kwargs(**a))
+    for p in layer.projections():
+        codes = w[f"{p.name}_experts_weights"]
+        interleaved = p.name == "fc1" and fusion == 1
+        t = pack(np, codes, p.K, bits, interleaved)
+        assert t.shape == tiled_shape(layer.E, p.N, p.K, bits) and t.dtype == np.uint8
+        np.testing.assert_array_equal(unpack(np, t, p.N, p.K, bits, interleaved), codes)
+
+
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("K", [128, 160, 2880])
+def test_tile_moves_every_segment_once_to_the_device_address(bits, interleaved, K):
+    """Tiling an array of byte indices: every contract byte lands exactly once (the rest is zero
+    padding), and segment s of tile row m lands at tiled_offset (the device's CodeRows)."""
+    E, N = 2, 32
+    kb = K * bits // 8
+    idx = np.arange(1, E * N * kb + 1, dtype=np.int64).reshape(E, N, kb)
+    t = tile(np, idx, K, bits, interleaved)
+    flat = t.reshape(-1)
+    moved = flat[flat > 0]
+    assert moved.size == idx.size and np.unique(moved).size == idx.size
+    np.testing.assert_array_equal(untile(np, t, N, K, bits, interleaved), idx)
+    rows = tile_rows(N, interleaved)
+    seg = 4 * bits
+    for e in range(E):
+        for m in range(0, N, 3):
+            for s in range(K // 32):
+                off = tiled_offset(e, N, m, K, bits, s)
+                np.testing.assert_array_equal(flat[off:off + seg], idx[e, rows[m], s * seg:(s + 1) * seg])
+
+
+def test_interleaved_tile_rows_pair_gate_and_linear_groups():
+    """Outputs 8p..8p+7: their gate rows (2o) fill one row group, their linear rows (2o + 1) the next."""
+    rows = tile_rows(32, True)
+    assert rows[:8] == [0, 2, 4, 6, 8, 10, 12, 14] and rows[8:16] == [1, 3, 5, 7, 9, 11, 13, 15]
+    assert sorted(rows) == list(range(32))
+
+
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
+def test_pair_order_puts_natural_neighbours_where_the_shifts_read(rng, bits):
+    """The device dequantizes pair i from stored positions first_code(i) and first_code(i) + P
+    (core/mma_pair.cuh); after packing those hold natural codes 2i and 2i + 1 of the same segment."""
+    order = 4 if bits == 3 else bits
+    P, C = 16 // order, 32 // order
+    assert sorted(segment_order(bits)) == list(range(32))
+    E, N, K = 2, 16, 256
+    codes = rng.integers(0, 256, (E, N, K * bits // 8), dtype=np.uint8)
+    t = pack(np, codes, K, bits).reshape(-1)
+    for e, m, s in ((0, 0, 0), (1, 13, 7), (1, 8, 3)):
+        off = tiled_offset(e, N, m, K, bits, s)
+        stored, natural = t[off:off + 4 * bits], codes[e, m, s * 4 * bits:(s + 1) * 4 * bits]
+        for i in range(16):
+            first = (i // P) * C + i % P
+            assert _code(stored, first, bits) == _code(natural, 2 * i, bits)
+            assert _code(stored, first + P, bits) == _code(natural, 2 * i + 1, bits)
+
+
+def test_tile_refuses_what_it_cannot_tile():
+    with pytest.raises(QMoEInputError, match="multiple of 32"):
+        tile(np, np.zeros((1, 8, 10), np.uint8), 40, 2)
+    with pytest.raises(QMoEInputError, match=r"shape \[E, N, 64\]"):
+        tile(np, np.zeros((1, 8, 60), np.uint8), 128, 4)
+    with pytest.raises(QMoEInputError, match="multiple of 8"):
+        tile(np, np.zeros((1, 12, 64), np.uint8), 128, 4)
+    with pytest.raises(QMoEInputError, match="tiled weights"):
+        untile(np, np.zeros((1, 1, 1, 8, 4, 16), np.uint8), 8, 256, 4)
+
+
+BF16 = Layout(dtype="bfloat16", fc1_bits=4, fc2_bits=4, block_size=128, activation="swiglu", swiglu_fusion=1)
+
+
+def _config(layout=BF16, **kw):
+    return ModelConfig(hidden=256, inter=128, experts=8, k=2, layout=layout, **kw)
+
+
+def test_use_tiled_follows_the_setting_and_what_the_layer_allows():
+    cfg = _config()
+    assert use_tiled(cfg, "auto", True) and not use_tiled(cfg, "auto", False)  # dtype unknown: may be float32
+    assert use_tiled(cfg, "on", False) and use_tiled(cfg, True, False) and not use_tiled(cfg, "off", True)
+    f32 = _config(dataclasses.replace(BF16, dtype="float32", scale_dtype="float32"))
+    assert tiling_unsupported(f32) is not None and not use_tiled(f32, "auto", True)
+    with pytest.raises(QMoEUnsupportedError, match="prepack='on'"):
+        use_tiled(f32, "on", True)
+    with pytest.raises(QMoEAttributeError, match="prepack"):
+        use_tiled(cfg, "sometimes", True)
+
+
+def test_tiled_layers_run_only_on_tensor_core_engines():
+    """The SIMT families refuse tiled codes, so a tiled layer's paths are the tensor-core pipelines, and
+    the warm tool's config for a layer with scales in T is the tiled one (what the executor runs)."""
+    tiled = executor_config(_config())
+    assert tiled.layout.tiled and not executor_config(_config(), "off").layout.tiled
+    assert not executor_config(_config(dataclasses.replace(BF16, scale_dtype="float32"))).layout.tiled
+    assert "prepacked" in get_family("gemv").supports(tiled) and "prepacked" in get_family("gemm").supports(tiled)
+    assert choose(tiled, None, "decode").pipeline.name == "decode-mma"
+    assert choose(tiled, None, "prefill").pipeline.name == "prefill-batched"
+    for fam in ("mma_decode", "mma_batched", "mma_prefill", "wgmma_prefill"):
+        spec = get_family(fam).spec(tiled)
+        assert spec["tiled"] is True and "-DQMOE_TILED=1" in get_family(fam).defines(spec)
+        assert "tiled" not in get_family(fam).spec(_config()).as_dict()  # contract modules keep their keys
+
+
+def test_layer_config_carries_tiled(rng):
+    w, a = random_layer(rng, E=4, H=128, I=64, k=2, bits=4, block_size=64, dtype="float16")
+    layer = describe_layer(w, QMoEAttributes.from_kwargs(**a))
+    assert layer_config(layer, "float16", "float16", tiled=True).layout.tiled
+    assert not layer_config(layer, "float16", "float16").layout.tiled

@@ -1,0 +1,79 @@
+"""The tiled weight layout on the GPU: the same layer with prepack on and off, on every tensor-core
+engine (decode, batched-decode, mma.sync tiles, wgmma), matches the float64 reference with poisoned
+outputs; graph replay equals the eager call bitwise on tiled codes; a tiled layer keeps no reference to
+the caller's contract codes (the caller may free them); 'auto' tiles a layer whose scales are in T."""
+
+import numpy as np
+import pytest
+from test_executor_gpu import TOL, rel_err, to_dev
+
+from qmoe_rtc import knobs
+from qmoe_rtc.random_layer import random_inputs, random_layer
+from qmoe_rtc.reference import qmoe as reference
+
+pytestmark = pytest.mark.gpu
+
+# (engine, knobs, decode_max_routes)
+ENGINES = [("decode-mma", {}, 512), ("prefill-batched", {"prefill_engine": "batched"}, 0),
+           ("prefill-mma", {"prefill_engine": "mma"}, 0), ("prefill-wgmma", {"prefill_engine": "wgmma"}, 0)]
+# (name, random_layer kwargs, E, H, I): interleaved gate rows (tile rows permuted), FC3 with 3-bit
+# packed zero points and blocks of 16 (two scales per segment), 8-bit row-wise with K % 128 != 0, FP8
+LAYERS = [
+    ("b4-bs128-swiglu1", dict(bits=4, block_size=128, activation_type="swiglu", swiglu_fusion=1, k=4), 16, 256, 128),
+    ("b3-bs16-zp-silu-fc3", dict(bits=3, block_size=16, zero_points=True, activation_type="silu", fc3=True, k=2),
+     8, 256, 96),
+    ("b8-row-gelu-bias", dict(bits=8, block_size=0, activation_type="gelu", k=2, bias=True), 8, 160, 224),
+    ("b2-bs32-swiglu2", dict(bits=2, block_size=32, activation_type="swiglu", swiglu_fusion=2, k=2), 8, 128, 64),
+    ("fp8-bs128-swiglu1", dict(format="fp8_e4m3", block_size=128, activation_type="swiglu", swiglu_fusion=1, k=2),
+     8, 256, 128),
+]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("name, kw, E, H, I", LAYERS, ids=[c[0] for c in LAYERS])
+@pytest.mark.parametrize("engine, scope, limit", ENGINES, ids=[e[0] for e in ENGINES])
+def test_tiled_and_contract_layouts_agree_with_the_reference(rng, name, kw, E, H, I, dtype, engine, scope, limit):
+    import cupy as cp
+
+    from qmoe_rtc.executor import QMoE
+
+    if engine == "prefill-wgmma" and cp.cuda.Device().compute_capability != "90":
+        pytest.skip("the wgmma prefill engine needs an sm_90 GPU")
+    kw = dict(kw)
+    k = kw.pop("k")
+    w, a = random_layer(rng, E=E, H=H, I=I, k=k, dtype=dtype, **kw)
+    dev = to_dev(w)
+    with knobs.scope(**scope):
+        layers = {p: QMoE(**dev, **a, decode_max_routes=limit, prepack=p) for p in ("on", "off")}
+        assert layers["on"]._tiled and not layers["off"]._tiled
+        assert "fc1_experts_weights" not in layers["on"]._weights  # the caller's codes are not kept
+        for rows in (3, 70):
+            x, lg, _ = random_inputs(rng, rows, H, E, dtype)
+            want = reference(x, lg, **w, **a)
+            xd, ld = cp.asarray(x), cp.asarray(lg)
+            for p, moe in layers.items():
+                assert moe.plan(rows, dtype, "float32").engine == engine, (p, rows)
+                out = cp.full(x.shape, cp.nan, dtype=x.dtype)
+                moe(xd, ld, out=out)
+                e = rel_err(cp.asnumpy(out), want)
+                assert e <= TOL[dtype], f"{engine} {name} {dtype} prepack={p} rows={rows}: rel err {e:.3e}"
+            g = layers["on"].capture(xd, ld)
+            g.output.fill(cp.nan)
+            g.replay()
+            cp.cuda.get_current_stream().synchronize()
+            np.testing.assert_array_equal(cp.asnumpy(g.output), cp.asnumpy(layers["on"](xd, ld)))
+
+
+def test_auto_tiles_a_layer_whose_scales_are_in_t(rng):
+    import cupy as cp
+
+    from qmoe_rtc.executor import QMoE
+
+    w, a = random_layer(rng, E=8, H=128, I=64, k=2, bits=4, block_size=64, dtype="bfloat16")
+    assert QMoE(**to_dev(w), **a)._tiled
+    w32, a32 = random_layer(rng, E=8, H=128, I=64, k=2, bits=4, block_size=64, dtype="bfloat16", scale_dtype="float32")
+    moe = QMoE(**to_dev(w32), **a32)  # float32 scales: the layer may be called with float32 activations
+    assert not moe._tiled
+    x, lg, _ = random_inputs(rng, 5, 128, 8, "float32")
+    got = cp.asnumpy(moe(cp.asarray(x), cp.asarray(lg)))
+    assert rel_err(got, reference(x, lg, **w32, **a32)) <= TOL["float32"]
