@@ -9,14 +9,15 @@ them next to each other::
     tiled [E, N8, NCH, 8, 4, 4·b] u8    N8 = ceil(N / 8) row groups, NCH = ceil(K / 128) chunks
           [e, q, c, g, t, :] = segment 4c + t of tile row 8q + g of expert e (zero past N or K)
 
-so a warp's copy of a row group's chunk is one contiguous run of 128·b bytes, and a row group's whole
-K is one contiguous run. Inside a segment the codes are in *pair order* (:func:`pair_order`): the
+so a warp's copy of a row group's chunk is one contiguous run of 128·b bytes, and a row group's whole K
+is one contiguous run. Inside a segment the codes are in *pair order* (:func:`pair_order`): the
 positions the device's shifts and masks take a pair from hold natural codes 2i and 2i + 1, so the pair's
-activations are one 32-bit word of the input, with no byte permute. Tile rows are the rows
-themselves, except FC1 with interleaved gate / linear rows (``swiglu_fusion=1``): the 8 gate rows of outputs 8p .. 8p + 7 become tile rows 16p .. 16p + 7 and
-their linear rows 16p + 8 .. 16p + 15, the two lane rows of a gated warp tile. Scales and zero points
-stay in the contract layout. The device mirror of :func:`tiled_offset` is ``CodeRows``
-(``cuda_src/core/codes.cuh``); a CPU test checks the two and that :func:`untile` inverts :func:`tile`.
+activations are one 32-bit word of the input, with no byte permute. Tile rows are the rows themselves,
+except FC1 with interleaved gate / linear rows (``swiglu_fusion=1``): the 8 gate rows of outputs 8p ..
+8p + 7 become tile rows 16p .. 16p + 7 and their linear rows 16p + 8 .. 16p + 15, the two lane rows of a
+gated warp tile. Scales and zero points stay in the contract layout. The device mirror of
+:func:`tiled_offset` is ``CodeRows`` (``cuda_src/core/codes.cuh``); a CPU test checks the two and that
+:func:`untile` inverts :func:`tile`.
 
 :func:`pack` / :func:`unpack` do both steps (what the layer uploads); :func:`tile` / :func:`untile` move
 whole segments and work on any dtype (the tests tile index arrays). Every function takes the array
