@@ -81,8 +81,8 @@ def _prepack_choice(setting, layer, ext, all_experts: int) -> bool:
     known = layer.dtype in ("float16", "bfloat16")
     cfg = layer_config(layer, layer.dtype or "float16", layer_scale_dtype(layer), ext, all_experts)
     tiled = use_tiled(cfg, setting, known)
-    if not tiled and not known and setting in (None, "auto") and knobs.get("prepack") == "auto" \
-            and tiling_unsupported(cfg) is None:
+    asked = knobs.get("prepack") if setting is None else setting
+    if not tiled and not known and asked == "auto" and tiling_unsupported(cfg) is None:
         log.warning("qmoe_rtc: codes kept in the contract layout, not tiled for the tensor-core engines: the "
                     "scales and biases are float32, so the layer may be called with float32 activations, which "
                     "only the SIMT engines run; pass prepack='on' for a layer called with float16/bfloat16 only")
@@ -115,7 +115,11 @@ class QMoE:
     :mod:`qmoe_rtc.distributed`).
 
     ``decode_max_routes``: rows·k up to which the decode path runs (default: the crossover measured
-    for this shape, :func:`qmoe_rtc.kernels.decode_limit`). ``validate_content``: also check scales,
+    for this shape, :func:`qmoe_rtc.kernels.decode_limit`). ``prepack``: 'auto' (default: the
+    ``QMOE_RTC_PREPACK`` knob), 'on' / True or 'off' / False: whether the codes are converted once, on
+    the GPU, into the tiled layout the tensor-core engines read (:mod:`qmoe_rtc.prepack`); 'auto' does
+    when the scales or biases fix the activations to float16/bfloat16. A tiled layer keeps no reference
+    to the given ``*_experts_weights`` arrays. ``validate_content``: also check scales,
     biases and zero-point padding once (reads the tensors back to the host). ``device``: an index,
     ``'cuda:N'`` or ``'cuda'`` (default: where the weights are, else the current device).
 

@@ -129,7 +129,8 @@ def pair_order(xp, t, bits: int, inverse: bool = False):
 
 def pack(xp, w, K: int, bits: int, interleaved: bool = False, name: str = "weights"):
     """The layer's upload: contract codes ``w`` [E, N, K·bits/8] u8 → the tiled layout in pair order,
-    [E, N8, NCH, 8, 4, 4·bits] u8, made expert by expert."""
+    [E, N8, NCH, 8, 4, 4·bits] u8, made expert by expert (besides the result, temporaries of about 17×
+    one expert's codes: the padded copy and the unpacked bits)."""
     t = tile(xp, w, K, bits, interleaved, name)
     for e in range(t.shape[0]):
         t[e] = pair_order(xp, t[e], bits)

@@ -85,10 +85,12 @@ def test_bad_quant_format():
 @pytest.mark.parametrize("name", NEW)
 def test_warm_lists_the_new_presets(cache, capsys, name):
     from qmoe_rtc.kernels import modules_for
+    from qmoe_rtc.runtime.layer import executor_config
 
     assert warm.main(["--preset", name, "--dtype", "bfloat16", "--arch", "sm_90", "--list"]) == 0
     out = capsys.readouterr().out
-    cfg = PRESETS[name].config(dtype="bfloat16")
+    cfg = executor_config(PRESETS[name].config(dtype="bfloat16"))  # scales in bf16: the codes tiled
+    assert cfg.layout.tiled
     specs = modules_for(cfg, arch="sm_90a")
     assert specs and all(f"sm_90a {s.name}" in out for s in specs)
     assert f"{len(specs)} modules" in out

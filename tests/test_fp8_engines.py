@@ -161,8 +161,8 @@ def test_fp8_float32_activations_and_unaligned_shapes_run_simt():
 
 def test_modules_for_an_fp8_layer_per_device():
     fams = lambda arch: {s.family for s in modules_for(FP8_F16, arch=arch)}  # noqa: E731
-    assert fams("sm_90") == {"route", "mma_decode", "mma_prefill", "wgmma_prefill"}
-    assert fams("sm_89") == {"route", "mma_decode", "mma_prefill"}
+    assert fams("sm_90") == {"route", "mma_decode", "mma_batched", "mma_prefill", "wgmma_prefill"}
+    assert fams("sm_89") == {"route", "mma_decode", "mma_batched", "mma_prefill"}
     assert fams("sm_80") == {"route", "gemv", "gemm"}
 
 

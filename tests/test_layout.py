@@ -153,10 +153,10 @@ def test_modules_for_refuses_unknown_variant():
 
 
 def test_modules_for_follows_the_pipeline_choice():
-    """Tensor-core layouts warm the tensor-core engines (both prefill engines: which runs depends on the
-    call and the device); the others the SIMT ones, never both."""
+    """Tensor-core layouts warm the tensor-core engines (the three prefill-path engines: which runs depends
+    on the call and the device); the others the SIMT ones, never both."""
     fams = {s.family for s in modules_for(config(BASE))}
-    assert fams == {"route", "mma_decode", "mma_prefill", "wgmma_prefill"}
+    assert fams == {"route", "mma_decode", "mma_batched", "mma_prefill", "wgmma_prefill"}
     simt = {s.family for s in modules_for(config(dataclasses.replace(BASE, dtype="float32")))}
     assert simt == {"route", "gemv", "gemm"}
     for zp in ("none", "packed"):  # 3-bit: tensor cores, zero points or not

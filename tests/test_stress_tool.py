@@ -44,7 +44,7 @@ def test_each_case_runs_the_engine_it_names(case):
     for rows in stress.rows_for(case):
         p = Problem(rows=rows, E=E, H=H, I=I, k=k, dtype=dtype, arch="sm_90a", shared=g.ext.S,
                     shared_gate=bool(g.ext.S and g.ext.gate), router_gemm=g.ext.router_dtype if g.ext.router else "")
-        with knobs.scope(prefill_engine=kind if kind in ("mma", "wgmma") else "auto"):
+        with knobs.scope(prefill_engine=kind if kind in ("batched", "mma", "wgmma") else "auto"):
             assert choose(cfg, p, path).pipeline.name == engine, rows
 
 
@@ -58,7 +58,8 @@ def test_decode_rows_stay_within_the_decode_engine():
 
 def test_modules_to_compile_cover_every_family():
     todo = stress.modules(stress.cases(), "sm_90a")
-    assert {s.family for s, _ in todo} == {"route", "mma_decode", "mma_prefill", "wgmma_prefill", "gemv", "gemm"}
+    assert {s.family for s, _ in todo} == {"route", "mma_decode", "mma_batched", "mma_prefill", "wgmma_prefill", "gemv",
+                                           "gemm"}
     assert len(todo) == len(set(todo))
 
 

@@ -7,6 +7,7 @@ from qmoe_rtc.errors import CompileError
 from qmoe_rtc.jit import check_arch, disk_entry_dir
 from qmoe_rtc.kernels import modules_for
 from qmoe_rtc.presets import PRESETS
+from qmoe_rtc.runtime.layer import executor_config
 
 
 def test_warm_preset_end_to_end(cache, capsys):
@@ -14,9 +15,10 @@ def test_warm_preset_end_to_end(cache, capsys):
             "--zero-points", "none,packed", "--jobs", "2", "--no-progress"]
     preset = PRESETS["gpt-oss-20b"]
     want = {s for dt in ("float16", "bfloat16") for zp in ("none", "packed")
-            for s in modules_for(preset.config(bits=4, zero_points=zp, dtype=dt), arch="sm_80")}
+            for s in modules_for(executor_config(preset.config(bits=4, zero_points=zp, dtype=dt)), arch="sm_80")}
     n = len(want)
-    assert n == 4 * 2 + 2  # per layout: the decode and prefill engines; per dtype: routing
+    assert n == 4 * 3 + 2  # per layout: the decode, batched-decode and mma.sync prefill engines; per dtype: routing
+    assert all(s.get("tiled") for s in want if s.family != "route")  # scales in T: the executor tiles the codes
     assert warm.main(argv) == 0
     out = capsys.readouterr().out
     lines = [l for l in out.splitlines() if l.startswith("sm_80 ")]

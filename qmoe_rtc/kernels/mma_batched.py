@@ -45,9 +45,9 @@ __all__ = ["MAX_ROUTES_PER_EXPERT", "MmaBatchedFamily", "max_routes_per_expert",
 #: Routes per expert (average over the experts that get routes) up to which this engine runs, for layers
 #: whose routes reach up to FEW_EXPERTS experts / more; above it the tile engines (mma_prefill,
 #: wgmma_prefill) are faster. Measured on the H200, bf16 int4 (docs/performance.md, session 11): at 8
-#: routes per expert this engine beat them on mixtral-8x7b (469 vs ~520 µs) and ort-2048 (52.7 vs 62),
-#: lost on qwen3-30b-a3b and gpt-oss-120b (128 experts: the tile engines' grids are full there); at 16
-#: the tile engines won on every shape but ort-2048 (a tie).
+#: routes per expert this engine beat them on mixtral-8x7b (469 µs vs mma.sync 551) and ort-2048 (52.7
+#: vs 64.2), lost on qwen3-30b-a3b (223 vs 214) and gpt-oss-120b (990 vs 914; 128 experts: the tile
+#: engines' grids are full there); at 16 the tile engines won on every shape (by 7-16 %).
 MAX_ROUTES_PER_EXPERT = 12
 MAX_ROUTES_PER_EXPERT_MANY = 6
 FEW_EXPERTS = 32

@@ -161,7 +161,7 @@ def executor_config(config: ModelConfig, setting=None) -> ModelConfig:
 
 def tile_codes(cp, proj: dict, layer, interleaved_fc1: bool) -> dict:
     """``proj`` (:func:`upload_projections`) with every projection's codes in the tiled layout
-    (:func:`qmoe_rtc.prepack.tile`, on the GPU; the contract codes are not kept)."""
+    (:func:`qmoe_rtc.prepack.pack`, on the GPU; the contract codes are not kept)."""
     from ..prepack import pack
 
     out = {}
