@@ -201,3 +201,21 @@ def test_wgmma_k_order_is_a_permutation_matching_the_pairs(bits):
                 first = (pair // P) * C + pair % P  # MmaDeq::first_code
                 assert nat[16 * s + 8 * half + 2 * t] == 32 * t + first
                 assert nat[16 * s + 8 * half + 2 * t + 1] == 32 * t + first + P
+
+
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
+def test_wgmma_k_order_on_tiled_codes(bits):
+    """With tiled codes (pair i = natural codes 2i, 2i + 1 of the lane's 32) the wgmma K order is again a
+    bijection of each 128-chunk, logical columns 2t, 2t+1 (+8) of k16 step s being lane t's pairs 2s,
+    2s+1, and wg_logical inverts it."""
+    from qmoe_rtc.kernels.wgmma_prefill import wg_logical, wg_natural
+
+    nat = [wg_natural(l, bits, tiled=True) for l in range(128)]
+    assert sorted(nat) == list(range(128))
+    assert [wg_logical(n, bits, tiled=True) for n in nat] == list(range(128))
+    for s in range(8):
+        for t in range(4):
+            for half in range(2):
+                pair = 2 * s + half
+                assert nat[16 * s + 8 * half + 2 * t: 16 * s + 8 * half + 2 * t + 2] == [32 * t + 2 * pair,
+                                                                                      32 * t + 2 * pair + 1]
