@@ -106,7 +106,7 @@ def test_executor_modules_compile(cache, arch, layout, hidden, inter):
 def test_mma_ring_bytes_match_the_device_struct():
     """The host's dynamic shared memory size (kernels/mma_decode.py ring_bytes + the route lists,
     decode_smem_bytes) equals the device's mma_smem_bytes (kMmaWarps·kMmaStages·MmaStage::kBytes + 8·R)
-    for every bit width, scale size, block kind and zp mode (a smaller launch would trap the kernel):
+    for every bit width, scale size, block kind, zp mode and row tiles per warp (a smaller launch would trap the kernel):
     checked by static_asserts compiled with NVRTC."""
     from qmoe_rtc.jit import compiler
     from qmoe_rtc.kernels.mma_decode import decode_smem_bytes, ring_bytes
@@ -116,10 +116,13 @@ def test_mma_ring_bytes_match_the_device_struct():
         for scale_t, sbytes in (("__half", 2), ("float", 4)):
             for block in (0, 16, 32, 128):
                 for zp in (False, True):
+                    for rt in (1, 2):  # row tiles per warp (the batched engine's two on tiled codes)
+                        stage = f"qmoe::MmaStage<{bits}, {scale_t}, {block}, {'true' if zp else 'false'}, {rt}>"
+                        lines.append(f"static_assert(qmoe::kMmaWarps * qmoe::kMmaStages * {stage}::kBytes == "
+                                     f"{ring_bytes(bits, sbytes, block, zp, 5, rt)}, "
+                                     f"\"ring_bytes({bits}, {sbytes}, {block}, {zp}, 5, {rt})\");")
                     want = ring_bytes(bits, sbytes, block, zp, 5)
                     stage = f"qmoe::MmaStage<{bits}, {scale_t}, {block}, {'true' if zp else 'false'}>"
-                    lines.append(f"static_assert(qmoe::kMmaWarps * qmoe::kMmaStages * {stage}::kBytes"
-                                 f" == {want}, \"ring_bytes({bits}, {sbytes}, {block}, {zp})\");")
                     for R in (1, 64, 512):
                         lines.append(f"static_assert(qmoe::mma_smem_bytes<{stage}>({R}) == {decode_smem_bytes(want, R)},"
                                      f" \"decode_smem_bytes({bits}, {sbytes}, {block}, {zp}, R {R})\");")

@@ -5,7 +5,9 @@ Template ``cuda_src/engines/mma_batched.cuh``: ``qmoe::fc1_batched`` (FC1 [+FC3]
 sorted order) and ``qmoe::fc2_batched`` (FC2 + bias, by route id), with ``group_by_expert`` and
 ``combine_routes`` as the prefill engines. The decode engine's weight stream (a cp.async ring per warp,
 K split over a block's warps) on grouped routes: no route limit, one block per (output tile, expert),
-``8·NG`` routes per pass over the weights with ``NG`` 1, 2 or 4 chosen from the routes per expert.
+``8·NG`` routes per pass over the weights with ``NG`` 1, 2 or 4 chosen from the routes per expert. On
+tiled codes a warp computes two 16-row tiles (:func:`row_tiles`), each route group's activations loaded
+once for both.
 Above :func:`max_routes_per_expert` routes per expert the tile engines (mma_prefill, wgmma_prefill),
 which read each weight once per 16-256 routes, are faster (measured, docs/performance.md) and
 :meth:`MmaBatchedFamily.slower` says so.
@@ -14,6 +16,7 @@ which read each weight once per 16-256 routes, are faster (measured, docs/perfor
 from __future__ import annotations
 
 from .. import knobs
+from ..errors import QMoEAttributeError
 from ..jit import KernelDef, Launch, Ptr, Scalar
 from ..specialize import ModuleSpec
 from ._expert import (
@@ -40,7 +43,8 @@ from ._grouped import (
 from .base import KernelFamily, Problem, Slot, register
 from .mma_decode import MIN_BLOCKS, MIN_BLOCKS_ALLOWED, ROUTE_GROUPS, THREADS, WARPS, _stages, k_split, ring_bytes
 
-__all__ = ["MAX_ROUTES_PER_EXPERT", "MmaBatchedFamily", "max_routes_per_expert", "per_expert", "route_groups"]
+__all__ = ["MAX_ROUTES_PER_EXPERT", "MmaBatchedFamily", "max_routes_per_expert", "per_expert", "route_groups",
+           "row_tiles"]
 
 #: Routes per expert (average over the experts that get routes) up to which this engine runs, for layers
 #: whose routes reach up to FEW_EXPERTS experts / more; above it the tile engines (mma_prefill,
@@ -73,6 +77,30 @@ def route_groups(problem: Problem) -> int:
     return next((ng for ng in ROUTE_GROUPS if 2 * avg <= 8 * ng), ROUTE_GROUPS[-1])
 
 
+def row_tiles(tiled: bool) -> int:
+    """16-row tiles per warp (RT): 2 on tiled codes, where a half chunk's activations are 8 consecutive
+    words of x that both tiles' MMAs read (half the activation loads per weight byte, two independent
+    MMA chains per warp); 1 on contract codes, whose pairs permute x per tile. Knob
+    ``batched_row_tiles`` forces 1 or 2 (2 only on tiled codes)."""
+    forced = tuning_knob("batched_row_tiles", "QMOE_RTC_BATCHED_ROW_TILES", 0, (0, 1, 2))
+    if forced == 2 and not tiled:
+        raise QMoEAttributeError("QMOE_RTC_BATCHED_ROW_TILES", "1 for a layer in the contract layout (2 reads tiled "
+                                 "codes: QMoE(prepack='on'))", "2")
+    return forced or (2 if tiled else 1)
+
+
+#: Blocks per SM the two-row-tile kernels' registers are set for, by NG (engines/mma_batched.cuh
+#: batched_min_blocks; route groups of 8 keep the decode engine's).
+MIN_BLOCKS_TWO_TILES = {2: 3, 4: 2}
+
+
+def min_blocks(spec: ModuleSpec, ng: int) -> int:
+    """Resident blocks per SM the registers of route group ``ng``'s kernels are set for."""
+    if ng == 1:
+        return spec["min_blocks"]
+    return MIN_BLOCKS_TWO_TILES[ng] if spec["row_tiles"] == 2 else MIN_BLOCKS[ng]
+
+
 def max_routes_per_expert(problem: Problem) -> int:
     """Routes per expert up to which this engine runs (see :data:`MAX_ROUTES_PER_EXPERT`)."""
     experts = min(problem.experts, max(1, problem.routes))
@@ -88,11 +116,12 @@ class MmaBatchedFamily(KernelFamily):
 
     def spec(self, config) -> ModuleSpec:
         """The layout's fields plus the ring depth and the 8-route kernels' blocks per SM (the decode
-        engine's knobs: the same ring)."""
-        return expert_spec(self.name, config, stages=_stages(),
+        engine's knobs: the same ring) and the row tiles per warp."""
+        tiled = tiled_spec(config)
+        return expert_spec(self.name, config, stages=_stages(), row_tiles=row_tiles(bool(tiled)),
                            min_blocks=tuning_knob("mma_min_blocks", "QMOE_RTC_MMA_MIN_BLOCKS", MIN_BLOCKS[1],
                                                   MIN_BLOCKS_ALLOWED),
-                           roll_copies=bool(knobs.get("mma_roll_copies")), **tiled_spec(config))
+                           roll_copies=bool(knobs.get("mma_roll_copies")), **tiled)
 
     def specs(self, config) -> list[ModuleSpec]:
         return [] if self.supports(config) else [self.spec(config)]
@@ -118,7 +147,8 @@ class MmaBatchedFamily(KernelFamily):
 
     def defines(self, spec: ModuleSpec) -> tuple[str, ...]:
         return (f"-DQMOE_MMA_STAGES={spec['stages']}", f"-DQMOE_MMA_MIN_BLOCKS={spec['min_blocks']}",
-                f"-DQMOE_MMA_ROLL_COPIES={int(spec['roll_copies'])}", *tiled_define(spec))
+                f"-DQMOE_MMA_ROLL_COPIES={int(spec['roll_copies'])}", f"-DQMOE_BATCHED_RT={spec['row_tiles']}",
+                *tiled_define(spec))
 
     def kernels(self, spec: ModuleSpec) -> tuple[KernelDef, ...]:
         t = template_types(spec)
@@ -147,16 +177,17 @@ class MmaBatchedFamily(KernelFamily):
         return f"{role}_ng{route_groups(problem)}" if role in ("fc1", "fc2") else role
 
     def geometry(self, spec: ModuleSpec, role: str, problem: Problem) -> tuple[int, int]:
-        """(KS, grid.x) of ``role``: K-split warps and output tiles, by the decode engine's rule over the
-        experts that get routes."""
+        """(KS, grid.x) of ``role``: K-split warps and blocks of output rows, by the decode engine's rule
+        over the experts that get routes (a warp tile: ``row_tiles`` 16-row tiles)."""
         experts = min(problem.routes, problem.experts)
         if role == "fc1":
             per_tile, n_out, K = (8 if gate_of(spec) != "none" else 16), problem.I, problem.H
         else:
             per_tile, n_out, K = 16, problem.H, problem.I
+        per_tile *= spec["row_tiles"]
         tiles = (n_out + per_tile - 1) // per_tile
         ng = route_groups(problem)
-        ks = k_split(tiles, experts, K, ng, spec["min_blocks"] if ng == 1 else MIN_BLOCKS[ng], problem.sm_count)
+        ks = k_split(tiles, experts, K, ng, min_blocks(spec, ng), problem.sm_count)
         per_block = per_tile * (WARPS // ks)
         return ks, (n_out + per_block - 1) // per_block
 
@@ -167,7 +198,8 @@ class MmaBatchedFamily(KernelFamily):
             return combine_launch(problem)
         ks, gx = self.geometry(spec, role, problem)
         bits, zp = staged_projection(spec, role)
-        smem = ring_bytes(bits, 4 if spec["scale_dtype"] == "float32" else 2, spec["block_size"], zp, spec["stages"])
+        smem = ring_bytes(bits, 4 if spec["scale_dtype"] == "float32" else 2, spec["block_size"], zp, spec["stages"],
+                          spec["row_tiles"])
         return Launch((gx, problem.experts, 1), (THREADS, 1, 1), smem, (("KS", ks),))
 
     def scratch(self, spec: ModuleSpec, role: str, problem: Problem) -> dict[str, Slot]:

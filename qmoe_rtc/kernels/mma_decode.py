@@ -51,11 +51,13 @@ def _stages() -> int:
     return n
 
 
-def ring_bytes(bits: int, scale_bytes: int, block_size: int, zp_packed: bool, stages: int) -> int:
-    """Dynamic shared memory of one block (mma_ring.cuh MmaStage): 4 warps × stages × stage bytes."""
-    kst = 1 if bits >= 8 else 8 // bits
+def ring_bytes(bits: int, scale_bytes: int, block_size: int, zp_packed: bool, stages: int, row_tiles: int = 1) -> int:
+    """Dynamic shared memory of one block (mma_ring.cuh MmaStage): 4 warps × stages × stage bytes, a stage
+    holding ``kst`` chunks of the warp's ``2·row_tiles`` lane rows."""
+    kst = 1 if bits >= 8 else max(1, 8 // bits // row_tiles)
     words = meta_words(bits, scale_bytes, block_size, zp_packed)
-    stage = kst * 2 * 32 * 4 * bits + kst * 2 * words * 32 * 4
+    rows = 2 * row_tiles
+    stage = kst * rows * 32 * 4 * bits + kst * rows * words * 32 * 4
     return WARPS * stages * stage
 
 

@@ -10,9 +10,11 @@
 //   act_sorted  [R, I]      T     FC1 out in sorted order (activation rounded to T), FC2's activations
 //   y           [R, H]      f32   FC2 out by route id, bias added (combine_routes applies the routing weight)
 //
-// Grid: (output tiles, experts): block (x, e) computes MT·16 rows of expert e (4 warps = MT row tiles
-// × KS slices of K, as the decode engine) for every route of e, 8·NG routes per pass over the weights;
-// experts without routes exit at once. Codes in the contract or the tiled layout (core/codes.cuh).
+// Grid: (output tiles, experts): block (x, e) computes MT·16·RT rows of expert e (4 warps = MT warp
+// tiles × KS slices of K, as the decode engine; a warp tile is RT 16-row tiles) for every route of e,
+// 8·NG routes per pass over the weights; experts without routes exit at once. Codes in the contract or
+// the tiled layout (core/codes.cuh); RT (QMOE_BATCHED_RT) 2 needs the tiled layout: each route group's
+// activations feed two row tiles' MMAs.
 // Not covered (the executor says why and runs another engine): float32 activations, zero_point_offset,
 // FC3 with a bit width other than FC1's, 1-bit with block 16, K % 32 != 0.
 #pragma once
@@ -25,7 +27,20 @@
 #include "epilogue/fc1.cuh"
 #include "routing/group.cuh"
 
+#ifndef QMOE_BATCHED_RT
+#define QMOE_BATCHED_RT 1
+#endif
+
 namespace qmoe {
+
+constexpr int kBatchedRT = QMOE_BATCHED_RT;  // 16-row tiles per warp (kernels/mma_batched.py row_tiles)
+
+// Blocks per SM the registers are set for (kernels/mma_batched.py min_blocks): the decode engine's with
+// one row tile; with two, route groups of 16 / 32 routes hold twice the accumulators and take 3 / 2
+// blocks (ptxas, NVRTC 13.5, mixtral-8x7b bf16 int4: 4 blocks spilled 8-24 bytes, 3 blocks 28-32).
+template <int NG> constexpr int batched_min_blocks() {
+  return kBatchedRT == 1 || NG == 1 ? mma_min_blocks<NG>() : (NG == 2 ? 3 : 2);
+}
 
 // The launch gives the four rings (kernels/mma_batched.py computes the same size): trap, never overrun.
 template <class Stage> __device__ __forceinline__ void check_batched_smem() {
@@ -36,7 +51,7 @@ template <class Stage> __device__ __forceinline__ void check_batched_smem() {
 
 // FC1 (+FC3) with the activation fused: act_sorted[pos, o] for every route of expert blockIdx.y.
 template <int GATE, typename T, typename ScaleT, int B1, int Z1, int Z3, int BLOCK, int ACT, int NG>
-__global__ void __launch_bounds__(kMmaThreads, mma_min_blocks<NG>())
+__global__ void __launch_bounds__(kMmaThreads, batched_min_blocks<NG>())
 fc1_batched(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* __restrict__ offsets, i32 k, i32 H,
             i32 I, i32 KS, const u8* __restrict__ w1, const ScaleT* __restrict__ s1, const u8* __restrict__ z1,
             const float* __restrict__ b1, const u8* __restrict__ w3, const ScaleT* __restrict__ s3,
@@ -44,9 +59,10 @@ fc1_batched(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* 
             const ScaleT* __restrict__ shared_s1, const u8* __restrict__ shared_z1, const float* __restrict__ shared_b1,
             float zp_offset, float alpha, float beta, float limit, i32 limit_after, T* __restrict__ act_sorted) {
   extern __shared__ __align__(16) u8 dyn_smem[];
-  using Stage = MmaStage<B1, ScaleT, BLOCK, Z1 == ZP_PACKED || (GATE == GATE_FC3 && Z3 == ZP_PACKED)>;
+  constexpr int RT = kBatchedRT;
+  using Stage = MmaStage<B1, ScaleT, BLOCK, Z1 == ZP_PACKED || (GATE == GATE_FC3 && Z3 == ZP_PACKED), RT>;
   constexpr i32 kRing = kMmaStages * Stage::kBytes;
-  static_assert(kRing >= NG * 4 * 32 * 4, "a ring holds its warp's partial sums (reduce_slices)");
+  static_assert(kRing >= RT * NG * 4 * 32 * 4, "a ring holds its warp's partial sums (reduce_slices)");
   check_batched_smem<Stage>();
   using Rows = Fc1Rows<GATE>;
   constexpr bool kGated = Rows::kGated;
@@ -62,14 +78,22 @@ fc1_batched(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* 
   const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const i32 MT = kMmaWarps / KS, mt = warp % MT, ks = warp / MT;
   const i32 g = lane >> 2, t = lane & 3;
-  const i32 o0 = (blockIdx.x * MT + mt) * kOutPerTile;
-  // lane rows as in the decode engine: gate and linear row of output o0 + g, or outputs o0 + g and
-  // o0 + g + 8 (clamped: computed, never stored)
-  const i32 oa = min(o0 + g, I - 1), ob = kGated ? oa : min(o0 + g + 8, I - 1);
-  const i32 na = Rows::gate_row(oa, I), nb = kGated ? Rows::lin_row(oa, I) : ob;
+  const i32 o0 = (blockIdx.x * MT + mt) * kOutPerTile * RT;
+  // lane rows of tile i as in the decode engine: gate and linear row of output o0 + i·8 + g, or outputs
+  // o0 + i·16 + g and + 8 (clamped: computed, never stored)
   using Codes = CodeRows<B1>;
-  const u8* pa = w1 + Codes::row(e, N1, Rows::tile_row(na), H);
-  const u8* pb = GATE == GATE_FC3 ? w3 + Codes::row(e, I, nb, H) : w1 + Codes::row(e, N1, Rows::tile_row(nb), H);
+  i32 na[RT], nb[RT];
+  const u8* pa[RT];
+  const u8* pb[RT];
+#pragma unroll
+  for (int i = 0; i < RT; ++i) {
+    const i32 oi = o0 + i * kOutPerTile;
+    const i32 oa = min(oi + g, I - 1), ob = kGated ? oa : min(oi + g + 8, I - 1);
+    na[i] = Rows::gate_row(oa, I);
+    nb[i] = kGated ? Rows::lin_row(oa, I) : ob;
+    pa[i] = w1 + Codes::row(e, N1, Rows::tile_row(na[i]), H);
+    pb[i] = GATE == GATE_FC3 ? w3 + Codes::row(e, I, nb[i], H) : w1 + Codes::row(e, N1, Rows::tile_row(nb[i]), H);
+  }
   u8* ring = dyn_smem + warp * kRing;
   for (i32 p = m0; p < m1; p += 8 * NG) {
     const T* xrow[NG];
@@ -78,26 +102,30 @@ fc1_batched(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* 
       const i32 j = p + 8 * gg + g;
       xrow[gg] = j < m1 ? x + (i64)(sorted[j] / k) * H : nullptr;
     }
-    float acc[NG][4] = {};
-    if constexpr (GATE == GATE_FC3) mma_rows<T, B1, NG>(q1, pa, na, q3, pb, nb, e, xrow, H, ks, KS, acc, ring);
-    else mma_rows<T, B1, NG>(q1, pa, na, q1, pb, nb, e, xrow, H, ks, KS, acc, ring);  // both rows from W1
-    reduce_slices<NG>(acc, mt, ks, MT, KS, dyn_smem, kRing);
+    float acc[RT * NG][4] = {};
+    if constexpr (GATE == GATE_FC3) mma_tiles<T, B1, NG, RT>(q1, pa, na, q3, pb, nb, e, xrow, H, ks, KS, acc, ring);
+    else mma_tiles<T, B1, NG, RT>(q1, pa, na, q1, pb, nb, e, xrow, H, ks, KS, acc, ring);  // both rows from W1
+    reduce_slices<RT * NG>(acc, mt, ks, MT, KS, dyn_smem, kRing);
     if (ks != 0) continue;
 #pragma unroll
-    for (int gg = 0; gg < NG; ++gg) {
+    for (int i = 0; i < RT; ++i) {
+      const i32 oi = o0 + i * kOutPerTile;
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const i32 pos = p + 8 * gg + 2 * t + c;
-        if (pos >= m1) continue;
-        const float ha = acc[gg][c], hb = acc[gg][2 + c];  // rows g, g + 8
-        T* out = act_sorted + (i64)pos * I;
-        if constexpr (kGated) {
-          const i32 o = o0 + g;
-          if (o < I) out[o] = Traits<T>::from_float(fc1_activation<ACT, GATE>(ha, hb, b1, b3, e, o, I, ap));
-        } else {
-          if (o0 + g < I) out[o0 + g] = Traits<T>::from_float(fc1_activation<ACT, GATE>(ha, 0.0f, b1, b3, e, o0 + g, I, ap));
-          if (o0 + g + 8 < I)
-            out[o0 + g + 8] = Traits<T>::from_float(fc1_activation<ACT, GATE>(hb, 0.0f, b1, b3, e, o0 + g + 8, I, ap));
+      for (int gg = 0; gg < NG; ++gg) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const i32 pos = p + 8 * gg + 2 * t + c;
+          if (pos >= m1) continue;
+          const float ha = acc[i * NG + gg][c], hb = acc[i * NG + gg][2 + c];  // rows g, g + 8
+          T* out = act_sorted + (i64)pos * I;
+          if constexpr (kGated) {
+            const i32 o = oi + g;
+            if (o < I) out[o] = Traits<T>::from_float(fc1_activation<ACT, GATE>(ha, hb, b1, b3, e, o, I, ap));
+          } else {
+            if (oi + g < I) out[oi + g] = Traits<T>::from_float(fc1_activation<ACT, GATE>(ha, 0.0f, b1, b3, e, oi + g, I, ap));
+            if (oi + g + 8 < I)
+              out[oi + g + 8] = Traits<T>::from_float(fc1_activation<ACT, GATE>(hb, 0.0f, b1, b3, e, oi + g + 8, I, ap));
+          }
         }
       }
     }
@@ -106,16 +134,17 @@ fc1_batched(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* 
 
 // FC2: y[route, n] = act_sorted[pos] · W2[e, n] + b2[e, n] for every route of expert blockIdx.y.
 template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, int NG>
-__global__ void __launch_bounds__(kMmaThreads, mma_min_blocks<NG>())
+__global__ void __launch_bounds__(kMmaThreads, batched_min_blocks<NG>())
 fc2_batched(const T* __restrict__ act_sorted, const i32* __restrict__ sorted, const i32* __restrict__ offsets, i32 H,
             i32 I, i32 KS, const u8* __restrict__ w2, const ScaleT* __restrict__ s2, const u8* __restrict__ z2,
             const float* __restrict__ b2, i32 E_routed, const u8* __restrict__ shared_w2,
             const ScaleT* __restrict__ shared_s2, const u8* __restrict__ shared_z2, const float* __restrict__ shared_b2,
             float zp_offset, float* __restrict__ y) {
   extern __shared__ __align__(16) u8 dyn_smem[];
-  using Stage = MmaStage<B2, ScaleT, BLOCK, Z2 == ZP_PACKED>;
+  constexpr int RT = kBatchedRT;
+  using Stage = MmaStage<B2, ScaleT, BLOCK, Z2 == ZP_PACKED, RT>;
   constexpr i32 kRing = kMmaStages * Stage::kBytes;
-  static_assert(kRing >= NG * 4 * 32 * 4, "a ring holds its warp's partial sums (reduce_slices)");
+  static_assert(kRing >= RT * NG * 4 * 32 * 4, "a ring holds its warp's partial sums (reduce_slices)");
   check_batched_smem<Stage>();
   i32 e = blockIdx.y;
   const i32 m0 = offsets[e], m1 = offsets[e + 1];
@@ -124,11 +153,18 @@ fc2_batched(const T* __restrict__ act_sorted, const i32* __restrict__ sorted, co
   const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const i32 MT = kMmaWarps / KS, mt = warp % MT, ks = warp / MT;
   const i32 g = lane >> 2, t = lane & 3;
-  const i32 n0 = (blockIdx.x * MT + mt) * 16;
-  const i32 na = min(n0 + g, H - 1), nb = min(n0 + g + 8, H - 1);  // clamped: never stored
+  const i32 n0 = (blockIdx.x * MT + mt) * 16 * RT;
   const QuantParams<ScaleT, B2, BLOCK, Z2> q2{s2, z2, zp_offset, H, I};
-  const u8* pa = w2 + CodeRows<B2>::row(e, H, na, I);
-  const u8* pb = w2 + CodeRows<B2>::row(e, H, nb, I);
+  i32 na[RT], nb[RT];
+  const u8* pa[RT];
+  const u8* pb[RT];
+#pragma unroll
+  for (int i = 0; i < RT; ++i) {
+    na[i] = min(n0 + 16 * i + g, H - 1);  // clamped: never stored
+    nb[i] = min(n0 + 16 * i + g + 8, H - 1);
+    pa[i] = w2 + CodeRows<B2>::row(e, H, na[i], I);
+    pb[i] = w2 + CodeRows<B2>::row(e, H, nb[i], I);
+  }
   u8* ring = dyn_smem + warp * kRing;
   for (i32 p = m0; p < m1; p += 8 * NG) {
     const T* xrow[NG];
@@ -137,19 +173,23 @@ fc2_batched(const T* __restrict__ act_sorted, const i32* __restrict__ sorted, co
       const i32 j = p + 8 * gg + g;
       xrow[gg] = j < m1 ? act_sorted + (i64)j * I : nullptr;
     }
-    float acc[NG][4] = {};
-    mma_rows<T, B2, NG>(q2, pa, na, q2, pb, nb, e, xrow, I, ks, KS, acc, ring);
-    reduce_slices<NG>(acc, mt, ks, MT, KS, dyn_smem, kRing);
+    float acc[RT * NG][4] = {};
+    mma_tiles<T, B2, NG, RT>(q2, pa, na, q2, pb, nb, e, xrow, I, ks, KS, acc, ring);
+    reduce_slices<RT * NG>(acc, mt, ks, MT, KS, dyn_smem, kRing);
     if (ks != 0) continue;
 #pragma unroll
-    for (int gg = 0; gg < NG; ++gg) {
+    for (int i = 0; i < RT; ++i) {
+      const i32 ni = n0 + 16 * i;
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const i32 pos = p + 8 * gg + 2 * t + c;
-        if (pos >= m1) continue;
-        float* out = y + (i64)sorted[pos] * H;
-        if (n0 + g < H) out[n0 + g] = acc[gg][c] + (b2 ? b2[(i64)e * H + na] : 0.0f);
-        if (n0 + g + 8 < H) out[n0 + g + 8] = acc[gg][2 + c] + (b2 ? b2[(i64)e * H + nb] : 0.0f);
+      for (int gg = 0; gg < NG; ++gg) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const i32 pos = p + 8 * gg + 2 * t + c;
+          if (pos >= m1) continue;
+          float* out = y + (i64)sorted[pos] * H;
+          if (ni + g < H) out[ni + g] = acc[i * NG + gg][c] + (b2 ? b2[(i64)e * H + na[i]] : 0.0f);
+          if (ni + g + 8 < H) out[ni + g + 8] = acc[i * NG + gg][2 + c] + (b2 ? b2[(i64)e * H + nb[i]] : 0.0f);
+        }
       }
     }
   }

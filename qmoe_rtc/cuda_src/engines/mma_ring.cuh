@@ -41,20 +41,22 @@ constexpr int kMmaStages = QMOE_MMA_STAGES;
 #endif
 template <int NG> constexpr int mma_min_blocks() { return NG == 1 ? QMOE_MMA_MIN_BLOCKS : (NG == 2 ? 4 : 3); }
 
-// One stage of a warp's ring: KST chunks of its two lane rows, as copied (not decoded).
-//   codes [KST][2 rows][32 lanes][4·B bytes]       (KST = 8/B: 2 KiB of codes per stage, any B)
-//   meta  [KST][2 rows][kWords][32 lanes] u32      the aligned words holding the lane's scale(s)
+// One stage of a warp's ring: KST chunks of its 2·RT lane rows (RT 16-row tiles), as copied (not decoded).
+//   codes [KST][2·RT rows][32 lanes][4·B bytes]    (KST = 8/(B·RT), at least 1: 2 KiB of codes per stage
+//                                                  for B <= 4, 4·RT KiB for 8-bit)
+//   meta  [KST][2·RT rows][kWords][32 lanes] u32   the aligned words holding the lane's scale(s)
 //                                                  and zero-point byte (decoded at compute time)
 // Scale / zp words are the 4-byte-aligned words containing the element: they may reach up to 3
 // bytes past a tensor's last element, inside the same allocation granule (CuPy / torch allocate in
-// 512-byte units); those bytes are never used.
-template <int B, typename ScaleT, int BLOCK, bool ZPW> struct MmaStage {
-  static constexpr int KST = B >= 8 ? 1 : 8 / B;
+// 512-byte units); those bytes are never used. The host mirrors kBytes (kernels/mma_decode.py ring_bytes).
+template <int B, typename ScaleT, int BLOCK, bool ZPW, int RT = 1> struct MmaStage {
+  static constexpr int KST = B >= 8 || 8 / B / RT < 1 ? 1 : 8 / B / RT;
+  static constexpr int kRows = 2 * RT;  // lane rows a chunk holds
   static constexpr int NSB = MetaLayout<ScaleT, BLOCK, ZPW>::NSB;  // scale blocks per lane chunk
   static constexpr int kWords = MetaLayout<ScaleT, BLOCK, ZPW, B>::kWords;
   static constexpr int kCodeBytes = 4 * B;  // per lane, row, chunk
-  static constexpr int kCodes = KST * 2 * 32 * kCodeBytes;
-  static constexpr int kBytes = kCodes + KST * 2 * kWords * 32 * 4;
+  static constexpr int kCodes = KST * kRows * 32 * kCodeBytes;
+  static constexpr int kBytes = kCodes + KST * kRows * kWords * 32 * 4;
 };
 
 // Warms L2 with the first `chunks` chunks of the lane's two rows (no registers held): issued before
@@ -82,25 +84,29 @@ template <class Stage> __device__ __forceinline__ void check_ring_size(i32 R) {
   if (have < mma_smem_bytes<Stage>(R)) __trap();
 }
 
-// One warp's product over its K slice (chunks ks, ks + KS, ...): acc[ng] (C fragments) +=
-// W[rows na, nb] · x[routes]ᵀ. pa, pb: the lane rows' packed codes (K·B/8 bytes each); qa, qb their
-// quant params; xrow[ng]: the activation row of route group ng's lane route, or null.
+// One warp's product over its K slice (chunks ks, ks + KS, ...) for RT 16-row tiles: acc[i·NG + ng]
+// (C fragments) += W[rows na[i], nb[i]] · x[routes]ᵀ. pa[i], pb[i]: tile i's lane rows' packed codes
+// (K·B/8 bytes each); qa, qb their quant params; xrow[ng]: the activation row of route group ng's lane
+// route, or null. RT 2 (tiled codes only): each route group's activations, loaded once per chunk, feed
+// both tiles' MMAs (half the activation loads per weight, two independent MMA chains).
 // Weights, scales and zero points stream through a kMmaStages-deep cp.async ring per warp; each lane
 // reads back only what it copied, so no barrier is needed (except with COOP).
 // COOP (3-bit only): the warp copies each row's 48-byte chunk of codes as three 16-byte pieces (lane
 // L < 24: lane group L / 3's rows, piece L % 3) into the same shared layout, instead of each lane
 // copying its own 12 bytes as three 4-byte pieces; lanes then read codes other lanes copied (a
 // __syncwarp per stage). Needs every row's chunks 16-byte aligned (mma_rows checks).
-template <typename T, int B, int NG, bool COOP, bool COHERENT_X, class QA, class QB, typename XT>
-__device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* __restrict__ pa, i32 na, const QB& qb,
-                                              const u8* __restrict__ pb, i32 nb, i32 e, const XT* const (&xrow)[NG],
-                                              i32 K, i32 ks, i32 KS, float (&acc)[NG][4], u8* ring) {
+template <typename T, int B, int NG, int RT, bool COOP, bool COHERENT_X, class QA, class QB, typename XT>
+__device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* const (&pa)[RT], const i32 (&na)[RT],
+                                              const QB& qb, const u8* const (&pb)[RT], const i32 (&nb)[RT], i32 e,
+                                              const XT* const (&xrow)[NG], i32 K, i32 ks, i32 KS,
+                                              float (&acc)[RT * NG][4], u8* ring) {
   static_assert(!COOP || B == 3, "shared code copies are for 3-bit codes");
+  static_assert(RT == 1 || kTiled, "several row tiles per warp read the tiled layout's activation words");
   using ScaleT = typename QA::Scale;
   constexpr bool kZpw = QA::kZp == ZP_PACKED || QB::kZp == ZP_PACKED;  // = the kernel's Stage
-  using St = MmaStage<B, ScaleT, QA::kBlock, kZpw>;
+  using St = MmaStage<B, ScaleT, QA::kBlock, kZpw, RT>;
   using D = MmaDeq<T, B, QA::kZp == ZP_FP8>;
-  constexpr int KST = St::KST, NSB = St::NSB, CB = St::kCodeBytes;
+  constexpr int KST = St::KST, NSB = St::NSB, CB = St::kCodeBytes, NR = St::kRows;
   const i32 lane = threadIdx.x & 31, t = lane & 3;
   const i32 nch = (K + kMmaChunk - 1) / kMmaChunk;
   const i32 step = KS * KST;  // chunks a warp advances per stage
@@ -110,15 +116,22 @@ __device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* __restrict
   // (q - zp)·x of a chunk in float32 and the row scale multiplies that partial sum (fewer
   // instructions, and the products are never rounded to T). Else each pair is scaled in T.
   constexpr bool kFactor = QA::kBlock == 0 || QA::kBlock >= kMmaChunk;
-  const i64 sbase[2] = {qa.scale_index(e, na, 0), qb.scale_index(e, nb, 0)};  // scale index of block 0
-
-  const u8* ra = pa;  // the rows this lane copies codes from (COOP: its lane group's)
-  const u8* rb = pb;
+  i64 sbase[RT][2];  // scale index of block 0 of each lane row
+  const u8* src[RT][2];  // the rows this lane copies codes from (COOP: its lane group's)
   const i32 cgr = lane / 3, cpc = lane % 3;
-  if constexpr (COOP) {
-    const i32 from = 4 * min(cgr, 7);
-    ra = reinterpret_cast<const u8*>(__shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(pa), from));
-    rb = reinterpret_cast<const u8*>(__shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(pb), from));
+#pragma unroll
+  for (int i = 0; i < RT; ++i) {
+    sbase[i][0] = qa.scale_index(e, na[i], 0);
+    sbase[i][1] = qb.scale_index(e, nb[i], 0);
+    src[i][0] = pa[i];
+    src[i][1] = pb[i];
+    if constexpr (COOP) {
+      const i32 from = 4 * min(cgr, 7);
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        src[i][r] = reinterpret_cast<const u8*>(
+            __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(src[i][r]), from));
+    }
   }
 
   auto issue = [&](i32 slot, i32 c0) {
@@ -142,26 +155,29 @@ __device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* __restrict
       const i32 j = kFactor ? QA::block_of((i64)c * kMmaChunk) : (live ? QA::block_of(k0) : 0);
       const bool mlive = kFactor || live;
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const u8* src = (r ? rb : ra) + off;
-        const u32 dst = base + ((u * 2 + r) * 32 + lane) * CB;
-        if constexpr (COOP) {
-          if (lane < 24) cp_async(base + (u * 2 + r) * 32 * CB + 48 * cgr + 16 * cpc, src, 16, true);
-        } else {
-          cp_async_codes<CB>(dst, src, live);
+      for (int i = 0; i < RT; ++i) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int row = u * NR + 2 * i + r;
+          const u8* from = src[i][r] + off;
+          if constexpr (COOP) {
+            if (lane < 24) cp_async(base + row * 32 * CB + 48 * cgr + 16 * cpc, from, 16, true);
+          } else {
+            cp_async_codes<CB>(base + (row * 32 + lane) * CB, from, live);
+          }
+          const u32 meta = base + St::kCodes + (row * St::kWords) * 128 + lane * 4;
+          if (r) LaneMeta<QB, kZpw>::issue(qb, sbase[i][1], e, nb[i], j, meta, mlive, src[0][0]);
+          else LaneMeta<QA, kZpw>::issue(qa, sbase[i][0], e, na[i], j, meta, mlive, src[0][0]);
         }
-        const u32 meta = base + St::kCodes + ((u * 2 + r) * St::kWords) * 128 + lane * 4;
-        if (r) LaneMeta<QB, kZpw>::issue(qb, sbase[1], e, nb, j, meta, mlive, ra);
-        else LaneMeta<QA, kZpw>::issue(qa, sbase[0], e, na, j, meta, mlive, ra);
       }
     }
   };
 
-  // Coefficients of row r (0: na, 1: nb) for scale block h of chunk u, from the stage's meta words.
-  auto coef = [&](const u8* st, int u, int r, int h, i32 j0) -> Coef {
-    const u32* meta = reinterpret_cast<const u32*>(st + St::kCodes) + ((u * 2 + r) * St::kWords) * 32 + lane;
-    return D::coef(r ? LaneMeta<QB, kZpw>::decode(qb, meta, sbase[1], e, nb, j0, h)
-                     : LaneMeta<QA, kZpw>::decode(qa, meta, sbase[0], e, na, j0, h));
+  // Coefficients of tile i's row r (0: na, 1: nb) for scale block h of chunk u, from the stage's meta words.
+  auto coef = [&](const u8* st, int u, int i, int r, int h, i32 j0) -> Coef {
+    const u32* meta = reinterpret_cast<const u32*>(st + St::kCodes) + ((u * NR + 2 * i + r) * St::kWords) * 32 + lane;
+    return D::coef(r ? LaneMeta<QB, kZpw>::decode(qb, meta, sbase[i][1], e, nb[i], j0, h)
+                     : LaneMeta<QA, kZpw>::decode(qa, meta, sbase[i][0], e, na[i], j0, h));
   };
 
   auto compute = [&](i32 slot, i32 c0) {
@@ -171,70 +187,111 @@ __device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* __restrict
       const i32 c = c0 + u * KS, k0 = c * kMmaChunk + 32 * t;
       if (c >= nch) break;  // warp-uniform
       const bool live = k0 < K;  // lanes past K (K % 128 != 0) hold zero-filled codes
-      u32 ra[B], rb[B];
-      lds_codes<B>(st + ((u * 2 + 0) * 32 + lane) * CB, ra);
-      lds_codes<B>(st + ((u * 2 + 1) * 32 + lane) * CB, rb);
+      u32 cw[RT][2][B];
+      Coef cf[RT][2][NSB];
       const i32 j0 = kFactor ? QA::block_of((i64)c * kMmaChunk) : QA::block_of(k0);
-      Coef ca[NSB], cb[NSB];
 #pragma unroll
-      for (int h = 0; h < NSB; ++h) {
-        ca[h] = (kFactor || live) ? coef(st, u, 0, h, j0) : D::zero();
-        cb[h] = (kFactor || live) ? coef(st, u, 1, h, j0) : D::zero();
+      for (int i = 0; i < RT; ++i) {
+        lds_codes<B>(st + ((u * NR + 2 * i) * 32 + lane) * CB, cw[i][0]);
+        lds_codes<B>(st + ((u * NR + 2 * i + 1) * 32 + lane) * CB, cw[i][1]);
       }
-      // A fragment of k16 step s: pairs 2s, 2s + 1 of both lane rows
-      auto frag = [&](int s, u32 (&a)[4]) {
-        const int h0 = NSB == 2 ? D::low_code(2 * s) / 16 : 0, h1 = NSB == 2 ? D::low_code(2 * s + 1) / 16 : 0;
-        a[0] = D::template pair<!kFactor>(ra, 2 * s, ca[h0]);
-        a[1] = D::template pair<!kFactor>(rb, 2 * s, cb[h0]);
-        a[2] = D::template pair<!kFactor>(ra, 2 * s + 1, ca[h1]);
-        a[3] = D::template pair<!kFactor>(rb, 2 * s + 1, cb[h1]);
-      };
-      auto load_x = [&](int g, u32 (&xw)[16]) {
-        if (xrow[g] != nullptr && live) {
-          const uint4* px = reinterpret_cast<const uint4*>(xrow[g] + k0);
 #pragma unroll
-          for (int v = 0; v < 4; ++v) {
+      for (int i = 0; i < RT; ++i)
+#pragma unroll
+        for (int h = 0; h < NSB; ++h)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) cf[i][r][h] = (kFactor || live) ? coef(st, u, i, r, h, j0) : D::zero();
+      // A fragment of k16 step s of tile i: pairs 2s, 2s + 1 of both lane rows
+      auto frag = [&](int i, int s, u32 (&a)[4]) {
+        const int h0 = NSB == 2 ? D::low_code(2 * s) / 16 : 0, h1 = NSB == 2 ? D::low_code(2 * s + 1) / 16 : 0;
+        a[0] = D::template pair<!kFactor>(cw[i][0], 2 * s, cf[i][0][h0]);
+        a[1] = D::template pair<!kFactor>(cw[i][1], 2 * s, cf[i][1][h0]);
+        a[2] = D::template pair<!kFactor>(cw[i][0], 2 * s + 1, cf[i][0][h1]);
+        a[3] = D::template pair<!kFactor>(cw[i][1], 2 * s + 1, cf[i][1][h1]);
+      };
+      // the lane's activations of route group g: V 16-byte vectors (8 codes each) from code k0 + 8·v0
+      auto load_x = [&](int g, int v0, auto& xw) {
+        constexpr int V = sizeof(xw) / 16;
+        if (xrow[g] != nullptr && live) {
+          const uint4* px = reinterpret_cast<const uint4*>(xrow[g] + k0) + v0;
+#pragma unroll
+          for (int v = 0; v < V; ++v) {
             const uint4 q = COHERENT_X ? __ldcg(px + v) : __ldg(px + v);
             xw[4 * v] = q.x; xw[4 * v + 1] = q.y; xw[4 * v + 2] = q.z; xw[4 * v + 3] = q.w;
           }
         } else {
 #pragma unroll
-          for (int v = 0; v < 16; ++v) xw[v] = 0u;
+          for (int v = 0; v < 4 * V; ++v) xw[v] = 0u;
         }
       };
       // kFactor: the chunk's exact partial sums, scaled once per row
-      auto finish = [&](int g, const float (&part)[4]) {
-        acc[g][0] = fmaf(ca[0].scf, part[0], acc[g][0]);  // C rows g (lane row na) ...
-        acc[g][1] = fmaf(ca[0].scf, part[1], acc[g][1]);
-        acc[g][2] = fmaf(cb[0].scf, part[2], acc[g][2]);  // ... and g + 8 (lane row nb)
-        acc[g][3] = fmaf(cb[0].scf, part[3], acc[g][3]);
+      auto finish = [&](int i, int g, const float (&part)[4]) {
+        float (&c)[4] = acc[i * NG + g];
+        c[0] = fmaf(cf[i][0][0].scf, part[0], c[0]);  // C rows g (lane row na) ...
+        c[1] = fmaf(cf[i][0][0].scf, part[1], c[1]);
+        c[2] = fmaf(cf[i][1][0].scf, part[2], c[2]);  // ... and g + 8 (lane row nb)
+        c[3] = fmaf(cf[i][1][0].scf, part[3], c[3]);
       };
-      if constexpr (NG == 1) {
+      if constexpr (RT > 1) {
+        // tiled codes: step s's activations are words 2s, 2s + 1 of the lane's 16 (x_pair); each half
+        // chunk (4 steps) loads every route group's 8 words once and feeds them to every tile
+        float part[RT][NG][4];
+#pragma unroll
+        for (int i = 0; i < RT; ++i)
+#pragma unroll
+          for (int g = 0; g < NG; ++g)
+#pragma unroll
+            for (int v = 0; v < 4; ++v) part[i][g][v] = 0.f;
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          u32 xh[NG][8];
+#pragma unroll
+          for (int g = 0; g < NG; ++g) load_x(g, 2 * hf, xh[g]);
+#pragma unroll
+          for (int s = 4 * hf; s < 4 * hf + 4; ++s) {
+#pragma unroll
+            for (int i = 0; i < RT; ++i) {
+              u32 a[4];
+              frag(i, s, a);
+#pragma unroll
+              for (int g = 0; g < NG; ++g)
+                Pair2<T>::mma(kFactor ? part[i][g] : acc[i * NG + g], a, xh[g][2 * (s - 4 * hf)],
+                              xh[g][2 * (s - 4 * hf) + 1]);
+            }
+          }
+        }
+        if constexpr (kFactor) {
+#pragma unroll
+          for (int i = 0; i < RT; ++i)
+#pragma unroll
+            for (int g = 0; g < NG; ++g) finish(i, g, part[i][g]);
+        }
+      } else if constexpr (NG == 1) {
         // one route group: each k16 step's fragment is dequantized just before its mma (ptxas gives
         // the same 94-96 registers as dequantizing all eight first)
         u32 xw[16];
-        load_x(0, xw);
+        load_x(0, 0, xw);
         float part[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
         for (int s = 0; s < 8; ++s) {
           u32 a[4];
-          frag(s, a);
+          frag(0, s, a);
           Pair2<T>::mma(kFactor ? part : acc[0], a, D::x_pair(xw, 2 * s), D::x_pair(xw, 2 * s + 1));
         }
-        if constexpr (kFactor) finish(0, part);
+        if constexpr (kFactor) finish(0, 0, part);
       } else {
         // several route groups share each dequantized fragment
         u32 a[8][4];
 #pragma unroll
-        for (int s = 0; s < 8; ++s) frag(s, a[s]);
+        for (int s = 0; s < 8; ++s) frag(0, s, a[s]);
 #pragma unroll
         for (int g = 0; g < NG; ++g) {
           u32 xw[16];
-          load_x(g, xw);
+          load_x(g, 0, xw);
           float part[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
           for (int s = 0; s < 8; ++s) Pair2<T>::mma(kFactor ? part : acc[g], a[s], D::x_pair(xw, 2 * s), D::x_pair(xw, 2 * s + 1));
-          if constexpr (kFactor) finish(g, part);
+          if constexpr (kFactor) finish(0, g, part);
         }
       }
     }
@@ -258,23 +315,39 @@ __device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* __restrict
   cp_async_wait<0>();
 }
 
-// One warp's product over its K slice (mma_rows_ring); 3-bit codes whose row chunks are all 16-byte
-// aligned (K % 128 == 0, 16-byte aligned rows: warp-uniform) take the shared 16-byte copies (measured on
-// the H200, mixtral-8x7b int3 at 1 token: 151.2 -> 138.8 us; docs/performance.md session 8).
+// One warp's product over its K slice for RT row tiles (mma_rows_ring); 3-bit codes whose row chunks
+// are all 16-byte aligned (K % 128 == 0, 16-byte aligned rows: warp-uniform) take the shared 16-byte
+// copies (measured on the H200, mixtral-8x7b int3 at 1 token: 151.2 -> 138.8 us; docs/performance.md
+// session 8).
 // COHERENT_X: the activations are read through L2 (ld.global.cg), not the read-only path: for inputs
 // another grid may still be writing while this one runs (FC2 with the expert flow).
+template <typename T, int B, int NG, int RT, bool COHERENT_X = false, class QA, class QB, typename XT>
+__device__ __forceinline__ void mma_tiles(const QA& qa, const u8* const (&pa)[RT], const i32 (&na)[RT], const QB& qb,
+                                          const u8* const (&pb)[RT], const i32 (&nb)[RT], i32 e,
+                                          const XT* const (&xrow)[NG], i32 K, i32 ks, i32 KS, float (&acc)[RT * NG][4],
+                                          u8* ring) {
+  if constexpr (B == 3) {
+    unsigned long long bits = 0;
+#pragma unroll
+    for (int i = 0; i < RT; ++i)
+      bits |= reinterpret_cast<unsigned long long>(pa[i]) | reinterpret_cast<unsigned long long>(pb[i]);
+    if (K % kMmaChunk == 0 && __all_sync(0xffffffffu, (bits & 15) == 0)) {
+      mma_rows_ring<T, B, NG, RT, true, COHERENT_X>(qa, pa, na, qb, pb, nb, e, xrow, K, ks, KS, acc, ring);
+      return;
+    }
+  }
+  mma_rows_ring<T, B, NG, RT, false, COHERENT_X>(qa, pa, na, qb, pb, nb, e, xrow, K, ks, KS, acc, ring);
+}
+
+// The decode engine's form: one 16-row tile (lane rows na, nb).
 template <typename T, int B, int NG, bool COHERENT_X = false, class QA, class QB, typename XT>
 __device__ __forceinline__ void mma_rows(const QA& qa, const u8* __restrict__ pa, i32 na, const QB& qb,
                                          const u8* __restrict__ pb, i32 nb, i32 e, const XT* const (&xrow)[NG],
                                          i32 K, i32 ks, i32 KS, float (&acc)[NG][4], u8* ring) {
-  if constexpr (B == 3) {
-    const bool al = ((reinterpret_cast<unsigned long long>(pa) | reinterpret_cast<unsigned long long>(pb)) & 15) == 0;
-    if (K % kMmaChunk == 0 && __all_sync(0xffffffffu, al)) {
-      mma_rows_ring<T, B, NG, true, COHERENT_X>(qa, pa, na, qb, pb, nb, e, xrow, K, ks, KS, acc, ring);
-      return;
-    }
-  }
-  mma_rows_ring<T, B, NG, false, COHERENT_X>(qa, pa, na, qb, pb, nb, e, xrow, K, ks, KS, acc, ring);
+  const u8* const pas[1] = {pa};
+  const u8* const pbs[1] = {pb};
+  const i32 nas[1] = {na}, nbs[1] = {nb};
+  mma_tiles<T, B, NG, 1, COHERENT_X>(qa, pas, nas, qb, pbs, nbs, e, xrow, K, ks, KS, acc, ring);
 }
 
 // Adds the KS slices' C fragments into the slice-0 warps (fixed order). Each warp's partial sums go
