@@ -6,8 +6,8 @@ sorted order) and ``qmoe::fc2_batched`` (FC2 + bias, by route id), with ``group_
 ``combine_routes`` as the prefill engines. The decode engine's weight stream (a cp.async ring per warp,
 K split over a block's warps) on grouped routes: no route limit, one block per (output tile, expert),
 ``8·NG`` routes per pass over the weights with ``NG`` 1, 2 or 4 chosen from the routes per expert. On
-tiled codes a warp computes two 16-row tiles (:func:`row_tiles`), each route group's activations loaded
-once for both.
+tiled codes with a scale per 128-code chunk a warp computes two 16-row tiles (:func:`row_tiles`), each
+route group's activations loaded once for both.
 Above :func:`max_routes_per_expert` routes per expert the tile engines (mma_prefill, wgmma_prefill),
 which read each weight once per 16-256 routes, are faster (measured, docs/performance.md) and
 :meth:`MmaBatchedFamily.slower` says so.
@@ -77,16 +77,20 @@ def route_groups(problem: Problem) -> int:
     return next((ng for ng in ROUTE_GROUPS if 2 * avg <= 8 * ng), ROUTE_GROUPS[-1])
 
 
-def row_tiles(tiled: bool) -> int:
-    """16-row tiles per warp (RT): 2 on tiled codes, where a half chunk's activations are 8 consecutive
-    words of x that both tiles' MMAs read (half the activation loads per weight byte, two independent
-    MMA chains per warp); 1 on contract codes, whose pairs permute x per tile. Knob
-    ``batched_row_tiles`` forces 1 or 2 (2 only on tiled codes)."""
+def row_tiles(tiled: bool, block_size: int) -> int:
+    """16-row tiles per warp (RT): 2 on tiled codes with one scale per row over a 128-code chunk (block
+    size 0 or ≥ 128), where a half chunk's activations are 8 consecutive words of x that both tiles' MMAs
+    read (half the activation loads per weight byte, two independent MMA chains per warp); else 1 --
+    contract codes permute x per tile, and smaller blocks scale every pair (twice the coefficient
+    registers). Measured on the H200 (bf16 int4, session 12, batched engine forced, RT 1 → 2):
+    mixtral-8x7b 8 / 32 / 64 tokens −2 / −12 / −18 %, qwen3-30b-a3b −1 / −4 / −5 %, ort-2048 −4 / +4 /
+    −8 %; gpt-oss-120b (blocks of 32) +8 / +5 / +3 %. Knob ``batched_row_tiles`` forces 1 or 2 (2 only
+    on tiled codes)."""
     forced = tuning_knob("batched_row_tiles", "QMOE_RTC_BATCHED_ROW_TILES", 0, (0, 1, 2))
     if forced == 2 and not tiled:
         raise QMoEAttributeError("QMOE_RTC_BATCHED_ROW_TILES", "1 for a layer in the contract layout (2 reads tiled "
                                  "codes: QMoE(prepack='on'))", "2")
-    return forced or (2 if tiled else 1)
+    return forced or (2 if tiled and (block_size == 0 or block_size >= 128) else 1)
 
 
 #: Blocks per SM the two-row-tile kernels' registers are set for, by NG (engines/mma_batched.cuh
@@ -118,7 +122,8 @@ class MmaBatchedFamily(KernelFamily):
         """The layout's fields plus the ring depth and the 8-route kernels' blocks per SM (the decode
         engine's knobs: the same ring) and the row tiles per warp."""
         tiled = tiled_spec(config)
-        return expert_spec(self.name, config, stages=_stages(), row_tiles=row_tiles(bool(tiled)),
+        rt = row_tiles(bool(tiled), getattr(config, "layout", config).block_size)
+        return expert_spec(self.name, config, stages=_stages(), row_tiles=rt,
                            min_blocks=tuning_knob("mma_min_blocks", "QMOE_RTC_MMA_MIN_BLOCKS", MIN_BLOCKS[1],
                                                   MIN_BLOCKS_ALLOWED),
                            roll_copies=bool(knobs.get("mma_roll_copies")), **tiled)
