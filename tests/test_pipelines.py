@@ -138,9 +138,9 @@ def test_prefill_engine_by_device_and_size():
 
 def test_batched_engine_by_routes_per_expert():
     """The batched-decode engine runs up to 6 routes per expert on layers whose routes reach many
-    experts, up to 12 on layers of few experts (measured, session 11), with route groups holding twice
-    the average."""
-    from qmoe_rtc.kernels.mma_batched import route_groups
+    experts, up to 12 on layers of few experts (measured, session 11); with two row tiles per warp (tiled
+    codes, a scale per chunk) up to 8 / 16 (session 12); route groups hold twice the average."""
+    from qmoe_rtc.kernels.mma_batched import route_groups, row_tiles
 
     fam = get_family("mma_batched")
     qwen3 = CONFIGS[0]  # 128 experts, k 8: rows r give r / 16 routes per expert
@@ -150,6 +150,14 @@ def test_batched_engine_by_routes_per_expert():
     assert fam.slower(mixtral, _problem(mixtral, 48)) is None  # 12 per expert
     assert fam.slower(mixtral, _problem(mixtral, 64)) is not None
     assert choose(mixtral, _problem(mixtral, 8), "prefill").pipeline.name == "prefill-batched"
+    tiled = dataclasses.replace(qwen3.layout, tiled=True)
+    assert (row_tiles(True, 128), row_tiles(True, 0), row_tiles(True, 32), row_tiles(False, 128)) == (2, 2, 1, 1)
+    qwen3_t, mixtral_t = (dataclasses.replace(c, layout=tiled) for c in (qwen3, mixtral))
+    assert fam.spec(qwen3_t)["row_tiles"] == 2 and fam.spec(qwen3)["row_tiles"] == 1
+    assert fam.slower(qwen3_t, _problem(qwen3_t, 128)) is None  # 8 per expert
+    assert fam.slower(qwen3_t, _problem(qwen3_t, 144)) is not None  # 9
+    assert fam.slower(mixtral_t, _problem(mixtral_t, 64)) is None  # 16
+    assert fam.slower(mixtral_t, _problem(mixtral_t, 68)) is not None  # 17
     # NG: 8·NG >= 2 × the average routes per expert, at most 4
     assert [route_groups(_problem(mixtral, r)) for r in (8, 16, 17, 32, 33, 64, 512)] == [1, 1, 2, 2, 4, 4, 4]
 

@@ -46,14 +46,17 @@ from .mma_decode import MIN_BLOCKS, MIN_BLOCKS_ALLOWED, ROUTE_GROUPS, THREADS, W
 __all__ = ["MAX_ROUTES_PER_EXPERT", "MmaBatchedFamily", "max_routes_per_expert", "per_expert", "route_groups",
            "row_tiles"]
 
-#: Routes per expert (average over the experts that get routes) up to which this engine runs, for layers
-#: whose routes reach up to FEW_EXPERTS experts / more; above it the tile engines (mma_prefill,
-#: wgmma_prefill) are faster. Measured on the H200, bf16 int4 (docs/performance.md, session 11): at 8
-#: routes per expert this engine beat them on mixtral-8x7b (469 µs vs mma.sync 551) and ort-2048 (52.7
-#: vs 64.2), lost on qwen3-30b-a3b (223 vs 214) and gpt-oss-120b (990 vs 914; 128 experts: the tile
-#: engines' grids are full there); at 16 the tile engines won on every shape (by 7-16 %).
-MAX_ROUTES_PER_EXPERT = 12
-MAX_ROUTES_PER_EXPERT_MANY = 6
+#: Routes per expert (average over the experts that get routes) up to which this engine runs, by row
+#: tiles per warp, for layers whose routes reach up to FEW_EXPERTS experts / more; above it the tile
+#: engines (mma_prefill, wgmma_prefill) are faster. Measured on the H200, bf16 int4 (docs/performance.md).
+#: One row tile (session 11): at 8 routes per expert this engine beat them on mixtral-8x7b (469 µs vs
+#: mma.sync 551) and ort-2048 (52.7 vs 64.2), lost on qwen3-30b-a3b (223 vs 214) and gpt-oss-120b (990
+#: vs 914; 128 experts: the tile engines' grids are full there); at 16 the tile engines won on every
+#: shape (by 7-16 %). Two row tiles (session 12): at 16 mixtral-8x7b 592.5 vs wgmma 649.6, ort-2048 76.6
+#: vs 74.0; at 8 qwen3-30b-a3b 186.6 vs mma.sync 191.4; at 32 (mixtral, ort) and 16 (qwen3) the tile
+#: engines won by 8-48 %.
+MAX_ROUTES_PER_EXPERT = {1: 12, 2: 16}
+MAX_ROUTES_PER_EXPERT_MANY = {1: 6, 2: 8}
 FEW_EXPERTS = 32
 
 
@@ -105,10 +108,11 @@ def min_blocks(spec: ModuleSpec, ng: int) -> int:
     return MIN_BLOCKS_TWO_TILES[ng] if spec["row_tiles"] == 2 else MIN_BLOCKS[ng]
 
 
-def max_routes_per_expert(problem: Problem) -> int:
-    """Routes per expert up to which this engine runs (see :data:`MAX_ROUTES_PER_EXPERT`)."""
+def max_routes_per_expert(problem: Problem, tiles: int = 1) -> int:
+    """Routes per expert up to which this engine runs with ``tiles`` row tiles per warp (see
+    :data:`MAX_ROUTES_PER_EXPERT`)."""
     experts = min(problem.experts, max(1, problem.routes))
-    return MAX_ROUTES_PER_EXPERT if experts <= FEW_EXPERTS else MAX_ROUTES_PER_EXPERT_MANY
+    return (MAX_ROUTES_PER_EXPERT if experts <= FEW_EXPERTS else MAX_ROUTES_PER_EXPERT_MANY)[tiles]
 
 
 @register
@@ -145,7 +149,8 @@ class MmaBatchedFamily(KernelFamily):
     def slower(self, config, problem: Problem | None = None) -> str | None:
         if problem is None or problem.rows == 0 or knobs.get("prefill_engine") == "batched":
             return None
-        avg, most = per_expert(problem), max_routes_per_expert(problem)
+        layout = getattr(config, "layout", config)
+        avg, most = per_expert(problem), max_routes_per_expert(problem, row_tiles(layout.tiled, layout.block_size))
         if avg > most:
             return f"{avg:.0f} routes per expert (> {most}: the tile engines are faster)"
         return None
