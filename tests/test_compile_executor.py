@@ -4,10 +4,8 @@ gate sources — for sm_80 and sm_90. A template that stops compiling for some l
 
 from __future__ import annotations
 
-import concurrent.futures as cf
-import os
-
 import pytest
+from side_by_side import compile_specs
 
 from qmoe_rtc.jit import get_cubin
 from qmoe_rtc.kernels import get_family, modules_for, spec_unit
@@ -99,10 +97,7 @@ def test_executor_modules_compile(cache, arch, layout, hidden, inter):
     specs = [s for s in specs if s.family != "mma_batched" and (arch == "sm_90" or s.family != "wgmma_prefill")]
     tc_here = (tc_fams if arch == "sm_90" else not_hopper) - {"mma_batched"}
     assert {s.family for s in specs} == {"route", "gemv", "gemm"} | (tc_here if tc else set())
-    # NVRTC releases the GIL: the modules compile side by side (CI time)
-    with cf.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        mods = list(pool.map(lambda spec: get_cubin(spec_unit(spec), arch), specs))
-    for spec, mod in zip(specs, mods):
+    for spec, mod in zip(specs, compile_specs((spec, arch) for spec in specs)):  # side by side (CI time)
         assert mod.cubin[:4] == b"\x7fELF", spec.name  # SASS cubin, never PTX
         assert set(mod.lowered) >= EXPECTED_KERNELS[spec.family], (spec.name, sorted(mod.lowered))
         assert all(name.startswith("_Z") for name in mod.lowered.values()), mod.lowered

@@ -17,9 +17,11 @@ kernels spilled (int2 ~50 bytes, int1 ~450). Rolled, none spills.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import re
 
 import pytest
+from side_by_side import in_threads
 
 from qmoe_rtc.jit.compiler import base_options, compile_unit
 from qmoe_rtc.kernels import get_family, spec_unit
@@ -41,8 +43,26 @@ WIDE = [
 NARROW = [("qwen3-30b-a3b", "bfloat16", 2), ("mixtral-8x7b", "bfloat16", 1)]
 
 
-def ptxas_usage(preset: str, dtype: str, bits: int, family: str = "mma_decode",
-                zero_points: str = "none", tiled: bool = False) -> dict[str, tuple[int, int]]:
+def ptxas_usage(*args, **kwargs) -> dict[str, tuple[int, int]]:
+    """:func:`compile_usage`, from the module's side-by-side warm-up when it computed these arguments
+    under the same knobs (the key holds every knob's value), else compiled now."""
+    key = _key(*args, **kwargs)
+    return _WARM[key] if key in _WARM else compile_usage(*args, **kwargs)
+
+
+def _key(*args, **kwargs) -> tuple:
+    from qmoe_rtc import knobs
+
+    bound = inspect.signature(compile_usage).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return tuple(bound.arguments.values()), tuple(sorted((k, str(v)) for k, v in knobs.snapshot().items()))
+
+
+_WARM: dict[tuple, dict] = {}
+
+
+def compile_usage(preset: str, dtype: str, bits: int, family: str = "mma_decode",
+                  zero_points: str = "none", tiled: bool = False) -> dict[str, tuple[int, int]]:
     """{kernel key: (registers, spill store bytes)} of the preset's ``family`` module (``tiled``: codes in
     the tiled layout, qmoe_rtc/prepack.py), from ptxas -v."""
     fam = get_family(family)
@@ -65,6 +85,25 @@ def ptxas_usage(preset: str, dtype: str, bits: int, family: str = "mma_decode",
     if set(out) != set(lowered):
         raise AssertionError(f"ptxas -v did not report every kernel: {sorted(out)} of {sorted(lowered)}\n{log}")
     return out
+
+
+#: The default-knob compiles of this module's tests (their arguments to ptxas_usage), warmed side by side.
+WARM_CALLS = ([(case, {}) for case in WIDE + NARROW]
+              + [(case, {"zero_points": "packed"}) for case in (WIDE[0], WIDE[5], WIDE[2])]
+              + [((*case, fam), {}) for fam in ("mma_prefill", "wgmma_prefill")
+                 for case in (WIDE[0], WIDE[2], WIDE[5], NARROW[0])]
+              + [((*case, "mma_batched"), {"tiled": True}) for case in (WIDE[0], WIDE[2], WIDE[5])]
+              + [(("mixtral-8x7b", "bfloat16", 4), {"tiled": True})])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _warm_usage():
+    """Every default-knob compile of this module at once, side by side (CI time)."""
+    usages = in_threads(lambda call: compile_usage(*call[0], **call[1]), WARM_CALLS)
+    for (args, kwargs), usage in zip(WARM_CALLS, usages):
+        _WARM[_key(*args, **kwargs)] = usage
+    yield
+    _WARM.clear()
 
 
 @pytest.mark.parametrize("preset, dtype, bits", WIDE)
@@ -108,8 +147,8 @@ def test_prefill_kernels_do_not_spill(family, preset, dtype, bits):
 @pytest.mark.parametrize("preset, dtype, bits", [WIDE[0], WIDE[2], WIDE[5]])
 def test_batched_kernels_on_tiled_codes_do_not_spill(preset, dtype, bits):
     """The batched-decode engine on the tiled layout (what a float16 / bfloat16 layer runs from 5 tokens):
-    the 8- and 16-route kernels do not spill, the 32-route ones at most the wide limit (int3: 4 / 16
-    bytes under NVRTC 13.5)."""
+    the 8- and 16-route kernels do not spill, the 32-route ones at most the wide limit (with two row
+    tiles, block 128: none spills under NVRTC 13.5, registers set for 3 / 2 blocks at 16 / 32 routes)."""
     usage = ptxas_usage(preset, dtype, bits, "mma_batched", tiled=True)
     assert {f"fc{p}_ng{g}" for p in (1, 2) for g in (1, 2, 4)} <= set(usage), sorted(usage)
     for key, (regs, spill) in usage.items():
