@@ -180,28 +180,6 @@ __device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* const (&pa
                      : LaneMeta<QA, kZpw>::decode(qa, meta, sbase[i][0], e, na[i], j0, h));
   };
 
-  // RT > 1: route group g's activations of half chunk v0 / 2 of chunk c (8 words; zeros past K)
-  auto load_xc = [&](int g, i32 c, int v0, u32 (&xw)[8]) {
-    const i32 k0 = c * kMmaChunk + 32 * t;
-    if (xrow[g] != nullptr && c < nch && k0 < K) {
-      const uint4* px = reinterpret_cast<const uint4*>(xrow[g] + k0) + v0;
-#pragma unroll
-      for (int v = 0; v < 2; ++v) {
-        const uint4 q = COHERENT_X ? __ldcg(px + v) : __ldg(px + v);
-        xw[4 * v] = q.x; xw[4 * v + 1] = q.y; xw[4 * v + 2] = q.z; xw[4 * v + 3] = q.w;
-      }
-    } else {
-#pragma unroll
-      for (int v = 0; v < 8; ++v) xw[v] = 0u;
-    }
-  };
-  // RT > 1: the first half of the next chunk's activations, loaded while this chunk's second half computes
-  u32 xnext[RT > 1 ? NG : 1][8];
-  if constexpr (RT > 1) {
-#pragma unroll
-    for (int g = 0; g < NG; ++g) load_xc(g, ks, 0, xnext[g]);
-  }
-
   auto compute = [&](i32 slot, i32 c0) {
     const u8* st = ring + slot * St::kBytes;
 #pragma unroll
@@ -256,9 +234,7 @@ __device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* const (&pa
       };
       if constexpr (RT > 1) {
         // tiled codes: step s's activations are words 2s, 2s + 1 of the lane's 16 (x_pair); each half
-        // chunk (4 steps) loads every route group's 8 words once and feeds them to every tile. The loads
-        // run a half chunk ahead of their MMAs: the second half's before the first half computes, the
-        // next chunk's first half (xnext) before the second half computes.
+        // chunk (4 steps) loads every route group's 8 words once and feeds them to every tile
         float part[RT][NG][4];
 #pragma unroll
         for (int i = 0; i < RT; ++i)
@@ -266,10 +242,11 @@ __device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* const (&pa
           for (int g = 0; g < NG; ++g)
 #pragma unroll
             for (int v = 0; v < 4; ++v) part[i][g][v] = 0.f;
-        u32 x1[NG][8];
 #pragma unroll
-        for (int g = 0; g < NG; ++g) load_xc(g, c, 2, x1[g]);
-        auto half = [&](int hf, const u32 (&xh)[NG][8]) {
+        for (int hf = 0; hf < 2; ++hf) {
+          u32 xh[NG][8];
+#pragma unroll
+          for (int g = 0; g < NG; ++g) load_x(g, 2 * hf, xh[g]);
 #pragma unroll
           for (int s = 4 * hf; s < 4 * hf + 4; ++s) {
 #pragma unroll
@@ -282,11 +259,7 @@ __device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* const (&pa
                               xh[g][2 * (s - 4 * hf) + 1]);
             }
           }
-        };
-        half(0, xnext);
-#pragma unroll
-        for (int g = 0; g < NG; ++g) load_xc(g, c + KS, 0, xnext[g]);
-        half(1, x1);
+        }
         if constexpr (kFactor) {
 #pragma unroll
           for (int i = 0; i < RT; ++i)
