@@ -1,5 +1,6 @@
 """Code health, checked in CI from the source: the layers point down only (a function-local import
-counts), source files stay near 400 lines, the linter passes, every knob is documented."""
+counts), source files stay near 400 lines, the linter passes, every knob is documented, the device
+headers' namespace-scope constants are ``inline constexpr`` (reproducible cubins)."""
 
 from __future__ import annotations
 
@@ -90,3 +91,14 @@ def test_every_knob_is_documented():
     doc = (REPO / "docs" / "runtime-compilation.md").read_text()
     missing = [k.env for k in KNOBS.values() if f"`{k.env}`" not in doc]
     assert not missing, missing
+
+
+def test_device_constants_are_inline():
+    """A namespace-scope ``constexpr`` (internal linkage) gets a per-compile symbol id from NVRTC, so the
+    same unit compiled twice gave different cubins: the headers declare ``inline constexpr``
+    (cuda_src/core/types.cuh; test_compile_executor.py compiles modules twice and compares the bytes)."""
+    import re
+
+    bad = [f"{p.relative_to(REPO)}:{i}: {line.strip()}" for p in sorted((PKG / "cuda_src").rglob("*.cuh"))
+           for i, line in enumerate(p.read_text().splitlines(), 1) if re.match(r"(static\s+)?constexpr\s", line)]
+    assert not bad, "\n".join(bad)

@@ -184,3 +184,23 @@ def test_expert_flow_decode_module_compiles(cache):
     for arch in ("sm_90", "sm_80"):
         mod = get_cubin(spec_unit(spec), arch)
         assert set(mod.lowered) == EXPECTED_KERNELS["mma_decode"], sorted(mod.lowered)
+
+
+def test_cubins_are_reproducible():
+    """The same unit compiled twice (no cache) gives the same cubin bytes, a tensor-core module and the
+    routing one: what lets a refactor of the device code be checked on the CPU (byte-identical cubins).
+    Namespace-scope constants with internal linkage broke this (test_code_health.py)."""
+    from side_by_side import in_threads
+
+    from qmoe_rtc.jit import compiler
+
+    cfg = ModelConfig(hidden=256, inter=128, experts=8, k=2, layout=LAYOUTS[0][0])
+    units = [spec_unit(get_family(f).spec(cfg)) for f in ("mma_decode", "route")]
+
+    def build(unit):
+        return compiler.compile_unit(unit.name, unit.source, unit.name_exprs(), "sm_90",
+                                     compiler.base_options("sm_90", unit.defines))[0]
+
+    mods = in_threads(build, units * 2)  # each unit twice, side by side
+    for unit, a, b in zip(units, mods[:2], mods[2:]):
+        assert a == b, f"{unit.name}: two compiles differ ({len(a)} / {len(b)} bytes)"

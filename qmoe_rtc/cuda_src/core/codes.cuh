@@ -25,7 +25,7 @@
 
 namespace qmoe {
 
-constexpr bool kTiled = QMOE_TILED;
+inline constexpr bool kTiled = QMOE_TILED;
 
 template <int B> struct CodeRows {
   // Byte offset of tile row m's segment 0 in expert e of a projection with N rows of K codes.

@@ -5,7 +5,7 @@
 
 namespace qmoe {
 
-constexpr u32 kFullMask = 0xffffffffu;
+inline constexpr u32 kFullMask = 0xffffffffu;
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

@@ -22,9 +22,9 @@
 
 namespace qmoe {
 
-constexpr int kGemmThreads = 256;
-constexpr int kGemmBW = 64;  // weight rows per tile
-constexpr int kGemmBK = 32;  // K step
+inline constexpr int kGemmThreads = 256;
+inline constexpr int kGemmBW = 64;  // weight rows per tile
+inline constexpr int kGemmBK = 32;  // K step
 
 // Eight dequantized weights w[e, n, k0 .. k0+8) (zeros past K), as float32.
 template <class QP, bool ALIGNED>

@@ -26,9 +26,9 @@
 
 namespace qmoe {
 
-constexpr int kGemvThreads = 128;
-constexpr int kFc1Groups = 2;  // groups of 4 weight rows per fc1 block
-constexpr int kFc2Rows = 4;    // outputs per fc2 block
+inline constexpr int kGemvThreads = 128;
+inline constexpr int kFc1Groups = 2;  // groups of 4 weight rows per fc1 block
+inline constexpr int kFc2Rows = 4;    // outputs per fc2 block
 
 template <int GATE> struct Fc1Shape {
   static constexpr bool kGated = GATE != GATE_NONE;

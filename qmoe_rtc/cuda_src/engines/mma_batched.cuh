@@ -33,7 +33,7 @@
 
 namespace qmoe {
 
-constexpr int kBatchedRT = QMOE_BATCHED_RT;  // 16-row tiles per warp (kernels/mma_batched.py row_tiles)
+inline constexpr int kBatchedRT = QMOE_BATCHED_RT;  // 16-row tiles per warp (kernels/mma_batched.py row_tiles)
 
 // Blocks per SM the registers are set for (kernels/mma_batched.py min_blocks): the decode engine's with
 // one row tile; with two, route groups of 16 / 32 routes hold twice the accumulators and take 3 / 2

@@ -50,7 +50,7 @@
 
 namespace qmoe {
 
-constexpr bool kMmaExpertFlow = QMOE_MMA_EXPERT_FLOW;
+inline constexpr bool kMmaExpertFlow = QMOE_MMA_EXPERT_FLOW;
 
 // FC1: this block's tile of expert e is written (all threads call it).
 __device__ __forceinline__ void flow_count_fc1(u32* fc1_done, i32 e) {

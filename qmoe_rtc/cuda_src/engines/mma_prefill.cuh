@@ -38,19 +38,19 @@ namespace qmoe {
 #ifndef QMOE_PF_WARPS
 #define QMOE_PF_WARPS 4
 #endif
-constexpr int kPfWarps = QMOE_PF_WARPS;          // 4 or 8: the block tile's weight rows = 32·kPfWarps
-constexpr int kPfThreads = 32 * kPfWarps;
+inline constexpr int kPfWarps = QMOE_PF_WARPS;          // 4 or 8: the block tile's weight rows = 32·kPfWarps
+inline constexpr int kPfThreads = 32 * kPfWarps;
 #ifndef QMOE_PF_MIN_BLOCKS
 #define QMOE_PF_MIN_BLOCKS (8 / QMOE_PF_WARPS)
 #endif
-constexpr int kPfMinBlocks = QMOE_PF_MIN_BLOCKS;  // blocks per SM the register budget is set for
-constexpr int kPfMW = 2;                         // m16 weight tiles per warp
-constexpr int kPfTiles = kPfWarps * kPfMW;       // m16 tiles per block
-constexpr int kPfChunk = 128;                    // codes of K per pipeline stage
+inline constexpr int kPfMinBlocks = QMOE_PF_MIN_BLOCKS;  // blocks per SM the register budget is set for
+inline constexpr int kPfMW = 2;                         // m16 weight tiles per warp
+inline constexpr int kPfTiles = kPfWarps * kPfMW;       // m16 tiles per block
+inline constexpr int kPfChunk = 128;                    // codes of K per pipeline stage
 #ifndef QMOE_PF_STAGES
 #define QMOE_PF_STAGES 3
 #endif
-constexpr int kPfStages = QMOE_PF_STAGES;
+inline constexpr int kPfStages = QMOE_PF_STAGES;
 
 // One pipeline stage in dynamic shared memory:
 //   x     [BR][16 units][16 B]                  the tile's activations for the chunk (unit u of route r

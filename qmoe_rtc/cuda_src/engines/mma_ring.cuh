@@ -20,17 +20,17 @@
 
 namespace qmoe {
 
-constexpr int kMmaWarps = 4;
-constexpr int kMmaThreads = 32 * kMmaWarps;
-constexpr int kMmaMaxRoutes = 512;  // route ids a block scans (R = rows·k; the host refuses more)
-constexpr int kMmaChunk = 128;      // codes of K per warp step (4 lanes × 32)
-constexpr int kMmaPrefetchRoutes = 64;  // up to this many routes, blocks warm L2 before the route scan
+inline constexpr int kMmaWarps = 4;
+inline constexpr int kMmaThreads = 32 * kMmaWarps;
+inline constexpr int kMmaMaxRoutes = 512;  // route ids a block scans (R = rows·k; the host refuses more)
+inline constexpr int kMmaChunk = 128;      // codes of K per warp step (4 lanes × 32)
+inline constexpr int kMmaPrefetchRoutes = 64;  // up to this many routes, blocks warm L2 before the route scan
 
 // Pipeline stages per warp (cp.async ring in dynamic shared memory).
 #ifndef QMOE_MMA_STAGES
 #define QMOE_MMA_STAGES 3
 #endif
-constexpr int kMmaStages = QMOE_MMA_STAGES;
+inline constexpr int kMmaStages = QMOE_MMA_STAGES;
 #ifndef QMOE_MMA_ROLL_COPIES
 #define QMOE_MMA_ROLL_COPIES 0
 #endif

@@ -33,19 +33,19 @@ namespace qmoe {
 #ifndef QMOE_WG_GROUPS
 #define QMOE_WG_GROUPS 4
 #endif
-constexpr int kWgGroups = QMOE_WG_GROUPS;     // warpgroups per block (2 or 4): 64·kWgGroups weight rows
-constexpr int kWgThreads = 128 * kWgGroups;
-constexpr int kWgWarps = 4 * kWgGroups;       // one m16 weight tile each
+inline constexpr int kWgGroups = QMOE_WG_GROUPS;     // warpgroups per block (2 or 4): 64·kWgGroups weight rows
+inline constexpr int kWgThreads = 128 * kWgGroups;
+inline constexpr int kWgWarps = 4 * kWgGroups;       // one m16 weight tile each
 #ifndef QMOE_WG_STAGES
 #define QMOE_WG_STAGES 4
 #endif
-constexpr int kWgMaxStages = QMOE_WG_STAGES;
+inline constexpr int kWgMaxStages = QMOE_WG_STAGES;
 #ifndef QMOE_WG_INFLIGHT
 #define QMOE_WG_INFLIGHT 1
 #endif
-constexpr int kWgInflight = QMOE_WG_INFLIGHT;  // MMAs a warpgroup keeps in flight (1 or 2), A buffers: one more
+inline constexpr int kWgInflight = QMOE_WG_INFLIGHT;  // MMAs a warpgroup keeps in flight (1 or 2), A buffers: one more
 static_assert(kWgInflight == 1 || kWgInflight == 2, "QMOE_WG_INFLIGHT must be 1 or 2");
-constexpr int kWgSmemBudget = 227 * 1024 - 1024 - 4096;  // dynamic bytes for stages (alignment slack, static)
+inline constexpr int kWgSmemBudget = 227 * 1024 - 1024 - 4096;  // dynamic bytes for stages (alignment slack, static)
 
 // Natural k (0..127) of logical column l of a chunk, and the inverse, for B-bit codes: logical
 // column 16s + j of k16 step s is lane t = (j % 8) / 2's pair 2s + j / 8, low or high value j % 2.

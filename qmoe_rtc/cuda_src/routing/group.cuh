@@ -14,8 +14,8 @@
 
 namespace qmoe {
 
-constexpr int kGroupThreads = 1024;
-constexpr int kGroupMaxExperts = kGroupThreads - 1;  // the scan gives each expert one thread, and one more
+inline constexpr int kGroupThreads = 1024;
+inline constexpr int kGroupMaxExperts = kGroupThreads - 1;  // the scan gives each expert one thread, and one more
 
 __global__ void __launch_bounds__(kGroupThreads)
 group_by_expert(const i32* __restrict__ topk_ids, i32 R, i32 E, i32 BM, i32* __restrict__ offsets,

@@ -33,10 +33,10 @@
 
 namespace qmoe {
 
-constexpr int kRouteThreads = 128;
-constexpr int kRouteMaxExperts = 512;
-constexpr int kRoutePerThread = kRouteMaxExperts / kRouteThreads;
-constexpr int kRouteMaxK = 32;
+inline constexpr int kRouteThreads = 128;
+inline constexpr int kRouteMaxExperts = 512;
+inline constexpr int kRoutePerThread = kRouteMaxExperts / kRouteThreads;
+inline constexpr int kRouteMaxK = 32;
 
 __device__ __forceinline__ u32 order_key(float v) {
   const u32 u = __float_as_uint(v);

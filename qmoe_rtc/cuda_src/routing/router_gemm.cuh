@@ -20,12 +20,12 @@
 
 namespace qmoe {
 
-constexpr int kRgMaxWarps = 16;  // K-split warps of the mma / gemv kernels (blockDim.x = 32·KW)
-constexpr int kRgTE = 4;         // gemv: experts per block
-constexpr int kRgRB = 8;         // gemv: rows per block
-constexpr int kRgTile = 64;      // tiled: experts and rows per block
-constexpr int kRgTileK = 16;     // tiled: K per shared-memory stage
-constexpr int kRgTileThreads = 256;
+inline constexpr int kRgMaxWarps = 16;  // K-split warps of the mma / gemv kernels (blockDim.x = 32·KW)
+inline constexpr int kRgTE = 4;         // gemv: experts per block
+inline constexpr int kRgRB = 8;         // gemv: rows per block
+inline constexpr int kRgTile = 64;      // tiled: experts and rows per block
+inline constexpr int kRgTileK = 16;     // tiled: K per shared-memory stage
+inline constexpr int kRgTileThreads = 256;
 
 // 8 consecutive T of `row` from k0 as one uint4 (elements past H read as 0). vec: H % 8 == 0 and the
 // row is 16-byte aligned, so a chunk is wholly inside or wholly outside.
