@@ -34,6 +34,9 @@ __all__ = ["CHUNK", "GROUP", "pack", "pair_order", "segment_order", "tile", "til
 
 GROUP = 8  #: rows per row group (the lanes g of a warp)
 CHUNK = 128  #: codes per chunk (the 4 lanes t of a row, 32 codes each)
+#: Codes bytes :func:`pair_order` reorders at once in :func:`pack` / :func:`unpack` (its temporaries are
+#: about 16× that: one byte per bit, twice), so an upload's extra memory stays bounded by the layer.
+ORDER_BYTES = 1 << 22
 
 
 def tiled_shape(E: int, N: int, K: int, bits: int) -> tuple[int, ...]:
@@ -127,19 +130,28 @@ def pair_order(xp, t, bits: int, inverse: bool = False):
     return xp.packbits(codes.reshape(-1), bitorder="little").reshape(t.shape)
 
 
-def pack(xp, w, K: int, bits: int, interleaved: bool = False, name: str = "weights"):
-    """The layer's upload: contract codes ``w`` [E, N, K·bits/8] u8 → the tiled layout in pair order,
-    [E, N8, NCH, 8, 4, 4·bits] u8, made expert by expert (besides the result, temporaries of about 17×
-    one expert's codes: the padded copy and the unpacked bits)."""
-    t = tile(xp, w, K, bits, interleaved, name)
+def _row_groups(t, order_bytes: int):
+    """Slices of ``t``'s row groups (axis 1) of about ``order_bytes`` bytes each, expert by expert."""
+    per_group = max(1, t[0, 0].size * t.dtype.itemsize)
+    step = max(1, order_bytes // per_group)
     for e in range(t.shape[0]):
-        t[e] = pair_order(xp, t[e], bits)
+        for q in range(0, t.shape[1], step):
+            yield e, slice(q, q + step)
+
+
+def pack(xp, w, K: int, bits: int, interleaved: bool = False, name: str = "weights", order_bytes: int = ORDER_BYTES):
+    """The layer's upload: contract codes ``w`` [E, N, K·bits/8] u8 → the tiled layout in pair order,
+    [E, N8, NCH, 8, 4, 4·bits] u8. Besides the result, temporaries of about 3× one expert's codes (the
+    padded copy, :func:`tile`) and 16× ``order_bytes`` (the unpacked bits, :func:`pair_order`)."""
+    t = tile(xp, w, K, bits, interleaved, name)
+    for e, rows in _row_groups(t, order_bytes):
+        t[e, rows] = pair_order(xp, t[e, rows], bits)
     return t
 
 
-def unpack(xp, t, N: int, K: int, bits: int, interleaved: bool = False):
+def unpack(xp, t, N: int, K: int, bits: int, interleaved: bool = False, order_bytes: int = ORDER_BYTES):
     """The contract codes [E, N, K·bits/8] of :func:`pack`'s output (its inverse)."""
     natural = xp.empty_like(t)
-    for e in range(t.shape[0]):
-        natural[e] = pair_order(xp, t[e], bits, inverse=True)
+    for e, rows in _row_groups(t, order_bytes):
+        natural[e, rows] = pair_order(xp, t[e, rows], bits, inverse=True)
     return untile(xp, natural, N, K, bits, interleaved)

@@ -30,8 +30,9 @@ def _code(buf: np.ndarray, c: int, bits: int) -> int:
 @pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
 @pytest.mark.parametrize("block_size, zero_points", [(0, False), (16, True), (32, False), (128, True)])
 def test_pack_round_trips_every_projection(rng, bits, block_size, zero_points):
-    """pack then unpack gives back every projection's codes, interleaved FC1 rows included; scales and
-    zero points are not part of the tiled array (they stay in the contract layout)."""
+    """pack then unpack gives back every projection's codes, interleaved FC1 rows included, whether the
+    pair order runs over a whole expert or a row group at a time; scales and zero points are not part
+    of the tiled array (they stay in the contract layout)."""
     if bits == 1 and block_size == 16:
         block_size = 32  # 1-bit codes with blocks of 16: not a tensor-core layout
     fusion = 1 if bits != 3 else 2
@@ -44,6 +45,9 @@ def test_pack_round_trips_every_projection(rng, bits, block_size, zero_points):
         t = pack(np, codes, p.K, bits, interleaved)
         assert t.shape == tiled_shape(layer.E, p.N, p.K, bits) and t.dtype == np.uint8
         np.testing.assert_array_equal(unpack(np, t, p.N, p.K, bits, interleaved), codes)
+        # the pair order done a row group at a time (bounded temporaries at upload): the same bytes
+        np.testing.assert_array_equal(pack(np, codes, p.K, bits, interleaved, order_bytes=1), t)
+        np.testing.assert_array_equal(unpack(np, t, p.N, p.K, bits, interleaved, order_bytes=1), codes)
 
 
 @pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
