@@ -94,7 +94,7 @@ def test_choice_prefers_tensor_cores_and_says_why_not():
 
 
 def test_decode_limit_is_the_measured_crossover():
-    """Tensor-core layers: 4 tokens (the batched-decode engine is faster from 8, docs/performance.md
+    """Tensor-core layers: 4 tokens (the batched-decode engine is faster from 8, docs/performance-log.md
     session 11); SIMT-only layers: 8 tokens for experts up to ~12 MB, 16 for mixtral's 88 MB ones."""
     lay = CONFIGS[0].layout
     assert decode_limit(CONFIGS[0]) == 4 * 8  # qwen3-30b-a3b: k 8

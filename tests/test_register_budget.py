@@ -5,7 +5,7 @@ where 13.5 gives 96 / 94).
 With 3-, 4- and 8-bit codes the kernels of up to 8 tokens (route groups of 8: every decode speed target at
 1-8 tokens) compile without spilling at the default knobs, and the 16- and 32-route kernels spill at
 most a little. A change that looked smaller in PTX measured 9-13 % slower at 8 tokens on the H200 and
-spills 16 bytes in FC2 under NVRTC 13.5 (docs/performance.md, session 7): this test catches that
+spills 16 bytes in FC2 under NVRTC 13.5 (docs/performance-log.md, session 7): this test catches that
 class of change on the CPU.
 
 The prefill kernels (mma.sync and wgmma) do not spill for any width.
@@ -120,7 +120,7 @@ def test_wide_code_decode_kernels_do_not_spill(preset, dtype, bits):
 def test_decode_kernels_with_packed_zero_points_do_not_spill(preset, dtype, bits):
     """Packed zero points add a meta word per row and chunk: with the copy loop unrolled, block 128's
     8-route kernels spilled (mixtral int4 FC1 / FC2 24 / 40 bytes, int3 FC2 140; the layer measured
-    163.9 µs at 1 token on the H200 against 126 without zero points, docs/performance.md session 9).
+    163.9 µs at 1 token on the H200 against 126 without zero points, docs/performance-log.md session 9).
     The loop is rolled for them (engines/mma_ring.cuh): no kernel spills beyond the wide limit."""
     usage = ptxas_usage(preset, dtype, bits, zero_points="packed")
     for key, (regs, spill) in usage.items():

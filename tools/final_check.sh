@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The measurement of docs/performance.md in one device call: GPU suites, one-module compile times,
+# The measurement of docs/performance-log.md in one device call: GPU suites, one-module compile times,
 # the bfloat16 benchmark of the four bench shapes (decode + prefill, host cost), int2/int8 at 4096
 # tokens. Peers run separately: SECTIONS=peers bash tools/device_check.sh (outputs under $OUT or ./out).
 set -uo pipefail

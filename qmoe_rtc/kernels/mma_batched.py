@@ -9,7 +9,7 @@ K split over a block's warps) on grouped routes: no route limit, one block per (
 tiled codes with a scale per 128-code chunk a warp computes two 16-row tiles (:func:`row_tiles`), each
 route group's activations loaded once for both.
 Above :func:`max_routes_per_expert` routes per expert the tile engines (mma_prefill, wgmma_prefill),
-which read each weight once per 16-256 routes, are faster (measured, docs/performance.md) and
+which read each weight once per 16-256 routes, are faster (measured, docs/performance-log.md) and
 :meth:`MmaBatchedFamily.slower` says so.
 """
 
@@ -48,7 +48,7 @@ __all__ = ["MAX_ROUTES_PER_EXPERT", "MmaBatchedFamily", "max_routes_per_expert",
 
 #: Routes per expert (average over the experts that get routes) up to which this engine runs, by row
 #: tiles per warp, for layers whose routes reach up to FEW_EXPERTS experts / more; above it the tile
-#: engines (mma_prefill, wgmma_prefill) are faster. Measured on the H200, bf16 int4 (docs/performance.md).
+#: engines (mma_prefill, wgmma_prefill) are faster. Measured on the H200, bf16 int4 (docs/performance-log.md).
 #: One row tile (session 11): at 8 routes per expert this engine beat them on mixtral-8x7b (469 µs vs
 #: mma.sync 551) and ort-2048 (52.7 vs 64.2), lost on qwen3-30b-a3b (223 vs 214) and gpt-oss-120b (990
 #: vs 914; 128 experts: the tile engines' grids are full there); at 16 the tile engines won on every

@@ -87,7 +87,7 @@ def k_split(tiles: int, experts: int, K: int, ng: int = 1, per_sm: int | None = 
     at once (``sms`` SMs × ``per_sm``,
     the blocks per SM of route group ``ng``, default ``MIN_BLOCKS[ng]``) and half of it fits them in
     one wave with at most ``ONE_WAVE_CHUNKS`` chunks per warp, half it is. Measured on the H200 in one
-    process (docs/performance.md, session 6):
+    process (docs/performance-log.md, session 6):
     qwen3-30b-a3b's FC1 at 1 token (768 blocks for 660 resident, or 384) took the layer 34.4 → 31.1 µs,
     while halving where the half still spills or runs long chunks lost (gpt-oss-120b 56.5 → 57.9 / 65.8).
     Last the deep-K rule (route groups of 8 only, where it was measured): a grid of one to two waves

@@ -74,11 +74,11 @@ def decode_limit(config: ModelConfig) -> int:
     what one decode block scans (512 routes).
 
     Tensor-core layers: up to :data:`DECODE_ROWS` tokens. Measured on the H200 with the engines on the
-    same layers (docs/performance.md, session 11, bf16 int4, tiled codes): at 1 token the decode engine
+    same layers (docs/performance-log.md, session 11, bf16 int4, tiled codes): at 1 token the decode engine
     is faster than the batched-decode engine of the prefill path (qwen3-30b-a3b 29.0 vs 38.8 µs,
     gpt-oss-120b 49.5 vs 82.7, ort-2048 24.9 vs 25.4; mixtral-8x7b 112.7 vs 111.8), at 8 tokens slower
     on every shape (qwen3 90.5 vs 82.8, mixtral 351 vs 317, gpt-oss 211.7 vs 210.8, ort 51.0 vs 44.4).
-    Layers only the SIMT engines run keep their own switch (docs/performance.md, "Decode / prefill
+    Layers only the SIMT engines run keep their own switch (docs/performance-log.md, "Decode / prefill
     crossover"): 8 tokens, 16 with experts of 32 MB or more.
     """
     from ._expert import tensor_core_unsupported

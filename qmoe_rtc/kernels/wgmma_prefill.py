@@ -10,7 +10,7 @@ fused, sorted order, written in FC2's order) and ``qmoe::fc2_wgmma`` (FC2 + bias
 It runs on sm_90a only (the executor compiles every module for sm_90a on Hopper); on other targets the
 module compiles to kernels that trap and :meth:`WgmmaPrefillFamily.supports` refuses the device.
 Below :data:`MIN_ROUTES_PER_EXPERT` routes per expert the mma.sync engine is faster (measured, see
-docs/performance.md) and :meth:`WgmmaPrefillFamily.slower` says so.
+docs/performance-log.md) and :meth:`WgmmaPrefillFamily.slower` says so.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ INFLIGHT = 1  # QMOE_WG_INFLIGHT: MMAs a warpgroup keeps in flight (2 measured n
 SMEM_BUDGET = 227 * 1024 - 1024 - 4096  # kWgSmemBudget
 CHUNK = 128  # K per pipeline stage; the permuted layouts pad K to a multiple of it
 #: Routes per expert (average over the experts that get routes) from which this engine runs, measured
-#: on the H200 against the mma.sync engine (docs/performance.md, "wgmma / mma.sync crossover"): at 32
+#: on the H200 against the mma.sync engine (docs/performance-log.md, "wgmma / mma.sync crossover"): at 32
 #: it is faster on every shape measured, at 16 it is 1.10x slower on qwen3-30b-a3b and within 5 % on
 #: mixtral-8x7b / ort-2048, at 8 slower everywhere.
 MIN_ROUTES_PER_EXPERT = 24

@@ -38,7 +38,7 @@
 
 // Expert flow (QMOE_MMA_EXPERT_FLOW; the host passes 1 unless QMOE_RTC_MMA_EXPERT_FLOW=0): FC2's blocks
 // of expert e wait only for e's FC1 blocks instead of the whole FC1 grid (griddepcontrol.wait), 1.6-3.2 %
-// faster at 1 token on the H200 (docs/performance.md session 9). Each FC1 block that computed tile x of
+// faster at 1 token on the H200 (docs/performance-log.md session 9). Each FC1 block that computed tile x of
 // expert e counts itself in fc1_done[e] after its act stores (threadfence + atomicAdd); an FC2 block of
 // e spins (acquire) until fc1_done[e] == FC1_TILES, FC1's grid.x, then counts itself in fc2_seen[e];
 // the last of e's FC2 blocks zeroes both (every FC2 block of e has passed by then, and FC1 of the next
