@@ -235,13 +235,7 @@ __device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* const (&pa
       if constexpr (RT > 1) {
         // tiled codes: step s's activations are words 2s, 2s + 1 of the lane's 16 (x_pair); each half
         // chunk (4 steps) loads every route group's 8 words once and feeds them to every tile
-        float part[RT][NG][4];
-#pragma unroll
-        for (int i = 0; i < RT; ++i)
-#pragma unroll
-          for (int g = 0; g < NG; ++g)
-#pragma unroll
-            for (int v = 0; v < 4; ++v) part[i][g][v] = 0.f;
+        float part[RT][NG][4] = {};
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           u32 xh[NG][8];
