@@ -160,8 +160,8 @@ KNOBS: dict[str, Knob] = {
              "Tuning only: route groups of 8 the batched-decode engine serves per pass over the weights (1, 2 or 4; "
              "0 = from the routes per expert)."),
         Knob("batched_row_tiles", "QMOE_RTC_BATCHED_ROW_TILES", "int", 0, True,
-             "Tuning only: 16-row tiles per warp of the batched-decode engine (1 or 2; 0 = 2 on tiled codes, "
-             "1 on contract codes, which only take 1); a -D option, part of the key."),
+             "Tuning only: 16-row tiles per warp of the batched-decode engine (1 or 2; 0 = 2 on tiled codes with "
+             "a scale per 128-code chunk, else 1; contract codes take only 1); a -D option, part of the key."),
         Knob("prepack", "QMOE_RTC_PREPACK", "str", "auto", False,
              "The default of QMoE(prepack=...): 'auto' tiles the codes for the tensor-core engines when the layer's "
              "scales or biases say its activations are float16/bfloat16; 'on' always (float32 calls refused); 'off' "

@@ -27,6 +27,8 @@ GPU (at upload).
 
 from __future__ import annotations
 
+import math
+
 from .errors import QMoEInputError
 
 __all__ = ["CHUNK", "GROUP", "pack", "pair_order", "segment_order", "tile", "tile_rows", "tiled_offset", "tiled_shape",
@@ -132,7 +134,7 @@ def pair_order(xp, t, bits: int, inverse: bool = False):
 
 def _row_groups(t, order_bytes: int):
     """Slices of ``t``'s row groups (axis 1) of about ``order_bytes`` bytes each, expert by expert."""
-    per_group = max(1, t[0, 0].size * t.dtype.itemsize)
+    per_group = max(1, math.prod(t.shape[2:]) * t.dtype.itemsize)
     step = max(1, order_bytes // per_group)
     for e in range(t.shape[0]):
         for q in range(0, t.shape[1], step):

@@ -54,7 +54,7 @@ __all__ = ["MAX_ROUTES_PER_EXPERT", "MmaBatchedFamily", "max_routes_per_expert",
 #: vs 914; 128 experts: the tile engines' grids are full there); at 16 the tile engines won on every
 #: shape (by 7-16 %). Two row tiles (session 12): at 16 mixtral-8x7b 592.5 vs wgmma 649.6, ort-2048 76.6
 #: vs 74.0; at 8 qwen3-30b-a3b 186.6 vs mma.sync 191.4; at 32 (mixtral, ort) and 16 (qwen3) the tile
-#: engines won by 8-48 %.
+#: engines won by 8-51 %.
 MAX_ROUTES_PER_EXPERT = {1: 12, 2: 16}
 MAX_ROUTES_PER_EXPERT_MANY = {1: 6, 2: 8}
 FEW_EXPERTS = 32
