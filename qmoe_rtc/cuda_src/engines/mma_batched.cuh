@@ -37,7 +37,8 @@ inline constexpr int kBatchedRT = QMOE_BATCHED_RT;  // 16-row tiles per warp (ke
 
 // Blocks per SM the registers are set for (kernels/mma_batched.py min_blocks): the decode engine's with
 // one row tile; with two, route groups of 16 / 32 routes hold twice the accumulators and take 3 / 2
-// blocks (ptxas, NVRTC 13.5, mixtral-8x7b bf16 int4: 4 blocks spilled 8-24 bytes, 3 blocks 28-32).
+// blocks (ptxas, NVRTC 13.5, mixtral-8x7b bf16 int4: at the decode engine's 4 / 3 they spilled 8-24 /
+// 28-32 bytes; at 3 / 2 none).
 template <int NG> constexpr int batched_min_blocks() {
   return kBatchedRT == 1 || NG == 1 ? mma_min_blocks<NG>() : (NG == 2 ? 3 : 2);
 }
