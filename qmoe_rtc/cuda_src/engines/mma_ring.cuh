@@ -42,8 +42,8 @@ inline constexpr int kMmaStages = QMOE_MMA_STAGES;
 template <int NG> constexpr int mma_min_blocks() { return NG == 1 ? QMOE_MMA_MIN_BLOCKS : (NG == 2 ? 4 : 3); }
 
 // One stage of a warp's ring: KST chunks of its 2·RT lane rows (RT 16-row tiles), as copied (not decoded).
-//   codes [KST][2·RT rows][32 lanes][4·B bytes]    (KST = 8/(B·RT), at least 1: 2 KiB of codes per stage
-//                                                  for B <= 4, 4·RT KiB for 8-bit)
+//   codes [KST][2·RT rows][32 lanes][4·B bytes]    (KST = 8/(B·RT), at least 1: 2 KiB of codes per stage,
+//                                                  1.5 KiB for 3-bit, 2·RT KiB for 8-bit)
 //   meta  [KST][2·RT rows][kWords][32 lanes] u32   the aligned words holding the lane's scale(s)
 //                                                  and zero-point byte (decoded at compute time)
 // Scale / zp words are the 4-byte-aligned words containing the element: they may reach up to 3
