@@ -102,3 +102,15 @@ def test_device_constants_are_inline():
     bad = [f"{p.relative_to(REPO)}:{i}: {line.strip()}" for p in sorted((PKG / "cuda_src").rglob("*.cuh"))
            for i, line in enumerate(p.read_text().splitlines(), 1) if re.match(r"(static\s+)?constexpr\s", line)]
     assert not bad, "\n".join(bad)
+
+
+def test_no_engine_includes_another():
+    """An engine (a header under cuda_src/engines with kernels) includes shared pieces (headers without
+    kernels: the decode ring, the tile engines' rows, the SIMT dot products), never another engine."""
+    import re
+
+    engines = PKG / "cuda_src" / "engines"
+    has_kernels = {p.name for p in engines.glob("*.cuh") if "__global__" in p.read_text()}
+    bad = [f"{p.name} includes {m}" for p in sorted(engines.glob("*.cuh")) if p.name in has_kernels
+           for m in re.findall(r'#include "engines/([\w.]+)"', p.read_text()) if m in has_kernels]
+    assert len(has_kernels) >= 6 and not bad, (sorted(has_kernels), bad)

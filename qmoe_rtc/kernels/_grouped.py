@@ -13,7 +13,7 @@ from .base import Problem, Slot
 GROUP_THREADS = 1024  # kGroupThreads
 GROUP_MAX_EXPERTS = 1023  # kGroupMaxExperts: routed + shared experts [ext]
 COMBINE_THREADS = 256
-GROUP = 8  # route tiles launched side by side for each weight tile (L2 reuse; pf_tile in mma_prefill.cuh)
+GROUP = 8  # route tiles launched side by side for each weight tile (L2 reuse; pf_tile in engines/tile_rows.cuh)
 
 
 def group_and_combine(spec: ModuleSpec) -> tuple[KernelDef, ...]:

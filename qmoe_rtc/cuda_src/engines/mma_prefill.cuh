@@ -31,6 +31,7 @@
 #include "core/types.cuh"
 #include "epilogue/combine.cuh"
 #include "epilogue/fc1.cuh"
+#include "engines/tile_rows.cuh"
 #include "routing/group.cuh"
 
 namespace qmoe {
@@ -72,15 +73,6 @@ template <int B, typename ScaleT, int BLOCK, bool ZPW, int NR> struct PfStage {
 // 16-byte loads fall in 8 distinct bank groups.
 __device__ __forceinline__ int pf_swizzle(int u, int r) { return (((u >> 3) & 1) << 1) | (r & 1); }
 
-// Tile of this block: weight tile nt, route tile G·group + rem % G (false: past the last route tile).
-template <int BR>
-__device__ __forceinline__ bool pf_tile(const i32* __restrict__ offsets, const i32* __restrict__ tile_offsets, i32 E,
-                                        i32 NT, i32 G, i32& nt, i32& e, i32& m0, i32& m_end) {
-  const i32 per = G * NT, grp = blockIdx.x / per, rem = blockIdx.x - grp * per;
-  nt = rem / G;
-  return find_tile<BR>(offsets, tile_offsets, E, grp * G + rem % G, e, m0, m_end);
-}
-
 // The launch must give kPfStages stages (kernels/mma_prefill.py computes the same size): trap, never overrun.
 template <class St> __device__ __forceinline__ void pf_check_smem() {
   u32 have;
@@ -88,47 +80,11 @@ template <class St> __device__ __forceinline__ void pf_check_smem() {
   if (have < (u32)(kPfStages * St::kBytes)) __trap();
 }
 
-// Row-wise scales (BLOCK == 0): a lane row's coefficients and scale, read once (block-wise: per chunk).
-template <typename T, class QP>
-__device__ __forceinline__ Coef pf_row_coef(const QP& qp, i32 e, i32 n, float& scale) {
-  if constexpr (QP::kBlock == 0) {
-    const ScaleZp sz = qp.fetch(e, n, 0);
-    scale = sz.scale;
-    return MmaDeq<T, QP::kBits, QP::kZp == ZP_FP8>::coef(sz);
-  } else {
-    scale = 1.0f;
-    return MmaDeq<T, QP::kBits, QP::kZp == ZP_FP8>::zero();
-  }
-}
-
-// The lane's two weight rows of each of its warp's kPfMW tiles (rows g and g + 8 of the tile): row
-// indices, code pointers, and for row-wise scales their coefficients and scales (1 when block-wise).
-// MW: the warp's m16 tiles (the wgmma engine's warps own one).
-template <typename T, class QA, class QB, int MW = kPfMW> struct PfLaneRows {
-  i32 na[MW], nb[MW];
-  const u8* pa[MW];
-  const u8* pb[MW];
-  Coef rca[MW], rcb[MW];
-  float sa[MW], sb[MW];
-
-  // Warp tile m reads row n_a of (qa, wa) and row n_b of (qb, wb) of expert e (same bits and K); m_a,
-  // m_b: their tile rows (core/codes.cuh; the rows themselves but for interleaved FC1 rows, tiled).
-  __device__ __forceinline__ void set(int m, const QA& qa, const u8* wa, i32 n_a, i32 m_a, const QB& qb, const u8* wb,
-                                      i32 n_b, i32 m_b, i32 e) {
-    na[m] = n_a;
-    nb[m] = n_b;
-    pa[m] = wa + CodeRows<QA::kBits>::row(e, qa.N, m_a, qa.K);
-    pb[m] = wb + CodeRows<QA::kBits>::row(e, qb.N, m_b, qb.K);
-    rca[m] = pf_row_coef<T>(qa, e, n_a, sa[m]);
-    rcb[m] = pf_row_coef<T>(qb, e, n_b, sb[m]);
-  }
-};
-
 // The main loop FC1 and FC2 share: acc[m][j] (C fragments: rows g / g + 8 of warp tile m, routes
 // 8j + 2t, 2t + 1) = W[lane rows] · act[tile routes]ᵀ over K. Route row i of the tile starts at
 // src + s_src[i] (s_src[i] < 0: padding, read as zeros).
 template <typename T, int B, int NR, bool ZPW, class QA, class QB, class St>
-__device__ __forceinline__ void pf_mainloop(const QA& qa, const QB& qb, const PfLaneRows<T, QA, QB>& lr, i32 e,
+__device__ __forceinline__ void pf_mainloop(const QA& qa, const QB& qb, const PfLaneRows<T, QA, QB, kPfMW>& lr, i32 e,
                                             const T* __restrict__ src, const i64* s_src, i32 K,
                                             float (&acc)[kPfMW][NR][4], u8* smem) {
   constexpr int BR = 8 * NR, CB = St::kCB, MW = kPfMW;
@@ -245,16 +201,6 @@ __device__ __forceinline__ void pf_mainloop(const QA& qa, const QB& qb, const Pf
   cp_async_wait<0>();
 }
 
-// The quant params of FC1's second lane row: FC3's under GATE_FC3, else FC1's own.
-template <bool FC3, class Q1, class Q3> struct PfSecond {
-  using type = Q1;
-  static __device__ __forceinline__ const type& pick(const Q1& q1, const Q3&) { return q1; }
-};
-template <class Q1, class Q3> struct PfSecond<true, Q1, Q3> {
-  using type = Q3;
-  static __device__ __forceinline__ const type& pick(const Q1&, const Q3& q3) { return q3; }
-};
-
 // FC1 (+FC3) with the activation fused: act_sorted[m, o] for the tile's routes. Warp tile = 8 outputs
 // (gated: rows g = gate, g + 8 = linear of output g) or 16 outputs (plain).
 template <int GATE, typename T, typename ScaleT, int B1, int Z1, int Z3, int BLOCK, int ACT, int NR>
@@ -288,7 +234,7 @@ fc1_prefill(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* 
   const u8* wb = GATE == GATE_FC3 ? w3 : w1;
   const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   i32 o0[kPfMW];
-  PfLaneRows<T, Q1, QB> lr;
+  PfLaneRows<T, Q1, QB, kPfMW> lr;
 #pragma unroll
   for (int m = 0; m < kPfMW; ++m) {
     o0[m] = (nt * kPfTiles + warp * kPfMW + m) * kOut;
@@ -344,7 +290,7 @@ fc2_prefill(const T* __restrict__ act_sorted, const i32* __restrict__ sorted, co
   const Q2 q2{s2, z2, zp_offset, H, I};
   const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   i32 n0[kPfMW];
-  PfLaneRows<T, Q2, Q2> lr;
+  PfLaneRows<T, Q2, Q2, kPfMW> lr;
 #pragma unroll
   for (int m = 0; m < kPfMW; ++m) {
     n0[m] = (nt * kPfTiles + warp * kPfMW + m) * 16;

@@ -25,8 +25,18 @@
 // slot is reused.
 #pragma once
 
+#include "core/codes.cuh"
+#include "core/cp_async.cuh"
+#include "core/dequant.cuh"
+#include "core/experts.cuh"
+#include "core/lane_meta.cuh"
+#include "core/mma_pair.cuh"
+#include "core/types.cuh"
 #include "core/wgmma.cuh"
-#include "engines/mma_prefill.cuh"
+#include "engines/tile_rows.cuh"
+#include "epilogue/combine.cuh"
+#include "epilogue/fc1.cuh"
+#include "routing/group.cuh"
 
 namespace qmoe {
 
