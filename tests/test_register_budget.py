@@ -97,8 +97,13 @@ WARM_CALLS = ([(case, {}) for case in WIDE + NARROW]
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _warm_usage():
-    """Every default-knob compile of this module at once, side by side (CI time)."""
+def _warm_usage(request):
+    """Every default-knob compile of this module at once, side by side (CI time), when most of its tests
+    run (a few selected with -k compile only what they need)."""
+    selected = sum(1 for item in request.session.items if getattr(item, "module", None) is request.module)
+    if selected < len(WARM_CALLS) // 2:
+        yield
+        return
     usages = in_threads(lambda call: compile_usage(*call[0], **call[1]), WARM_CALLS)
     for (args, kwargs), usage in zip(WARM_CALLS, usages):
         _WARM[_key(*args, **kwargs)] = usage
