@@ -15,9 +15,20 @@ positions the device's shifts and masks take a pair from hold natural codes 2i a
 activations are one 32-bit word of the input, with no byte permute. Tile rows are the rows themselves,
 except FC1 with interleaved gate / linear rows (``swiglu_fusion=1``): the 8 gate rows of outputs 8p ..
 8p + 7 become tile rows 16p .. 16p + 7 and their linear rows 16p + 8 .. 16p + 15, the two lane rows of a
-gated warp tile. Scales and zero points stay in the contract layout. The device mirror of
-:func:`tiled_offset` is ``CodeRows`` (``cuda_src/core/codes.cuh``); a CPU test checks the two and that
-:func:`untile` inverts :func:`tile`.
+gated warp tile. The device mirror of :func:`tiled_offset` is ``CodeRows`` (``cuda_src/core/codes.cuh``);
+a CPU test checks the two and that :func:`untile` inverts :func:`tile`.
+
+Scales and zero points of integer codes go with them into *meta records* (:func:`pack_meta`), in the same
+tile rows::
+
+    meta [E, ceil(N/16), nb, 8, R] u8    nb scale blocks per row (1 row-wise), R = meta_record_bytes
+         [e, q, j, g, :] = block j of tile rows 16q + g and 16q + 8 + g: their two scales (the scale
+         dtype's bytes), then with zero points their two zero points (one byte each, unpacked), zeros
+
+A tensor-core lane owns exactly those two rows of a 16-row tile, so one copy of R bytes brings both rows'
+coefficients of a block (the contract layout takes a 4-byte word per row, and a second for the zero
+point). The device side is ``QuantParams::meta_record`` / ``LaneMeta`` (``cuda_src/core/dequant.cuh``,
+``core/lane_meta.cuh``); FP8 scales keep their contract layout.
 
 :func:`pack` / :func:`unpack` do both steps (what the layer uploads); :func:`tile` / :func:`untile` move
 whole segments and work on any dtype (the tests tile index arrays). Every function takes the array
@@ -31,8 +42,8 @@ import math
 
 from .errors import QMoEInputError
 
-__all__ = ["CHUNK", "GROUP", "pack", "pair_order", "segment_order", "tile", "tile_rows", "tiled_offset", "tiled_shape",
-           "unpack", "untile"]
+__all__ = ["CHUNK", "GROUP", "META_ROWS", "meta_record_bytes", "meta_shape", "pack", "pack_meta", "pair_order",
+           "segment_order", "tile", "tile_rows", "tiled_offset", "tiled_shape", "unpack", "unpack_meta", "untile"]
 
 GROUP = 8  #: rows per row group (the lanes g of a warp)
 CHUNK = 128  #: codes per chunk (the 4 lanes t of a row, 32 codes each)
@@ -157,3 +168,83 @@ def unpack(xp, t, N: int, K: int, bits: int, interleaved: bool = False, order_by
     for e, rows in _row_groups(t, order_bytes):
         natural[e, rows] = pair_order(xp, t[e, rows], bits, inverse=True)
     return untile(xp, natural, N, K, bits, interleaved)
+
+
+META_ROWS = 16  #: tile rows a meta record row group covers (a tensor-core lane's rows g and g + 8)
+
+
+def meta_record_bytes(scale_bytes: int, zero_points: bool) -> int:
+    """Bytes of one meta record: two scales, then two zero-point bytes when the projection has zero points,
+    padded to a cp.async size (4, 8 or 16); the device's ``QuantParams::kMetaBytes``."""
+    if scale_bytes not in (2, 4):
+        raise QMoEInputError("scales", "float16, bfloat16 or float32 (2 or 4 bytes)", f"{scale_bytes} bytes")
+    return (16 if scale_bytes == 4 else 8) if zero_points else 2 * scale_bytes
+
+
+def meta_shape(E: int, N: int, blocks: int, scale_bytes: int, zero_points: bool) -> tuple[int, ...]:
+    """``(E, ceil(N/16), blocks, 8, R)``: the meta records of a projection with N rows and ``blocks`` scale
+    blocks per row."""
+    return (E, -(-N // META_ROWS), blocks, GROUP, meta_record_bytes(scale_bytes, zero_points))
+
+
+def _unpack_zero_points(xp, zp, E: int, N: int, blocks: int, bits: int, row_wise: bool):
+    """Packed zero points (contract: [E, N, ceil(nb·b/8)], row-wise [E, ceil(N·b/8)]) as u8 [E, N, nb]."""
+    per = N if row_wise else blocks
+    flat = xp.ascontiguousarray(zp).reshape(E * (1 if row_wise else N), -1)
+    bits_all = xp.unpackbits(flat, axis=1, bitorder="little")[:, : per * bits].reshape(-1, per, bits)
+    weights = xp.asarray([1 << i for i in range(bits)], dtype=xp.uint8)
+    vals = (bits_all * weights).sum(axis=2, dtype=xp.uint8)
+    return vals.reshape(E, N, blocks)
+
+
+def pack_meta(xp, scales, zp, N: int, bits: int, interleaved: bool = False, name: str = "scales"):
+    """Meta records [E, ceil(N/16), nb, 8, R] u8 (module docstring) of one projection: ``scales`` [E, N, nb]
+    or row-wise [E, N] (float16, float32, or bfloat16 stored as uint16), ``zp`` the packed zero points or
+    None; tile rows as the codes' (``interleaved``: FC1 with interleaved gate / linear rows)."""
+    if len(scales.shape) not in (2, 3) or scales.shape[1] != N:
+        raise QMoEInputError(name, f"shape [E, {N}] or [E, {N}, nb]", f"shape {tuple(scales.shape)}")
+    E, row_wise = scales.shape[0], len(scales.shape) == 2
+    nb = 1 if row_wise else scales.shape[2]
+    sb = scales.dtype.itemsize
+    rec = meta_record_bytes(sb, zp is not None)
+    n16 = -(-N // META_ROWS)
+    rows = xp.asarray(tile_rows(N, interleaved)) if interleaved else None
+    s = xp.ascontiguousarray(scales).reshape(E, N, nb)
+    s = s if rows is None else s[:, rows]
+    body = xp.zeros((E, n16 * META_ROWS, nb, rec), dtype=xp.uint8)  # [E, tile row, block, record bytes]
+    body[:, :N, :, :sb] = s.reshape(E, N, nb, 1).view(xp.uint8).reshape(E, N, nb, sb)
+    if zp is not None:
+        z = _unpack_zero_points(xp, zp, E, N, nb, bits, row_wise)
+        body[:, :N, :, 2 * sb] = z if rows is None else z[:, rows]
+    # tile row 16q + 8h + g -> record [q, j, g], half h
+    t = body.reshape(E, n16, 2, GROUP, nb, rec).transpose(0, 1, 4, 3, 2, 5)  # [E, q, j, g, h, rec]
+    out = xp.zeros((E, n16, nb, GROUP, rec), dtype=xp.uint8)
+    out[..., :sb] = t[..., 0, :sb]
+    out[..., sb: 2 * sb] = t[..., 1, :sb]
+    if zp is not None:
+        out[..., 2 * sb] = t[..., 0, 2 * sb]
+        out[..., 2 * sb + 1] = t[..., 1, 2 * sb]
+    return out
+
+
+def unpack_meta(xp, meta, N: int, scale_dtype, interleaved: bool = False, row_wise: bool = False):
+    """(scales [E, N, nb] (row-wise: [E, N]) of ``scale_dtype``, zero points u8 [E, N, nb] unpacked or None)
+    of :func:`pack_meta`'s records (its inverse, up to the zero points' packing)."""
+    E, n16, nb, _, rec = meta.shape
+    sb = xp.dtype(scale_dtype).itemsize
+    zero_points = rec == meta_record_bytes(sb, True)
+    halves = xp.stack([meta[..., :sb], meta[..., sb: 2 * sb]], axis=3)  # [E, q, j, h, g, sb]
+    rows_sb = xp.ascontiguousarray(halves.transpose(0, 1, 3, 4, 2, 5)).reshape(E, n16 * META_ROWS, nb, sb)[:, :N]
+    s = rows_sb.copy().view(scale_dtype).reshape(E, N, nb)
+    z = None
+    if zero_points:
+        zh = xp.stack([meta[..., 2 * sb], meta[..., 2 * sb + 1]], axis=3)  # [E, q, j, h, g]
+        z = xp.ascontiguousarray(zh.transpose(0, 1, 3, 4, 2)).reshape(E, n16 * META_ROWS, nb)[:, :N]
+    if interleaved:
+        order = xp.asarray(tile_rows(N, True))
+        s2, z2 = xp.empty_like(s), None if z is None else xp.empty_like(z)
+        s2[:, order] = s
+        if z is not None:
+            z2[:, order] = z
+        s, z = s2, z2
+    return (s.reshape(E, N) if row_wise else s), z

@@ -103,11 +103,17 @@ def test_executor_modules_compile(cache, arch, layout, hidden, inter):
         assert all(name.startswith("_Z") for name in mod.lowered.values()), mod.lowered
 
 
-def test_mma_ring_bytes_match_the_device_struct():
+#: the compiler defines of a module whose integer codes are tiled, with or without the tiled meta records
+TILED_META_DEFINES = {False: (), True: ("-DQMOE_TILED=1", "-DQMOE_TILED_META=1")}
+
+
+@pytest.mark.parametrize("tiled_meta", [False, True])
+def test_mma_ring_bytes_match_the_device_struct(tiled_meta):
     """The host's dynamic shared memory size (kernels/mma_decode.py ring_bytes + the route lists,
     decode_smem_bytes) equals the device's mma_smem_bytes (kMmaWarps·kMmaStages·MmaStage::kBytes + 8·R)
-    for every bit width, scale size, block kind, zp mode and row tiles per warp (a smaller launch would trap the kernel):
-    checked by static_asserts compiled with NVRTC."""
+    for every bit width, scale size, block kind, zp mode and row tiles per warp, with the contract's
+    meta words and the tiled meta records (a smaller launch would trap the kernel): checked by
+    static_asserts compiled with NVRTC."""
     from qmoe_rtc.jit import compiler
     from qmoe_rtc.kernels.mma_decode import decode_smem_bytes, ring_bytes
 
@@ -119,20 +125,22 @@ def test_mma_ring_bytes_match_the_device_struct():
                     for rt in (1, 2):  # row tiles per warp (the batched engine's two on tiled codes)
                         stage = f"qmoe::MmaStage<{bits}, {scale_t}, {block}, {'true' if zp else 'false'}, {rt}>"
                         lines.append(f"static_assert(qmoe::kMmaWarps * qmoe::kMmaStages * {stage}::kBytes == "
-                                     f"{ring_bytes(bits, sbytes, block, zp, 5, rt)}, "
+                                     f"{ring_bytes(bits, sbytes, block, zp, 5, rt, tiled_meta)}, "
                                      f"\"ring_bytes({bits}, {sbytes}, {block}, {zp}, 5, {rt})\");")
-                    want = ring_bytes(bits, sbytes, block, zp, 5)
+                    want = ring_bytes(bits, sbytes, block, zp, 5, tiled_meta=tiled_meta)
                     stage = f"qmoe::MmaStage<{bits}, {scale_t}, {block}, {'true' if zp else 'false'}>"
                     for R in (1, 64, 512):
                         lines.append(f"static_assert(qmoe::mma_smem_bytes<{stage}>({R}) == {decode_smem_bytes(want, R)},"
                                      f" \"decode_smem_bytes({bits}, {sbytes}, {block}, {zp}, R {R})\");")
-    options = compiler.base_options("sm_90", ("-DQMOE_MMA_STAGES=5",))
+    options = compiler.base_options("sm_90", ("-DQMOE_MMA_STAGES=5", *TILED_META_DEFINES[tiled_meta]))
     compiler.compile_unit("ring_bytes_check", "\n".join(lines) + "\n", {}, "sm_90", options)
 
 
-def test_prefill_stage_bytes_match_the_device_struct():
+@pytest.mark.parametrize("tiled_meta", [False, True])
+def test_prefill_stage_bytes_match_the_device_struct(tiled_meta):
     """kernels/mma_prefill.py stage_bytes equals PfStage::kBytes for every bit width, scale size, block
-    kind, zp mode and route tile (the kernel traps on a smaller dynamic shared memory)."""
+    kind, zp mode and route tile, contract meta words or tiled meta records (the kernel traps on a
+    smaller dynamic shared memory)."""
     from qmoe_rtc.jit import compiler
     from qmoe_rtc.kernels.mma_prefill import ROUTE_TILES, stage_bytes
 
@@ -142,16 +150,17 @@ def test_prefill_stage_bytes_match_the_device_struct():
             for block in (0, 16, 32, 128):
                 for zp in (False, True):
                     for nr in ROUTE_TILES:
-                        want = stage_bytes(bits, sbytes, block, zp, nr, 8)
+                        want = stage_bytes(bits, sbytes, block, zp, nr, 8, tiled_meta)
                         lines.append(f"static_assert(qmoe::PfStage<{bits}, {scale_t}, {block}, "
                                      f"{'true' if zp else 'false'}, {nr}>::kBytes == {want}, "
                                      f"\"stage_bytes({bits}, {sbytes}, {block}, {zp}, {nr})\");")
-    options = compiler.base_options("sm_90", ("-DQMOE_PF_WARPS=8",))
+    options = compiler.base_options("sm_90", ("-DQMOE_PF_WARPS=8", *TILED_META_DEFINES[tiled_meta]))
     compiler.compile_unit("stage_bytes_check", "\n".join(lines) + "\n", {}, "sm_90", options)
 
 
+@pytest.mark.parametrize("tiled_meta", [False, True])
 @pytest.mark.parametrize("groups", [2, 4])
-def test_wgmma_stage_bytes_match_the_device_struct(groups):
+def test_wgmma_stage_bytes_match_the_device_struct(groups, tiled_meta):
     """kernels/wgmma_prefill.py stage_bytes / stages equal WgStage::kBytes / kStages (the kernel traps on a
     smaller dynamic shared memory) for every bit width, scale size, block kind, zp mode and route tile."""
     from qmoe_rtc.jit import compiler
@@ -163,11 +172,12 @@ def test_wgmma_stage_bytes_match_the_device_struct(groups):
             for block in (0, 16, 32, 128):
                 for zp in (False, True):
                     for br in route_tiles_of(groups):
-                        st = stage_bytes(bits, sbytes, block, zp, br, groups)
+                        st = stage_bytes(bits, sbytes, block, zp, br, groups, tiled_meta)
                         t = f"qmoe::WgStage<{bits}, {scale_t}, {block}, {'true' if zp else 'false'}, {br}>"
                         lines.append(f"static_assert({t}::kBytes == {st} && {t}::kStages == {stages(st, 3)}, "
                                      f"\"stage_bytes({bits}, {sbytes}, {block}, {zp}, {br})\");")
-    options = compiler.base_options("sm_90", (f"-DQMOE_WG_GROUPS={groups}", "-DQMOE_WG_STAGES=3"))
+    options = compiler.base_options("sm_90", (f"-DQMOE_WG_GROUPS={groups}", "-DQMOE_WG_STAGES=3",
+                                              *TILED_META_DEFINES[tiled_meta]))
     compiler.compile_unit("wg_stage_bytes_check", "\n".join(lines) + "\n", {}, "sm_90", options)
 
 

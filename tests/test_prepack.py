@@ -12,7 +12,20 @@ import pytest
 from qmoe_rtc.contract import QMoEAttributes, describe_layer
 from qmoe_rtc.errors import QMoEAttributeError, QMoEInputError, QMoEUnsupportedError
 from qmoe_rtc.kernels import choose, get_family
-from qmoe_rtc.prepack import pack, segment_order, tile, tile_rows, tiled_offset, tiled_shape, unpack, untile
+from qmoe_rtc.prepack import (
+    meta_record_bytes,
+    meta_shape,
+    pack,
+    pack_meta,
+    segment_order,
+    tile,
+    tile_rows,
+    tiled_offset,
+    tiled_shape,
+    unpack,
+    unpack_meta,
+    untile,
+)
 from qmoe_rtc.random_layer import random_layer
 from qmoe_rtc.runtime.layer import executor_config, layer_config, tiling_unsupported, use_tiled
 from qmoe_rtc.specialize import Layout, ModelConfig
@@ -48,6 +61,55 @@ def test_pack_round_trips_every_projection(rng, bits, block_size, zero_points):
         # the pair order done a row group at a time (bounded temporaries at upload): the same bytes
         np.testing.assert_array_equal(pack(np, codes, p.K, bits, interleaved, order_bytes=1), t)
         np.testing.assert_array_equal(unpack(np, t, p.N, p.K, bits, interleaved, order_bytes=1), codes)
+
+
+def _zero_point(zp, e: int, n: int, j: int, bits: int, row_wise: bool) -> int:
+    """Contract zero point of expert e, row n, block j (packed along N row-wise, else along the blocks)."""
+    return _code(zp[e], n, bits) if row_wise else _code(zp[e, n], j, bits)
+
+
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("block_size, zero_points", [(0, True), (0, False), (16, True), (32, False), (128, True)])
+@pytest.mark.parametrize("scale_dtype", ["float16", "bfloat16", "float32"])
+def test_meta_records_hold_each_rows_scale_and_zero_point_where_the_device_reads(rng, bits, block_size, zero_points,
+                                                                                 scale_dtype):
+    """pack_meta puts the scale and zero point of expert e, row n, block j in the record and half the
+    device computes (core/dequant.cuh QuantParams::meta_record / meta_half, mirrored here), for every
+    projection (interleaved FC1 rows included), and unpack_meta inverts it."""
+    if bits == 1 and block_size == 16:
+        block_size = 32
+    fusion = 1 if bits != 3 else 2
+    w, a = random_layer(rng, E=2, H=256, I=96 if block_size <= 32 else 128, k=2, bits=bits, block_size=block_size,
+                        zero_points=zero_points, dtype="bfloat16" if scale_dtype != "float16" else "float16",
+                        scale_dtype=scale_dtype, activation_type="swiglu", swiglu_fusion=fusion)
+    layer = describe_layer(w, QMoEAttributes.from_kwargs(**a))
+    for p in layer.projections():
+        s, z = w[p.scale_input], w.get(f"{p.name}_zero_points")
+        interleaved = p.name == "fc1" and fusion == 1
+        row_wise = s.ndim == 2
+        nb = 1 if row_wise else s.shape[2]
+        meta = pack_meta(np, s, z, p.N, bits, interleaved)
+        sb = s.dtype.itemsize
+        assert meta.shape == meta_shape(layer.E, p.N, nb, sb, z is not None) and meta.dtype == np.uint8
+        rec = meta_record_bytes(sb, z is not None)
+        flat = meta.reshape(-1)
+        for _ in range(64):
+            e, n, j = int(rng.integers(layer.E)), int(rng.integers(p.N)), int(rng.integers(nb))
+            o = n // 2
+            m = 16 * (o // 8) + 8 * (n % 2) + o % 8 if interleaved else n  # the device's tile_row
+            at = (((e * -(-p.N // 16) + m // 16) * nb + j) * 8 + m % 8) * rec
+            h = (m // 8) % 2
+            want = s[e, n] if row_wise else s[e, n, j]
+            assert flat[at + h * sb: at + (h + 1) * sb].tobytes() == np.asarray(want).tobytes()
+            if z is not None:
+                assert flat[at + 2 * sb + h] == _zero_point(z, e, n, j, bits, row_wise)
+        back_s, back_z = unpack_meta(np, meta, p.N, s.dtype, interleaved, row_wise)
+        np.testing.assert_array_equal(back_s.view(np.uint8), s.view(np.uint8))
+        if z is not None:
+            for e in range(layer.E):
+                for n in range(0, p.N, 7):
+                    for j in range(nb):
+                        assert back_z[e, n, j] == _zero_point(z, e, n, j, bits, row_wise)
 
 
 @pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])

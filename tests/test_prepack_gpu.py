@@ -17,8 +17,15 @@ pytestmark = pytest.mark.gpu
 ENGINES = [("decode-mma", {}, 512), ("prefill-batched", {"prefill_engine": "batched"}, 0),
            ("prefill-mma", {"prefill_engine": "mma"}, 0), ("prefill-wgmma", {"prefill_engine": "wgmma"}, 0)]
 # (name, random_layer kwargs, E, H, I): interleaved gate rows (tile rows permuted), FC3 with 3-bit
-# packed zero points and blocks of 16 (two scales per segment), 8-bit row-wise with K % 128 != 0, FP8
+# packed zero points and blocks of 16 (two scales per segment), 8-bit row-wise with K % 128 != 0, FP8;
+# the tiled meta records (prepack.pack_meta) with zero points on paired rows (one record for both lane
+# rows: interleaved FC1, FC2), float32 scales (16-byte records), row-wise zero points packed along N,
+# 1-bit codes
 LAYERS = [
+    ("b4-bs128-zp-swiglu1-f32s", dict(bits=4, block_size=128, zero_points=True, scale_dtype="float32",
+                                      activation_type="swiglu", swiglu_fusion=1, k=2), 8, 256, 128),
+    ("b4-row-zp-relu", dict(bits=4, block_size=0, zero_points=True, activation_type="relu", k=2), 8, 192, 160),
+    ("b1-bs64-zp-gelu", dict(bits=1, block_size=64, zero_points=True, activation_type="gelu", k=2), 8, 256, 128),
     ("b4-bs128-swiglu1", dict(bits=4, block_size=128, activation_type="swiglu", swiglu_fusion=1, k=4), 16, 256, 128),
     ("b3-bs16-zp-silu-fc3", dict(bits=3, block_size=16, zero_points=True, activation_type="silu", fc3=True, k=2),
      8, 256, 96),

@@ -33,9 +33,18 @@ def tiled_spec(config: ModelConfig) -> dict:
     return {"tiled": True} if getattr(config, "layout", config).tiled else {}
 
 
+def tiled_meta(spec: ModuleSpec) -> bool:
+    """Whether the module reads scales and zero points as tiled meta records (:func:`qmoe_rtc.prepack.pack_meta`):
+    tiled integer codes (FP8 scales keep their contract layout)."""
+    return bool(spec.get("tiled")) and "fp8" not in (spec["fc1_zp"], spec["fc2_zp"], spec["fc3_zp"])
+
+
 def tiled_define(spec: ModuleSpec) -> tuple[str, ...]:
-    """The compiler define that makes ``cuda_src/core/codes.cuh`` address the tiled layout."""
-    return ("-DQMOE_TILED=1",) if spec.get("tiled") else ()
+    """The compiler defines that make ``cuda_src/core/codes.cuh`` address the tiled layout and
+    ``core/dequant.cuh`` the tiled meta records."""
+    if not spec.get("tiled"):
+        return ()
+    return ("-DQMOE_TILED=1", "-DQMOE_TILED_META=1") if tiled_meta(spec) else ("-DQMOE_TILED=1",)
 
 
 def tiled_unsupported(config: ModelConfig) -> str | None:
@@ -83,11 +92,16 @@ def shared_args(p: str, scale_dtype: str) -> tuple:
             Ptr(f"shared_{p}_bias", "float32", nullable=True))
 
 
-def meta_words(bits: int, scale_bytes: int, block_size: int, zp_packed: bool) -> int:
+def meta_words(bits: int, scale_bytes: int, block_size: int, zp_packed: bool, tiled_meta: bool = False) -> int:
     """4-byte meta words a tensor-core lane stages per row segment of 32 codes (core/lane_meta.cuh
-    MetaLayout::kWords): the scale word(s) — two float32 scales when the segment spans two blocks of
-    16 — then the zero-point word(s) when packed, two for 3-bit codes (a 3-bit zero point may straddle
-    two words)."""
+    MetaLayout::kWords). Contract layout: the scale word(s) — two float32 scales when the segment spans
+    two blocks of 16 — then the zero-point word(s) when packed, two for 3-bit codes (a 3-bit zero point
+    may straddle two words). Tiled meta: one record per scale block the segment spans
+    (:func:`qmoe_rtc.prepack.meta_record_bytes`)."""
+    if tiled_meta:
+        from ..prepack import meta_record_bytes
+
+        return (2 if block_size == 16 else 1) * meta_record_bytes(scale_bytes, zp_packed) // 4
     scale = 2 if block_size == 16 and scale_bytes == 4 else 1
     return scale + ((2 if bits == 3 else 1) if zp_packed else 0)
 

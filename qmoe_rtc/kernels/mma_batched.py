@@ -29,6 +29,7 @@ from ._expert import (
     template_types,
     tensor_core_unsupported,
     tiled_define,
+    tiled_meta,
     tiled_spec,
 )
 from ._grouped import (
@@ -209,7 +210,7 @@ class MmaBatchedFamily(KernelFamily):
         ks, gx = self.geometry(spec, role, problem)
         bits, zp = staged_projection(spec, role)
         smem = ring_bytes(bits, 4 if spec["scale_dtype"] == "float32" else 2, spec["block_size"], zp, spec["stages"],
-                          spec["row_tiles"])
+                          spec["row_tiles"], tiled_meta(spec))
         return Launch((gx, problem.experts, 1), (THREADS, 1, 1), smem, (("KS", ks),))
 
     def scratch(self, spec: ModuleSpec, role: str, problem: Problem) -> dict[str, Slot]:

@@ -24,6 +24,7 @@ from ._expert import (
     template_types,
     tensor_core_unsupported,
     tiled_define,
+    tiled_meta,
     tiled_spec,
 )
 from ._grouped import tuning_knob
@@ -51,11 +52,12 @@ def _stages() -> int:
     return n
 
 
-def ring_bytes(bits: int, scale_bytes: int, block_size: int, zp_packed: bool, stages: int, row_tiles: int = 1) -> int:
+def ring_bytes(bits: int, scale_bytes: int, block_size: int, zp_packed: bool, stages: int, row_tiles: int = 1,
+               tiled_meta: bool = False) -> int:
     """Dynamic shared memory of one block (mma_ring.cuh MmaStage): 4 warps × stages × stage bytes, a stage
     holding ``kst`` chunks of the warp's ``2·row_tiles`` lane rows."""
     kst = 1 if bits >= 8 else max(1, 8 // bits // row_tiles)
-    words = meta_words(bits, scale_bytes, block_size, zp_packed)
+    words = meta_words(bits, scale_bytes, block_size, zp_packed, tiled_meta)
     rows = 2 * row_tiles
     stage = kst * rows * 32 * 4 * bits + kst * rows * words * 32 * 4
     return WARPS * stages * stage
@@ -193,10 +195,11 @@ class MmaDecodeFamily(KernelFamily):
         scale_bytes = 4 if spec["scale_dtype"] == "float32" else 2
         if role == "fc1":
             zp = spec["fc1_zp"] == "packed" or (spec["has_fc3"] and spec["fc3_zp"] == "packed")
-            smem = ring_bytes(spec["fc1_bits"], scale_bytes, spec["block_size"], zp, spec["stages"])
+            smem = ring_bytes(spec["fc1_bits"], scale_bytes, spec["block_size"], zp, spec["stages"],
+                              tiled_meta=tiled_meta(spec))
         else:
             smem = ring_bytes(spec["fc2_bits"], scale_bytes, spec["block_size"], spec["fc2_zp"] == "packed",
-                              spec["stages"])
+                              spec["stages"], tiled_meta=tiled_meta(spec))
         smem = decode_smem_bytes(smem, problem.routes)
         # overlap: FC1 waits for the ids, FC2 reads the ids and prefetches its weights, then waits for act
         pf = knobs.get("mma_prefetch_chunks") or PREFETCH_CHUNKS

@@ -22,6 +22,7 @@ from ._expert import (
     template_types,
     tensor_core_unsupported,
     tiled_define,
+    tiled_meta,
     tiled_spec,
 )
 from ._grouped import (
@@ -59,9 +60,10 @@ def tile_routes(routes: int, E: int) -> int:
     return 4 if per_expert <= 40 else 8
 
 
-def stage_bytes(bits: int, scale_bytes: int, block_size: int, zp_packed: bool, nr: int, warps: int = WARPS) -> int:
+def stage_bytes(bits: int, scale_bytes: int, block_size: int, zp_packed: bool, nr: int, warps: int = WARPS,
+                tiled_meta: bool = False) -> int:
     """One pipeline stage (mma_prefill.cuh PfStage): activation tile + every warp's codes and meta words."""
-    words = meta_words(bits, scale_bytes, block_size, zp_packed) if block_size else 0
+    words = meta_words(bits, scale_bytes, block_size, zp_packed, tiled_meta) if block_size else 0
     warp = MW * 2 * 32 * 4 * bits + MW * 2 * words * 128
     return 8 * nr * 256 + warps * warp
 
@@ -132,7 +134,7 @@ class MmaPrefillFamily(KernelFamily):
         warps = spec["warps"]
         bits, zp = staged_projection(spec, role)
         nt = weight_tiles(spec, role, problem.I if role == "fc1" else problem.H, warps * MW)
-        smem = stage_bytes(bits, scale_bytes, spec["block_size"], zp, nr, warps)
+        smem = stage_bytes(bits, scale_bytes, spec["block_size"], zp, nr, warps, tiled_meta(spec))
         return tiled_launch(problem, 8 * nr, nt, 32 * warps, spec["stages"] * smem)
 
     def scratch(self, spec: ModuleSpec, role: str, problem: Problem) -> dict[str, Slot]:

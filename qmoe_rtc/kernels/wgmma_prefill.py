@@ -29,6 +29,7 @@ from ._expert import (
     template_types,
     tensor_core_unsupported,
     tiled_define,
+    tiled_meta,
     tiled_spec,
 )
 from ._grouped import (
@@ -90,9 +91,10 @@ def wg_logical(n: int, bits: int, tiled: bool = False) -> int:
     return 16 * (pair >> 1) + 8 * (pair & 1) + 2 * t + hi
 
 
-def stage_bytes(bits: int, scale_bytes: int, block_size: int, zp_packed: bool, br: int, groups: int = GROUPS) -> int:
+def stage_bytes(bits: int, scale_bytes: int, block_size: int, zp_packed: bool, br: int, groups: int = GROUPS,
+                tiled_meta: bool = False) -> int:
     """One pipeline stage (wgmma_prefill.cuh WgStage), rounded to 1024 bytes."""
-    words = meta_words(bits, scale_bytes, block_size, zp_packed) if block_size else 0
+    words = meta_words(bits, scale_bytes, block_size, zp_packed, tiled_meta) if block_size else 0
     raw = br * 256 + 4 * groups * (2 * 32 * 4 * bits + 2 * words * 128)
     return (raw + 1023) // 1024 * 1024
 
@@ -212,7 +214,7 @@ class WgmmaPrefillFamily(KernelFamily):
         bits, zp = staged_projection(spec, role)
         # FC1 covers Ip: its padding columns are written as zeros (FC2 reads them)
         nt = weight_tiles(spec, role, Ip if role == "fc1" else problem.H, 4 * wgs)
-        st = stage_bytes(bits, scale_bytes, spec["block_size"], zp, br, wgs)
+        st = stage_bytes(bits, scale_bytes, spec["block_size"], zp, br, wgs, tiled_meta(spec))
         return tiled_launch(problem, br, nt, 128 * wgs, stages(st, spec["stages"]) * st + 1024, (("Hp", Hp), ("Ip", Ip)))
 
     def scratch(self, spec: ModuleSpec, role: str, problem: Problem) -> dict[str, Slot]:

@@ -161,15 +161,21 @@ def executor_config(config: ModelConfig, setting=None) -> ModelConfig:
 
 def tile_codes(cp, proj: dict, layer, interleaved_fc1: bool) -> dict:
     """``proj`` (:func:`upload_projections`) with every projection's codes in the tiled layout
-    (:func:`qmoe_rtc.prepack.pack`, on the GPU; the contract codes are not kept)."""
-    from ..prepack import pack
+    (:func:`qmoe_rtc.prepack.pack`, on the GPU; the contract codes are not kept) and, for integer codes,
+    its scales and zero points as meta records (:func:`qmoe_rtc.prepack.pack_meta`) in the scales' slot
+    (viewed as the scale dtype; the zero-point slot then empty: the records hold them)."""
+    from ..prepack import pack, pack_meta
 
     out = {}
     for p in layer.projections():
         w, s, z, b = proj[p.name]
+        interleaved = interleaved_fc1 and p.name == "fc1"
         codes = w.view(cp.uint8)  # FP8 codes are bytes too
-        out[p.name] = (pack(cp, codes, p.K, p.bits, interleaved_fc1 and p.name == "fc1", f"{p.name}_experts_weights"),
-                       s, z, b)  # [E, N/8, ceil(K/128), 8, 4, 4·b] u8
+        tiled = pack(cp, codes, p.K, p.bits, interleaved, f"{p.name}_experts_weights")  # [E, N/8, ceil(K/128), 8, 4, 4·b] u8
+        if p.quant == "int":
+            meta = pack_meta(cp, s, z, p.N, p.bits, interleaved, p.scale_input)  # [E, ceil(N/16), nb, 8, R] u8
+            s, z = meta.view(s.dtype), None
+        out[p.name] = (tiled, s, z, b)
     return out
 
 

@@ -6,13 +6,23 @@
 // Compile-time layout: BITS (1/2/3/4/8), BLOCK (0 = row-wise, else a power of two >= 16 dividing K;
 // FP8: 0 = one scale per expert, else square blocks, the last ones partial) and ZP (zero-point mode
 // below). The scale storage type ScaleT is float or the activation type. Where a scale lives is
-// QuantParams::scale_index, the one place every engine reads it from.
+// QuantParams::scale_index (contract layout) or QuantParams::meta_record (tiled meta), the places every
+// engine reads it from.
 #pragma once
 
 #include "core/types.cuh"
 #include "core/unpack.cuh"
 
+#ifndef QMOE_TILED_META
+#define QMOE_TILED_META 0
+#endif
+
 namespace qmoe {
+
+// Scales and zero points in the tiled meta layout (qmoe_rtc/prepack.py pack_meta; integer codes in the
+// tiled layout only): one record per (16-row tile, scale block, lane row pair) holding both rows'
+// scales and zero points, so a tensor-core lane copies its rows' coefficients of a block at once.
+inline constexpr bool kTiledMetaLayout = QMOE_TILED_META;
 
 // Zero-point mode of a projection (mirrors qmoe_rtc.specialize.ZP_MODES).
 enum ZpMode : int {
@@ -43,6 +53,10 @@ struct ScaleZp {
 //           ZP_FP8: [E] (BLOCK == 0) or [E, ceil(N/BLOCK), nb], nb = ceil(K/BLOCK) (square blocks)
 //   zp (ZP_PACKED): [E, ceil(N*b/8)] packed along N (BLOCK == 0)
 //                   [E, N, ceil(nb*b/8)] packed along the block axis (BLOCK > 0)
+// Tiled meta (kTiledMeta; `scales` points at the records, `zp` is not read):
+//   meta [E, ceil(N/16), nb, 8, kMetaBytes] u8   record (e, q, j, g): block j of tile rows 16q + g and
+//        16q + 8 + g (core/codes.cuh tile rows): scale of each (ScaleT [2]), then with ZP_PACKED their
+//        zero points (u8 [2], unpacked), zero padding to kMetaBytes; rows past N are zero
 template <typename ScaleT, int BITS, int BLOCK, int ZP> struct QuantParams {
   static_assert(BLOCK == 0 || (BLOCK >= 8 && (BLOCK & (BLOCK - 1)) == 0), "block size must be 0 or a power of two >= 8");
   static_assert(ZP == ZP_NONE || ZP == ZP_PACKED || ZP == ZP_OFFSET || ZP == ZP_FP8, "bad zero-point mode");
@@ -51,12 +65,17 @@ template <typename ScaleT, int BITS, int BLOCK, int ZP> struct QuantParams {
   static constexpr int kBlock = BLOCK;
   static constexpr int kZp = ZP;
   using Scale = ScaleT;
+  static constexpr bool kTiledMeta = kTiledMetaLayout && (ZP == ZP_NONE || ZP == ZP_PACKED);
+  static_assert(!kTiledMetaLayout || kTiledMeta, "the host defines QMOE_TILED_META for integer codes only");
+  // bytes of a tiled meta record (the host mirrors it: qmoe_rtc/prepack.py meta_record_bytes)
+  static constexpr int kMetaBytes = ZP == ZP_PACKED ? (sizeof(ScaleT) == 4 ? 16 : 8) : 2 * (int)sizeof(ScaleT);
 
   const ScaleT* __restrict__ scales;
-  const u8* __restrict__ zp;  // only read when ZP == ZP_PACKED
+  const u8* __restrict__ zp;  // only read when ZP == ZP_PACKED (contract layout)
   float zp_offset;            // only read when ZP == ZP_OFFSET
   i32 N;                      // rows per expert
   i32 K;                      // codes per row
+  bool il = false;            // FC1 with interleaved gate / linear rows: tile rows differ from rows
 
   // Scale blocks along K (1 for row-wise / per-expert scales; FP8 blocks may be partial).
   __device__ __forceinline__ i32 blocks_per_row() const {
@@ -67,8 +86,21 @@ template <typename ScaleT, int BITS, int BLOCK, int ZP> struct QuantParams {
   // Index of the block holding element k (0 for row-wise).
   static __device__ __forceinline__ i32 block_of(i64 k) { return BLOCK ? (i32)(k / BLOCK) : 0; }
 
+  // Tile row of row n (core/codes.cuh; epilogue/fc1.cuh Fc1Rows::tile_row for interleaved FC1 rows).
+  __device__ __forceinline__ i32 tile_row(i32 n) const {
+    return il ? ((n >> 4) << 4) + ((n & 1) << 3) + ((n >> 1) & 7) : n;
+  }
+  // Tiled meta: byte offset of the record holding row n's block j (block j + 1's is kMetaBlockStride on),
+  // and which of its two rows n is.
+  static constexpr i64 kMetaBlockStride = 8 * kMetaBytes;
+  __device__ __forceinline__ i64 meta_record(i32 e, i32 n, i32 j) const {
+    const i32 m = tile_row(n);
+    return (((i64)e * ((N + 15) >> 4) + (m >> 4)) * blocks_per_row() + j) * kMetaBlockStride + (m & 7) * kMetaBytes;
+  }
+  __device__ __forceinline__ int meta_half(i32 n) const { return (tile_row(n) >> 3) & 1; }
+
   // Where the scale of expert e, row n, block j lives in `scales` (linear in j: blocks j, j + 1 of a
-  // row are neighbours). Every engine addresses scales through this.
+  // row are neighbours). Every engine addresses scales through this (contract layout).
   __device__ __forceinline__ i64 scale_index(i32 e, i32 n, i32 j) const {
     if constexpr (ZP == ZP_FP8 && BLOCK == 0) return e;  // one scale per expert
     else if constexpr (ZP == ZP_FP8) return ((i64)e * ((N + BLOCK - 1) / BLOCK) + n / BLOCK) * blocks_per_row() + j;
@@ -85,13 +117,20 @@ template <typename ScaleT, int BITS, int BLOCK, int ZP> struct QuantParams {
   // Scale and zero point of expert e, row n, block j (j = 0 for row-wise).
   __device__ __forceinline__ ScaleZp fetch(i32 e, i32 n, i32 j) const {
     ScaleZp r;
-    r.scale = Traits<ScaleT>::to_float(scales[scale_index(e, n, j)]);
-    if constexpr (ZP != ZP_PACKED) {
-      r.zp = fixed_zp();
-    } else if constexpr (BLOCK == 0) {
-      r.zp = (float)code_at<BITS>(zp + (i64)e * packed_bytes<BITS>(N), n);
+    if constexpr (kTiledMeta) {
+      const u8* rec = reinterpret_cast<const u8*>(scales) + meta_record(e, n, j);
+      const int h = meta_half(n);
+      r.scale = Traits<ScaleT>::to_float(reinterpret_cast<const ScaleT*>(rec)[h]);
+      r.zp = ZP == ZP_PACKED ? (float)rec[2 * sizeof(ScaleT) + h] : fixed_zp();
     } else {
-      r.zp = (float)code_at<BITS>(zp + ((i64)e * N + n) * packed_bytes<BITS>(blocks_per_row()), j);
+      r.scale = Traits<ScaleT>::to_float(scales[scale_index(e, n, j)]);
+      if constexpr (ZP != ZP_PACKED) {
+        r.zp = fixed_zp();
+      } else if constexpr (BLOCK == 0) {
+        r.zp = (float)code_at<BITS>(zp + (i64)e * packed_bytes<BITS>(N), n);
+      } else {
+        r.zp = (float)code_at<BITS>(zp + ((i64)e * N + n) * packed_bytes<BITS>(blocks_per_row()), j);
+      }
     }
     return r;
   }

@@ -1,15 +1,20 @@
 // core/lane_meta.cuh: the scale(s) and zero point of one lane's 32 codes of a weight row, copied into
-// shared memory as the aligned 4-byte words that hold them (cp.async) and decoded at compute time.
-// Shared by the tensor-core engines, whose lanes each own a row segment of 32 codes.
+// shared memory (cp.async) and decoded at compute time. Shared by the tensor-core engines, whose lanes
+// each own a row segment of 32 codes.
 //
-//   meta words of a lane: [kWords][32 lanes] u32, 128 bytes apart
+// Contract layout -- the aligned 4-byte words that hold them:
+//   meta words of a row: [kWords][32 lanes] u32, 128 bytes apart
 //     scale word(s): float32 scales: kSW words (two when a 32-code segment spans two blocks of 16);
 //                    16-bit scales: the aligned word holding the scale (both, with blocks of 16)
 //     zp word (ZPW): the aligned word holding the zero-point byte (packed zero points only); 3-bit
 //                    codes: the aligned word holding the zero point's first bit and the next one
 //                    (copied only when the zero point straddles into it)
-// A word may reach up to 3 bytes past a tensor's last element, inside the same allocation granule
-// (CuPy / torch allocate in 512-byte units); those bytes are never used.
+//   A word may reach up to 3 bytes past a tensor's last element, inside the same allocation granule
+//   (CuPy / torch allocate in 512-byte units); those bytes are never used.
+// Tiled meta (core/dequant.cuh kTiledMetaLayout) -- the records that hold them, one per block:
+//   meta of a row: [32 lanes][NSB][kRec bytes]  record h: block j + h of the lane's row pair (the
+//                  record's half for this row is decoded); kRec = the larger record of the two rows'
+//                  projections, so both rows of a lane share one slot size
 #pragma once
 
 #include "core/cp_async.cuh"
@@ -23,18 +28,36 @@ template <typename ScaleT, int BLOCK, bool ZPW, int BITS = 4> struct MetaLayout 
   static constexpr int NSB = BLOCK == 16 ? 2 : 1;                        // scale blocks per 32 codes
   static constexpr int kSW = (NSB == 2 && sizeof(ScaleT) == 4) ? 2 : 1;  // scale words
   static constexpr int kZW = ZPW ? (BITS == 3 ? 2 : 1) : 0;              // zero-point words
-  static constexpr int kWords = kSW + kZW;
+  // tiled meta: bytes of the record slot (QuantParams::kMetaBytes of a packed / no zero point)
+  static constexpr int kRec = ZPW ? (sizeof(ScaleT) == 4 ? 16 : 8) : 2 * (int)sizeof(ScaleT);
+  static constexpr int kWords = kTiledMetaLayout ? NSB * kRec / 4 : kSW + kZW;
 };
 
 template <class QP, bool ZPW> struct LaneMeta {
   using ScaleT = typename QP::Scale;
   using L = MetaLayout<ScaleT, QP::kBlock, ZPW, QP::kBits>;
+  static constexpr bool kT = QP::kTiledMeta;
+  static_assert(kT == kTiledMetaLayout, "a tensor-core stage holds one meta layout");
+
+  // Where row n's block 0 lives (scale index, or tiled meta: byte offset of its record), computed
+  // once per lane row by the caller and passed to issue / decode as `sbase`.
+  static __device__ __forceinline__ i64 base(const QP& qp, i32 e, i32 n) {
+    if constexpr (kT) return qp.meta_record(e, n, 0);
+    else return qp.scale_index(e, n, 0);
+  }
+  // Byte offset of the lane's word 0 in a row's meta (the callers' shared layout above).
+  static __device__ __forceinline__ u32 lane_bytes(i32 lane) { return (u32)lane * (kT ? 4 * L::kWords : 4); }
 
   // Copy the words of expert e, row n, block j to the lane's `meta` (shared address of its word 0);
-  // `live` false zero-fills. `sbase`: qp.scale_index(e, n, 0) (the scale of block j is at sbase + j),
-  // computed once per lane row by the caller. `dummy`: any valid global address.
+  // `live` false zero-fills. `sbase`: base(qp, e, n). `dummy`: any valid global address.
   static __device__ __forceinline__ void issue(const QP& qp, i64 sbase, i32 e, i32 n, i32 j, u32 meta, bool live,
                                                const void* dummy) {
+    if constexpr (kT) {
+      const u8* rec = reinterpret_cast<const u8*>(qp.scales) + sbase + (i64)j * QP::kMetaBlockStride;
+#pragma unroll
+      for (int h = 0; h < L::NSB; ++h) cp_async(meta + h * L::kRec, rec + h * QP::kMetaBlockStride, QP::kMetaBytes, live);
+      return;
+    }
     const i64 si = sbase + j;
     if constexpr (sizeof(ScaleT) == 4) {
 #pragma unroll
@@ -60,6 +83,20 @@ template <class QP, bool ZPW> struct LaneMeta {
                                                    int h) {
     const i32 j = j0 + h;
     ScaleZp sz;
+    if constexpr (kT) {
+      const u32* w = meta + h * (L::kRec / 4);
+      const int half = qp.meta_half(n);
+      if constexpr (sizeof(ScaleT) == 4) {
+        sz.scale = __uint_as_float(w[half]);
+      } else {
+        ScaleT v;
+        *reinterpret_cast<u16*>(&v) = (u16)(w[0] >> (16 * half));
+        sz.scale = Traits<ScaleT>::to_float(v);
+      }
+      if constexpr (QP::kZp == ZP_PACKED) sz.zp = (float)((w[sizeof(ScaleT) / 2] >> (8 * half)) & 0xffu);
+      else sz.zp = qp.fixed_zp();
+      return sz;
+    }
     if constexpr (sizeof(ScaleT) == 4) {
       sz.scale = __uint_as_float(meta[(L::kSW == 2 ? h : 0) * 32]);
     } else {

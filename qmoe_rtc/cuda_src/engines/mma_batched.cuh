@@ -74,7 +74,7 @@ fc1_batched(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* 
   if (m0 >= m1) return;  // no routes (block-uniform)
   pick_expert(e, E_routed, w1, s1, z1, b1, shared_w1, shared_s1, shared_z1, shared_b1);
   const i32 N1 = Rows::n1(I);
-  const QuantParams<ScaleT, B1, BLOCK, Z1> q1{s1, z1, zp_offset, N1, H};
+  const QuantParams<ScaleT, B1, BLOCK, Z1> q1{s1, z1, zp_offset, N1, H, Rows::kInterleavedTiles};
   const QuantParams<ScaleT, B1, BLOCK, Z3> q3{s3, z3, zp_offset, I, H};
   const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const i32 MT = kMmaWarps / KS, mt = warp % MT, ks = warp / MT;
@@ -105,7 +105,7 @@ fc1_batched(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* 
     }
     float acc[RT * NG][4] = {};
     if constexpr (GATE == GATE_FC3) mma_tiles<T, B1, NG, RT>(q1, pa, na, q3, pb, nb, e, xrow, H, ks, KS, acc, ring);
-    else mma_tiles<T, B1, NG, RT>(q1, pa, na, q1, pb, nb, e, xrow, H, ks, KS, acc, ring);  // both rows from W1
+    else mma_tiles<T, B1, NG, RT, false, Rows::kPairedRows>(q1, pa, na, q1, pb, nb, e, xrow, H, ks, KS, acc, ring);
     reduce_slices<RT * NG>(acc, mt, ks, MT, KS, dyn_smem, kRing);
     if (ks != 0) continue;
 #pragma unroll
@@ -175,7 +175,7 @@ fc2_batched(const T* __restrict__ act_sorted, const i32* __restrict__ sorted, co
       xrow[gg] = j < m1 ? act_sorted + (i64)j * I : nullptr;
     }
     float acc[RT * NG][4] = {};
-    mma_tiles<T, B2, NG, RT>(q2, pa, na, q2, pb, nb, e, xrow, I, ks, KS, acc, ring);
+    mma_tiles<T, B2, NG, RT, false, true>(q2, pa, na, q2, pb, nb, e, xrow, I, ks, KS, acc, ring);
     reduce_slices<RT * NG>(acc, mt, ks, MT, KS, dyn_smem, kRing);
     if (ks != 0) continue;
 #pragma unroll

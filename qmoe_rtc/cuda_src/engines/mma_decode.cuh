@@ -136,7 +136,7 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
   const i32 eid = e;  // the route's expert id (routed or shared): the expert flow's counter
   pick_expert(e, E_routed, w1, s1, z1, b1, shared_w1, shared_s1, shared_z1, shared_b1);
   const i32 N1 = Rows::n1(I);
-  const QuantParams<ScaleT, B1, BLOCK, Z1> q1{s1, z1, zp_offset, N1, H};
+  const QuantParams<ScaleT, B1, BLOCK, Z1> q1{s1, z1, zp_offset, N1, H, Rows::kInterleavedTiles};
   const QuantParams<ScaleT, B1, BLOCK, Z3> q3{s3, z3, zp_offset, I, H};
   const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const i32 MT = kMmaWarps / KS, mt = warp % MT, ks = warp / MT;
@@ -163,7 +163,7 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
     float acc[NG][4] = {};
     u8* ring = dyn_smem + warp * kRing;
     if constexpr (GATE == GATE_FC3) mma_rows<T, B1, NG>(q1, pa, na, q3, pb, nb, e, xrow, H, ks, KS, acc, ring);
-    else mma_rows<T, B1, NG>(q1, pa, na, q1, pb, nb, e, xrow, H, ks, KS, acc, ring);  // both rows from W1
+    else mma_rows<T, B1, NG, false, Rows::kPairedRows>(q1, pa, na, q1, pb, nb, e, xrow, H, ks, KS, acc, ring);  // both rows from W1
     reduce_slices<NG>(acc, mt, ks, MT, KS, dyn_smem, kRing);
     if (ks == 0) {
 #pragma unroll
@@ -238,7 +238,7 @@ fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const fl
     }
     float acc[NG][4] = {};
     u8* ring = dyn_smem + warp * kRing;
-    mma_rows<T, B2, NG, kMmaExpertFlow>(q2, pa, na, q2, pb, nb, e, xrow, I, ks, KS, acc, ring);
+    mma_rows<T, B2, NG, kMmaExpertFlow, true>(q2, pa, na, q2, pb, nb, e, xrow, I, ks, KS, acc, ring);
     reduce_slices<NG>(acc, mt, ks, MT, KS, dyn_smem, kRing);
     if (ks == 0) {
 #pragma unroll

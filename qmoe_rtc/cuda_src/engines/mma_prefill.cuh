@@ -97,8 +97,8 @@ __device__ __forceinline__ void pf_mainloop(const QA& qa, const QB& qb, const Pf
   i64 sba[MW], sbb[MW];  // scale index of block 0 of each lane row
 #pragma unroll
   for (int m = 0; m < MW; ++m) {
-    sba[m] = qa.scale_index(e, lr.na[m], 0);
-    sbb[m] = qb.scale_index(e, lr.nb[m], 0);
+    sba[m] = LaneMeta<QA, ZPW>::base(qa, e, lr.na[m]);
+    sbb[m] = LaneMeta<QB, ZPW>::base(qb, e, lr.nb[m]);
   }
 
   auto issue = [&](i32 slot, i32 c) {
@@ -123,7 +123,7 @@ __device__ __forceinline__ void pf_mainloop(const QA& qa, const QB& qb, const Pf
         const u32 dst = wbase + ((m * 2 + r) * 32 + lane) * CB;
         cp_async_codes<CB>(dst, p, live);
         if constexpr (kScaled) {
-          const u32 meta = wbase + St::kWarpCodes + ((m * 2 + r) * St::kWords) * 128 + lane * 4;
+          const u32 meta = wbase + St::kWarpCodes + ((m * 2 + r) * St::kWords) * 128 + LaneMeta<QA, ZPW>::lane_bytes(lane);
           if (r) LaneMeta<QB, ZPW>::issue(qb, sbb[m], e, lr.nb[m], j, meta, live, lr.pa[m]);
           else LaneMeta<QA, ZPW>::issue(qa, sba[m], e, lr.na[m], j, meta, live, lr.pa[m]);
         }
@@ -147,8 +147,9 @@ __device__ __forceinline__ void pf_mainloop(const QA& qa, const QB& qb, const Pf
 #pragma unroll
       for (int h = 0; h < NSB; ++h) {
         if constexpr (kScaled) {
-          const u32* ma = reinterpret_cast<const u32*>(wst + St::kWarpCodes) + ((m * 2 + 0) * St::kWords) * 32 + lane;
-          const u32* mb = reinterpret_cast<const u32*>(wst + St::kWarpCodes) + ((m * 2 + 1) * St::kWords) * 32 + lane;
+          const u32* ma = reinterpret_cast<const u32*>(wst + St::kWarpCodes + LaneMeta<QA, ZPW>::lane_bytes(lane)) +
+                          ((m * 2 + 0) * St::kWords) * 32;
+          const u32* mb = ma + St::kWords * 32;
           ca[h] = live ? D::coef(LaneMeta<QA, ZPW>::decode(qa, ma, sba[m], e, lr.na[m], j0, h)) : D::zero();
           cb[h] = live ? D::coef(LaneMeta<QB, ZPW>::decode(qb, mb, sbb[m], e, lr.nb[m], j0, h)) : D::zero();
         } else {
@@ -228,7 +229,7 @@ fc1_prefill(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* 
   using Q3 = QuantParams<ScaleT, B1, BLOCK, Z3>;
   using Second = PfSecond<GATE == GATE_FC3, Q1, Q3>;
   using QB = typename Second::type;
-  const Q1 q1{s1, z1, zp_offset, N1, H};
+  const Q1 q1{s1, z1, zp_offset, N1, H, Rows::kInterleavedTiles};
   const Q3 q3{s3, z3, zp_offset, I, H};
   const QB& qb = Second::pick(q1, q3);
   const u8* wb = GATE == GATE_FC3 ? w3 : w1;

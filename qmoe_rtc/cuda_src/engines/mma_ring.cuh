@@ -95,7 +95,7 @@ template <class Stage> __device__ __forceinline__ void check_ring_size(i32 R) {
 // L < 24: lane group L / 3's rows, piece L % 3) into the same shared layout, instead of each lane
 // copying its own 12 bytes as three 4-byte pieces; lanes then read codes other lanes copied (a
 // __syncwarp per stage). Needs every row's chunks 16-byte aligned (mma_rows checks).
-template <typename T, int B, int NG, int RT, bool COOP, bool COHERENT_X, class QA, class QB, typename XT>
+template <typename T, int B, int NG, int RT, bool COOP, bool COHERENT_X, bool PAIRED, class QA, class QB, typename XT>
 __device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* const (&pa)[RT], const i32 (&na)[RT],
                                               const QB& qb, const u8* const (&pb)[RT], const i32 (&nb)[RT], i32 e,
                                               const XT* const (&xrow)[NG], i32 K, i32 ks, i32 KS,
@@ -116,13 +116,17 @@ __device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* const (&pa
   // (q - zp)·x of a chunk in float32 and the row scale multiplies that partial sum (fewer
   // instructions, and the products are never rounded to T). Else each pair is scaled in T.
   constexpr bool kFactor = QA::kBlock == 0 || QA::kBlock >= kMmaChunk;
-  i64 sbase[RT][2];  // scale index of block 0 of each lane row
+  i64 sbase[RT][2];  // where block 0 of each lane row's scale lives (LaneMeta::base)
+  // PAIRED (the caller's rows na[i], nb[i] are rows g and g + 8 of one projection's 16-row tile, clamped
+  // past N: FC2, ungated and interleaved FC1) with tiled meta: one record holds both rows' coefficients,
+  // copied once and decoded twice (a clamped row's record differs, but its outputs are never stored)
+  constexpr bool kPaired = PAIRED && QA::kTiledMeta;
   const u8* src[RT][2];  // the rows this lane copies codes from (COOP: its lane group's)
   const i32 cgr = lane / 3, cpc = lane % 3;
 #pragma unroll
   for (int i = 0; i < RT; ++i) {
-    sbase[i][0] = qa.scale_index(e, na[i], 0);
-    sbase[i][1] = qb.scale_index(e, nb[i], 0);
+    sbase[i][0] = LaneMeta<QA, kZpw>::base(qa, e, na[i]);
+    sbase[i][1] = LaneMeta<QB, kZpw>::base(qb, e, nb[i]);
     src[i][0] = pa[i];
     src[i][1] = pb[i];
     if constexpr (COOP) {
@@ -165,17 +169,23 @@ __device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* const (&pa
           } else {
             cp_async_codes<CB>(base + (row * 32 + lane) * CB, from, live);
           }
-          const u32 meta = base + St::kCodes + (row * St::kWords) * 128 + lane * 4;
-          if (r) LaneMeta<QB, kZpw>::issue(qb, sbase[i][1], e, nb[i], j, meta, mlive, src[0][0]);
-          else LaneMeta<QA, kZpw>::issue(qa, sbase[i][0], e, na[i], j, meta, mlive, src[0][0]);
+          const u32 meta = base + St::kCodes + (row * St::kWords) * 128 + LaneMeta<QA, kZpw>::lane_bytes(lane);
+          if (r) {
+            if constexpr (!kPaired) LaneMeta<QB, kZpw>::issue(qb, sbase[i][1], e, nb[i], j, meta, mlive, src[0][0]);
+          } else {
+            LaneMeta<QA, kZpw>::issue(qa, sbase[i][0], e, na[i], j, meta, mlive, src[0][0]);
+          }
         }
       }
     }
   };
 
-  // Coefficients of tile i's row r (0: na, 1: nb) for scale block h of chunk u, from the stage's meta words.
+  // Coefficients of tile i's row r (0: na, 1: nb) for scale block h of chunk u, from the stage's meta words
+  // (a paired row 1: row 0's record).
   auto coef = [&](const u8* st, int u, int i, int r, int h, i32 j0) -> Coef {
-    const u32* meta = reinterpret_cast<const u32*>(st + St::kCodes) + ((u * NR + 2 * i + r) * St::kWords) * 32 + lane;
+    const int slot_row = u * NR + 2 * i + (kPaired ? 0 : r);
+    const u32* meta = reinterpret_cast<const u32*>(st + St::kCodes + LaneMeta<QA, kZpw>::lane_bytes(lane)) +
+                      (slot_row * St::kWords) * 32;
     return D::coef(r ? LaneMeta<QB, kZpw>::decode(qb, meta, sbase[i][1], e, nb[i], j0, h)
                      : LaneMeta<QA, kZpw>::decode(qa, meta, sbase[i][0], e, na[i], j0, h));
   };
@@ -315,7 +325,8 @@ __device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* const (&pa
 // session 8).
 // COHERENT_X: the activations are read through L2 (ld.global.cg), not the read-only path: for inputs
 // another grid may still be writing while this one runs (FC2 with the expert flow).
-template <typename T, int B, int NG, int RT, bool COHERENT_X = false, class QA, class QB, typename XT>
+template <typename T, int B, int NG, int RT, bool COHERENT_X = false, bool PAIRED = false, class QA, class QB,
+          typename XT>
 __device__ __forceinline__ void mma_tiles(const QA& qa, const u8* const (&pa)[RT], const i32 (&na)[RT], const QB& qb,
                                           const u8* const (&pb)[RT], const i32 (&nb)[RT], i32 e,
                                           const XT* const (&xrow)[NG], i32 K, i32 ks, i32 KS, float (&acc)[RT * NG][4],
@@ -326,22 +337,22 @@ __device__ __forceinline__ void mma_tiles(const QA& qa, const u8* const (&pa)[RT
     for (int i = 0; i < RT; ++i)
       bits |= reinterpret_cast<unsigned long long>(pa[i]) | reinterpret_cast<unsigned long long>(pb[i]);
     if (K % kMmaChunk == 0 && __all_sync(0xffffffffu, (bits & 15) == 0)) {
-      mma_rows_ring<T, B, NG, RT, true, COHERENT_X>(qa, pa, na, qb, pb, nb, e, xrow, K, ks, KS, acc, ring);
+      mma_rows_ring<T, B, NG, RT, true, COHERENT_X, PAIRED>(qa, pa, na, qb, pb, nb, e, xrow, K, ks, KS, acc, ring);
       return;
     }
   }
-  mma_rows_ring<T, B, NG, RT, false, COHERENT_X>(qa, pa, na, qb, pb, nb, e, xrow, K, ks, KS, acc, ring);
+  mma_rows_ring<T, B, NG, RT, false, COHERENT_X, PAIRED>(qa, pa, na, qb, pb, nb, e, xrow, K, ks, KS, acc, ring);
 }
 
 // The decode engine's form: one 16-row tile (lane rows na, nb).
-template <typename T, int B, int NG, bool COHERENT_X = false, class QA, class QB, typename XT>
+template <typename T, int B, int NG, bool COHERENT_X = false, bool PAIRED = false, class QA, class QB, typename XT>
 __device__ __forceinline__ void mma_rows(const QA& qa, const u8* __restrict__ pa, i32 na, const QB& qb,
                                          const u8* __restrict__ pb, i32 nb, i32 e, const XT* const (&xrow)[NG],
                                          i32 K, i32 ks, i32 KS, float (&acc)[NG][4], u8* ring) {
   const u8* const pas[1] = {pa};
   const u8* const pbs[1] = {pb};
   const i32 nas[1] = {na}, nbs[1] = {nb};
-  mma_tiles<T, B, NG, 1, COHERENT_X>(qa, pas, nas, qb, pbs, nbs, e, xrow, K, ks, KS, acc, ring);
+  mma_tiles<T, B, NG, 1, COHERENT_X, PAIRED>(qa, pas, nas, qb, pbs, nbs, e, xrow, K, ks, KS, acc, ring);
 }
 
 // Adds the KS slices' C fragments into the slice-0 warps (fixed order). Each warp's partial sums go

@@ -129,7 +129,7 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
   const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3;
   const i32 nch = Kp / 128;
   const u32 s0 = (u32)__cvta_generic_to_shared(smem);
-  const i64 sba = qa.scale_index(e, lr.na[0], 0), sbb = qb.scale_index(e, lr.nb[0], 0);  // scale index of block 0
+  const i64 sba = LaneMeta<QA, ZPW>::base(qa, e, lr.na[0]), sbb = LaneMeta<QB, ZPW>::base(qb, e, lr.nb[0]);
 
   auto issue = [&](i32 slot, i32 c) {
     const u32 base = s0 + slot * St::kBytes;
@@ -150,7 +150,7 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
       const u32 dst = wbase + (r * 32 + lane) * CB;
       cp_async_codes<CB>(dst, p, live);
       if constexpr (kScaled) {
-        const u32 meta = wbase + St::kWarpCodes + (r * St::kWords) * 128 + lane * 4;
+        const u32 meta = wbase + St::kWarpCodes + (r * St::kWords) * 128 + LaneMeta<QA, ZPW>::lane_bytes(lane);
         if (r) LaneMeta<QB, ZPW>::issue(qb, sbb, e, lr.nb[0], j, meta, live, lr.pa[0]);
         else LaneMeta<QA, ZPW>::issue(qa, sba, e, lr.na[0], j, meta, live, lr.pa[0]);
       }
@@ -170,7 +170,7 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
 #pragma unroll
     for (int h = 0; h < NSB; ++h) {
       if constexpr (kScaled) {
-        const u32* ma = reinterpret_cast<const u32*>(wst + St::kWarpCodes) + lane;
+        const u32* ma = reinterpret_cast<const u32*>(wst + St::kWarpCodes + LaneMeta<QA, ZPW>::lane_bytes(lane));
         const u32* mb = ma + St::kWords * 32;
         ca[h] = live ? D::coef(LaneMeta<QA, ZPW>::decode(qa, ma, sba, e, lr.na[0], j0, h)) : D::zero();
         cb[h] = live ? D::coef(LaneMeta<QB, ZPW>::decode(qb, mb, sbb, e, lr.nb[0], j0, h)) : D::zero();
@@ -247,7 +247,7 @@ fc1_wgmma(const T* __restrict__ xp, const i32* __restrict__ sorted, const i32* _
   using Q3 = QuantParams<ScaleT, B1, BLOCK, Z3>;
   using Second = PfSecond<GATE == GATE_FC3, Q1, Q3>;
   using QB = typename Second::type;
-  const Q1 q1{s1, z1, zp_offset, Rows::n1(I), H};
+  const Q1 q1{s1, z1, zp_offset, Rows::n1(I), H, Rows::kInterleavedTiles};
   const Q3 q3{s3, z3, zp_offset, I, H};
   const QB& qb = Second::pick(q1, q3);
   const u8* wb = GATE == GATE_FC3 ? w3 : w1;

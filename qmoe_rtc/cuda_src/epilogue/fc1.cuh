@@ -28,8 +28,11 @@ template <int GATE> struct Fc1Rows {
   // tile row of FC1 row n in the tiled layout (core/codes.cuh): interleaved rows (GATE_FUSED1) put the
   // 8 gate rows of outputs 8q .. 8q + 7 in tile rows 16q .. 16q + 7 and their linear rows in 16q + 8 ..
   // 16q + 15, so each lane row of a gated warp tile is a whole row group; otherwise the row itself
+  static constexpr bool kInterleavedTiles = kTiled && GATE == GATE_FUSED1;  // FC1's QuantParams::il
+  // a warp tile's lane rows are rows g and g + 8 of one 16-row tile of FC1 (engines/mma_ring.cuh PAIRED)
+  static constexpr bool kPairedRows = GATE == GATE_NONE || kInterleavedTiles;
   static __device__ __forceinline__ i32 tile_row(i32 n) {
-    if constexpr (kTiled && GATE == GATE_FUSED1) return ((n >> 4) << 4) + ((n & 1) << 3) + ((n >> 1) & 7);
+    if constexpr (kInterleavedTiles) return ((n >> 4) << 4) + ((n & 1) << 3) + ((n >> 1) & 7);
     else return n;
   }
 };
