@@ -103,10 +103,10 @@ class QMoE:
     for this shape, :func:`qmoe_rtc.kernels.decode_limit`). ``prepack``: 'auto' (default: the
     ``QMOE_RTC_PREPACK`` knob), 'on' / True or 'off' / False: whether the codes are converted once, on
     the GPU, into the tiled layout the tensor-core engines read (:mod:`qmoe_rtc.prepack`); 'auto' does
-    when the scales or biases fix the activations to float16/bfloat16. A tiled layer keeps no reference
-    to the given ``*_experts_weights`` arrays. ``prepack='given'``: every ``*_experts_weights`` is already
-    tiled, [E, N/8, ceil(K/128), 8, 4, 4·b] u8 (:func:`qmoe_rtc.prepacked.tiled_weights`,
-    :meth:`tiled_weights`), and is used as it is. ``validate_content``: also check scales,
+    when the scales or biases fix the activations to float16/bfloat16. A layer that tiles keeps no
+    reference to the given ``*_experts_weights`` arrays. ``prepack='given'``: every ``*_experts_weights``
+    is tiled already, [E, N/8, ceil(K/128), 8, 4, 4·b] u8 (:func:`qmoe_rtc.prepacked.tiled_weights`,
+    :meth:`tiled_weights`), and is used as it is (zero copy for device arrays). ``validate_content``: also check scales,
     biases and zero-point padding once (reads the tensors back to the host). ``device``: an index,
     ``'cuda:N'`` or ``'cuda'`` (default: where the weights are, else the current device).
 
