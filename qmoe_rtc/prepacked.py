@@ -73,8 +73,8 @@ def _group(arrays: dict, attrs: QMoEAttributes, prefix: str) -> dict:
         src, what = _K_FROM[p]
         K = size[what]
         if K is None:
-            raise QMoEInputError(names[src], f"tiled codes as well (with prepack='given', {names[p]}'s K = {what} "
-                                 f"comes from {names[src]}'s rows)", "None")
+            raise QMoEInputError(names[src], f"tiled codes as well (with prepack='given' the K of {names[p]}, "
+                                 f"{what}, comes from the rows of {names[src]})", "None")
         want = tiled_shape(E, N[p], K, bits[p])
         if _shape(a) != want:
             raise QMoEInputError(names[p], f"shape {shape_str(want)} (tiled: E={E}, N={N[p]}, K={what}={K}, "

@@ -86,6 +86,20 @@ def test_a_good_given_layer_reaches_the_gpu_step(no_gpu, rng):
     assert len(no_gpu) == len(LAYOUTS)
 
 
+def test_the_one_shot_form_takes_given_codes_too(no_gpu, rng):
+    from qmoe_rtc.random_layer import random_inputs
+
+    w, a = layer(rng, **LAYOUTS[0][1])
+    tw = tiled_weights(w, **a)
+    x, lg, _ = random_inputs(rng, 2, H, E, "bfloat16")
+    with pytest.raises(errors.QMoEInputError, match="prepack='given'") as ei:
+        qmoe_rtc.qmoe(x, lg, **tw, **a)
+    assert ei.value.name == "fc1_experts_weights" and no_gpu == []
+    with pytest.raises(errors.DeviceError, match="fake driver"):
+        qmoe_rtc.qmoe(x, lg, **tw, **a, prepack="given")
+    assert len(no_gpu) == 1
+
+
 def _refused(exc_type, w, a, **kw):
     with pytest.raises(exc_type) as ei:
         qmoe_rtc.QMoE(**w, **a, **kw)
@@ -151,7 +165,7 @@ def test_what_the_contract_checks_of_tiled_codes_says(no_gpu, rng):
     e = _refused(errors.QMoEInputError, {**tw, "fc1_experts_weights": strided}, a, prepack="given")
     assert e.name == "fc1_experts_weights" and "non-contiguous" in e.actual
     e = _refused(errors.QMoEInputError, {**tw, "fc2_experts_weights": None}, a, prepack="given")
-    assert e.name == "fc2_experts_weights" and e.actual == "None" and "K = H" in e.expected
+    assert e.name == "fc2_experts_weights" and e.actual == "None" and "fc1_experts_weights, H," in e.expected
     e = _refused(errors.QMoEInputError, {**tw, "shared_fc2_experts_weights": None}, a, prepack="given")
     assert e.name == "shared_fc2_experts_weights"
     bits8 = {**a, "expert_weight_bits": 8}  # the attributes say 8-bit: the tiled segments are 4-bit ones
