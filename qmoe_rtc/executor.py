@@ -29,7 +29,7 @@ from dataclasses import replace
 from . import knobs
 from ._arrays import device_of, dtype_name, is_c_contiguous, shape_str
 from .contract import INPUT_NAMES, LAYER_INPUTS, CallSpec, QMoEAttributes, check_call, check_content
-from .errors import CaptureError, DeviceError, QMoEInputError
+from .errors import CaptureError, DeviceError, QMoEInputError, QMoEUnsupportedError
 from .extensions import EXT_INPUTS, check_ext_call, shared_weights
 from .jit import load_module
 from .jit.driver import probe, sm_count, stream_is_capturing
@@ -49,10 +49,9 @@ from .runtime.interop import (
     signature,
     to_cupy,
 )
-from .runtime.layer import check_supported, describe_gpu_layer, layer_config, tiling_unsupported, upload_layer, use_tiled
+from .runtime.layer import check_supported, describe_gpu_layer, layer_config, prepack_choice, upload_layer
 from .runtime.plan import Plan, PlanStep
 from .runtime.scratch import ScratchPool
-from .runtime.tensors import layer_scale_dtype
 from .specialize import ModelConfig
 
 __all__ = ["QMoE", "QMoEGraph", "layer_config"]
@@ -73,20 +72,6 @@ def _resolve_device(want: int | None) -> int:
             raise DeviceError(f"no current CUDA device ({type(exc).__name__}: {exc})") from exc
     probe(want)
     return want
-
-
-def _prepack_choice(setting, layer, ext, all_experts: int) -> bool:
-    """Whether the layer's codes are tiled (:func:`~qmoe_rtc.runtime.layer.use_tiled`); says so when 'auto'
-    keeps the contract layout of a layer the tensor-core engines could read tiled."""
-    known = layer.dtype in ("float16", "bfloat16")
-    cfg = layer_config(layer, layer.dtype or "float16", layer_scale_dtype(layer), ext, all_experts)
-    tiled = use_tiled(cfg, setting, known)
-    asked = knobs.get("prepack") if setting is None else setting
-    if not tiled and not known and asked == "auto" and tiling_unsupported(cfg) is None:
-        log.warning("qmoe_rtc: codes kept in the contract layout, not tiled for the tensor-core engines: the "
-                    "scales and biases are float32, so the layer may be called with float32 activations, which "
-                    "only the SIMT engines run; pass prepack='on' for a layer called with float16/bfloat16 only")
-    return tiled
 
 
 class _Call:
@@ -118,8 +103,10 @@ class QMoE:
     for this shape, :func:`qmoe_rtc.kernels.decode_limit`). ``prepack``: 'auto' (default: the
     ``QMOE_RTC_PREPACK`` knob), 'on' / True or 'off' / False: whether the codes are converted once, on
     the GPU, into the tiled layout the tensor-core engines read (:mod:`qmoe_rtc.prepack`); 'auto' does
-    when the scales or biases fix the activations to float16/bfloat16. A tiled layer keeps no reference
-    to the given ``*_experts_weights`` arrays. ``validate_content``: also check scales,
+    when the scales or biases fix the activations to float16/bfloat16. A layer that tiles keeps no
+    reference to the given ``*_experts_weights`` arrays. ``prepack='given'``: every ``*_experts_weights``
+    is tiled already, [E, N/8, ceil(K/128), 8, 4, 4·b] u8 (:func:`qmoe_rtc.prepacked.tiled_weights`,
+    :meth:`tiled_weights`), and is used as it is (zero copy for device arrays). ``validate_content``: also check scales,
     biases and zero-point padding once (reads the tensors back to the host). ``device``: an index,
     ``'cuda:N'`` or ``'cuda'`` (default: where the weights are, else the current device).
 
@@ -144,12 +131,13 @@ class QMoE:
         metas = {n: array_meta(n, a) for n, a in weights.items()}
         on_dev = next((m.device for m in metas.values() if m is not None and m.device is not None), None)
         metas = {n: m if m is None or m.device is not None else replace(m, device=on_dev) for n, m in metas.items()}
-        g = describe_gpu_layer(metas, self.attrs, slice_args)
+        given = prepack == "given"  # codes passed tiled: checked as their contract shapes, uploaded as they are
+        g = describe_gpu_layer(metas, self.attrs, slice_args, given)
         layer, ext = g.layer, g.ext
         if want is not None and layer.device_id is not None and layer.device_id != want:
             raise DeviceError(f"weights live on cuda:{layer.device_id}, device={device!r} was asked for")
         check_supported(layer, ext, g.slice.num_experts if g.slice else 0)
-        self._tiled = _prepack_choice(prepack, layer, ext, g.slice.num_experts if g.slice else 0)
+        self._tiled = prepack_choice(prepack, layer, ext, g.slice.num_experts if g.slice else 0)
         if validate_content:  # host arrays are read where they are; device arrays through a zero-copy view
             views = {n: a if is_host_array(a) else to_cupy(n, a, 0) for n, a in weights.items()}
             check_content(views, layer)
@@ -160,12 +148,12 @@ class QMoE:
         cp = cupy()
         try:
             w = {n: to_cupy(n, a, self.device_id) for n, a in weights.items()}
-            g = describe_gpu_layer(w, self.attrs, slice_args)  # the device arrays themselves, as every call sees them
+            g = describe_gpu_layer(w, self.attrs, slice_args, given)  # the device arrays themselves, as every call sees them
             self.layer, self.ext, self.slice, self._routing = g.layer, g.ext, g.slice, g.routing
             # keep the caller's arrays alive (not the codes once tiled: the caller may free them)
             self._weights = {n: a for n, a in w.items() if not (self._tiled and n.endswith("_experts_weights"))}
             self.scale_dtype, self._proj, self._table = upload_layer(cp, w, self.layer, self.ext, self.device_id,
-                                                                     self.slice, tiled=self._tiled)
+                                                                     self.slice, tiled=self._tiled, given=given)
             del w
         except (cp.cuda.memory.OutOfMemoryError, cp.cuda.runtime.CUDARuntimeError) as exc:
             raise DeviceError(f"uploading the layer to cuda:{self.device_id} failed: {type(exc).__name__}: {exc}") from exc
@@ -177,6 +165,17 @@ class QMoE:
         self._arch_cache: str | None = None  # the device's compile target, read on first plan
 
     # -- layout and choice -----------------------------------------------------------------------
+    def tiled_weights(self) -> dict:
+        """The codes of a tiled layer by input name (``fc1_experts_weights`` ..., ``shared_fc*_experts_weights``):
+        the layer's own CuPy buffers [E, N/8, ceil(K/128), 8, 4, 4·b] u8 (read only), what ``prepack='given'``
+        takes (:mod:`qmoe_rtc.prepacked`; layout :data:`qmoe_rtc.prepack.LAYOUT_VERSION`)."""
+        if not self._tiled:
+            raise QMoEUnsupportedError("this layer holds its codes in the contract layout (prepack='off', or 'auto' "
+                                       "with float32 scales): build it with prepack='on' to get tiled codes")
+        shared = {f"shared_{p}_experts_weights": self._table[f"shared_{p}_w"] for p in ("fc1", "fc2")}
+        return {**{f"{p}_experts_weights": w for p, (w, *_) in self._proj.items()},
+                **{n: w for n, w in shared.items() if w is not None}}
+
     def model_config(self, dtype: str) -> ModelConfig:
         """The :class:`~qmoe_rtc.specialize.ModelConfig` of this layer for activation dtype ``dtype``."""
         return layer_config(self.layer, dtype, self.scale_dtype, self.ext, self._all_experts, tiled=self._tiled)

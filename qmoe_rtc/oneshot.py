@@ -40,7 +40,8 @@ def _check_call_metadata(weights: dict, attributes: dict, input, router_probs, r
     slice_args = {n: attributes.get(n) for n in _SLICE_ARGS}
     attrs = QMoEAttributes.from_kwargs(**{n: v for n, v in attributes.items() if n not in _LAYER_PARAMS + _SLICE_ARGS})
     metas = {n: array_meta(n, a) for n, a in weights.items()}
-    g = describe_gpu_layer({n: m if m is None else replace(m, device=None) for n, m in metas.items()}, attrs, slice_args)
+    g = describe_gpu_layer({n: m if m is None else replace(m, device=None) for n, m in metas.items()}, attrs, slice_args,
+                           attributes.get("prepack") == "given")
     calls = [None if a is None else replace(array_meta(n, a), device=None)
              for n, a in (("input", input), ("router_probs", router_probs), ("router_weights", router_weights))]
     if g.ext.used:
@@ -50,5 +51,5 @@ def _check_call_metadata(weights: dict, attributes: dict, input, router_probs, r
 
 
 #: QMoE() keywords that are neither tensors nor attributes: its own parameters and the expert slice [ext].
-_LAYER_PARAMS = ("decode_max_routes", "validate_content", "device")
+_LAYER_PARAMS = ("decode_max_routes", "validate_content", "device", "prepack")
 _SLICE_ARGS = ("expert_range", "expert_map", "num_experts")

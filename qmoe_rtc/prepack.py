@@ -34,6 +34,10 @@ point). The device side is ``QuantParams::meta_record`` / ``LaneMeta`` (``cuda_s
 whole segments and work on any dtype (the tests tile index arrays). Every function takes the array
 module (``numpy`` or ``cupy``) so the same reshapes run on the host (tests, offline packing) and on the
 GPU (at upload).
+
+The tiled layout is qmoe_rtc's own, not ONNX Runtime's: :data:`LAYOUT_VERSION` names it, and changes
+whenever a byte of it moves. :func:`qmoe_rtc.prepacked.tiled_weights` makes a whole layer's tiled codes
+(what ``QMoE(prepack='given')`` takes back); store the version beside them.
 """
 
 from __future__ import annotations
@@ -42,9 +46,13 @@ import math
 
 from .errors import QMoEInputError
 
-__all__ = ["CHUNK", "GROUP", "META_ROWS", "meta_record_bytes", "meta_shape", "pack", "pack_meta", "pair_order",
-           "segment_order", "tile", "tile_rows", "tiled_offset", "tiled_shape", "unpack", "unpack_meta", "untile"]
+__all__ = ["CHUNK", "GROUP", "LAYOUT_VERSION", "META_ROWS", "meta_record_bytes", "meta_shape", "pack", "pack_meta",
+           "pair_order", "segment_order", "tile", "tile_rows", "tiled_offset", "tiled_shape", "unpack", "unpack_meta",
+           "untile"]
 
+#: Version of the tiled layout (tile shape, tile-row order, pair order): tiled codes stored with another
+#: version must be made again from the contract codes.
+LAYOUT_VERSION = 1
 GROUP = 8  #: rows per row group (the lanes g of a warp)
 CHUNK = 128  #: codes per chunk (the 4 lanes t of a row, 32 codes each)
 #: Codes bytes :func:`pair_order` reorders at once in :func:`pack` / :func:`unpack` (its temporaries are

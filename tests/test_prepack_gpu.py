@@ -1,13 +1,17 @@
 """The tiled weight layout on the GPU: the same layer with prepack on and off, on every tensor-core
 engine (decode, batched-decode, mma.sync tiles, wgmma), matches the float64 reference with poisoned
 outputs; graph replay equals the eager call bitwise on tiled codes; a tiled layer keeps no reference to
-the caller's contract codes (the caller may free them); 'auto' tiles a layer whose scales are in T."""
+the caller's contract codes (the caller may free them); 'auto' tiles a layer whose scales are in T; a layer
+given the tiled codes (prepack='given', qmoe_rtc/prepacked.py) uses them as they are and computes bitwise
+what the layer that tiled them computes."""
 
 import numpy as np
 import pytest
 from test_executor_gpu import TOL, rel_err, to_dev
 
 from qmoe_rtc import knobs
+from qmoe_rtc.errors import QMoEUnsupportedError
+from qmoe_rtc.prepacked import CODE_INPUTS, tiled_weights
 from qmoe_rtc.random_layer import random_inputs, random_layer
 from qmoe_rtc.reference import qmoe as reference
 
@@ -84,3 +88,76 @@ def test_auto_tiles_a_layer_whose_scales_are_in_t(rng):
     x, lg, _ = random_inputs(rng, 5, 128, 8, "float32")
     got = cp.asnumpy(moe(cp.asarray(x), cp.asarray(lg)))
     assert rel_err(got, reference(x, lg, **w32, **a32)) <= TOL["float32"]
+
+
+# (name, random_layer kwargs, dtype, E, H, I): interleaved FC1 with a shared expert, 8-bit row-wise with
+# zero points (fused halves 2, K % 128 != 0), 3-bit FC3 with packed zero points and blocks of 16, 2-bit
+# gelu with two shared experts, FP8
+GIVEN = [
+    ("b4-bs128-swiglu1-bf16-S1", dict(bits=4, block_size=128, activation_type="swiglu", swiglu_fusion=1, k=4, shared=1),
+     "bfloat16", 16, 256, 128),
+    ("b8-row-zp-swiglu2-f16", dict(bits=8, block_size=0, zero_points=True, activation_type="swiglu", swiglu_fusion=2,
+                                   k=2), "float16", 8, 160, 224),
+    ("b3-bs16-zp-silu-fc3-f16", dict(bits=3, block_size=16, zero_points=True, activation_type="silu", fc3=True, k=2),
+     "float16", 8, 256, 96),
+    ("b2-bs32-gelu-S2-bf16", dict(bits=2, block_size=32, activation_type="gelu", k=2, shared=2), "bfloat16", 8, 128, 64),
+    ("fp8-bs128-swiglu1-bf16", dict(format="fp8_e4m3", block_size=128, activation_type="swiglu", swiglu_fusion=1, k=2),
+     "bfloat16", 8, 256, 128),
+]
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    """The output's bytes as integers (bitwise comparison; NaN never equals itself there either)."""
+    return a.view(np.uint16 if a.dtype.itemsize == 2 else np.uint32)
+
+
+@pytest.mark.parametrize("name, kw, dtype, E, H, I", GIVEN, ids=[c[0] for c in GIVEN])
+def test_given_tiled_codes_run_bitwise_like_the_layer_that_tiles_them(rng, name, kw, dtype, E, H, I):
+    """tiled_weights (host and GPU) = the codes a prepack='on' layer made at upload = QMoE.tiled_weights();
+    a prepack='given' layer holds the given device arrays themselves (no re-tiling), runs the same engine
+    and gives the same output bytes as the 'on' layer, at 1 token (decode) and 64 (prefill), into
+    NaN-poisoned outputs."""
+    import cupy as cp
+
+    from qmoe_rtc.executor import QMoE
+
+    kw = dict(kw)
+    k = kw.pop("k")
+    w, a = random_layer(rng, E=E, H=H, I=I, k=k, dtype=dtype, **kw)
+    host = tiled_weights(w, **a)
+    gpu = tiled_weights(to_dev(w), **a)  # tiled on the GPU: the same bytes
+    codes = [n for n in CODE_INPUTS if w.get(n) is not None]
+    for n in codes:
+        np.testing.assert_array_equal(cp.asnumpy(gpu[n]), host[n], err_msg=n)
+    limit = 4 * k  # decode up to 4 tokens: 1 token decodes, 64 prefill
+    on = QMoE(**to_dev(w), **a, prepack="on", decode_max_routes=limit)
+    given_dev = to_dev(host)
+    given = QMoE(**given_dev, **a, prepack="given", decode_max_routes=limit)
+    assert on._tiled and given._tiled
+    made = on.tiled_weights()
+    assert sorted(made) == sorted(codes) and sorted(given.tiled_weights()) == sorted(codes)
+    for n in codes:
+        np.testing.assert_array_equal(cp.asnumpy(made[n]), host[n], err_msg=n)
+        assert given.tiled_weights()[n].data.ptr == given_dev[n].data.ptr, n  # used as given, not re-tiled
+    for rows, path in ((1, "decode"), (64, "prefill")):
+        assert on.path_for(rows) == given.path_for(rows) == path
+        assert on.plan(rows, dtype, "float32").engine == given.plan(rows, dtype, "float32").engine
+        x, lg, _ = random_inputs(rng, rows, H, E, dtype)
+        xd, ld = cp.asarray(x), cp.asarray(lg)
+        outs = {}
+        for p, moe in (("on", on), ("given", given)):
+            out = cp.full(x.shape, cp.nan, dtype=x.dtype)
+            moe(xd, ld, out=out)
+            outs[p] = cp.asnumpy(out)
+            assert np.isfinite(outs[p].astype(np.float32)).all(), (p, rows)
+        np.testing.assert_array_equal(_bits(outs["given"]), _bits(outs["on"]), err_msg=f"{name} rows={rows}")
+        e = rel_err(outs["given"], reference(x, lg, **w, **a))
+        assert e <= TOL[dtype], f"{name} rows={rows}: rel err {e:.3e}"
+
+
+def test_an_untiled_layer_has_no_tiled_codes_to_give(rng):
+    from qmoe_rtc.executor import QMoE
+
+    w, a = random_layer(rng, E=8, H=128, I=64, k=2, bits=4, block_size=64, dtype="float16")
+    with pytest.raises(QMoEUnsupportedError, match="contract layout"):
+        QMoE(**to_dev(w), **a, prepack="off").tiled_weights()

@@ -10,18 +10,23 @@ except :func:`upload_layer`.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 
 from ..contract import LAYER_INPUTS, describe_layer
-from ..errors import QMoEAttributeError, QMoEUnsupportedError
+from ..errors import QMoEAttributeError, QMoEInputError, QMoEUnsupportedError
 from ..extensions import EXT_INPUTS, describe_extensions
 from ..kernels import choose
+from ..prepacked import contract_metas, given_hint
 from ..slices import describe_slice
 from ..specialize import Layout, ModelConfig
 from .tensors import layer_scale_dtype, layer_table, upload_extras, upload_projections
 
 __all__ = ["PREPACK_SETTINGS", "GpuLayer", "check_supported", "describe_gpu_layer", "executor_config", "layer_config",
-           "shared_unsupported", "tile_codes", "tiling_unsupported", "upload_layer", "use_tiled"]
+           "prepack_choice", "shared_unsupported", "tile_codes", "tiling_config", "tiling_unsupported", "upload_layer",
+           "use_tiled"]
+
+log = logging.getLogger("qmoe_rtc")
 
 
 @dataclass(frozen=True)
@@ -35,9 +40,21 @@ class GpuLayer:
     slice: object  #: :class:`~qmoe_rtc.slices.ExpertSlice` or None
 
 
-def describe_gpu_layer(arrays: dict, attrs, slice_args: dict) -> GpuLayer:
+def describe_gpu_layer(arrays: dict, attrs, slice_args: dict, given: bool = False) -> GpuLayer:
     """Validate a layer's arrays (or their metadata) by input name, its extensions and its expert slice
-    (``slice_args``: ``expert_range`` / ``expert_map`` / ``num_experts``, :mod:`qmoe_rtc.slices`)."""
+    (``slice_args``: ``expert_range`` / ``expert_map`` / ``num_experts``, :mod:`qmoe_rtc.slices`).
+    ``given``: the code tensors are tiled (``prepack='given'``), checked as their contract shapes
+    (:func:`qmoe_rtc.prepacked.contract_metas`); else tiled ones are refused."""
+    arrays = contract_metas(arrays, attrs, given)
+    if not given:
+        return _describe(arrays, attrs, slice_args)
+    try:
+        return _describe(arrays, attrs, slice_args)
+    except QMoEInputError as exc:
+        raise given_hint(exc) from None
+
+
+def _describe(arrays: dict, attrs, slice_args: dict) -> GpuLayer:
     sl = describe_slice(**slice_args)
     layer = describe_layer({n: a for n, a in arrays.items() if n in LAYER_INPUTS}, attrs,
                            routed_experts=sl.num_experts if sl is not None else None)
@@ -110,8 +127,9 @@ def check_supported(layer, ext=None, all_experts: int = 0) -> None:
                                        f"{first}") from None
 
 
-#: QMoE(prepack=...) values (and the ``prepack`` knob's): see :func:`use_tiled`.
-PREPACK_SETTINGS = ("auto", "on", "off")
+#: QMoE(prepack=...) values (the ``prepack`` knob's but 'given', which says what one layer's arrays are):
+#: see :func:`use_tiled`.
+PREPACK_SETTINGS = ("auto", "on", "off", "given")
 _TENSOR_CORE_DTYPES = ("float16", "bfloat16")
 
 
@@ -133,21 +151,45 @@ def tiling_unsupported(config: ModelConfig) -> str | None:
 
 def use_tiled(config: ModelConfig, setting, dtype_known: bool) -> bool:
     """Whether a layer of ``config`` holds its codes tiled (:mod:`qmoe_rtc.prepack`). ``setting``: 'auto',
-    'on', 'off' or a bool (None: the ``prepack`` knob); ``dtype_known``: the layer's scales or biases
-    fix its activations to float16/bfloat16. 'auto' tiles when the layout allows it and the dtype is
-    known (float32 calls would need the contract layout); 'on' refuses a layout that cannot be tiled."""
+    'on', 'off', 'given' or a bool (None: the ``prepack`` knob); ``dtype_known``: the layer's scales or
+    biases fix its activations to float16/bfloat16. 'auto' tiles when the layout allows it and the dtype
+    is known (float32 calls would need the contract layout); 'on' and 'given' (codes passed tiled:
+    :mod:`qmoe_rtc.prepacked`) refuse a layout that cannot be tiled."""
     from .. import knobs
 
     s = knobs.get("prepack") if setting is None else setting
     s = {True: "on", False: "off"}.get(s, s) if isinstance(s, bool) else s
-    if s not in PREPACK_SETTINGS:
-        raise QMoEAttributeError("prepack", f"a bool or one of {list(PREPACK_SETTINGS)}", repr(s))
+    if s not in PREPACK_SETTINGS or (setting is None and s == "given"):
+        raise QMoEAttributeError("prepack", f"a bool or one of {list(PREPACK_SETTINGS)} ('given' as QMoE(prepack=...) "
+                                 "only, not from QMOE_RTC_PREPACK)", repr(s))
     if s == "off":
         return False
     why = tiling_unsupported(config)
-    if s == "on" and why:
-        raise QMoEUnsupportedError(f"prepack='on' needs tensor-core engines for every path: {why}")
-    return why is None and (s == "on" or dtype_known)
+    if s in ("on", "given") and why:
+        raise QMoEUnsupportedError(f"prepack={s!r} needs tensor-core engines for every path: {why}")
+    return why is None and (s in ("on", "given") or dtype_known)
+
+
+def tiling_config(layer, ext=None, all_experts: int = 0) -> ModelConfig:
+    """The config whether to tile a validated layer is judged by: its activation dtype where its scales
+    or biases fix one, else float16 (GPU-free)."""
+    return layer_config(layer, layer.dtype or "float16", layer_scale_dtype(layer), ext, all_experts)
+
+
+def prepack_choice(setting, layer, ext, all_experts: int) -> bool:
+    """Whether a validated layer's codes are tiled (:func:`use_tiled`); says so when 'auto' keeps the
+    contract layout of a layer the tensor-core engines could read tiled."""
+    from .. import knobs
+
+    known = layer.dtype in _TENSOR_CORE_DTYPES
+    cfg = tiling_config(layer, ext, all_experts)
+    tiled = use_tiled(cfg, setting, known)
+    asked = knobs.get("prepack") if setting is None else setting
+    if not tiled and not known and asked == "auto" and tiling_unsupported(cfg) is None:
+        log.warning("qmoe_rtc: codes kept in the contract layout, not tiled for the tensor-core engines: the "
+                    "scales and biases are float32, so the layer may be called with float32 activations, which "
+                    "only the SIMT engines run; pass prepack='on' for a layer called with float16/bfloat16 only")
+    return tiled
 
 
 def executor_config(config: ModelConfig, setting=None) -> ModelConfig:
@@ -159,11 +201,12 @@ def executor_config(config: ModelConfig, setting=None) -> ModelConfig:
     return _tiled(config) if not lay.tiled and use_tiled(config, setting, known) else config
 
 
-def tile_codes(cp, proj: dict, layer, interleaved_fc1: bool) -> dict:
+def tile_codes(cp, proj: dict, layer, interleaved_fc1: bool, given: bool = False) -> dict:
     """``proj`` (:func:`upload_projections`) with every projection's codes in the tiled layout
-    (:func:`qmoe_rtc.prepack.pack`, on the GPU; the contract codes are not kept) and, for integer codes,
-    its scales and zero points as meta records (:func:`qmoe_rtc.prepack.pack_meta`) in the scales' slot
-    (viewed as the scale dtype; the zero-point slot then empty: the records hold them)."""
+    (:func:`qmoe_rtc.prepack.pack`, on the GPU; the contract codes are not kept; ``given``: they are tiled
+    already, ``prepack='given'``, and are kept as they are, as bytes) and, for integer codes, its scales and
+    zero points as meta records (:func:`qmoe_rtc.prepack.pack_meta`) in the scales' slot (viewed as the
+    scale dtype; the zero-point slot then empty: the records hold them)."""
     from ..prepack import pack, pack_meta
 
     out = {}
@@ -171,31 +214,35 @@ def tile_codes(cp, proj: dict, layer, interleaved_fc1: bool) -> dict:
         w, s, z, b = proj[p.name]
         interleaved = interleaved_fc1 and p.name == "fc1"
         codes = w.view(cp.uint8)  # FP8 codes are bytes too
-        tiled = pack(cp, codes, p.K, p.bits, interleaved, f"{p.name}_experts_weights")  # [E, N/8, ceil(K/128), 8, 4, 4·b] u8
+        if not given:
+            codes = pack(cp, codes, p.K, p.bits, interleaved, f"{p.name}_experts_weights")
         if p.quant == "int":
             meta = pack_meta(cp, s, z, p.N, p.bits, interleaved, p.scale_input)  # [E, ceil(N/16), nb, 8, R] u8
             s, z = meta.view(s.dtype), None
-        out[p.name] = (tiled, s, z, b)
+        out[p.name] = (codes, s, z, b)  # codes [E, N/8, ceil(K/128), 8, 4, 4·b] u8
     return out
 
 
-def upload_layer(cp, weights: dict, layer, ext, device_id: int, expert_slice=None, tiled: bool = False):
+def upload_layer(cp, weights: dict, layer, ext, device_id: int, expert_slice=None, tiled: bool = False,
+                 given: bool = False):
     """(scale dtype, routed projections, binding table) of a validated layer whose arrays ``weights``
     (by input name, extension inputs included) are already CuPy arrays on ``device_id``; an expert
     slice adds ``expert_map`` (int32 [all experts]: local index or -1) for routing; ``tiled``: the
-    codes (routed and shared) are tiled for the tensor-core engines (:mod:`qmoe_rtc.prepack`)."""
+    codes (routed and shared) are tiled for the tensor-core engines (:mod:`qmoe_rtc.prepack`);
+    ``given``: they were passed tiled (``prepack='given'``), so they are used as they are."""
     scale_dtype, proj = upload_projections(cp, weights, layer, device_id)
+    tiled = tiled or given
     interleaved = layer.attrs.swiglu_fusion == 1
     if tiled:
         with cp.cuda.Device(device_id):
-            proj = tile_codes(cp, proj, layer, interleaved)
+            proj = tile_codes(cp, proj, layer, interleaved, given)
     shared = None
     if ext is not None and ext.shared is not None:
         sw = {n.removeprefix("shared_"): a for n, a in weights.items() if n.startswith("shared_fc")}
         _, shared = upload_projections(cp, sw, ext.shared, device_id, scale_dtype=scale_dtype)
         if tiled:
             with cp.cuda.Device(device_id):
-                shared = tile_codes(cp, shared, ext.shared, interleaved)
+                shared = tile_codes(cp, shared, ext.shared, interleaved, given)
     extras = upload_extras(cp, weights, device_id)
     if expert_slice is not None:
         with cp.cuda.Device(device_id):
