@@ -198,8 +198,9 @@ def meta_shape(E: int, N: int, blocks: int, scale_bytes: int, zero_points: bool)
 def _unpack_zero_points(xp, zp, E: int, N: int, blocks: int, bits: int, row_wise: bool):
     """Packed zero points (contract: [E, N, ceil(nb·b/8)], row-wise [E, ceil(N·b/8)]) as u8 [E, N, nb]."""
     per = N if row_wise else blocks
-    flat = xp.ascontiguousarray(zp).reshape(E * (1 if row_wise else N), -1)
-    bits_all = xp.unpackbits(flat, axis=1, bitorder="little")[:, : per * bits].reshape(-1, per, bits)
+    flat = xp.ascontiguousarray(zp).reshape(E * (1 if row_wise else N), -1)  # [rows, bytes]
+    bits_all = xp.unpackbits(flat.reshape(-1), bitorder="little").reshape(flat.shape[0], -1)  # CuPy: no axis=
+    bits_all = bits_all[:, : per * bits].reshape(-1, per, bits)
     weights = xp.asarray([1 << i for i in range(bits)], dtype=xp.uint8)
     vals = (bits_all * weights).sum(axis=2, dtype=xp.uint8)
     return vals.reshape(E, N, blocks)
