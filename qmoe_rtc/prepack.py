@@ -15,9 +15,8 @@ positions the device's shifts and masks take a pair from hold natural codes 2i a
 activations are one 32-bit word of the input, with no byte permute. Tile rows are the rows themselves,
 except FC1 with fused gate / linear rows (``swiglu_fusion`` 1: rows 2o, 2o + 1; 2: rows o, I + o): the 8
 gate rows of outputs 8p .. 8p + 7 become tile rows 16p .. 16p + 7 and their linear rows 16p + 8 .. 16p +
-15, the two lane rows of a gated warp tile (``fusion`` below: FC1's swiglu_fusion, 0 for the others).
-The device mirror of :func:`tiled_offset` is ``CodeRows`` (``cuda_src/core/codes.cuh``); a CPU test
-checks the two and that :func:`untile` inverts :func:`tile`.
+15, the two lane rows of a gated warp tile (``fusion`` below: FC1's swiglu_fusion, 0 for the others). The device mirror of :func:`tiled_offset` is ``CodeRows`` (``cuda_src/core/codes.cuh``);
+a CPU test checks the two and that :func:`untile` inverts :func:`tile`.
 
 Scales and zero points of integer codes go with them into *meta records* (:func:`pack_meta`), in the same
 tile rows::
