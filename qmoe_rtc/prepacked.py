@@ -146,5 +146,5 @@ def tiled_weights(weights: dict, *, expert_range=None, expert_map=None, num_expe
             w = weights[name]
             xp = array_module(w)
             codes = w.view(xp.uint8)  # FP8 codes are bytes too
-            out[name] = pack(xp, codes, p.K, p.bits, attrs.swiglu_fusion if p.name == "fc1" else 0, name)
+            out[name] = pack(xp, codes, p.K, p.bits, attrs.swiglu_fusion == 1 and p.name == "fc1", name)
     return out

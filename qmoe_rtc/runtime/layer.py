@@ -201,7 +201,7 @@ def executor_config(config: ModelConfig, setting=None) -> ModelConfig:
     return _tiled(config) if not lay.tiled and use_tiled(config, setting, known) else config
 
 
-def tile_codes(cp, proj: dict, layer, fusion: int, given: bool = False) -> dict:
+def tile_codes(cp, proj: dict, layer, interleaved_fc1: bool, given: bool = False) -> dict:
     """``proj`` (:func:`upload_projections`) with every projection's codes in the tiled layout
     (:func:`qmoe_rtc.prepack.pack`, on the GPU; the contract codes are not kept; ``given``: they are tiled
     already, ``prepack='given'``, and are kept as they are, as bytes) and, for integer codes, its scales and
@@ -212,12 +212,12 @@ def tile_codes(cp, proj: dict, layer, fusion: int, given: bool = False) -> dict:
     out = {}
     for p in layer.projections():
         w, s, z, b = proj[p.name]
-        rows = fusion if p.name == "fc1" else 0  # FC1's gate / linear row pairs (prepack.tile_rows)
+        interleaved = interleaved_fc1 and p.name == "fc1"
         codes = w.view(cp.uint8)  # FP8 codes are bytes too
         if not given:
-            codes = pack(cp, codes, p.K, p.bits, rows, f"{p.name}_experts_weights")
+            codes = pack(cp, codes, p.K, p.bits, interleaved, f"{p.name}_experts_weights")
         if p.quant == "int":
-            meta = pack_meta(cp, s, z, p.N, p.bits, rows, p.scale_input)  # [E, ceil(N/16), nb, 8, R] u8
+            meta = pack_meta(cp, s, z, p.N, p.bits, interleaved, p.scale_input)  # [E, ceil(N/16), nb, 8, R] u8
             s, z = meta.view(s.dtype), None
         out[p.name] = (codes, s, z, b)  # codes [E, N/8, ceil(K/128), 8, 4, 4·b] u8
     return out
@@ -232,17 +232,17 @@ def upload_layer(cp, weights: dict, layer, ext, device_id: int, expert_slice=Non
     ``given``: they were passed tiled (``prepack='given'``), so they are used as they are."""
     scale_dtype, proj = upload_projections(cp, weights, layer, device_id)
     tiled = tiled or given
-    fusion = layer.attrs.swiglu_fusion  # 0, or FC1's fused gate / linear rows (1 interleaved, 2 halves)
+    interleaved = layer.attrs.swiglu_fusion == 1
     if tiled:
         with cp.cuda.Device(device_id):
-            proj = tile_codes(cp, proj, layer, fusion, given)
+            proj = tile_codes(cp, proj, layer, interleaved, given)
     shared = None
     if ext is not None and ext.shared is not None:
         sw = {n.removeprefix("shared_"): a for n, a in weights.items() if n.startswith("shared_fc")}
         _, shared = upload_projections(cp, sw, ext.shared, device_id, scale_dtype=scale_dtype)
         if tiled:
             with cp.cuda.Device(device_id):
-                shared = tile_codes(cp, shared, ext.shared, fusion, given)
+                shared = tile_codes(cp, shared, ext.shared, interleaved, given)
     extras = upload_extras(cp, weights, device_id)
     if expert_slice is not None:
         with cp.cuda.Device(device_id):

@@ -12,9 +12,8 @@
 // and a row group's K is one contiguous run. Inside a tiled segment the codes are in pair order: the
 // stored positions a dequantized pair comes from (MmaDeq::first_code(i), + kPairsPerWord) hold natural
 // codes 2i and 2i + 1, so a pair's activations are one word of x (MmaDeq::low_code, x_pair).
-// Tile rows: every projection keeps its row order except FC1 with gate / linear rows (swiglu_fusion 1
-// or 2, tile_row_of): the 8 gate rows of outputs 8q .. 8q + 7 become tile rows 16q .. 16q + 7 and their
-// linear rows 16q + 8 .. 16q + 15, the two lane rows of a gated warp tile.
+// Tile rows: every projection keeps its row order except FC1 with interleaved gate / linear rows
+// (epilogue/fc1.cuh Fc1Rows::tile_row).
 #pragma once
 
 #include "core/types.cuh"
@@ -27,18 +26,6 @@
 namespace qmoe {
 
 inline constexpr bool kTiled = QMOE_TILED;
-
-// Tile row of row n of a projection of N rows whose rows pair gates with linears in `order`: 1 rows 2o
-// and 2o + 1 (interleaved, swiglu_fusion 1), 2 rows o and N/2 + o (halves, swiglu_fusion 2), 0 none (the
-// row itself). qmoe_rtc/prepack.py tile_rows is the host's inverse.
-__device__ __forceinline__ i32 tile_row_of(int order, i32 n, i32 N) {
-  if (order == 1) return ((n >> 4) << 4) + ((n & 1) << 3) + ((n >> 1) & 7);
-  if (order == 2) {
-    const i32 half = N >> 1, h = n >= half ? 1 : 0, o = n - h * half;
-    return ((o >> 3) << 4) + (h << 3) + (o & 7);
-  }
-  return n;
-}
 
 template <int B> struct CodeRows {
   // Byte offset of tile row m's segment 0 in expert e of a projection with N rows of K codes.

@@ -10,7 +10,6 @@
 // engine reads it from.
 #pragma once
 
-#include "core/codes.cuh"
 #include "core/types.cuh"
 #include "core/unpack.cuh"
 
@@ -76,7 +75,7 @@ template <typename ScaleT, int BITS, int BLOCK, int ZP> struct QuantParams {
   float zp_offset;            // only read when ZP == ZP_OFFSET
   i32 N;                      // rows per expert
   i32 K;                      // codes per row
-  int row_order = 0;          // FC1's tile-row order (core/codes.cuh tile_row_of; Fc1Rows::kTileOrder)
+  bool il = false;            // FC1 with interleaved gate / linear rows: tile rows differ from rows
 
   // Scale blocks along K (1 for row-wise / per-expert scales; FP8 blocks may be partial).
   __device__ __forceinline__ i32 blocks_per_row() const {
@@ -87,8 +86,10 @@ template <typename ScaleT, int BITS, int BLOCK, int ZP> struct QuantParams {
   // Index of the block holding element k (0 for row-wise).
   static __device__ __forceinline__ i32 block_of(i64 k) { return BLOCK ? (i32)(k / BLOCK) : 0; }
 
-  // Tile row of row n (core/codes.cuh tile_row_of).
-  __device__ __forceinline__ i32 tile_row(i32 n) const { return tile_row_of(row_order, n, N); }
+  // Tile row of row n (core/codes.cuh; epilogue/fc1.cuh Fc1Rows::tile_row for interleaved FC1 rows).
+  __device__ __forceinline__ i32 tile_row(i32 n) const {
+    return il ? ((n >> 4) << 4) + ((n & 1) << 3) + ((n >> 1) & 7) : n;
+  }
   // Tiled meta: byte offset of the record holding row n's block j (block j + 1's is kMetaBlockStride on),
   // and which of its two rows n is.
   static constexpr i64 kMetaBlockStride = 8 * kMetaBytes;

@@ -74,7 +74,7 @@ fc1_batched(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* 
   if (m0 >= m1) return;  // no routes (block-uniform)
   pick_expert(e, E_routed, w1, s1, z1, b1, shared_w1, shared_s1, shared_z1, shared_b1);
   const i32 N1 = Rows::n1(I);
-  const QuantParams<ScaleT, B1, BLOCK, Z1> q1{s1, z1, zp_offset, N1, H, Rows::kTileOrder};
+  const QuantParams<ScaleT, B1, BLOCK, Z1> q1{s1, z1, zp_offset, N1, H, Rows::kInterleavedTiles};
   const QuantParams<ScaleT, B1, BLOCK, Z3> q3{s3, z3, zp_offset, I, H};
   const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const i32 MT = kMmaWarps / KS, mt = warp % MT, ks = warp / MT;
@@ -92,8 +92,8 @@ fc1_batched(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* 
     const i32 oa = min(oi + g, I - 1), ob = kGated ? oa : min(oi + g + 8, I - 1);
     na[i] = Rows::gate_row(oa, I);
     nb[i] = kGated ? Rows::lin_row(oa, I) : ob;
-    pa[i] = w1 + Codes::row(e, N1, Rows::tile_row(na[i], I), H);
-    pb[i] = GATE == GATE_FC3 ? w3 + Codes::row(e, I, nb[i], H) : w1 + Codes::row(e, N1, Rows::tile_row(nb[i], I), H);
+    pa[i] = w1 + Codes::row(e, N1, Rows::tile_row(na[i]), H);
+    pb[i] = GATE == GATE_FC3 ? w3 + Codes::row(e, I, nb[i], H) : w1 + Codes::row(e, N1, Rows::tile_row(nb[i]), H);
   }
   u8* ring = dyn_smem + warp * kRing;
   for (i32 p = m0; p < m1; p += 8 * NG) {

@@ -136,7 +136,7 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
   const i32 eid = e;  // the route's expert id (routed or shared): the expert flow's counter
   pick_expert(e, E_routed, w1, s1, z1, b1, shared_w1, shared_s1, shared_z1, shared_b1);
   const i32 N1 = Rows::n1(I);
-  const QuantParams<ScaleT, B1, BLOCK, Z1> q1{s1, z1, zp_offset, N1, H, Rows::kTileOrder};
+  const QuantParams<ScaleT, B1, BLOCK, Z1> q1{s1, z1, zp_offset, N1, H, Rows::kInterleavedTiles};
   const QuantParams<ScaleT, B1, BLOCK, Z3> q3{s3, z3, zp_offset, I, H};
   const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const i32 MT = kMmaWarps / KS, mt = warp % MT, ks = warp / MT;
@@ -147,8 +147,8 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
   const i32 oa = min(o0 + g, I - 1), ob = kGated ? oa : min(o0 + g + 8, I - 1);
   const i32 na = Rows::gate_row(oa, I), nb = kGated ? Rows::lin_row(oa, I) : ob;
   using Codes = CodeRows<B1>;  // contract or tiled layout (core/codes.cuh)
-  const u8* pa = w1 + Codes::row(e, N1, Rows::tile_row(na, I), H);
-  const u8* pb = GATE == GATE_FC3 ? w3 + Codes::row(e, I, nb, H) : w1 + Codes::row(e, N1, Rows::tile_row(nb, I), H);
+  const u8* pa = w1 + Codes::row(e, N1, Rows::tile_row(na), H);
+  const u8* pb = GATE == GATE_FC3 ? w3 + Codes::row(e, I, nb, H) : w1 + Codes::row(e, N1, Rows::tile_row(nb), H);
   if (R <= kMmaPrefetchRoutes) prefetch_rows<B1>(pa, pb, H, ks, KS, PF);
   const ExpertRoutes er = collect_routes(ids, R, s_ids, s_list, &s_n);
   if (er.n == 0) return;

@@ -247,7 +247,7 @@ fc1_wgmma(const T* __restrict__ xp, const i32* __restrict__ sorted, const i32* _
   using Q3 = QuantParams<ScaleT, B1, BLOCK, Z3>;
   using Second = PfSecond<GATE == GATE_FC3, Q1, Q3>;
   using QB = typename Second::type;
-  const Q1 q1{s1, z1, zp_offset, Rows::n1(I), H, Rows::kTileOrder};
+  const Q1 q1{s1, z1, zp_offset, Rows::n1(I), H, Rows::kInterleavedTiles};
   const Q3 q3{s3, z3, zp_offset, I, H};
   const QB& qb = Second::pick(q1, q3);
   const u8* wb = GATE == GATE_FC3 ? w3 : w1;
@@ -257,7 +257,7 @@ fc1_wgmma(const T* __restrict__ xp, const i32* __restrict__ sorted, const i32* _
   {
     const i32 oa = min(o0 + g, I - 1), ob = Rows::kGated ? oa : min(o0 + g + 8, I - 1);  // clamped: never stored
     const i32 na = Rows::gate_row(oa, I), nb = Rows::kGated ? Rows::lin_row(oa, I) : ob;
-    lr.set(0, q1, w1, na, Rows::tile_row(na, I), qb, wb, nb, Rows::tile_row(nb, I), e);
+    lr.set(0, q1, w1, na, Rows::tile_row(na), qb, wb, nb, Rows::tile_row(nb), e);
   }
   for (int i = threadIdx.x; i < BR; i += kWgThreads) s_src[i] = m0 + i < m_end ? (i64)(sorted[m0 + i] / k) * Hp : -1;
   __syncthreads();

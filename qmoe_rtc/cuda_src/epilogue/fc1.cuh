@@ -25,14 +25,16 @@ template <int GATE> struct Fc1Rows {
   static __device__ __forceinline__ i32 lin_row(i32 o, i32 I) {
     return GATE == GATE_FUSED1 ? 2 * o + 1 : (GATE == GATE_FUSED2 ? I + o : o);
   }
-  // tile-row order of FC1 in the tiled layout (core/codes.cuh tile_row_of; FC1's QuantParams::row_order):
-  // fused gate / linear rows (either fusion) put the 8 gate rows of outputs 8q .. 8q + 7 in tile rows
-  // 16q .. 16q + 7 and their linear rows in 16q + 8 .. 16q + 15, so each lane row of a gated warp tile is
-  // a whole row group; otherwise the row itself
-  static constexpr int kTileOrder = !kTiled ? 0 : (GATE == GATE_FUSED1 ? 1 : (GATE == GATE_FUSED2 ? 2 : 0));
+  // tile row of FC1 row n in the tiled layout (core/codes.cuh): interleaved rows (GATE_FUSED1) put the
+  // 8 gate rows of outputs 8q .. 8q + 7 in tile rows 16q .. 16q + 7 and their linear rows in 16q + 8 ..
+  // 16q + 15, so each lane row of a gated warp tile is a whole row group; otherwise the row itself
+  static constexpr bool kInterleavedTiles = kTiled && GATE == GATE_FUSED1;  // FC1's QuantParams::il
   // a warp tile's lane rows are rows g and g + 8 of one 16-row tile of FC1 (engines/mma_ring.cuh PAIRED)
-  static constexpr bool kPairedRows = GATE == GATE_NONE || kTileOrder != 0;
-  static __device__ __forceinline__ i32 tile_row(i32 n, i32 I) { return tile_row_of(kTileOrder, n, n1(I)); }
+  static constexpr bool kPairedRows = GATE == GATE_NONE || kInterleavedTiles;
+  static __device__ __forceinline__ i32 tile_row(i32 n) {
+    if constexpr (kInterleavedTiles) return ((n >> 4) << 4) + ((n & 1) << 3) + ((n >> 1) & 7);
+    else return n;
+  }
 };
 
 // act[o] of expert e from the pre-activation h of its gate (or plain) row and, when gated, lin of its
