@@ -136,6 +136,22 @@ def test_mma_ring_bytes_match_the_device_struct(tiled_meta):
     compiler.compile_unit("ring_bytes_check", "\n".join(lines) + "\n", {}, "sm_90", options)
 
 
+def test_meta_record_bytes_match_the_device():
+    """prepack.meta_record_bytes (the records pack_meta writes) equals QuantParams::kMetaBytes (the stride the
+    device addresses them with) for every scale size and zero-point mode of integer codes."""
+    from qmoe_rtc.jit import compiler
+    from qmoe_rtc.prepack import meta_record_bytes
+
+    lines = ['#include "core/dequant.cuh"']
+    for scale_t, sbytes in (("__half", 2), ("__nv_bfloat16", 2), ("float", 4)):
+        for zp, mode in ((False, "qmoe::ZP_NONE"), (True, "qmoe::ZP_PACKED")):
+            for bits in (1, 3, 4, 8):
+                lines.append(f"static_assert(qmoe::QuantParams<{scale_t}, {bits}, 128, {mode}>::kMetaBytes == "
+                             f"{meta_record_bytes(sbytes, zp)}, \"meta_record_bytes({sbytes}, {zp})\");")
+    options = compiler.base_options("sm_90", TILED_META_DEFINES[True])
+    compiler.compile_unit("meta_record_check", "\n".join(lines) + "\n", {}, "sm_90", options)
+
+
 @pytest.mark.parametrize("tiled_meta", [False, True])
 def test_prefill_stage_bytes_match_the_device_struct(tiled_meta):
     """kernels/mma_prefill.py stage_bytes equals PfStage::kBytes for every bit width, scale size, block
