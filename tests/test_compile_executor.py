@@ -4,7 +4,10 @@ gate sources — for sm_80 and sm_90. A template that stops compiling for some l
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
+from kernel_signatures import mismatches
 from side_by_side import compile_specs
 
 from qmoe_rtc.jit import get_cubin
@@ -82,7 +85,8 @@ EXECUTOR_FAMILIES = tuple(EXPECTED_KERNELS)
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("layout,hidden,inter", LAYOUTS, ids=[f"{l.name}-H{h}-I{i}" for l, h, i in LAYOUTS])
 def test_executor_modules_compile(cache, arch, layout, hidden, inter):
-    """Every family that supports the layout compiles (the SIMT ones too: they are the fallbacks). The
+    """Every family that supports the layout compiles (the SIMT ones too: they are the fallbacks), and each
+    kernel's argument specs match its C++ parameters in order (tests/kernel_signatures.py). The
     batched-decode engine is listed but not compiled here: its kernels are the decode engine's weight
     stream (compiled for every layout) over grouped routes, and tests/test_register_budget.py compiles
     it for three presets (CI time is short)."""
@@ -101,6 +105,8 @@ def test_executor_modules_compile(cache, arch, layout, hidden, inter):
         assert mod.cubin[:4] == b"\x7fELF", spec.name  # SASS cubin, never PTX
         assert set(mod.lowered) >= EXPECTED_KERNELS[spec.family], (spec.name, sorted(mod.lowered))
         assert all(name.startswith("_Z") for name in mod.lowered.values()), mod.lowered
+        for kernel in get_family(spec.family).kernels(spec):  # the specs in the kernel's parameter order
+            assert not mismatches(kernel, mod.lowered[kernel.key]), mismatches(kernel, mod.lowered[kernel.key])
 
 
 #: the compiler defines of a module whose integer codes are tiled, with or without the tiled meta records
@@ -134,6 +140,40 @@ def test_mma_ring_bytes_match_the_device_struct(tiled_meta):
                                      f" \"decode_smem_bytes({bits}, {sbytes}, {block}, {zp}, R {R})\");")
     options = compiler.base_options("sm_90", ("-DQMOE_MMA_STAGES=5", *TILED_META_DEFINES[tiled_meta]))
     compiler.compile_unit("ring_bytes_check", "\n".join(lines) + "\n", {}, "sm_90", options)
+
+
+def test_signature_check_catches_a_slip():
+    """tests/kernel_signatures.py on a tiny kernel: its specs pass; a swapped pair, a wrong dtype and a
+    missing argument are each named."""
+    from qmoe_rtc.jit import KernelDef, Ptr, Scalar, compiler
+
+    src = "template <typename T> __global__ void k(const T* x, int n, __half* y, long long m) {}\n"
+    _, lowered, _ = compiler.compile_unit("sig_check", '#include <cuda_fp16.h>\n' + src, {"k": "k<float>"}, "sm_90",
+                                         compiler.base_options("sm_90", ()))
+    good = (Ptr("x", "float32"), Scalar("n", "int32"), Ptr("y", "float16"), Scalar("m", "int64"))
+    assert mismatches(KernelDef("k", "k<float>", good), lowered["k"]) == []
+    swapped = (good[1], good[0], *good[2:])
+    assert [m.split(":")[0] for m in mismatches(KernelDef("k", "k<float>", swapped), lowered["k"])] == [
+        "k argument 0 'n'", "k argument 1 'x'"]
+    wrong = (good[0], good[1], Ptr("y", "bfloat16"), good[3])
+    assert "'y': spec Ptr(bfloat16), parameter '__half*'" in " ".join(mismatches(KernelDef("k", "k<float>", wrong),
+                                                                               lowered["k"]))
+    assert "3 argument specs, 4 parameters" in mismatches(KernelDef("k", "k<float>", good[:3]), lowered["k"])[0]
+
+
+def test_batched_kernel_specs_match_their_parameters(cache):
+    """The batched-decode engine's kernels (not compiled by test_executor_modules_compile): argument specs
+    in the C++ parameters' order and types, for a tiled float16 layer with zero points (the arguments do
+    not depend on the layout)."""
+    from qmoe_rtc.presets import PRESETS
+
+    cfg = PRESETS["qwen3-30b-a3b"].config(dtype="float16", bits=4, zero_points="packed")
+    cfg = dataclasses.replace(cfg, layout=dataclasses.replace(cfg.layout, tiled=True))
+    fam = get_family("mma_batched")
+    spec = fam.spec(cfg)
+    (mod,) = compile_specs([(spec, "sm_90")])
+    for kernel in fam.kernels(spec):
+        assert not mismatches(kernel, mod.lowered[kernel.key]), mismatches(kernel, mod.lowered[kernel.key])
 
 
 def test_meta_record_bytes_match_the_device():
