@@ -1,0 +1,24 @@
+"""Quantized MoE checkpoints into QMoE layers: GPTQ (v1 / v2 zero points, 2/4/8-bit, per-group or
+per-channel) and AWQ (GEMM, 4-bit) safetensors checkpoints of Mixtral-style and ``mlp.experts``
+(Qwen-MoE, OLMoE, DeepSeek routed experts) models, converted losslessly into the contract layout::
+
+    from qmoe_rtc.checkpoints import load_layer, moe_layers
+    layer = load_layer("Qwen3-30B-A3B-GPTQ-Int4/", 0)            # LoadedLayer
+    moe = qmoe_rtc.QMoE(**layer.weights, **layer.attributes)     # logits passed at each call
+    # or: QMoE(**layer.weights, **layer.attributes, router_weight=layer.router_weight.astype(...))
+
+Needs the ``safetensors`` package (``pip install qmoe_rtc[checkpoints]``). The formats' storage is in
+:mod:`qmoe_rtc.checkpoints.formats`, the naming schemes in :mod:`qmoe_rtc.checkpoints.layer`.
+"""
+
+from __future__ import annotations
+
+__all__ = ["LoadedLayer", "load_layer", "moe_layers"]
+
+
+def __getattr__(name):  # no work at import time: the submodules load on first use
+    if name in __all__:
+        from . import layer
+
+        return getattr(layer, name)
+    raise AttributeError(name)

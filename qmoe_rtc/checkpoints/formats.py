@@ -1,0 +1,115 @@
+"""Quantized linear weights as public checkpoint formats store them, decoded to one common form: the
+codes ``q`` uint8 [N, K] of a projection with N outputs and K inputs, its scales [N, nb] (the stored
+dtype) and its zero points uint8 [N, nb] (or None: 2^(b−1), the contract's default), with
+``w[n, k] = (q[n, k] − zero[n, g]) · scale[n, g]``, g = k // group (group 0: one group per row).
+That is the contract's own formula, so :mod:`qmoe_rtc.checkpoints.layer` only stacks and packs.
+
+GPTQ (AutoGPTQ / GPTQModel, ``quant_method: gptq``)::
+
+    qweight [K·b/32, N] int32   32/b codes along K per word, code i at bits b·i
+    qzeros  [nb, N·b/32] int32  zero points packed along N the same way; checkpoint_format 'gptq' (v1)
+                                stores zero − 1, 'gptq_v2' the zero point itself
+    scales  [nb, N] float16     nb = K / group_size (1 with group_size −1)
+    g_idx   [K] int32           group of each input; must be k // group_size (act-order is refused:
+                                its groups are not contiguous blocks of K)
+
+AWQ (AutoAWQ GEMM, ``quant_method: awq``, ``version: gemm``), 4-bit::
+
+    qweight [K, N/8] int32      8 codes along N per word, in the order 0, 2, 4, 6, 1, 3, 5, 7
+    qzeros  [nb, N/8] int32     zero points packed the same way (no offset)
+    scales  [nb, N] float16
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import QMoEInputError, QMoEUnsupportedError
+
+__all__ = ["AWQ_ORDER", "Quantized", "awq", "gptq"]
+
+#: Which of 8 consecutive outputs AWQ's GEMM packing puts in nibble i of a word.
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+
+
+@dataclass(frozen=True)
+class Quantized:
+    """One projection's weights in the contract's terms (module docstring)."""
+
+    q: np.ndarray  # [N, K] uint8
+    scales: np.ndarray  # [N, nb]
+    zeros: np.ndarray | None  # [N, nb] uint8, None: 2^(bits-1) everywhere
+    bits: int
+    group: int  # block size along K, 0: one scale per row
+
+
+def _words(a, name: str, shape: tuple) -> np.ndarray:
+    if a.dtype not in (np.int32, np.uint32) or tuple(a.shape) != shape:
+        raise QMoEInputError(name, f"int32 {list(shape)}", f"{a.dtype} {list(a.shape)}")
+    return np.ascontiguousarray(a).view(np.uint32)
+
+
+def _unpack(words: np.ndarray, bits: int, axis: int, order=None) -> np.ndarray:
+    """Codes of ``words`` (uint32) unpacked along ``axis``: 32/bits codes per word, code i at bits·i,
+    placed at position order[i] of its run (natural order without ``order``)."""
+    per = 32 // bits
+    codes = np.stack([(words >> (bits * i)) & ((1 << bits) - 1) for i in range(per)], axis=-1)  # [..., per]
+    if order is not None:
+        codes = codes[..., np.argsort(order)]  # position p holds the code of nibble order.index(p)
+    codes = np.moveaxis(codes, -1, axis + 1)
+    shape = list(words.shape)
+    shape[axis] *= per
+    return codes.reshape(shape).astype(np.uint8)
+
+
+def _scales(a, name: str, shape: tuple) -> np.ndarray:
+    if a.dtype.kind != "f" or tuple(a.shape) != shape:
+        raise QMoEInputError(name, f"float {list(shape)}", f"{a.dtype} {list(a.shape)}")
+    return np.ascontiguousarray(a.T)  # [N, nb]
+
+
+def _group_count(K: int, group: int, name: str) -> int:
+    if group <= 0:
+        return 1
+    if K % group:
+        raise QMoEInputError(name, f"K = {K} a multiple of group_size {group}", f"K = {K}")
+    return K // group
+
+
+def gptq(get, prefix: str, bits: int, group: int, K: int, N: int, version: int = 1) -> Quantized:
+    """The GPTQ tensors ``prefix.qweight`` … of a [N, K] projection (``get(name)`` reads one)."""
+    if bits not in (2, 4, 8):
+        raise QMoEUnsupportedError(f"{prefix}.qweight: GPTQ with {bits}-bit codes (2, 4 and 8 are read: 3-bit "
+                                   "GPTQ words split codes across word boundaries)")
+    nb = _group_count(K, group, f"{prefix}.qweight")
+    per = 32 // bits
+    q = _unpack(_words(get(f"{prefix}.qweight"), f"{prefix}.qweight", (K // per, N)), bits, 0).T  # [N, K]
+    z = _unpack(_words(get(f"{prefix}.qzeros"), f"{prefix}.qzeros", (nb, N // per)), bits, 1)  # [nb, N]
+    s = _scales(get(f"{prefix}.scales"), f"{prefix}.scales", (nb, N))
+    g_idx = get.optional(f"{prefix}.g_idx")
+    if g_idx is not None and group > 0 and not np.array_equal(np.asarray(g_idx), np.arange(K) // group):
+        raise QMoEUnsupportedError(f"{prefix}.g_idx: act-order GPTQ (desc_act) puts inputs of a group apart; the "
+                                   "contract's blocks are contiguous runs of K, so it cannot be loaded losslessly")
+    zeros = z.T.astype(np.int32) + (1 if version == 1 else 0)
+    if zeros.max(initial=0) >= (1 << bits):
+        raise QMoEInputError(f"{prefix}.qzeros", f"zero points below 2^{bits} after the v1 offset (+1)",
+                             f"max {int(zeros.max())}")
+    return Quantized(np.ascontiguousarray(q), s, _zeros_or_none(zeros, bits), bits, max(group, 0))
+
+
+def awq(get, prefix: str, bits: int, group: int, K: int, N: int) -> Quantized:
+    """The AWQ (GEMM) tensors ``prefix.qweight`` … of a [N, K] projection."""
+    if bits != 4:
+        raise QMoEUnsupportedError(f"{prefix}.qweight: AWQ with {bits}-bit codes (AWQ's GEMM packing is 4-bit)")
+    nb = _group_count(K, group, f"{prefix}.qweight")
+    q = _unpack(_words(get(f"{prefix}.qweight"), f"{prefix}.qweight", (K, N // 8)), 4, 1, AWQ_ORDER).T  # [N, K]
+    z = _unpack(_words(get(f"{prefix}.qzeros"), f"{prefix}.qzeros", (nb, N // 8)), 4, 1, AWQ_ORDER)  # [nb, N]
+    s = _scales(get(f"{prefix}.scales"), f"{prefix}.scales", (nb, N))
+    return Quantized(np.ascontiguousarray(q), s, _zeros_or_none(z.T, 4), 4, max(group, 0))
+
+
+def _zeros_or_none(zeros: np.ndarray, bits: int):
+    """None where every zero point is the contract's default 2^(bits−1) (symmetric codes), else uint8."""
+    return None if np.all(zeros == (1 << (bits - 1))) else np.ascontiguousarray(zeros.astype(np.uint8))

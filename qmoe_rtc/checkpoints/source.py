@@ -1,0 +1,67 @@
+"""A checkpoint on disk: one ``.safetensors`` file, or a folder of them (with or without
+``model.safetensors.index.json``) beside a Hugging Face ``config.json``. Tensors are read one at a time
+through ``safetensors`` (NumPy arrays; bfloat16 through ml_dtypes), so a layer's load holds only that
+layer's tensors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import QMoEInputError, QMoEUnsupportedError
+
+__all__ = ["Checkpoint"]
+
+
+def _safetensors():
+    try:
+        from safetensors import safe_open
+    except ImportError as exc:  # an optional dependency: pip install 'qmoe_rtc[checkpoints]'
+        raise QMoEUnsupportedError("loading checkpoints needs the safetensors package "
+                                   "(pip install safetensors, or qmoe_rtc[checkpoints])") from exc
+    return safe_open
+
+
+class Checkpoint:
+    """The tensors (by name) and the ``config.json`` of a checkpoint at ``path`` (a file or a folder)."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        if not self.path.exists():
+            raise QMoEInputError("checkpoint", "an existing .safetensors file or folder", str(self.path))
+        folder = self.path if self.path.is_dir() else self.path.parent
+        files = [self.path] if self.path.is_file() else sorted(self.path.glob("*.safetensors"))
+        if not files:
+            raise QMoEInputError("checkpoint", "a folder with .safetensors files", f"none in {self.path}")
+        safe_open = _safetensors()
+        self._where: dict[str, Path] = {}
+        for f in files:
+            with safe_open(str(f), framework="np") as h:
+                for name in h.keys():
+                    self._where[name] = f
+        cfg = folder / "config.json"
+        self.config: dict = json.loads(cfg.read_text()) if cfg.is_file() else {}
+
+    @property
+    def names(self) -> list[str]:
+        """Every tensor name, sorted."""
+        return sorted(self._where)
+
+    def has(self, name: str) -> bool:
+        return name in self._where
+
+    def get(self, name: str):
+        """The NumPy array of tensor ``name`` (a ``QMoEInputError`` naming it when it is not there)."""
+        f = self._where.get(name)
+        if f is None:
+            raise QMoEInputError(name, "a tensor of the checkpoint", f"missing from {self.path}")
+        with _safetensors()(str(f), framework="np") as h:
+            return h.get_tensor(name)
+
+    @property
+    def quantization(self) -> dict:
+        """``config.json``'s ``quantization_config`` (empty when there is none)."""
+        q = self.config.get("quantization_config") or {}
+        if not isinstance(q, dict):
+            raise QMoEInputError("config.json quantization_config", "an object", type(q).__name__)
+        return q

@@ -1,0 +1,143 @@
+"""Checkpoint loading (CPU): small GPTQ and AWQ checkpoints written here in each format's own storage
+(names, dtypes, packing as the formats define them), loaded into contract inputs, and checked against
+the dense float64 weights (q − zero) · scale the test quantized them from; the refusals name the
+tensor or the setting."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from qmoe_rtc.checkpoints import load_layer, moe_layers
+from qmoe_rtc.checkpoints.formats import AWQ_ORDER
+from qmoe_rtc.contract import QMoEAttributes, describe_layer
+from qmoe_rtc.errors import QMoEInputError, QMoEUnsupportedError
+from qmoe_rtc.quantize import dequantize
+
+H, I, E = 128, 64, 3
+
+
+def _pack_along(codes: np.ndarray, bits: int, axis: int, order=None) -> np.ndarray:
+    """int32 words of ``codes`` packed along ``axis``, 32/bits per word, code of position order[i] at bits·i."""
+    per = 32 // bits
+    c = np.moveaxis(codes.astype(np.uint32), axis, -1)
+    c = c.reshape(*c.shape[:-1], -1, per)
+    if order is not None:
+        c = c[..., list(order)]
+    words = np.zeros(c.shape[:-1], dtype=np.uint32)
+    for i in range(per):
+        words |= c[..., i] << np.uint32(bits * i)
+    return np.ascontiguousarray(np.moveaxis(words, -1, axis)).view(np.int32)
+
+
+def _quantized(rng, N, K, bits, group, sym):
+    """(codes [N, K], zeros [N, nb], scales f16 [N, nb], dense float64 [N, K])."""
+    nb = K // group if group > 0 else 1
+    q = rng.integers(0, 1 << bits, size=(N, K))
+    z = np.full((N, nb), 1 << (bits - 1)) if sym else rng.integers(1, 1 << bits, size=(N, nb))
+    s = (rng.random((N, nb)) * 0.02 + 0.001).astype(np.float16)
+    bs = group if group > 0 else K
+    dense = (q.reshape(N, nb, bs) - z[..., None]) * s.astype(np.float64)[..., None]
+    return q, z, s, dense.reshape(N, K)
+
+
+def _write(tmp_path, method, rng, *, bits=4, group=32, sym=False, version=1, scheme="moe_mlp", extra=None):
+    """A one-layer checkpoint (layer 1) in ``method``'s storage; returns the dense experts {name: [E, N, K]}."""
+    names = ("gate_proj", "up_proj", "down_proj") if scheme == "moe_mlp" else ("w1", "w3", "w2")
+    base = "model.layers.1.mlp.experts" if scheme == "moe_mlp" else "model.layers.1.block_sparse_moe.experts"
+    tensors, dense = {}, {n: [] for n in names}
+    for e in range(E):
+        for n, (N, K) in zip(names, ((I, H), (I, H), (H, I))):
+            q, z, s, d = _quantized(rng, N, K, bits, group, sym)
+            dense[n].append(d)
+            p = f"{base}.{e}.{n}"
+            if method == "gptq":
+                tensors[f"{p}.qweight"] = _pack_along(q.T, bits, 0)  # [K·b/32, N]
+                tensors[f"{p}.qzeros"] = _pack_along((z - (1 if version == 1 else 0)).T, bits, 1)  # [nb, N·b/32]
+                tensors[f"{p}.g_idx"] = (np.arange(K) // (group if group > 0 else K)).astype(np.int32)
+            else:
+                tensors[f"{p}.qweight"] = _pack_along(q.T, 4, 1, AWQ_ORDER)  # [K, N/8]
+                tensors[f"{p}.qzeros"] = _pack_along(z.T, 4, 1, AWQ_ORDER)  # [nb, N/8]
+            tensors[f"{p}.scales"] = np.ascontiguousarray(s.T)  # [nb, N]
+    gate = "model.layers.1.mlp.gate.weight" if scheme == "moe_mlp" else "model.layers.1.block_sparse_moe.gate.weight"
+    tensors[gate] = rng.standard_normal((E, H)).astype(np.float32)
+    tensors.update(extra or {})
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    qc = {"quant_method": method, "bits": bits, "group_size": group}
+    qc.update({"checkpoint_format": "gptq_v2" if version == 2 else "gptq"} if method == "gptq" else {"version": "gemm"})
+    (tmp_path / "config.json").write_text(json.dumps({"num_experts_per_tok": 2, "norm_topk_prob": True,
+                                                      "quantization_config": qc}))
+    return {n: np.stack(v) for n, v in dense.items()}, names
+
+
+def _check(layer, dense, names, bits, group):
+    w, a = layer.weights, layer.attributes
+    describe_layer(w, QMoEAttributes.from_kwargs(**a))  # the contract accepts them
+    assert a["swiglu_fusion"] == 2 and a["expert_weight_bits"] == bits and a["block_size"] == max(group, 0)
+    fc1 = np.concatenate([dense[names[0]], dense[names[1]]], axis=1)  # gate rows, then up rows
+    for p, want in (("fc1", fc1), ("fc2", dense[names[2]])):
+        got = dequantize(w[f"{p}_experts_weights"], w[f"{p}_scales"], bits, max(group, 0), w.get(f"{p}_zero_points"),
+                         K=want.shape[2])
+        np.testing.assert_array_equal(got.astype(np.float64), want.astype(np.float32).astype(np.float64))
+
+
+@pytest.mark.parametrize("bits, group, sym, version", [(4, 32, False, 1), (4, 64, True, 1), (8, 32, False, 2),
+                                                         (2, 16, False, 1), (4, -1, False, 2)])
+def test_gptq_layers_load_losslessly(tmp_path, rng, bits, group, sym, version):
+    dense, names = _write(tmp_path, "gptq", rng, bits=bits, group=group, sym=sym, version=version)
+    layer = load_layer(tmp_path, 1)
+    _check(layer, dense, names, bits, group)
+    assert ("fc1_zero_points" in layer.weights) == (not sym)  # symmetric codes: the contract's default zero point
+    assert layer.router_weight.shape == (E, H) and layer.attributes["k"] == 2
+    assert moe_layers(tmp_path) == [1]
+
+
+@pytest.mark.parametrize("scheme", ["moe_mlp", "mixtral"])
+def test_awq_layers_load_losslessly(tmp_path, rng, scheme):
+    dense, names = _write(tmp_path, "awq", rng, group=32, scheme=scheme)
+    seen = []
+    layer = load_layer(tmp_path / "model.safetensors", 1, progress=lambda d, t: seen.append((d, t)))
+    _check(layer, dense, names, 4, 32)
+    assert seen == [(e + 1, E) for e in range(E)]
+
+
+def test_refusals_name_the_tensor_or_setting(tmp_path, rng):
+    _write(tmp_path, "gptq", rng)
+    p = "model.layers.1.mlp.experts.0.gate_proj"
+    with pytest.raises(QMoEInputError, match="MoE experts of layer 5"):
+        load_layer(tmp_path, 5)
+    with pytest.raises(QMoEInputError, match="scheme"):
+        load_layer(tmp_path, 1, scheme="llama")
+    cases = {  # a malformed tensor each
+        f"{p}.qweight": (np.zeros((3, I), np.int32), QMoEInputError, f"{p}.qweight"),
+        f"{p}.g_idx": (np.arange(H, dtype=np.int32)[::-1].copy() % 2, QMoEUnsupportedError, "act-order"),
+        f"{p}.qzeros": (np.full((H // 32, I * 4 // 32), -1, np.int32), QMoEInputError, "after the v1 offset"),
+        f"{p}.scales": (np.zeros((H // 32, I), np.int32), QMoEInputError, f"{p}.scales"),
+    }
+    for name, (bad, exc, match) in cases.items():
+        sub = tmp_path / name.rsplit(".", 1)[1]
+        sub.mkdir()
+        _write(sub, "gptq", np.random.default_rng(1), extra={name: bad})
+        with pytest.raises(exc, match=match):
+            load_layer(sub, 1)
+
+
+@pytest.mark.parametrize("qc, match", [({"quant_method": "fp8"}, "quant_method"),
+                                       ({"quant_method": "awq", "version": "gemv"}, "GEMM packing"),
+                                       ({"quant_method": "gptq", "bits": 3, "group_size": 32}, "3-bit")])
+def test_unsupported_formats_are_refused(tmp_path, rng, qc, match):
+    _write(tmp_path, "gptq", rng)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["quantization_config"] = qc
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(QMoEUnsupportedError, match=match):
+        load_layer(tmp_path, 1)
+
+
+def test_a_layer_with_shared_experts_is_refused_not_half_loaded(tmp_path, rng):
+    _write(tmp_path, "gptq", rng, extra={"model.layers.1.mlp.shared_expert.gate_proj.scales": np.ones((2, 2), np.float16)})
+    with pytest.raises(QMoEUnsupportedError, match="shared-expert"):
+        load_layer(tmp_path, 1)
