@@ -1,4 +1,4 @@
-"""Checkpoint loading (CPU): small GPTQ and AWQ checkpoints written here in each format's own storage
+"""Checkpoint loading (CPU): small GPTQ, AWQ and compressed-tensors checkpoints written here in each format's own storage
 (names, dtypes, packing as the formats define them), loaded into contract inputs, and checked against
 the dense float64 weights (q − zero) · scale the test quantized them from; the refusals name the
 tensor or the setting."""
@@ -54,6 +54,13 @@ def _write(tmp_path, method, rng, *, bits=4, group=32, sym=False, version=1, sch
             q, z, s, d = _quantized(rng, N, K, bits, group, sym)
             dense[n].append(d)
             p = f"{base}.{e}.{n}"
+            if method == "compressed-tensors":
+                tensors[f"{p}.weight_packed"] = _pack_along(q, bits, 1)  # [N, K·b/32], signed + 2^(b-1)
+                tensors[f"{p}.weight_scale"] = s  # [N, nb]
+                tensors[f"{p}.weight_shape"] = np.array([N, K], dtype=np.int32)
+                if not sym:
+                    tensors[f"{p}.weight_zero_point"] = _pack_along(z, bits, 0)  # [N·b/32, nb]
+                continue
             if method == "gptq":
                 tensors[f"{p}.qweight"] = _pack_along(q.T, bits, 0)  # [K·b/32, N]
                 tensors[f"{p}.qzeros"] = _pack_along((z - (1 if version == 1 else 0)).T, bits, 1)  # [nb, N·b/32]
@@ -68,6 +75,11 @@ def _write(tmp_path, method, rng, *, bits=4, group=32, sym=False, version=1, sch
     save_file(tensors, str(tmp_path / "model.safetensors"))
     qc = {"quant_method": method, "bits": bits, "group_size": group}
     qc.update({"checkpoint_format": "gptq_v2" if version == 2 else "gptq"} if method == "gptq" else {"version": "gemm"})
+    if method == "compressed-tensors":
+        w = {"num_bits": bits, "type": "int", "symmetric": sym, "strategy": "group" if group > 0 else "channel",
+             "group_size": group if group > 0 else None}
+        qc = {"quant_method": method, "format": "pack-quantized",
+              "config_groups": {"group_0": {"weights": w, "targets": ["Linear"]}}, "ignore": ["lm_head"]}
     (tmp_path / "config.json").write_text(json.dumps({"num_experts_per_tok": 2, "norm_topk_prob": True,
                                                       "quantization_config": qc}))
     return {n: np.stack(v) for n, v in dense.items()}, names
@@ -93,6 +105,14 @@ def test_gptq_layers_load_losslessly(tmp_path, rng, bits, group, sym, version):
     assert ("fc1_zero_points" in layer.weights) == (not sym)  # symmetric codes: the contract's default zero point
     assert layer.router_weight.shape == (E, H) and layer.attributes["k"] == 2
     assert moe_layers(tmp_path) == [1]
+
+
+@pytest.mark.parametrize("bits, group, sym", [(4, 32, False), (8, 64, True), (4, -1, False), (2, 16, False)])
+def test_compressed_tensors_layers_load_losslessly(tmp_path, rng, bits, group, sym):
+    dense, names = _write(tmp_path, "compressed-tensors", rng, bits=bits, group=group, sym=sym)
+    layer = load_layer(tmp_path, 1)
+    _check(layer, dense, names, bits, group)
+    assert ("fc2_zero_points" in layer.weights) == (not sym)
 
 
 @pytest.mark.parametrize("scheme", ["moe_mlp", "mixtral"])
@@ -127,7 +147,13 @@ def test_refusals_name_the_tensor_or_setting(tmp_path, rng):
 
 @pytest.mark.parametrize("qc, match", [({"quant_method": "fp8"}, "quant_method"),
                                        ({"quant_method": "awq", "version": "gemv"}, "GEMM packing"),
-                                       ({"quant_method": "gptq", "bits": 3, "group_size": 32}, "3-bit")])
+                                       ({"quant_method": "gptq", "bits": 3, "group_size": 32}, "3-bit"),
+                                       ({"quant_method": "compressed-tensors", "format": "float-quantized"},
+                                        "pack-quantized is read"),
+                                       ({"quant_method": "compressed-tensors", "format": "pack-quantized",
+                                         "config_groups": {"g": {"weights": {"num_bits": 4, "type": "int",
+                                                                             "strategy": "group", "group_size": 32,
+                                                                             "actorder": "group"}}}}, "act-order")])
 def test_unsupported_formats_are_refused(tmp_path, rng, qc, match):
     _write(tmp_path, "gptq", rng)
     cfg = json.loads((tmp_path / "config.json").read_text())

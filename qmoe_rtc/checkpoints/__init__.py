@@ -1,6 +1,7 @@
 """Quantized MoE checkpoints into QMoE layers: GPTQ (v1 / v2 zero points, 2/4/8-bit, per-group or
-per-channel) and AWQ (GEMM, 4-bit) safetensors checkpoints of Mixtral-style and ``mlp.experts``
-(Qwen-MoE, OLMoE, DeepSeek routed experts) models, converted losslessly into the contract layout::
+per-channel), AWQ (GEMM, 4-bit) and compressed-tensors ``pack-quantized`` (1/2/4/8-bit, symmetric or
+not, group or channel) safetensors checkpoints of Mixtral-style and ``mlp.experts`` (Qwen-MoE, OLMoE,
+DeepSeek routed experts) models, converted losslessly into the contract layout::
 
     from qmoe_rtc.checkpoints import load_layer, moe_layers
     layer = load_layer("Qwen3-30B-A3B-GPTQ-Int4/", 0)            # LoadedLayer

@@ -18,6 +18,15 @@ AWQ (AutoAWQ GEMM, ``quant_method: awq``, ``version: gemm``), 4-bit::
     qweight [K, N/8] int32      8 codes along N per word, in the order 0, 2, 4, 6, 1, 3, 5, 7
     qzeros  [nb, N/8] int32     zero points packed the same way (no offset)
     scales  [nb, N] float16
+
+compressed-tensors ``pack-quantized`` (llm-compressor, ``quant_method: compressed-tensors``), int 1-8 bit::
+
+    weight_packed     [N, ceil(K·b/32)] int32   codes along K, 32/b per word, code i at bits b·i, each the
+                                                signed value + 2^(b−1)
+    weight_scale      [N, nb] float             nb = K / group_size (1 for the channel strategy)
+    weight_zero_point [ceil(N·b/32), nb] int32  asymmetric only: packed along N, signed + 2^(b−1)
+    weight_shape      [2] int                   [N, K]
+    weight_g_idx      [K] int32                 act-order, refused as for GPTQ
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ import numpy as np
 
 from ..errors import QMoEInputError, QMoEUnsupportedError
 
-__all__ = ["AWQ_ORDER", "Quantized", "awq", "gptq"]
+__all__ = ["AWQ_ORDER", "Quantized", "awq", "compressed", "gptq"]
 
 #: Which of 8 consecutive outputs AWQ's GEMM packing puts in nibble i of a word.
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
@@ -108,6 +117,34 @@ def awq(get, prefix: str, bits: int, group: int, K: int, N: int) -> Quantized:
     z = _unpack(_words(get(f"{prefix}.qzeros"), f"{prefix}.qzeros", (nb, N // 8)), 4, 1, AWQ_ORDER)  # [nb, N]
     s = _scales(get(f"{prefix}.scales"), f"{prefix}.scales", (nb, N))
     return Quantized(np.ascontiguousarray(q), s, _zeros_or_none(z.T, 4), 4, max(group, 0))
+
+
+def compressed(get, prefix: str, bits: int, group: int, K: int, N: int, symmetric: bool) -> Quantized:
+    """The compressed-tensors ``pack-quantized`` tensors ``prefix.weight_packed`` … of a [N, K] projection."""
+    if not 1 <= bits <= 8:
+        raise QMoEUnsupportedError(f"{prefix}.weight_packed: {bits}-bit codes (1 to 8 are packed)")
+    if bits not in (1, 2, 4, 8):
+        raise QMoEUnsupportedError(f"{prefix}.weight_packed: {bits}-bit codes (the contract's widths 1, 2, 4, 8 "
+                                   "pack whole words; 3-bit codes here straddle them)")
+    shape = get(f"{prefix}.weight_shape")
+    if [int(v) for v in np.asarray(shape).reshape(-1)] != [N, K]:
+        raise QMoEInputError(f"{prefix}.weight_shape", f"[{N}, {K}]", str(np.asarray(shape).tolist()))
+    nb = _group_count(K, group, f"{prefix}.weight_packed")
+    per = 32 // bits
+    q = _unpack(_words(get(f"{prefix}.weight_packed"), f"{prefix}.weight_packed", (N, -(-K // per))), bits, 1)[:, :K]
+    s = get(f"{prefix}.weight_scale")
+    if s.dtype.kind != "f" or tuple(s.shape) != (N, nb):
+        raise QMoEInputError(f"{prefix}.weight_scale", f"float [{N}, {nb}]", f"{s.dtype} {list(s.shape)}")
+    g_idx = get.optional(f"{prefix}.weight_g_idx")
+    if g_idx is not None and group > 0 and not np.array_equal(np.asarray(g_idx), np.arange(K) // group):
+        raise QMoEUnsupportedError(f"{prefix}.weight_g_idx: act-order puts inputs of a group apart; the contract's "
+                                   "blocks are contiguous runs of K, so it cannot be loaded losslessly")
+    if symmetric:
+        zeros = np.full((N, nb), 1 << (bits - 1))
+    else:
+        zw = _words(get(f"{prefix}.weight_zero_point"), f"{prefix}.weight_zero_point", (-(-N // per), nb))
+        zeros = _unpack(zw, bits, 0)[:N]
+    return Quantized(np.ascontiguousarray(q), np.ascontiguousarray(s), _zeros_or_none(zeros, bits), bits, max(group, 0))
 
 
 def _zeros_or_none(zeros: np.ndarray, bits: int):

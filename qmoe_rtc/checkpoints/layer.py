@@ -12,6 +12,7 @@ Naming schemes (the expert tensors' prefix; ``{L}`` layer, ``{e}`` expert; ``rou
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 
@@ -82,56 +83,74 @@ def moe_layers(path, scheme: str | None = None) -> list[int]:
     return sorted(found)
 
 
-def _format(ckpt: Checkpoint) -> tuple[str, int, int, int]:
-    """(method, bits, group, GPTQ version) from config.json's quantization_config."""
+def _format(ckpt: Checkpoint) -> dict:
+    """The checkpoint's format from config.json's quantization_config: method, bits, group, and GPTQ's
+    version or compressed-tensors' symmetry."""
     q = ckpt.quantization
     method = q.get("quant_method")
-    if method not in ("gptq", "awq"):
-        raise QMoEUnsupportedError(f"config.json quantization_config.quant_method {method!r}: GPTQ and AWQ "
-                                   "checkpoints are read")
-    if method == "awq" and str(q.get("version", "gemm")).lower() != "gemm":
-        raise QMoEUnsupportedError(f"AWQ version {q.get('version')!r}: the GEMM packing is read")
-    if method == "awq" and not q.get("zero_point", True):
-        raise QMoEUnsupportedError("AWQ without zero points (zero_point: false)")
-    version = 2 if str(q.get("checkpoint_format", "gptq")).lower() == "gptq_v2" else 1
-    group = int(q.get("group_size", q.get("q_group_size", 128)))
-    return method, int(q.get("bits", q.get("w_bit", 4))), group, version
-
-
-def _projection(read, method, bits, group, version, prefix, K, N):
     if method == "gptq":
-        return formats.gptq(read, prefix, bits, group, K, N, version)
-    return formats.awq(read, prefix, bits, group, K, N)
+        fmt = str(q.get("checkpoint_format", "gptq")).lower()
+        return dict(method=method, bits=int(q.get("bits", 4)), group=int(q.get("group_size", 128)),
+                    version=2 if fmt == "gptq_v2" else 1)
+    if method == "awq":
+        if str(q.get("version", "gemm")).lower() != "gemm":
+            raise QMoEUnsupportedError(f"AWQ version {q.get('version')!r}: the GEMM packing is read")
+        if not q.get("zero_point", True):
+            raise QMoEUnsupportedError("AWQ without zero points (zero_point: false)")
+        return dict(method=method, bits=int(q.get("bits", q.get("w_bit", 4))),
+                    group=int(q.get("group_size", q.get("q_group_size", 128))))
+    if method == "compressed-tensors":
+        if q.get("format") != "pack-quantized":
+            raise QMoEUnsupportedError(f"compressed-tensors format {q.get('format')!r}: pack-quantized is read")
+        groups = list((q.get("config_groups") or {}).values())
+        args = [g.get("weights") or {} for g in groups]
+        if len({json.dumps(a, sort_keys=True) for a in args}) != 1:
+            raise QMoEUnsupportedError("compressed-tensors with several weight schemes (config_groups): one is read")
+        w = args[0]
+        if w.get("type", "int") != "int" or w.get("strategy") not in ("group", "channel") or w.get("actorder"):
+            raise QMoEUnsupportedError(f"compressed-tensors weights {w}: int codes with the group or channel "
+                                       "strategy (no act-order) are read")
+        group = int(w.get("group_size") or -1) if w["strategy"] == "group" else -1
+        return dict(method=method, bits=int(w.get("num_bits", 4)), group=group, symmetric=bool(w.get("symmetric", True)))
+    raise QMoEUnsupportedError(f"config.json quantization_config.quant_method {method!r}: GPTQ, AWQ and "
+                               "compressed-tensors (pack-quantized) checkpoints are read")
+
+
+def _projection(read, fmt: dict, prefix: str, K: int, N: int) -> formats.Quantized:
+    if fmt["method"] == "gptq":
+        return formats.gptq(read, prefix, fmt["bits"], fmt["group"], K, N, fmt["version"])
+    if fmt["method"] == "awq":
+        return formats.awq(read, prefix, fmt["bits"], fmt["group"], K, N)
+    return formats.compressed(read, prefix, fmt["bits"], fmt["group"], K, N, fmt["symmetric"])
 
 
 def load_layer(path, layer: int, *, scheme: str | None = None, progress=None) -> LoadedLayer:
-    """Layer ``layer``'s experts from the GPTQ or AWQ checkpoint at ``path`` (a .safetensors file or a
+    """Layer ``layer``'s experts from the GPTQ, AWQ or compressed-tensors checkpoint at ``path`` (a .safetensors file or a
     folder with ``config.json``), converted losslessly into the contract's inputs (``LoadedLayer``).
     ``progress(done, total)``, when given, is called after each expert. Raises ``QMoEInputError`` naming
     the tensor that is missing or malformed, ``QMoEUnsupportedError`` for a format it does not read."""
     ckpt = Checkpoint(path)
-    method, bits, group, version = _format(ckpt)
+    fmt = _format(ckpt)
+    bits, group = fmt["bits"], fmt["group"]
     scheme = _scheme(ckpt, layer, scheme)
     prefix, (gate, up, down), router, shared = SCHEMES[scheme]
     if found := [n for n in ckpt.names if any(n.startswith(s.format(L=layer)) for s in shared)]:
         raise QMoEUnsupportedError(f"layer {layer} has shared-expert tensors ({found[0]} ...): loading them is not "
                                    "built yet, and the layer without them would compute another function")
+    scale = "weight_scale" if fmt["method"] == "compressed-tensors" else "scales"
     E = 0
-    while ckpt.has(f"{prefix.format(L=layer, e=E)}.{gate}.scales"):
+    while ckpt.has(f"{prefix.format(L=layer, e=E)}.{gate}.{scale}"):
         E += 1
     if E == 0:
-        raise QMoEInputError(f"{prefix.format(L=layer, e=0)}.{gate}.scales", "a tensor of the checkpoint", "missing")
+        raise QMoEInputError(f"{prefix.format(L=layer, e=0)}.{gate}.{scale}", "a tensor of the checkpoint", "missing")
     read = _Reader(ckpt)
-    first = read(f"{prefix.format(L=layer, e=0)}.{gate}.scales")  # [nb, I]
-    I = int(first.shape[1])
-    down_s = read(f"{prefix.format(L=layer, e=0)}.{down}.scales")  # [nb, H]
-    H = int(down_s.shape[1])
+    I, H = (_outputs(read, f"{prefix.format(L=layer, e=0)}.{n}", scale) for n in (gate, down))
     fc1, fc2 = [], []
     for e in range(E):
         p = prefix.format(L=layer, e=e)
-        g, u = (_projection(read, method, bits, group, version, f"{p}.{n}", H, I) for n in (gate, up))
+        g, u = (_projection(read, fmt, f"{p}.{n}", H, I) for n in (gate, up))
         fc1.append((g, u))
-        fc2.append(_projection(read, method, bits, group, version, f"{p}.{down}", I, H))
+        fc2.append(_projection(read, fmt, f"{p}.{down}", I, H))
         if progress is not None:
             progress(e + 1, E)
     weights = {}
@@ -145,6 +164,14 @@ def load_layer(path, layer: int, *, scheme: str | None = None, progress=None) ->
     src = {"fc1_experts_weights": f"{prefix.format(L=layer, e='*')}.{{{gate},{up}}}",
            "fc2_experts_weights": f"{prefix.format(L=layer, e='*')}.{down}"}
     return LoadedLayer(weights, attrs, rw, src)
+
+
+def _outputs(read, prefix: str, scale: str) -> int:
+    """N of a projection from its scales: [nb, N] (GPTQ, AWQ) or [N, nb] (compressed-tensors)."""
+    s = read(f"{prefix}.{scale}")
+    if s.ndim != 2:
+        raise QMoEInputError(f"{prefix}.{scale}", "a 2-D scale tensor", f"shape {list(s.shape)}")
+    return int(s.shape[0] if scale == "weight_scale" else s.shape[1])
 
 
 def _stack(name: str, rows: list[tuple], bits: int) -> dict:
