@@ -1,4 +1,4 @@
-"""Command line: ``python -m qmoe_rtc {info,demo,warm,bench,stress}``."""
+"""Command line: ``python -m qmoe_rtc {info,demo,warm,bench,stress,checkpoint}``."""
 
 from __future__ import annotations
 
@@ -179,6 +179,8 @@ def main(argv=None) -> int:
     sub.add_parser("warm", help="pre-compile kernels into the on-disk cache (see `warm --help`)", add_help=False)
     sub.add_parser("bench", help="benchmark (see `bench --help`)", add_help=False)
     sub.add_parser("stress", help="contention stress check on the GPU (see `stress --help`)", add_help=False)
+    sub.add_parser("checkpoint", help="read a GPTQ / AWQ / compressed-tensors checkpoint's MoE layers "
+                   "(see `checkpoint --help`)", add_help=False)
     argv = list(sys.argv[1:] if argv is None else argv)
     from .errors import QMoEError
 
@@ -195,6 +197,10 @@ def main(argv=None) -> int:
             from .stress import main as stress_main
 
             return stress_main(argv[1:])
+        if argv and argv[0] == "checkpoint":
+            from .checkpoints.cli import main as checkpoint_main
+
+            return checkpoint_main(argv[1:])
         args = parser.parse_args(argv)
         return {"info": cmd_info, "demo": cmd_demo}[args.cmd](args)
     except QMoEError as exc:  # a bad QMOE_RTC_* value, no usable GPU ...: one line, no traceback

@@ -167,3 +167,14 @@ def test_a_layer_with_shared_experts_is_refused_not_half_loaded(tmp_path, rng):
     _write(tmp_path, "gptq", rng, extra={"model.layers.1.mlp.shared_expert.gate_proj.scales": np.ones((2, 2), np.float16)})
     with pytest.raises(QMoEUnsupportedError, match="shared-expert"):
         load_layer(tmp_path, 1)
+
+
+def test_the_checkpoint_command_reads_every_moe_layer(tmp_path, rng, capsys):
+    from qmoe_rtc.__main__ import main
+
+    _write(tmp_path, "awq", rng)
+    assert main(["checkpoint", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"layer 1: E={E} H={H} I={I} k=2 int4 block 32 zero points, router [E, H]" in out
+    assert main(["checkpoint", str(tmp_path / "nothing")]) == 2  # a QMoEInputError: one line, exit 2
+    assert "QMoEInputError" in capsys.readouterr().err

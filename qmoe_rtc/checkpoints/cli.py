@@ -1,0 +1,46 @@
+"""``python -m qmoe_rtc checkpoint PATH``: read every MoE layer of a checkpoint (or those of
+``--layers``) into contract inputs, as :func:`qmoe_rtc.checkpoints.load_layer` does, with a progress line
+per layer, and print what each holds. Nothing goes to a GPU: it checks a checkpoint before deployment."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..cli_args import csv
+
+
+def _progress(layer: int):
+    tty = sys.stderr.isatty()
+
+    def progress(done: int, total: int) -> None:
+        if tty:
+            sys.stderr.write(f"\r  layer {layer}: {done}/{total} experts" + ("\n" if done == total else ""))
+            sys.stderr.flush()
+
+    return progress
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m qmoe_rtc checkpoint", description=__doc__.split("\n\n")[0])
+    p.add_argument("path", help="a .safetensors file, or a folder of them with config.json")
+    p.add_argument("--layers", type=csv(int), default=None, help="comma list of layer indices (default: every MoE layer)")
+    p.add_argument("--scheme", default=None, help="naming scheme (default: found from the tensor names)")
+    a = p.parse_args(argv)
+    from .layer import load_layer, moe_layers
+
+    layers = a.layers if a.layers is not None else moe_layers(a.path, a.scheme)
+    if not layers:
+        print(f"{a.path}: no MoE expert tensors found", file=sys.stderr)
+        return 1
+    for L in layers:
+        got = load_layer(a.path, L, scheme=a.scheme, progress=_progress(L))
+        w, at = got.weights, got.attributes
+        E, N1 = w["fc1_experts_weights"].shape[:2]
+        H = w["fc2_experts_weights"].shape[1]
+        nbytes = sum(v.nbytes for v in w.values())
+        zp = "zero points" if "fc1_zero_points" in w or "fc2_zero_points" in w else "symmetric"
+        router = "router [E, H]" if got.router_weight is not None else "no router"
+        print(f"layer {L}: E={E} H={H} I={N1 // 2} k={at['k']} int{at['expert_weight_bits']} "
+              f"block {at['block_size'] or 'row-wise'} {zp}, {router}, {nbytes / 2**20:.1f} MiB")
+    return 0
