@@ -10,14 +10,25 @@ DeepSeek routed experts) models, converted losslessly into the contract layout::
 
 Needs the ``safetensors`` package (``pip install qmoe_rtc[checkpoints]``). The formats' storage is in
 :mod:`qmoe_rtc.checkpoints.formats`, the naming schemes in :mod:`qmoe_rtc.checkpoints.layer`.
+
+ONNX models with ``com.microsoft::QMoE`` nodes (ONNX Runtime GenAI's builder writes them)::
+
+    for node in qmoe_nodes("model.onnx"):                     # OnnxQMoE, external data read too
+        moe = qmoe_rtc.QMoE(**node.weights, **node.attributes)
+
+(:mod:`qmoe_rtc.checkpoints.onnx_nodes`; needs the ``onnx`` package).
 """
 
 from __future__ import annotations
 
-__all__ = ["LoadedLayer", "load_layer", "moe_layers"]
+__all__ = ["LoadedLayer", "OnnxQMoE", "load_layer", "moe_layers", "qmoe_nodes"]
 
 
 def __getattr__(name):  # no work at import time: the submodules load on first use
+    if name in ("OnnxQMoE", "qmoe_nodes"):
+        from . import onnx_nodes
+
+        return getattr(onnx_nodes, name)
     if name in __all__:
         from . import layer
 

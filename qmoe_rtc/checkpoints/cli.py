@@ -1,6 +1,7 @@
 """``python -m qmoe_rtc checkpoint PATH``: read every MoE layer of a checkpoint (or those of
 ``--layers``) into contract inputs, as :func:`qmoe_rtc.checkpoints.load_layer` does, with a progress line
-per layer, and print what each holds. Nothing goes to a GPU: it checks a checkpoint before deployment."""
+per layer, and print what each holds; for an ``.onnx`` model, its QMoE nodes. Nothing goes to a GPU: it
+checks a checkpoint before deployment."""
 
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ def main(argv=None) -> int:
     p.add_argument("--layers", type=csv(int), default=None, help="comma list of layer indices (default: every MoE layer)")
     p.add_argument("--scheme", default=None, help="naming scheme (default: found from the tensor names)")
     a = p.parse_args(argv)
+    if str(a.path).endswith(".onnx"):
+        return _onnx(a.path)
     from .layer import load_layer, moe_layers
 
     layers = a.layers if a.layers is not None else moe_layers(a.path, a.scheme)
@@ -43,4 +46,20 @@ def main(argv=None) -> int:
         router = "router [E, H]" if got.router_weight is not None else "no router"
         print(f"layer {L}: E={E} H={H} I={N1 // 2} k={at['k']} int{at['expert_weight_bits']} "
               f"block {at['block_size'] or 'row-wise'} {zp}, {router}, {nbytes / 2**20:.1f} MiB")
+    return 0
+
+
+def _onnx(path) -> int:
+    from ..contract import QMoEAttributes, describe_layer
+    from .onnx_nodes import qmoe_nodes
+
+    nodes = qmoe_nodes(path)
+    if not nodes:
+        print(f"{path}: no com.microsoft::QMoE nodes", file=sys.stderr)
+        return 1
+    for node in nodes:
+        layer = describe_layer(node.weights, QMoEAttributes.from_kwargs(**node.attributes))
+        nbytes = sum(v.nbytes for v in node.weights.values())
+        print(f"{node.name}: E={layer.E} H={layer.H} I={layer.I} k={layer.attrs.k} {layer.attrs.activation_type}, "
+              f"inputs {node.inputs}, {nbytes / 2**20:.1f} MiB")
     return 0
