@@ -36,9 +36,10 @@ SCHEMES = {
 
 @dataclass
 class LoadedLayer:
-    """A layer's contract inputs: ``QMoE(**weights, **attributes)``. ``router_weight`` [E, H] (the gate's
-    linear, in its stored dtype) is left out of ``weights``: pass it as ``router_weight=`` for logits
-    computed in the layer, in the dtype you call the layer with."""
+    """A layer's contract inputs: ``QMoE(**weights, **attributes)``. The scales keep their stored dtype
+    (GPTQ and AWQ: float16), which fixes the dtype the layer is called with. ``router_weight`` [E, H] (the
+    gate's linear, in its stored dtype) is left out of ``weights``: pass it as ``router_weight=`` for
+    logits computed in the layer, in the dtype you call the layer with."""
 
     weights: dict
     attributes: dict
