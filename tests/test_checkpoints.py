@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from qmoe_rtc.checkpoints import load_layer, moe_layers
+from qmoe_rtc.checkpoints import Checkpoint, load_layer, moe_layers
 from qmoe_rtc.checkpoints.formats import AWQ_ORDER
 from qmoe_rtc.contract import QMoEAttributes, describe_layer
 from qmoe_rtc.errors import QMoEInputError, QMoEUnsupportedError
@@ -178,3 +178,13 @@ def test_the_checkpoint_command_reads_every_moe_layer(tmp_path, rng, capsys):
     assert f"layer 1: E={E} H={H} I={I} k=2 int4 block 32 zero points, router [E, H]" in out
     assert main(["checkpoint", str(tmp_path / "nothing")]) == 2  # a QMoEInputError: one line, exit 2
     assert "QMoEInputError" in capsys.readouterr().err
+
+
+def test_an_open_checkpoint_serves_many_reads_and_closes(tmp_path, rng):
+    dense, names = _write(tmp_path, "gptq", rng)
+    with Checkpoint(tmp_path) as ckpt:
+        assert moe_layers(ckpt) == [1]
+        layer = load_layer(ckpt, 1)
+        assert ckpt._open  # the file stays open between reads
+    assert not ckpt._open
+    _check(layer, dense, names, 4, 32)

@@ -6,6 +6,8 @@ DeepSeek routed experts) models, converted losslessly into the contract layout::
     from qmoe_rtc.checkpoints import load_layer, moe_layers
     layer = load_layer("Qwen3-30B-A3B-GPTQ-Int4/", 0)            # LoadedLayer
     moe = qmoe_rtc.QMoE(**layer.weights, **layer.attributes)     # logits passed at each call
+    with Checkpoint("Qwen3-30B-A3B-GPTQ-Int4/") as ckpt:         # many layers: each file opened once
+        layers = [load_layer(ckpt, L) for L in moe_layers(ckpt)]
     # or: QMoE(**layer.weights, **layer.attributes, router_weight=layer.router_weight.astype(...))
 
 Needs the ``safetensors`` package (``pip install qmoe_rtc[checkpoints]``). The formats' storage is in
@@ -21,7 +23,7 @@ ONNX models with ``com.microsoft::QMoE`` nodes (ONNX Runtime GenAI's builder wri
 
 from __future__ import annotations
 
-__all__ = ["LoadedLayer", "OnnxQMoE", "load_layer", "moe_layers", "qmoe_nodes"]
+__all__ = ["Checkpoint", "LoadedLayer", "OnnxQMoE", "load_layer", "moe_layers", "qmoe_nodes"]
 
 
 def __getattr__(name):  # no work at import time: the submodules load on first use
@@ -29,6 +31,10 @@ def __getattr__(name):  # no work at import time: the submodules load on first u
         from . import onnx_nodes
 
         return getattr(onnx_nodes, name)
+    if name == "Checkpoint":
+        from .source import Checkpoint
+
+        return Checkpoint
     if name in __all__:
         from . import layer
 

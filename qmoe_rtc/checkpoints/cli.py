@@ -31,13 +31,19 @@ def main(argv=None) -> int:
     if str(a.path).endswith(".onnx"):
         return _onnx(a.path)
     from .layer import load_layer, moe_layers
+    from .source import Checkpoint
 
-    layers = a.layers if a.layers is not None else moe_layers(a.path, a.scheme)
+    with Checkpoint(a.path) as ckpt:  # each file's header parsed once for every layer
+        return _layers(ckpt, a, load_layer, moe_layers)
+
+
+def _layers(ckpt, a, load_layer, moe_layers) -> int:
+    layers = a.layers if a.layers is not None else moe_layers(ckpt, a.scheme)
     if not layers:
         print(f"{a.path}: no MoE expert tensors found", file=sys.stderr)
         return 1
     for L in layers:
-        got = load_layer(a.path, L, scheme=a.scheme, progress=_progress(L))
+        got = load_layer(ckpt, L, scheme=a.scheme, progress=_progress(L))
         w, at = got.weights, got.attributes
         E, N1 = w["fc1_experts_weights"].shape[:2]
         H = w["fc2_experts_weights"].shape[1]

@@ -72,9 +72,13 @@ def _scheme(ckpt: Checkpoint, layer: int, scheme: str | None) -> str:
                          "(e.g. model.layers.{L}.mlp.experts.{e}.gate_proj.qweight)", f"none in {ckpt.path}")
 
 
+def _checkpoint(path) -> Checkpoint:
+    return path if isinstance(path, Checkpoint) else Checkpoint(path)
+
+
 def moe_layers(path, scheme: str | None = None) -> list[int]:
-    """The layer indices whose MoE experts the checkpoint at ``path`` holds."""
-    ckpt = Checkpoint(path)
+    """The layer indices whose MoE experts the checkpoint at ``path`` (or a :class:`Checkpoint`) holds."""
+    ckpt = _checkpoint(path)
     found = set()
     for name in ckpt.names:
         for prefix, *_rest in (SCHEMES[scheme],) if scheme else SCHEMES.values():
@@ -127,10 +131,19 @@ def _projection(read, fmt: dict, prefix: str, K: int, N: int) -> formats.Quantiz
 
 def load_layer(path, layer: int, *, scheme: str | None = None, progress=None) -> LoadedLayer:
     """Layer ``layer``'s experts from the GPTQ, AWQ or compressed-tensors checkpoint at ``path`` (a .safetensors file or a
-    folder with ``config.json``), converted losslessly into the contract's inputs (``LoadedLayer``).
+    folder with ``config.json``, or an open :class:`~qmoe_rtc.checkpoints.source.Checkpoint` to read many
+    layers through), converted losslessly into the contract's inputs (``LoadedLayer``).
     ``progress(done, total)``, when given, is called after each expert. Raises ``QMoEInputError`` naming
     the tensor that is missing or malformed, ``QMoEUnsupportedError`` for a format it does not read."""
-    ckpt = Checkpoint(path)
+    ckpt = _checkpoint(path)
+    try:
+        return _load(ckpt, layer, scheme, progress)
+    finally:
+        if ckpt is not path:  # opened here: close its files
+            ckpt.close()
+
+
+def _load(ckpt: Checkpoint, layer: int, scheme: str | None, progress) -> LoadedLayer:
     fmt = _format(ckpt)
     bits, group = fmt["bits"], fmt["group"]
     scheme = _scheme(ckpt, layer, scheme)

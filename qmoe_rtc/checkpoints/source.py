@@ -23,7 +23,9 @@ def _safetensors():
 
 
 class Checkpoint:
-    """The tensors (by name) and the ``config.json`` of a checkpoint at ``path`` (a file or a folder)."""
+    """The tensors (by name) and the ``config.json`` of a checkpoint at ``path`` (a file or a folder).
+    Each file is opened once and kept open until :meth:`close` (or the end of a ``with`` block), so
+    reading a model's thousands of expert tensors parses each file's header once."""
 
     def __init__(self, path):
         self.path = Path(path)
@@ -39,6 +41,7 @@ class Checkpoint:
             with safe_open(str(f), framework="np") as h:
                 for name in h.keys():
                     self._where[name] = f
+        self._open: dict[Path, object] = {}  # file -> its open safe_open handle
         cfg = folder / "config.json"
         self.config: dict = json.loads(cfg.read_text()) if cfg.is_file() else {}
 
@@ -55,8 +58,22 @@ class Checkpoint:
         f = self._where.get(name)
         if f is None:
             raise QMoEInputError(name, "a tensor of the checkpoint", f"missing from {self.path}")
-        with _safetensors()(str(f), framework="np") as h:
-            return h.get_tensor(name)
+        h = self._open.get(f)
+        if h is None:
+            h = self._open[f] = _safetensors()(str(f), framework="np").__enter__()
+        return h.get_tensor(name)
+
+    def close(self) -> None:
+        """Close the files opened so far (a later :meth:`get` opens them again)."""
+        for h in self._open.values():
+            h.__exit__(None, None, None)
+        self._open.clear()
+
+    def __enter__(self) -> Checkpoint:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     @property
     def quantization(self) -> dict:
