@@ -9,6 +9,7 @@ import json
 
 import numpy as np
 import pytest
+from ml_dtypes import bfloat16
 from safetensors.numpy import save_file
 
 from qmoe_rtc.checkpoints import Checkpoint, load_layer, moe_layers
@@ -44,16 +45,19 @@ def _quantized(rng, N, K, bits, group, sym):
     return q, z, s, dense.reshape(N, K)
 
 
-def _write(tmp_path, method, rng, *, bits=4, group=32, sym=False, version=1, scheme="moe_mlp", extra=None):
-    """A one-layer checkpoint (layer 1) in ``method``'s storage; returns the dense experts {name: [E, N, K]}."""
+def _write(tmp_path, method, rng, *, bits=4, group=32, sym=False, version=1, scheme="moe_mlp", extra=None, shared=0):
+    """A one-layer checkpoint (layer 1) in ``method``'s storage; returns the dense experts {name: [E, N, K]}
+    (with ``shared`` = S, a shared MLP of S·I under ``shared_<name>`` [1, N, K] and its sigmoid gate)."""
     names = ("gate_proj", "up_proj", "down_proj") if scheme == "moe_mlp" else ("w1", "w3", "w2")
     base = "model.layers.1.mlp.experts" if scheme == "moe_mlp" else "model.layers.1.block_sparse_moe.experts"
     tensors, dense = {}, {n: [] for n in names}
-    for e in range(E):
-        for n, (N, K) in zip(names, ((I, H), (I, H), (H, I))):
+    mlps = [(f"{base}.{e}", I, "") for e in range(E)] + ([("model.layers.1.mlp.shared_expert", shared * I, "shared_")]
+                                                         if shared else [])
+    for mlp, inter, tag in mlps:
+        for n, (N, K) in zip(names, ((inter, H), (inter, H), (H, inter))):
             q, z, s, d = _quantized(rng, N, K, bits, group, sym)
-            dense[n].append(d)
-            p = f"{base}.{e}.{n}"
+            dense.setdefault(tag + n, []).append(d)
+            p = f"{mlp}.{n}"
             if method == "compressed-tensors":
                 tensors[f"{p}.weight_packed"] = _pack_along(q, bits, 1)  # [N, K·b/32], signed + 2^(b-1)
                 tensors[f"{p}.weight_scale"] = s  # [N, nb]
@@ -69,6 +73,8 @@ def _write(tmp_path, method, rng, *, bits=4, group=32, sym=False, version=1, sch
                 tensors[f"{p}.qweight"] = _pack_along(q.T, 4, 1, AWQ_ORDER)  # [K, N/8]
                 tensors[f"{p}.qzeros"] = _pack_along(z.T, 4, 1, AWQ_ORDER)  # [nb, N/8]
             tensors[f"{p}.scales"] = np.ascontiguousarray(s.T)  # [nb, N]
+    if shared:  # a bfloat16 gate whose values float16 holds exactly
+        tensors["model.layers.1.mlp.shared_expert_gate.weight"] = (rng.integers(-64, 64, (1, H)) / 64).astype(bfloat16)
     gate = "model.layers.1.mlp.gate.weight" if scheme == "moe_mlp" else "model.layers.1.block_sparse_moe.gate.weight"
     tensors[gate] = rng.standard_normal((E, H)).astype(np.float32)
     tensors.update(extra or {})
@@ -163,10 +169,54 @@ def test_unsupported_formats_are_refused(tmp_path, rng, qc, match):
         load_layer(tmp_path, 1)
 
 
-def test_a_layer_with_shared_experts_is_refused_not_half_loaded(tmp_path, rng):
-    _write(tmp_path, "gptq", rng, extra={"model.layers.1.mlp.shared_expert.gate_proj.scales": np.ones((2, 2), np.float16)})
-    with pytest.raises(QMoEUnsupportedError, match="shared-expert"):
+def test_a_stray_shared_expert_tensor_is_refused_not_half_loaded(tmp_path, rng):
+    _write(tmp_path, "gptq", rng, extra={"model.layers.1.mlp.shared_expert.up_proj.scales": np.ones((2, 2), np.float16)})
+    with pytest.raises(QMoEInputError, match="shared_expert.gate_proj.scales"):
         load_layer(tmp_path, 1)
+
+
+@pytest.mark.parametrize("method, group", [("gptq", 32), ("gptq", -1), ("compressed-tensors", 32)])
+def test_a_shared_mlp_of_twice_i_becomes_two_shared_experts(tmp_path, rng, method, group):
+    """A shared MLP of 2·I (Qwen2-MoE's shared_expert, with its sigmoid gate) loads as two shared experts of
+    I: their dequantized halves are the MLP's, and the float64 reference gives the same output as the
+    whole MLP as one shared expert of its own size."""
+    from qmoe_rtc.random_layer import random_inputs
+    from qmoe_rtc.reference import qmoe as reference
+    from qmoe_rtc.runtime.layer import describe_gpu_layer
+
+    dense, names = _write(tmp_path, method, rng, group=group, shared=2)
+    layer = load_layer(tmp_path, 1)
+    w, a = layer.weights, layer.attributes
+    ext = describe_gpu_layer(w, QMoEAttributes.from_kwargs(**a), {}).ext  # as QMoE() validates, GPU-free
+    assert ext.S == 2 and ext.gate and w["shared_gate_weight"].dtype == np.float16  # exact in float16
+    g, u, d = (dense[f"shared_{n}"][0] for n in names)
+    bs = max(group, 0)
+    fc1 = dequantize(w["shared_fc1_experts_weights"], w["shared_fc1_scales"], 4, bs, w.get("shared_fc1_zero_points"), K=H)
+    fc2 = dequantize(w["shared_fc2_experts_weights"], w["shared_fc2_scales"], 4, bs, w.get("shared_fc2_zero_points"), K=I)
+    for s in range(2):
+        rows = slice(s * I, (s + 1) * I)
+        np.testing.assert_array_equal(fc1[s], np.concatenate([g[rows], u[rows]]).astype(np.float32))
+        np.testing.assert_array_equal(fc2[s], d[:, rows].astype(np.float32))
+    if group > 0:  # the same MLP as one shared expert of 2·I (the contract takes a shared size of its own)
+        whole = dict(w, **_one_shared_expert(w))
+        x, logits, _ = random_inputs(rng, 3, H, E, "float16")
+        np.testing.assert_allclose(reference(x, logits, **w, **a), reference(x, logits, **whole, **a), rtol=0,
+                                   atol=1e-12)
+
+
+def _one_shared_expert(w: dict) -> dict:
+    """Two shared experts of I (block-wise scales, whole bytes of zero points) as one of 2·I: FC1 rows
+    gate 0, gate 1, up 0, up 1; FC2 inputs of expert 0 then expert 1."""
+    out = {}
+    for t in ("experts_weights", "scales", "zero_points"):
+        a = w.get(f"shared_fc1_{t}")
+        if a is not None:
+            out[f"shared_fc1_{t}"] = np.concatenate([a[0, :I], a[1, :I], a[0, I:], a[1, I:]])[None]
+        a = w.get(f"shared_fc2_{t}")
+        if a is not None:
+            out[f"shared_fc2_{t}"] = np.concatenate([a[0], a[1]], axis=-1)[None]
+    return out
+
 
 
 def test_the_checkpoint_command_reads_every_moe_layer(tmp_path, rng, capsys):

@@ -7,7 +7,13 @@ Naming schemes (the expert tensors' prefix; ``{L}`` layer, ``{e}`` expert; ``rou
 
     mixtral      model.layers.{L}.block_sparse_moe.experts.{e}.w1 / w3 / w2   router block_sparse_moe.gate
     moe_mlp      model.layers.{L}.mlp.experts.{e}.gate_proj / up_proj / down_proj   router mlp.gate
-                 (Qwen2/3-MoE, OLMoE, DeepSeek's routed experts)
+                 (Qwen2/3-MoE, OLMoE, DeepSeek); shared experts: mlp.shared_expert (Qwen2-MoE, with the
+                 sigmoid gate mlp.shared_expert_gate) or mlp.shared_experts (DeepSeek)
+
+A shared MLP of intermediate size S·I (S times the routed experts' I) is split along its intermediate
+dimension into S shared experts of I each: a SwiGLU MLP is the sum of the MLPs on any split of its
+intermediate units, so the split is exact and gives the layout the GPU engines run (the routed one).
+Otherwise it stays one shared expert of its own size (valid for the contract and the reference).
 """
 
 from __future__ import annotations
@@ -25,12 +31,13 @@ from .source import Checkpoint
 
 __all__ = ["SCHEMES", "LoadedLayer", "load_layer", "moe_layers"]
 
-#: scheme -> (expert prefix, (gate, up, down) names, router prefix, shared-expert markers)
+#: scheme -> (expert prefix, (gate, up, down) names, router prefix, shared-expert prefixes, shared gate prefix)
 SCHEMES = {
     "mixtral": ("model.layers.{L}.block_sparse_moe.experts.{e}", ("w1", "w3", "w2"),
-                "model.layers.{L}.block_sparse_moe.gate", ()),
+                "model.layers.{L}.block_sparse_moe.gate", (), None),
     "moe_mlp": ("model.layers.{L}.mlp.experts.{e}", ("gate_proj", "up_proj", "down_proj"), "model.layers.{L}.mlp.gate",
-                ("model.layers.{L}.mlp.shared_expert.", "model.layers.{L}.mlp.shared_experts.")),
+                ("model.layers.{L}.mlp.shared_expert", "model.layers.{L}.mlp.shared_experts"),
+                "model.layers.{L}.mlp.shared_expert_gate"),
 }
 
 
@@ -147,11 +154,12 @@ def _load(ckpt: Checkpoint, layer: int, scheme: str | None, progress) -> LoadedL
     fmt = _format(ckpt)
     bits, group = fmt["bits"], fmt["group"]
     scheme = _scheme(ckpt, layer, scheme)
-    prefix, (gate, up, down), router, shared = SCHEMES[scheme]
-    if found := [n for n in ckpt.names if any(n.startswith(s.format(L=layer)) for s in shared)]:
-        raise QMoEUnsupportedError(f"layer {layer} has shared-expert tensors ({found[0]} ...): loading them is not "
-                                   "built yet, and the layer without them would compute another function")
+    prefix, (gate, up, down), router, shared, shared_gate = SCHEMES[scheme]
     scale = "weight_scale" if fmt["method"] == "compressed-tensors" else "scales"
+    sp = next((q.format(L=layer) for q in shared if ckpt.has(f"{q.format(L=layer)}.{gate}.{scale}")), None)
+    if sp is None and (stray := [n for n in ckpt.names if any(n.startswith(q.format(L=layer) + ".") for q in shared)]):
+        raise QMoEInputError(stray[0].rsplit(".", 2)[0] + f".{gate}.{scale}", "the shared expert's gate projection "
+                             f"beside {stray[0]}", "missing")
     E = 0
     while ckpt.has(f"{prefix.format(L=layer, e=E)}.{gate}.{scale}"):
         E += 1
@@ -170,6 +178,11 @@ def _load(ckpt: Checkpoint, layer: int, scheme: str | None, progress) -> LoadedL
     weights = {}
     weights.update(_stack("fc1", [(g, u) for g, u in fc1], bits))
     weights.update(_stack("fc2", [(d,) for d in fc2], bits))
+    if sp is not None:
+        weights.update(_shared(read, fmt, sp, (gate, up, down), scale, H, I))
+        g = read.optional(f"{shared_gate.format(L=layer)}.weight") if shared_gate else None
+        if g is not None:  # Linear(H, 1): [1, H] -> [H]
+            weights["shared_gate_weight"] = _as_if_exact(np.asarray(g).reshape(-1), weights["fc1_scales"].dtype)
     cfg = ckpt.config
     k = int(cfg.get("num_experts_per_tok", cfg.get("num_experts_per_token", 2)))
     attrs = dict(k=k, activation_type="swiglu", swiglu_fusion=2, expert_weight_bits=bits, block_size=max(group, 0),
@@ -178,6 +191,41 @@ def _load(ckpt: Checkpoint, layer: int, scheme: str | None, progress) -> LoadedL
     src = {"fc1_experts_weights": f"{prefix.format(L=layer, e='*')}.{{{gate},{up}}}",
            "fc2_experts_weights": f"{prefix.format(L=layer, e='*')}.{down}"}
     return LoadedLayer(weights, attrs, rw, src)
+
+
+def _shared(read, fmt: dict, sp: str, names: tuple, scale: str, H: int, I: int) -> dict:
+    """The shared experts' contract inputs (``shared_fc1_*``, ``shared_fc2_*``) of the shared MLP at ``sp``,
+    split into S experts of the routed I where its size is S·I (module docstring)."""
+    gate, up, down = names
+    Is = _outputs(read, f"{sp}.{gate}", scale)
+    g, u = (_projection(read, fmt, f"{sp}.{n}", H, Is) for n in (gate, up))
+    d = _projection(read, fmt, f"{sp}.{down}", Is, H)
+    group = fmt["group"]
+    S = Is // I if Is % I == 0 and (group <= 0 or I % group == 0) else 1
+    w = Is // S
+    parts = [(_rows(g, s * w, w), _rows(u, s * w, w), _cols(d, s * w, w)) for s in range(S)]
+    out = _stack("shared_fc1", [(a, b) for a, b, _ in parts], fmt["bits"])
+    out.update(_stack("shared_fc2", [(c,) for *_, c in parts], fmt["bits"]))
+    return out
+
+
+def _rows(p: formats.Quantized, start: int, n: int) -> formats.Quantized:
+    """Outputs [start, start + n) of a projection."""
+    z = None if p.zeros is None else p.zeros[start:start + n]
+    return formats.Quantized(p.q[start:start + n], p.scales[start:start + n], z, p.bits, p.group)
+
+
+def _cols(p: formats.Quantized, start: int, n: int) -> formats.Quantized:
+    """Inputs [start, start + n) of a projection (whole scale groups; row-wise scales apply to every input)."""
+    blocks = slice(start // p.group, (start + n) // p.group) if p.group else slice(None)
+    z = None if p.zeros is None else p.zeros[:, blocks]
+    return formats.Quantized(np.ascontiguousarray(p.q[:, start:start + n]), p.scales[:, blocks], z, p.bits, p.group)
+
+
+def _as_if_exact(a: np.ndarray, dtype) -> np.ndarray:
+    """``a`` in ``dtype`` when that changes no value (a bfloat16 gate beside float16 scales), else as is."""
+    b = a.astype(dtype)
+    return b if np.array_equal(b.astype(np.float64), a.astype(np.float64)) else a
 
 
 def _outputs(read, prefix: str, scale: str) -> int:
