@@ -238,3 +238,18 @@ def test_an_open_checkpoint_serves_many_reads_and_closes(tmp_path, rng):
         assert ckpt._open  # the file stays open between reads
     assert not ckpt._open
     _check(layer, dense, names, 4, 32)
+
+
+@pytest.mark.parametrize("key, value", [("scoring_func", "sigmoid"), ("topk_method", "noaux_tc"), ("n_group", 8),
+                                        ("routed_scaling_factor", 2.5)])
+def test_a_router_the_contract_cannot_reproduce_is_refused(tmp_path, rng, key, value):
+    """DeepSeek-V3-style routing (sigmoid scores, grouped top-k, a scaling factor) is not softmax top-k."""
+    _write(tmp_path, "gptq", rng)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg[key] = value
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(QMoEUnsupportedError, match=f"config.json {key}"):
+        load_layer(tmp_path, 1)
+    cfg.update(scoring_func="softmax", topk_method="greedy", n_group=1, routed_scaling_factor=1.0)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    load_layer(tmp_path, 1)  # the values that are softmax top-k load

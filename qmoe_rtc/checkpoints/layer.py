@@ -184,6 +184,7 @@ def _load(ckpt: Checkpoint, layer: int, scheme: str | None, progress) -> LoadedL
         if g is not None:  # Linear(H, 1): [1, H] -> [H]
             weights["shared_gate_weight"] = _as_if_exact(np.asarray(g).reshape(-1), weights["fc1_scales"].dtype)
     cfg = ckpt.config
+    _check_routing(cfg)
     k = int(cfg.get("num_experts_per_tok", cfg.get("num_experts_per_token", 2)))
     attrs = dict(k=k, activation_type="swiglu", swiglu_fusion=2, expert_weight_bits=bits, block_size=max(group, 0),
                  normalize_routing_weights=int(bool(cfg.get("norm_topk_prob", scheme == "mixtral"))))
@@ -191,6 +192,23 @@ def _load(ckpt: Checkpoint, layer: int, scheme: str | None, progress) -> LoadedL
     src = {"fc1_experts_weights": f"{prefix.format(L=layer, e='*')}.{{{gate},{up}}}",
            "fc2_experts_weights": f"{prefix.format(L=layer, e='*')}.{down}"}
     return LoadedLayer(weights, attrs, rw, src)
+
+
+#: config.json routing settings the contract's routing (softmax over the experts, top k, optionally
+#: renormalised) computes, by key: a model with another value routes differently.
+ROUTING = {"scoring_func": ("softmax",), "topk_method": ("greedy",), "n_group": (None, 1), "topk_group": (None, 1),
+           "routed_scaling_factor": (None, 1, 1.0)}
+
+
+def _check_routing(cfg: dict) -> None:
+    """Refuse a model whose router the contract's softmax top-k would not reproduce (DeepSeek-V3's sigmoid
+    scores with grouped top-k and a scaling factor, say), naming the config.json key."""
+    for key, ok in ROUTING.items():
+        v = cfg.get(key)
+        if v is not None and v not in ok:
+            raise QMoEUnsupportedError(f"config.json {key} = {v!r}: the layer routes by softmax over the experts and "
+                                       f"top k ({key} {' or '.join(repr(o) for o in ok if o is not None)}), so it "
+                                       "would compute another function than this model's router")
 
 
 def _shared(read, fmt: dict, sp: str, names: tuple, scale: str, H: int, I: int) -> dict:
