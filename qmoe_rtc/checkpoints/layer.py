@@ -116,6 +116,8 @@ def _format(ckpt: Checkpoint) -> dict:
             raise QMoEUnsupportedError(f"compressed-tensors format {q.get('format')!r}: pack-quantized is read")
         groups = list((q.get("config_groups") or {}).values())
         args = [g.get("weights") or {} for g in groups]
+        if not args:
+            raise QMoEInputError("config.json quantization_config.config_groups", "a group with weights", "none")
         if len({json.dumps(a, sort_keys=True) for a in args}) != 1:
             raise QMoEUnsupportedError("compressed-tensors with several weight schemes (config_groups): one is read")
         w = args[0]
