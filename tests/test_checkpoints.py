@@ -253,3 +253,57 @@ def test_a_router_the_contract_cannot_reproduce_is_refused(tmp_path, rng, key, v
     cfg.update(scoring_func="softmax", topk_method="greedy", n_group=1, routed_scaling_factor=1.0)
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     load_layer(tmp_path, 1)  # the values that are softmax top-k load
+
+
+def _write_fp8(tmp_path, rng, block=32, shared=0):
+    """An FP8 block-scaled checkpoint (DeepSeek-V3 / Qwen3-FP8 storage) of layer 1; the dense experts."""
+    import ml_dtypes
+
+    names = ("gate_proj", "up_proj", "down_proj")
+    tensors, dense = {}, {}
+    mlps = [(f"model.layers.1.mlp.experts.{e}", I, "") for e in range(E)]
+    mlps += [("model.layers.1.mlp.shared_experts", shared * I, "shared_")] if shared else []
+    for mlp, inter, tag in mlps:
+        for n, (N, K) in zip(names, ((inter, H), (inter, H), (H, inter))):
+            q = rng.integers(0, 256, size=(N, K)).astype(np.uint8)
+            q[(q & 0x7F) == 0x7F] = 0x3C  # no NaN codes
+            s = (rng.random((-(-N // block), -(-K // block))) + 0.5).astype(np.float32)
+            w = q.view(ml_dtypes.float8_e4m3fn)
+            full = np.repeat(np.repeat(s, block, 0), block, 1)[:N, :K]
+            dense.setdefault(tag + n, []).append(w.astype(np.float64) * full)
+            tensors[f"{mlp}.{n}.weight"] = w
+            tensors[f"{mlp}.{n}.weight_scale_inv"] = s
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    qc = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [block, block]}
+    (tmp_path / "config.json").write_text(json.dumps({"num_experts_per_tok": 2, "quantization_config": qc}))
+    return {n: np.stack(v) for n, v in dense.items()}, names
+
+
+@pytest.mark.parametrize("shared", [0, 2])
+def test_fp8_block_layers_load_as_the_contracts_fp8_experts(tmp_path, rng, shared):
+    from qmoe_rtc.fp8 import dequantize_fp8
+    from qmoe_rtc.runtime.layer import describe_gpu_layer
+
+    dense, names = _write_fp8(tmp_path, rng, shared=shared)
+    layer = load_layer(tmp_path, 1)
+    w, a = layer.weights, layer.attributes
+    assert a["quant_type"] == "fp8" and a["block_size"] == 32 and a["expert_weight_bits"] == 8
+    assert describe_gpu_layer(w, QMoEAttributes.from_kwargs(**a), {}).ext.S == shared
+    fc1 = np.concatenate([dense[names[0]], dense[names[1]]], axis=1)
+    for p, want in (("fc1", fc1), ("fc2", dense[names[2]])):
+        got = dequantize_fp8(w[f"{p}_experts_weights"], w[f"{p}_scales"], 32)
+        np.testing.assert_array_equal(got.astype(np.float64), want.astype(np.float32).astype(np.float64))
+    if shared:
+        g, u, d = (dense[f"shared_{n}"][0] for n in names)
+        fc1 = dequantize_fp8(w["shared_fc1_experts_weights"], w["shared_fc1_scales"], 32)
+        fc2 = dequantize_fp8(w["shared_fc2_experts_weights"], w["shared_fc2_scales"], 32)
+        for s in range(shared):
+            rows = slice(s * I, (s + 1) * I)
+            np.testing.assert_array_equal(fc1[s], np.concatenate([g[rows], u[rows]]).astype(np.float32))
+            np.testing.assert_array_equal(fc2[s], d[:, rows].astype(np.float32))
+
+
+def test_fp8_blocks_that_straddle_gate_and_up_are_refused(tmp_path, rng):
+    _write_fp8(tmp_path, rng, block=128)  # I = 64 rows: one block would hold gate and up rows
+    with pytest.raises(QMoEUnsupportedError, match="share a block"):
+        load_layer(tmp_path, 1)

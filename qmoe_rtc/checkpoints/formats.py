@@ -27,6 +27,12 @@ compressed-tensors ``pack-quantized`` (llm-compressor, ``quant_method: compresse
     weight_zero_point [ceil(N·b/32), nb] int32  asymmetric only: packed along N, signed + 2^(b−1)
     weight_shape      [2] int                   [N, K]
     weight_g_idx      [K] int32                 act-order, refused as for GPTQ
+
+FP8 with square block scales (DeepSeek-V3, Qwen3 FP8: ``quant_method: fp8``, ``weight_block_size [b, b]``)::
+
+    weight            [N, K] float8_e4m3fn
+    weight_scale_inv  [ceil(N/b), ceil(K/b)] float32   w = e4m3(weight) · weight_scale_inv (the contract's
+                                                       FP8 block scales, so the bytes carry over as they are)
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ import numpy as np
 
 from ..errors import QMoEInputError, QMoEUnsupportedError
 
-__all__ = ["AWQ_ORDER", "Quantized", "awq", "compressed", "gptq"]
+__all__ = ["AWQ_ORDER", "Quantized", "awq", "compressed", "fp8_blocks", "gptq"]
 
 #: Which of 8 consecutive outputs AWQ's GEMM packing puts in nibble i of a word.
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
@@ -52,6 +58,7 @@ class Quantized:
     zeros: np.ndarray | None  # [N, nb] uint8, None: 2^(bits-1) everywhere
     bits: int
     group: int  # block size along K, 0: one scale per row
+    square: bool = False  # FP8: scales [ceil(N/group), ceil(K/group)], square blocks (q holds e4m3 bytes)
 
 
 def _words(a, name: str, shape: tuple) -> np.ndarray:
@@ -145,6 +152,21 @@ def compressed(get, prefix: str, bits: int, group: int, K: int, N: int, symmetri
         zw = _words(get(f"{prefix}.weight_zero_point"), f"{prefix}.weight_zero_point", (-(-N // per), nb))
         zeros = _unpack(zw, bits, 0)[:N]
     return Quantized(np.ascontiguousarray(q), np.ascontiguousarray(s), _zeros_or_none(zeros, bits), bits, max(group, 0))
+
+
+def fp8_blocks(get, prefix: str, block: int, K: int, N: int) -> Quantized:
+    """The FP8 tensors ``prefix.weight`` / ``prefix.weight_scale_inv`` of a [N, K] projection."""
+    w = get(f"{prefix}.weight")
+    if str(w.dtype) != "float8_e4m3fn" or tuple(w.shape) != (N, K):
+        raise QMoEInputError(f"{prefix}.weight", f"float8_e4m3fn [{N}, {K}]", f"{w.dtype} {list(w.shape)}")
+    q = np.ascontiguousarray(w).view(np.uint8)
+    if np.any((q & 0x7F) == 0x7F):
+        raise QMoEInputError(f"{prefix}.weight", "no NaN codes (0x7F, 0xFF)", "a NaN code")
+    want = (-(-N // block), -(-K // block))
+    s = get(f"{prefix}.weight_scale_inv")
+    if s.dtype.kind != "f" or tuple(s.shape) != want:
+        raise QMoEInputError(f"{prefix}.weight_scale_inv", f"float {list(want)}", f"{s.dtype} {list(s.shape)}")
+    return Quantized(q, np.ascontiguousarray(s.astype(np.float32)), None, 8, block, square=True)
 
 
 def _zeros_or_none(zeros: np.ndarray, bits: int):

@@ -126,8 +126,14 @@ def _format(ckpt: Checkpoint) -> dict:
                                        "strategy (no act-order) are read")
         group = int(w.get("group_size") or -1) if w["strategy"] == "group" else -1
         return dict(method=method, bits=int(w.get("num_bits", 4)), group=group, symmetric=bool(w.get("symmetric", True)))
-    raise QMoEUnsupportedError(f"config.json quantization_config.quant_method {method!r}: GPTQ, AWQ and "
-                               "compressed-tensors (pack-quantized) checkpoints are read")
+    if method == "fp8":
+        bs = q.get("weight_block_size")
+        if str(q.get("fmt", "e4m3")).lower() != "e4m3" or not bs or len(bs) != 2 or bs[0] != bs[1]:
+            raise QMoEUnsupportedError(f"FP8 quantization_config {q}: e4m3 with square weight_block_size [b, b] is read "
+                                       "(per-tensor scales would give FC1's gate and up rows two scales)")
+        return dict(method=method, bits=8, group=int(bs[0]))
+    raise QMoEUnsupportedError(f"config.json quantization_config.quant_method {method!r}: GPTQ, AWQ, "
+                               "compressed-tensors (pack-quantized) and FP8 block checkpoints are read")
 
 
 def _projection(read, fmt: dict, prefix: str, K: int, N: int) -> formats.Quantized:
@@ -135,6 +141,8 @@ def _projection(read, fmt: dict, prefix: str, K: int, N: int) -> formats.Quantiz
         return formats.gptq(read, prefix, fmt["bits"], fmt["group"], K, N, fmt["version"])
     if fmt["method"] == "awq":
         return formats.awq(read, prefix, fmt["bits"], fmt["group"], K, N)
+    if fmt["method"] == "fp8":
+        return formats.fp8_blocks(read, prefix, fmt["group"], K, N)
     return formats.compressed(read, prefix, fmt["bits"], fmt["group"], K, N, fmt["symmetric"])
 
 
@@ -157,7 +165,7 @@ def _load(ckpt: Checkpoint, layer: int, scheme: str | None, progress) -> LoadedL
     bits, group = fmt["bits"], fmt["group"]
     scheme = _scheme(ckpt, layer, scheme)
     prefix, (gate, up, down), router, shared, shared_gate = SCHEMES[scheme]
-    scale = "weight_scale" if fmt["method"] == "compressed-tensors" else "scales"
+    scale = {"compressed-tensors": "weight_scale", "fp8": "weight_scale_inv"}.get(fmt["method"], "scales")
     sp = next((q.format(L=layer) for q in shared if ckpt.has(f"{q.format(L=layer)}.{gate}.{scale}")), None)
     if sp is None and (stray := [n for n in ckpt.names if any(n.startswith(q.format(L=layer) + ".") for q in shared)]):
         raise QMoEInputError(stray[0].rsplit(".", 2)[0] + f".{gate}.{scale}", "the shared expert's gate projection "
@@ -168,7 +176,10 @@ def _load(ckpt: Checkpoint, layer: int, scheme: str | None, progress) -> LoadedL
     if E == 0:
         raise QMoEInputError(f"{prefix.format(L=layer, e=0)}.{gate}.{scale}", "a tensor of the checkpoint", "missing")
     read = _Reader(ckpt)
-    I, H = (_outputs(read, f"{prefix.format(L=layer, e=0)}.{n}", scale) for n in (gate, down))
+    I, H = (_outputs(read, f"{prefix.format(L=layer, e=0)}.{n}", scale, fmt) for n in (gate, down))
+    if fmt["method"] == "fp8" and I % group:
+        raise QMoEUnsupportedError(f"FP8 blocks of {group} rows with I = {I}: FC1's gate and up rows would share a "
+                                   "block of scales")
     fc1, fc2 = [], []
     for e in range(E):
         p = prefix.format(L=layer, e=e)
@@ -190,6 +201,8 @@ def _load(ckpt: Checkpoint, layer: int, scheme: str | None, progress) -> LoadedL
     k = int(cfg.get("num_experts_per_tok", cfg.get("num_experts_per_token", 2)))
     attrs = dict(k=k, activation_type="swiglu", swiglu_fusion=2, expert_weight_bits=bits, block_size=max(group, 0),
                  normalize_routing_weights=int(bool(cfg.get("norm_topk_prob", scheme == "mixtral"))))
+    if fmt["method"] == "fp8":
+        attrs["quant_type"] = "fp8"
     rw = read.optional(f"{router.format(L=layer)}.weight")
     src = {"fc1_experts_weights": f"{prefix.format(L=layer, e='*')}.{{{gate},{up}}}",
            "fc2_experts_weights": f"{prefix.format(L=layer, e='*')}.{down}"}
@@ -217,7 +230,7 @@ def _shared(read, fmt: dict, sp: str, names: tuple, scale: str, H: int, I: int) 
     """The shared experts' contract inputs (``shared_fc1_*``, ``shared_fc2_*``) of the shared MLP at ``sp``,
     split into S experts of the routed I where its size is S·I (module docstring)."""
     gate, up, down = names
-    Is = _outputs(read, f"{sp}.{gate}", scale)
+    Is = _outputs(read, f"{sp}.{gate}", scale, fmt)
     g, u = (_projection(read, fmt, f"{sp}.{n}", H, Is) for n in (gate, up))
     d = _projection(read, fmt, f"{sp}.{down}", Is, H)
     group = fmt["group"]
@@ -230,16 +243,18 @@ def _shared(read, fmt: dict, sp: str, names: tuple, scale: str, H: int, I: int) 
 
 
 def _rows(p: formats.Quantized, start: int, n: int) -> formats.Quantized:
-    """Outputs [start, start + n) of a projection."""
+    """Outputs [start, start + n) of a projection (FP8: whole blocks of rows)."""
     z = None if p.zeros is None else p.zeros[start:start + n]
-    return formats.Quantized(p.q[start:start + n], p.scales[start:start + n], z, p.bits, p.group)
+    s = p.scales[start // p.group:(start + n) // p.group] if p.square else p.scales[start:start + n]
+    return formats.Quantized(p.q[start:start + n], s, z, p.bits, p.group, p.square)
 
 
 def _cols(p: formats.Quantized, start: int, n: int) -> formats.Quantized:
     """Inputs [start, start + n) of a projection (whole scale groups; row-wise scales apply to every input)."""
     blocks = slice(start // p.group, (start + n) // p.group) if p.group else slice(None)
     z = None if p.zeros is None else p.zeros[:, blocks]
-    return formats.Quantized(np.ascontiguousarray(p.q[:, start:start + n]), p.scales[:, blocks], z, p.bits, p.group)
+    return formats.Quantized(np.ascontiguousarray(p.q[:, start:start + n]), p.scales[:, blocks], z, p.bits, p.group,
+                             p.square)
 
 
 def _as_if_exact(a: np.ndarray, dtype) -> np.ndarray:
@@ -248,8 +263,11 @@ def _as_if_exact(a: np.ndarray, dtype) -> np.ndarray:
     return b if np.array_equal(b.astype(np.float64), a.astype(np.float64)) else a
 
 
-def _outputs(read, prefix: str, scale: str) -> int:
-    """N of a projection from its scales: [nb, N] (GPTQ, AWQ) or [N, nb] (compressed-tensors)."""
+def _outputs(read, prefix: str, scale: str, fmt: dict) -> int:
+    """N of a projection: from its scales [nb, N] (GPTQ, AWQ) or [N, nb] (compressed-tensors); FP8 from the
+    weight [N, K] itself (its scales hold blocks of rows)."""
+    if fmt["method"] == "fp8":
+        return int(read(f"{prefix}.weight").shape[0])
     s = read(f"{prefix}.{scale}")
     if s.ndim != 2:
         raise QMoEInputError(f"{prefix}.{scale}", "a 2-D scale tensor", f"shape {list(s.shape)}")
@@ -259,7 +277,7 @@ def _outputs(read, prefix: str, scale: str) -> int:
 def _stack(name: str, rows: list[tuple], bits: int) -> dict:
     """Contract arrays of projection ``name`` from each expert's parts (FC1: gate then up rows)."""
     q = np.stack([np.concatenate([p.q for p in parts]) for parts in rows])  # [E, N, K]
-    s = np.stack([np.concatenate([p.scales for p in parts]) for parts in rows])  # [E, N, nb]
+    s = np.stack([np.concatenate([p.scales for p in parts]) for parts in rows])  # [E, N, nb]; FP8 [E, N/b, K/b]
     out = {f"{name}_experts_weights": pack_codes(q, bits),  # [E, N, K·b/8] u8
            f"{name}_scales": s if s.shape[2] > 1 or rows[0][0].group else s[..., 0]}  # [E, N, nb] or [E, N]
     if any(p.zeros is not None for parts in rows for p in parts):

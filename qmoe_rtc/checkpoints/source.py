@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
 from ..errors import QMoEInputError, QMoEUnsupportedError
 
 __all__ = ["Checkpoint"]
@@ -20,6 +22,27 @@ def _safetensors():
         raise QMoEUnsupportedError("loading checkpoints needs the safetensors package "
                                    "(pip install safetensors, or qmoe_rtc[checkpoints])") from exc
     return safe_open
+
+
+#: safetensors dtype names NumPy lacks, read through ml_dtypes by :func:`_float8`.
+_FLOAT8 = {"F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
+
+
+def _float8(path: Path, name: str):
+    """A float8 tensor's bytes as its ml_dtypes array: the file's own header (8-byte little-endian length,
+    then JSON with each tensor's dtype, shape and data offsets, the safetensors format) locates it, since
+    safetensors' NumPy loader cannot name a float8 NumPy dtype."""
+    import ml_dtypes
+
+    with open(path, "rb") as fh:
+        n = int.from_bytes(fh.read(8), "little")
+        info = json.loads(fh.read(n))[name]
+    dtype = _FLOAT8.get(info["dtype"])
+    if dtype is None:
+        raise QMoEUnsupportedError(f"{name}: dtype {info['dtype']} (NumPy cannot hold it)")
+    begin, end = info["data_offsets"]
+    raw = np.fromfile(path, dtype=np.uint8, count=end - begin, offset=8 + n + begin)
+    return raw.view(getattr(ml_dtypes, dtype)).reshape(info["shape"])
 
 
 class Checkpoint:
@@ -61,7 +84,10 @@ class Checkpoint:
         h = self._open.get(f)
         if h is None:
             h = self._open[f] = _safetensors()(str(f), framework="np").__enter__()
-        return h.get_tensor(name)
+        try:
+            return h.get_tensor(name)
+        except (AttributeError, TypeError):  # safetensors' NumPy side has no float8 dtype (NumPy lacks one)
+            return _float8(f, name)
 
     def close(self) -> None:
         """Close the files opened so far (a later :meth:`get` opens them again)."""
