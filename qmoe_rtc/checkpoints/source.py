@@ -64,6 +64,7 @@ class Checkpoint:
             with safe_open(str(f), framework="np") as h:
                 for name in h.keys():
                     self._where[name] = f
+        self._names = sorted(self._where)
         self._open: dict[Path, object] = {}  # file -> its open safe_open handle
         cfg = folder / "config.json"
         self.config: dict = json.loads(cfg.read_text()) if cfg.is_file() else {}
@@ -71,7 +72,7 @@ class Checkpoint:
     @property
     def names(self) -> list[str]:
         """Every tensor name, sorted."""
-        return sorted(self._where)
+        return self._names
 
     def has(self, name: str) -> bool:
         return name in self._where
