@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import QMoEInputError, QMoEUnsupportedError
+from ..quantize import unpack_codes
 
 __all__ = ["AWQ_ORDER", "Quantized", "awq", "compressed", "fp8_blocks", "gptq"]
 
@@ -68,16 +69,14 @@ def _words(a, name: str, shape: tuple) -> np.ndarray:
 
 
 def _unpack(words: np.ndarray, bits: int, axis: int, order=None) -> np.ndarray:
-    """Codes of ``words`` (uint32) unpacked along ``axis``: 32/bits codes per word, code i at bits·i,
-    placed at position order[i] of its run (natural order without ``order``)."""
-    per = 32 // bits
-    codes = np.stack([(words >> (bits * i)) & ((1 << bits) - 1) for i in range(per)], axis=-1)  # [..., per]
-    if order is not None:
-        codes = codes[..., np.argsort(order)]  # position p holds the code of nibble order.index(p)
-    codes = np.moveaxis(codes, -1, axis + 1)
-    shape = list(words.shape)
-    shape[axis] *= per
-    return codes.reshape(shape).astype(np.uint8)
+    """Codes of ``words`` (uint32) unpacked along ``axis``: 32/bits codes per word, code i at bits·i -- a
+    little-endian bit string, the contract's own packing (:func:`qmoe_rtc.quantize.unpack_codes`) -- placed
+    at position order[i] of its word's run (natural order without ``order``)."""
+    w = np.ascontiguousarray(np.moveaxis(words, axis, -1)).astype("<u4")  # [..., n]
+    codes = unpack_codes(w.view(np.uint8), bits, w.shape[-1] * 32 // bits)  # [..., n·32/b]
+    if order is not None:  # position p of a word's run holds the code of nibble order.index(p)
+        codes = codes.reshape(*w.shape, -1)[..., np.argsort(order)].reshape(codes.shape)
+    return np.ascontiguousarray(np.moveaxis(codes, -1, axis))
 
 
 def _scales(a, name: str, shape: tuple) -> np.ndarray:
