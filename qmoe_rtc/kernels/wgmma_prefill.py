@@ -1,11 +1,19 @@
 """Kernel family ``wgmma_prefill``: the Hopper (sm_90a) prefill engine, warpgroup MMAs with the weights
 dequantized exactly in registers (float16/bfloat16, 1/2/3/4/8-bit weights).
 
-Template ``cuda_src/engines/wgmma_prefill.cuh``: ``qmoe::wg_permute`` (the input's K chunks in the
-order the MMA's shared-memory operand needs), ``qmoe::fc1_wgmma`` (FC1 [+FC3] with the activation
-fused, sorted order, written in FC2's order) and ``qmoe::fc2_wgmma`` (FC2 + bias, by route id); with
-``group_by_expert`` and ``combine_routes`` as in ``mma_prefill``. Route tiles of 64 or 128 routes
-(256 too with 2 warpgroups per block), chosen from the routes per expert of the call.
+Two variants of the same GEMMs (knob ``prefill_wg_variant``, part of the module spec):
+
+- ``ws`` (``cuda_src/engines/wgmma_ws.cuh``): warp-specialised and persistent, ``qmoe::fc1_wgws`` /
+  ``qmoe::fc2_wgws``: one block per SM walks the tile list; a copy warpgroup fills a ring of stages
+  (mbarriers), two MMA warpgroups of 128 weight rows each consume it. Route tiles of 64 or 128.
+- ``tiles`` (``cuda_src/engines/wgmma_prefill.cuh``): one block per tile, ``qmoe::fc1_wgmma`` /
+  ``qmoe::fc2_wgmma``, every warp both copies and computes. Route tiles of 64 or 128 (256 too with 2
+  warpgroups per block).
+
+Both have ``qmoe::wg_permute`` (the input's K chunks in the order the MMA's shared-memory operand needs,
+``core/wg_order.cuh``), FC1 [+FC3] with the activation fused (sorted order, written in FC2's order), FC2
++ bias by route id, and ``group_by_expert`` / ``combine_routes`` as in ``mma_prefill``. The route tile
+is chosen from the routes per expert of the call.
 
 It runs on sm_90a only (the executor compiles every module for sm_90a on Hopper); on other targets the
 module compiles to kernels that trap and :meth:`WgmmaPrefillFamily.supports` refuses the device.
@@ -15,7 +23,10 @@ docs/performance-log.md) and :meth:`WgmmaPrefillFamily.slower` says so.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .. import knobs
+from ..errors import QMoEAttributeError
 from ..jit import KernelDef, Launch, Ptr, Scalar
 from ..specialize import CPP_TYPES, ModuleSpec
 from ._expert import (
@@ -52,12 +63,25 @@ GROUPS = 4  # kWgGroups: warpgroups per block (4 warps each, one m16 weight tile
 MAX_STAGES = 4  # QMOE_WG_STAGES
 INFLIGHT = 1  # QMOE_WG_INFLIGHT: MMAs a warpgroup keeps in flight (2 measured no faster)
 SMEM_BUDGET = 227 * 1024 - 1024 - 4096  # kWgSmemBudget
+WS_SMEM_BUDGET = 227 * 1024 - 1024 - 3072  # kWsSmemBudget
 CHUNK = 128  # K per pipeline stage; the permuted layouts pad K to a multiple of it
 #: Routes per expert (average over the experts that get routes) from which this engine runs, measured
 #: on the H200 against the mma.sync engine (docs/performance-log.md, "wgmma / mma.sync crossover"): at 32
 #: it is faster on every shape measured, at 16 it is 1.10x slower on qwen3-30b-a3b and within 5 % on
 #: mixtral-8x7b / ort-2048, at 8 slower everywhere.
 MIN_ROUTES_PER_EXPERT = 24
+#: The ``ws`` variant (engines/wgmma_ws.cuh): MMA warpgroups, m16 tiles per MMA warp, route tiles, and the
+#: registers of its copy warpgroup (kWsConsumers, kWsMW, kWsCopyRegs).
+WS_CONSUMERS = 2
+WS_MW = 1
+WS_ROUTE_TILES = {1: (64, 128, 256), 2: (64, 128)}  # by m16 tiles per MMA warp (accumulators: MW·BR/2)
+VARIANTS = ("ws", "tiles")
+DEFAULT_VARIANT = "tiles"
+
+
+def variant_of(spec: ModuleSpec) -> str:
+    """The spec's kernels: 'ws' or 'tiles' (see the module docstring)."""
+    return spec.get("variant") or "tiles"
 
 
 def padded(K: int) -> int:
@@ -92,28 +116,37 @@ def wg_logical(n: int, bits: int, tiled: bool = False) -> int:
 
 
 def stage_bytes(bits: int, scale_bytes: int, block_size: int, zp_packed: bool, br: int, groups: int = GROUPS,
-                tiled_meta: bool = False) -> int:
-    """One pipeline stage (wgmma_prefill.cuh WgStage), rounded to 1024 bytes."""
+                tiled_meta: bool = False, m16_tiles: int = 0) -> int:
+    """One pipeline stage (wgmma_prefill.cuh WgStage; wgmma_ws.cuh WsStage with ``m16_tiles`` weight tiles
+    per block), rounded to 1024 bytes: the route tile, then each m16 weight tile's codes and meta."""
     words = meta_words(bits, scale_bytes, block_size, zp_packed, tiled_meta) if block_size else 0
-    raw = br * 256 + 4 * groups * (2 * 32 * 4 * bits + 2 * words * 128)
+    raw = br * 256 + (m16_tiles or 4 * groups) * (2 * 32 * 4 * bits + 2 * words * 128)
     return (raw + 1023) // 1024 * 1024
 
 
-def stages(stage: int, max_stages: int = MAX_STAGES) -> int:
-    """Stages of the ring (WgStage::kStages): as many as fit, at most ``max_stages``."""
-    return min(max_stages, SMEM_BUDGET // stage)
+def stages(stage: int, max_stages: int = MAX_STAGES, budget: int = SMEM_BUDGET) -> int:
+    """Stages of the ring (WgStage::kStages; WsStage::kStages with ``budget`` WS_SMEM_BUDGET): as many as
+    fit, at most ``max_stages``."""
+    return min(max_stages, budget // stage)
 
 
 
-def route_tiles_of(groups: int) -> tuple[int, ...]:
-    """The route tiles a module with ``groups`` warpgroups per block has."""
+def route_tiles_of(groups: int, variant: str = "tiles", mw: int = WS_MW) -> tuple[int, ...]:
+    """The route tiles a module with ``groups`` warpgroups per block has (the ``ws`` variant: by its m16
+    tiles per MMA warp ``mw``)."""
+    if variant == "ws":
+        return WS_ROUTE_TILES[mw]
     return ROUTE_TILES if groups == 2 else ROUTE_TILES[:2]
 
 
-def tile_routes(routes: int, E: int, groups: int = GROUPS) -> int:
+def _route_tiles(spec: ModuleSpec) -> tuple[int, ...]:
+    return route_tiles_of(spec["groups"], variant_of(spec), spec.get("mw") or WS_MW)
+
+
+def tile_routes(routes: int, E: int, groups: int = GROUPS, variant: str = "tiles", have: tuple[int, ...] = ()) -> int:
     """BR for a call: the route tile the average expert fills best (knob ``prefill_route_tile`` forces
     one of the module's, for tuning)."""
-    have = route_tiles_of(groups)
+    have = have or route_tiles_of(groups, variant)
     forced = knobs.get("prefill_route_tile") or 0
     if forced in have:
         return forced
@@ -131,17 +164,34 @@ class WgmmaPrefillFamily(KernelFamily):
     conditional = True  # sm_90a only, and only from MIN_ROUTES_PER_EXPERT routes per expert
 
     def spec(self, config) -> ModuleSpec:
-        """The layout's fields plus warpgroups per block and the ring's depth (tuning knobs, read here
-        once per spec, so the module key and the launch geometry always agree)."""
-        return expert_spec(self.name, config,
-                           groups=tuning_knob("prefill_wg_groups", "QMOE_RTC_PREFILL_WG_GROUPS", GROUPS, (2, 4)),
+        """The layout's fields plus the variant, warpgroups per block and the ring's depth (tuning knobs,
+        read here once per spec, so the module key and the launch geometry always agree)."""
+        variant = knobs.get("prefill_wg_variant")
+        if variant == "auto":
+            variant = DEFAULT_VARIANT
+        if variant not in VARIANTS:
+            raise QMoEAttributeError("QMOE_RTC_PREFILL_WG_VARIANT", f"one of {['auto', *VARIANTS]}", repr(variant))
+        ws = {"variant": "ws", "mw": tuning_knob("prefill_ws_mw", "QMOE_RTC_PREFILL_WS_MW", WS_MW, (1, 2))} \
+            if variant == "ws" else {}
+        groups = WS_CONSUMERS if ws else tuning_knob("prefill_wg_groups", "QMOE_RTC_PREFILL_WG_GROUPS", GROUPS, (2, 4))
+        return expert_spec(self.name, config, groups=groups,
                            stages=tuning_knob("prefill_wg_stages", "QMOE_RTC_PREFILL_WG_STAGES", MAX_STAGES, range(2, 7)),
                            inflight=tuning_knob("prefill_wg_inflight", "QMOE_RTC_PREFILL_WG_INFLIGHT", INFLIGHT, (1, 2)),
-                           **tiled_spec(config))
+                           **ws, **tiled_spec(config))
 
     def defines(self, spec: ModuleSpec) -> tuple[str, ...]:
+        if variant_of(spec) == "ws":
+            return (f"-DQMOE_WS_CONSUMERS={spec['groups']}", f"-DQMOE_WS_MW={spec['mw']}", f"-DQMOE_WS_STAGES={spec['stages']}",
+                    f"-DQMOE_WS_INFLIGHT={spec['inflight']}", *tiled_define(spec))
         return (f"-DQMOE_WG_GROUPS={spec['groups']}", f"-DQMOE_WG_STAGES={spec['stages']}",
                 f"-DQMOE_WG_INFLIGHT={spec['inflight']}", *tiled_define(spec))
+
+    def source(self, spec: ModuleSpec) -> str:
+        """The unit includes the variant's template (``header`` names the default one)."""
+        src = super().source(spec)
+        if variant_of(spec) == "ws":
+            src = src.replace(f'#include "{self.header}"', '#include "engines/wgmma_ws.cuh"')
+        return src
 
     def specs(self, config) -> list[ModuleSpec]:
         return [] if self.supports(config) else [self.spec(config)]
@@ -176,10 +226,12 @@ class WgmmaPrefillFamily(KernelFamily):
         out.append(KernelDef("permute", f"qmoe::wg_permute<{CPP_TYPES[dt]}, {t['B1']}>",
                              (Ptr("x", dt), Scalar("rows", "int32"), Scalar("H", "int32"), Scalar("Hp", "int32"),
                               Ptr("xp", dt))))
-        for br in route_tiles_of(spec["groups"]):
+        ws = variant_of(spec) == "ws"
+        fc1, fc2 = ("fc1_wgws", "fc2_wgws") if ws else ("fc1_wgmma", "fc2_wgmma")
+        for br in _route_tiles(spec):
             out.append(KernelDef(
                 f"fc1_br{br}",
-                f"qmoe::fc1_wgmma<{t['GATE']}, {t['T']}, {t['S']}, {t['B1']}, {t['B2']}, {t['Z1']}, {t['Z3']}, "
+                f"qmoe::{fc1}<{t['GATE']}, {t['T']}, {t['S']}, {t['B1']}, {t['B2']}, {t['Z1']}, {t['Z3']}, "
                 f"{t['BLOCK']}, {t['ACT']}, {br}>",
                 (Ptr("xp", dt), *GROUP_ARGS, Scalar("E", "int32"), Scalar("k", "int32"), Scalar("H", "int32"),
                  Scalar("Hp", "int32"), Scalar("I", "int32"), Scalar("Ip", "int32"), Scalar("NT", "int32"),
@@ -188,7 +240,7 @@ class WgmmaPrefillFamily(KernelFamily):
             ))
             out.append(KernelDef(
                 f"fc2_br{br}",
-                f"qmoe::fc2_wgmma<{t['T']}, {t['S']}, {t['B2']}, {t['Z2']}, {t['BLOCK']}, {br}>",
+                f"qmoe::{fc2}<{t['T']}, {t['S']}, {t['B2']}, {t['Z2']}, {t['BLOCK']}, {br}>",
                 (Ptr("act_sorted", dt), *GROUP_ARGS, Scalar("E", "int32"), Scalar("H", "int32"), Scalar("I", "int32"),
                  Scalar("Ip", "int32"), Scalar("NT", "int32"), Scalar("G", "int32"), *projection_args("fc2", sdt),
                  *shared_args("fc2", sdt), Scalar("zp_offset", "float32"), Ptr("y", "float32")),
@@ -197,11 +249,11 @@ class WgmmaPrefillFamily(KernelFamily):
 
     def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem) -> str:
         if role in ("fc1", "fc2"):
-            return f"{role}_br{tile_routes(problem.routes, problem.experts, spec['groups'])}"
+            return f"{role}_br{tile_routes(problem.routes, problem.experts, have=_route_tiles(spec))}"
         return role
 
     def launch(self, spec: ModuleSpec, role: str, problem: Problem) -> Launch:
-        br = tile_routes(problem.routes, problem.experts, spec["groups"])
+        br = tile_routes(problem.routes, problem.experts, have=_route_tiles(spec))
         Hp, Ip = padded(problem.H), padded(problem.I)
         if role == "group":
             return group_launch(br)
@@ -212,10 +264,16 @@ class WgmmaPrefillFamily(KernelFamily):
         scale_bytes = 4 if spec["scale_dtype"] == "float32" else 2
         wgs = spec["groups"]
         bits, zp = staged_projection(spec, role)
+        ws = variant_of(spec) == "ws"
+        m16 = 4 * wgs * (spec["mw"] if ws else 1)  # m16 weight tiles per block
         # FC1 covers Ip: its padding columns are written as zeros (FC2 reads them)
-        nt = weight_tiles(spec, role, Ip if role == "fc1" else problem.H, 4 * wgs)
-        st = stage_bytes(bits, scale_bytes, spec["block_size"], zp, br, wgs, tiled_meta(spec))
-        return tiled_launch(problem, br, nt, 128 * wgs, stages(st, spec["stages"]) * st + 1024, (("Hp", Hp), ("Ip", Ip)))
+        nt = weight_tiles(spec, role, Ip if role == "fc1" else problem.H, m16)
+        st = stage_bytes(bits, scale_bytes, spec["block_size"], zp, br, wgs, tiled_meta(spec), m16 if ws else 0)
+        smem = stages(st, spec["stages"], WS_SMEM_BUDGET if ws else SMEM_BUDGET) * st + 1024
+        launch = tiled_launch(problem, br, nt, 128 * (wgs + 1 if ws else wgs), smem, (("Hp", Hp), ("Ip", Ip)))
+        if ws:  # persistent: one block per SM walks the tiles (at most as many blocks as tiles)
+            launch = replace(launch, grid=(min(launch.grid[0], problem.sm_count), 1, 1))
+        return launch
 
     def scratch(self, spec: ModuleSpec, role: str, problem: Problem) -> dict[str, Slot]:
         item = 2  # T is float16 / bfloat16

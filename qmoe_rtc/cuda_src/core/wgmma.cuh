@@ -98,4 +98,14 @@ QMOE_WGMMA_STRUCT(__nv_bfloat16, "bf16", 64)
 QMOE_WGMMA_STRUCT(__nv_bfloat16, "bf16", 128)
 QMOE_WGMMA_STRUCT(__nv_bfloat16, "bf16", 256)
 
+// The dynamic shared memory of a kernel whose ring needs `bytes` from a 1024-aligned start (the 128-byte
+// swizzle atoms): the aligned start; traps when the launch gave less than bytes + 1024.
+template <int BYTES> __device__ __forceinline__ u8* wg_smem(u8* dyn) {
+  u32 have;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(have));
+  if (have < (u32)(BYTES + 1024)) __trap();
+  const u32 a = (u32)__cvta_generic_to_shared(dyn);
+  return dyn + ((1024u - (a & 1023u)) & 1023u);
+}
+
 }  // namespace qmoe

@@ -4,17 +4,14 @@
 //   sorted, offsets, tile_offsets     routing/group.cuh, route tiles of BR routes (64, 128; 256 with 2
 //                                     warpgroups: 4 × 64 rows × 256 routes needs more than 128 registers)
 //   x           [rows, H]   T     the call's input
-//   xp          [rows, Hp]  T     x with every 128-value chunk of K in wgmma order (wg_permute; Hp = H
+//   xp          [rows, Hp]  T     x with every 128-value chunk of K in wgmma order (core/wg_order.cuh; Hp = H
 //                                 rounded up to 128, zeros past H): FC1's activations, route rows
 //                                 gathered by index inside the tile copy
 //   act_sorted  [R, Ip]     T     FC1 out in sorted order, in FC2's wgmma order (zeros past I)
 //   y           [R, H]      f32   FC2 out by route id, bias added (the combine applies the routing weight)
 //
-// Why a permuted K: a lane of the decode / mma_prefill engines dequantizes 32 consecutive codes of two
-// rows into mma A pairs in the order the shifts produce them (core/mma_pair.cuh); the mma.sync engine
-// permutes each lane's activations to match in registers. wgmma reads B from shared memory in its own
-// order, so the activations are stored already permuted: logical column l of a chunk holds natural
-// k = wg_natural<B>(l). Both operands agree on every product, so the dot products are unchanged.
+// The K order of xp and act_sorted: core/wg_order.cuh. The warp-specialised, persistent variant of
+// this engine: engines/wgmma_ws.cuh (same arguments, same layouts).
 //
 // Block: kWgGroups warpgroups × 64 weight rows (warp w: rows 16w .. 16w + 15 of the tile, the
 // mma_prefill lane layout with one m16 tile) × BR routes; acc[BR / 2] f32 per thread (core/wgmma.cuh).
@@ -32,6 +29,7 @@
 #include "core/lane_meta.cuh"
 #include "core/mma_pair.cuh"
 #include "core/types.cuh"
+#include "core/wg_order.cuh"
 #include "core/wgmma.cuh"
 #include "engines/tile_rows.cuh"
 #include "epilogue/combine.cuh"
@@ -57,23 +55,6 @@ inline constexpr int kWgInflight = QMOE_WG_INFLIGHT;  // MMAs a warpgroup keeps 
 static_assert(kWgInflight == 1 || kWgInflight == 2, "QMOE_WG_INFLIGHT must be 1 or 2");
 inline constexpr int kWgSmemBudget = 227 * 1024 - 1024 - 4096;  // dynamic bytes for stages (alignment slack, static)
 
-// Natural k (0..127) of logical column l of a chunk, and the inverse, for B-bit codes: logical
-// column 16s + j of k16 step s is lane t = (j % 8) / 2's pair 2s + j / 8, low or high value j % 2.
-// (Pairs as MmaDeq::low_code says: the tiled layout's pair i is natural codes 2i, 2i + 1.)
-template <int B> __device__ __forceinline__ int wg_natural(int l) {
-  using D = MmaDeq<__half, B>;
-  const int s = l >> 4, j = l & 15, pair = 2 * s + (j >> 3);
-  return 32 * ((j & 7) >> 1) + D::low_code(pair) + (j & 1) * D::kPairStep;
-}
-template <int B> __device__ __forceinline__ int wg_logical(int n) {
-  constexpr int P = MmaDeq<__half, B>::kPairsPerWord, C = MmaDeq<__half, B>::kCodesPerWord;
-  const int t = n >> 5, r = n & 31, w = r % C;
-  const int pair = kTiled ? r >> 1 : (r / C) * P + w % P, hi = kTiled ? r & 1 : w / P;
-  return 16 * (pair >> 1) + 8 * (pair & 1) + 2 * t + hi;
-}
-// Where natural column o of a row goes in the permuted layout.
-template <int B> __device__ __forceinline__ i32 wg_pos(i32 o) { return (o & ~127) + wg_logical<B>(o & 127); }
-
 // One pipeline stage (1024-aligned, in dynamic shared memory):
 //   x     [2 halves][BR][128 B]                 logical k 0..63 / 64..127 of the tile's routes,
 //                                               128-byte swizzle (unit u of row r at u ^ (r & 7))
@@ -89,32 +70,6 @@ template <int B, typename ScaleT, int BLOCK, bool ZPW, int BR> struct WgStage {
   static constexpr int kStages = kWgSmemBudget / kBytes < kWgMaxStages ? kWgSmemBudget / kBytes : kWgMaxStages;
   static_assert(kStages >= 2, "a wgmma prefill stage does not fit twice in shared memory");
 };
-
-// xp[r, c·128 + l] = x[r, c·128 + wg_natural<B>(l)], zero past K. One thread per 8 values of xp.
-template <typename T, int B>
-__global__ void __launch_bounds__(256) wg_permute(const T* __restrict__ x, i32 rows, i32 H, i32 Hp, T* __restrict__ xp) {
-  const i32 units = Hp / 8;
-  const i64 i = (i64)blockIdx.x * 256 + threadIdx.x;
-  if (i >= (i64)rows * units) return;
-  const i64 r = i / units;
-  const i32 u = (i32)(i - r * units), c0 = (u >> 4) * 128, l0 = (u & 15) * 8;
-  const u16* src = reinterpret_cast<const u16*>(x) + r * H;
-  u32 v[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const i32 n0 = c0 + wg_natural<B>(l0 + 2 * j), n1 = c0 + wg_natural<B>(l0 + 2 * j + 1);
-    v[j] = (u32)(n0 < H ? src[n0] : 0) | ((u32)(n1 < H ? src[n1] : 0) << 16);
-  }
-  *reinterpret_cast<uint4*>(xp + r * Hp + u * 8) = make_uint4(v[0], v[1], v[2], v[3]);
-}
-
-template <class St> __device__ __forceinline__ u8* wg_smem(u8* dyn) {
-  u32 have;
-  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(have));
-  if (have < (u32)(St::kStages * St::kBytes + 1024)) __trap();  // the launch gives every stage + alignment
-  const u32 a = (u32)__cvta_generic_to_shared(dyn);
-  return dyn + ((1024u - (a & 1023u)) & 1023u);
-}
 
 // acc (lane (g, t) of warp w: rows 16w + g / + 8, routes 8j + 2t (+1)) = W[lane rows] · act[tile routes]ᵀ
 // over K (Kp / 128 chunks). Route row i of the tile starts at src + s_src[i] (< 0: padding, zeros).
@@ -238,7 +193,7 @@ fc1_wgmma(const T* __restrict__ xp, const i32* __restrict__ sorted, const i32* _
   constexpr int kOut = Rows::kGated ? 8 : 16;
   extern __shared__ __align__(16) u8 dyn_smem[];
   __shared__ i64 s_src[BR];
-  u8* smem = wg_smem<St>(dyn_smem);
+  u8* smem = wg_smem<St::kStages * St::kBytes>(dyn_smem);
   i32 nt, e, m0, m_end;
   if (!pf_tile<BR>(offsets, tile_offsets, E, NT, G, nt, e, m0, m_end)) return;
   pick_expert(e, E_routed, w1, s1, z1, b1, shared_w1, shared_s1, shared_z1, shared_b1);
@@ -297,7 +252,7 @@ fc2_wgmma(const T* __restrict__ act_sorted, const i32* __restrict__ sorted, cons
   using St = WgStage<B2, ScaleT, BLOCK, kZpw, BR>;
   extern __shared__ __align__(16) u8 dyn_smem[];
   __shared__ i64 s_src[BR];
-  u8* smem = wg_smem<St>(dyn_smem);
+  u8* smem = wg_smem<St::kStages * St::kBytes>(dyn_smem);
   i32 nt, e, m0, m_end;
   if (!pf_tile<BR>(offsets, tile_offsets, E, NT, G, nt, e, m0, m_end)) return;
   pick_expert(e, E_routed, w2, s2, z2, b2, shared_w2, shared_s2, shared_z2, shared_b2);
