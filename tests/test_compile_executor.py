@@ -80,6 +80,12 @@ EXPECTED_KERNELS = {
     "wgmma_prefill": {"group", "permute", "combine"} | {f"fc{i}_br{n}" for i in (1, 2) for n in (64, 128)},  # 4 warpgroups
 }
 EXECUTOR_FAMILIES = tuple(EXPECTED_KERNELS)
+#: the wgmma engine's warp-specialised variant (one m16 tile per MMA warp): a gather per route tile too
+WS_KERNELS = {"group", "combine"} | {f"{r}_br{n}" for r in ("permute", "fc1", "fc2") for n in (64, 128, 256)}
+
+
+def expected_kernels(spec) -> set:
+    return WS_KERNELS if spec.get("variant") == "ws" else EXPECTED_KERNELS[spec.family]
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
@@ -103,7 +109,7 @@ def test_executor_modules_compile(cache, arch, layout, hidden, inter):
     assert {s.family for s in specs} == {"route", "gemv", "gemm"} | (tc_here if tc else set())
     for spec, mod in zip(specs, compile_specs((spec, arch) for spec in specs)):  # side by side (CI time)
         assert mod.cubin[:4] == b"\x7fELF", spec.name  # SASS cubin, never PTX
-        assert set(mod.lowered) >= EXPECTED_KERNELS[spec.family], (spec.name, sorted(mod.lowered))
+        assert set(mod.lowered) >= expected_kernels(spec), (spec.name, sorted(mod.lowered))
         assert all(name.startswith("_Z") for name in mod.lowered.values()), mod.lowered
         for kernel in get_family(spec.family).kernels(spec):  # the specs in the kernel's parameter order
             assert not mismatches(kernel, mod.lowered[kernel.key]), mismatches(kernel, mod.lowered[kernel.key])

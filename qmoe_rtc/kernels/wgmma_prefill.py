@@ -49,6 +49,7 @@ from ._grouped import (
     group_and_combine,
     group_launch,
     grouped_scratch,
+    route_tiles,
     staged_projection,
     tiled_launch,
     tuning_knob,
@@ -143,6 +144,12 @@ def _route_tiles(spec: ModuleSpec) -> tuple[int, ...]:
     return route_tiles_of(spec["groups"], variant_of(spec), spec.get("mw") or WS_MW)
 
 
+def image_rows(spec: ModuleSpec, problem: Problem) -> int:
+    """Rp, the rows of the ``ws`` variant's route-tile images: the routes plus the largest route tile (a
+    tile's copy reads BR rows from its first one)."""
+    return problem.routes + max(_route_tiles(spec))
+
+
 def tile_routes(routes: int, E: int, groups: int = GROUPS, variant: str = "tiles", have: tuple[int, ...] = ()) -> int:
     """BR for a call: the route tile the average expert fills best (knob ``prefill_route_tile`` forces
     one of the module's, for tuning)."""
@@ -220,18 +227,18 @@ class WgmmaPrefillFamily(KernelFamily):
         return None
 
     def kernels(self, spec: ModuleSpec) -> tuple[KernelDef, ...]:
+        if variant_of(spec) == "ws":
+            return self._ws_kernels(spec)
         t = template_types(spec)
         dt, sdt = spec["dtype"], spec["scale_dtype"]
         out = list(group_and_combine(spec))
         out.append(KernelDef("permute", f"qmoe::wg_permute<{CPP_TYPES[dt]}, {t['B1']}>",
                              (Ptr("x", dt), Scalar("rows", "int32"), Scalar("H", "int32"), Scalar("Hp", "int32"),
                               Ptr("xp", dt))))
-        ws = variant_of(spec) == "ws"
-        fc1, fc2 = ("fc1_wgws", "fc2_wgws") if ws else ("fc1_wgmma", "fc2_wgmma")
         for br in _route_tiles(spec):
             out.append(KernelDef(
                 f"fc1_br{br}",
-                f"qmoe::{fc1}<{t['GATE']}, {t['T']}, {t['S']}, {t['B1']}, {t['B2']}, {t['Z1']}, {t['Z3']}, "
+                f"qmoe::fc1_wgmma<{t['GATE']}, {t['T']}, {t['S']}, {t['B1']}, {t['B2']}, {t['Z1']}, {t['Z3']}, "
                 f"{t['BLOCK']}, {t['ACT']}, {br}>",
                 (Ptr("xp", dt), *GROUP_ARGS, Scalar("E", "int32"), Scalar("k", "int32"), Scalar("H", "int32"),
                  Scalar("Hp", "int32"), Scalar("I", "int32"), Scalar("Ip", "int32"), Scalar("NT", "int32"),
@@ -240,45 +247,85 @@ class WgmmaPrefillFamily(KernelFamily):
             ))
             out.append(KernelDef(
                 f"fc2_br{br}",
-                f"qmoe::{fc2}<{t['T']}, {t['S']}, {t['B2']}, {t['Z2']}, {t['BLOCK']}, {br}>",
+                f"qmoe::fc2_wgmma<{t['T']}, {t['S']}, {t['B2']}, {t['Z2']}, {t['BLOCK']}, {br}>",
                 (Ptr("act_sorted", dt), *GROUP_ARGS, Scalar("E", "int32"), Scalar("H", "int32"), Scalar("I", "int32"),
                  Scalar("Ip", "int32"), Scalar("NT", "int32"), Scalar("G", "int32"), *projection_args("fc2", sdt),
                  *shared_args("fc2", sdt), Scalar("zp_offset", "float32"), Ptr("y", "float32")),
             ))
         return tuple(out)
 
+    def _ws_kernels(self, spec: ModuleSpec) -> tuple[KernelDef, ...]:
+        """The ``ws`` variant: per route tile BR, the gather into the route-tile image ``xs`` and the two GEMMs
+        (their activations are images of Rp rows: engines/wgmma_ws.cuh)."""
+        t = template_types(spec)
+        dt, sdt = spec["dtype"], spec["scale_dtype"]
+        out = list(group_and_combine(spec))
+        for br in _route_tiles(spec):
+            out.append(KernelDef(
+                f"permute_br{br}", f"qmoe::ws_gather<{CPP_TYPES[dt]}, {t['B1']}, {br}>",
+                (Ptr("x", dt), *GROUP_ARGS, Scalar("E", "int32"), Scalar("k", "int32"), Scalar("H", "int32"),
+                 Scalar("Hp", "int32"), Scalar("Rp", "int32"), Ptr("xs", dt))))
+            out.append(KernelDef(
+                f"fc1_br{br}",
+                f"qmoe::fc1_wgws<{t['GATE']}, {t['T']}, {t['S']}, {t['B1']}, {t['B2']}, {t['Z1']}, {t['Z3']}, "
+                f"{t['BLOCK']}, {t['ACT']}, {br}>",
+                (Ptr("xs", dt), *GROUP_ARGS, Scalar("E", "int32"), Scalar("H", "int32"), Scalar("Hp", "int32"),
+                 Scalar("I", "int32"), Scalar("Ip", "int32"), Scalar("Rp", "int32"), Scalar("NT", "int32"),
+                 Scalar("G", "int32"), *projection_args("fc1", sdt), *projection_args("fc3", sdt), *shared_args("fc1", sdt),
+                 Scalar("zp_offset", "float32"), *ACT_SCALARS, Ptr("act_sorted", dt)),
+            ))
+            out.append(KernelDef(
+                f"fc2_br{br}",
+                f"qmoe::fc2_wgws<{t['T']}, {t['S']}, {t['B2']}, {t['Z2']}, {t['BLOCK']}, {br}>",
+                (Ptr("act_sorted", dt), *GROUP_ARGS, Scalar("E", "int32"), Scalar("H", "int32"), Scalar("I", "int32"),
+                 Scalar("Ip", "int32"), Scalar("Rp", "int32"), Scalar("NT", "int32"), Scalar("G", "int32"),
+                 *projection_args("fc2", sdt), *shared_args("fc2", sdt), Scalar("zp_offset", "float32"),
+                 Ptr("y", "float32")),
+            ))
+        return tuple(out)
+
     def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem) -> str:
-        if role in ("fc1", "fc2"):
+        if role in ("fc1", "fc2") or (role == "permute" and variant_of(spec) == "ws"):
             return f"{role}_br{tile_routes(problem.routes, problem.experts, have=_route_tiles(spec))}"
         return role
 
     def launch(self, spec: ModuleSpec, role: str, problem: Problem) -> Launch:
         br = tile_routes(problem.routes, problem.experts, have=_route_tiles(spec))
         Hp, Ip = padded(problem.H), padded(problem.I)
+        ws = variant_of(spec) == "ws"
         if role == "group":
             return group_launch(br)
         if role == "combine":
             return combine_launch(problem)
+        if role == "permute" and ws:  # one block per route tile
+            return Launch((route_tiles(problem.routes, problem.experts, br), 1, 1), (256, 1, 1), 0,
+                          (("Hp", Hp), ("Rp", image_rows(spec, problem))))
         if role == "permute":
             return Launch(((problem.rows * Hp // 8 + 255) // 256, 1, 1), (256, 1, 1), 0, (("Hp", Hp),))
         scale_bytes = 4 if spec["scale_dtype"] == "float32" else 2
         wgs = spec["groups"]
         bits, zp = staged_projection(spec, role)
-        ws = variant_of(spec) == "ws"
         m16 = 4 * wgs * (spec["mw"] if ws else 1)  # m16 weight tiles per block
         # FC1 covers Ip: its padding columns are written as zeros (FC2 reads them)
         nt = weight_tiles(spec, role, Ip if role == "fc1" else problem.H, m16)
         st = stage_bytes(bits, scale_bytes, spec["block_size"], zp, br, wgs, tiled_meta(spec), m16 if ws else 0)
         smem = stages(st, spec["stages"], WS_SMEM_BUDGET if ws else SMEM_BUDGET) * st + 1024
-        launch = tiled_launch(problem, br, nt, 128 * (wgs + 1 if ws else wgs), smem, (("Hp", Hp), ("Ip", Ip)))
-        if ws:  # persistent: one block per SM walks the tiles (at most as many blocks as tiles)
-            launch = replace(launch, grid=(min(launch.grid[0], problem.sm_count), 1, 1))
-        return launch
+        if not ws:
+            return tiled_launch(problem, br, nt, 128 * wgs, smem, (("Hp", Hp), ("Ip", Ip)))
+        # persistent: one block per SM walks the tiles (at most as many blocks as tiles)
+        launch = tiled_launch(problem, br, nt, 128 * (wgs + 1), smem,
+                              (("Hp", Hp), ("Ip", Ip), ("Rp", image_rows(spec, problem))))
+        return replace(launch, grid=(min(launch.grid[0], problem.sm_count), 1, 1))
 
     def scratch(self, spec: ModuleSpec, role: str, problem: Problem) -> dict[str, Slot]:
         item = 2  # T is float16 / bfloat16
+        ws = variant_of(spec) == "ws"
+        if role == "permute" and ws:
+            return {"xs": Slot(image_rows(spec, problem) * padded(problem.H) * item)}  # [Hp / 64, Rp, 64]
         if role == "permute":
             return {"xp": Slot(problem.rows * padded(problem.H) * item)}  # [rows, Hp]
+        if role == "fc1" and ws:
+            return {"act_sorted": Slot(image_rows(spec, problem) * padded(problem.I) * item)}  # [Ip / 64, Rp, 64]
         if role == "fc1":
             return {"act_sorted": Slot(problem.routes * padded(problem.I) * item)}  # [R, Ip]
         return grouped_scratch(role, problem, item)

@@ -95,7 +95,11 @@ template <typename ScaleT, int BITS, int BLOCK, int ZP> struct QuantParams {
   static constexpr i64 kMetaBlockStride = 8 * kMetaBytes;
   __device__ __forceinline__ i64 meta_record(i32 e, i32 n, i32 j) const {
     const i32 m = tile_row(n);
-    return (((i64)e * ((N + 15) >> 4) + (m >> 4)) * blocks_per_row() + j) * kMetaBlockStride + (m & 7) * kMetaBytes;
+    return meta_group(e, m, j) + (m & 7) * kMetaBytes;
+  }
+  // The 8 records of block j of the 16-row tile holding tile row m (blocks j, j + 1 .. follow).
+  __device__ __forceinline__ i64 meta_group(i32 e, i32 m, i32 j) const {
+    return (((i64)e * ((N + 15) >> 4) + (m >> 4)) * blocks_per_row() + j) * kMetaBlockStride;
   }
   __device__ __forceinline__ int meta_half(i32 n) const { return (tile_row(n) >> 3) & 1; }
 

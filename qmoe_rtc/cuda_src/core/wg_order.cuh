@@ -10,6 +10,14 @@
 // order, so the activations are stored already permuted: logical column l of a chunk holds natural
 // k = wg_natural<B>(l). Both operands agree on every product, so the dot products are unchanged.
 // The host mirror (tests): qmoe_rtc/kernels/wgmma_prefill.py wg_natural / wg_logical.
+//
+// Route-tile images (the warp-specialised kernels, engines/wgmma_ws.cuh): rows in sorted route order,
+// laid out as the shared-memory operand so one bulk copy brings a tile's half chunk:
+//   img [Kp / 64][Rp][64] T    half q = logical k 64q .. 64q + 63 of sorted row p, its 16-byte unit u
+//                              stored at unit u ^ ((p - m0) & 7), m0 the first row of p's route tile
+//                              (the 128-byte swizzle wgmma reads); Rp = R + the largest route tile, the
+//                              rows past R never written (a tile's copy reads them; their columns are
+//                              never stored)
 #pragma once
 
 #include "core/codes.cuh"
@@ -51,6 +59,11 @@ __global__ void __launch_bounds__(256) wg_permute(const T* __restrict__ x, i32 r
     v[j] = (u32)(n0 < H ? src[n0] : 0) | ((u32)(n1 < H ? src[n1] : 0) << 16);
   }
   *reinterpret_cast<uint4*>(xp + r * Hp + u * 8) = make_uint4(v[0], v[1], v[2], v[3]);
+}
+
+// Element index in a route-tile image of logical column l (0 .. Kp) of sorted row p, `swz` = (p - m0) & 7.
+__device__ __forceinline__ i64 img_index(i32 p, i32 swz, i32 l, i32 Rp) {
+  return ((i64)(l >> 6) * Rp + p) * 64 + ((((l >> 3) & 7) ^ swz) << 3) + (l & 7);
 }
 
 }  // namespace qmoe

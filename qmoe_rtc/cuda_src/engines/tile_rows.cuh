@@ -20,11 +20,13 @@ __device__ __forceinline__ bool pf_tile_at(i32 idx, const i32* __restrict__ offs
   nt = rem / G;
   return find_tile<BR>(offsets, tile_offsets, E, grp * G + rem % G, e, m0, m_end);
 }
-// The tile of this block (one block per tile).
+// The tile of this block (one block per tile; pf_tile_at of blockIdx.x, in its unsigned arithmetic).
 template <int BR>
 __device__ __forceinline__ bool pf_tile(const i32* __restrict__ offsets, const i32* __restrict__ tile_offsets, i32 E,
                                         i32 NT, i32 G, i32& nt, i32& e, i32& m0, i32& m_end) {
-  return pf_tile_at<BR>(blockIdx.x, offsets, tile_offsets, E, NT, G, nt, e, m0, m_end);
+  const i32 per = G * NT, grp = blockIdx.x / per, rem = blockIdx.x - grp * per;
+  nt = rem / G;
+  return find_tile<BR>(offsets, tile_offsets, E, grp * G + rem % G, e, m0, m_end);
 }
 // Tile indices a persistent grid walks: every group of G route tiles × NT weight tiles (the route
 // tiles counted by the grouping kernel: tile_offsets[E]).
