@@ -74,7 +74,7 @@ LAYOUTS = [  # (layout, hidden, inter): tiled codes and records, contract codes,
 @pytest.mark.parametrize("layout,hidden,inter", LAYOUTS, ids=[lay.name for lay, _, _ in LAYOUTS])
 def test_ws_modules_compile_with_matching_signatures(cache, layout, hidden, inter):
     cfg = ModelConfig(hidden=hidden, inter=inter, experts=8, k=2, layout=layout)
-    for mw in (1, 2):
+    for mw in (1, 2) if layout is LAYOUTS[0][0] else (1,):  # two tiles per warp once (CI time)
         spec = _spec(cfg, prefill_wg_variant="ws", prefill_ws_mw=mw)
         mod = compile_specs([(spec, "sm_90")])[0]
         fam = get_family("wgmma_prefill")
