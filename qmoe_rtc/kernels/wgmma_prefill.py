@@ -5,7 +5,10 @@ Two variants of the same GEMMs (knob ``prefill_wg_variant``, part of the module 
 
 - ``ws`` (``cuda_src/engines/wgmma_ws.cuh``): warp-specialised and persistent, ``qmoe::fc1_wgws`` /
   ``qmoe::fc2_wgws``: one block per SM walks the tile list; a copy warpgroup fills a ring of stages
-  (mbarriers), two MMA warpgroups of 128 weight rows each consume it. Route tiles of 64 or 128.
+  (mbarriers, the route tile by bulk copies from a route-tile image that ``qmoe::ws_gather`` and FC1
+  write), two MMA warpgroups consume it: 128 weight rows × 64/128/256 routes per block with one m16
+  tile per MMA warp (the default), 256 rows × 64/128 with two (knob ``prefill_ws_mw``). Opt-in: it
+  measured slower than ``tiles`` except at the largest prefills (docs/performance-log.md, session 14).
 - ``tiles`` (``cuda_src/engines/wgmma_prefill.cuh``): one block per tile, ``qmoe::fc1_wgmma`` /
   ``qmoe::fc2_wgmma``, every warp both copies and computes. Route tiles of 64 or 128 (256 too with 2
   warpgroups per block).
@@ -150,10 +153,10 @@ def image_rows(spec: ModuleSpec, problem: Problem) -> int:
     return problem.routes + max(_route_tiles(spec))
 
 
-def tile_routes(routes: int, E: int, groups: int = GROUPS, variant: str = "tiles", have: tuple[int, ...] = ()) -> int:
-    """BR for a call: the route tile the average expert fills best (knob ``prefill_route_tile`` forces
-    one of the module's, for tuning)."""
-    have = have or route_tiles_of(groups, variant)
+def tile_routes(routes: int, E: int, groups: int = GROUPS, have: tuple[int, ...] = ()) -> int:
+    """BR for a call: the route tile the average expert fills best among ``have`` (default: the ``tiles``
+    variant's with ``groups`` warpgroups; knob ``prefill_route_tile`` forces one of them, for tuning)."""
+    have = have or route_tiles_of(groups)
     forced = knobs.get("prefill_route_tile") or 0
     if forced in have:
         return forced
