@@ -55,3 +55,16 @@ def test_help_works_without_a_gpu():
     r = subprocess.run([sys.executable, "-m", "qmoe_rtc", "bench", "ab", "--help"], capture_output=True, text=True,
                        timeout=120, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": ""})
     assert r.returncode == 0 and "Interleaved A/B" in r.stdout and "--grid" in r.stdout, r.stderr
+
+
+def test_presets_and_tokens_are_checked_before_the_gpu_is_asked(capsys):
+    from qmoe_rtc.bench import crossover
+
+    a = ab.build_parser().parse_args(["base", "--preset", "mixtral-8x7b,gpt-oss-120b", "--tokens", "1,8"])
+    assert a.preset == ["mixtral-8x7b", "gpt-oss-120b"] and a.tokens == [1, 8]
+    assert crossover.build_parser().parse_args([]).tokens == [4, 8, 16, 32, 64, 128]
+    for parser, argv, says in ((ab.build_parser(), ["base", "--preset", "nope"], "unknown bench shape nope"),
+                               (crossover.build_parser(), ["--tokens", "0"], "--tokens")):
+        with pytest.raises(SystemExit) as e:
+            parser.parse_args(argv)
+        assert e.value.code == 2 and says in capsys.readouterr().err

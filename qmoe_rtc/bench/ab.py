@@ -91,13 +91,17 @@ def point(timer, shape, T, layers, x, logits, rounds: int, iters: int) -> list[d
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from ..cli_args import csv, names, positive
+    from .report import BENCH_SHAPES
+
     p = argparse.ArgumentParser(prog="python -m qmoe_rtc bench ab", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("settings", nargs="*", help="name=value[,name=value] knob sets ('base': the defaults)")
     p.add_argument("--grid", action="append", default=[], metavar="NAME=V1,V2",
                    help="one setting per combination of the grids' values, after the settings (repeatable)")
-    p.add_argument("--preset", default="mixtral-8x7b", help="comma list of bench shapes (default: mixtral-8x7b)")
-    p.add_argument("--tokens", default="1", help="comma list of token counts (default: 1)")
+    p.add_argument("--preset", type=names(BENCH_SHAPES, "bench shape"), default="mixtral-8x7b",
+                   help="comma list of bench shapes (default: mixtral-8x7b)")
+    p.add_argument("--tokens", type=csv(positive), default="1", help="comma list of token counts (default: 1)")
     p.add_argument("--bits", type=int, default=4, help="expert bits (default: 4)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"], help="activation dtype")
     p.add_argument("--rounds", type=int, default=7, help="rounds of turns (default: 7)")
@@ -139,7 +143,7 @@ def main(argv=None) -> int:
     timer = Timer(cp)
     rows = []
     print(f"{'shape':16} {'T':>4} {'setting':44} {'engine':15} | {'median_us':>9} {'rounds':>13} {'ratio':>6} | rel_diff")
-    for name in a.preset.split(","):
+    for name in a.preset:
         shape = BENCH_SHAPES[name]
         rs = cp.random.RandomState(0)
         w, at = build_layer(cp, rs, shape, a.dtype, (a.bits, a.bits), shape.block_size, False)
@@ -149,7 +153,7 @@ def main(argv=None) -> int:
             args = {n: v for n, v in s.items() if n in LAYER_ARGS}
             with knobs.scope(**{n: v for n, v in s.items() if n not in LAYER_ARGS}):
                 layers.append((s, QMoE(**w, **at, **args)))
-        for T in (int(t) for t in a.tokens.split(",")):
+        for T in a.tokens:
             x = rs.standard_normal((T, shape.H), dtype=cp.float32).astype(np_dtype(a.dtype))
             logits = cp.asarray(2 * rs.standard_normal((T, shape.E)), dtype=cp.float32)
             for r in point(timer, name, T, layers, x, logits, a.rounds, a.iters):

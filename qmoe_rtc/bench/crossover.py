@@ -12,11 +12,16 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from ..cli_args import csv, names, positive
+    from .report import BENCH_SHAPES
+
     p = argparse.ArgumentParser(prog="python -m qmoe_rtc bench crossover", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default="qwen3-30b-a3b,mixtral-8x7b,gpt-oss-120b,ort-2048",
+    p.add_argument("--preset", type=names(BENCH_SHAPES, "bench shape"),
+                   default="qwen3-30b-a3b,mixtral-8x7b,gpt-oss-120b,ort-2048",
                    help="comma list of bench shapes (default: qwen3-30b-a3b,mixtral-8x7b,gpt-oss-120b,ort-2048)")
-    p.add_argument("--tokens", default="4,8,16,32,64,128", help="comma list of token counts (default: 4,...,128)")
+    p.add_argument("--tokens", type=csv(positive), default="4,8,16,32,64,128",
+                   help="comma list of token counts (default: 4,8,16,32,64,128)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"], help="activation dtype")
     p.add_argument("--iters", type=int, default=30, help="samples per point (default: 30)")
     return p
@@ -38,14 +43,14 @@ def main(argv=None) -> int:
 
     timer = Timer(cp)
     bad = 0
-    for name in a.preset.split(","):
+    for name in a.preset:
         shape = BENCH_SHAPES[name]
         rs = cp.random.RandomState(1)
         weights, attrs = build_layer(cp, rs, shape, a.dtype, (4, 4), shape.block_size, False)
         layers = {path: QMoE(**weights, **attrs, decode_max_routes=limit) for path, limit in (("decode", 512),
                                                                                                 ("prefill", 0))}
         default = QMoE(**weights, **attrs)
-        for T in (int(t) for t in a.tokens.split(",")):
+        for T in a.tokens:
             x = rs.standard_normal((T, shape.H), dtype=cp.float32).astype(np_dtype(a.dtype))
             lg = 2 * rs.standard_normal((T, shape.E), dtype=cp.float32)
             us, outs = {}, {}
