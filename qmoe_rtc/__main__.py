@@ -162,7 +162,7 @@ def cmd_demo(args) -> int:
     err = np.linalg.norm(out - r) / np.linalg.norm(r)
     print(f"  GPU: first call (incl. compile/load) {first * 1e3:.1f} ms, eager {per * 1e3:.1f} us/call, "
           f"relative error vs reference {err:.2e}")
-    from .bench_report import TOL
+    from .bench.report import TOL
 
     return 0 if err < TOL[args.dtype] else 1
 
@@ -177,7 +177,8 @@ def main(argv=None) -> int:
                    help="activation dtype (default: float16)")
     d.add_argument("--seed", type=int, default=0, help="random seed of the layer and inputs (default: 0)")
     sub.add_parser("warm", help="pre-compile kernels into the on-disk cache (see `warm --help`)", add_help=False)
-    sub.add_parser("bench", help="benchmark (see `bench --help`)", add_help=False)
+    sub.add_parser("bench", help="benchmarks: run, peers, ab, crossover, host, soak, stress (see `bench --help`)",
+                   add_help=False)
     sub.add_parser("stress", help="contention stress check on the GPU (see `stress --help`)", add_help=False)
     sub.add_parser("checkpoint", help="read a GPTQ / AWQ / compressed-tensors checkpoint's MoE layers "
                    "(see `checkpoint --help`)", add_help=False)
@@ -190,7 +191,7 @@ def main(argv=None) -> int:
 
             return warm_main(argv[1:])
         if argv and argv[0] == "bench":
-            from .bench import main as bench_main
+            from .bench.cli import main as bench_main
 
             return bench_main(argv[1:])
         if argv and argv[0] == "stress":

@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from .bench_report import TOL, rel_err  # the contract's accuracy per dtype, the relative error it is judged by
+from .bench.report import TOL, rel_err  # the contract's accuracy per dtype, the relative error it is judged by
 
 __all__ = ["build_layer", "engine_scope", "run_worker"]
 

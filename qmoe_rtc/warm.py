@@ -1,4 +1,4 @@
-"""Warm the kernel cache for a model: ``python -m qmoe_rtc warm ...`` (also ``tools/warm_cache.py``).
+"""Warm the kernel cache for a model: ``python -m qmoe_rtc warm ...``.
 
 Collects the unique modules with :func:`qmoe_rtc.kernels.modules_for` (the pipelines the executor
 chooses from), builds them for every ``--arch`` in spawned worker processes (which die with the warm

@@ -1,5 +1,6 @@
-"""The GPU-free parts of the benchmark (qmoe_rtc/bench.py), and a CPU smoke run of ``main`` through a
-NumPy stand-in for CuPy and a reference-backed stand-in for the executor (no timing is meaningful)."""
+"""The GPU-free parts of the benchmark (qmoe_rtc/bench/: report, layers, targets, torch_ref, run), and a CPU
+smoke run of ``run.main`` through a NumPy stand-in for CuPy and a reference-backed stand-in for the executor
+(no timing is meaningful)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import types
 import numpy as np
 import pytest
 
-from qmoe_rtc import bench
+from qmoe_rtc.bench import layers, report, run, torch_ref
 from qmoe_rtc.contract import QMoEAttributes
 from qmoe_rtc.presets import PRESETS
 from qmoe_rtc.quantize import quantize
@@ -21,25 +22,25 @@ from qmoe_rtc.reference import route
 
 # -- arguments -------------------------------------------------------------------------------------
 def test_defaults():
-    a = bench.parse_args([])
+    a = report.parse_args([])
     assert [s.name for s in a.shapes] == ["qwen3-30b-a3b", "mixtral-8x7b", "gpt-oss-120b", "ort-2048"]
     assert a.tokens == [1, 2, 4, 8, 16, 32, 64] and a.bits == [(4, 4)] and a.dtypes == ["float16"]
     assert (a.iters, a.warmup, a.block_size, a.zero_points, a.no_torch, a.no_eager) == (100, 10, None, False, False,
                                                                                          False)
-    assert [bench.block_for(s, a.block_size) for s in a.shapes] == [128, 128, 32, 128]
-    assert [bench.block_for(s, 64) for s in a.shapes] == [64] * 4
+    assert [report.block_for(s, a.block_size) for s in a.shapes] == [128, 128, 32, 128]
+    assert [report.block_for(s, 64) for s in a.shapes] == [64] * 4
 
 
 def test_options():
-    a = bench.parse_args(["--preset", "deepseek-v3-tp8,ort-2048", "--shape", "512,256,16,4", "--tokens", "1,128",
+    a = report.parse_args(["--preset", "deepseek-v3-tp8,ort-2048", "--shape", "512,256,16,4", "--tokens", "1,128",
                           "--bits", "4,2", "--bits", "8", "--dtype", "float16,bfloat16", "--zero-points",
                           "--iters", "50", "--json", "x.json", "--no-torch", "--no-eager", "--seed", "3"])
     assert [(s.name, s.H, s.I, s.E, s.k) for s in a.shapes] == [
         ("deepseek-v3-tp8", 7168, 256, 256, 8), ("ort-2048", 2048, 2048, 8, 2), ("512x256x16x4", 512, 256, 16, 4)]
     assert a.tokens == [1, 128] and a.bits == [(4, 2), (8, 8)] and a.dtypes == ["float16", "bfloat16"]
     assert a.zero_points and a.no_torch and a.no_eager and a.iters == 50 and a.seed == 3 and a.json == "x.json"
-    assert [s.name for s in bench.parse_args(["--shape", "64,32,4,2"]).shapes] == ["64x32x4x2"]  # --shape alone
-    assert len(bench.parse_args(["--preset", "all"]).shapes) == len(bench.BENCH_SHAPES)
+    assert [s.name for s in report.parse_args(["--shape", "64,32,4,2"]).shapes] == ["64x32x4x2"]  # --shape alone
+    assert len(report.parse_args(["--preset", "all"]).shapes) == len(report.BENCH_SHAPES)
 
 
 @pytest.mark.parametrize("argv", [["--iters", "49"], ["--bits", "5"], ["--bits", "4,4,4"], ["--dtype", "int8"],
@@ -47,21 +48,21 @@ def test_options():
                                   ["--block-size", "48"], ["--tokens", "0"], ["--preset", ""]])
 def test_bad_arguments(argv, capsys):
     with pytest.raises(SystemExit) as e:
-        bench.parse_args(argv)
+        report.parse_args(argv)
     assert e.value.code == 2
     assert "error" in capsys.readouterr().err
 
 
 def test_help_without_gpu(capsys):
     with pytest.raises(SystemExit) as e:
-        bench.main(["--help"])
+        run.main(["--help"])
     assert e.value.code == 0
     assert "--zero-points" in capsys.readouterr().out
 
 
 def test_shapes_agree_with_presets():
     seen = set()
-    for name, s in bench.BENCH_SHAPES.items():
+    for name, s in report.BENCH_SHAPES.items():
         p = PRESETS.get(name)
         if p is None:
             continue
@@ -70,31 +71,31 @@ def test_shapes_agree_with_presets():
         assert (s.shared, s.shared_gate, s.router) == (p.shared, p.shared_gate, p.router_gemm), name
     assert {"qwen3-30b-a3b", "gpt-oss-120b", "deepseek-v3-tp8", "qwen3-next-80b-a3b"} <= seen
     assert PRESETS["deepseek-v3-tp8"].inter == PRESETS["deepseek-v3"].inter // 8
-    gpt = bench.BENCH_SHAPES["gpt-oss-120b"]
-    assert bench.layout_problem(gpt, 128) and not bench.layout_problem(gpt, 32) and not bench.layout_problem(gpt, 0)
+    gpt = report.BENCH_SHAPES["gpt-oss-120b"]
+    assert report.layout_problem(gpt, 128) and not report.layout_problem(gpt, 32) and not report.layout_problem(gpt, 0)
 
 
 # -- floors ----------------------------------------------------------------------------------------
 def test_top_k_ties_and_reference_routing(rng):
     lg = np.array([[0.0, 3.0, 3.0, 1.0], [2.0, 2.0, 2.0, 2.0], [-1.0, -5.0, 0.5, 0.5]], np.float32)
-    assert bench.top_k_experts(lg, 2).tolist() == [[1, 2], [0, 1], [2, 3]]
+    assert report.top_k_experts(lg, 2).tolist() == [[1, 2], [0, 1], [2, 3]]
     attrs = QMoEAttributes.from_kwargs(k=3, normalize_routing_weights=1)
     for _ in range(5):
         lg = (2 * rng.standard_normal((17, 12))).astype(np.float32)
         lg[3, 5] = lg[3, 7]  # a tie
-        assert (bench.top_k_experts(lg, 3) == route(lg, attrs)[0]).all()
-    assert (bench.top_k_experts(lg[:1], 1) == route(lg[:1], QMoEAttributes.from_kwargs(k=1))[0]).all()
+        assert (report.top_k_experts(lg, 3) == route(lg, attrs)[0]).all()
+    assert (report.top_k_experts(lg[:1], 1) == route(lg[:1], QMoEAttributes.from_kwargs(k=1))[0]).all()
 
 
 def test_expert_bytes_hand_count():
     # H 256, I 128, 4-bit, block 128, float16 scales. FC1 [256, 256]: codes 256·128 = 32768, scales 256·2·2 = 1024;
     # FC2 [256, 128]: codes 256·64 = 16384, scales 256·1·2 = 512. Zero points: FC1 256·ceil(2·4/8) = 256,
     # FC2 256·ceil(1·4/8) = 256.
-    assert bench.expert_bytes(256, 128, (4, 4), 128, False, 2) == 32768 + 1024 + 16384 + 512
-    assert bench.expert_bytes(256, 128, (4, 4), 128, True, 2) == 32768 + 1024 + 16384 + 512 + 512
+    assert report.expert_bytes(256, 128, (4, 4), 128, False, 2) == 32768 + 1024 + 16384 + 512
+    assert report.expert_bytes(256, 128, (4, 4), 128, True, 2) == 32768 + 1024 + 16384 + 512 + 512
     # mixed 4/2-bit, row-wise, zero points packed along N: FC1 256·128 + 256·2 + ceil(256·4/8)=128;
     # FC2 256·32 + 256·2 + ceil(256·2/8)=64
-    assert bench.expert_bytes(256, 128, (4, 2), 0, True, 2) == (32768 + 512 + 128) + (8192 + 512 + 64)
+    assert report.expert_bytes(256, 128, (4, 2), 0, True, 2) == (32768 + 512 + 128) + (8192 + 512 + 64)
 
 
 @pytest.mark.parametrize("bits,bs,zp,dt", [((4, 4), 64, False, np.float16), ((4, 2), 32, True, np.float16),
@@ -106,7 +107,7 @@ def test_expert_bytes_match_quantized_arrays(rng, bits, bs, zp, dt):
     for N, K, b in ((2 * I, H, bits[0]), (H, I, bits[1])):
         q = quantize(rng.standard_normal((E, N, K)).astype(np.float32), b, bs, symmetric=not zp, scale_dtype=dt)
         n += sum(a.nbytes for a in q if a is not None)
-    assert bench.expert_bytes(H, I, bits, bs, zp, np.dtype(dt).itemsize) == n // E
+    assert report.expert_bytes(H, I, bits, bs, zp, np.dtype(dt).itemsize) == n // E
 
 
 def test_floor_bytes_unique_experts():
@@ -114,14 +115,14 @@ def test_floor_bytes_unique_experts():
     lg[0, [1, 4]] = 5.0, 4.0
     lg[1, [4, 2]] = 3.0, 2.0
     lg[2, [1, 0]] = 1.0, 0.5  # chosen: {1, 4}, {4, 2}, {1, 0} -> unique {0, 1, 2, 4}
-    nbytes, uniq = bench.floor_bytes(lg, 2, H=8, per_expert=1000, act_itemsize=2)
+    nbytes, uniq = report.floor_bytes(lg, 2, H=8, per_expert=1000, act_itemsize=2)
     assert uniq == 4 and nbytes == 4 * 1000 + 2 * 3 * 8 * 2 + 3 * 6 * 4
-    assert bench.flop_count(3, 2, 8, 4) == 2 * 3 * 2 * (8 * 8 + 4 * 8)
+    assert report.flop_count(3, 2, 8, 4) == 2 * 3 * 2 * (8 * 8 + 4 * 8)
 
 
 def test_check_rows():
-    assert bench.check_rows(5, 256).tolist() == list(range(5))
-    r = bench.check_rows(1000, 64)
+    assert report.check_rows(5, 256).tolist() == list(range(5))
+    r = report.check_rows(1000, 64)
     assert len(r) == 64 and r[0] == 0 and r[-1] == 999 and (np.diff(r) > 0).all()
 
 
@@ -130,11 +131,11 @@ def test_poison_and_rel_err():
 
     for dt in ("float16", "bfloat16", "float32"):
         a = np.ones((3, 5), np_dtype(dt))
-        bench._poison(np, a)
+        run._poison(np, a)
         assert np.isnan(a.astype(np.float32)).all(), dt
-        assert bench.rel_err(a, np.ones((3, 5))) == float("inf")
-    assert bench.rel_err(np.array([1.0, 2.0]), np.array([1.0, 2.0])) == 0.0
-    assert abs(bench.rel_err(np.array([3.0, 4.0 + 0.5]), np.array([3.0, 4.0])) - 0.1) < 1e-12
+        assert report.rel_err(a, np.ones((3, 5))) == float("inf")
+    assert report.rel_err(np.array([1.0, 2.0]), np.array([1.0, 2.0])) == 0.0
+    assert abs(report.rel_err(np.array([3.0, 4.0 + 0.5]), np.array([3.0, 4.0])) - 0.1) < 1e-12
 
 
 # -- table -----------------------------------------------------------------------------------------
@@ -142,15 +143,15 @@ def test_format_row():
     p = dict(shape="qwen3-30b-a3b", dtype="float16", bits=[4, 4], T=8, graph_us=41.234, eager_us=80.0, torch_us=None,
              floor_us=20.0, bound="bytes", floor_bytes=81_500_000, pct_floor=48.5, rel_err=3.1e-4, ok=True,
              torch_err=None)
-    row = bench.format_row(p)
-    head = bench.table_header()
+    row = report.format_row(p)
+    head = report.table_header()
     assert row.index("|") == head.index("|") and row.rindex("|") == head.rindex("|") and len(row) == len(head)
     for s in ("qwen3-30b-a3b", "float16", "41.2", "80.0", "20.0", "81.50", "48.5", "3.10e-04"):
         assert s in row
     assert " - " in row and "FAIL" not in row
-    bad = bench.format_row(dict(p, bits=[4, 2], ok=False, rel_err=0.5, bound="flop", torch_err=1.5e-3))
+    bad = report.format_row(dict(p, bits=[4, 2], ok=False, rel_err=0.5, bound="flop", torch_err=1.5e-3))
     assert "4,2" in bad and bad.endswith("1.50e-03") and "FAIL" in bad and "20.0*" in bad
-    err = bench.format_row(dict(shape="x", dtype="bfloat16", bits=[4, 4], T=1, error="CompileError: boom"))
+    err = report.format_row(dict(shape="x", dtype="bfloat16", bits=[4, 4], T=1, error="CompileError: boom"))
     assert "ERR CompileError: boom" in err and "bfloat16" in err
 
 
@@ -159,17 +160,17 @@ def test_torch_baseline_on_cpu(rng, dtype, zp, bs):
     torch = pytest.importorskip("torch")
     from qmoe_rtc._arrays import np_dtype
 
-    shape = bench.Shape("t", 128, 64, 8, 3)
-    weights, attrs = bench.build_layer(np, _fake_cupy().random.RandomState(1), shape, dtype, (4, 2), bs, zp)
-    W1, W2 = bench.torch_weights(np, torch, weights, shape, dtype, (4, 2), bs, device="cpu")
+    shape = report.Shape("t", 128, 64, 8, 3)
+    weights, attrs = layers.build_layer(np, _fake_cupy().random.RandomState(1), shape, dtype, (4, 2), bs, zp)
+    W1, W2 = torch_ref.torch_weights(np, torch, weights, shape, dtype, (4, 2), bs, device="cpu")
     assert tuple(W1.shape) == (8, 128, 128) and tuple(W2.shape) == (8, 128, 64)
     x = rng.standard_normal((5, 128)).astype(np.float32)
     lg = (2 * rng.standard_normal((5, 8))).astype(np.float32)
     want = reference(x.astype(np_dtype(dtype)), lg, **weights, **attrs)
     tx = torch.from_numpy(x).to(W1.dtype)
-    got = bench.torch_moe(torch, tx, torch.from_numpy(lg), W1, W2, 3)
+    got = torch_ref.torch_moe(torch, tx, torch.from_numpy(lg), W1, W2, 3)
     assert got.dtype == W1.dtype and tuple(got.shape) == (5, 128)
-    assert bench.rel_err(got.float().numpy(), want) < {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}[dtype]
+    assert report.rel_err(got.float().numpy(), want) < {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}[dtype]
 
 
 # -- the whole run on the CPU, with stand-ins for CuPy and the executor --------------------------
@@ -242,14 +243,14 @@ def test_main_on_cpu_with_stand_ins(monkeypatch, tmp_path, capsys):
     monkeypatch.setitem(sys.modules, "cupy", _fake_cupy())
     monkeypatch.setitem(sys.modules, "torch", None)  # import torch -> ImportError: no baseline
     monkeypatch.setattr(qmoe_rtc.executor, "QMoE", _FakeQMoE)
-    monkeypatch.setattr(bench, "_d2d", lambda dst, src: np.copyto(dst, src))
-    monkeypatch.setattr(bench, "FLUSH_BYTES", 1 << 10)
-    monkeypatch.setattr(bench, "COPY_BYTES", 1 << 16)
-    monkeypatch.setattr(bench, "MATMUL_N", 32)
+    monkeypatch.setattr(run, "_d2d", lambda dst, src: np.copyto(dst, src))
+    monkeypatch.setattr(run, "FLUSH_BYTES", 1 << 10)
+    monkeypatch.setattr(run, "COPY_BYTES", 1 << 16)
+    monkeypatch.setattr(run, "MATMUL_N", 32)
     path = tmp_path / "b.json"
     argv = ["--shape", "64,32,8,2", "--shape", "80,32,8,2", "--tokens", "1,2,3", "--bits", "4,2", "--block-size", "32",
             "--dtype", "float16,bfloat16", "--zero-points", "--iters", "50", "--warmup", "1", "--json", str(path)]
-    assert bench.main(argv) == 1  # the injected failure and the bad layout make the run fail
+    assert run.main(argv) == 1  # the injected failure and the bad layout make the run fail
     out = capsys.readouterr().out
     rows = [l for l in out.splitlines() if l.startswith(("64x32", "80x32"))]
     assert len(rows) == 2 * 2 * 3, out

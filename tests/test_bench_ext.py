@@ -1,6 +1,6 @@
 """The benchmark, warm tool and presets for shared experts, the router GEMM and FP8 experts, on the CPU:
 arguments, shapes, byte and FLOP accounting, the targets' arithmetic, random extension tensors that the
-contract and the reference accept, and a smoke run of ``bench.main`` through NumPy stand-ins."""
+contract and the reference accept, and a smoke run of ``qmoe_rtc.bench.run.main`` through NumPy stand-ins."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 from test_bench import _FakeQMoE
 
-from qmoe_rtc import bench, warm
+from qmoe_rtc import warm
 from qmoe_rtc.attributes import QMoEAttributes
+from qmoe_rtc.bench import layers, report, run, targets
 from qmoe_rtc.contract import describe_layer
 from qmoe_rtc.errors import QMoEAttributeError, QMoEUnsupportedError
 from qmoe_rtc.extensions import EXT_INPUTS, describe_extensions
@@ -143,7 +144,7 @@ def test_warm_format_fp8(cache, capsys):
 
 # -- bench arguments -------------------------------------------------------------------------------
 def test_bench_new_shapes_and_flags():
-    a = bench.parse_args(["--shapes", ",".join(NEW), "--bits", "8", "--bits", "fp8", "--bits", "fp8g",
+    a = report.parse_args(["--shapes", ",".join(NEW), "--bits", "8", "--bits", "fp8", "--bits", "fp8g",
                           "--variants", "routed,full", "--tokens", "1,4096"])
     q, d = a.shapes
     assert (q.name, q.H, q.I, q.E, q.k, q.shared, q.shared_gate, q.router) == (NEW[0], 2048, 512, 512, 10, 1, True,
@@ -151,34 +152,34 @@ def test_bench_new_shapes_and_flags():
     assert (d.name, d.H, d.I, d.E, d.k, d.shared, d.shared_gate, d.router) == (NEW[1], 7168, 256, 256, 8, 1, False,
                                                                                  True)
     assert a.bits == [(8, 8), ("fp8", "fp8"), ("fp8g", "fp8g")] and a.variants == ["routed", "full"]
-    assert [bench.block_for(q, None, b) for b in a.bits] == [128, 128, 0]
-    assert [bench.block_for(q, 0, b) for b in a.bits] == [0, 0, 0] and bench.block_for(q, 64, a.bits[1]) == 64
-    assert not any(bench.layout_problem(s, 128) for s in a.shapes)
-    assert bench.layout_problem(q, 1024) and not bench.layout_problem(q, 1024, ("fp8", "fp8"))  # FP8 blocks may be partial
-    assert bench.parse_args(["--preset", NEW[0]]).variants == ["routed", "shared", "full"]
-    assert bench.is_fp8(("fp8g", "fp8g")) and not bench.is_fp8((8, 8))
-    assert "qwen3-next-80b-a3b (H 2048, I 512, E 512, k 10, 1 shared gated, router GEMM)" in bench.build_parser().epilog
+    assert [report.block_for(q, None, b) for b in a.bits] == [128, 128, 0]
+    assert [report.block_for(q, 0, b) for b in a.bits] == [0, 0, 0] and report.block_for(q, 64, a.bits[1]) == 64
+    assert not any(report.layout_problem(s, 128) for s in a.shapes)
+    assert report.layout_problem(q, 1024) and not report.layout_problem(q, 1024, ("fp8", "fp8"))  # FP8 blocks may be partial
+    assert report.parse_args(["--preset", NEW[0]]).variants == ["routed", "shared", "full"]
+    assert report.is_fp8(("fp8g", "fp8g")) and not report.is_fp8((8, 8))
+    assert "qwen3-next-80b-a3b (H 2048, I 512, E 512, k 10, 1 shared gated, router GEMM)" in report.build_parser().epilog
 
 
 @pytest.mark.parametrize("argv", [["--bits", "fp8,4"], ["--bits", "fp9"], ["--variants", "routed,all"],
                                   ["--variants", ","]])
 def test_bench_bad_new_arguments(argv, capsys):
     with pytest.raises(SystemExit) as e:
-        bench.parse_args(argv)
+        report.parse_args(argv)
     assert e.value.code == 2 and "error" in capsys.readouterr().err
 
 
 def test_variants_for():
-    q, d, plain = bench.BENCH_SHAPES[NEW[0]], bench.BENCH_SHAPES[NEW[1]], bench.BENCH_SHAPES["qwen3-30b-a3b"]
-    allv = list(bench.VARIANTS)
-    assert bench.variants_for(q, (4, 4), allv) == allv and bench.variants_for(d, (8, 8), allv) == allv
-    assert bench.variants_for(q, (4, 4), ["full", "routed"]) == ["routed", "full"]
-    assert bench.variants_for(q, ("fp8", "fp8"), allv) == ["routed"]  # the FP8 targets time routed layers
-    assert bench.variants_for(plain, (4, 4), allv) == ["routed"]
-    router_only = bench.Shape("r", 64, 32, 8, 2, router=True)
-    shared_only = bench.Shape("s", 64, 32, 8, 2, shared=2)
-    assert bench.variants_for(router_only, (4, 4), allv) == ["routed", "full"]
-    assert bench.variants_for(shared_only, (4, 4), allv) == ["routed", "full"]
+    q, d, plain = report.BENCH_SHAPES[NEW[0]], report.BENCH_SHAPES[NEW[1]], report.BENCH_SHAPES["qwen3-30b-a3b"]
+    allv = list(report.VARIANTS)
+    assert report.variants_for(q, (4, 4), allv) == allv and report.variants_for(d, (8, 8), allv) == allv
+    assert report.variants_for(q, (4, 4), ["full", "routed"]) == ["routed", "full"]
+    assert report.variants_for(q, ("fp8", "fp8"), allv) == ["routed"]  # the FP8 targets time routed layers
+    assert report.variants_for(plain, (4, 4), allv) == ["routed"]
+    router_only = report.Shape("r", 64, 32, 8, 2, router=True)
+    shared_only = report.Shape("s", 64, 32, 8, 2, shared=2)
+    assert report.variants_for(router_only, (4, 4), allv) == ["routed", "full"]
+    assert report.variants_for(shared_only, (4, 4), allv) == ["routed", "full"]
 
 
 # -- bytes and FLOPs -------------------------------------------------------------------------------
@@ -186,9 +187,9 @@ def test_fp8_expert_bytes_hand_count():
     # H 256, I 128: FC1 [256, 256] codes 65536, FC2 [256, 128] codes 32768. Block 128, float32 scales:
     # FC1 2·2 blocks = 16 B, FC2 2·1 = 8 B. Global: 4 B per projection. Block 96 (partial): FC1 3·3, FC2 3·2.
     for b in ("fp8", "fp8g"):
-        assert bench.expert_bytes(256, 128, (b, b), 128, False, 2) == 65536 + 16 + 32768 + 8
-        assert bench.expert_bytes(256, 128, (b, b), 0, True, 2) == 65536 + 4 + 32768 + 4
-    assert bench.expert_bytes(256, 128, ("fp8", "fp8"), 96, False, 2) == 65536 + 9 * 4 + 32768 + 6 * 4
+        assert report.expert_bytes(256, 128, (b, b), 128, False, 2) == 65536 + 16 + 32768 + 8
+        assert report.expert_bytes(256, 128, (b, b), 0, True, 2) == 65536 + 4 + 32768 + 4
+    assert report.expert_bytes(256, 128, ("fp8", "fp8"), 96, False, 2) == 65536 + 9 * 4 + 32768 + 6 * 4
 
 
 @pytest.mark.parametrize("bs", [0, 32, 128])
@@ -199,7 +200,7 @@ def test_fp8_expert_bytes_match_quantized_arrays(rng, bs):
         q = quantize(rng.standard_normal((E, N, K)).astype(np.float32), None, bs, scale_dtype=np.float32,
                      format="fp8_e4m3")
         n += sum(a.nbytes for a in q if a is not None)
-    assert bench.expert_bytes(H, I, ("fp8", "fp8"), bs, False, 4) == n // E
+    assert report.expert_bytes(H, I, ("fp8", "fp8"), bs, False, 4) == n // E
 
 
 @pytest.mark.parametrize("bits,bs,zp,dt", [((4, 4), 32, False, "float16"), ((4, 2), 16, True, "bfloat16"),
@@ -207,41 +208,41 @@ def test_fp8_expert_bytes_match_quantized_arrays(rng, bs):
 def test_extension_bytes_match_random_layer(rng, bits, bs, zp, dt):
     from qmoe_rtc._arrays import np_dtype
 
-    shape = bench.Shape("t", 64, 32, 8, 2, shared=2, shared_gate=True, router=True)
-    w, _ = bench.build_layer(np, rng, shape, dt, bits, bs, zp, shared=True)
+    shape = report.Shape("t", 64, 32, 8, 2, shared=2, shared_gate=True, router=True)
+    w, _ = layers.build_layer(np, rng, shape, dt, bits, bs, zp, shared=True)
     isz = np_dtype(dt).itemsize
     shared = sum(a.nbytes for n, a in w.items() if n.startswith("shared_"))
-    assert bench.extension_bytes(shape, bits, bs, zp, isz, isz) == (shared, w["router_weight"].nbytes)
-    assert shared == 2 * bench.expert_bytes(64, 32, bits, bs, zp, isz) + 64 * isz
-    assert bench.extension_bytes(bench.Shape("p", 64, 32, 8, 2), bits, bs, zp, isz, isz) == (0, 0)
+    assert report.extension_bytes(shape, bits, bs, zp, isz, isz) == (shared, w["router_weight"].nbytes)
+    assert shared == 2 * report.expert_bytes(64, 32, bits, bs, zp, isz) + 64 * isz
+    assert report.extension_bytes(report.Shape("p", 64, 32, 8, 2), bits, bs, zp, isz, isz) == (0, 0)
     routed = sum(a.nbytes for n, a in w.items() if n not in EXT_INPUTS) // 8
-    assert routed == bench.expert_bytes(64, 32, bits, bs, zp, isz)
+    assert routed == report.expert_bytes(64, 32, bits, bs, zp, isz)
 
 
 def test_ext_flops_hand_count():
-    s = bench.Shape("t", 64, 32, 8, 2, shared=2, router=True)
+    s = report.Shape("t", 64, 32, 8, 2, shared=2, router=True)
     per_route = 2 * (64 * 64 + 32 * 64)  # FC1 [2I, H] + FC2 [H, I], 2 FLOPs a multiply-add
-    assert bench.ext_flops(3, s, "routed") == 0
-    assert bench.ext_flops(3, s, "shared") == 3 * 2 * per_route
-    assert bench.ext_flops(3, s, "full") == 3 * 2 * per_route + 2 * 3 * 8 * 64
-    assert bench.ext_flops(3, bench.Shape("g", 64, 32, 8, 2, shared=1), "full") == 3 * per_route
+    assert report.ext_flops(3, s, "routed") == 0
+    assert report.ext_flops(3, s, "shared") == 3 * 2 * per_route
+    assert report.ext_flops(3, s, "full") == 3 * 2 * per_route + 2 * 3 * 8 * 64
+    assert report.ext_flops(3, report.Shape("g", 64, 32, 8, 2, shared=1), "full") == 3 * per_route
 
 
 # -- targets ---------------------------------------------------------------------------------------
 def test_ext_target_arithmetic():
     # 2 MB at 1000 GB/s = 2 us; bound = 1.15 · (40 + 2) = 48.3 us
-    t = bench.ext_target(40.0, 48.0, 2_000_000, 1000.0)
+    t = targets.ext_target(40.0, 48.0, 2_000_000, 1000.0)
     assert math.isclose(t["ext_us"], 2.0) and math.isclose(t["bound_us"], 48.3)
     assert t["ok"] is True and math.isclose(t["ratio"], 48.0 / 48.3)
-    assert bench.ext_target(40.0, 48.4, 2_000_000, 1000.0)["ok"] is False
-    assert bench.ext_target(40.0, 48.3, 2_000_000, 1000.0)["ok"] is True  # <= : the bound itself passes
-    assert bench.ext_target(40.0, 48.0, 2_000_000, None)["ok"] is None
-    assert bench.ext_target(None, 48.0, 2_000_000, 1000.0)["ok"] is None
-    line = bench.format_target(t)
+    assert targets.ext_target(40.0, 48.4, 2_000_000, 1000.0)["ok"] is False
+    assert targets.ext_target(40.0, 48.3, 2_000_000, 1000.0)["ok"] is True  # <= : the bound itself passes
+    assert targets.ext_target(40.0, 48.0, 2_000_000, None)["ok"] is None
+    assert targets.ext_target(None, 48.0, 2_000_000, 1000.0)["ok"] is None
+    line = targets.format_target(t)
     for s in ("48.0 <= 1.15*(40.0 + 2.0 for 2.00 MB) = 48.3 us", "ratio 0.994", "PASS"):
         assert s in line, line
-    assert "MISS" in bench.format_target(bench.ext_target(40.0, 60.0, 0, 1000.0))
-    assert "not measured" in bench.format_target(bench.ext_target(40.0, 48.0, 0, None))
+    assert "MISS" in targets.format_target(targets.ext_target(40.0, 60.0, 0, 1000.0))
+    assert "not measured" in targets.format_target(targets.ext_target(40.0, 48.0, 0, None))
 
 
 def _pt(bits, T, graph_us, pct, bs=128, **kw):
@@ -254,47 +255,47 @@ def test_fp8_targets_arithmetic():
            _pt(("fp8", "fp8"), 1, 40.0, 40.0), _pt(("fp8", "fp8"), 4096, 1200.0, 30.0),  # 80 % exactly, 1.2x exactly
            _pt(("fp8g", "fp8g"), 1, 50.0, 39.9, bs=0), _pt(("fp8g", "fp8g"), 4096, 1201.0, 30.0, bs=0),
            _pt((4, 4), 1, 20.0, 99.0), _pt(("fp8", "fp8"), 4096, 1.0, 99.0, error="boom")]  # errors never count
-    t = {(x["scales"], x["kind"]): x for x in bench.fp8_targets(pts)}
+    t = {(x["scales"], x["kind"]): x for x in targets.fp8_targets(pts)}
     assert set(t) == {("block 128", "fp8_decode"), ("block 128", "fp8_prefill"), ("global", "fp8_decode"),
                       ("global", "fp8_prefill")}
     dec, pre = t["block 128", "fp8_decode"], t["block 128", "fp8_prefill"]
     assert (dec["fp8"], dec["int8"], dec["ok"]) == (40.0, 50.0, True) and math.isclose(dec["ratio"], 0.8)
     assert (pre["fp8"], pre["int8"], pre["ok"]) == (1200.0, 1000.0, True) and math.isclose(pre["ratio"], 1.2)
     assert t["global", "fp8_decode"]["ok"] is False and t["global", "fp8_prefill"]["ok"] is False
-    lines = [bench.format_target(x) for x in bench.fp8_targets(pts)]  # global (block 0) first
+    lines = [targets.format_target(x) for x in targets.fp8_targets(pts)]  # global (block 0) first
     assert lines[2] == "fp8 target s bfloat16 fp8 block 128: decode T=1 %floor fp8 >= 80% of int8: 40.0 vs 50.0 = 80% PASS"
     assert "prefill T=4096 time fp8 <= 1.2x int8: 1200.0 vs 1000.0 us = 1.20x PASS" in lines[3], lines
     assert lines[0].endswith("MISS") and lines[1].endswith("MISS") and "fp8 global" in lines[0]
 
 
 def test_fp8_targets_missing_points():
-    assert bench.fp8_targets([_pt((8, 8), 1, 30.0, 50.0)]) == []  # no FP8 point: nothing to report
-    only = bench.fp8_targets([_pt(("fp8", "fp8"), 1, 40.0, 45.0), _pt((8, 8), 4096, 1000.0, 40.0),
+    assert targets.fp8_targets([_pt((8, 8), 1, 30.0, 50.0)]) == []  # no FP8 point: nothing to report
+    only = targets.fp8_targets([_pt(("fp8", "fp8"), 1, 40.0, 45.0), _pt((8, 8), 4096, 1000.0, 40.0),
                               dict(_pt((8, 8), 1, 30.0, 50.0), variant="full")])
     assert [x["ok"] for x in only] == [None, None]  # int8 at T=1 only as a 'full' variant; no FP8 at 4096
-    assert all("not measured (needs --bits 8 and the fp8 form at --tokens" in bench.format_target(x) for x in only)
+    assert all("not measured (needs --bits 8 and the fp8 form at --tokens" in targets.format_target(x) for x in only)
 
 
 def test_near_tie_rows():
     lg = np.array([[3.0, 2.0, 1.0, 0.0], [3.0, 2.0, 2.0 - 1e-4, 0.0], [5.0, 5.0, 0.0, 0.0], [9.0, 4.0, 3.98, 0]],
                   np.float32)
-    assert bench.near_tie_rows(lg, 2).tolist() == [False, True, False, False]  # row 3: gap 0.02 > 1e-3·9
-    assert bench.near_tie_rows(lg, 1).tolist() == [False, False, True, False]
-    assert bench.near_tie_rows(lg, 4).tolist() == [False] * 4  # k = E: nothing is left out
+    assert report.near_tie_rows(lg, 2).tolist() == [False, True, False, False]  # row 3: gap 0.02 > 1e-3·9
+    assert report.near_tie_rows(lg, 1).tolist() == [False, False, True, False]
+    assert report.near_tie_rows(lg, 4).tolist() == [False] * 4  # k = E: nothing is left out
 
 
 def test_format_row_variants_and_width():
     p = dict(shape="qwen3-next-80b-a3b", dtype="bfloat16", bits=["fp8", "fp8"], T=1, graph_us=10.0, floor_us=5.0,
              bound="bytes", floor_bytes=1e6, pct_floor=50.0, rel_err=1e-3, ok=True, variant="full")
-    shapes = [bench.BENCH_SHAPES[n] for n in NEW] + [bench.BENCH_SHAPES["ort-2048"]]
-    w = bench.label_width(shapes)
-    assert w == len("qwen3-next-80b-a3b/shared") and bench.label_width([bench.BENCH_SHAPES["ort-2048"]]) == 16
-    assert bench.label_width(shapes, ["routed", "full"]) == len("qwen3-next-80b-a3b/full")
-    row, head = bench.format_row(p, w), bench.table_header(w)
+    shapes = [report.BENCH_SHAPES[n] for n in NEW] + [report.BENCH_SHAPES["ort-2048"]]
+    w = report.label_width(shapes)
+    assert w == len("qwen3-next-80b-a3b/shared") and report.label_width([report.BENCH_SHAPES["ort-2048"]]) == 16
+    assert report.label_width(shapes, ["routed", "full"]) == len("qwen3-next-80b-a3b/full")
+    row, head = report.format_row(p, w), report.table_header(w)
     assert row.startswith("qwen3-next-80b-a3b/full ") and " fp8 " in row
     assert row.index("|") == head.index("|") and len(row) == len(head)
-    assert bench.format_row(dict(p, variant="routed"), w).startswith("qwen3-next-80b-a3b  ")
-    assert bench.table_header() == bench.table_header(16) and bench.table_header(20).startswith("shape" + " " * 16)
+    assert report.format_row(dict(p, variant="routed"), w).startswith("qwen3-next-80b-a3b  ")
+    assert report.table_header() == report.table_header(16) and report.table_header(20).startswith("shape" + " " * 16)
 
 
 # -- random extension tensors ----------------------------------------------------------------------
@@ -326,8 +327,8 @@ def test_random_layer_extensions_pass_contract_and_reference(rng, gate, bias, dt
     part = shared_part(x.astype(np.float64), spec.shared, sw, a, ext.get("shared_gate_weight"))
     assert np.abs(part).max() > 0.1
     tol = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}[dt]
-    assert bench.rel_err(full, routed.astype(np.float64) + part) < tol  # full = routed + shared, one rounding
-    assert bench.rel_err(routed, full) > 10 * tol
+    assert report.rel_err(full, routed.astype(np.float64) + part) < tol  # full = routed + shared, one rounding
+    assert report.rel_err(routed, full) > 10 * tol
     assert np.isfinite(full.astype(np.float32)).all() and 0.1 < np.abs(full.astype(np.float32)).mean() < 10
 
 
@@ -360,16 +361,16 @@ def test_main_on_cpu_with_extensions_and_fp8(monkeypatch, tmp_path, capsys):
     monkeypatch.setitem(sys.modules, "cupy", cp)
     monkeypatch.setitem(sys.modules, "torch", None)
     monkeypatch.setattr(qmoe_rtc.executor, "QMoE", _FakeExtQMoE)
-    monkeypatch.setattr(bench, "_d2d", lambda dst, src: np.copyto(dst, src))
-    monkeypatch.setattr(bench, "FLUSH_BYTES", 1 << 10)
-    monkeypatch.setattr(bench, "COPY_BYTES", 1 << 16)
-    monkeypatch.setattr(bench, "MATMUL_N", 32)
-    monkeypatch.setitem(bench.BENCH_SHAPES, "tiny-next", bench.Shape("tiny-next", 64, 32, 8, 2, block_size=32,
+    monkeypatch.setattr(run, "_d2d", lambda dst, src: np.copyto(dst, src))
+    monkeypatch.setattr(run, "FLUSH_BYTES", 1 << 10)
+    monkeypatch.setattr(run, "COPY_BYTES", 1 << 16)
+    monkeypatch.setattr(run, "MATMUL_N", 32)
+    monkeypatch.setitem(report.BENCH_SHAPES, "tiny-next", report.Shape("tiny-next", 64, 32, 8, 2, block_size=32,
                                                                      shared=1, shared_gate=True, router=True))
     path = tmp_path / "b.json"
     argv = ["--preset", "tiny-next", "--tokens", "1,3", "--bits", "8", "--bits", "fp8", "--bits", "fp8g",
             "--dtype", "bfloat16", "--iters", "50", "--warmup", "1", "--json", str(path)]
-    assert bench.main(argv) == 0
+    assert run.main(argv) == 0
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("tiny-next")]
     assert len(rows) == 2 * 3 + 2 + 2, out  # int8: 3 variants x 2 T; fp8 and fp8g: routed only
@@ -384,11 +385,11 @@ def test_main_on_cpu_with_extensions_and_fp8(monkeypatch, tmp_path, capsys):
     r, s, f = (next(p for p in pts if p["T"] == 3 and p["variant"] == v and p["bits"] == [8, 8])
                for v in ("routed", "shared", "full"))
     isz = 2
-    shared, router = bench.extension_bytes(bench.BENCH_SHAPES["tiny-next"], (8, 8), 32, False, isz, isz)
-    assert (shared, router) == (bench.expert_bytes(64, 32, (8, 8), 32, False, 2) + 64 * 2, 8 * 64 * 2)
+    shared, router = report.extension_bytes(report.BENCH_SHAPES["tiny-next"], (8, 8), 32, False, isz, isz)
+    assert (shared, router) == (report.expert_bytes(64, 32, (8, 8), 32, False, 2) + 64 * 2, 8 * 64 * 2)
     assert r["unique_experts"] == s["unique_experts"] == f["unique_experts"]  # the same routing in every variant
     assert s["floor_bytes"] == r["floor_bytes"] + shared and f["floor_bytes"] == r["floor_bytes"] + shared + router
-    assert f["flops"] == r["flops"] + bench.ext_flops(3, bench.BENCH_SHAPES["tiny-next"], "full")
+    assert f["flops"] == r["flops"] + report.ext_flops(3, report.BENCH_SHAPES["tiny-next"], "full")
     assert f["target"]["ext_bytes"] == shared + router and f["target"]["routed_us"] == r["graph_us"]
     assert f["tie_rows_skipped"] >= 0 and "tie_rows_skipped" not in r
     g = next(p for p in pts if p["bits"] == ["fp8g", "fp8g"] and p["T"] == 1)
@@ -402,7 +403,7 @@ def test_main_on_cpu_with_extensions_and_fp8(monkeypatch, tmp_path, capsys):
 def test_decode_targets_arithmetic():
     """Issue 13: int4 %floor against the shape's target at T 1-8, int2 <= 0.65x int4 at T 1 (mixtral,
     gpt-oss), only from points of the shape's own block size; other shapes have none."""
-    from qmoe_rtc.bench_targets import DECODE_PCT, decode_targets
+    from qmoe_rtc.bench.targets import DECODE_PCT, decode_targets
 
     def pt(bits, T, us, pct, bs=128, shape="mixtral-8x7b", **kw):
         return dict(_pt(bits, T, us, pct, bs=bs, **kw), shape=shape)
@@ -416,9 +417,9 @@ def test_decode_targets_arithmetic():
     assert DECODE_PCT["mixtral-8x7b"] == t["decode", 1]["want"] == 60.0
     assert math.isclose(t["int2", 1]["ratio"], 0.65) and t["int2", 1]["ok"] is True  # <= : the bound passes
     assert decode_targets([pt((2, 2), 1, 46.0, 40.0), pt((4, 4), 1, 70.0, 60.0)])[-1]["ok"] is False
-    line = bench.format_target(t["decode", 2])
+    line = targets.format_target(t["decode", 2])
     assert "T=2" in line and "59.9 % of the bytes floor (>= 60 %)" in line and "MISS" in line, line
-    assert "int2 45.5 us vs int4 70.0 us = 0.65x (<= 0.65x) PASS" in bench.format_target(t["int2", 1])
+    assert "int2 45.5 us vs int4 70.0 us = 0.65x (<= 0.65x) PASS" in targets.format_target(t["int2", 1])
     # qwen3 has no int2 target; deepseek no decode target at all
     q = decode_targets([pt((4, 4), 1, 30.0, 15.0, shape="qwen3-30b-a3b"), pt((2, 2), 1, 10.0, 20.0, shape="qwen3-30b-a3b")])
     assert [(x["kind"], x["ok"]) for x in q] == [("decode", False)]

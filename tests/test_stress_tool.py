@@ -118,3 +118,25 @@ def test_without_a_gpu_it_is_one_line_naming_what_is_missing():
                        timeout=120)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "DeviceError" in lines[0] and "Traceback" not in r.stderr
+
+
+def test_bench_stress_is_the_same_command():
+    """``python -m qmoe_rtc bench stress`` delegates to ``python -m qmoe_rtc stress``: the same parser, the
+    same usage errors and the same one line without a GPU."""
+    import subprocess
+    import sys
+
+    from conftest import gpu_available
+
+    from qmoe_rtc.bench import cli
+
+    assert cli.SUBCOMMANDS["stress"][0] == stress.__name__
+    r = subprocess.run([sys.executable, "-m", "qmoe_rtc", "bench", "stress", "--engines", "decode-fast"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "unknown engine decode-fast" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    if gpu_available()[0]:
+        return
+    r = subprocess.run([sys.executable, "-m", "qmoe_rtc", "bench", "stress", "--seconds", "1"], capture_output=True,
+                       text=True, timeout=120)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "DeviceError" in lines[0] and "Traceback" not in r.stderr

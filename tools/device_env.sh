@@ -1,6 +1,6 @@
-# Sourced by the device scripts (device_check, decode_check, ext_bench, prefill_ab, final_check, tune_check)
-# after `cd` to the repository root: the environment of a run from the tree, the section test, the
-# elapsed-time stamp, the deadline and the parallel precompile.
+# Sourced by tools/device_check.sh (and any device script of a session) after `cd` to the repository
+# root: the environment of a run from the tree, the section test, the elapsed-time stamp, the deadline
+# and the parallel precompile.
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
 export QMOE_RTC_CACHE_DIR="${QMOE_RTC_CACHE_DIR:-/tmp/qmoe_rtc_cache}"

@@ -1,16 +1,16 @@
-"""The benchmark's PyTorch baseline (:mod:`qmoe_rtc.bench`): weights dequantized once, the classic eager
+"""The benchmark's PyTorch baseline (:mod:`qmoe_rtc.bench.run`): weights dequantized once, the classic eager
 per-expert loop per forward."""
 
 from __future__ import annotations
 
-from .bench_report import Shape
+from .report import Shape
 
 __all__ = ["torch_moe", "torch_weights"]
 
 
 def torch_weights(cp, torch, weights: dict, shape: Shape, dtype: str, bits, block_size: int, device="cuda"):
     """FC1 [E, 2I, H] and FC2 [E, H, I] dequantized once to the activation dtype, as torch tensors."""
-    from .quantize import dequantize
+    from ..quantize import dequantize
 
     tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[dtype]
     out = []

@@ -1,4 +1,4 @@
-"""Benchmark QMoE layers on the GPU: ``python -m qmoe_rtc bench`` (or ``tools/bench.py``).
+"""Benchmark QMoE layers on the GPU: ``python -m qmoe_rtc bench run`` (``bench`` without a subcommand too).
 
 What is measured, per point (shape × dtype × bits × tokens T), on ONE layer built per (shape, dtype,
 bits) on the GPU (random float32 experts ·1/sqrt(K), quantized with :func:`qmoe_rtc.quantize.quantize`
@@ -36,7 +36,7 @@ and their FLOPs. Target: full_us <= 1.15·(routed_us + (shared + router bytes) /
 1 byte per weight + scales in the floor. Per (shape, dtype), against ``--bits 8`` of the same run:
 FP8 %floor at 1 token >= 80 % of int8's, FP8 time at 4096 tokens <= 1.2× int8's. Decode (issue 13,
 default shapes, int4): %floor at 1-8 tokens vs the shape's target, int2 <= 0.65× int4 at 1 token on
-mixtral and gpt-oss (``bench_targets.py``). Targets print PASS / MISS and go to the JSON's ``targets``;
+mixtral and gpt-oss (``bench/targets.py``). Targets print PASS / MISS and go to the JSON's ``targets``;
 a MISS does not fail the run.
 
 A failing point prints ``ERR`` with the reason and the run goes on; the exit code is non-zero if any
@@ -55,19 +55,12 @@ from dataclasses import asdict
 
 import numpy as np
 
-from .bench_layers import build_layer, prepare_layer  # noqa: F401
-from .bench_report import (  # noqa: F401
-    BENCH_SHAPES,
+from .layers import prepare_layer
+from .report import (
     TOL,
-    VARIANTS,
-    Shape,
     _reason,
     block_for,
-    build_parser,
-    check_rows,
-    expert_bytes,
     ext_flops,
-    extension_bytes,
     floor_bytes,
     flop_count,
     format_row,
@@ -78,13 +71,12 @@ from .bench_report import (  # noqa: F401
     parse_args,
     rel_err,
     table_header,
-    top_k_experts,
     variants_for,
 )
-from .bench_targets import EXT_FACTOR, decode_targets, ext_target, format_target, fp8_targets  # noqa: F401
-from .bench_torch import torch_moe, torch_weights
+from .targets import EXT_FACTOR, decode_targets, ext_target, format_target, fp8_targets
+from .torch_ref import torch_moe, torch_weights
 
-__all__ = ["BENCH_SHAPES", "Shape", "expert_bytes", "floor_bytes", "format_row", "main", "parse_args"]
+__all__ = ["Timer", "main"]
 
 FLUSH_BYTES = 256 << 20  # L2 flush buffer (H200 L2: 60 MB)
 COPY_BYTES = 1 << 30  # bandwidth probe: a device-to-device copy of this size
@@ -234,7 +226,7 @@ def _torch_point(cp, torch, timer, args, p, tw, x, logits, rows, ref, k: int) ->
 
 def bench_layer(cp, torch, timer, ceil, args, shape, dtype, bits, rs, emit) -> None:
     """Every token count (and variant) of one (shape, dtype, bits) layer; calls ``emit(point)`` per point."""
-    from ._arrays import np_dtype
+    from .._arrays import np_dtype
 
     bs, fp8 = block_for(shape, args.block_size, bits), is_fp8(bits)
     variants = variants_for(shape, bits, args.variants)
@@ -297,7 +289,7 @@ def bench_layer(cp, torch, timer, ceil, args, shape, dtype, bits, rs, emit) -> N
 
 
 def _environment(cp, torch) -> dict:
-    from . import __version__
+    from .. import __version__
 
     dev = cp.cuda.runtime.getDevice()
     props = cp.cuda.runtime.getDeviceProperties(dev)

@@ -1,22 +1,19 @@
 """Where the host time of one eager call goes (GPU needed): the whole call, and its parts measured
 alone, median of many repetitions, in µs.
 
-    python tools/host_profile.py
+    python -m qmoe_rtc bench host
 """
 
 from __future__ import annotations
 
-import os
+import argparse
 import sys
 import time
-
-import numpy as np
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
 
 def med_us(fn, n: int = 3000) -> float:
     import cupy as cp
+    import numpy as np
 
     for _ in range(50):
         fn()
@@ -30,22 +27,31 @@ def med_us(fn, n: int = 3000) -> float:
     return float(np.median(t)) / 1e3
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(prog="python -m qmoe_rtc bench host", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def main(argv=None) -> int:
+    build_parser().parse_args(argv)
+    from ..jit.driver import _drv, probe
+
+    probe(0)  # no driver, no GPU: one line (a DeviceError) before CuPy is asked
     import ctypes
 
     import cupy as cp
+    import numpy as np
 
-    from qmoe_rtc.executor import QMoE
-    from qmoe_rtc.jit.driver import _drv
-    from qmoe_rtc.random_layer import random_inputs, random_layer
-    from qmoe_rtc.runtime.interop import data_ptr, signature
+    from ..executor import QMoE
+    from ..random_layer import random_inputs, random_layer
+    from ..runtime.interop import data_ptr, signature
 
     rng = np.random.default_rng(0)
     w, a = random_layer(rng, E=8, H=256, I=128, k=2, bits=4, block_size=128, dtype="float16",
                         activation_type="swiglu", swiglu_fusion=1)
     moe = QMoE(**{n: cp.asarray(v) for n, v in w.items()}, **a)
-    from qmoe_rtc import knobs
-    from qmoe_rtc.runtime.eager_graph import GraphedLaunches
+    from .. import knobs
+    from ..runtime.eager_graph import GraphedLaunches
 
     with knobs.scope(eager_graphs=False):
         plain = QMoE(**{n: cp.asarray(v) for n, v in w.items()}, **a)

@@ -1,39 +1,30 @@
 """Interleaved A/B of tuning knobs in one process: the same layer built once per knob setting, each
 captured as a CUDA graph, then timed in turns (round r times setting 0, 1, …, each ``--iters`` samples
 with the L2 flushed before every sample), so clock and thermal drift fall on every setting alike.
-A separate bench process per setting (decode_check.sh's ``ab`` section) sees ~3 % between runs of the
-same code; this tool is for differences smaller than that.
+A separate bench process per setting sees ~3 % between runs of the same code; this is for differences
+smaller than that.
 
-    python3 tools/knob_ab.py --preset mixtral-8x7b,gpt-oss-120b --tokens 1,8 \
+    python -m qmoe_rtc bench ab --preset mixtral-8x7b,gpt-oss-120b --tokens 1,8 \
         mma_expert_flow=0 mma_expert_flow=1 QMOE_RTC_MMA_TARGET_WARPS=6336
+    python -m qmoe_rtc bench ab --preset mixtral-8x7b --tokens 4096 --grid decode_max_routes=0 \
+        --grid prefill_wg_stages=3,4 --grid prefill_route_tile=128,256
 
 A setting is ``name=value[,name=value]`` with knob names or their environment variables (or
-``decode_max_routes``, a QMoE() argument); ``base`` is the built-in defaults. Prints per point and
-setting the engine, the median of all samples, the spread of the round
-medians and the ratio to the first setting, and each setting's largest difference from the first
-setting's output relative to its largest element (the bench checks against the float64 reference).
+``decode_max_routes``, a QMoE() argument); ``base`` is the built-in defaults. ``--grid name=v1,v2``
+(repeatable) adds one setting per combination of the grids' values (a sweep; ``decode_max_routes=0``
+in a grid keeps every setting on the prefill path). Prints per point and setting the engine, the
+median of all samples, the spread of the round medians and the ratio to the first setting, and each
+setting's largest difference from the first setting's output relative to its largest element (0: the
+same output; the bench checks against the float64 reference).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
-
-import cupy as cp
-import numpy as np
-
-from qmoe_rtc import knobs
-from qmoe_rtc._arrays import dtype_name, np_dtype
-from qmoe_rtc.bench import Timer, _poison
-from qmoe_rtc.bench_layers import build_layer
-from qmoe_rtc.bench_report import BENCH_SHAPES
-from qmoe_rtc.executor import QMoE
-from qmoe_rtc.extensions import EXT_INPUTS
-
-_BY_ENV = {k.env: k.name for k in knobs.KNOBS.values()}
-
 
 #: QMoE() arguments a setting may give besides knobs (``decode_max_routes=0``: the prefill path at every size).
 LAYER_ARGS = {"decode_max_routes": int}
@@ -42,12 +33,15 @@ LAYER_ARGS = {"decode_max_routes": int}
 def parse_setting(text: str) -> dict:
     """``name=value[,name=value]`` (knob names or environment variables, or :data:`LAYER_ARGS`) → overrides;
     ``base`` → {}."""
+    from .. import knobs
+
     if text == "base":
         return {}
+    by_env = {k.env: k.name for k in knobs.KNOBS.values()}
     out = {}
     for item in text.split(","):
         name, sep, value = item.partition("=")
-        name = _BY_ENV.get(name, name)
+        name = by_env.get(name, name)
         if sep and name in LAYER_ARGS:
             out[name] = LAYER_ARGS[name](value)
             continue
@@ -59,6 +53,13 @@ def parse_setting(text: str) -> dict:
 
 def point(timer, shape, T, layers, x, logits, rounds: int, iters: int) -> list[dict]:
     """Graphs of every setting's layer on the same inputs, timed in turns; one row per setting."""
+    import cupy as cp
+    import numpy as np
+
+    from .. import knobs
+    from .._arrays import dtype_name
+    from .run import _poison
+
     graphs, engines = [], []
     for setting, moe in layers:
         with knobs.scope(**{n: v for n, v in setting.items() if n not in LAYER_ARGS}):
@@ -89,22 +90,60 @@ def point(timer, shape, T, layers, x, logits, rounds: int, iters: int) -> list[d
     return rows
 
 
+def build_parser() -> argparse.ArgumentParser:
+    from ..cli_args import csv, names, positive
+    from .report import BENCH_SHAPES
+
+    p = argparse.ArgumentParser(prog="python -m qmoe_rtc bench ab", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("settings", nargs="*", help="name=value[,name=value] knob sets ('base': the defaults)")
+    p.add_argument("--grid", action="append", default=[], metavar="NAME=V1,V2",
+                   help="one setting per combination of the grids' values, after the settings (repeatable)")
+    p.add_argument("--preset", type=names(BENCH_SHAPES, "bench shape"), default="mixtral-8x7b",
+                   help="comma list of bench shapes (default: mixtral-8x7b)")
+    p.add_argument("--tokens", type=csv(positive), default="1", help="comma list of token counts (default: 1)")
+    p.add_argument("--bits", type=int, default=4, help="expert bits (default: 4)")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"], help="activation dtype")
+    p.add_argument("--rounds", type=int, default=7, help="rounds of turns (default: 7)")
+    p.add_argument("--iters", type=int, default=30, help="samples per setting and round (default: 30)")
+    p.add_argument("--json", default=None, metavar="PATH", help="also write the rows as JSON")
+    return p
+
+
+def grid_settings(grids: list[str]) -> list[str]:
+    """``["a=1,2", "b=3"]`` → ``["a=1,b=3", "a=2,b=3"]``: one setting text per combination."""
+    axes = []
+    for g in grids:
+        name, sep, values = g.partition("=")
+        if not sep or not name or not values:
+            raise SystemExit(f"--grid {g!r}: expected NAME=V1[,V2...]")
+        axes.append([f"{name}={v}" for v in values.split(",")])
+    return [",".join(combo) for combo in itertools.product(*axes)] if axes else []
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("settings", nargs="+", help="name=value[,name=value] knob sets ('base': the defaults)")
-    p.add_argument("--preset", default="mixtral-8x7b")
-    p.add_argument("--tokens", default="1")
-    p.add_argument("--bits", type=int, default=4)
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
-    p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--iters", type=int, default=30)
-    p.add_argument("--json", default=None)
-    a = p.parse_args(argv)
-    settings = [parse_setting(s) for s in a.settings]
+    a = build_parser().parse_args(argv)
+    texts = a.settings + grid_settings(a.grid)
+    if not texts:
+        raise SystemExit("bench ab: expected at least one setting (name=value or 'base') or a --grid; got none")
+    settings = [parse_setting(s) for s in texts]
+    from ..jit.driver import probe
+
+    probe(0)  # no driver, no GPU: one line (a DeviceError) before CuPy is asked
+    import cupy as cp
+
+    from .. import knobs
+    from .._arrays import np_dtype
+    from ..executor import QMoE
+    from ..extensions import EXT_INPUTS
+    from .layers import build_layer
+    from .report import BENCH_SHAPES
+    from .run import Timer
+
     timer = Timer(cp)
     rows = []
     print(f"{'shape':16} {'T':>4} {'setting':44} {'engine':15} | {'median_us':>9} {'rounds':>13} {'ratio':>6} | rel_diff")
-    for name in a.preset.split(","):
+    for name in a.preset:
         shape = BENCH_SHAPES[name]
         rs = cp.random.RandomState(0)
         w, at = build_layer(cp, rs, shape, a.dtype, (a.bits, a.bits), shape.block_size, False)
@@ -114,7 +153,7 @@ def main(argv=None) -> int:
             args = {n: v for n, v in s.items() if n in LAYER_ARGS}
             with knobs.scope(**{n: v for n, v in s.items() if n not in LAYER_ARGS}):
                 layers.append((s, QMoE(**w, **at, **args)))
-        for T in (int(t) for t in a.tokens.split(",")):
+        for T in a.tokens:
             x = rs.standard_normal((T, shape.H), dtype=cp.float32).astype(np_dtype(a.dtype))
             logits = cp.asarray(2 * rs.standard_normal((T, shape.E)), dtype=cp.float32)
             for r in point(timer, name, T, layers, x, logits, a.rounds, a.iters):

@@ -1,8 +1,7 @@
-#!/usr/bin/env python3
 """Memory soak on the GPU: does a serving loop's memory stay flat?
 
 One qwen3-30b-a3b layer (H 2048, I 768, E 128, k 8; int4, block 128, swiglu, built like the
-benchmark's: ``qmoe_rtc.bench.build_layer``). Two phases, each after its own warm-up:
+benchmark's: ``qmoe_rtc.bench.layers.build_layer``). Two phases, each after its own warm-up:
 
 1. ``--replays`` replays of a CUDA graph from ``QMoE.capture`` at 1 token (new inputs copied into
    the graph's arrays before each replay, from a bank of ``--bank`` random inputs);
@@ -18,11 +17,11 @@ line is the verdict: ``FLAT`` when every growth is within ``--tol-device-mib`` (
 ``--tol-host-mib`` (RSS) and ``--tol-objects``, else ``GROWING``. Exit status: 0 flat, 1 growing,
 2 no usable GPU or a failed run.
 
-    python tools/soak.py                                  # the full soak (about 100 000 + 10 000 calls)
-    python tools/soak.py --replays 2000 --eager 500       # a short run
-    python tools/soak.py --json soak.json                 # also the samples as JSON
+    python -m qmoe_rtc bench soak                              # the full soak (about 100 000 + 10 000 calls)
+    python -m qmoe_rtc bench soak --replays 2000 --eager 500   # a short run
+    python -m qmoe_rtc bench soak --json soak.json             # also the samples as JSON
 
-Imports nothing from CuPy or qmoe_rtc until it runs (``--help`` works without a GPU).
+Imports nothing from CuPy, NumPy or the rest of qmoe_rtc until it runs (``--help`` works without a GPU).
 """
 
 from __future__ import annotations
@@ -30,20 +29,16 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import sys
 import time
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
 METRICS = ("device_mib", "pool_used_mib", "pool_held_mib", "rss_mib", "objects")
 MIB = float(1 << 20)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tools/soak.py", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="examples:\n  python tools/soak.py\n  python tools/soak.py --replays 2000 --eager 500")
+    p = argparse.ArgumentParser(prog="python -m qmoe_rtc bench soak", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--replays", type=int, default=100_000, help="graph replays at 1 token (default: 100000)")
     p.add_argument("--eager", type=int, default=10_000, help="eager calls at random batch sizes (default: 10000)")
     p.add_argument("--max-batch", type=int, default=64, help="largest eager batch size; sizes are 1..this (default: 64)")
@@ -108,12 +103,12 @@ def main(argv=None) -> int:
         import cupy as cp
         import numpy as np
 
-        from qmoe_rtc._arrays import np_dtype
-        from qmoe_rtc.bench import build_layer
-        from qmoe_rtc.bench_report import BENCH_SHAPES
-        from qmoe_rtc.errors import QMoEError
-        from qmoe_rtc.executor import QMoE
-        from qmoe_rtc.jit.driver import probe
+        from .._arrays import np_dtype
+        from ..errors import QMoEError
+        from ..executor import QMoE
+        from ..jit.driver import probe
+        from .layers import build_layer
+        from .report import BENCH_SHAPES
 
         probe(0)
     except Exception as exc:  # no GPU, no driver, no CuPy: nothing to soak

@@ -1,4 +1,4 @@
-"""The benchmark's layers (:mod:`qmoe_rtc.bench`): random quantized experts on the GPU with the shape's
+"""The benchmark's layers (:mod:`qmoe_rtc.bench.run`): random quantized experts on the GPU with the shape's
 [ext] tensors (shared experts, gate, router weight), one :class:`~qmoe_rtc.QMoE` per variant (routed /
 shared / full), the inputs per token count and the float64 reference rows per variant.
 
@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from .bench_report import Shape, _reason, check_rows, expert_bytes, extension_bytes, is_fp8
+from .report import Shape, _reason, check_rows, expert_bytes, extension_bytes, is_fp8
 
 __all__ = ["build_layer", "prepare_layer"]
 
@@ -21,7 +21,7 @@ def build_layer(cp, rs, shape: Shape, dtype: str, bits, block_size: int, zero_po
     :func:`qmoe_rtc.random_layer.random_layer`: (weights by ORT name, attributes). FP8 (``bits`` fp8/fp8g):
     e4m3 codes with float32 scales. The shape's router weight [E, H] comes along when it has a router
     GEMM, its shared experts (and gate) with ``shared`` (int experts only: the FP8 targets time routed layers)."""
-    from .random_layer import random_layer
+    from ..random_layer import random_layer
 
     fp8 = is_fp8(bits)
     sh = shared and not fp8
@@ -36,11 +36,11 @@ def build_layer(cp, rs, shape: Shape, dtype: str, bits, block_size: int, zero_po
 def prepare_layer(cp, rs, args, shape, dtype, bits, bs, variants):
     """Layers per variant (an error string where one cannot be built), inputs per T (device and host)
     and the reference rows per variant and T (one reference call per variant over the checked rows)."""
-    from ._arrays import np_dtype
-    from .executor import QMoE
-    from .extensions import EXT_INPUTS
-    from .reference import qmoe as reference
-    from .reference import router_logits
+    from .._arrays import np_dtype
+    from ..executor import QMoE
+    from ..extensions import EXT_INPUTS
+    from ..reference import qmoe as reference
+    from ..reference import router_logits
 
     t0 = time.perf_counter()
     weights, attrs = build_layer(cp, rs, shape, dtype, bits, bs, args.zero_points, shared=variants != ["routed"])

@@ -1,5 +1,5 @@
-"""The GPU-free half of the benchmark (:mod:`qmoe_rtc.bench`): shapes, arguments, floors and the table
-(the issues' targets are in :mod:`qmoe_rtc.bench_targets`)."""
+"""The GPU-free half of the benchmark (:mod:`qmoe_rtc.bench.run`): shapes, arguments, floors and the table
+(the issues' targets are in :mod:`qmoe_rtc.bench.targets`)."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def parse_shape(text: str) -> Shape:
 
 def parse_bits(text: str) -> tuple:
     """``4`` → (4, 4); ``4,2`` → (fc1 4, fc2 2); ``fp8`` / ``fp8g`` → ('fp8', 'fp8') / ('fp8g', 'fp8g')."""
-    from .quantize import SUPPORTED_BITS
+    from ..quantize import SUPPORTED_BITS
 
     if text.strip() in FP8_BITS:
         return (text.strip(),) * 2
@@ -94,10 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
         ", router GEMM" if s.router else "")
     shapes = ", ".join(f"{s.name} (H {s.H}, I {s.I}, E {s.E}, k {s.k}{ext(s)})" for s in BENCH_SHAPES.values())
     p = argparse.ArgumentParser(
-        prog="python -m qmoe_rtc bench", epilog=f"bench shapes: {shapes}",
+        prog="python -m qmoe_rtc bench run", epilog=f"bench shapes: {shapes}",
         description="Time CUDA-graph replay, eager calls and a PyTorch baseline of random quantized MoE layers; check "
                     "every point against the CPU reference; report % of the floor measured in the same run (the "
-                    "module docstring of qmoe_rtc/bench.py says how).")
+                    "module docstring of qmoe_rtc/bench/run.py says how).")
     p.add_argument("--preset", "--shapes", dest="preset",
                    help=f"comma list of bench shapes, or 'all' (default {DEFAULT_PRESETS}; none when only --shape is "
                         "given)")

@@ -5,7 +5,7 @@ tokens against the bytes floor, int2 against int4 (issue 13). Each target is a d
 
 from __future__ import annotations
 
-from .bench_report import BENCH_SHAPES, is_fp8
+from .report import BENCH_SHAPES, is_fp8
 
 __all__ = ["DECODE_PCT", "DECODE_T", "EXT_FACTOR", "INT2_FACTOR", "decode_targets", "ext_target", "format_target",
            "fp8_targets"]
