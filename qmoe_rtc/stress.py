@@ -60,7 +60,8 @@ LAYOUTS = (
 
 #: Engines (pipelines) and how a case forces one: the path through decode_max_routes, the prefill engine
 #: through QMOE_RTC_PREFILL_ENGINE. Tensor-core layouts run the first three, the others the SIMT two.
-TENSOR_CORE_ENGINES = ("decode-mma", "prefill-batched", "prefill-mma", "prefill-wgmma")
+#: ``prefill-wgmma-ws``: the wgmma engine's warp-specialised variant (QMOE_RTC_PREFILL_WG_VARIANT=ws).
+TENSOR_CORE_ENGINES = ("decode-mma", "prefill-batched", "prefill-mma", "prefill-wgmma", "prefill-wgmma-ws")
 SIMT_ENGINES = ("decode-gemv", "prefill-simt")
 ENGINES = TENSOR_CORE_ENGINES + SIMT_ENGINES
 
@@ -101,7 +102,7 @@ def cases(layouts: Sequence[str] | None = None, engines: Sequence[str] | None = 
         if layouts and lay[0] not in layouts:
             continue
         for eng in TENSOR_CORE_ENGINES if _tensor_core(lay) else SIMT_ENGINES:
-            if (engines and eng not in engines) or (eng == "prefill-wgmma" and not wgmma):
+            if (engines and eng not in engines) or (eng.startswith("prefill-wgmma") and not wgmma):
                 continue
             out.append((lay, eng))
     return out
@@ -199,10 +200,16 @@ def _hog(seconds: float) -> int:
 
 def modules(selected: list, arch: str) -> list:
     """(module spec, arch) pairs of every module the cases can load on ``arch`` (GPU-free)."""
+    from . import knobs
     from .warm import plan
 
     layouts = {lay[0]: lay for lay, _ in selected}
-    return plan([model_config(lay) for lay in layouts.values()], [arch])
+    todo = plan([model_config(lay) for lay in layouts.values()], [arch])
+    ws = {lay[0]: lay for lay, eng in selected if eng.endswith("-ws")}
+    if ws:  # the warp-specialised wgmma variant's modules too
+        with knobs.scope(prefill_wg_variant="ws"):
+            todo += [m for m in plan([model_config(lay) for lay in ws.values()], [arch]) if m not in todo]
+    return todo
 
 
 def _precompile(selected: list) -> None:

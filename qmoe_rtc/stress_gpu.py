@@ -26,7 +26,7 @@ import numpy as np
 
 from .bench.report import TOL, rel_err  # the contract's accuracy per dtype, the relative error it is judged by
 
-__all__ = ["build_layer", "engine_scope", "run_worker"]
+__all__ = ["build_layer", "engine_scope", "ran_engine", "run_worker"]
 
 #: Bytes poisoned into (output, replay scratch, eager scratch); shared memory gets a fresh byte each forward.
 OUT_POISON, SCRATCH_POISON = 0xFF, (0xA5, 0x5A)
@@ -216,11 +216,22 @@ def _forward_pair(arr, moe, replay, x, lg, og, oe, smem, diagnose):
 
 def engine_scope(engine: str):
     """The knob scope that makes the prefill path run ``engine`` ('prefill-batched' / 'prefill-mma' /
-    'prefill-wgmma')."""
+    'prefill-wgmma', 'prefill-wgmma-ws': its warp-specialised variant)."""
     from . import knobs
 
     path, _, kind = engine.partition("-")
-    return knobs.scope(prefill_engine=kind if path == "prefill" and kind in ("batched", "mma", "wgmma") else "auto")
+    kind, _, variant = kind.partition("-")
+    return knobs.scope(prefill_engine=kind if path == "prefill" and kind in ("batched", "mma", "wgmma") else "auto",
+                       prefill_wg_variant=variant or "auto")
+
+
+def ran_engine(moe, rows: int, dtype: str) -> str:
+    """The engine a call of ``moe`` runs, as :data:`qmoe_rtc.stress.ENGINES` names it: the pipeline, with
+    '-ws' when the wgmma engine runs its warp-specialised variant (call inside :func:`engine_scope`)."""
+    from . import knobs
+
+    name = moe.engine_for(rows, dtype).pipeline.name
+    return name + "-ws" if name == "prefill-wgmma" and knobs.get("prefill_wg_variant") == "ws" else name
 
 
 def build_layer(cp, rng, case, dev=None):
@@ -252,7 +263,7 @@ def check_layer(arr, rng, case, rows_list, stats: Stats, opts) -> None:
     slots = kw["k"] + int(kw.get("shared", 0))
     with engine_scope(engine):
         for rows in rows_list:
-            ran = moe.engine_for(rows, dtype).pipeline.name
+            ran = ran_engine(moe, rows, dtype)
             x0, l0, _ = random_inputs(rng, rows, H, E, dtype)
             x, lg = arr.dev(x0), None if router_gemm else arr.dev(l0)
             og, oe = arr.empty_like(x), arr.empty_like(x)

@@ -12,6 +12,7 @@ from qmoe_rtc.kernels import Problem, choose
 from qmoe_rtc.random_layer import random_layer
 from qmoe_rtc.runtime.layer import describe_gpu_layer, layer_config
 from qmoe_rtc.runtime.tensors import layer_scale_dtype
+from qmoe_rtc.stress_gpu import engine_scope, ran_engine
 
 
 def test_matrix_covers_what_the_check_promises():
@@ -25,7 +26,7 @@ def test_matrix_covers_what_the_check_promises():
     assert {lay[5] for lay in stress.LAYOUTS} == {"float16", "bfloat16", "float32"}
     assert any(kw.get("shared") and kw.get("router_gemm") for kw in kws)
     assert {eng for _, eng in stress.cases()} == set(stress.ENGINES)
-    assert "prefill-wgmma" not in {eng for _, eng in stress.cases(wgmma=False)}
+    assert not {"prefill-wgmma", "prefill-wgmma-ws"} & {eng for _, eng in stress.cases(wgmma=False)}
     # the layer of the race found under contention comes first
     assert stress.LAYOUTS[0][:1] == ("bf16-b8-row-silu",) and stress.LAYOUTS[0][2:] == (16, 256, 128, "bfloat16")
 
@@ -40,12 +41,29 @@ def test_each_case_runs_the_engine_it_names(case):
     w, a = random_layer(np.random.default_rng(0), E=E, H=H, I=I, k=k, dtype=dtype, **kw)
     g = describe_gpu_layer(w, QMoEAttributes.from_kwargs(**a), {})
     cfg = layer_config(g.layer, dtype, layer_scale_dtype(g.layer), g.ext)
-    path, _, kind = engine.partition("-")
+    path = engine.partition("-")[0]
     for rows in stress.rows_for(case):
         p = Problem(rows=rows, E=E, H=H, I=I, k=k, dtype=dtype, arch="sm_90a", shared=g.ext.S,
                     shared_gate=bool(g.ext.S and g.ext.gate), router_gemm=g.ext.router_dtype if g.ext.router else "")
-        with knobs.scope(prefill_engine=kind if kind in ("batched", "mma", "wgmma") else "auto"):
-            assert choose(cfg, p, path).pipeline.name == engine, rows
+        with engine_scope(engine):
+            assert choose(cfg, p, path).pipeline.name == engine.removesuffix("-ws"), rows
+
+
+def test_the_ws_variant_is_an_engine_of_its_own():
+    """prefill-wgmma-ws forces the wgmma engine's warp-specialised variant, is reported under its own name,
+    and its modules are precompiled with the others."""
+    from types import SimpleNamespace
+
+    moe = SimpleNamespace(engine_for=lambda rows, dtype: SimpleNamespace(pipeline=SimpleNamespace(name="prefill-wgmma")))
+    with engine_scope("prefill-wgmma-ws"):
+        assert knobs.get("prefill_engine") == "wgmma" and knobs.get("prefill_wg_variant") == "ws"
+        assert ran_engine(moe, 64, "bfloat16") == "prefill-wgmma-ws"
+    with engine_scope("prefill-wgmma"):
+        assert knobs.get("prefill_wg_variant") == "auto" and ran_engine(moe, 64, "bfloat16") == "prefill-wgmma"
+    ws = stress.cases(engines=["prefill-wgmma-ws"])
+    names = {s.name for s, _ in stress.modules(ws, "sm_90a")}
+    assert any("variantws" in n for n in names) and any(n.startswith("wgmma_prefill") and "variantws" not in n
+                                                          for n in names)
 
 
 def test_decode_rows_stay_within_the_decode_engine():

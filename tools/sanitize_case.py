@@ -1,7 +1,8 @@
 """Small forwards through every engine, for compute-sanitizer (memcheck / racecheck / synccheck /
 initcheck) to watch: each layout of the stress check (``qmoe_rtc.stress.LAYOUTS``: every bit width and
 FP8, row / block scales, zero points, GLU and plain activations, FC3, shared experts, the router GEMM,
-float16 / bfloat16 / float32) on each engine it runs (decode-mma, prefill-mma, prefill-wgmma on sm_90,
+float16 / bfloat16 / float32) on each engine it runs (decode-mma, prefill-mma, prefill-wgmma and its
+warp-specialised variant prefill-wgmma-ws on sm_90,
 decode-gemv, prefill-simt), one decode-sized and one prefill-sized call, checked against the float64
 reference.
 
@@ -34,7 +35,7 @@ def main(argv=None) -> int:
     from qmoe_rtc.bench.report import TOL, rel_err
     from qmoe_rtc.random_layer import random_inputs
     from qmoe_rtc.reference import qmoe as reference
-    from qmoe_rtc.stress_gpu import build_layer, engine_scope
+    from qmoe_rtc.stress_gpu import build_layer, engine_scope, ran_engine
 
     rng = np.random.default_rng(0)
     failed, ran = [], {}
@@ -51,7 +52,7 @@ def main(argv=None) -> int:
                 moe(cp.asarray(x), None if router_gemm else cp.asarray(lg), out=out)
                 want = reference(x, None if router_gemm else lg, **w, **a)
                 err = rel_err(cp.asnumpy(out), want)
-                eng = moe.engine_for(rows, dtype).pipeline.name
+                eng = ran_engine(moe, rows, dtype)
                 ran[eng] = ran.get(eng, 0) + 1
                 if not err <= TOL[dtype]:
                     failed.append(f"{name} {eng} rows={rows}: rel err {err:.2e}")
