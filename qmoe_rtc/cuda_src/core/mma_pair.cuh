@@ -231,6 +231,18 @@ template <typename T, int B, bool FP8 = false> struct MmaDeq {
       return SCALED ? Pair2<T>::sub_mul(v, cf.zpm, cf.sc) : Pair2<T>::sub(v, cf.zpm);
     }
   }
+  // The A fragment of k16 step s (mma.sync m16n8k16; one warp's share of wgmma's m64) from a lane's two
+  // rows: pairs 2s and 2s + 1 of row a (codes wa, coefficients ca of each scale block of its 32 codes)
+  // and of row b, each pair with the coefficients of the block it lies in (NSB = 2: blocks of 16 codes).
+  template <bool SCALED, int NSB>
+  static __device__ __forceinline__ void fragment(u32 (&f)[4], const u32 (&wa)[B], const u32 (&wb)[B],
+                                                  const Coef (&ca)[NSB], const Coef (&cb)[NSB], int s) {
+    const int h0 = NSB == 2 ? low_code(2 * s) / 16 : 0, h1 = NSB == 2 ? low_code(2 * s + 1) / 16 : 0;
+    f[0] = pair<SCALED>(wa, 2 * s, ca[h0]);
+    f[1] = pair<SCALED>(wb, 2 * s, cb[h0]);
+    f[2] = pair<SCALED>(wa, 2 * s + 1, ca[h1]);
+    f[3] = pair<SCALED>(wb, 2 * s + 1, cb[h1]);
+  }
   // The activations of pair i: (x[c], x[c + kPairStep]), c = low_code(i), from the lane's 32 activations
   // xw (16 words): one byte permute, none when tiled.
   static __device__ __forceinline__ u32 x_pair(const u32 (&xw)[16], int i) {

@@ -158,13 +158,7 @@ __device__ __forceinline__ void pf_mainloop(const QA& qa, const QB& qb, const Pf
         }
       }
 #pragma unroll
-      for (int s = 0; s < 8; ++s) {
-        const int h0 = NSB == 2 ? D::low_code(2 * s) / 16 : 0, h1 = NSB == 2 ? D::low_code(2 * s + 1) / 16 : 0;
-        a[m][s][0] = D::template pair<kScaled>(ra, 2 * s, ca[h0]);
-        a[m][s][1] = D::template pair<kScaled>(rb, 2 * s, cb[h0]);
-        a[m][s][2] = D::template pair<kScaled>(ra, 2 * s + 1, ca[h1]);
-        a[m][s][3] = D::template pair<kScaled>(rb, 2 * s + 1, cb[h1]);
-      }
+      for (int s = 0; s < 8; ++s) D::template fragment<kScaled, NSB>(a[m][s], ra, rb, ca, cb, s);
     }
 #pragma unroll
     for (int jn = 0; jn < NR; ++jn) {

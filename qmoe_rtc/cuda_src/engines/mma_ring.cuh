@@ -213,11 +213,7 @@ __device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* const (&pa
           for (int r = 0; r < 2; ++r) cf[i][r][h] = (kFactor || live) ? coef(st, u, i, r, h, j0) : D::zero();
       // A fragment of k16 step s of tile i: pairs 2s, 2s + 1 of both lane rows
       auto frag = [&](int i, int s, u32 (&a)[4]) {
-        const int h0 = NSB == 2 ? D::low_code(2 * s) / 16 : 0, h1 = NSB == 2 ? D::low_code(2 * s + 1) / 16 : 0;
-        a[0] = D::template pair<!kFactor>(cw[i][0], 2 * s, cf[i][0][h0]);
-        a[1] = D::template pair<!kFactor>(cw[i][1], 2 * s, cf[i][1][h0]);
-        a[2] = D::template pair<!kFactor>(cw[i][0], 2 * s + 1, cf[i][0][h1]);
-        a[3] = D::template pair<!kFactor>(cw[i][1], 2 * s + 1, cf[i][1][h1]);
+        D::template fragment<!kFactor, NSB>(a, cw[i][0], cw[i][1], cf[i][0], cf[i][1], s);
       };
       // the lane's activations of route group g: V 16-byte vectors (8 codes each) from code k0 + 8·v0
       auto load_x = [&](int g, int v0, auto& xw) {

@@ -137,12 +137,8 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
     u32 a[kWgInflight + 1][4];
 #pragma unroll
     for (int s = 0; s < 8; ++s) {
-      const int h0 = NSB == 2 ? D::low_code(2 * s) / 16 : 0, h1 = NSB == 2 ? D::low_code(2 * s + 1) / 16 : 0;
       u32(&f)[4] = a[s % (kWgInflight + 1)];
-      f[0] = D::template pair<kScaled>(ra, 2 * s, ca[h0]);
-      f[1] = D::template pair<kScaled>(rb, 2 * s, cb[h0]);
-      f[2] = D::template pair<kScaled>(ra, 2 * s + 1, ca[h1]);
-      f[3] = D::template pair<kScaled>(rb, 2 * s + 1, cb[h1]);
+      D::template fragment<kScaled, NSB>(f, ra, rb, ca, cb, s);
       wgmma_hold(acc);
       wgmma_fence();
       Wgmma<T, BR>::mma(acc, f, smem_desc(xs + (s >> 2) * (BR * 128) + (s & 3) * 32));

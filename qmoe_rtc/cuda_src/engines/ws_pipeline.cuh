@@ -250,15 +250,9 @@ __device__ __forceinline__ void ws_consume(const QA& qa, const QB& qb, const PfL
     u32 a[kWsInflight + 1][kWsMW][4];
 #pragma unroll
     for (int s = 0; s < 8; ++s) {
-      const int h0 = NSB == 2 ? D::low_code(2 * s) / 16 : 0, h1 = NSB == 2 ? D::low_code(2 * s + 1) / 16 : 0;
 #pragma unroll
-      for (int m = 0; m < kWsMW; ++m) {
-        u32(&f)[4] = a[s % (kWsInflight + 1)][m];
-        f[0] = D::template pair<kScaled>(ra[m], 2 * s, ca[m][h0]);
-        f[1] = D::template pair<kScaled>(rb[m], 2 * s, cb[m][h0]);
-        f[2] = D::template pair<kScaled>(ra[m], 2 * s + 1, ca[m][h1]);
-        f[3] = D::template pair<kScaled>(rb[m], 2 * s + 1, cb[m][h1]);
-      }
+      for (int m = 0; m < kWsMW; ++m)
+        D::template fragment<kScaled, NSB>(a[s % (kWsInflight + 1)][m], ra[m], rb[m], ca[m], cb[m], s);
 #pragma unroll
       for (int m = 0; m < kWsMW; ++m) wgmma_hold(acc[m]);
       wgmma_fence();
