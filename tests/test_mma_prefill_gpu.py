@@ -19,6 +19,8 @@ from qmoe_rtc.reference import qmoe as reference
 pytestmark = pytest.mark.gpu
 
 ENGINES = ["batched", "mma", "wgmma", "wgmma-ws"]
+#: tools/precompile.py builds the modules of both wgmma variants (the default 'tiles' and 'ws')
+PRECOMPILE_KNOBS = [{}, {"prefill_wg_variant": "ws"}]
 
 
 @pytest.fixture(params=ENGINES)
