@@ -63,19 +63,20 @@ template <int B, typename ScaleT, int BLOCK, bool ZPW, int BR> struct WsStage {
   static constexpr int kBytes = (kXBytes + kWsTiles * kTileBytes + 1023) / 1024 * 1024;
   static constexpr int kStages = kWsSmemBudget / kBytes < kWsMaxStages ? kWsSmemBudget / kBytes : kWsMaxStages;
   static_assert(kStages >= 2, "a warp-specialised wgmma stage does not fit twice in shared memory");
-  // Bulk-copied meta (tiled records): a row's region holds the records of the chunk's kChunkBlocks
+  // Meta copied by runs (tiled records): a row's region holds the records of the chunk's kChunkBlocks
   // blocks, [blocks][8 lane groups][record bytes], at the same place as the lane-by-lane words.
   static constexpr int kChunkBlocks = BLOCK == 0 ? 0 : (BLOCK <= 128 ? 128 / BLOCK : 1);
   static_assert(!kTiledMetaLayout || BLOCK == 0 || kChunkBlocks * 8 * MetaLayout<ScaleT, BLOCK, ZPW, B>::kRec <= kWords * 128,
                 "a chunk's meta records fit a row's meta region");
 };
 
-// Whether a projection pair is copied in bulk: tiled codes, and scales in tiled meta records (or row-wise).
-template <class QA, class QB> struct WsBulk {
+// Whether a projection pair is copied by runs (a row group's chunk of codes, a chunk's records: each one
+// contiguous): tiled codes, and scales in tiled meta records (or row-wise).
+template <class QA, class QB> struct WsRuns {
   static constexpr bool value = kTiled && (QA::kBlock == 0 || (QA::kTiledMeta && QB::kTiledMeta));
 };
 
-// Scale and zero point of lane group g's row n from a chunk's bulk-copied records (`region`: the row's
+// Scale and zero point of lane group g's row n from a chunk's records copied as a run (`region`: the row's
 // meta region; jj: the block's index in the chunk).
 template <class Q> __device__ __forceinline__ ScaleZp ws_meta(const Q& q, const u8* region, i32 n, i32 g, i32 jj) {
   using ScaleT = typename Q::Scale;
@@ -135,7 +136,7 @@ __device__ __forceinline__ void ws_produce(const QA& qa, const QB& qb, const u8*
                                            u32 s0, WsRing<St::kStages>& ring) {
   constexpr int CB = St::kCB;
   constexpr bool kScaled = QA::kBlock != 0;
-  constexpr bool kBulk = WsBulk<QA, QB>::value;
+  constexpr bool kRuns = WsRuns<QA, QB>::value;
   const i32 pt = threadIdx.x - kWsMmaThreads, lane = pt & 31, pw = pt >> 5, g = lane >> 2, t = lane & 3;
   const i32 nch = Kp / 128;
   for (i32 c = 0; c < nch; ++c) {
@@ -147,7 +148,7 @@ __device__ __forceinline__ void ws_produce(const QA& qa, const QB& qb, const u8*
       __syncwarp();
       if (lane < 2) bulk_copy(base + lane * (BR * 128), img + ((i64)(2 * c + lane) * Rp + m0) * 64, BR * 128, full);
     }
-    if constexpr (kBulk) {  // tiled codes and records: each run copied by one warp, 16 bytes a lane
+    if constexpr (kRuns) {  // tiled codes and records: each run copied by one warp, 16 bytes a lane
       i32 jc = 0, nb = 0;  // the chunk's first scale block and its blocks
       if constexpr (kScaled) {
         jc = QA::block_of((i64)c * 128);
@@ -170,7 +171,7 @@ __device__ __forceinline__ void ws_produce(const QA& qa, const QB& qb, const u8*
         }
       }
     }
-    if constexpr (!kBulk) {  // lane by lane: thread (pw, lane) copies lane `lane` of MMA warps pw·C ..
+    if constexpr (!kRuns) {  // lane by lane: thread (pw, lane) copies lane `lane` of MMA warps pw·C ..
       const i32 k0 = c * 128 + 32 * t;
       const bool live = k0 < K;
       const i64 off = live ? CodeRows<B>::seg(k0 / 32) : 0;
@@ -231,7 +232,7 @@ __device__ __forceinline__ void ws_consume(const QA& qa, const QB& qb, const PfL
       lds_codes<B>(wst + (32 + lane) * CB, rb[m]);
 #pragma unroll
       for (int h = 0; h < NSB; ++h) {
-        if constexpr (kScaled && WsBulk<QA, QB>::value) {
+        if constexpr (kScaled && WsRuns<QA, QB>::value) {
           const u8* ma = wst + St::kTileCodes;
           const i32 jj = j0 + h - QA::block_of((i64)c * 128);
           ca[m][h] = live ? D::coef(ws_meta(qa, ma, lr.na[m], lane >> 2, jj)) : D::zero();
