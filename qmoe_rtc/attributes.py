@@ -8,10 +8,14 @@ import math
 from dataclasses import dataclass, fields, replace
 
 from .errors import QMoEAttributeError
+from .fp4 import FP4_BLOCK
 from .quantize import SUPPORTED_BITS
 from .specialize.vocab import ACTIVATIONS, GLU_ACTIVATIONS
 
-__all__ = ["QMoEAttributes"]
+__all__ = ["QUANT_TYPES", "QMoEAttributes"]
+
+#: quant_type values: ONNX Runtime's 'int' and 'fp8', and the FP4 formats [ext] (qmoe_rtc.fp4).
+QUANT_TYPES = ("int", "fp8", *FP4_BLOCK)
 
 
 def _as_int(name, value, allowed=None):
@@ -37,10 +41,15 @@ def _as_float(name, value, finite: bool = False):
     return v
 
 
-def _block_size(name, value, fp8: bool = False) -> int:
+def _block_size(name, value, fp8: bool = False, fp4: int = 0) -> int:
     """0 (row-wise) or a power of two >= 16; with quant_type='fp8' any value <= 0 means per-expert
-    global scales, as ONNX Runtime reads it, and is normalized to 0."""
+    global scales, as ONNX Runtime reads it, and is normalized to 0; with an FP4 quant_type the
+    format's block (``fp4``: 32 for mxfp4, 16 for nvfp4), 0 meaning that block."""
     bs = _as_int(name, value)
+    if fp4:
+        if bs not in (0, fp4):
+            raise QMoEAttributeError(name, f"{fp4} (or 0, meaning {fp4}): the format's scale block", str(bs))
+        return fp4
     if fp8 and bs < 0:
         return 0
     if bs != 0 and (bs < 16 or bs & (bs - 1)):
@@ -105,14 +114,16 @@ class QMoEAttributes:
         qt = a.get("quant_type", "int")
         if isinstance(qt, bytes):
             qt = qt.decode()
-        if qt not in ("int", "fp8"):
-            raise QMoEAttributeError("quant_type", "'int' or 'fp8' (the quantizations this build implements)", repr(qt))
+        if qt not in QUANT_TYPES:
+            raise QMoEAttributeError("quant_type", f"one of {QUANT_TYPES} (the quantizations this build implements)",
+                                     repr(qt))
         out["quant_type"] = qt
-        out["block_size"] = _block_size("block_size", a.get("block_size", 0), fp8=qt == "fp8")
+        fp4 = FP4_BLOCK.get(qt, 0)
+        out["block_size"] = _block_size("block_size", a.get("block_size", 0), fp8=qt == "fp8", fp4=fp4)
         sb = a.get("shared_expert_weight_bits")
         out["shared_expert_weight_bits"] = None if sb is None else _as_int("shared_expert_weight_bits", sb, SUPPORTED_BITS)
         sbs = a.get("shared_block_size")
-        out["shared_block_size"] = None if sbs is None else _block_size("shared_block_size", sbs, fp8=qt == "fp8")
+        out["shared_block_size"] = None if sbs is None else _block_size("shared_block_size", sbs, fp8=qt == "fp8", fp4=fp4)
         out["swiglu_fusion"] = _as_int("swiglu_fusion", a.get("swiglu_fusion", 0), (0, 1, 2))
         out["swiglu_limit"] = _as_float("swiglu_limit", a.get("swiglu_limit", math.inf))
         if out["swiglu_limit"] <= 0:
@@ -139,6 +150,16 @@ class QMoEAttributes:
             if self.zero_point_offset is not None:
                 raise QMoEAttributeError("zero_point_offset", "unset with quant_type='fp8' (e4m3fn has no zero point)",
                                          str(self.zero_point_offset))
+        if self.quant_type in FP4_BLOCK:
+            for n in ("expert_weight_bits", "fc1_expert_weight_bits", "fc2_expert_weight_bits", "fc3_expert_weight_bits",
+                      "shared_expert_weight_bits"):
+                v = getattr(self, n)
+                if v is not None and v != 4:
+                    raise QMoEAttributeError(n, f"4 with quant_type='{self.quant_type}' (one e2m1 nibble per weight)",
+                                             str(v))
+            if self.zero_point_offset is not None:
+                raise QMoEAttributeError("zero_point_offset", f"unset with quant_type='{self.quant_type}' (e2m1 has no "
+                                         "zero point)", str(self.zero_point_offset))
         if self.use_sparse_mixer and self.k != 2:
             raise QMoEAttributeError("k", "2 when use_sparse_mixer=1 (Phi-3.5-MoE sparse mixer)", str(self.k))
         if self.swiglu_fusion and self.activation_type not in GLU_ACTIVATIONS:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from ._arrays import FLOAT_DTYPES, device_of, dtype_name, is_c_contiguous, is_cupy, shape_str
 from .attributes import QMoEAttributes
 from .errors import DeviceError, QMoEAttributeError, QMoEInputError
+from .fp4 import FP4_BLOCK
 from .quantize import packed_row_bytes, unpack_codes
 from .specialize.vocab import ACTIVATIONS, GATEABLE_ACTIVATIONS, GLU_ACTIVATIONS
 
@@ -72,12 +73,14 @@ class ProjectionSpec:
     K: int  #: input features
     block_size: int  #: 0 = row-wise
     row_bytes: int  #: ceil(K·b/8)
-    scale_dtype: str
+    scale_dtype: str  #: as given; FP4: float32, the form the device holds (qmoe_rtc.fp4.engine_scales)
     #: "none" (zp = 2^(b−1)) | "packed" (zero-point tensor) | "offset" (zero_point_offset) | "fp8" (e4m3fn, no zp)
+    #: | "fp4" (e2m1, no zp)
     zp_mode: str
     has_bias: bool
     bias_dtype: str | None
-    quant: str = "int"  #: "int" (b-bit codes) | "fp8" (float8e4m3fn codes [E, N, K])
+    #: "int" (b-bit codes) | "fp8" (float8e4m3fn codes [E, N, K]) | "mxfp4" | "nvfp4" (e2m1 codes [E, N, K/2])
+    quant: str = "int"
 
     @property
     def scale_input(self) -> str:
@@ -229,11 +232,15 @@ def describe_layer(weights: dict, attrs: QMoEAttributes, routed_experts: int | N
     if fp8 and has_fc3:
         raise QMoEInputError("fc3_experts_weights", "absent with quant_type='fp8' (ONNX Runtime defines no FC3 "
                              "global scale; use swiglu_fusion 1 or 2)", "an array")
+    qt = attrs.quant_type
+    if qt == "nvfp4" and has_fc3:
+        raise QMoEInputError("fc3_experts_weights", "absent with quant_type='nvfp4' (there is no FC3 global scale "
+                             "input; use swiglu_fusion 1 or 2)", "an array")
     for n in GLOBAL_SCALE_INPUTS:
-        if w[n] is not None and not (fp8 and attrs.block_size <= 0):
+        if w[n] is not None and not (fp8 and attrs.block_size <= 0) and qt != "nvfp4":
             raise QMoEInputError(n, "absent unless quant_type='fp8' with block_size 0 (block scales go in "
-                                 f"{n[:3]}_scales)" if fp8 else "absent with quant_type='int' (FP8 experts only)",
-                                 "an array")
+                                 f"{n[:3]}_scales)" if fp8 else f"absent with quant_type='{qt}' (FP8 and NVFP4 "
+                                 "experts only)", "an array")
 
     fused = int(w["fc1_experts_weights"].shape[1])
     if fused % F:
@@ -248,8 +255,10 @@ def describe_layer(weights: dict, attrs: QMoEAttributes, routed_experts: int | N
                                             "fc1_experts_bias", "fc2_experts_bias", "fc3_experts_bias")})
 
     def projection(p, N, K):
-        if fp8:
-            return _fp8_projection(w, attrs, p, E, N, K)
+        if fp8 or qt in FP4_BLOCK:  # float codes: their own shapes and scales (qmoe_rtc/contract_float.py)
+            from .contract_float import fp4_projection, fp8_projection
+
+            return (fp8_projection if fp8 else fp4_projection)(w, attrs, p, E, N, K)
         bits = attrs.bits(p)
         wn, sn, bn, zn = f"{p}_experts_weights", f"{p}_scales", f"{p}_experts_bias", f"{p}_zero_points"
         rb = packed_row_bytes(K, bits)
@@ -289,33 +298,6 @@ def describe_layer(weights: dict, attrs: QMoEAttributes, routed_experts: int | N
     fc3 = projection("fc3", I, H) if has_fc3 else None
     return LayerSpec(attrs=attrs, E=E, H=H, I=I, F=F, fc1=fc1, fc2=fc2, fc3=fc3, dtype=dtype, on_gpu=on_gpu,
                      device_id=ref_dev)
-
-
-def _fp8_projection(w, attrs, p, E, N, K) -> ProjectionSpec:
-    """One FP8 projection: codes ``[E, N, K]``, the global scale ``[E]`` float32 (block_size 0) or square
-    block scales ``[E, ceil(N/bs), ceil(K/bs)]`` in float32 or T, no zero points."""
-    from .fp8 import fp8_scale_shape
-
-    wn, bn, zn, bs = f"{p}_experts_weights", f"{p}_experts_bias", f"{p}_zero_points", attrs.block_size
-    _require(wn, w[wn], shape=(E, N, K), dtypes=("uint8", "float8_e4m3fn"),
-             where=f"[E, N, K] float8e4m3fn codes with N={N}, K={K}")
-    if w[zn] is not None:
-        raise QMoEInputError(zn, "absent with quant_type='fp8' (e4m3fn has no zero point)", "an array")
-    if bs > 0:
-        sn = f"{p}_scales"
-        _require(sn, w[sn], shape=fp8_scale_shape(E, N, K, bs), dtypes=FLOAT_DTYPES,
-                 where=f"square FP8 block scales [E, ceil(N/bs), ceil(K/bs)] with block_size={bs}")
-    else:
-        if w[f"{p}_scales"] is not None:
-            raise QMoEInputError(f"{p}_scales", f"absent with quant_type='fp8' and block_size 0 (the scale is "
-                                 f"{p}_global_scale)", "an array")
-        sn = f"{p}_global_scale"
-        _require(sn, w[sn], shape=(E,), dtypes=("float32",), where="the per-expert FP8 scale [E], float32")
-    if w[bn] is not None:
-        _require(bn, w[bn], shape=(E, N), dtypes=FLOAT_DTYPES)
-    return ProjectionSpec(name=p, bits=8, N=N, K=K, block_size=max(bs, 0), row_bytes=K, scale_dtype=dtype_name(w[sn]),
-                          zp_mode="fp8", has_bias=w[bn] is not None,
-                          bias_dtype=dtype_name(w[bn]) if w[bn] is not None else None, quant="fp8")
 
 
 def check_call(layer: LayerSpec, input, router_probs, router_weights=None) -> CallSpec:
@@ -363,7 +345,12 @@ def check_content(weights: dict, layer: LayerSpec) -> None:
         return a.get() if is_cupy(a) else np.asarray(a)
 
     for p in layer.projections():
-        s = host(weights[p.scale_input]).astype(np.float32)
+        if p.quant in FP4_BLOCK:
+            from .fp4 import check_fp4_scales
+
+            check_fp4_scales(p.quant, host(weights[p.scale_input]), host(weights[f"{p.name}_global_scale"])
+                             if p.quant == "nvfp4" else None, p.scale_input)
+        s = host(weights[p.scale_input]).astype(np.float32)  # FP4: bytes, never negative or non-finite
         bad = ~np.isfinite(s) | (s < 0)
         if bad.any():
             idx = tuple(int(i) for i in np.argwhere(bad)[0])

@@ -165,6 +165,11 @@ class QMoE:
         self._arch_cache: str | None = None  # the device's compile target, read on first plan
 
     # -- layout and choice -----------------------------------------------------------------------
+    @property
+    def tiled(self) -> bool:
+        """Whether the layer holds its codes in the tiled layout of the tensor-core engines (``prepack``)."""
+        return self._tiled
+
     def tiled_weights(self) -> dict:
         """The codes of a tiled layer by input name (``fc1_experts_weights`` ..., ``shared_fc*_experts_weights``):
         the layer's own CuPy buffers [E, N/8, ceil(K/128), 8, 4, 4·b] u8 (read only), what ``prepack='given'``

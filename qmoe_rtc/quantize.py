@@ -7,7 +7,8 @@ offset ``k·b % 8``; a 3-bit row is one continuous bitstream (codes straddle byt
 
 Dequantization: ``w = (q − zp) · scale`` in float32, with ``zp`` from a zero-point tensor, else the
 ``zero_point_offset`` attribute, else ``2^(b−1)``. ``quantize(..., format="fp8_e4m3")`` makes FP8
-(float8 e4m3fn) experts instead (:mod:`qmoe_rtc.fp8`).
+(float8 e4m3fn) experts instead (:mod:`qmoe_rtc.fp8`), ``format="mxfp4"`` / ``"nvfp4"`` FP4 (e2m1)
+experts (:mod:`qmoe_rtc.fp4`).
 
 Every function accepts NumPy arrays, and CuPy arrays too (returning CuPy).
 """
@@ -25,6 +26,7 @@ from .specialize.vocab import BITS
 __all__ = [
     "SUPPORTED_BITS",
     "QuantizedWeights",
+    "NVFP4Weights",
     "packed_row_bytes",
     "pack_codes",
     "unpack_codes",
@@ -43,6 +45,19 @@ class QuantizedWeights(NamedTuple):
     packed: object  #: uint8 ``[E, N, ceil(K·b/8)]``
     scales: object  #: ``[E, N]`` (row-wise) or ``[E, N, K/bs]`` (block-wise)
     zero_points: object | None  #: None (symmetric) or uint8 ``[E, N, ceil(nb·b/8)]`` / ``[E, ceil(N·b/8)]``
+
+
+class NVFP4Weights(NamedTuple):
+    """One NVFP4 projection of all experts (``quantize(format="nvfp4")``)."""
+
+    packed: object  #: uint8 ``[E, N, K/2]`` e2m1 codes
+    scales: object  #: uint8 ``[E, N, K/16]`` e4m3fn block scales (``fc*_scales``)
+    global_scale: object  #: float32 ``[E]`` (``fc*_global_scale``)
+
+    @property
+    def zero_points(self) -> None:
+        """None: e2m1 has no zero point."""
+        return None
 
 
 def _check_bits(bits, name="bits"):
@@ -142,32 +157,39 @@ def quantize(weights, bits: int | None = None, block_size: int = 0, symmetric: b
 
     Args:
         weights: float array ``[E, N, K]`` (NumPy or CuPy), N output and K input features.
-        bits: 1, 2, 3, 4 or 8 (``format="int"``); None or 8 with ``format="fp8_e4m3"``.
+        bits: 1, 2, 3, 4 or 8 (``format="int"``); None or 8 with ``format="fp8_e4m3"``; None or 4 with
+            ``"mxfp4"`` / ``"nvfp4"``.
         block_size: 0 for one scale per row, else a power of two ≥ 16 dividing K. FP8: 0 for one
             float32 scale per expert, else a power of two ≥ 16 (need not divide N or K) for square
-            ``bs × bs`` block scales.
+            ``bs × bs`` block scales. FP4: 0 or the format's block (32 for mxfp4, 16 for nvfp4).
         symmetric: True stores offset-binary codes around the implicit zero point ``2^(b−1)``
             (no zero-point tensor); False picks a per-block (or per-row) min/max range and returns
             packed zero points. FP8 is symmetric only.
         scale_dtype: dtype of the returned scales: float32, float16 or bfloat16 (the activation dtype);
             FP8 global scales are float32 only.
-        format: ``"int"`` (b-bit integer codes) or ``"fp8_e4m3"`` (float8 e4m3fn codes, ONNX Runtime's
-            ``quant_type="fp8"``).
+        format: ``"int"`` (b-bit integer codes), ``"fp8_e4m3"`` (float8 e4m3fn codes, ONNX Runtime's
+            ``quant_type="fp8"``), ``"mxfp4"`` or ``"nvfp4"`` (e2m1 codes, ``quant_type`` of the same
+            name [ext]; ``symmetric`` and ``scale_dtype`` do not apply).
 
     Returns:
         :class:`QuantizedWeights` ``(packed, scales, zero_points)``. FP8: ``packed`` is uint8 codes
         ``[E, N, K]``, ``scales`` the ``fc*_global_scale`` input ``[E]`` (block_size 0) or the
-        ``fc*_scales`` block scales ``[E, ceil(N/bs), ceil(K/bs)]``, ``zero_points`` None.
+        ``fc*_scales`` block scales ``[E, ceil(N/bs), ceil(K/bs)]``, ``zero_points`` None. MXFP4:
+        ``packed`` uint8 ``[E, N, K/2]``, ``scales`` e8m0 bytes ``[E, N, K/32]``. NVFP4:
+        :class:`NVFP4Weights` ``(packed, scales, global_scale)``: e4m3fn scales ``[E, N, K/16]`` and the
+        float32 ``fc*_global_scale`` ``[E]``.
 
     Raises :class:`~qmoe_rtc.errors.QMoEInputError` for bad arguments, weights that are not finite
     (NaN or inf) and scales that do not fit ``scale_dtype`` (e.g. float16 overflow).
     """
-    if format not in ("int", "fp8_e4m3"):
-        raise QMoEInputError("format", "'int' or 'fp8_e4m3'", repr(format))
+    from .fp4 import FP4_BLOCK
+
+    if format not in ("int", "fp8_e4m3", *FP4_BLOCK):
+        raise QMoEInputError("format", f"one of {('int', 'fp8_e4m3', *FP4_BLOCK)}", repr(format))
     if format == "int":
         bits = _check_bits(bits)
-    elif bits is not None and (isinstance(bits, bool) or bits != 8):
-        raise QMoEInputError("bits", "None or 8 with format='fp8_e4m3'", repr(bits))
+    elif bits is not None and (isinstance(bits, bool) or bits != (8 if format == "fp8_e4m3" else 4)):
+        raise QMoEInputError("bits", f"None or {8 if format == 'fp8_e4m3' else 4} with format={format!r}", repr(bits))
     xp = array_module(weights)
     w = xp.asarray(weights)
     if w.ndim != 3:
@@ -180,6 +202,8 @@ def quantize(weights, bits: int | None = None, block_size: int = 0, symmetric: b
     block_size = int(block_size)
     if format == "fp8_e4m3":
         return _quantize_fp8(xp, w, block_size, symmetric, scale_dtype)
+    if format in FP4_BLOCK:
+        return _quantize_fp4(xp, w, block_size, symmetric, format)
     sdt = _check_scale_dtype(scale_dtype)
     if block_size < 0 or (block_size and (block_size < 16 or block_size & (block_size - 1) or K % block_size)):
         raise QMoEInputError("block_size", f"0 or a power of two >= 16 dividing K={K}", str(block_size))
@@ -206,6 +230,23 @@ def _quantize_fp8(xp, w, block_size: int, symmetric: bool, scale_dtype) -> Quant
     host = w.get() if xp is not np else w
     codes, scales = quantize_fp8(host, block_size, sdt)
     return QuantizedWeights(xp.asarray(codes), xp.asarray(scales), None)
+
+
+def _quantize_fp4(xp, w, block_size: int, symmetric: bool, quant: str):
+    """:func:`quantize` with ``format="mxfp4"`` / ``"nvfp4"`` (NumPy, or CuPy on the device)."""
+    from .fp4 import FP4_BLOCK, quantize_fp4
+
+    bs = FP4_BLOCK[quant]
+    if block_size not in (0, bs):
+        raise QMoEInputError("block_size", f"0 or {bs} with format={quant!r} (its scale block)", str(block_size))
+    if symmetric is not True:
+        raise QMoEInputError("symmetric", f"True with format={quant!r} (e2m1 has no zero point)", repr(symmetric))
+    if int(w.shape[2]) % bs:
+        raise QMoEInputError("weights", f"K a multiple of {bs} ({quant} blocks)", f"shape {shape_str(w.shape)}")
+    codes, scales, g = quantize_fp4(w, quant)
+    if quant == "nvfp4":
+        return NVFP4Weights(codes, scales, g)
+    return QuantizedWeights(codes, scales, None)
 
 
 def _quantize_chunk(xp, w, e0: int, bits: int, block_size: int, symmetric: bool, sdt: str) -> QuantizedWeights:

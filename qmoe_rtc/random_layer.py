@@ -51,6 +51,8 @@ def random_layer(
     the experts are drawn and quantized (a few at a time; the values are the same either way).
     ``format="fp8_e4m3"``: FP8 experts (``quant_type="fp8"``; ``bits`` and ``zero_points`` are ignored):
     float32 ``fc*_global_scale`` with block_size 0, else square block scales in ``fc*_scales``.
+    ``format="mxfp4"`` / ``"nvfp4"``: FP4 experts [ext] (``quant_type`` of that name; ``bits``,
+    ``zero_points`` and ``scale_dtype`` are ignored, ``block_size`` becomes the format's).
 
     [ext] ``shared`` = S shared experts (intermediate size ``shared_inter``, default I), quantized like
     the routed FC1/FC2 (``shared_fc*_...``; with ``bias`` their biases too); ``shared_gate``: a
@@ -61,8 +63,11 @@ def random_layer(
     router (logits of about 2·N(0, 1) for unit inputs, like :func:`random_inputs`).
     """
     fp8 = format == "fp8_e4m3"
+    fp4 = format in ("mxfp4", "nvfp4")
     if fp8:
         bits, zero_points = 8, False
+    if fp4:
+        bits, zero_points, block_size = 4, False, {"mxfp4": 32, "nvfp4": 16}[format]
     b1, b2, b3 = (bits,) * 3 if isinstance(bits, int) else tuple(bits)
     z1, z2, z3 = (zero_points,) * 3 if isinstance(zero_points, bool) else tuple(zero_points)
     glu = activation_type in GLU_ACTIVATIONS
@@ -84,6 +89,8 @@ def random_layer(
             w = draw((min(step, n_experts - e0), N, K), K)
             if fp8:
                 parts.append(quantize(w, None, block_size, scale_dtype=sdt if block_size else np.float32, format=format))
+            elif fp4:
+                parts.append(quantize(w, None, block_size, format=format))
             else:
                 parts.append(quantize(w, b, block_size, symmetric=not zp, scale_dtype=sdt))
             del w
@@ -94,6 +101,8 @@ def random_layer(
             *(None if parts[0][i] is None else xp.concatenate([p[i] for p in parts]) for i in range(3)))
         out = {f"{name}_experts_weights": q.packed,
                f"{name}_global_scale" if fp8 and not block_size else f"{name}_scales": q.scales}
+        if format == "nvfp4":
+            out[f"{name}_global_scale"] = q.global_scale
         if zp:
             out[f"{name}_zero_points"] = q.zero_points
         if bias:
@@ -117,8 +126,8 @@ def random_layer(
             weights["router_bias"] = (0.1 * rng.standard_normal((E,))).astype(bdt)
     attrs = dict(k=k, activation_type=activation_type, block_size=block_size, expert_weight_bits=b1,
                  swiglu_fusion=swiglu_fusion, **attributes)
-    if fp8:
-        attrs["quant_type"] = "fp8"
+    if fp8 or fp4:
+        attrs["quant_type"] = "fp8" if fp8 else format
     if b2 != b1:
         attrs["fc2_expert_weight_bits"] = b2
     if fc3 and b3 != b1:

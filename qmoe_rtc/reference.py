@@ -15,6 +15,7 @@ import numpy as np
 from ._arrays import is_cupy, np_dtype
 from .contract import QMoEAttributes, check_content, describe_layer
 from .extensions import EXT_INPUTS, check_ext_call, describe_extensions, shared_weights
+from .fp4 import FP4_BLOCK, dequantize_fp4
 from .fp8 import dequantize_fp8
 from .quantize import dequantize
 from .slices import describe_slice
@@ -146,6 +147,10 @@ def activate(h: np.ndarray, attrs: QMoEAttributes, F: int, u: np.ndarray | None 
 def _dequantized(weights: dict, p, attrs: QMoEAttributes, e: int) -> np.ndarray:
     """Expert e of projection p (a :class:`~qmoe_rtc.contract.ProjectionSpec`), dequantized in float32,
     as float64 ``[N, K]``."""
+    if p.quant in FP4_BLOCK:
+        g = weights.get(f"{p.name}_global_scale")
+        return dequantize_fp4(p.quant, weights[f"{p.name}_experts_weights"][e : e + 1], weights[p.scale_input][e : e + 1],
+                              None if g is None else g[e : e + 1])[0].astype(np.float64)
     if p.quant == "fp8":
         return dequantize_fp8(weights[f"{p.name}_experts_weights"][e : e + 1], weights[p.scale_input][e : e + 1],
                               p.block_size)[0].astype(np.float64)

@@ -1,7 +1,7 @@
 """Compile, in parallel, every module the GPU test suites will load (run on the GPU host before
 pytest, so the tests do not compile one module at a time). No GPU needed with --arch.
 
-    python tools/precompile.py --arch sm_90 [--jobs 16]
+    python tools/precompile.py --arch sm_90 [--jobs 16] [--suites test_fp4_gpu,test_mma_prefill_gpu]
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests"))
 
-SUITES = ("test_executor_gpu", "test_mma_decode_gpu", "test_mma_prefill_gpu", "test_expert_flow_gpu", "test_route_order_gpu")
+SUITES = ("test_executor_gpu", "test_mma_decode_gpu", "test_mma_prefill_gpu", "test_expert_flow_gpu", "test_route_order_gpu",
+          "test_fp4_gpu")
 EXECUTOR_FAMILIES = ("route", "gemv", "gemm", "mma_decode", "mma_batched", "mma_prefill", "wgmma_prefill")
 
 
-def specs() -> list:
+def specs(suites=SUITES) -> list:
     import importlib
 
     import numpy as np
@@ -29,7 +30,7 @@ def specs() -> list:
 
     seen: dict = {}
     rng = np.random.default_rng(0)
-    for name in SUITES:
+    for name in suites:
         mod = importlib.import_module(name)
         sets = getattr(mod, "PRECOMPILE_KNOBS", {})  # a suite's code-changing knobs: one set or a list of sets
         for kn in sets if isinstance(sets, list) else [sets]:
@@ -70,8 +71,13 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--arch", required=True)
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--suites", default=",".join(SUITES), help=f"comma list of GPU suites (default: {','.join(SUITES)})")
     args = p.parse_args()
-    todo = specs()
+    suites = tuple(s.strip() for s in args.suites.split(",") if s.strip())
+    unknown = [s for s in suites if s not in SUITES]
+    if unknown:
+        p.error(f"--suites: {unknown} are not among {list(SUITES)}")
+    todo = specs(suites)
     t0 = time.perf_counter()
     ctx = multiprocessing.get_context("spawn")
     failed = 0

@@ -75,7 +75,7 @@ class DequantFamily(KernelFamily):
 
 def dequantize_experts(w, scales, bits: int, *, zero_points=None, zero_point_offset: float | None = None,
                        block_size: int = 0, K: int | None = None, dtype: str = "float16", out=None,
-                       stream=None, threads: int = 256, fp8: bool = False):
+                       stream=None, threads: int = 256, fp8: bool = False, fp4: bool = False):
     """Dequantize ``w`` [E, N, ceil(K*b/8)] uint8 (CuPy) to ``out`` [E, N, K] in ``dtype``.
 
     zero-point mode: 'packed' with ``zero_points``, 'offset' with ``zero_point_offset``, else 'none'.
@@ -83,7 +83,13 @@ def dequantize_experts(w, scales, bits: int, *, zero_points=None, zero_point_off
     A bfloat16 ``out`` may be a uint16 CuPy array (bit pattern).
     ``fp8``: ``w`` holds float8 e4m3fn codes [E, N, K] (bits 8, no zero points) and ``scales`` is the
     per-expert scale [E] (block_size 0) or square blocks [E, ceil(N/bs), ceil(K/bs)] (qmoe_rtc.fp8).
+    ``fp4``: ``w`` holds e2m1 codes [E, N, K/2] (bits 4, no zero points) and ``scales`` the float32
+    block scales [E, N, K/bs] the engines read (:func:`qmoe_rtc.fp4.engine_scales`).
     """
+    if fp4 and (bits != 4 or zero_points is not None or zero_point_offset is not None or not block_size):
+        raise QMoEInputError("bits", "4, no zero points and a block_size with fp4=True (e2m1 codes, block scales)",
+                             f"bits={bits}, block_size={block_size}, zero points "
+                             f"{'given' if zero_points is not None or zero_point_offset is not None else 'none'}")
     if fp8:
         if bits != 8:
             raise QMoEInputError("bits", "8 for float8 e4m3fn codes (fp8=True)", repr(bits))
@@ -100,6 +106,7 @@ def dequantize_experts(w, scales, bits: int, *, zero_points=None, zero_point_off
     if zero_points is not None and zero_point_offset is not None:
         raise QMoEInputError("zero_points", "either zero points or zero_point_offset", "both")
     zp = "packed" if zero_points is not None else ("offset" if zero_point_offset is not None else "none")
+    zp = "fp4" if fp4 else zp
     sdt = dtype_name(scales)
     spec = dequant_spec(dtype, bits, block_size, zp, "float32" if sdt == "float32" else dtype, threads)
     nb = K // block_size if block_size else 1

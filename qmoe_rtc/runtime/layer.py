@@ -154,7 +154,8 @@ def use_tiled(config: ModelConfig, setting, dtype_known: bool) -> bool:
     'on', 'off', 'given' or a bool (None: the ``prepack`` knob); ``dtype_known``: the layer's scales or
     biases fix its activations to float16/bfloat16. 'auto' tiles when the layout allows it and the dtype
     is known (float32 calls would need the contract layout); 'on' and 'given' (codes passed tiled:
-    :mod:`qmoe_rtc.prepacked`) refuse a layout that cannot be tiled."""
+    :mod:`qmoe_rtc.prepacked`) refuse a layout that cannot be tiled. FP4 layers count as float16/bfloat16 ones
+    (their scales are float32 by format, and FP4 serves LLMs in half precision): see :func:`prepack_choice`."""
     from .. import knobs
 
     s = knobs.get("prepack") if setting is None else setting
@@ -181,7 +182,7 @@ def prepack_choice(setting, layer, ext, all_experts: int) -> bool:
     contract layout of a layer the tensor-core engines could read tiled."""
     from .. import knobs
 
-    known = layer.dtype in _TENSOR_CORE_DTYPES
+    known = layer.dtype in _TENSOR_CORE_DTYPES or any(p.zp_mode == "fp4" for p in layer.projections())
     cfg = tiling_config(layer, ext, all_experts)
     tiled = use_tiled(cfg, setting, known)
     asked = knobs.get("prepack") if setting is None else setting
@@ -195,16 +196,17 @@ def prepack_choice(setting, layer, ext, all_experts: int) -> bool:
 def executor_config(config: ModelConfig, setting=None) -> ModelConfig:
     """The config the executor runs a layer of ``config`` with (warm / precompile use it): its codes
     tiled where :func:`use_tiled` would tile them, taking the activation dtype as known when the
-    scales are in it."""
+    scales are in it or the codes are FP4 (as :func:`prepack_choice` does)."""
     lay = config.layout
-    known = lay.dtype in _TENSOR_CORE_DTYPES and lay.scale_dtype == lay.dtype
+    fp4 = "fp4" in (lay.fc1_zp, lay.fc2_zp, lay.fc3_zp)
+    known = lay.dtype in _TENSOR_CORE_DTYPES and (lay.scale_dtype == lay.dtype or fp4)
     return _tiled(config) if not lay.tiled and use_tiled(config, setting, known) else config
 
 
 def tile_codes(cp, proj: dict, layer, interleaved_fc1: bool, given: bool = False) -> dict:
     """``proj`` (:func:`upload_projections`) with every projection's codes in the tiled layout
     (:func:`qmoe_rtc.prepack.pack`, on the GPU; the contract codes are not kept; ``given``: they are tiled
-    already, ``prepack='given'``, and are kept as they are, as bytes) and, for integer codes, its scales and
+    already, ``prepack='given'``, and are kept as they are, as bytes) and, for integer and FP4 codes, its scales and
     zero points as meta records (:func:`qmoe_rtc.prepack.pack_meta`) in the scales' slot (viewed as the
     scale dtype; the zero-point slot then empty: the records hold them)."""
     from ..prepack import pack, pack_meta
@@ -216,7 +218,7 @@ def tile_codes(cp, proj: dict, layer, interleaved_fc1: bool, given: bool = False
         codes = w.view(cp.uint8)  # FP8 codes are bytes too
         if not given:
             codes = pack(cp, codes, p.K, p.bits, interleaved, f"{p.name}_experts_weights")
-        if p.quant == "int":
+        if p.quant != "fp8":  # integer and FP4 codes: records (FP8's square blocks keep their layout)
             meta = pack_meta(cp, s, z, p.N, p.bits, interleaved, p.scale_input)  # [E, ceil(N/16), nb, 8, R] u8
             s, z = meta.view(s.dtype), None
         out[p.name] = (codes, s, z, b)  # codes [E, N/8, ceil(K/128), 8, 4, 4·b] u8

@@ -35,7 +35,8 @@ class Layout:
     ``scale_dtype=""`` means "same as ``dtype``" and is normalised, so equal layouts compare equal.
     ``fc3_bits`` / ``fc3_zp`` must be 0 / 'none' unless ``has_fc3``. A projection with zero-point
     mode 'fp8' holds float8 e4m3fn codes: 8 bits, and its square scale blocks may be partial (no
-    divisibility rule, see :class:`ModelConfig`). ``aligned``: every packed row is
+    divisibility rule, see :class:`ModelConfig`); mode 'fp4' holds e2m1 codes: 4 bits, float32 block
+    scales. ``aligned``: every packed row is
     whole 32-code chunks (H and I multiples of 32), which lets kernels use 16-byte loads;
     :class:`ModelConfig` derives it from the shapes. ``tiled``: the codes are held in the tiled layout
     the tensor-core engines read (:mod:`qmoe_rtc.prepack`), not the contract's rows.
@@ -67,6 +68,8 @@ class Layout:
             _check(p, getattr(self, p), ZP_MODES)
             if getattr(self, p) == "fp8":
                 _check(f"{p[:3]}_bits", getattr(self, f"{p[:3]}_bits"), (8,), f"8 ({p}='fp8': e4m3fn codes are bytes)")
+            if getattr(self, p) == "fp4":
+                _check(f"{p[:3]}_bits", getattr(self, f"{p[:3]}_bits"), (4,), f"4 ({p}='fp4': e2m1 codes are nibbles)")
         for b in ("has_fc3", "aligned", "tiled"):
             if type(getattr(self, b)) is not bool:
                 raise QMoEAttributeError(b, "a bool", repr(getattr(self, b)))
@@ -129,7 +132,7 @@ class Layout:
         return tuple(f.name for f in fields(cls))
 
 
-_ZP_LETTER = {"none": "N", "packed": "P", "offset": "O", "fp8": "F"}
+_ZP_LETTER = {"none": "N", "packed": "P", "offset": "O", "fp8": "F", "fp4": "E"}
 _NAME_FORMS = {
     "bits": lambda v: f"b{v}",
     "block_size": lambda v: f"bs{v}",

@@ -26,8 +26,10 @@ DTYPES = ("float32", "float16", "bfloat16")
 #: Weight code widths.
 BITS = (1, 2, 3, 4, 8)
 #: Zero-point modes of a projection: implicit 2^(b-1), a packed uint8 tensor, a float offset [ext];
-#: "fp8": 8-bit float8 e4m3fn codes with no zero point (quant_type='fp8', weight = e4m3(q) · scale).
-ZP_MODES = ("none", "packed", "offset", "fp8")
+#: "fp8": 8-bit float8 e4m3fn codes with no zero point (quant_type='fp8', weight = e4m3(q) · scale);
+#: "fp4": 4-bit e2m1 codes with no zero point (quant_type 'mxfp4' / 'nvfp4', weight = e2m1(q) · scale,
+#: the scales float32 per block: qmoe_rtc.fp4.engine_scales).
+ZP_MODES = ("none", "packed", "offset", "fp8", "fp4")
 #: Activations; the GLU ones need a gate and a linear half (fused FC1 rows or FC3).
 ACTIVATIONS = ("relu", "gelu", "silu", "identity", "relu2", "swiglu", "geglu")
 GLU_ACTIVATIONS = ("swiglu", "geglu")
@@ -39,7 +41,8 @@ GATES = ("none", "fused1", "fused2", "fc3")
 #: C++ spellings (cuda_src/core/types.cuh, dequant.cuh, epilogue/act.cuh).
 CPP_TYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16", "uint8": "qmoe::u8",
              "int32": "qmoe::i32", "int64": "qmoe::i64", "uint32": "qmoe::u32"}
-CPP_ZP = {"none": "qmoe::ZP_NONE", "packed": "qmoe::ZP_PACKED", "offset": "qmoe::ZP_OFFSET", "fp8": "qmoe::ZP_FP8"}
+CPP_ZP = {"none": "qmoe::ZP_NONE", "packed": "qmoe::ZP_PACKED", "offset": "qmoe::ZP_OFFSET", "fp8": "qmoe::ZP_FP8",
+          "fp4": "qmoe::ZP_FP4"}
 CPP_ACT = {"relu": "qmoe::ACT_RELU", "gelu": "qmoe::ACT_GELU", "silu": "qmoe::ACT_SILU",
            "identity": "qmoe::ACT_IDENTITY", "relu2": "qmoe::ACT_RELU2", "swiglu": "qmoe::ACT_SWIGLU",
            "geglu": "qmoe::ACT_GEGLU"}

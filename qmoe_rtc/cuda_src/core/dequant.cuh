@@ -2,6 +2,7 @@
 //
 //   w = (q - zp) * scale      (float32; docs/contract.md, "Packed weights and dequantization")
 //   w = e4m3(q) * scale       (ZP_FP8: float8 e4m3fn codes; docs/contract.md, "FP8 experts")
+//   w = e2m1(q) * scale       (ZP_FP4: 4-bit e2m1 codes, float32 block scales; "FP4 experts [ext]")
 //
 // Compile-time layout: BITS (1/2/3/4/8), BLOCK (0 = row-wise, else a power of two >= 16 dividing K;
 // FP8: 0 = one scale per expert, else square blocks, the last ones partial) and ZP (zero-point mode
@@ -30,6 +31,7 @@ enum ZpMode : int {
   ZP_PACKED = 1,  // uint8 zero-point tensor packed like the weights (8-bit: one byte each)
   ZP_OFFSET = 2,  // no tensor, zp = the runtime float zero_point_offset [ext]
   ZP_FP8 = 3,     // 8-bit float8 e4m3fn codes, no zero point: w = e4m3(q) * scale
+  ZP_FP4 = 4,     // 4-bit e2m1 codes, no zero point: w = e2m1(q) * scale (MXFP4 / NVFP4 [ext])
 };
 
 // The float32 value of an e4m3fn code (bits 0-7 of c): sign bit 7, exponent bits 6-3 (bias 7),
@@ -41,6 +43,15 @@ __device__ __forceinline__ float e4m3_to_float(u32 c) {
                             : (float)(c & 7u) * 0.001953125f;             // m * 2^-9
   const u32 bits = em == 0x7Fu ? 0x7FC00000u : __float_as_uint(v);
   return __uint_as_float(bits | ((c & 0x80u) << 24));
+}
+
+// The float32 value of an e2m1 code (bits 0-3 of c): sign bit 3, exponent bits 2-1 (bias 1), mantissa
+// bit 0; exponent 0 is subnormal (m/2). Magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6; exact.
+__device__ __forceinline__ float e2m1_to_float(u32 c) {
+  const u32 em = c & 7u;
+  const float v = (em >> 1) ? __uint_as_float(((em + 252u) << 22))  // (1 + m/2) * 2^(e-1)
+                            : (float)(em & 1u) * 0.5f;              // m/2
+  return __uint_as_float(__float_as_uint(v) | ((c & 8u) << 28));
 }
 
 struct ScaleZp {
@@ -59,14 +70,16 @@ struct ScaleZp {
 //        zero points (u8 [2], unpacked), zero padding to kMetaBytes; rows past N are zero
 template <typename ScaleT, int BITS, int BLOCK, int ZP> struct QuantParams {
   static_assert(BLOCK == 0 || (BLOCK >= 8 && (BLOCK & (BLOCK - 1)) == 0), "block size must be 0 or a power of two >= 8");
-  static_assert(ZP == ZP_NONE || ZP == ZP_PACKED || ZP == ZP_OFFSET || ZP == ZP_FP8, "bad zero-point mode");
+  static_assert(ZP == ZP_NONE || ZP == ZP_PACKED || ZP == ZP_OFFSET || ZP == ZP_FP8 || ZP == ZP_FP4,
+                "bad zero-point mode");
   static_assert(ZP != ZP_FP8 || BITS == 8, "FP8 codes are 8-bit");
+  static_assert(ZP != ZP_FP4 || BITS == 4, "FP4 codes are 4-bit");
   static constexpr int kBits = BITS;
   static constexpr int kBlock = BLOCK;
   static constexpr int kZp = ZP;
   using Scale = ScaleT;
-  static constexpr bool kTiledMeta = kTiledMetaLayout && (ZP == ZP_NONE || ZP == ZP_PACKED);
-  static_assert(!kTiledMetaLayout || kTiledMeta, "the host defines QMOE_TILED_META for integer codes only");
+  static constexpr bool kTiledMeta = kTiledMetaLayout && (ZP == ZP_NONE || ZP == ZP_PACKED || ZP == ZP_FP4);
+  static_assert(!kTiledMetaLayout || kTiledMeta, "the host defines QMOE_TILED_META for integer and FP4 codes only");
   // bytes of a tiled meta record (the host mirrors it: qmoe_rtc/prepack.py meta_record_bytes)
   static constexpr int kMetaBytes = ZP == ZP_PACKED ? (sizeof(ScaleT) == 4 ? 16 : 8) : 2 * (int)sizeof(ScaleT);
 
@@ -111,10 +124,10 @@ template <typename ScaleT, int BITS, int BLOCK, int ZP> struct QuantParams {
     else return ((i64)e * N + n) * blocks_per_row() + j;
   }
 
-  // The zero point when it is not read from a tensor (ZP_NONE, ZP_OFFSET, ZP_FP8).
+  // The zero point when it is not read from a tensor (ZP_NONE, ZP_OFFSET, ZP_FP8, ZP_FP4).
   __device__ __forceinline__ float fixed_zp() const {
     if constexpr (ZP == ZP_OFFSET) return zp_offset;
-    else if constexpr (ZP == ZP_FP8) return 0.0f;
+    else if constexpr (ZP == ZP_FP8 || ZP == ZP_FP4) return 0.0f;
     else return (float)(1u << (BITS - 1));
   }
 
@@ -139,9 +152,10 @@ template <typename ScaleT, int BITS, int BLOCK, int ZP> struct QuantParams {
     return r;
   }
 
-  // One weight in float32 from its code: (q - zp) * scale, or e4m3(q) * scale.
+  // One weight in float32 from its code: (q - zp) * scale, e4m3(q) * scale or e2m1(q) * scale.
   static __device__ __forceinline__ float weight(u32 q, ScaleZp sz) {
     if constexpr (ZP == ZP_FP8) return e4m3_to_float(q) * sz.scale;
+    else if constexpr (ZP == ZP_FP4) return e2m1_to_float(q) * sz.scale;
     else return ((float)q - sz.zp) * sz.scale;
   }
   // Eight codes (from unpack8 / load_unpack8) to float32 weights.

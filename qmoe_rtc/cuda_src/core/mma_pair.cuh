@@ -8,6 +8,10 @@
 // cvt.rn.f16x2.e4m3x2 (sm_89+; the low byte becomes the low half), exact in f16; bf16 goes through
 // float32 (exact: every e4m3 value is a bf16 value). NaN codes stay NaN. Below sm_89 (the engines
 // refuse FP8 there) the same values come from e4m3_to_float.
+// FP4 (e2m1 codes, MmaDeq<T, 4, ZP_FP4>): int4's pairs, each code's exponent and mantissa bits placed at
+// the top of T's exponent field's low bits and mantissa (f16 bits 11-9, bf16 bits 8-6) and its sign at bit
+// 15: exactly e2m1 · 2^-14 (f16) or e2m1 · 2^-126 (bf16), e2m1's subnormal 0.5 landing on T's subnormal;
+// one exact multiply by 2^14 / 2^126 (T's multiplies keep subnormals) gives the value.
 // A lane holds 32 consecutive codes of a row (4·b bytes); pair i is the codes (c, c + 16/b) with
 // c = first_code(i), which is the order the shifts and masks produce them in; the activations are
 // permuted the same way (x_pair), so the mma's k index needs no shuffle. 3-bit codes (one 96-bit
@@ -29,6 +33,8 @@ template <> struct Pair2<__half> {
   static constexpr float kMagicF = 1024.0f;
   static constexpr u32 kMagicByte = 0x64646464u;
   static constexpr u32 kSixteenthOne = 0x3C002C00u;  // half2(1/16, 1)
+  static constexpr int kFp4Shift = 9;                 // e2m1 exponent / mantissa bits -> bits 11-9: e2m1 · 2^-14
+  static constexpr u32 kFp4Unit = 0x74007400u;        // half2(2^14, 2^14)
   static __device__ __forceinline__ u32 splat(float v) {
     const __half2 h = __float2half2_rn(v);
     return *reinterpret_cast<const u32*>(&h);
@@ -70,6 +76,8 @@ template <> struct Pair2<__nv_bfloat16> {
   static constexpr float kMagicF = 128.0f;
   static constexpr u32 kMagicByte = 0;  // 8-bit codes go through float32
   static constexpr u32 kSixteenthOne = 0x3F803D80u;  // bf16x2(1/16, 1)
+  static constexpr int kFp4Shift = 6;                 // e2m1 exponent / mantissa bits -> bits 8-6: e2m1 · 2^-126
+  static constexpr u32 kFp4Unit = 0x7E807E80u;        // bf16x2(2^126, 2^126)
   static __device__ __forceinline__ u32 splat(float v) {
     const __nv_bfloat162 h = __float2bfloat162_rn(v);
     return *reinterpret_cast<const u32*>(&h);
@@ -126,6 +134,18 @@ __device__ __forceinline__ u32 e4m3x2_to_f16x2(u32 two) {
 #endif
 }
 
+// Two e2m1 codes (bits 0-3 and 16-19 of x) as T2 holding e2m1 · 2^-14 (f16) / 2^-126 (bf16), exact (see
+// the file comment).
+template <typename T> __device__ __forceinline__ u32 e2m1x2_bits(u32 x) {
+  return ((x & 0x00070007u) << Pair2<T>::kFp4Shift) | ((x & 0x00080008u) << 12);
+}
+
+// FP4: codes in the pair order of 4-bit integers (nibbles j and j + 4 of a word), scaled or not.
+template <typename T, bool SCALED> __device__ __forceinline__ u32 fp4_pair(u32 word, int j, const Coef& cf) {
+  const u32 v = Pair2<T>::mul(e2m1x2_bits<T>(word >> (4 * j)), Pair2<T>::kFp4Unit);  // the e2m1 values
+  return SCALED ? Pair2<T>::mul(v, cf.sc) : v;
+}
+
 // FP8: codes in the pair order of 8-bit integers, scaled or not (see the file comment).
 template <typename T, bool SCALED> __device__ __forceinline__ u32 fp8_pair(u32 word, int j, const Coef& cf) {
   const u32 h = e4m3x2_to_f16x2(__byte_perm(word, 0u, 0x4420 + 0x11 * j));  // bytes j, j + 2
@@ -138,8 +158,13 @@ template <typename T, bool SCALED> __device__ __forceinline__ u32 fp8_pair(u32 w
   }
 }
 
-template <typename T, int B, bool FP8 = false> struct MmaDeq {
+// ZP: the projection's zero-point mode (core/dequant.cuh): ZP_FP8 / ZP_FP4 codes are float codes, the
+// others integers.
+template <typename T, int B, int ZP = ZP_NONE> struct MmaDeq {
+  static constexpr bool FP8 = ZP == ZP_FP8;
+  static constexpr bool FP4 = ZP == ZP_FP4;
   static_assert(!FP8 || B == 8, "FP8 codes are 8-bit");
+  static_assert(!FP4 || B == 4, "FP4 codes are 4-bit");
   static_assert(B == 1 || B == 2 || B == 3 || B == 4 || B == 8, "1/2/3/4/8-bit codes");
   static constexpr bool kF32 = B == 8 && Pair2<T>::kMagicByte == 0;  // bf16 with 8-bit codes
   static constexpr int kOrder = B == 3 ? 4 : B;                        // 3-bit codes pair as 4-bit ones do
@@ -148,7 +173,7 @@ template <typename T, int B, bool FP8 = false> struct MmaDeq {
 
   static __device__ __forceinline__ Coef coef(ScaleZp s) {
     Coef c;
-    if constexpr (FP8) {
+    if constexpr (FP8 || FP4) {
       c.zpm = c.zph = 0;
       c.sc = Pair2<T>::splat(s.scale);  // float16: the scaled pairs' multiplier
       c.zpf = 0.0f;
@@ -208,6 +233,8 @@ template <typename T, int B, bool FP8 = false> struct MmaDeq {
       return SCALED ? Pair2<T>::mul(d, cf.sc) : d;
     } else if constexpr (FP8) {
       return fp8_pair<T, SCALED>(w[word], j, cf);
+    } else if constexpr (FP4) {
+      return fp4_pair<T, SCALED>(w[word], j, cf);
     } else if constexpr (kF32) {
       const float lo = __int_as_float(__byte_perm(w[word], 0x4B000000u, 0x7440 + j)) - cf.zpf;
       const float hi = __int_as_float(__byte_perm(w[word], 0x4B000000u, 0x7442 + j)) - cf.zpf;

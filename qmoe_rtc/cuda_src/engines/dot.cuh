@@ -34,10 +34,11 @@ template <int B> __device__ __forceinline__ void load_chunk32(const u8* __restri
 }
 
 // Float of code q minus the zero point: (2^23 + q) - (2^23 + zp), exact for integer zp (one FADD);
-// a fractional zero_point_offset subtracts in two steps; FP8 codes are e4m3 values (no zero point).
+// a fractional zero_point_offset subtracts in two steps; FP8 / FP4 codes are e4m3 / e2m1 values (no zero point).
 template <int ZP> __device__ __forceinline__ float code_minus_zp(u32 q, float zp) {
   const float f = __int_as_float(0x4B000000u | q);  // 2^23 + q
   if constexpr (ZP == ZP_FP8) return e4m3_to_float(q);
+  else if constexpr (ZP == ZP_FP4) return e2m1_to_float(q);
   else if constexpr (ZP != ZP_OFFSET) return f - (8388608.0f + zp);
   else return (f - 8388608.0f) - zp;
 }

@@ -90,7 +90,7 @@ __device__ __forceinline__ void pf_mainloop(const QA& qa, const QB& qb, const Pf
   constexpr int BR = 8 * NR, CB = St::kCB, MW = kPfMW;
   constexpr bool kScaled = QA::kBlock != 0;
   constexpr int NSB = MetaLayout<typename QA::Scale, QA::kBlock, ZPW>::NSB;
-  using D = MmaDeq<T, B, QA::kZp == ZP_FP8>;
+  using D = MmaDeq<T, B, QA::kZp>;
   const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const i32 nch = (K + kPfChunk - 1) / kPfChunk;
   const u32 s0 = (u32)__cvta_generic_to_shared(smem);

@@ -105,7 +105,7 @@ __device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* const (&pa
   using ScaleT = typename QA::Scale;
   constexpr bool kZpw = QA::kZp == ZP_PACKED || QB::kZp == ZP_PACKED;  // = the kernel's Stage
   using St = MmaStage<B, ScaleT, QA::kBlock, kZpw, RT>;
-  using D = MmaDeq<T, B, QA::kZp == ZP_FP8>;
+  using D = MmaDeq<T, B, QA::kZp>;
   constexpr int KST = St::KST, NSB = St::NSB, CB = St::kCodeBytes, NR = St::kRows;
   const i32 lane = threadIdx.x & 31, t = lane & 3;
   const i32 nch = (K + kMmaChunk - 1) / kMmaChunk;

@@ -40,10 +40,10 @@ __device__ __forceinline__ Coef pf_row_coef(const QP& qp, i32 e, i32 n, float& s
   if constexpr (QP::kBlock == 0) {
     const ScaleZp sz = qp.fetch(e, n, 0);
     scale = sz.scale;
-    return MmaDeq<T, QP::kBits, QP::kZp == ZP_FP8>::coef(sz);
+    return MmaDeq<T, QP::kBits, QP::kZp>::coef(sz);
   } else {
     scale = 1.0f;
-    return MmaDeq<T, QP::kBits, QP::kZp == ZP_FP8>::zero();
+    return MmaDeq<T, QP::kBits, QP::kZp>::zero();
   }
 }
 

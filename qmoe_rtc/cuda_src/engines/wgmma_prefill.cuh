@@ -80,7 +80,7 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
   constexpr int CB = St::kCB, S = St::kStages;
   constexpr bool kScaled = QA::kBlock != 0;
   constexpr int NSB = MetaLayout<typename QA::Scale, QA::kBlock, ZPW>::NSB;
-  using D = MmaDeq<T, B, QA::kZp == ZP_FP8>;
+  using D = MmaDeq<T, B, QA::kZp>;
   const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3;
   const i32 nch = Kp / 128;
   const u32 s0 = (u32)__cvta_generic_to_shared(smem);

@@ -206,7 +206,7 @@ __device__ __forceinline__ void ws_consume(const QA& qa, const QB& qb, const PfL
   constexpr int CB = St::kCB;
   constexpr bool kScaled = QA::kBlock != 0;
   constexpr int NSB = MetaLayout<typename QA::Scale, QA::kBlock, ZPW>::NSB;
-  using D = MmaDeq<T, B, QA::kZp == ZP_FP8>;
+  using D = MmaDeq<T, B, QA::kZp>;
   const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3;
   const i32 nch = Kp / 128;
   i64 sba[kWsMW], sbb[kWsMW];
