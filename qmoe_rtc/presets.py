@@ -19,8 +19,9 @@ from .errors import QMoEAttributeError, QMoEUnsupportedError
 
 __all__ = ["Preset", "PRESETS", "QUANT_FORMATS", "get_preset"]
 
-#: Expert formats a config can be built for: b-bit integer codes, FP8 (float8 e4m3fn) codes.
-QUANT_FORMATS = ("int", "fp8")
+#: Expert formats a config can be built for: b-bit integer codes, FP8 (float8 e4m3fn) codes, FP4 (e2m1)
+#: codes with MXFP4 or NVFP4 scales [ext].
+QUANT_FORMATS = ("int", "fp8", "mxfp4", "nvfp4")
 
 
 @dataclass(frozen=True)
@@ -53,14 +54,15 @@ class Preset:
         router GEMM). ``quant="fp8"``: FP8 experts, i.e. every projection 8-bit with zero-point mode
         'fp8' (e4m3fn codes), float32 scales unless ``scale_dtype`` says otherwise (block size 0 = one
         global scale per expert), the preset's shared experts FP8 too; :class:`QMoEUnsupportedError`
-        where the layouts have no 'fp8' mode.
+        where the layouts have no 'fp8' mode. ``quant="mxfp4"`` / ``"nvfp4"``: FP4 experts, every projection
+        4-bit with zero-point mode 'fp4', float32 scales in blocks of 32 / 16 (NVFP4 has no FC3).
         """
         from .specialize import Layout, ModelConfig
 
         if quant not in QUANT_FORMATS:
             raise QMoEAttributeError("quant", f"one of {list(QUANT_FORMATS)}", repr(quant))
-        fp8 = quant == "fp8"
-        b = 8 if fp8 else self.bits if bits is None else bits
+        fp8, fp4 = quant == "fp8", quant in ("mxfp4", "nvfp4")
+        b = 8 if fp8 else 4 if fp4 else self.bits if bits is None else bits
         act = self.activation if activation is None else activation
         fusion = self.swiglu_fusion if swiglu_fusion is None else swiglu_fusion
         fc3 = self.has_fc3 if has_fc3 is None else has_fc3
@@ -76,6 +78,12 @@ class Preset:
                                          "layer takes activation='swiglu', fused FC1)", "True")
             fc1_bits = fc2_bits = fc3_bits = None
             zero_points, scale_dtype = "fp8", scale_dtype or "float32"
+        if fp4:
+            if fc3 and quant == "nvfp4":
+                raise QMoEAttributeError("has_fc3", "False with NVFP4 experts (there is no FC3 global scale input; a "
+                                         "gated layer takes activation='swiglu', fused FC1)", "True")
+            fc1_bits = fc2_bits = fc3_bits = None
+            zero_points, scale_dtype, block_size = "fp4", "float32", 32 if quant == "mxfp4" else 16
         layout = Layout(
             dtype=dtype, scale_dtype=scale_dtype,
             fc1_bits=b if fc1_bits is None else fc1_bits,

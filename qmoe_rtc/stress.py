@@ -28,7 +28,7 @@ from .cli_args import csv, names, positive
 __all__ = ["ENGINES", "LAYOUTS", "aggregate", "build_parser", "cases", "main", "rows_for"]
 
 #: (name, random_layer kwargs with k, E, H, I, activation dtype). The first is the layer of the race
-#: found under contention (issue 23); together they cover bits 1/2/3/4/8 and FP8, row-wise and block
+#: found under contention (issue 23); together they cover bits 1/2/3/4/8, FP8 and FP4, row-wise and block
 #: scales, zero points, GLU and plain activations, FC3, biases, float16 / bfloat16 / float32, shared
 #: experts with a gate and the router GEMM, and H / I that are not multiples of 32 (SIMT engines).
 LAYOUTS = (
@@ -56,6 +56,11 @@ LAYOUTS = (
     ("f16-b4-offset-silu", dict(bits=4, block_size=0, zero_point_offset=7.5, activation_type="silu", k=2), 16, 256,
      128, "float16"),
     ("bf16-b8-row-silu-oddK", dict(bits=8, block_size=0, activation_type="silu", k=2), 16, 200, 72, "bfloat16"),
+    ("bf16-mxfp4-swiglu-bias", dict(format="mxfp4", block_size=32, activation_type="swiglu", k=2, bias=True,
+                                    activation_alpha=1.702, activation_beta=1.0, swiglu_limit=7.0), 16, 256, 128,
+     "bfloat16"),
+    ("f16-nvfp4-swiglu2", dict(format="nvfp4", block_size=16, activation_type="swiglu", swiglu_fusion=2, k=2), 8,
+     256, 128, "float16"),
 )
 
 #: Engines (pipelines) and how a case forces one: the path through decode_max_routes, the prefill engine

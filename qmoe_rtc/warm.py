@@ -63,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--format", type=csv(str), default=["int"], metavar="FMT[,FMT...]",
                    help=f"expert formats, from {', '.join(QUANT_FORMATS)} (default: int); fp8: FP8 e4m3 experts "
                         "(8-bit codes, no zero points: --bits and --zero-points do not apply; float32 scales unless "
-                        "--scale-dtype; --block-size 0 = one global scale per expert; no shared experts)")
+                        "--scale-dtype; --block-size 0 = one global scale per expert; no shared experts); mxfp4 / "
+                        "nvfp4: FP4 e2m1 experts (4-bit, blocks of 32 / 16, float32 scales on the device)")
     q.add_argument("--bits", type=csv(int), metavar="B[,B...]",
                    help="bits of every projection, e.g. 4 or 2,4 (default: the preset's, else 4)")
     q.add_argument("--fc1-bits", type=int, metavar="B", help="bits of FC1 only (default: --bits)")
@@ -123,10 +124,10 @@ def _configs(args) -> list:
     for dtype in args.dtype:
         router = None if args.router_gemm is None else dtype if args.router_gemm else ""
         for fmt in args.format:
-            fp8 = fmt == "fp8"
-            for bits in ([None] if fp8 else args.bits or [None]):
-                for bs in (args.block_size or [None]):
-                    for zp in (["none"] if fp8 else args.zero_points):
+            fixed = fmt != "int"  # FP8 / FP4: the format fixes bits and zero points (FP4 also the block)
+            for bits in ([None] if fixed else args.bits or [None]):
+                for bs in ([None] if fmt in ("mxfp4", "nvfp4") else args.block_size or [None]):
+                    for zp in (["none"] if fixed else args.zero_points):
                         cfg = base.config(bits=bits, fc1_bits=args.fc1_bits, fc2_bits=args.fc2_bits,
                                           fc3_bits=args.fc3_bits, block_size=bs, zero_points=zp, dtype=dtype,
                                           scale_dtype=args.scale_dtype,

@@ -19,7 +19,7 @@ def test_matrix_covers_what_the_check_promises():
     kws = [lay[1] for lay in stress.LAYOUTS]
     bits = {b for kw in kws for b in (kw.get("bits", 8) if isinstance(kw.get("bits", 8), tuple) else (kw.get("bits", 8),))}
     assert {1, 2, 3, 4, 8} <= bits
-    assert any(kw.get("format") == "fp8_e4m3" for kw in kws)
+    assert {kw.get("format") for kw in kws} >= {"fp8_e4m3", "mxfp4", "nvfp4"}
     assert {kw["block_size"] == 0 for kw in kws} == {True, False}
     assert any(kw.get("zero_points") for kw in kws) and any("zero_point_offset" in kw for kw in kws)
     assert {kw["activation_type"] for kw in kws} >= {"swiglu", "geglu", "silu", "gelu", "relu"}

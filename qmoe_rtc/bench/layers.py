@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from .report import Shape, _reason, check_rows, expert_bytes, extension_bytes, is_fp8
+from .report import Shape, _reason, check_rows, expert_bytes, extension_bytes, fp4_format, is_fp8
 
 __all__ = ["build_layer", "prepare_layer"]
 
@@ -19,16 +19,18 @@ __all__ = ["build_layer", "prepare_layer"]
 def build_layer(cp, rs, shape: Shape, dtype: str, bits, block_size: int, zero_points: bool, shared: bool = False):
     """Random quantized experts on the GPU (drawn and quantized ~32 MiB of floats at a time) with
     :func:`qmoe_rtc.random_layer.random_layer`: (weights by ORT name, attributes). FP8 (``bits`` fp8/fp8g):
-    e4m3 codes with float32 scales. The shape's router weight [E, H] comes along when it has a router
-    GEMM, its shared experts (and gate) with ``shared`` (int experts only: the FP8 targets time routed layers)."""
+    e4m3 codes with float32 scales; FP4 (``bits`` mxfp4/nvfp4): e2m1 codes in that format. The shape's router
+    weight [E, H] comes along when it has a router GEMM, its shared experts (and gate) with ``shared`` (int
+    experts only: the FP8 and FP4 points time routed layers)."""
     from ..random_layer import random_layer
 
-    fp8 = is_fp8(bits)
-    sh = shared and not fp8
-    return random_layer(rs, E=shape.E, H=shape.H, I=shape.I, k=shape.k, bits=8 if fp8 else (*bits, bits[0]),
-                        block_size=block_size, zero_points=bool(zero_points) and not fp8, dtype=dtype,
+    fp8, fp4 = is_fp8(bits), fp4_format(bits)
+    sh = shared and not (fp8 or fp4)
+    return random_layer(rs, E=shape.E, H=shape.H, I=shape.I, k=shape.k,
+                        bits=8 if fp8 else 4 if fp4 else (*bits, bits[0]),
+                        block_size=block_size, zero_points=bool(zero_points) and not (fp8 or fp4), dtype=dtype,
                         scale_dtype="float32" if fp8 else None, activation_type="swiglu", swiglu_fusion=1,
-                        normalize_routing_weights=1, format="fp8_e4m3" if fp8 else "int",
+                        normalize_routing_weights=1, format="fp8_e4m3" if fp8 else fp4 or "int",
                         progress=lambda *_: None, shared=shape.shared if sh else 0,
                         shared_gate=sh and shape.shared_gate, router_gemm=shape.router)
 

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["BENCH_SHAPES", "DEFAULT_PRESETS", "DEFAULT_TOKENS", "FP8_BITS", "TOL", "VARIANTS", "Shape",
+__all__ = ["BENCH_SHAPES", "DEFAULT_PRESETS", "DEFAULT_TOKENS", "FP4_BITS", "FP8_BITS", "TOL", "VARIANTS", "Shape",
            "block_for", "build_parser", "check_rows", "expert_bytes", "ext_flops", "extension_bytes",
-           "floor_bytes", "flop_count", "format_row", "is_fp8", "label_width",
+           "floor_bytes", "flop_count", "format_row", "fp4_format", "is_fp8", "quant_of", "label_width",
            "layout_problem", "near_tie_rows", "parse_args", "parse_bits", "parse_shape", "rel_err", "row_label",
            "table_header", "top_k_experts", "variants_for"]
 
@@ -24,6 +24,8 @@ DEFAULT_TOKENS = "1,2,4,8,16,32,64"
 VARIANTS = ("routed", "shared", "full")
 #: --bits values for FP8 experts: block scales of the run's block size, or one global scale per expert.
 FP8_BITS = {"fp8": "block", "fp8g": "global"}
+#: --bits values for FP4 experts [ext]: e2m1 codes, by format (its scale block along K).
+FP4_BITS = {"mxfp4": 32, "nvfp4": 16}
 
 
 @dataclass(frozen=True)
@@ -70,10 +72,11 @@ def parse_shape(text: str) -> Shape:
 
 
 def parse_bits(text: str) -> tuple:
-    """``4`` → (4, 4); ``4,2`` → (fc1 4, fc2 2); ``fp8`` / ``fp8g`` → ('fp8', 'fp8') / ('fp8g', 'fp8g')."""
+    """``4`` → (4, 4); ``4,2`` → (fc1 4, fc2 2); ``fp8`` / ``fp8g`` → ('fp8', 'fp8') / ('fp8g', 'fp8g');
+    ``mxfp4`` / ``nvfp4`` → ('mxfp4', 'mxfp4') / ('nvfp4', 'nvfp4')."""
     from ..quantize import SUPPORTED_BITS
 
-    if text.strip() in FP8_BITS:
+    if text.strip() in FP8_BITS or text.strip() in FP4_BITS:
         return (text.strip(),) * 2
     try:
         b = _ints(text)
@@ -81,12 +84,22 @@ def parse_bits(text: str) -> tuple:
         b = []
     if len(b) not in (1, 2) or any(x not in SUPPORTED_BITS for x in b):
         raise argparse.ArgumentTypeError(f"--bits wants b or fc1,fc2 with b in {SUPPORTED_BITS}, or one of "
-                                         f"{', '.join(FP8_BITS)}; got {text!r}")
+                                         f"{', '.join([*FP8_BITS, *FP4_BITS])}; got {text!r}")
     return (b[0], b[-1])
 
 
 def is_fp8(bits) -> bool:
     return bits[0] in FP8_BITS
+
+
+def fp4_format(bits) -> str | None:
+    """'mxfp4' / 'nvfp4' for FP4 --bits, else None."""
+    return bits[0] if bits[0] in FP4_BITS else None
+
+
+def quant_of(bits) -> str:
+    """The layer's quant_type for --bits: 'fp8', 'mxfp4', 'nvfp4' or 'int'."""
+    return "fp8" if is_fp8(bits) else fp4_format(bits) or "int"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -107,7 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="b, or fc1,fc2 (repeatable; default 4); fp8: FP8 e4m3 experts with float32 block scales of "
                         "the block size (a global scale per expert with --block-size 0); fp8g: FP8 with a global "
                         "scale per expert. With --bits 8 and fp8/fp8g at --tokens 1 and 4096 the FP8 targets are "
-                        "reported")
+                        "reported. mxfp4 / nvfp4: FP4 (e2m1) experts, their block of 32 / 16 (the floor counts the "
+                        "format's bytes: e8m0 / e4m3 scales)")
     p.add_argument("--block-size", type=int, help="0 (row-wise) or a power of two >= 16 (default 128, gpt-oss 32)")
     p.add_argument("--variants", default=",".join(VARIANTS),
                    help="for shapes with shared experts or a router GEMM, the layers timed per point: routed "
@@ -164,9 +178,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def block_for(shape: Shape, block_size, bits=None) -> int:
-    """The block size of a layer: --block-size, else the shape's; 0 for FP8 with a global scale (fp8g)."""
+    """The block size of a layer: --block-size, else the shape's; 0 for FP8 with a global scale (fp8g);
+    FP4: the format's block."""
     if bits is not None and FP8_BITS.get(bits[0]) == "global":
         return 0
+    if bits is not None and bits[0] in FP4_BITS:
+        return FP4_BITS[bits[0]]
     return shape.block_size if block_size is None else int(block_size)
 
 
@@ -174,7 +191,7 @@ def variants_for(shape: Shape, bits, wanted) -> list[str]:
     """The layers timed for ``shape``: 'routed' alone without [ext] parts or with FP8 experts (the FP8
     targets compare routed layers with int8), else the wanted ones it has (no 'shared' without shared
     experts)."""
-    if not shape.has_ext or is_fp8(bits):
+    if not shape.has_ext or is_fp8(bits) or fp4_format(bits):
         return ["routed"]
     return [v for v in VARIANTS if v in wanted and (v != "shared" or (shape.shared and shape.router))]
 
@@ -200,6 +217,8 @@ def _proj_bytes(N: int, K: int, bits, block_size: int, zero_points: bool, scale_
     if bits in FP8_BITS:  # one byte per weight + float32 scales: square blocks, or one per expert
         nbn, nbk = (-(-N // block_size), -(-K // block_size)) if block_size else (1, 1)
         return N * K + nbn * nbk * 4
+    if bits in FP4_BITS:  # the format's bytes: a nibble per weight, a byte per block (NVFP4: + the global)
+        return N * K // 2 + N * (K // FP4_BITS[bits]) + (4 if bits == "nvfp4" else 0)
     nb = K // block_size if block_size else 1
     packed = N * ((K * bits + 7) // 8)
     scales = N * nb * scale_itemsize

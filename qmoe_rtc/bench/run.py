@@ -33,11 +33,12 @@ left out of its check). Their floors add the shared experts' bytes (+ gate) and 
 and their FLOPs. Target: full_us <= 1.15·(routed_us + (shared + router bytes) / copy rate).
 
 ``--bits fp8`` / ``fp8g``: FP8 e4m3 experts, float32 block scales or one global scale per expert;
-1 byte per weight + scales in the floor. Per (shape, dtype), against ``--bits 8`` of the same run:
-FP8 %floor at 1 token >= 80 % of int8's, FP8 time at 4096 tokens <= 1.2× int8's. Decode (issue 13,
-default shapes, int4): %floor at 1-8 tokens vs the shape's target, int2 <= 0.65× int4 at 1 token on
-mixtral and gpt-oss (``bench/targets.py``). Targets print PASS / MISS and go to the JSON's ``targets``;
-a MISS does not fail the run.
+1 byte per weight + scales in the floor. ``--bits mxfp4`` / ``nvfp4``: FP4 e2m1 experts in that format;
+a nibble per weight + a byte per block in the floor (the engines hold float32 block scales).
+Per (shape, dtype), against ``--bits 8`` of the same run: FP8 %floor at 1 token >= 80 % of int8's, FP8
+time at 4096 tokens <= 1.2× int8's. Decode (issue 13, default shapes, int4): %floor at 1-8 tokens vs the
+shape's target, int2 <= 0.65× int4 at 1 token on mixtral and gpt-oss (``bench/targets.py``). Targets print
+PASS / MISS and go to the JSON's ``targets``; a MISS does not fail the run.
 
 A failing point prints ``ERR`` with the reason and the run goes on; the exit code is non-zero if any
 point failed.
@@ -64,11 +65,13 @@ from .report import (
     floor_bytes,
     flop_count,
     format_row,
+    fp4_format,
     is_fp8,
     label_width,
     layout_problem,
     near_tie_rows,
     parse_args,
+    quant_of,
     rel_err,
     table_header,
     variants_for,
@@ -228,10 +231,10 @@ def bench_layer(cp, torch, timer, ceil, args, shape, dtype, bits, rs, emit) -> N
     """Every token count (and variant) of one (shape, dtype, bits) layer; calls ``emit(point)`` per point."""
     from .._arrays import np_dtype
 
-    bs, fp8 = block_for(shape, args.block_size, bits), is_fp8(bits)
+    bs, float_codes = block_for(shape, args.block_size, bits), is_fp8(bits) or fp4_format(bits) is not None
     variants = variants_for(shape, bits, args.variants)
     base = dict(shape=shape.name, H=shape.H, I=shape.I, E=shape.E, k=shape.k, dtype=dtype, bits=list(bits),
-                block_size=bs, zero_points=bool(args.zero_points) and not fp8, quant="fp8" if fp8 else "int")
+                block_size=bs, zero_points=bool(args.zero_points) and not float_codes, quant=quant_of(bits))
     problem = layout_problem(shape, bs, bits)
     try:
         if not problem:
@@ -246,11 +249,12 @@ def bench_layer(cp, torch, timer, ceil, args, shape, dtype, bits, rs, emit) -> N
             for v in variants:
                 emit(dict(base, T=T, variant=v, error=problem))
         return
-    if fp8 and shape.has_ext:
-        print("  [fp8: routed layer only (the FP8 targets compare routed layers with int8)]", flush=True)
+    if float_codes and shape.has_ext:
+        print(f"  [{quant_of(bits)}: routed layer only]", flush=True)
     tw, terr0 = None, None
-    if torch is not None and fp8:
-        print("  torch baseline: not run for fp8 (it runs the same dense dequantized weights as for int bits)")
+    if torch is not None and float_codes:
+        print(f"  torch baseline: not run for {quant_of(bits)} (it runs the same dense dequantized weights as for int "
+              "bits)")
     elif torch is not None:
         try:
             tw = torch_weights(cp, torch, weights, shape, dtype, bits, bs)
