@@ -1,7 +1,10 @@
 """Quantized MoE checkpoints into QMoE layers: GPTQ (v1 / v2 zero points, 2/4/8-bit, per-group or
-per-channel), AWQ (GEMM, 4-bit) and compressed-tensors ``pack-quantized`` (1/2/4/8-bit, symmetric or
-not, group or channel) safetensors checkpoints of Mixtral-style and ``mlp.experts`` (Qwen-MoE, OLMoE,
-DeepSeek routed experts) models, converted losslessly into the contract layout::
+per-channel), AWQ (GEMM, 4-bit), compressed-tensors ``pack-quantized`` (1/2/4/8-bit, symmetric or
+not, group or channel), FP8 with square block scales and NVIDIA ModelOpt NVFP4 (``quant_method:
+modelopt``, ``quant_algo: NVFP4``; or an ``hf_quant_config.json``) safetensors checkpoints of
+Mixtral-style and ``mlp.experts`` (Qwen-MoE, OLMoE, DeepSeek routed experts) models, and gpt-oss's
+MXFP4 experts (``quant_method: mxfp4``, fused ``mlp.experts.gate_up_proj_blocks``; the router's bias in
+``LoadedLayer.router_bias``), converted losslessly into the contract layout::
 
     from qmoe_rtc.checkpoints import load_layer, moe_layers
     layer = load_layer("Qwen3-30B-A3B-GPTQ-Int4/", 0)            # LoadedLayer
@@ -11,7 +14,8 @@ DeepSeek routed experts) models, converted losslessly into the contract layout::
     # or: QMoE(**layer.weights, **layer.attributes, router_weight=layer.router_weight.astype(...))
 
 Needs the ``safetensors`` package (``pip install qmoe_rtc[checkpoints]``). The formats' storage is in
-:mod:`qmoe_rtc.checkpoints.formats`, the naming schemes in :mod:`qmoe_rtc.checkpoints.layer`.
+:mod:`qmoe_rtc.checkpoints.formats` (gpt-oss's in :mod:`qmoe_rtc.checkpoints.gpt_oss`), the naming
+schemes in :mod:`qmoe_rtc.checkpoints.layer`.
 
 ONNX models with ``com.microsoft::QMoE`` nodes (ONNX Runtime GenAI's builder writes them)::
 

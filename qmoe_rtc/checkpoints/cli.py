@@ -48,10 +48,14 @@ def _layers(ckpt, a, load_layer, moe_layers) -> int:
         E, N1 = w["fc1_experts_weights"].shape[:2]
         H = w["fc2_experts_weights"].shape[1]
         nbytes = sum(v.nbytes for v in w.values())
-        zp = "zero points" if "fc1_zero_points" in w or "fc2_zero_points" in w else "symmetric"
         router = "router [E, H]" if got.router_weight is not None else "no router"
-        print(f"layer {L}: E={E} H={H} I={N1 // 2} k={at['k']} int{at['expert_weight_bits']} "
-              f"block {at['block_size'] or 'row-wise'} {zp}, {router}, {nbytes / 2**20:.1f} MiB")
+        if got.router_bias is not None:
+            router += " + bias [E]"
+        qt = at.get("quant_type", "int")
+        codes = f"int{at['expert_weight_bits']}" if qt == "int" else qt  # fp8 / mxfp4 / nvfp4: no zero points
+        zp = "" if qt != "int" else " zero points" if "fc1_zero_points" in w or "fc2_zero_points" in w else " symmetric"
+        print(f"layer {L}: E={E} H={H} I={N1 // 2} k={at['k']} {codes} "
+              f"block {at['block_size'] or 'row-wise'}{zp}, {router}, {nbytes / 2**20:.1f} MiB")
     return 0
 
 

@@ -33,6 +33,17 @@ FP8 with square block scales (DeepSeek-V3, Qwen3 FP8: ``quant_method: fp8``, ``w
     weight            [N, K] float8_e4m3fn
     weight_scale_inv  [ceil(N/b), ceil(K/b)] float32   w = e4m3(weight) · weight_scale_inv (the contract's
                                                        FP8 block scales, so the bytes carry over as they are)
+
+NVFP4 (NVIDIA ModelOpt, ``quant_method: modelopt``, ``quant_algo: NVFP4``, group_size 16)::
+
+    weight          [N, K/2] uint8             two e2m1 codes per byte along K, the even element in the low nibble
+    weight_scale    [N, K/16] float8_e4m3fn    one e4m3 scale per block of 16 codes
+    weight_scale_2  [] or [1] float32          the global scale: w = e2m1(q) · e4m3(weight_scale) · weight_scale_2
+    input_scale     [] float32                 the activation scale of W4A4 inference: not read (the layer is
+                                               weight-only, its activations stay 16/32-bit)
+
+the contract's NVFP4 experts (:mod:`qmoe_rtc.fp4`): the codes and scale bytes carry over as they are,
+the global scale into ``fc*_global_scale`` (``Quantized.global_scale``, one per row).
 """
 
 from __future__ import annotations
@@ -41,10 +52,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._arrays import FLOAT_DTYPES, dtype_name
 from ..errors import QMoEInputError, QMoEUnsupportedError
 from ..quantize import unpack_codes
 
-__all__ = ["AWQ_ORDER", "Quantized", "awq", "compressed", "fp8_blocks", "gptq"]
+__all__ = ["AWQ_ORDER", "Quantized", "awq", "compressed", "fp8_blocks", "gptq", "nvfp4"]
 
 #: Which of 8 consecutive outputs AWQ's GEMM packing puts in nibble i of a word.
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
@@ -60,6 +72,7 @@ class Quantized:
     bits: int
     group: int  # block size along K, 0: one scale per row
     square: bool = False  # FP8: scales [ceil(N/group), ceil(K/group)], square blocks (q holds e4m3 bytes)
+    global_scale: np.ndarray | None = None  # NVFP4: float32 [N], each row's global scale (q: e2m1 codes)
 
 
 def _words(a, name: str, shape: tuple) -> np.ndarray:
@@ -166,6 +179,33 @@ def fp8_blocks(get, prefix: str, block: int, K: int, N: int) -> Quantized:
     if s.dtype.kind != "f" or tuple(s.shape) != want:
         raise QMoEInputError(f"{prefix}.weight_scale_inv", f"float {list(want)}", f"{s.dtype} {list(s.shape)}")
     return Quantized(q, np.ascontiguousarray(s.astype(np.float32)), None, 8, block, square=True)
+
+
+def nvfp4(get, prefix: str, K: int, N: int) -> Quantized:
+    """The ModelOpt NVFP4 tensors ``prefix.weight`` / ``weight_scale`` / ``weight_scale_2`` of a [N, K]
+    projection (``input_scale`` is not read: module docstring)."""
+    from ..fp4 import check_fp4_scales
+
+    name = f"{prefix}.weight"
+    if K % 16:
+        raise QMoEInputError(name, "K a multiple of 16 (NVFP4 blocks of 16 codes)", f"K = {K}")
+    w = get(name)
+    if str(w.dtype) != "uint8" or tuple(w.shape) != (N, K // 2):
+        raise QMoEInputError(name, f"uint8 [{N}, {K // 2}] (two e2m1 codes per byte)", f"{w.dtype} {list(w.shape)}")
+    s = get(f"{prefix}.weight_scale")
+    if str(s.dtype) not in ("float8_e4m3fn", "uint8") or tuple(s.shape) != (N, K // 16):
+        raise QMoEInputError(f"{prefix}.weight_scale", f"float8_e4m3fn [{N}, {K // 16}]", f"{s.dtype} {list(s.shape)}")
+    s = np.ascontiguousarray(s).view(np.uint8)  # the e4m3 bytes, as the contract takes them
+    check_fp4_scales("nvfp4", s, name=f"{prefix}.weight_scale")
+    gn = f"{prefix}.weight_scale_2"
+    g = get(gn)
+    if dtype_name(g) not in FLOAT_DTYPES or g.ndim > 1 or g.size != 1:  # float16 / bfloat16: exact in float32
+        raise QMoEInputError(gn, "a float32 scalar (shape [] or [1])", f"{g.dtype} {list(g.shape)}")
+    g32 = np.asarray(g).astype(np.float32).reshape(())
+    if not np.isfinite(g32) or g32 <= 0:
+        raise QMoEInputError(gn, "a finite, positive global scale", str(float(g32)))
+    q = unpack_codes(np.ascontiguousarray(w), 4, K)  # [N, K] e2m1 codes
+    return Quantized(q, s, None, 4, 16, global_scale=np.full(N, g32, dtype=np.float32))
 
 
 def _zeros_or_none(zeros: np.ndarray, bits: int):

@@ -1,7 +1,8 @@
 """A model's MoE layer from its checkpoint, as the contract's inputs: the experts' gate and up
 projections stacked into FC1 with ``swiglu_fusion=2`` (the I gate rows, then the I up rows), the down
 projections into FC2, codes packed along K, scales [E, N, K/group] (row-wise: [E, N]), zero points
-packed when they are not all 2^(b−1).
+packed when they are not all 2^(b−1). NVFP4 (ModelOpt) projections also give ``fc*_global_scale``: [E]
+when every row of an expert's FC shares its ``weight_scale_2`` (gate and up equal), else [E, N] per row.
 
 Naming schemes (the expert tensors' prefix; ``{L}`` layer, ``{e}`` expert; ``router`` the gate's linear):
 
@@ -9,6 +10,8 @@ Naming schemes (the expert tensors' prefix; ``{L}`` layer, ``{e}`` expert; ``rou
     moe_mlp      model.layers.{L}.mlp.experts.{e}.gate_proj / up_proj / down_proj   router mlp.gate
                  (Qwen2/3-MoE, OLMoE, DeepSeek); shared experts: mlp.shared_expert (Qwen2-MoE, with the
                  sigmoid gate mlp.shared_expert_gate) or mlp.shared_experts (DeepSeek)
+    gpt_oss      model.layers.{L}.mlp.experts.gate_up_proj_blocks …: every expert fused in one tensor
+                 (gpt-oss MXFP4, read by :mod:`qmoe_rtc.checkpoints.gpt_oss`)   router mlp.router
 
 A shared MLP of intermediate size S·I (S times the routed experts' I) is split along its intermediate
 dimension into S shared experts of I each: a SwiGLU MLP is the sum of the MLPs on any split of its
@@ -29,7 +32,7 @@ from ..quantize import pack_codes
 from . import formats
 from .source import Checkpoint
 
-__all__ = ["SCHEMES", "LoadedLayer", "load_layer", "moe_layers"]
+__all__ = ["FUSED_SCHEMES", "SCHEMES", "LoadedLayer", "load_layer", "moe_layers"]
 
 #: scheme -> (expert prefix, (gate, up, down) names, router prefix, shared-expert prefixes, shared gate prefix)
 SCHEMES = {
@@ -39,6 +42,8 @@ SCHEMES = {
                 ("model.layers.{L}.mlp.shared_expert", "model.layers.{L}.mlp.shared_experts"),
                 "model.layers.{L}.mlp.shared_expert_gate"),
 }
+#: scheme -> the tensor that marks a layer's experts, for models storing every expert in one tensor
+FUSED_SCHEMES = {"gpt_oss": "model.layers.{L}.mlp.experts.gate_up_proj_blocks"}
 
 
 @dataclass
@@ -46,12 +51,14 @@ class LoadedLayer:
     """A layer's contract inputs: ``QMoE(**weights, **attributes)``. The scales keep their stored dtype
     (GPTQ and AWQ: float16), which fixes the dtype the layer is called with. ``router_weight`` [E, H] (the
     gate's linear, in its stored dtype) is left out of ``weights``: pass it as ``router_weight=`` for
-    logits computed in the layer, in the dtype you call the layer with."""
+    logits computed in the layer, in the dtype you call the layer with; ``router_bias`` [E] likewise
+    (gpt-oss's router has one; None for the others)."""
 
     weights: dict
     attributes: dict
     router_weight: np.ndarray | None
     source: dict = field(default_factory=dict)  # contract input -> checkpoint tensors it came from
+    router_bias: np.ndarray | None = None
 
 
 class _Reader:
@@ -67,15 +74,21 @@ class _Reader:
         return self.ckpt.get(name) if self.ckpt.has(name) else None
 
 
+def _marker(scheme: str) -> str:
+    """The name prefix ({L} the layer, {e} an expert) that a layer's experts of ``scheme`` start with."""
+    return FUSED_SCHEMES[scheme] if scheme in FUSED_SCHEMES else SCHEMES[scheme][0] + "."
+
+
 def _scheme(ckpt: Checkpoint, layer: int, scheme: str | None) -> str:
+    names = [*SCHEMES, *FUSED_SCHEMES]
     if scheme is not None:
-        if scheme not in SCHEMES:
-            raise QMoEInputError("scheme", f"one of {list(SCHEMES)} or None (found from the names)", repr(scheme))
+        if scheme not in names:
+            raise QMoEInputError("scheme", f"one of {names} or None (found from the names)", repr(scheme))
         return scheme
-    for name, (prefix, *_rest) in SCHEMES.items():
-        if any(n.startswith(prefix.format(L=layer, e=0) + ".") for n in ckpt.names):
+    for name in names:
+        if any(n.startswith(_marker(name).format(L=layer, e=0)) for n in ckpt.names):
             return name
-    raise QMoEInputError("checkpoint", f"MoE experts of layer {layer} named as one of {list(SCHEMES)} "
+    raise QMoEInputError("checkpoint", f"MoE experts of layer {layer} named as one of {names} "
                          "(e.g. model.layers.{L}.mlp.experts.{e}.gate_proj.qweight)", f"none in {ckpt.path}")
 
 
@@ -87,10 +100,11 @@ def moe_layers(path, scheme: str | None = None) -> list[int]:
     """The layer indices whose MoE experts the checkpoint at ``path`` (or a :class:`Checkpoint`) holds."""
     ckpt = _checkpoint(path)
     found = set()
+    pats = [re.escape(_marker(s)).replace(r"\{L\}", r"(\d+)").replace(r"\{e\}", r"\d+")
+            for s in ([scheme] if scheme else [*SCHEMES, *FUSED_SCHEMES])]
     for name in ckpt.names:
-        for prefix, *_rest in (SCHEMES[scheme],) if scheme else SCHEMES.values():
-            pat = re.escape(prefix).replace(r"\{L\}", r"(\d+)").replace(r"\{e\}", r"\d+")
-            if m := re.match(pat + r"\.", name):
+        for pat in pats:
+            if m := re.match(pat, name):
                 found.add(int(m.group(1)))
     return sorted(found)
 
@@ -100,6 +114,8 @@ def _format(ckpt: Checkpoint) -> dict:
     version or compressed-tensors' symmetry."""
     q = ckpt.quantization
     method = q.get("quant_method")
+    if method in ("modelopt", "mxfp4"):
+        return _fp4_format(q)
     if method == "gptq":
         fmt = str(q.get("checkpoint_format", "gptq")).lower()
         return dict(method=method, bits=int(q.get("bits", 4)), group=int(q.get("group_size", 128)),
@@ -133,7 +149,26 @@ def _format(ckpt: Checkpoint) -> dict:
                                        "(per-tensor scales would give FC1's gate and up rows two scales)")
         return dict(method=method, bits=8, group=int(bs[0]))
     raise QMoEUnsupportedError(f"config.json quantization_config.quant_method {method!r}: GPTQ, AWQ, "
-                               "compressed-tensors (pack-quantized) and FP8 block checkpoints are read")
+                               "compressed-tensors (pack-quantized), FP8 block, gpt-oss MXFP4 (mxfp4) and "
+                               "ModelOpt NVFP4 (modelopt) checkpoints are read")
+
+
+def _fp4_format(q: dict) -> dict:
+    """gpt-oss's MXFP4 (``mxfp4``: the fused experts :mod:`qmoe_rtc.checkpoints.gpt_oss` reads) or NVIDIA
+    ModelOpt's NVFP4 (``modelopt`` with ``quant_algo: NVFP4``, blocks of 16: :func:`formats.nvfp4`)."""
+    if q["quant_method"] == "mxfp4":
+        return dict(method="mxfp4", bits=4, group=32)
+    if str(q.get("quant_algo", "")).upper() != "NVFP4":
+        raise QMoEUnsupportedError(f"ModelOpt quant_algo {q.get('quant_algo')!r}: NVFP4 checkpoints are read "
+                                   "(FP8, INT4 AWQ and mixed-precision ModelOpt exports are not)")
+    group = q.get("group_size")
+    if group is None:  # newer exports keep it in config_groups' weights only
+        ws = [g.get("weights") or {} for g in (q.get("config_groups") or {}).values() if isinstance(g, dict)]
+        group = next((w["group_size"] for w in ws if w.get("group_size")), 16)
+    if int(group) != 16:
+        raise QMoEUnsupportedError(f"ModelOpt NVFP4 with group_size {group}: blocks of 16 codes (one e4m3 scale "
+                                   "each, the contract's NVFP4) are read")
+    return dict(method="modelopt", bits=4, group=16)
 
 
 def _projection(read, fmt: dict, prefix: str, K: int, N: int) -> formats.Quantized:
@@ -143,14 +178,17 @@ def _projection(read, fmt: dict, prefix: str, K: int, N: int) -> formats.Quantiz
         return formats.awq(read, prefix, fmt["bits"], fmt["group"], K, N)
     if fmt["method"] == "fp8":
         return formats.fp8_blocks(read, prefix, fmt["group"], K, N)
+    if fmt["method"] == "modelopt":
+        return formats.nvfp4(read, prefix, K, N)
     return formats.compressed(read, prefix, fmt["bits"], fmt["group"], K, N, fmt["symmetric"])
 
 
 def load_layer(path, layer: int, *, scheme: str | None = None, progress=None) -> LoadedLayer:
-    """Layer ``layer``'s experts from the GPTQ, AWQ or compressed-tensors checkpoint at ``path`` (a .safetensors file or a
-    folder with ``config.json``, or an open :class:`~qmoe_rtc.checkpoints.source.Checkpoint` to read many
-    layers through), converted losslessly into the contract's inputs (``LoadedLayer``).
-    ``progress(done, total)``, when given, is called after each expert. Raises ``QMoEInputError`` naming
+    """Layer ``layer``'s experts from the GPTQ, AWQ, compressed-tensors, FP8, gpt-oss MXFP4 or ModelOpt NVFP4
+    checkpoint at ``path`` (a .safetensors file or a folder with ``config.json``, or an open
+    :class:`~qmoe_rtc.checkpoints.source.Checkpoint` to read many layers through), converted losslessly
+    into the contract's inputs (``LoadedLayer``). ``progress(done, total)``, when given, is called after
+    each expert (gpt-oss: once, its experts being read together). Raises ``QMoEInputError`` naming
     the tensor that is missing or malformed, ``QMoEUnsupportedError`` for a format it does not read."""
     ckpt = _checkpoint(path)
     try:
@@ -161,11 +199,19 @@ def load_layer(path, layer: int, *, scheme: str | None = None, progress=None) ->
 
 
 def _load(ckpt: Checkpoint, layer: int, scheme: str | None, progress) -> LoadedLayer:
-    fmt = _format(ckpt)
-    bits, group = fmt["bits"], fmt["group"]
     scheme = _scheme(ckpt, layer, scheme)
+    if scheme == "gpt_oss":
+        from .gpt_oss import load_gpt_oss
+
+        return load_gpt_oss(ckpt, layer, progress)
+    fmt = _format(ckpt)
+    if fmt["method"] == "mxfp4":
+        raise QMoEUnsupportedError(f"quant_method 'mxfp4' with per-expert projections ({scheme}): gpt-oss's fused "
+                                   "experts (mlp.experts.gate_up_proj_blocks ...) are the MXFP4 storage read")
+    bits, group = fmt["bits"], fmt["group"]
     prefix, (gate, up, down), router, shared, shared_gate = SCHEMES[scheme]
-    scale = {"compressed-tensors": "weight_scale", "fp8": "weight_scale_inv"}.get(fmt["method"], "scales")
+    scale = {"compressed-tensors": "weight_scale", "fp8": "weight_scale_inv", "modelopt": "weight_scale"}.get(
+        fmt["method"], "scales")
     sp = next((q.format(L=layer) for q in shared if ckpt.has(f"{q.format(L=layer)}.{gate}.{scale}")), None)
     if sp is None and (stray := [n for n in ckpt.names if any(n.startswith(q.format(L=layer) + ".") for q in shared)]):
         raise QMoEInputError(stray[0].rsplit(".", 2)[0] + f".{gate}.{scale}", "the shared expert's gate projection "
@@ -194,15 +240,16 @@ def _load(ckpt: Checkpoint, layer: int, scheme: str | None, progress) -> LoadedL
     if sp is not None:
         weights.update(_shared(read, fmt, sp, (gate, up, down), scale, H, I))
         g = read.optional(f"{shared_gate.format(L=layer)}.weight") if shared_gate else None
-        if g is not None:  # Linear(H, 1): [1, H] -> [H]
-            weights["shared_gate_weight"] = _as_if_exact(np.asarray(g).reshape(-1), weights["fc1_scales"].dtype)
+        if g is not None:  # Linear(H, 1): [1, H] -> [H]; beside FP4's byte scales: float32
+            sdt = weights["fc1_scales"].dtype
+            weights["shared_gate_weight"] = _as_if_exact(np.asarray(g).reshape(-1), sdt if sdt.kind == "f" else np.float32)
     cfg = ckpt.config
     _check_routing(cfg)
     k = int(cfg.get("num_experts_per_tok", cfg.get("num_experts_per_token", 2)))
     attrs = dict(k=k, activation_type="swiglu", swiglu_fusion=2, expert_weight_bits=bits, block_size=max(group, 0),
                  normalize_routing_weights=int(bool(cfg.get("norm_topk_prob", scheme == "mixtral"))))
-    if fmt["method"] == "fp8":
-        attrs["quant_type"] = "fp8"
+    if fmt["method"] in ("fp8", "modelopt"):
+        attrs["quant_type"] = "fp8" if fmt["method"] == "fp8" else "nvfp4"
     rw = read.optional(f"{router.format(L=layer)}.weight")
     src = {"fc1_experts_weights": f"{prefix.format(L=layer, e='*')}.{{{gate},{up}}}",
            "fc2_experts_weights": f"{prefix.format(L=layer, e='*')}.{down}"}
@@ -246,7 +293,8 @@ def _rows(p: formats.Quantized, start: int, n: int) -> formats.Quantized:
     """Outputs [start, start + n) of a projection (FP8: whole blocks of rows)."""
     z = None if p.zeros is None else p.zeros[start:start + n]
     s = p.scales[start // p.group:(start + n) // p.group] if p.square else p.scales[start:start + n]
-    return formats.Quantized(p.q[start:start + n], s, z, p.bits, p.group, p.square)
+    g = None if p.global_scale is None else p.global_scale[start:start + n]
+    return formats.Quantized(p.q[start:start + n], s, z, p.bits, p.group, p.square, g)
 
 
 def _cols(p: formats.Quantized, start: int, n: int) -> formats.Quantized:
@@ -254,7 +302,7 @@ def _cols(p: formats.Quantized, start: int, n: int) -> formats.Quantized:
     blocks = slice(start // p.group, (start + n) // p.group) if p.group else slice(None)
     z = None if p.zeros is None else p.zeros[:, blocks]
     return formats.Quantized(np.ascontiguousarray(p.q[:, start:start + n]), p.scales[:, blocks], z, p.bits, p.group,
-                             p.square)
+                             p.square, p.global_scale)
 
 
 def _as_if_exact(a: np.ndarray, dtype) -> np.ndarray:
@@ -286,4 +334,7 @@ def _stack(name: str, rows: list[tuple], bits: int) -> dict:
                                       for p in parts]) for parts in rows])  # [E, N, nb]
         # block-wise: packed along the blocks [E, N, ceil(nb·b/8)]; row-wise: along N [E, ceil(N·b/8)]
         out[f"{name}_zero_points"] = pack_codes(z, bits) if rows[0][0].group else pack_codes(z[..., 0], bits)
+    if rows[0][0].global_scale is not None:  # NVFP4: [E, N] per row, [E] where each expert's rows share one
+        g = np.stack([np.concatenate([p.global_scale for p in parts]) for parts in rows])
+        out[f"{name}_global_scale"] = np.ascontiguousarray(g[:, 0]) if np.all(g == g[:, :1]) else g
     return out

@@ -25,7 +25,7 @@ def _safetensors():
 
 
 #: safetensors dtype names NumPy lacks, read through ml_dtypes by :func:`_float8`.
-_FLOAT8 = {"F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
+_FLOAT8 = {"F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "F8_E8M0": "float8_e8m0fnu"}
 
 
 def _float8(path: Path, name: str):
@@ -68,6 +68,8 @@ class Checkpoint:
         self._open: dict[Path, object] = {}  # file -> its open safe_open handle
         cfg = folder / "config.json"
         self.config: dict = json.loads(cfg.read_text()) if cfg.is_file() else {}
+        hf = folder / "hf_quant_config.json"  # ModelOpt's older exports: the quantization beside config.json
+        self._hf_quant: dict = json.loads(hf.read_text()) if hf.is_file() else {}
 
     @property
     def names(self) -> list[str]:
@@ -104,8 +106,16 @@ class Checkpoint:
 
     @property
     def quantization(self) -> dict:
-        """``config.json``'s ``quantization_config`` (empty when there is none)."""
-        q = self.config.get("quantization_config") or {}
+        """``config.json``'s ``quantization_config``; without one, the ``quantization`` object of an
+        ``hf_quant_config.json`` beside it (NVIDIA ModelOpt's exports) with ``quant_method: modelopt``;
+        empty when there is neither."""
+        q = self.config.get("quantization_config")
+        if not q and self._hf_quant:
+            hq = self._hf_quant.get("quantization")
+            if not isinstance(hq, dict):
+                raise QMoEInputError("hf_quant_config.json quantization", "an object", type(hq).__name__)
+            return {"quant_method": "modelopt", **hq}
+        q = q or {}
         if not isinstance(q, dict):
             raise QMoEInputError("config.json quantization_config", "an object", type(q).__name__)
         return q
