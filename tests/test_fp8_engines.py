@@ -217,10 +217,10 @@ def test_e4m3_conversion_is_the_hardware_cvt_from_sm89(cache):
 
     src = ('#include "core/mma_pair.cuh"\n'
            'extern "C" __global__ void k(const unsigned* w, unsigned* o, float s) {\n'
-           '  qmoe::Coef c = qmoe::MmaDeq<__half, 8, true>::coef(qmoe::ScaleZp{s, 0.0f});\n'
+           '  qmoe::Coef c = qmoe::MmaDeq<__half, 8, qmoe::ZP_FP8>::coef(qmoe::ScaleZp{s, 0.0f});\n'
            '  const unsigned v[8] = {w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]};\n'
-           '  o[threadIdx.x] = qmoe::MmaDeq<__half, 8, true>::pair<false>(v, threadIdx.x & 15, c) ^\n'
-           '                   qmoe::MmaDeq<__nv_bfloat16, 8, true>::pair<true>(v, threadIdx.x & 15, c);\n'
+           '  o[threadIdx.x] = qmoe::MmaDeq<__half, 8, qmoe::ZP_FP8>::pair<false>(v, threadIdx.x & 15, c) ^\n'
+           '                   qmoe::MmaDeq<__nv_bfloat16, 8, qmoe::ZP_FP8>::pair<true>(v, threadIdx.x & 15, c);\n'
            '}\n')
     for arch, hw in (("sm_89", True), ("sm_90", True), ("sm_80", False)):
         ptx = compiler.compile_ptx_listing("e4m3_cvt", src, {}, arch, compiler.base_options(arch))

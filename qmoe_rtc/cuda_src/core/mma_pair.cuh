@@ -4,7 +4,7 @@
 //
 // Dequantization: (magic | q) − (magic + zp) is exact in f16 (magic 1024) and bf16 (magic 128, q < 128);
 // bf16 with 8-bit codes goes through float32 ((2^23 | q) − (2^23 + zp)), rounded once (exact: |q − zp| ≤ 255).
-// FP8 (e4m3fn codes, MmaDeq<T, 8, true>): int8's pairs (bytes j and j + 2 of a word), converted by
+// FP8 (e4m3fn codes, MmaDeq<T, 8, ZP_FP8>): int8's pairs (bytes j and j + 2 of a word), converted by
 // cvt.rn.f16x2.e4m3x2 (sm_89+; the low byte becomes the low half), exact in f16; bf16 goes through
 // float32 (exact: every e4m3 value is a bf16 value). NaN codes stay NaN. Below sm_89 (the engines
 // refuse FP8 there) the same values come from e4m3_to_float.
