@@ -195,3 +195,16 @@ def test_upload_binds_float32_block_scales(rng, fmt):
         want = engine_scales(fmt, w[f"{p}_scales"], w.get(f"{p}_global_scale"))
         assert zp is None and codes.shape == w[f"{p}_experts_weights"].shape
         np.testing.assert_array_equal(np.asarray(scales), want)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_fp4_layers_are_tiled_by_default_and_warm_plans_the_same(rng, fmt):
+    """Without biases nothing fixes the activation dtype, yet an FP4 layer is tiled ('auto'), and the
+    config warm / precompile build from (executor_config) is tiled too: no request waits for a compile."""
+    from qmoe_rtc.runtime.layer import executor_config, prepack_choice
+
+    w, a = _layer(rng, fmt, bias=False)
+    layer = describe_layer(w, QMoEAttributes.from_kwargs(**a))
+    assert layer.dtype is None and prepack_choice(None, layer, None, 0) is True
+    assert prepack_choice("off", layer, None, 0) is False
+    assert executor_config(layer_config(layer, "bfloat16", layer_scale_dtype(layer))).layout.tiled
