@@ -3,7 +3,9 @@ the arguments in the specs' order, so a spec list out of step with the ``__globa
 pointers as integers or shift every argument after the slip. NVRTC's lowered (mangled) name of a
 kernel carries its parameter types; demangled, they are compared one by one with the specs: a pointer
 to the spec's dtype for a ``Ptr`` (any pointer for ``Ptr(dtype=None)``), the scalar type for a
-``Scalar``. Names cannot be compared this way (mangling drops them); order, count and types can."""
+``Scalar``, the struct's name for a ``Struct`` (its members are checked against the declaration in
+cuda_src/core/args.cuh by tests/test_kernel_args.py). Names cannot be compared this way (mangling drops
+them); order, count and types can."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import ctypes.util
 import shutil
 import subprocess
 
-from qmoe_rtc.jit import Ptr, Scalar
+from qmoe_rtc.jit import Ptr, Scalar, Struct
 
 #: The C++ spelling (as the demangler prints it) of each dtype name the specs use.
 C_TYPES = {
@@ -76,7 +78,9 @@ def _matches(spec, ctype: str) -> bool:
         return spec.dtype is None or pointee in C_TYPES[spec.dtype]
     if isinstance(spec, Scalar):
         return ctype in C_TYPES[spec.ctype]
-    raise TypeError(f"an argument spec is a Ptr or a Scalar, not {type(spec).__name__}")
+    if isinstance(spec, Struct):  # 'qmoe::Proj<__half>' -> 'Proj'
+        return ctype.split("<")[0].split("::")[-1].strip() == spec.ctype
+    raise TypeError(f"an argument spec is a Ptr, a Scalar or a Struct, not {type(spec).__name__}")
 
 
 def mismatches(kernel, lowered: str) -> list[str]:
@@ -89,6 +93,6 @@ def mismatches(kernel, lowered: str) -> list[str]:
         out.append(f"{kernel.key}: {len(kernel.args)} argument specs, {len(types)} parameters in {sig}")
     for i, (spec, ctype) in enumerate(zip(kernel.args, types)):
         if not _matches(spec, ctype):
-            want = f"Ptr({spec.dtype})" if isinstance(spec, Ptr) else f"Scalar({spec.ctype})"
+            want = f"{type(spec).__name__}({getattr(spec, 'dtype', None) or getattr(spec, 'ctype', None)})"
             out.append(f"{kernel.key} argument {i} '{spec.name}': spec {want}, parameter '{ctype}'")
     return out

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from qmoe_rtc.errors import CompileError, QMoEAttributeError, QMoEInputError
-from qmoe_rtc.jit import KernelDef, Launch, ParamBlock, Ptr, Scalar, check_arch, disk_entry_dir, get_cubin
+from qmoe_rtc.jit import KernelDef, Launch, ParamBlock, Ptr, Scalar, Struct, check_arch, disk_entry_dir, get_cubin
+from qmoe_rtc.jit.args import param_layout
 from qmoe_rtc.kernels import KernelFamily, get_family, register, spec_unit
 from qmoe_rtc.kernels.dequant import dequant_spec
 
@@ -102,12 +103,12 @@ def test_param_block_packs_each_argument_as_its_declared_c_type():
     pb = ParamBlock(kd, dict(n=-3, m=np.int64(2**40), f=0.5, p=None, q=0xDEAD0))
     raw = pb.values
     assert raw[0:1].view(np.int32)[0] == -3 and raw[1] == 2**40
-    assert raw[2:3].view(np.float32)[0] == np.float32(0.5) and pb.value(3) == 0 and pb.value(4) == 0xDEAD0
+    assert raw[2:3].view(np.float32)[0] == np.float32(0.5) and pb.value("p") == 0 and pb.value("q") == 0xDEAD0
     addrs = np.frombuffer(np.ctypeslib.as_array((np.ctypeslib.ctypes.c_uint64 * 5).from_address(pb.address)),
                           dtype=np.uint64)
     assert list(addrs) == [raw.ctypes.data + 8 * i for i in range(5)]  # void** points at each slot
-    pb.set_pointer(4, 0xBEEF0)
-    assert pb.value(4) == 0xBEEF0
+    pb.set_pointer("q", 0xBEEF0)
+    assert pb.value("q") == 0xBEEF0 and pb.word("q") == 4
     for bad in (dict(n=2**31), dict(n=1.5), dict(n=True), dict(f="x"), dict(q=None)):
         with pytest.raises(QMoEInputError):
             ParamBlock(kd, {**dict(n=1, m=1, f=0.5, p=None, q=16), **bad})
@@ -115,6 +116,28 @@ def test_param_block_packs_each_argument_as_its_declared_c_type():
         ParamBlock(kd, dict(n=1, m=1, f=0.5, p=None))  # q missing
     with pytest.raises(QMoEInputError):
         ParamBlock(kd, dict(n=1, m=1, f=0.5, p=None, q=np.zeros(3, np.uint8)))  # host array for a device pointer
+
+
+def test_param_block_lays_struct_parameters_out_as_c_does():
+    # struct A { int a; double-aligned void* p; float f; }  -> a@0 p@8 f@16, size 24 (padded to 8)
+    # kernel(int n, A s, float g, struct B { float x; int y; } t) -> n@0 s@8 g@32 t@36 (48 bytes with the tail)
+    a = Struct("s", "A", (Scalar("a", "int32"), Ptr("p", "uint8"), Scalar("f", "float32")))
+    b = Struct("t", "B", (Scalar("x", "float32"), Scalar("y", "int32")))
+    kd = KernelDef("k", "k", (Scalar("n", "int32"), a, Scalar("g", "float32"), b))
+    assert kd.arg_names() == ("n", "a", "p", "f", "g", "x", "y")
+    tops, flat, size = param_layout(kd.args)
+    assert tops == [0, 8, 32, 36] and [o for _, o in flat] == [0, 8, 16, 24, 32, 36, 40] and size == 48
+    pb = ParamBlock(kd, dict(n=7, a=-1, p=0xABC0, f=2.0, g=3.0, x=4.0, y=9))
+    raw = pb.values.view(np.uint8)
+    assert raw[:4].view(np.int32)[0] == 7 and raw[8:12].view(np.int32)[0] == -1
+    assert pb.value("p") == 0xABC0 and pb.word("p") == 2 and raw[24:28].view(np.float32)[0] == 2.0
+    assert raw[32:36].view(np.float32)[0] == 3.0 and raw[36:40].view(np.float32)[0] == 4.0
+    assert raw[40:44].view(np.int32)[0] == 9
+    addrs = np.frombuffer(np.ctypeslib.as_array((np.ctypeslib.ctypes.c_uint64 * 4).from_address(pb.address)),
+                          dtype=np.uint64)
+    assert list(addrs) == [pb.values.ctypes.data + o for o in (0, 8, 32, 36)]  # one void* per parameter
+    with pytest.raises(QMoEInputError, match="k.y"):
+        ParamBlock(kd, dict(n=7, a=-1, p=0xABC0, f=2.0, g=3.0, x=4.0))
 
 
 def test_get_family_unknown():

@@ -10,6 +10,7 @@ import pytest
 
 from qmoe_rtc.contract import QMoEAttributes
 from qmoe_rtc.jit import Launch, Ptr
+from qmoe_rtc.jit.args import leaves
 from qmoe_rtc.kernels import PIPELINES, Problem, choose, decode_limit, get_family
 from qmoe_rtc.runtime.plan import PER_CALL, problem_scalars
 from qmoe_rtc.runtime.tensors import layer_table
@@ -72,9 +73,9 @@ def test_every_kernel_argument_is_bound_by_name(cfg, rows):
             steps.append((kdefs[key], launch))
         for kdef, launch in steps:
             bound = table | LAYER_SCALARS | scratch | {n for n, _ in launch.args} | set(PER_CALL)
-            missing = [a.name for a in kdef.args if a.name not in bound]
+            missing = [a.name for a in leaves(kdef.args) if a.name not in bound]
             assert not missing, (pipeline.name, kdef.key, missing)
-            for a in kdef.args:  # a scratch pointer a kernel reads was declared by some step of the pipeline
+            for a in leaves(kdef.args):  # a scratch pointer a kernel reads was declared by some step of the pipeline
                 if isinstance(a, Ptr) and a.name not in table and a.name not in PER_CALL:
                     assert a.name in scratch, (pipeline.name, kdef.key, a.name)
     assert ran >= 2  # each config has at least one decode and one prefill pipeline

@@ -7,7 +7,7 @@ and no layout (a test checks that nothing here imports ``qmoe_rtc.kernels`` or `
     module[key](grid, block, args, shared_mem=0, stream=None)
 """
 
-from .args import CTYPES, KernelDef, Launch, ParamBlock, Ptr, Scalar
+from .args import CTYPES, KernelDef, Launch, ParamBlock, Ptr, Scalar, Struct
 from .cache import LoadedModule, check_stored, clear_memory, disk_entry_dir, entry_stem, get_cubin, load_module
 from .compiler import SUPPORTED_ARCHS, CompiledModule, check_arch, default_arch, nvrtc_version
 from .launch import Kernel
@@ -26,6 +26,7 @@ __all__ = [
     "ParamBlock",
     "Ptr",
     "Scalar",
+    "Struct",
     "check_arch",
     "check_stored",
     "clear_memory",

@@ -1,10 +1,13 @@
 """Kernel argument specs and their packing: what a ``__global__`` function takes, by name and C type.
 
 A :class:`KernelDef` names one kernel of a module (its NVRTC name expression) and lists its
-arguments as :class:`Ptr` (a device pointer, with the dtype it must point to) and :class:`Scalar`
-(a by-value argument packed as its declared C type). :class:`ParamBlock` turns those specs and
-values into the ``void**`` array ``cuLaunchKernel`` reads, once; a caller may then overwrite chosen
-pointer slots between launches (the per-call input and output) without repacking anything else.
+parameters as :class:`Ptr` (a device pointer, with the dtype it must point to), :class:`Scalar`
+(a by-value argument packed as its declared C type) and :class:`Struct` (a C++ struct passed by
+value, whose members are again Ptr, Scalar or Struct). Values are bound by the leaf names (the
+Ptr and Scalar names, structs flattened in declaration order). :class:`ParamBlock` lays the values
+out as the C++ compiler does (natural alignment, structs padded to their alignment) and builds the
+``void**`` array ``cuLaunchKernel`` reads, once; a caller may then overwrite chosen pointer leaves
+between launches (the per-call input and output) without repacking anything else.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import numpy as np
 from .._arrays import dtype_name, is_c_contiguous, is_cupy, shape_str
 from ..errors import DeviceError, QMoEAttributeError, QMoEInputError
 
-__all__ = ["CTYPES", "KernelDef", "Launch", "ParamBlock", "Ptr", "Scalar", "check_pointer", "pack_value"]
+__all__ = ["CTYPES", "KernelDef", "Launch", "ParamBlock", "Ptr", "Scalar", "Struct", "check_pointer", "leaves",
+           "pack_value", "param_layout"]
 
 #: Scalar C types an argument may declare, and the NumPy type each is packed as.
 CTYPES = {"int32": np.int32, "uint32": np.uint32, "int64": np.int64, "uint64": np.uint64,
@@ -48,16 +52,81 @@ class Scalar:
 
 
 @dataclass(frozen=True)
+class Struct:
+    """A struct parameter passed by value: ``ctype`` is the C++ struct's name (without namespace or
+    template arguments, e.g. ``"Proj"``), ``fields`` its members in declaration order. The C++
+    declaration is the single source of the order; a CPU test reads it (tests/kernel_signatures.py)."""
+
+    name: str
+    ctype: str
+    fields: tuple
+
+    def __post_init__(self) -> None:
+        if not self.fields:
+            raise QMoEAttributeError(f"Struct({self.name}).fields", "at least one member", "none")
+
+
+def leaves(specs) -> tuple:
+    """The Ptr and Scalar specs of ``specs`` in order, structs flattened (what values are bound to)."""
+    out = []
+    for a in specs:
+        out.extend(leaves(a.fields) if isinstance(a, Struct) else (a,))
+    return tuple(out)
+
+
+def _size_align(spec) -> tuple[int, int]:
+    if isinstance(spec, Ptr):
+        return 8, 8
+    if isinstance(spec, Scalar):
+        n = np.dtype(CTYPES[spec.ctype]).itemsize
+        return n, n
+    _, size, align = _members(spec.fields)
+    return size, align
+
+
+def _members(specs) -> tuple[list, int, int]:
+    """``([(spec, offset)], size, align)`` of a member list laid out as C does (the size padded to the
+    alignment, as a struct's is)."""
+    out, off, align = [], 0, 1
+    for a in specs:
+        n, al = _size_align(a)
+        off = -(-off // al) * al
+        out.append((a, off))
+        off += n
+        align = max(align, al)
+    return out, -(-off // align) * align, align
+
+
+def param_layout(kdef_args) -> tuple[list[int], list[tuple], int]:
+    """Where each parameter and each leaf lies in one buffer laid out like the kernel's parameter
+    space: ``(parameter offsets, [(leaf spec, offset)], size)`` in bytes."""
+    tops, size, _ = _members(kdef_args)
+    flat = []
+
+    def walk(spec, off):
+        if isinstance(spec, Struct):
+            for m, o in _members(spec.fields)[0]:
+                walk(m, off + o)
+        else:
+            flat.append((spec, off))
+
+    for a, o in tops:
+        walk(a, o)
+    return [o for _, o in tops], flat, size
+
+
+@dataclass(frozen=True)
 class KernelDef:
     """One ``__global__`` entry of a module: ``key`` (Python-side name), the C++ name expression
     handed to nvrtcAddNameExpression, and the argument specs in order."""
 
     key: str
     name_expr: str
-    args: tuple
+    args: tuple  # the __global__ function's parameters: Ptr, Scalar, Struct
 
     def arg_names(self) -> tuple[str, ...]:
-        return tuple(a.name for a in self.args)
+        """The leaf names, structs flattened: what a launch binds (and a positional call passes) in order."""
+        return tuple(a.name for a in leaves(self.args))
 
 
 @dataclass(frozen=True)
@@ -116,35 +185,43 @@ def pack_value(where: str, spec: Scalar, value):
 class ParamBlock:
     """The ``void**`` parameter array of one launch, packed once.
 
-    Every argument gets an 8-byte slot (kernel parameters are at most 8 bytes here); a 4-byte type
-    sits in the slot's low half (little endian), which is what the driver copies. ``address`` is the
-    ``void**`` to hand to ``cuLaunchKernel``. ``values`` is the slot array itself: a launcher may
-    overwrite a pointer slot (``values[i] = address``, or :meth:`set_pointer`) between launches; the
-    driver copies parameters at launch, so a slot may change right after a launch returns.
+    ``values`` is one buffer of 8-byte words laid out like the kernel's parameter space
+    (:func:`param_layout`); pointers are 8-byte aligned, so each pointer leaf is one word, and
+    ``word(name)`` says which. ``address`` is the ``void**`` (one pointer per parameter, into the
+    buffer) to hand to ``cuLaunchKernel``. A launcher may overwrite a pointer leaf (``values[w] =
+    address``, or :meth:`set_pointer`) between launches; the driver copies parameters at launch, so
+    a word may change right after a launch returns.
     """
 
-    __slots__ = ("values", "_ptrs", "address", "names")
+    __slots__ = ("values", "_ptrs", "_words", "address", "names")
 
     def __init__(self, kdef: KernelDef, values: dict, device_id: int | None = None):
-        n = len(kdef.args)
-        self.values = np.zeros(max(n, 1), dtype=np.uint64)  # [n] 8-byte slots
-        self.names = kdef.arg_names()
-        for i, spec in enumerate(kdef.args):
-            if spec.name not in values:
-                raise QMoEInputError(f"{kdef.key}.{spec.name}", "a bound value", "nothing (no binding of that name)")
-            v = values[spec.name]
+        tops, flat, size = param_layout(kdef.args)
+        self.values = np.zeros(max(-(-size // 8), 1), dtype=np.uint64)  # [ceil(size/8)] parameter space
+        raw = self.values.view(np.uint8)
+        self.names = tuple(spec.name for spec, _ in flat)
+        self._words = {}
+        for spec, off in flat:
             where = f"{kdef.key}.{spec.name}"
+            if spec.name not in values:
+                raise QMoEInputError(where, "a bound value", "nothing (no binding of that name)")
+            v = values[spec.name]
             if isinstance(spec, Ptr):
-                self.values[i] = v if isinstance(v, (int, np.integer)) else check_pointer(where, spec, v, device_id)
+                self.values[off // 8] = v if isinstance(v, (int, np.integer)) else check_pointer(where, spec, v, device_id)
+                self._words[spec.name] = off // 8
             else:
                 packed = pack_value(where, spec, v)
-                self.values[i : i + 1].view(packed.dtype)[0] = packed
+                raw[off : off + packed.nbytes] = np.frombuffer(packed.tobytes(), dtype=np.uint8)
         base = self.values.ctypes.data
-        self._ptrs = (base + 8 * np.arange(max(n, 1), dtype=np.uint64)).astype(np.uint64)  # [n] void*
+        self._ptrs = (base + np.asarray(tops or [0], dtype=np.uint64)).astype(np.uint64)  # [parameters] void*
         self.address = int(self._ptrs.ctypes.data)
 
-    def set_pointer(self, index: int, address: int) -> None:
-        self.values[index] = address
+    def word(self, name: str) -> int:
+        """The index in ``values`` of pointer leaf ``name``."""
+        return self._words[name]
 
-    def value(self, index: int) -> int:
-        return int(self.values[index])
+    def set_pointer(self, name: str, address: int) -> None:
+        self.values[self._words[name]] = address
+
+    def value(self, name: str) -> int:
+        return int(self.values[self._words[name]])

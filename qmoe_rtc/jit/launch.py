@@ -13,7 +13,7 @@ class Kernel:
     """One ``__global__`` function of a loaded module.
 
     ``kernel(grid, block, args, shared_mem=0, stream=None)`` checks and packs ``args`` (positional, in
-    the spec's order) and launches: the general path for tools and tests. The executor packs a
+    the spec's order, struct members flattened) and launches: the general path for tools and tests. The executor packs a
     :class:`~qmoe_rtc.jit.args.ParamBlock` once per plan and calls :meth:`launch_packed`.
     """
 
@@ -47,15 +47,16 @@ class Kernel:
 
     def __call__(self, grid, block, args, *, shared_mem: int = 0, stream=None) -> None:
         args = tuple(args)
-        if len(args) != len(self.kdef.args):
-            raise QMoEInputError(self.kdef.key, f"{len(self.kdef.args)} arguments {list(self.kdef.arg_names())}",
+        names = self.kdef.arg_names()
+        if len(args) != len(names):
+            raise QMoEInputError(self.kdef.key, f"{len(names)} arguments {list(names)}",
                                  f"{len(args)}")
         grid = tuple(int(g) for g in (grid if isinstance(grid, tuple) else (grid,))) + (1, 1)
         block = tuple(int(b) for b in (block if isinstance(block, tuple) else (block,))) + (1, 1)
         grid, block = grid[:3], block[:3]
         if min(grid) <= 0 or min(block) <= 0:
             raise QMoEInputError(f"{self.kdef.key}.launch", "positive grid and block dimensions", f"grid {grid} block {block}")
-        params = self.pack(dict(zip(self.kdef.arg_names(), args)))
+        params = self.pack(dict(zip(names, args)))
         self.reserve_dynamic_smem(shared_mem)
         if stream is None:  # CuPy's current stream, as a CuPy launch would use
             import cupy

@@ -6,18 +6,22 @@ from __future__ import annotations
 
 import re
 
-from ..jit import Ptr, Scalar
+from ..jit import Ptr, Scalar, Struct
 from ..specialize import CPP_ACT, CPP_GATE, CPP_TYPES, CPP_ZP, ModelConfig, ModuleSpec
 
 #: Layout fields that shape the expert kernels.
 EXPERT_FIELDS = ("dtype", "scale_dtype", "fc1_bits", "fc2_bits", "fc3_bits", "block_size", "fc1_zp", "fc2_zp",
                  "fc3_zp", "activation", "swiglu_fusion", "has_fc3", "aligned")
 
-#: The activation's scalar attributes, as every FC1 kernel takes them.
-ACT_SCALARS = (Scalar("alpha", "float32"), Scalar("beta", "float32"), Scalar("limit", "float32"),
-               Scalar("limit_after", "int32"))
-#: What the grouping step produces and the grouped GEMMs read.
-GROUP_ARGS = (Ptr("sorted", "int32"), Ptr("offsets", "int32"), Ptr("tile_offsets", "int32"))
+# The argument structs of the expert kernels mirror cuda_src/core/args.cuh member by member (checked by
+# tests/test_kernel_args.py). Values bind to the leaf names, so structs change no caller.
+
+#: The activation's scalar attributes, as every FC1 kernel takes them (struct ActParams).
+ACT_PARAMS_ARG = Struct("ap", "ActParams", (Scalar("alpha", "float32"), Scalar("beta", "float32"),
+                                            Scalar("limit", "float32"), Scalar("limit_after", "int32")))
+#: What the grouping step produces and the grouped GEMMs read (struct RouteGroups).
+ROUTE_GROUPS_ARG = Struct("rg", "RouteGroups", (Ptr("sorted", "int32"), Ptr("offsets", "int32"),
+                                                Ptr("tile_offsets", "int32")))
 
 
 def expert_spec(family: str, config: ModelConfig, **extra) -> ModuleSpec:
@@ -78,18 +82,23 @@ def template_types(spec: ModuleSpec) -> dict[str, str]:
     }
 
 
-def projection_args(p: str, scale_dtype: str) -> tuple:
-    """w [E, N, ceil(K·b/8)] u8, scales [E, N(, nb)], zero points (packed, nullable), bias [E, N] f32 (nullable)."""
-    return (Ptr(f"{p}_w", "uint8"), Ptr(f"{p}_scales", scale_dtype), Ptr(f"{p}_zp", "uint8", nullable=True),
-            Ptr(f"{p}_bias", "float32", nullable=True))
+def proj_struct(p: str, scale_dtype: str, nullable: bool = False) -> Struct:
+    """struct Proj of projection ``p`` ('fc1', 'shared_fc2' ...): w, scales, zp, bias."""
+    return Struct(p, "Proj", (Ptr(f"{p}_w", "uint8", nullable), Ptr(f"{p}_scales", scale_dtype, nullable),
+                              Ptr(f"{p}_zp", "uint8", nullable=True), Ptr(f"{p}_bias", "float32", nullable=True)))
 
 
-def shared_args(p: str, scale_dtype: str) -> tuple:
-    """The shared experts' tensors of projection ``p`` [ext] (all NULL without them) and ``E_routed``:
-    expert ids from E_routed on address these (core/experts.cuh)."""
-    return (Scalar("E_routed", "int32"), Ptr(f"shared_{p}_w", "uint8", nullable=True),
-            Ptr(f"shared_{p}_scales", scale_dtype, nullable=True), Ptr(f"shared_{p}_zp", "uint8", nullable=True),
-            Ptr(f"shared_{p}_bias", "float32", nullable=True))
+def fc1_weights(scale_dtype: str) -> Struct:
+    """struct Fc1Weights: fc1, fc3, E_routed, shared_fc1 (all NULL without shared experts), zp_offset."""
+    return Struct("wt", "Fc1Weights", (proj_struct("fc1", scale_dtype), proj_struct("fc3", scale_dtype),
+                                       Scalar("E_routed", "int32"), proj_struct("shared_fc1", scale_dtype, True),
+                                       Scalar("zp_offset", "float32")))
+
+
+def fc2_weights(scale_dtype: str) -> Struct:
+    """struct Fc2Weights: fc2, E_routed, shared_fc2 (all NULL without shared experts), zp_offset."""
+    return Struct("wt", "Fc2Weights", (proj_struct("fc2", scale_dtype), Scalar("E_routed", "int32"),
+                                       proj_struct("shared_fc2", scale_dtype, True), Scalar("zp_offset", "float32")))
 
 
 def meta_words(bits: int, scale_bytes: int, block_size: int, zp_packed: bool, tiled_meta: bool = False) -> int:

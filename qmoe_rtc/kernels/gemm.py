@@ -11,12 +11,12 @@ from __future__ import annotations
 from ..jit import KernelDef, Launch, Ptr, Scalar
 from ..specialize import ModuleSpec
 from ._expert import (
-    ACT_SCALARS,
+    ACT_PARAMS_ARG,
     EXPERT_FIELDS,
-    GROUP_ARGS,
+    ROUTE_GROUPS_ARG,
     expert_spec,
-    projection_args,
-    shared_args,
+    fc1_weights,
+    fc2_weights,
     template_types,
     tiled_unsupported,
 )
@@ -64,16 +64,14 @@ class GemmFamily(KernelFamily):
                 f"fc1_bm{bm}",
                 f"qmoe::fc1_gemm<{t['T']}, {t['S']}, {t['B1']}, {t['Z1']}, {t['B3']}, {t['Z3']}, {t['BLOCK']}, "
                 f"{t['ACT']}, {t['GATE']}, {t['ALIGNED']}, {bm}>",
-                (Ptr("x", dt), *GROUP_ARGS, Scalar("E", "int32"), Scalar("k", "int32"), Scalar("H", "int32"),
-                 Scalar("I", "int32"), *projection_args("fc1", sdt), *projection_args("fc3", sdt),
-                 *shared_args("fc1", sdt), Scalar("zp_offset", "float32"), *ACT_SCALARS, Ptr("act_sorted", "float32")),
+                (Ptr("x", dt), ROUTE_GROUPS_ARG, Scalar("E", "int32"), Scalar("k", "int32"), Scalar("H", "int32"),
+                 Scalar("I", "int32"), fc1_weights(sdt), ACT_PARAMS_ARG, Ptr("act_sorted", "float32")),
             ))
             out.append(KernelDef(
                 f"fc2_bm{bm}",
                 f"qmoe::fc2_gemm<{t['S']}, {t['B2']}, {t['Z2']}, {t['BLOCK']}, {t['ALIGNED']}, {bm}>",
-                (Ptr("act_sorted", "float32"), *GROUP_ARGS, Scalar("E", "int32"), Scalar("H", "int32"),
-                 Scalar("I", "int32"), *projection_args("fc2", sdt), *shared_args("fc2", sdt),
-                 Scalar("zp_offset", "float32"), Ptr("y", "float32")),
+                (Ptr("act_sorted", "float32"), ROUTE_GROUPS_ARG, Scalar("E", "int32"), Scalar("H", "int32"),
+                 Scalar("I", "int32"), fc2_weights(sdt), Ptr("y", "float32")),
             ))
         return tuple(out)
 

@@ -11,7 +11,15 @@ from __future__ import annotations
 
 from ..jit import KernelDef, Launch, Ptr, Scalar
 from ..specialize import ModuleSpec
-from ._expert import ACT_SCALARS, EXPERT_FIELDS, expert_spec, projection_args, shared_args, template_types, tiled_unsupported
+from ._expert import (
+    ACT_PARAMS_ARG,
+    EXPERT_FIELDS,
+    expert_spec,
+    fc1_weights,
+    fc2_weights,
+    template_types,
+    tiled_unsupported,
+)
 from .base import KernelFamily, Problem, Slot, register
 
 __all__ = ["GemvFamily"]
@@ -47,15 +55,14 @@ class GemvFamily(KernelFamily):
             f"qmoe::fc1_gemv<{t['T']}, {t['S']}, {t['B1']}, {t['Z1']}, {t['B3']}, {t['Z3']}, {t['BLOCK']}, "
             f"{t['ACT']}, {t['GATE']}, {t['ALIGNED']}>",
             (Ptr("x", dt), Ptr("topk_ids", "int32"), Scalar("k", "int32"), Scalar("H", "int32"), Scalar("I", "int32"),
-             *projection_args("fc1", sdt), *projection_args("fc3", sdt), *shared_args("fc1", sdt), Scalar("zp_offset", "float32"),
-             *ACT_SCALARS, Ptr("act", dt)),
+             fc1_weights(sdt),
+             ACT_PARAMS_ARG, Ptr("act", dt)),
         )
         fc2 = KernelDef(
             "fc2",
             f"qmoe::fc2_gemv_combine<{t['T']}, {t['S']}, {t['B2']}, {t['Z2']}, {t['BLOCK']}, {t['ALIGNED']}>",
             (Ptr("act", dt), Ptr("topk_ids", "int32"), Ptr("topk_w", "float32"), Scalar("k", "int32"),
-             Scalar("H", "int32"), Scalar("I", "int32"), *projection_args("fc2", sdt), *shared_args("fc2", sdt),
-             Scalar("zp_offset", "float32"), Ptr("out", dt)),
+             Scalar("H", "int32"), Scalar("I", "int32"), fc2_weights(sdt), Ptr("out", dt)),
         )
         return (fc1, fc2)
 

@@ -20,12 +20,12 @@ from ..errors import QMoEAttributeError
 from ..jit import KernelDef, Launch, Ptr, Scalar
 from ..specialize import ModuleSpec
 from ._expert import (
-    ACT_SCALARS,
+    ACT_PARAMS_ARG,
     EXPERT_FIELDS,
     expert_spec,
+    fc1_weights,
+    fc2_weights,
     gate_of,
-    projection_args,
-    shared_args,
     template_types,
     tensor_core_unsupported,
     tiled_define,
@@ -172,14 +172,13 @@ class MmaBatchedFamily(KernelFamily):
                 f"qmoe::fc1_batched<{t['GATE']}, {t['T']}, {t['S']}, {t['B1']}, {t['Z1']}, {t['Z3']}, {t['BLOCK']}, "
                 f"{t['ACT']}, {ng}>",
                 (Ptr("x", dt), *grouped, Scalar("k", "int32"), Scalar("H", "int32"), Scalar("I", "int32"),
-                 Scalar("KS", "int32"), *projection_args("fc1", sdt), *projection_args("fc3", sdt),
-                 *shared_args("fc1", sdt), Scalar("zp_offset", "float32"), *ACT_SCALARS, Ptr("act_sorted", dt)),
+                 Scalar("KS", "int32"), fc1_weights(sdt), ACT_PARAMS_ARG, Ptr("act_sorted", dt)),
             ))
             out.append(KernelDef(
                 f"fc2_ng{ng}",
                 f"qmoe::fc2_batched<{t['T']}, {t['S']}, {t['B2']}, {t['Z2']}, {t['BLOCK']}, {ng}>",
                 (Ptr("act_sorted", dt), *grouped, Scalar("H", "int32"), Scalar("I", "int32"), Scalar("KS", "int32"),
-                 *projection_args("fc2", sdt), *shared_args("fc2", sdt), Scalar("zp_offset", "float32"),
+                 fc2_weights(sdt),
                  Ptr("y", "float32")),
             ))
         return tuple(out)

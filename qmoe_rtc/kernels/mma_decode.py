@@ -14,13 +14,13 @@ from ..errors import QMoEAttributeError
 from ..jit import KernelDef, Launch, Ptr, Scalar
 from ..specialize import ModuleSpec
 from ._expert import (
-    ACT_SCALARS,
+    ACT_PARAMS_ARG,
     EXPERT_FIELDS,
     expert_spec,
+    fc1_weights,
+    fc2_weights,
     gate_of,
     meta_words,
-    projection_args,
-    shared_args,
     template_types,
     tensor_core_unsupported,
     tiled_define,
@@ -158,8 +158,7 @@ class MmaDecodeFamily(KernelFamily):
                 f"qmoe::fc1_mma<{gate}, {t['T']}, {t['S']}, {t['B1']}, {t['Z1']}, {t['Z3']}, {t['BLOCK']}, {t['ACT']}, {ng}>",
                 (Ptr("x", dt), Ptr("topk_ids", "int32"), Scalar("R", "int32"), Scalar("k", "int32"),
                  Scalar("H", "int32"), Scalar("I", "int32"), Scalar("KS", "int32"), Scalar("PF", "int32"),
-                 *projection_args("fc1", sdt), *projection_args("fc3", sdt), *shared_args("fc1", sdt),
-                 Scalar("zp_offset", "float32"), *ACT_SCALARS, Ptr("act", dt),
+                 fc1_weights(sdt), ACT_PARAMS_ARG, Ptr("act", dt),
                  Ptr("fc1_done", "uint32")),
             ))
             out.append(KernelDef(
@@ -167,8 +166,7 @@ class MmaDecodeFamily(KernelFamily):
                 f"qmoe::fc2_mma_combine<{t['T']}, {t['S']}, {t['B2']}, {t['Z2']}, {t['BLOCK']}, {ng}>",
                 (Ptr("act", dt), Ptr("topk_ids", "int32"), Ptr("topk_w", "float32"), Scalar("R", "int32"),
                  Scalar("k", "int32"), Scalar("H", "int32"), Scalar("I", "int32"), Scalar("KS", "int32"),
-                 Scalar("PF", "int32"), *projection_args("fc2", sdt), *shared_args("fc2", sdt),
-                 Scalar("zp_offset", "float32"), Ptr("y", "float32"), Ptr("counters", "uint32"), Ptr("out", dt),
+                 Scalar("PF", "int32"), fc2_weights(sdt), Ptr("y", "float32"), Ptr("counters", "uint32"), Ptr("out", dt),
                  Ptr("fc1_done", "uint32"), Ptr("fc2_seen", "uint32"),
                  Scalar("FC1_TILES", "int32")),
             ))

@@ -12,13 +12,13 @@ from __future__ import annotations
 from ..jit import KernelDef, Launch, Ptr, Scalar
 from ..specialize import ModuleSpec
 from ._expert import (
-    ACT_SCALARS,
+    ACT_PARAMS_ARG,
     EXPERT_FIELDS,
-    GROUP_ARGS,
+    ROUTE_GROUPS_ARG,
     expert_spec,
+    fc1_weights,
+    fc2_weights,
     meta_words,
-    projection_args,
-    shared_args,
     template_types,
     tensor_core_unsupported,
     tiled_define,
@@ -105,17 +105,15 @@ class MmaPrefillFamily(KernelFamily):
                 f"fc1_nr{nr}",
                 f"qmoe::fc1_prefill<{t['GATE']}, {t['T']}, {t['S']}, {t['B1']}, {t['Z1']}, {t['Z3']}, {t['BLOCK']}, "
                 f"{t['ACT']}, {nr}>",
-                (Ptr("x", dt), *GROUP_ARGS, Scalar("E", "int32"), Scalar("k", "int32"), Scalar("H", "int32"),
-                 Scalar("I", "int32"), Scalar("NT", "int32"), Scalar("G", "int32"), *projection_args("fc1", sdt),
-                 *projection_args("fc3", sdt), *shared_args("fc1", sdt), Scalar("zp_offset", "float32"), *ACT_SCALARS,
+                (Ptr("x", dt), ROUTE_GROUPS_ARG, Scalar("E", "int32"), Scalar("k", "int32"), Scalar("H", "int32"),
+                 Scalar("I", "int32"), Scalar("NT", "int32"), Scalar("G", "int32"), fc1_weights(sdt), ACT_PARAMS_ARG,
                  Ptr("act_sorted", dt)),
             ))
             out.append(KernelDef(
                 f"fc2_nr{nr}",
                 f"qmoe::fc2_prefill<{t['T']}, {t['S']}, {t['B2']}, {t['Z2']}, {t['BLOCK']}, {nr}>",
-                (Ptr("act_sorted", dt), *GROUP_ARGS, Scalar("E", "int32"), Scalar("H", "int32"), Scalar("I", "int32"),
-                 Scalar("NT", "int32"), Scalar("G", "int32"), *projection_args("fc2", sdt), *shared_args("fc2", sdt),
-                 Scalar("zp_offset", "float32"), Ptr("y", "float32")),
+                (Ptr("act_sorted", dt), ROUTE_GROUPS_ARG, Scalar("E", "int32"), Scalar("H", "int32"), Scalar("I", "int32"),
+                 Scalar("NT", "int32"), Scalar("G", "int32"), fc2_weights(sdt), Ptr("y", "float32")),
             ))
         return tuple(out)
 

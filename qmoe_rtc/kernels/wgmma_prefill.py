@@ -33,13 +33,13 @@ from ..errors import QMoEAttributeError
 from ..jit import KernelDef, Launch, Ptr, Scalar
 from ..specialize import CPP_TYPES, ModuleSpec
 from ._expert import (
-    ACT_SCALARS,
+    ACT_PARAMS_ARG,
     EXPERT_FIELDS,
-    GROUP_ARGS,
+    ROUTE_GROUPS_ARG,
     expert_spec,
+    fc1_weights,
+    fc2_weights,
     meta_words,
-    projection_args,
-    shared_args,
     template_types,
     tensor_core_unsupported,
     tiled_define,
@@ -243,17 +243,15 @@ class WgmmaPrefillFamily(KernelFamily):
                 f"fc1_br{br}",
                 f"qmoe::fc1_wgmma<{t['GATE']}, {t['T']}, {t['S']}, {t['B1']}, {t['B2']}, {t['Z1']}, {t['Z3']}, "
                 f"{t['BLOCK']}, {t['ACT']}, {br}>",
-                (Ptr("xp", dt), *GROUP_ARGS, Scalar("E", "int32"), Scalar("k", "int32"), Scalar("H", "int32"),
+                (Ptr("xp", dt), ROUTE_GROUPS_ARG, Scalar("E", "int32"), Scalar("k", "int32"), Scalar("H", "int32"),
                  Scalar("Hp", "int32"), Scalar("I", "int32"), Scalar("Ip", "int32"), Scalar("NT", "int32"),
-                 Scalar("G", "int32"), *projection_args("fc1", sdt), *projection_args("fc3", sdt), *shared_args("fc1", sdt),
-                 Scalar("zp_offset", "float32"), *ACT_SCALARS, Ptr("act_sorted", dt)),
+                 Scalar("G", "int32"), fc1_weights(sdt), ACT_PARAMS_ARG, Ptr("act_sorted", dt)),
             ))
             out.append(KernelDef(
                 f"fc2_br{br}",
                 f"qmoe::fc2_wgmma<{t['T']}, {t['S']}, {t['B2']}, {t['Z2']}, {t['BLOCK']}, {br}>",
-                (Ptr("act_sorted", dt), *GROUP_ARGS, Scalar("E", "int32"), Scalar("H", "int32"), Scalar("I", "int32"),
-                 Scalar("Ip", "int32"), Scalar("NT", "int32"), Scalar("G", "int32"), *projection_args("fc2", sdt),
-                 *shared_args("fc2", sdt), Scalar("zp_offset", "float32"), Ptr("y", "float32")),
+                (Ptr("act_sorted", dt), ROUTE_GROUPS_ARG, Scalar("E", "int32"), Scalar("H", "int32"), Scalar("I", "int32"),
+                 Scalar("Ip", "int32"), Scalar("NT", "int32"), Scalar("G", "int32"), fc2_weights(sdt), Ptr("y", "float32")),
             ))
         return tuple(out)
 
@@ -266,23 +264,22 @@ class WgmmaPrefillFamily(KernelFamily):
         for br in _route_tiles(spec):
             out.append(KernelDef(
                 f"permute_br{br}", f"qmoe::ws_gather<{CPP_TYPES[dt]}, {t['B1']}, {br}>",
-                (Ptr("x", dt), *GROUP_ARGS, Scalar("E", "int32"), Scalar("k", "int32"), Scalar("H", "int32"),
+                (Ptr("x", dt), ROUTE_GROUPS_ARG, Scalar("E", "int32"), Scalar("k", "int32"), Scalar("H", "int32"),
                  Scalar("Hp", "int32"), Scalar("Rp", "int32"), Ptr("xs", dt))))
             out.append(KernelDef(
                 f"fc1_br{br}",
                 f"qmoe::fc1_wgws<{t['GATE']}, {t['T']}, {t['S']}, {t['B1']}, {t['B2']}, {t['Z1']}, {t['Z3']}, "
                 f"{t['BLOCK']}, {t['ACT']}, {br}>",
-                (Ptr("xs", dt), *GROUP_ARGS, Scalar("E", "int32"), Scalar("H", "int32"), Scalar("Hp", "int32"),
+                (Ptr("xs", dt), ROUTE_GROUPS_ARG, Scalar("E", "int32"), Scalar("H", "int32"), Scalar("Hp", "int32"),
                  Scalar("I", "int32"), Scalar("Ip", "int32"), Scalar("Rp", "int32"), Scalar("NT", "int32"),
-                 Scalar("G", "int32"), *projection_args("fc1", sdt), *projection_args("fc3", sdt), *shared_args("fc1", sdt),
-                 Scalar("zp_offset", "float32"), *ACT_SCALARS, Ptr("act_sorted", dt)),
+                 Scalar("G", "int32"), fc1_weights(sdt), ACT_PARAMS_ARG, Ptr("act_sorted", dt)),
             ))
             out.append(KernelDef(
                 f"fc2_br{br}",
                 f"qmoe::fc2_wgws<{t['T']}, {t['S']}, {t['B2']}, {t['Z2']}, {t['BLOCK']}, {br}>",
-                (Ptr("act_sorted", dt), *GROUP_ARGS, Scalar("E", "int32"), Scalar("H", "int32"), Scalar("I", "int32"),
+                (Ptr("act_sorted", dt), ROUTE_GROUPS_ARG, Scalar("E", "int32"), Scalar("H", "int32"), Scalar("I", "int32"),
                  Scalar("Ip", "int32"), Scalar("Rp", "int32"), Scalar("NT", "int32"), Scalar("G", "int32"),
-                 *projection_args("fc2", sdt), *shared_args("fc2", sdt), Scalar("zp_offset", "float32"),
+                 fc2_weights(sdt),
                  Ptr("y", "float32")),
             ))
         return tuple(out)

@@ -96,7 +96,7 @@ class BoundLaunches:
         for i, st in enumerate(plan.steps):
             values = {**base, **dict(st.launch.args)}
             params = st.kernel.pack(values)
-            slots = tuple((i, PER_CALL.index(n)) for i, n in enumerate(params.names) if n in PER_CALL)
+            slots = tuple((params.word(n), PER_CALL.index(n)) for n in params.names if n in PER_CALL)
             st.kernel.reserve_dynamic_smem(st.launch.shared_mem)
             g, b = st.launch.grid, st.launch.block
             items.append((st.kernel.function, int(g[0]), int(g[1]), int(g[2]), int(b[0]), int(b[1]), int(b[2]),

@@ -110,28 +110,23 @@ __device__ __forceinline__ void simt_tile(const AT* __restrict__ a, const i64* s
 // FC1 (+FC3) with the activation fused: act_sorted[m, o] for the tile's routes.
 template <typename T, typename ScaleT, int B1, int Z1, int B3, int Z3, int BLOCK, int ACT, int GATE, bool ALIGNED, int BM>
 __global__ void __launch_bounds__(kGemmThreads)
-fc1_gemm(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* __restrict__ offsets,
-         const i32* __restrict__ tile_offsets, i32 E, i32 k, i32 H, i32 I,
-         const u8* __restrict__ w1, const ScaleT* __restrict__ s1, const u8* __restrict__ z1, const float* __restrict__ b1,
-         const u8* __restrict__ w3, const ScaleT* __restrict__ s3, const u8* __restrict__ z3, const float* __restrict__ b3,
-         i32 E_routed, const u8* __restrict__ shared_w1, const ScaleT* __restrict__ shared_s1,
-         const u8* __restrict__ shared_z1, const float* __restrict__ shared_b1, float zp_offset, float alpha, float beta, float limit, i32 limit_after,
-         float* __restrict__ act_sorted) {
+fc1_gemm(const T* __restrict__ x, const RouteGroups rg, i32 E, i32 k, i32 H, i32 I,
+         const Fc1Weights<ScaleT> wt, const ActParams ap, float* __restrict__ act_sorted) {
   using Rows = Fc1Rows<GATE>;
   constexpr int TM = BM / 16;
   __shared__ i64 src[BM];
-  const ActParams ap{alpha, beta, limit, limit_after};
   i32 e, m0, m_end;
-  if (!find_tile<BM>(offsets, tile_offsets, E, blockIdx.x, e, m0, m_end)) return;
-  pick_expert(e, E_routed, w1, s1, z1, b1, shared_w1, shared_s1, shared_z1, shared_b1);
+  if (!find_tile<BM>(rg.offsets, rg.tile_offsets, E, blockIdx.x, e, m0, m_end)) return;
+  const Proj<ScaleT> p1 = expert_proj(e, wt.E_routed, wt.fc1, wt.shared_fc1);
+  const Proj<ScaleT>& p3 = wt.fc3;
   const i32 c0 = blockIdx.y * kGemmBW;  // first tile column
-  const QuantParams<ScaleT, B1, BLOCK, Z1> q1{s1, z1, zp_offset, Rows::n1(I), H};
-  const QuantParams<ScaleT, B3, BLOCK, Z3> q3{s3, z3, zp_offset, I, H};
+  const QuantParams<ScaleT, B1, BLOCK, Z1> q1{p1.scales, p1.zp, wt.zp_offset, Rows::n1(I), H};
+  const QuantParams<ScaleT, B3, BLOCK, Z3> q3{p3.scales, p3.zp, wt.zp_offset, I, H};
   for (int m = threadIdx.x; m < BM; m += kGemmThreads)
-    src[m] = m0 + m < m_end ? (i64)(sorted[m0 + m] / k) * H : -1;
+    src[m] = m0 + m < m_end ? (i64)(rg.sorted[m0 + m] / k) * H : -1;
   __syncthreads();
   float acc[TM][4] = {};
-  simt_tile<BM, T, decltype(q1), decltype(q3), GATE, ALIGNED>(x, src, H, q1, w1, q3, w3, e, c0, I, acc);
+  simt_tile<BM, T, decltype(q1), decltype(q3), GATE, ALIGNED>(x, src, H, q1, p1.w, q3, p3.w, e, c0, I, acc);
 
   const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
 #pragma unroll
@@ -142,13 +137,13 @@ fc1_gemm(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* __r
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const i32 o = c0 + tx * 4 + j;
-        if (o < I) act_sorted[(i64)m * I + o] = fc1_activation<ACT, GATE>(acc[i][j], 0.0f, b1, b3, e, o, I, ap);
+        if (o < I) act_sorted[(i64)m * I + o] = fc1_activation<ACT, GATE>(acc[i][j], 0.0f, p1.bias, p3.bias, e, o, I, ap);
       }
     } else {
 #pragma unroll
       for (int p = 0; p < 2; ++p) {
         const i32 o = c0 / 2 + tx * 2 + p;
-        if (o < I) act_sorted[(i64)m * I + o] = fc1_activation<ACT, GATE>(acc[i][2 * p], acc[i][2 * p + 1], b1, b3, e, o, I, ap);
+        if (o < I) act_sorted[(i64)m * I + o] = fc1_activation<ACT, GATE>(acc[i][2 * p], acc[i][2 * p + 1], p1.bias, p3.bias, e, o, I, ap);
       }
     }
   }
@@ -157,32 +152,29 @@ fc1_gemm(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* __r
 // FC2: y[route, n] = act_sorted[m] · W2[e, n] + b2[e, n] for the tile's routes (scattered by route id).
 template <typename ScaleT, int B2, int Z2, int BLOCK, bool ALIGNED, int BM>
 __global__ void __launch_bounds__(kGemmThreads)
-fc2_gemm(const float* __restrict__ act_sorted, const i32* __restrict__ sorted, const i32* __restrict__ offsets,
-         const i32* __restrict__ tile_offsets, i32 E, i32 H, i32 I,
-         const u8* __restrict__ w2, const ScaleT* __restrict__ s2, const u8* __restrict__ z2, const float* __restrict__ b2,
-         i32 E_routed, const u8* __restrict__ shared_w2, const ScaleT* __restrict__ shared_s2,
-         const u8* __restrict__ shared_z2, const float* __restrict__ shared_b2, float zp_offset, float* __restrict__ y) {
+fc2_gemm(const float* __restrict__ act_sorted, const RouteGroups rg, i32 E, i32 H, i32 I,
+         const Fc2Weights<ScaleT> wt, float* __restrict__ y) {
   constexpr int TM = BM / 16;
   __shared__ i64 src[BM];
   i32 e, m0, m_end;
-  if (!find_tile<BM>(offsets, tile_offsets, E, blockIdx.x, e, m0, m_end)) return;
-  pick_expert(e, E_routed, w2, s2, z2, b2, shared_w2, shared_s2, shared_z2, shared_b2);
+  if (!find_tile<BM>(rg.offsets, rg.tile_offsets, E, blockIdx.x, e, m0, m_end)) return;
+  const Proj<ScaleT> p2 = expert_proj(e, wt.E_routed, wt.fc2, wt.shared_fc2);
   const i32 c0 = blockIdx.y * kGemmBW;
-  const QuantParams<ScaleT, B2, BLOCK, Z2> q2{s2, z2, zp_offset, H, I};
+  const QuantParams<ScaleT, B2, BLOCK, Z2> q2{p2.scales, p2.zp, wt.zp_offset, H, I};
   for (int m = threadIdx.x; m < BM; m += kGemmThreads) src[m] = m0 + m < m_end ? (i64)(m0 + m) * I : -1;
   __syncthreads();
   float acc[TM][4] = {};
-  simt_tile<BM, float, decltype(q2), decltype(q2), GATE_NONE, ALIGNED>(act_sorted, src, I, q2, w2, q2, w2, e, c0, H, acc);
+  simt_tile<BM, float, decltype(q2), decltype(q2), GATE_NONE, ALIGNED>(act_sorted, src, I, q2, p2.w, q2, p2.w, e, c0, H, acc);
   const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
 #pragma unroll
   for (int i = 0; i < TM; ++i) {
     const i32 m = m0 + ty * TM + i;
     if (m >= m_end) continue;
-    const i64 route = sorted[m];
+    const i64 route = rg.sorted[m];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const i32 n = c0 + tx * 4 + j;
-      if (n < H) y[route * H + n] = acc[i][j] + (b2 ? b2[(i64)e * H + n] : 0.0f);
+      if (n < H) y[route * H + n] = acc[i][j] + (p2.bias ? __ldg(p2.bias + (i64)e * H + n) : 0.0f);
     }
   }
 }

@@ -39,24 +39,20 @@ template <int GATE> struct Fc1Shape {
 template <typename T, typename ScaleT, int B1, int Z1, int B3, int Z3, int BLOCK, int ACT, int GATE, bool VEC>
 __global__ void __launch_bounds__(kGemvThreads)
 fc1_gemv(const T* __restrict__ x, const i32* __restrict__ ids, i32 k, i32 H, i32 I,
-         const u8* __restrict__ w1, const ScaleT* __restrict__ s1, const u8* __restrict__ z1, const float* __restrict__ b1,
-         const u8* __restrict__ w3, const ScaleT* __restrict__ s3, const u8* __restrict__ z3, const float* __restrict__ b3,
-         i32 E_routed, const u8* __restrict__ shared_w1, const ScaleT* __restrict__ shared_s1,
-         const u8* __restrict__ shared_z1, const float* __restrict__ shared_b1, float zp_offset, float alpha, float beta, float limit, i32 limit_after,
-         T* __restrict__ act) {
+         const Fc1Weights<ScaleT> wt, const ActParams ap, T* __restrict__ act) {
   __shared__ float red[kGemvThreads / 32 * kFc1Groups * 4];
   using Shape = Fc1Shape<GATE>;
   using Rows = Fc1Rows<GATE>;
   constexpr int OPG = Shape::kOutPerGroup;
-  const ActParams ap{alpha, beta, limit, limit_after};
   const i32 r = blockIdx.x;
   i32 e = ids[r];
   if (e < 0) return;  // an expert this layer does not hold (expert slices [ext]): FC2 skips the route too
-  pick_expert(e, E_routed, w1, s1, z1, b1, shared_w1, shared_s1, shared_z1, shared_b1);
+  const Proj<ScaleT> p1 = expert_proj(e, wt.E_routed, wt.fc1, wt.shared_fc1);
+  const Proj<ScaleT>& p3 = wt.fc3;
   const T* xr = x + (i64)(r / k) * H;
   const i32 N1 = Rows::n1(I);
-  const QuantParams<ScaleT, B1, BLOCK, Z1> q1{s1, z1, zp_offset, N1, H};
-  const QuantParams<ScaleT, B3, BLOCK, Z3> q3{s3, z3, zp_offset, I, H};
+  const QuantParams<ScaleT, B1, BLOCK, Z1> q1{p1.scales, p1.zp, wt.zp_offset, N1, H};
+  const QuantParams<ScaleT, B3, BLOCK, Z3> q3{p3.scales, p3.zp, wt.zp_offset, I, H};
   const i32 o0 = blockIdx.y * Shape::kOut;
 
   // weight rows of group g: plain: outputs o..o+3; gated: gate rows of 2 outputs, then their linear rows
@@ -82,11 +78,11 @@ fc1_gemv(const T* __restrict__ x, const i32* __restrict__ ids, i32 k, i32 H, i32
       if constexpr (GATE == GATE_FC3) {
         const i32 na[2] = {n[gg][0], n[gg][1]}, nb[2] = {n[gg][2], n[gg][3]};
         float aa[2] = {acc[gg][0], acc[gg][1]}, ab[2] = {acc[gg][2], acc[gg][3]};
-        accum_item<2, VEC>(q1, w1, e, na, xr, it, 1.0f, aa);
-        accum_item<2, VEC>(q3, w3, e, nb, xr, it, 1.0f, ab);
+        accum_item<2, VEC>(q1, p1.w, e, na, xr, it, 1.0f, aa);
+        accum_item<2, VEC>(q3, p3.w, e, nb, xr, it, 1.0f, ab);
         acc[gg][0] = aa[0]; acc[gg][1] = aa[1]; acc[gg][2] = ab[0]; acc[gg][3] = ab[1];
       } else {
-        accum_item<4, VEC>(q1, w1, e, n[gg], xr, it, 1.0f, acc[gg]);
+        accum_item<4, VEC>(q1, p1.w, e, n[gg], xr, it, 1.0f, acc[gg]);
       }
     }
   };
@@ -117,7 +113,7 @@ fc1_gemv(const T* __restrict__ x, const i32* __restrict__ ids, i32 k, i32 H, i32
 #pragma unroll
       for (int jj = 0; jj < OPG; ++jj)
         if (jj == j) { gate = hv[jj]; if constexpr (Shape::kGated) lin = hv[OPG + jj]; }
-      act[(i64)r * I + o] = Traits<T>::from_float(fc1_activation<ACT, GATE>(gate, lin, b1, b3, e, o, I, ap));
+      act[(i64)r * I + o] = Traits<T>::from_float(fc1_activation<ACT, GATE>(gate, lin, p1.bias, p3.bias, e, o, I, ap));
     }
   }
 }
@@ -125,15 +121,13 @@ fc1_gemv(const T* __restrict__ x, const i32* __restrict__ ids, i32 k, i32 H, i32
 template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, bool VEC>
 __global__ void __launch_bounds__(kGemvThreads)
 fc2_gemv_combine(const T* __restrict__ act, const i32* __restrict__ ids, const float* __restrict__ wts, i32 k,
-                 i32 H, i32 I, const u8* __restrict__ w2, const ScaleT* __restrict__ s2, const u8* __restrict__ z2,
-                 const float* __restrict__ b2, i32 E_routed, const u8* __restrict__ shared_w2,
-                 const ScaleT* __restrict__ shared_s2, const u8* __restrict__ shared_z2,
-                 const float* __restrict__ shared_b2, float zp_offset, T* __restrict__ out) {
+                 i32 H, i32 I, const Fc2Weights<ScaleT> wt, T* __restrict__ out) {
   __shared__ float red[kGemvThreads / 32 * kFc2Rows];
   const i64 row = blockIdx.x;
   const i32 n0 = blockIdx.y * kFc2Rows;
-  const QuantParams<ScaleT, B2, BLOCK, Z2> q2{s2, z2, zp_offset, H, I};
-  const QuantParams<ScaleT, B2, BLOCK, Z2> q2s{shared_s2, shared_z2, zp_offset, H, I};  // shared experts [ext]
+  const Proj<ScaleT>& p2 = wt.fc2, &ps = wt.shared_fc2;  // routed, shared experts [ext] (core/experts.cuh)
+  const QuantParams<ScaleT, B2, BLOCK, Z2> q2{p2.scales, p2.zp, wt.zp_offset, H, I};
+  const QuantParams<ScaleT, B2, BLOCK, Z2> q2s{ps.scales, ps.zp, wt.zp_offset, H, I};
   i32 n[kFc2Rows];
 #pragma unroll
   for (int j = 0; j < kFc2Rows; ++j) n[j] = min(n0 + j, H - 1);
@@ -145,8 +139,8 @@ fc2_gemv_combine(const T* __restrict__ act, const i32* __restrict__ ids, const f
     const i64 r = row * k + slot;
     const i32 e = ids[r];
     if (e < 0) return;  // not held here (expert slices [ext]): contributes nothing
-    const bool sh = e >= E_routed;  // a shared expert's slot (core/experts.cuh)
-    accum_item<kFc2Rows, VEC>(sh ? q2s : q2, sh ? shared_w2 : w2, sh ? e - E_routed : e, n, act + r * I, it, wts[r], acc);
+    const bool sh = e >= wt.E_routed;  // a shared expert's slot (core/experts.cuh)
+    accum_item<kFc2Rows, VEC>(sh ? q2s : q2, sh ? ps.w : p2.w, sh ? e - wt.E_routed : e, n, act + r * I, it, wts[r], acc);
   };
   for (i32 t = threadIdx.x; t < items; t += 2 * kGemvThreads) {
     item(t);
@@ -159,13 +153,13 @@ fc2_gemv_combine(const T* __restrict__ act, const i32* __restrict__ ids, const f
     float v = 0.0f;
 #pragma unroll
     for (int j = 0; j < kFc2Rows; ++j) if (j == (int)threadIdx.x) v = y[j];
-    if (b2 || shared_b2) {
+    if (p2.bias || ps.bias) {
       for (i32 slot = 0; slot < k; ++slot) {  // slot order: deterministic
         const i64 r = row * k + slot;
         const i32 e = ids[r];
         if (e < 0) continue;
-        const float* bias = e >= E_routed ? shared_b2 : b2;
-        if (bias) v = fmaf(wts[r], bias[(i64)(e >= E_routed ? e - E_routed : e) * H + nn], v);
+        const float* bias = e >= wt.E_routed ? ps.bias : p2.bias;
+        if (bias) v = fmaf(wts[r], __ldg(bias + (i64)(e >= wt.E_routed ? e - wt.E_routed : e) * H + nn), v);
       }
     }
     out[row * H + nn] = Traits<T>::from_float(v);

@@ -54,11 +54,7 @@ template <class Stage> __device__ __forceinline__ void check_batched_smem() {
 template <int GATE, typename T, typename ScaleT, int B1, int Z1, int Z3, int BLOCK, int ACT, int NG>
 __global__ void __launch_bounds__(kMmaThreads, batched_min_blocks<NG>())
 fc1_batched(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* __restrict__ offsets, i32 k, i32 H,
-            i32 I, i32 KS, const u8* __restrict__ w1, const ScaleT* __restrict__ s1, const u8* __restrict__ z1,
-            const float* __restrict__ b1, const u8* __restrict__ w3, const ScaleT* __restrict__ s3,
-            const u8* __restrict__ z3, const float* __restrict__ b3, i32 E_routed, const u8* __restrict__ shared_w1,
-            const ScaleT* __restrict__ shared_s1, const u8* __restrict__ shared_z1, const float* __restrict__ shared_b1,
-            float zp_offset, float alpha, float beta, float limit, i32 limit_after, T* __restrict__ act_sorted) {
+            i32 I, i32 KS, const Fc1Weights<ScaleT> wt, const ActParams ap, T* __restrict__ act_sorted) {
   extern __shared__ __align__(16) u8 dyn_smem[];
   constexpr int RT = kBatchedRT;
   using Stage = MmaStage<B1, ScaleT, BLOCK, Z1 == ZP_PACKED || (GATE == GATE_FC3 && Z3 == ZP_PACKED), RT>;
@@ -68,14 +64,14 @@ fc1_batched(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* 
   using Rows = Fc1Rows<GATE>;
   constexpr bool kGated = Rows::kGated;
   constexpr int kOutPerTile = kGated ? 8 : 16;
-  const ActParams ap{alpha, beta, limit, limit_after};
   i32 e = blockIdx.y;
   const i32 m0 = offsets[e], m1 = offsets[e + 1];
   if (m0 >= m1) return;  // no routes (block-uniform)
-  pick_expert(e, E_routed, w1, s1, z1, b1, shared_w1, shared_s1, shared_z1, shared_b1);
+  const Proj<ScaleT> p1 = expert_proj(e, wt.E_routed, wt.fc1, wt.shared_fc1);
+  const Proj<ScaleT>& p3 = wt.fc3;
   const i32 N1 = Rows::n1(I);
-  const QuantParams<ScaleT, B1, BLOCK, Z1> q1{s1, z1, zp_offset, N1, H, Rows::kInterleavedTiles};
-  const QuantParams<ScaleT, B1, BLOCK, Z3> q3{s3, z3, zp_offset, I, H};
+  const QuantParams<ScaleT, B1, BLOCK, Z1> q1{p1.scales, p1.zp, wt.zp_offset, N1, H, Rows::kInterleavedTiles};
+  const QuantParams<ScaleT, B1, BLOCK, Z3> q3{p3.scales, p3.zp, wt.zp_offset, I, H};
   const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const i32 MT = kMmaWarps / KS, mt = warp % MT, ks = warp / MT;
   const i32 g = lane >> 2, t = lane & 3;
@@ -92,8 +88,8 @@ fc1_batched(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* 
     const i32 oa = min(oi + g, I - 1), ob = kGated ? oa : min(oi + g + 8, I - 1);
     na[i] = Rows::gate_row(oa, I);
     nb[i] = kGated ? Rows::lin_row(oa, I) : ob;
-    pa[i] = w1 + Codes::row(e, N1, Rows::tile_row(na[i]), H);
-    pb[i] = GATE == GATE_FC3 ? w3 + Codes::row(e, I, nb[i], H) : w1 + Codes::row(e, N1, Rows::tile_row(nb[i]), H);
+    pa[i] = p1.w + Codes::row(e, N1, Rows::tile_row(na[i]), H);
+    pb[i] = GATE == GATE_FC3 ? p3.w + Codes::row(e, I, nb[i], H) : p1.w + Codes::row(e, N1, Rows::tile_row(nb[i]), H);
   }
   u8* ring = dyn_smem + warp * kRing;
   for (i32 p = m0; p < m1; p += 8 * NG) {
@@ -121,11 +117,11 @@ fc1_batched(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* 
           T* out = act_sorted + (i64)pos * I;
           if constexpr (kGated) {
             const i32 o = oi + g;
-            if (o < I) out[o] = Traits<T>::from_float(fc1_activation<ACT, GATE>(ha, hb, b1, b3, e, o, I, ap));
+            if (o < I) out[o] = Traits<T>::from_float(fc1_activation<ACT, GATE>(ha, hb, p1.bias, p3.bias, e, o, I, ap));
           } else {
-            if (oi + g < I) out[oi + g] = Traits<T>::from_float(fc1_activation<ACT, GATE>(ha, 0.0f, b1, b3, e, oi + g, I, ap));
+            if (oi + g < I) out[oi + g] = Traits<T>::from_float(fc1_activation<ACT, GATE>(ha, 0.0f, p1.bias, p3.bias, e, oi + g, I, ap));
             if (oi + g + 8 < I)
-              out[oi + g + 8] = Traits<T>::from_float(fc1_activation<ACT, GATE>(hb, 0.0f, b1, b3, e, oi + g + 8, I, ap));
+              out[oi + g + 8] = Traits<T>::from_float(fc1_activation<ACT, GATE>(hb, 0.0f, p1.bias, p3.bias, e, oi + g + 8, I, ap));
           }
         }
       }
@@ -137,10 +133,7 @@ fc1_batched(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* 
 template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, int NG>
 __global__ void __launch_bounds__(kMmaThreads, batched_min_blocks<NG>())
 fc2_batched(const T* __restrict__ act_sorted, const i32* __restrict__ sorted, const i32* __restrict__ offsets, i32 H,
-            i32 I, i32 KS, const u8* __restrict__ w2, const ScaleT* __restrict__ s2, const u8* __restrict__ z2,
-            const float* __restrict__ b2, i32 E_routed, const u8* __restrict__ shared_w2,
-            const ScaleT* __restrict__ shared_s2, const u8* __restrict__ shared_z2, const float* __restrict__ shared_b2,
-            float zp_offset, float* __restrict__ y) {
+            i32 I, i32 KS, const Fc2Weights<ScaleT> wt, float* __restrict__ y) {
   extern __shared__ __align__(16) u8 dyn_smem[];
   constexpr int RT = kBatchedRT;
   using Stage = MmaStage<B2, ScaleT, BLOCK, Z2 == ZP_PACKED, RT>;
@@ -150,12 +143,12 @@ fc2_batched(const T* __restrict__ act_sorted, const i32* __restrict__ sorted, co
   i32 e = blockIdx.y;
   const i32 m0 = offsets[e], m1 = offsets[e + 1];
   if (m0 >= m1) return;
-  pick_expert(e, E_routed, w2, s2, z2, b2, shared_w2, shared_s2, shared_z2, shared_b2);
+  const Proj<ScaleT> p2 = expert_proj(e, wt.E_routed, wt.fc2, wt.shared_fc2);
   const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const i32 MT = kMmaWarps / KS, mt = warp % MT, ks = warp / MT;
   const i32 g = lane >> 2, t = lane & 3;
   const i32 n0 = (blockIdx.x * MT + mt) * 16 * RT;
-  const QuantParams<ScaleT, B2, BLOCK, Z2> q2{s2, z2, zp_offset, H, I};
+  const QuantParams<ScaleT, B2, BLOCK, Z2> q2{p2.scales, p2.zp, wt.zp_offset, H, I};
   i32 na[RT], nb[RT];
   const u8* pa[RT];
   const u8* pb[RT];
@@ -163,8 +156,8 @@ fc2_batched(const T* __restrict__ act_sorted, const i32* __restrict__ sorted, co
   for (int i = 0; i < RT; ++i) {
     na[i] = min(n0 + 16 * i + g, H - 1);  // clamped: never stored
     nb[i] = min(n0 + 16 * i + g + 8, H - 1);
-    pa[i] = w2 + CodeRows<B2>::row(e, H, na[i], I);
-    pb[i] = w2 + CodeRows<B2>::row(e, H, nb[i], I);
+    pa[i] = p2.w + CodeRows<B2>::row(e, H, na[i], I);
+    pb[i] = p2.w + CodeRows<B2>::row(e, H, nb[i], I);
   }
   u8* ring = dyn_smem + warp * kRing;
   for (i32 p = m0; p < m1; p += 8 * NG) {
@@ -188,8 +181,8 @@ fc2_batched(const T* __restrict__ act_sorted, const i32* __restrict__ sorted, co
           const i32 pos = p + 8 * gg + 2 * t + c;
           if (pos >= m1) continue;
           float* out = y + (i64)sorted[pos] * H;
-          if (ni + g < H) out[ni + g] = acc[i * NG + gg][c] + (b2 ? b2[(i64)e * H + na[i]] : 0.0f);
-          if (ni + g + 8 < H) out[ni + g + 8] = acc[i * NG + gg][2 + c] + (b2 ? b2[(i64)e * H + nb[i]] : 0.0f);
+          if (ni + g < H) out[ni + g] = acc[i * NG + gg][c] + (p2.bias ? __ldg(p2.bias + (i64)e * H + na[i]) : 0.0f);
+          if (ni + g + 8 < H) out[ni + g + 8] = acc[i * NG + gg][2 + c] + (p2.bias ? __ldg(p2.bias + (i64)e * H + nb[i]) : 0.0f);
         }
       }
     }

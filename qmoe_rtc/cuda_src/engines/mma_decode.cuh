@@ -112,11 +112,7 @@ __device__ __forceinline__ ExpertRoutes collect_routes(const i32* __restrict__ i
 template <int GATE, typename T, typename ScaleT, int B1, int Z1, int Z3, int BLOCK, int ACT, int NG>
 __global__ void __launch_bounds__(kMmaThreads, mma_min_blocks<NG>())
 fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 H, i32 I, i32 KS, i32 PF,
-        const u8* __restrict__ w1, const ScaleT* __restrict__ s1, const u8* __restrict__ z1, const float* __restrict__ b1,
-        const u8* __restrict__ w3, const ScaleT* __restrict__ s3, const u8* __restrict__ z3, const float* __restrict__ b3,
-        i32 E_routed, const u8* __restrict__ shared_w1, const ScaleT* __restrict__ shared_s1,
-        const u8* __restrict__ shared_z1, const float* __restrict__ shared_b1, float zp_offset, float alpha, float beta,
-        float limit, i32 limit_after, T* __restrict__ act, u32* __restrict__ fc1_done) {
+        const Fc1Weights<ScaleT> wt, const ActParams ap, T* __restrict__ act, u32* __restrict__ fc1_done) {
   __shared__ i32 s_n;
   extern __shared__ __align__(16) u8 dyn_smem[];
   using Stage = MmaStage<B1, ScaleT, BLOCK, Z1 == ZP_PACKED || (GATE == GATE_FC3 && Z3 == ZP_PACKED)>;
@@ -128,16 +124,16 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
   using Rows = Fc1Rows<GATE>;
   constexpr bool kGated = Rows::kGated;
   constexpr int kOutPerTile = kGated ? 8 : 16;
-  const ActParams ap{alpha, beta, limit, limit_after};
   pdl_wait();     // the route ids come from the routing kernel launched just before (core/pdl.cuh)
   pdl_release();  // FC2's blocks may start: routing is complete, so they can read the ids at once
   i32 e = ids[blockIdx.y];
   if (e < 0) return;  // an expert this layer does not hold (expert slices [ext]): FC2 skips the route too
   const i32 eid = e;  // the route's expert id (routed or shared): the expert flow's counter
-  pick_expert(e, E_routed, w1, s1, z1, b1, shared_w1, shared_s1, shared_z1, shared_b1);
+  const Proj<ScaleT> p1 = expert_proj(e, wt.E_routed, wt.fc1, wt.shared_fc1);
+  const Proj<ScaleT>& p3 = wt.fc3;
   const i32 N1 = Rows::n1(I);
-  const QuantParams<ScaleT, B1, BLOCK, Z1> q1{s1, z1, zp_offset, N1, H, Rows::kInterleavedTiles};
-  const QuantParams<ScaleT, B1, BLOCK, Z3> q3{s3, z3, zp_offset, I, H};
+  const QuantParams<ScaleT, B1, BLOCK, Z1> q1{p1.scales, p1.zp, wt.zp_offset, N1, H, Rows::kInterleavedTiles};
+  const QuantParams<ScaleT, B1, BLOCK, Z3> q3{p3.scales, p3.zp, wt.zp_offset, I, H};
   const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const i32 MT = kMmaWarps / KS, mt = warp % MT, ks = warp / MT;
   const i32 g = lane >> 2, t = lane & 3;
@@ -147,8 +143,8 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
   const i32 oa = min(o0 + g, I - 1), ob = kGated ? oa : min(o0 + g + 8, I - 1);
   const i32 na = Rows::gate_row(oa, I), nb = kGated ? Rows::lin_row(oa, I) : ob;
   using Codes = CodeRows<B1>;  // contract or tiled layout (core/codes.cuh)
-  const u8* pa = w1 + Codes::row(e, N1, Rows::tile_row(na), H);
-  const u8* pb = GATE == GATE_FC3 ? w3 + Codes::row(e, I, nb, H) : w1 + Codes::row(e, N1, Rows::tile_row(nb), H);
+  const u8* pa = p1.w + Codes::row(e, N1, Rows::tile_row(na), H);
+  const u8* pb = GATE == GATE_FC3 ? p3.w + Codes::row(e, I, nb, H) : p1.w + Codes::row(e, N1, Rows::tile_row(nb), H);
   if (R <= kMmaPrefetchRoutes) prefetch_rows<B1>(pa, pb, H, ks, KS, PF);
   const ExpertRoutes er = collect_routes(ids, R, s_ids, s_list, &s_n);
   if (er.n == 0) return;
@@ -176,13 +172,13 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
           const float ha = acc[gg][c], hb = acc[gg][2 + c];  // rows g, g + 8
           if constexpr (kGated) {
             const i32 o = o0 + g;
-            if (o < I) act[r * I + o] = Traits<T>::from_float(fc1_activation<ACT, GATE>(ha, hb, b1, b3, e, o, I, ap));
+            if (o < I) act[r * I + o] = Traits<T>::from_float(fc1_activation<ACT, GATE>(ha, hb, p1.bias, p3.bias, e, o, I, ap));
           } else {
             if (o0 + g < I)
-              act[r * I + o0 + g] = Traits<T>::from_float(fc1_activation<ACT, GATE>(ha, 0.0f, b1, b3, e, o0 + g, I, ap));
+              act[r * I + o0 + g] = Traits<T>::from_float(fc1_activation<ACT, GATE>(ha, 0.0f, p1.bias, p3.bias, e, o0 + g, I, ap));
             if (o0 + g + 8 < I)
               act[r * I + o0 + g + 8] =
-                  Traits<T>::from_float(fc1_activation<ACT, GATE>(hb, 0.0f, b1, b3, e, o0 + g + 8, I, ap));
+                  Traits<T>::from_float(fc1_activation<ACT, GATE>(hb, 0.0f, p1.bias, p3.bias, e, o0 + g + 8, I, ap));
           }
         }
       }
@@ -194,10 +190,7 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
 template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, int NG>
 __global__ void __launch_bounds__(kMmaThreads, mma_min_blocks<NG>())
 fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const float* __restrict__ wts, i32 R, i32 k,
-                i32 H, i32 I, i32 KS, i32 PF, const u8* __restrict__ w2, const ScaleT* __restrict__ s2,
-                const u8* __restrict__ z2, const float* __restrict__ b2, i32 E_routed,
-                const u8* __restrict__ shared_w2, const ScaleT* __restrict__ shared_s2, const u8* __restrict__ shared_z2,
-                const float* __restrict__ shared_b2, float zp_offset, float* __restrict__ y, u32* __restrict__ counters,
+                i32 H, i32 I, i32 KS, i32 PF, const Fc2Weights<ScaleT> wt, float* __restrict__ y, u32* __restrict__ counters,
                 T* __restrict__ out, u32* __restrict__ fc1_done, u32* __restrict__ fc2_seen, i32 FC1_TILES) {
   __shared__ i32 s_n;
   __shared__ bool s_last;
@@ -215,12 +208,12 @@ fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const fl
   // through L2) and the weights, so the prefetch below overlaps FC1's tail.
   i32 e = __ldcg(ids + blockIdx.y);
   const i32 eid = e;  // the route's expert id: the expert flow's counter
-  pick_expert(e, E_routed, w2, s2, z2, b2, shared_w2, shared_s2, shared_z2, shared_b2);
+  const Proj<ScaleT> p2 = expert_proj(e, wt.E_routed, wt.fc2, wt.shared_fc2);
   const i32 n0 = (blockIdx.x * MT + mt) * 16;
   const i32 na = min(n0 + g, H - 1), nb = min(n0 + g + 8, H - 1);
-  const QuantParams<ScaleT, B2, BLOCK, Z2> q2{s2, z2, zp_offset, H, I};
-  const u8* pa = w2 + CodeRows<B2>::row(e, H, na, I);  // contract or tiled layout (core/codes.cuh)
-  const u8* pb = w2 + CodeRows<B2>::row(e, H, nb, I);
+  const QuantParams<ScaleT, B2, BLOCK, Z2> q2{p2.scales, p2.zp, wt.zp_offset, H, I};
+  const u8* pa = p2.w + CodeRows<B2>::row(e, H, na, I);  // contract or tiled layout (core/codes.cuh)
+  const u8* pb = p2.w + CodeRows<B2>::row(e, H, nb, I);
   // e < 0: an expert this layer does not hold (expert slices [ext]): nothing to compute, but the block
   // still counts for its tile below (block-uniform, so collect_routes' barriers are skipped by all)
   if (e >= 0 && R <= kMmaPrefetchRoutes) prefetch_rows<B2>(pa, pb, I, ks, KS, PF);
@@ -249,8 +242,8 @@ fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const fl
           if (j >= er.n) continue;
           const i64 r = s_list[j];
           const float wr = __ldcg(wts + r);  // routing's, complete (see the ids above)
-          if (n0 + g < H) y[r * H + n0 + g] = wr * (acc[gg][c] + (b2 ? b2[(i64)e * H + na] : 0.0f));
-          if (n0 + g + 8 < H) y[r * H + n0 + g + 8] = wr * (acc[gg][2 + c] + (b2 ? b2[(i64)e * H + nb] : 0.0f));
+          if (n0 + g < H) y[r * H + n0 + g] = wr * (acc[gg][c] + (p2.bias ? __ldg(p2.bias + (i64)e * H + na) : 0.0f));
+          if (n0 + g + 8 < H) y[r * H + n0 + g + 8] = wr * (acc[gg][2 + c] + (p2.bias ? __ldg(p2.bias + (i64)e * H + nb) : 0.0f));
         }
       }
     }

@@ -2,7 +2,8 @@
 // weights, mixed widths): grouped GEMMs over expert-contiguous routes (routing/group.cuh), FC1 with
 // the activation fused (epilogue/fc1.cuh), FC2 + bias, then the weighted combine (epilogue/combine.cuh).
 //
-//   sorted, offsets, tile_offsets     routing/group.cuh, route tiles of BR = 8·NR routes
+//   rg          RouteGroups         routing/group.cuh, route tiles of BR = 8·NR routes
+//   wt          Fc1Weights / Fc2Weights  the projections' tensors (core/args.cuh)
 //   x           [rows, H]   T     FC1's activations: route rows gathered by index inside the tile copy
 //                                 (row = route / k; no copy of the input per route)
 //   act_sorted  [R, I]      T     FC1 out in sorted order (activation rounded to T), FC2's activations
@@ -22,6 +23,7 @@
 // zero_point_offset, FC3 with a bit width other than FC1's, 1-bit with block 16, K % 32 ≠ 0.
 #pragma once
 
+#include "core/args.cuh"
 #include "core/codes.cuh"
 #include "core/cp_async.cuh"
 #include "core/dequant.cuh"
@@ -200,13 +202,8 @@ __device__ __forceinline__ void pf_mainloop(const QA& qa, const QB& qb, const Pf
 // (gated: rows g = gate, g + 8 = linear of output g) or 16 outputs (plain).
 template <int GATE, typename T, typename ScaleT, int B1, int Z1, int Z3, int BLOCK, int ACT, int NR>
 __global__ void __launch_bounds__(kPfThreads, kPfMinBlocks)
-fc1_prefill(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* __restrict__ offsets,
-            const i32* __restrict__ tile_offsets, i32 E, i32 k, i32 H, i32 I, i32 NT, i32 G,
-            const u8* __restrict__ w1, const ScaleT* __restrict__ s1, const u8* __restrict__ z1,
-            const float* __restrict__ b1, const u8* __restrict__ w3, const ScaleT* __restrict__ s3,
-            const u8* __restrict__ z3, const float* __restrict__ b3, i32 E_routed, const u8* __restrict__ shared_w1,
-            const ScaleT* __restrict__ shared_s1, const u8* __restrict__ shared_z1, const float* __restrict__ shared_b1,
-            float zp_offset, float alpha, float beta, float limit, i32 limit_after, T* __restrict__ act_sorted) {
+fc1_prefill(const T* __restrict__ x, const RouteGroups rg, i32 E, i32 k, i32 H, i32 I, i32 NT, i32 G,
+            const Fc1Weights<ScaleT> wt, const ActParams ap, T* __restrict__ act_sorted) {
   using Rows = Fc1Rows<GATE>;
   constexpr bool kZpw = Z1 == ZP_PACKED || (GATE == GATE_FC3 && Z3 == ZP_PACKED);
   using St = PfStage<B1, ScaleT, BLOCK, kZpw, NR>;
@@ -215,18 +212,18 @@ fc1_prefill(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* 
   __shared__ i64 s_src[BR];
   pf_check_smem<St>();
   i32 nt, e, m0, m_end;
-  if (!pf_tile<BR>(offsets, tile_offsets, E, NT, G, nt, e, m0, m_end)) return;
-  pick_expert(e, E_routed, w1, s1, z1, b1, shared_w1, shared_s1, shared_z1, shared_b1);
-  const ActParams ap{alpha, beta, limit, limit_after};
+  if (!pf_tile<BR>(rg.offsets, rg.tile_offsets, E, NT, G, nt, e, m0, m_end)) return;
+  const Proj<ScaleT> p1 = expert_proj(e, wt.E_routed, wt.fc1, wt.shared_fc1);
+  const Proj<ScaleT>& p3 = wt.fc3;
   const i32 N1 = Rows::n1(I);
   using Q1 = QuantParams<ScaleT, B1, BLOCK, Z1>;
   using Q3 = QuantParams<ScaleT, B1, BLOCK, Z3>;
   using Second = PfSecond<GATE == GATE_FC3, Q1, Q3>;
   using QB = typename Second::type;
-  const Q1 q1{s1, z1, zp_offset, N1, H, Rows::kInterleavedTiles};
-  const Q3 q3{s3, z3, zp_offset, I, H};
+  const Q1 q1{p1.scales, p1.zp, wt.zp_offset, N1, H, Rows::kInterleavedTiles};
+  const Q3 q3{p3.scales, p3.zp, wt.zp_offset, I, H};
   const QB& qb = Second::pick(q1, q3);
-  const u8* wb = GATE == GATE_FC3 ? w3 : w1;
+  const u8* wb = GATE == GATE_FC3 ? p3.w : p1.w;
   const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   i32 o0[kPfMW];
   PfLaneRows<T, Q1, QB, kPfMW> lr;
@@ -235,9 +232,9 @@ fc1_prefill(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* 
     o0[m] = (nt * kPfTiles + warp * kPfMW + m) * kOut;
     const i32 oa = min(o0[m] + g, I - 1), ob = Rows::kGated ? oa : min(o0[m] + g + 8, I - 1);  // clamped: never stored
     const i32 na = Rows::gate_row(oa, I), nb = Rows::kGated ? Rows::lin_row(oa, I) : ob;
-    lr.set(m, q1, w1, na, Rows::tile_row(na), qb, wb, nb, Rows::tile_row(nb), e);
+    lr.set(m, q1, p1.w, na, Rows::tile_row(na), qb, wb, nb, Rows::tile_row(nb), e);
   }
-  for (int i = threadIdx.x; i < BR; i += kPfThreads) s_src[i] = m0 + i < m_end ? (i64)(sorted[m0 + i] / k) * H : -1;
+  for (int i = threadIdx.x; i < BR; i += kPfThreads) s_src[i] = m0 + i < m_end ? (i64)(rg.sorted[m0 + i] / k) * H : -1;
   __syncthreads();
   float acc[kPfMW][NR][4] = {};
   pf_mainloop<T, B1, NR, kZpw, Q1, QB, St>(q1, qb, lr, e, x, s_src, H, acc, dyn_smem);
@@ -253,11 +250,11 @@ fc1_prefill(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* 
         T* out = act_sorted + (i64)pos * I;
         if constexpr (Rows::kGated) {
           const i32 o = o0[m] + g;
-          if (o < I) out[o] = Traits<T>::from_float(fc1_activation<ACT, GATE>(ha, hb, b1, b3, e, o, I, ap));
+          if (o < I) out[o] = Traits<T>::from_float(fc1_activation<ACT, GATE>(ha, hb, p1.bias, p3.bias, e, o, I, ap));
         } else {
           const i32 o = o0[m] + g;
-          if (o < I) out[o] = Traits<T>::from_float(fc1_activation<ACT, GATE>(ha, 0.0f, b1, b3, e, o, I, ap));
-          if (o + 8 < I) out[o + 8] = Traits<T>::from_float(fc1_activation<ACT, GATE>(hb, 0.0f, b1, b3, e, o + 8, I, ap));
+          if (o < I) out[o] = Traits<T>::from_float(fc1_activation<ACT, GATE>(ha, 0.0f, p1.bias, p3.bias, e, o, I, ap));
+          if (o + 8 < I) out[o + 8] = Traits<T>::from_float(fc1_activation<ACT, GATE>(hb, 0.0f, p1.bias, p3.bias, e, o + 8, I, ap));
         }
       }
     }
@@ -267,11 +264,8 @@ fc1_prefill(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* 
 // FC2: y[route, n] = act_sorted[m] · W2[e, n] + b2[e, n] for the tile's routes (scattered by route id).
 template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, int NR>
 __global__ void __launch_bounds__(kPfThreads, kPfMinBlocks)
-fc2_prefill(const T* __restrict__ act_sorted, const i32* __restrict__ sorted, const i32* __restrict__ offsets,
-            const i32* __restrict__ tile_offsets, i32 E, i32 H, i32 I, i32 NT, i32 G, const u8* __restrict__ w2,
-            const ScaleT* __restrict__ s2, const u8* __restrict__ z2, const float* __restrict__ b2, i32 E_routed,
-            const u8* __restrict__ shared_w2, const ScaleT* __restrict__ shared_s2, const u8* __restrict__ shared_z2,
-            const float* __restrict__ shared_b2, float zp_offset, float* __restrict__ y) {
+fc2_prefill(const T* __restrict__ act_sorted, const RouteGroups rg, i32 E, i32 H, i32 I, i32 NT, i32 G,
+            const Fc2Weights<ScaleT> wt, float* __restrict__ y) {
   constexpr bool kZpw = Z2 == ZP_PACKED;
   using St = PfStage<B2, ScaleT, BLOCK, kZpw, NR>;
   constexpr int BR = 8 * NR;
@@ -279,10 +273,10 @@ fc2_prefill(const T* __restrict__ act_sorted, const i32* __restrict__ sorted, co
   __shared__ i64 s_src[BR];
   pf_check_smem<St>();
   i32 nt, e, m0, m_end;
-  if (!pf_tile<BR>(offsets, tile_offsets, E, NT, G, nt, e, m0, m_end)) return;
-  pick_expert(e, E_routed, w2, s2, z2, b2, shared_w2, shared_s2, shared_z2, shared_b2);
+  if (!pf_tile<BR>(rg.offsets, rg.tile_offsets, E, NT, G, nt, e, m0, m_end)) return;
+  const Proj<ScaleT> p2 = expert_proj(e, wt.E_routed, wt.fc2, wt.shared_fc2);
   using Q2 = QuantParams<ScaleT, B2, BLOCK, Z2>;
-  const Q2 q2{s2, z2, zp_offset, H, I};
+  const Q2 q2{p2.scales, p2.zp, wt.zp_offset, H, I};
   const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   i32 n0[kPfMW];
   PfLaneRows<T, Q2, Q2, kPfMW> lr;
@@ -290,7 +284,7 @@ fc2_prefill(const T* __restrict__ act_sorted, const i32* __restrict__ sorted, co
   for (int m = 0; m < kPfMW; ++m) {
     n0[m] = (nt * kPfTiles + warp * kPfMW + m) * 16;
     const i32 na = min(n0[m] + g, H - 1), nb = min(n0[m] + g + 8, H - 1);  // clamped: never stored
-    lr.set(m, q2, w2, na, na, q2, w2, nb, nb, e);
+    lr.set(m, q2, p2.w, na, na, q2, p2.w, nb, nb, e);
   }
   for (int i = threadIdx.x; i < BR; i += kPfThreads) s_src[i] = m0 + i < m_end ? (i64)(m0 + i) * I : -1;
   __syncthreads();
@@ -304,10 +298,10 @@ fc2_prefill(const T* __restrict__ act_sorted, const i32* __restrict__ sorted, co
       for (int cc = 0; cc < 2; ++cc) {
         const i32 pos = m0 + 8 * jn + 2 * t + cc;
         if (pos >= m_end) continue;
-        float* out = y + (i64)sorted[pos] * H;
+        float* out = y + (i64)__ldg(rg.sorted + pos) * H;
         const i32 n = n0[m] + g;
-        if (n < H) out[n] = acc[m][jn][cc] * lr.sa[m] + (b2 ? b2[(i64)e * H + n] : 0.0f);
-        if (n + 8 < H) out[n + 8] = acc[m][jn][2 + cc] * lr.sb[m] + (b2 ? b2[(i64)e * H + n + 8] : 0.0f);
+        if (n < H) out[n] = acc[m][jn][cc] * lr.sa[m] + (p2.bias ? __ldg(p2.bias + (i64)e * H + n) : 0.0f);
+        if (n + 8 < H) out[n + 8] = acc[m][jn][2 + cc] * lr.sb[m] + (p2.bias ? __ldg(p2.bias + (i64)e * H + n + 8) : 0.0f);
       }
     }
   }

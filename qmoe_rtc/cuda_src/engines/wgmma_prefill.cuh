@@ -176,13 +176,8 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
 // bits, whose order FC2 reads), zeros for I <= o < Ip. Warp tile = 8 outputs (gated) or 16 (plain).
 template <int GATE, typename T, typename ScaleT, int B1, int B2, int Z1, int Z3, int BLOCK, int ACT, int BR>
 __global__ void __launch_bounds__(kWgThreads, 1)
-fc1_wgmma(const T* __restrict__ xp, const i32* __restrict__ sorted, const i32* __restrict__ offsets,
-          const i32* __restrict__ tile_offsets, i32 E, i32 k, i32 H, i32 Hp, i32 I, i32 Ip, i32 NT, i32 G,
-          const u8* __restrict__ w1, const ScaleT* __restrict__ s1, const u8* __restrict__ z1,
-          const float* __restrict__ b1, const u8* __restrict__ w3, const ScaleT* __restrict__ s3,
-          const u8* __restrict__ z3, const float* __restrict__ b3, i32 E_routed, const u8* __restrict__ shared_w1,
-          const ScaleT* __restrict__ shared_s1, const u8* __restrict__ shared_z1, const float* __restrict__ shared_b1,
-          float zp_offset, float alpha, float beta, float limit, i32 limit_after, T* __restrict__ act_sorted) {
+fc1_wgmma(const T* __restrict__ xp, const RouteGroups rg, i32 E, i32 k, i32 H, i32 Hp, i32 I, i32 Ip, i32 NT, i32 G,
+          const Fc1Weights<ScaleT> wt, const ActParams ap, T* __restrict__ act_sorted) {
   using Rows = Fc1Rows<GATE>;
   constexpr bool kZpw = Z1 == ZP_PACKED || (GATE == GATE_FC3 && Z3 == ZP_PACKED);
   using St = WgStage<B1, ScaleT, BLOCK, kZpw, BR>;
@@ -191,26 +186,26 @@ fc1_wgmma(const T* __restrict__ xp, const i32* __restrict__ sorted, const i32* _
   __shared__ i64 s_src[BR];
   u8* smem = wg_smem<St::kStages * St::kBytes>(dyn_smem);
   i32 nt, e, m0, m_end;
-  if (!pf_tile<BR>(offsets, tile_offsets, E, NT, G, nt, e, m0, m_end)) return;
-  pick_expert(e, E_routed, w1, s1, z1, b1, shared_w1, shared_s1, shared_z1, shared_b1);
-  const ActParams ap{alpha, beta, limit, limit_after};
+  if (!pf_tile<BR>(rg.offsets, rg.tile_offsets, E, NT, G, nt, e, m0, m_end)) return;
+  const Proj<ScaleT> p1 = expert_proj(e, wt.E_routed, wt.fc1, wt.shared_fc1);
+  const Proj<ScaleT>& p3 = wt.fc3;
   using Q1 = QuantParams<ScaleT, B1, BLOCK, Z1>;
   using Q3 = QuantParams<ScaleT, B1, BLOCK, Z3>;
   using Second = PfSecond<GATE == GATE_FC3, Q1, Q3>;
   using QB = typename Second::type;
-  const Q1 q1{s1, z1, zp_offset, Rows::n1(I), H, Rows::kInterleavedTiles};
-  const Q3 q3{s3, z3, zp_offset, I, H};
+  const Q1 q1{p1.scales, p1.zp, wt.zp_offset, Rows::n1(I), H, Rows::kInterleavedTiles};
+  const Q3 q3{p3.scales, p3.zp, wt.zp_offset, I, H};
   const QB& qb = Second::pick(q1, q3);
-  const u8* wb = GATE == GATE_FC3 ? w3 : w1;
+  const u8* wb = GATE == GATE_FC3 ? p3.w : p1.w;
   const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const i32 o0 = (nt * kWgWarps + warp) * kOut;
   PfLaneRows<T, Q1, QB, 1> lr;
   {
     const i32 oa = min(o0 + g, I - 1), ob = Rows::kGated ? oa : min(o0 + g + 8, I - 1);  // clamped: never stored
     const i32 na = Rows::gate_row(oa, I), nb = Rows::kGated ? Rows::lin_row(oa, I) : ob;
-    lr.set(0, q1, w1, na, Rows::tile_row(na), qb, wb, nb, Rows::tile_row(nb), e);
+    lr.set(0, q1, p1.w, na, Rows::tile_row(na), qb, wb, nb, Rows::tile_row(nb), e);
   }
-  for (int i = threadIdx.x; i < BR; i += kWgThreads) s_src[i] = m0 + i < m_end ? (i64)(sorted[m0 + i] / k) * Hp : -1;
+  for (int i = threadIdx.x; i < BR; i += kWgThreads) s_src[i] = m0 + i < m_end ? (i64)(rg.sorted[m0 + i] / k) * Hp : -1;
   __syncthreads();
   float acc[BR / 2];
 #pragma unroll
@@ -226,11 +221,11 @@ fc1_wgmma(const T* __restrict__ xp, const i32* __restrict__ sorted, const i32* _
       T* out = act_sorted + (i64)pos * Ip;
       const i32 o = o0 + g;
       if constexpr (Rows::kGated) {
-        if (o < Ip) out[wg_pos<B2>(o)] = Traits<T>::from_float(o < I ? fc1_activation<ACT, GATE>(ha, hb, b1, b3, e, o, I, ap) : 0.0f);
+        if (o < Ip) out[wg_pos<B2>(o)] = Traits<T>::from_float(o < I ? fc1_activation<ACT, GATE>(ha, hb, p1.bias, p3.bias, e, o, I, ap) : 0.0f);
       } else {
-        if (o < Ip) out[wg_pos<B2>(o)] = Traits<T>::from_float(o < I ? fc1_activation<ACT, GATE>(ha, 0.0f, b1, b3, e, o, I, ap) : 0.0f);
+        if (o < Ip) out[wg_pos<B2>(o)] = Traits<T>::from_float(o < I ? fc1_activation<ACT, GATE>(ha, 0.0f, p1.bias, p3.bias, e, o, I, ap) : 0.0f);
         if (o + 8 < Ip)
-          out[wg_pos<B2>(o + 8)] = Traits<T>::from_float(o + 8 < I ? fc1_activation<ACT, GATE>(hb, 0.0f, b1, b3, e, o + 8, I, ap) : 0.0f);
+          out[wg_pos<B2>(o + 8)] = Traits<T>::from_float(o + 8 < I ? fc1_activation<ACT, GATE>(hb, 0.0f, p1.bias, p3.bias, e, o + 8, I, ap) : 0.0f);
       }
     }
   }
@@ -239,26 +234,23 @@ fc1_wgmma(const T* __restrict__ xp, const i32* __restrict__ sorted, const i32* _
 // FC2: y[route, n] = act_sorted[m] · W2[e, n] + b2[e, n] for the tile's routes (scattered by route id).
 template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, int BR>
 __global__ void __launch_bounds__(kWgThreads, 1)
-fc2_wgmma(const T* __restrict__ act_sorted, const i32* __restrict__ sorted, const i32* __restrict__ offsets,
-          const i32* __restrict__ tile_offsets, i32 E, i32 H, i32 I, i32 Ip, i32 NT, i32 G, const u8* __restrict__ w2,
-          const ScaleT* __restrict__ s2, const u8* __restrict__ z2, const float* __restrict__ b2, i32 E_routed,
-          const u8* __restrict__ shared_w2, const ScaleT* __restrict__ shared_s2, const u8* __restrict__ shared_z2,
-          const float* __restrict__ shared_b2, float zp_offset, float* __restrict__ y) {
+fc2_wgmma(const T* __restrict__ act_sorted, const RouteGroups rg, i32 E, i32 H, i32 I, i32 Ip, i32 NT, i32 G,
+          const Fc2Weights<ScaleT> wt, float* __restrict__ y) {
   constexpr bool kZpw = Z2 == ZP_PACKED;
   using St = WgStage<B2, ScaleT, BLOCK, kZpw, BR>;
   extern __shared__ __align__(16) u8 dyn_smem[];
   __shared__ i64 s_src[BR];
   u8* smem = wg_smem<St::kStages * St::kBytes>(dyn_smem);
   i32 nt, e, m0, m_end;
-  if (!pf_tile<BR>(offsets, tile_offsets, E, NT, G, nt, e, m0, m_end)) return;
-  pick_expert(e, E_routed, w2, s2, z2, b2, shared_w2, shared_s2, shared_z2, shared_b2);
+  if (!pf_tile<BR>(rg.offsets, rg.tile_offsets, E, NT, G, nt, e, m0, m_end)) return;
+  const Proj<ScaleT> p2 = expert_proj(e, wt.E_routed, wt.fc2, wt.shared_fc2);
   using Q2 = QuantParams<ScaleT, B2, BLOCK, Z2>;
-  const Q2 q2{s2, z2, zp_offset, H, I};
+  const Q2 q2{p2.scales, p2.zp, wt.zp_offset, H, I};
   const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const i32 n0 = (nt * kWgWarps + warp) * 16;
   PfLaneRows<T, Q2, Q2, 1> lr;
   const i32 na = min(n0 + g, H - 1), nb = min(n0 + g + 8, H - 1);  // clamped: never stored
-  lr.set(0, q2, w2, na, na, q2, w2, nb, nb, e);
+  lr.set(0, q2, p2.w, na, na, q2, p2.w, nb, nb, e);
   for (int i = threadIdx.x; i < BR; i += kWgThreads) s_src[i] = m0 + i < m_end ? (i64)(m0 + i) * Ip : -1;
   __syncthreads();
   float acc[BR / 2];
@@ -271,10 +263,10 @@ fc2_wgmma(const T* __restrict__ act_sorted, const i32* __restrict__ sorted, cons
     for (int cc = 0; cc < 2; ++cc) {
       const i32 pos = m0 + 8 * jn + 2 * t + cc;
       if (pos >= m_end) continue;
-      float* out = y + (i64)sorted[pos] * H;
+      float* out = y + (i64)rg.sorted[pos] * H;
       const i32 n = n0 + g;
-      if (n < H) out[n] = acc[4 * jn + cc] * lr.sa[0] + (b2 ? b2[(i64)e * H + n] : 0.0f);
-      if (n + 8 < H) out[n + 8] = acc[4 * jn + 2 + cc] * lr.sb[0] + (b2 ? b2[(i64)e * H + n + 8] : 0.0f);
+      if (n < H) out[n] = acc[4 * jn + cc] * lr.sa[0] + (p2.bias ? __ldg(p2.bias + (i64)e * H + n) : 0.0f);
+      if (n + 8 < H) out[n + 8] = acc[4 * jn + 2 + cc] * lr.sb[0] + (p2.bias ? __ldg(p2.bias + (i64)e * H + n + 8) : 0.0f);
     }
   }
 }

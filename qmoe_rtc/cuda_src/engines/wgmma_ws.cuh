@@ -43,14 +43,13 @@ namespace qmoe {
 // order, zeros past H. One block per route tile of BR routes (blocks past the last tile return).
 template <typename T, int B, int BR>
 __global__ void __launch_bounds__(256)
-ws_gather(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* __restrict__ offsets,
-          const i32* __restrict__ tile_offsets, i32 E, i32 k, i32 H, i32 Hp, i32 Rp, T* __restrict__ xs) {
+ws_gather(const T* __restrict__ x, const RouteGroups rg, i32 E, i32 k, i32 H, i32 Hp, i32 Rp, T* __restrict__ xs) {
   i32 e, m0, m_end;
-  if (!find_tile<BR>(offsets, tile_offsets, E, blockIdx.x, e, m0, m_end)) return;
+  if (!find_tile<BR>(rg.offsets, rg.tile_offsets, E, blockIdx.x, e, m0, m_end)) return;
   const i32 units = Hp / 8;
   for (i32 i = threadIdx.x; i < (m_end - m0) * units; i += 256) {
     const i32 p = m0 + i / units, u = i % units, c0 = (u >> 4) * 128, l0 = (u & 15) * 8;
-    const u16* src = reinterpret_cast<const u16*>(x) + (i64)(sorted[p] / k) * H;
+    const u16* src = reinterpret_cast<const u16*>(x) + (i64)(rg.sorted[p] / k) * H;
     u32 v[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -65,13 +64,8 @@ ws_gather(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* __
 // FC2's bits, whose order FC2 reads), zeros for I <= o < Ip. Weight tile = 8 outputs (gated) or 16 (plain).
 template <int GATE, typename T, typename ScaleT, int B1, int B2, int Z1, int Z3, int BLOCK, int ACT, int BR>
 __global__ void __launch_bounds__(kWsThreads, 1)
-fc1_wgws(const T* __restrict__ xs, const i32* __restrict__ sorted, const i32* __restrict__ offsets,
-         const i32* __restrict__ tile_offsets, i32 E, i32 H, i32 Hp, i32 I, i32 Ip, i32 Rp, i32 NT, i32 G,
-         const u8* __restrict__ w1, const ScaleT* __restrict__ s1, const u8* __restrict__ z1,
-         const float* __restrict__ b1, const u8* __restrict__ w3, const ScaleT* __restrict__ s3,
-         const u8* __restrict__ z3, const float* __restrict__ b3, i32 E_routed, const u8* __restrict__ shared_w1,
-         const ScaleT* __restrict__ shared_s1, const u8* __restrict__ shared_z1, const float* __restrict__ shared_b1,
-         float zp_offset, float alpha, float beta, float limit, i32 limit_after, T* __restrict__ act_sorted) {
+fc1_wgws(const T* __restrict__ xs, const RouteGroups rg, i32 E, i32 H, i32 Hp, i32 I, i32 Ip, i32 Rp, i32 NT, i32 G,
+         const Fc1Weights<ScaleT> wt, const ActParams ap, T* __restrict__ act_sorted) {
   using Rows = Fc1Rows<GATE>;
   constexpr bool kZpw = Z1 == ZP_PACKED || (GATE == GATE_FC3 && Z3 == ZP_PACKED);
   using St = WsStage<B1, ScaleT, BLOCK, kZpw, BR>;
@@ -84,22 +78,19 @@ fc1_wgws(const T* __restrict__ xs, const i32* __restrict__ sorted, const i32* __
   u8* smem = wg_smem<St::kStages * St::kBytes>(dyn_smem);
   const u32 s0 = (u32)__cvta_generic_to_shared(smem);
   WsRing<St::kStages> ring = ws_ring<St::kStages>(bars);
-  const i32 total = pf_tile_count(tile_offsets, E, NT, G);
-  auto row_of = [I](i32 wt, i32 g) { return ws_fc1_row<GATE>(wt, g, I); };
+  const i32 total = pf_tile_count(rg.tile_offsets, E, NT, G);
+  auto row_of = [I](i32 tile, i32 g) { return ws_fc1_row<GATE>(tile, g, I); };
+  const Proj<ScaleT>& p3 = wt.fc3;  // GATE_FC3 only
 
   if (threadIdx.x >= kWsMmaThreads) {  // the copy warpgroup
     ws_regs_dec<kWsCopyRegs>();
     for (i32 idx = blockIdx.x; idx < total; idx += gridDim.x) {
       i32 nt, e, m0, m_end;
-      if (!pf_tile_at<BR>(idx, offsets, tile_offsets, E, NT, G, nt, e, m0, m_end)) continue;
-      const u8* w = w1;
-      const ScaleT* s = s1;
-      const u8* z = z1;
-      const float* b = b1;
-      pick_expert(e, E_routed, w, s, z, b, shared_w1, shared_s1, shared_z1, shared_b1);
-      const Q1 q1{s, z, zp_offset, Rows::n1(I), H, Rows::kInterleavedTiles};
-      const Q3 q3{s3, z3, zp_offset, I, H};
-      ws_produce<T, B1, BR, kZpw, Q1, QB, St>(q1, Second::pick(q1, q3), w, GATE == GATE_FC3 ? w3 : w, e, nt, m0,
+      if (!pf_tile_at<BR>(idx, rg.offsets, rg.tile_offsets, E, NT, G, nt, e, m0, m_end)) continue;
+      const Proj<ScaleT> p1 = expert_proj(e, wt.E_routed, wt.fc1, wt.shared_fc1);
+      const Q1 q1{p1.scales, p1.zp, wt.zp_offset, Rows::n1(I), H, Rows::kInterleavedTiles};
+      const Q3 q3{p3.scales, p3.zp, wt.zp_offset, I, H};
+      ws_produce<T, B1, BR, kZpw, Q1, QB, St>(q1, Second::pick(q1, q3), p1.w, GATE == GATE_FC3 ? p3.w : p1.w, e, nt, m0,
                                               row_of, xs, Rp, H, Hp, s0, ring);
     }
     cp_async_wait<0>();
@@ -107,26 +98,21 @@ fc1_wgws(const T* __restrict__ xs, const i32* __restrict__ sorted, const i32* __
   }
 
   ws_regs_inc<kWsMmaRegs>();
-  const ActParams ap{alpha, beta, limit, limit_after};
   const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   i32 held = -1;
   for (i32 idx = blockIdx.x; idx < total; idx += gridDim.x) {
     i32 nt, e, m0, m_end;
-    if (!pf_tile_at<BR>(idx, offsets, tile_offsets, E, NT, G, nt, e, m0, m_end)) continue;
-    const u8* w = w1;
-    const ScaleT* s = s1;
-    const u8* z = z1;
-    const float* b = b1;
-    pick_expert(e, E_routed, w, s, z, b, shared_w1, shared_s1, shared_z1, shared_b1);
-    const Q1 q1{s, z, zp_offset, Rows::n1(I), H, Rows::kInterleavedTiles};
-    const Q3 q3{s3, z3, zp_offset, I, H};
+    if (!pf_tile_at<BR>(idx, rg.offsets, rg.tile_offsets, E, NT, G, nt, e, m0, m_end)) continue;
+    const Proj<ScaleT> p1 = expert_proj(e, wt.E_routed, wt.fc1, wt.shared_fc1);
+    const Q1 q1{p1.scales, p1.zp, wt.zp_offset, Rows::n1(I), H, Rows::kInterleavedTiles};
+    const Q3 q3{p3.scales, p3.zp, wt.zp_offset, I, H};
     const QB& qb = Second::pick(q1, q3);
-    const u8* wb = GATE == GATE_FC3 ? w3 : w;
+    const u8* wb = GATE == GATE_FC3 ? p3.w : p1.w;
     PfLaneRows<T, Q1, QB, kWsMW> lr;
 #pragma unroll
     for (int m = 0; m < kWsMW; ++m) {
       const WsRow rw = row_of(nt * kWsTiles + warp * kWsMW + m, g);
-      lr.set(m, q1, w, rw.na, rw.ma, qb, wb, rw.nb, rw.mb, e);
+      lr.set(m, q1, p1.w, rw.na, rw.ma, qb, wb, rw.nb, rw.mb, e);
     }
     float acc[kWsMW][BR / 2];
 #pragma unroll
@@ -148,14 +134,14 @@ fc1_wgws(const T* __restrict__ xs, const i32* __restrict__ sorted, const i32* __
           if constexpr (Rows::kGated) {
             if (o < Ip)
               act_sorted[img_index(pos, swz, wg_pos<B2>(o), Rp)] =
-                  Traits<T>::from_float(o < I ? fc1_activation<ACT, GATE>(ha, hb, b, b3, e, o, I, ap) : 0.0f);
+                  Traits<T>::from_float(o < I ? fc1_activation<ACT, GATE>(ha, hb, p1.bias, p3.bias, e, o, I, ap) : 0.0f);
           } else {
             if (o < Ip)
               act_sorted[img_index(pos, swz, wg_pos<B2>(o), Rp)] =
-                  Traits<T>::from_float(o < I ? fc1_activation<ACT, GATE>(ha, 0.0f, b, b3, e, o, I, ap) : 0.0f);
+                  Traits<T>::from_float(o < I ? fc1_activation<ACT, GATE>(ha, 0.0f, p1.bias, p3.bias, e, o, I, ap) : 0.0f);
             if (o + 8 < Ip)
               act_sorted[img_index(pos, swz, wg_pos<B2>(o + 8), Rp)] =
-                  Traits<T>::from_float(o + 8 < I ? fc1_activation<ACT, GATE>(hb, 0.0f, b, b3, e, o + 8, I, ap) : 0.0f);
+                  Traits<T>::from_float(o + 8 < I ? fc1_activation<ACT, GATE>(hb, 0.0f, p1.bias, p3.bias, e, o + 8, I, ap) : 0.0f);
           }
         }
       }
@@ -166,11 +152,8 @@ fc1_wgws(const T* __restrict__ xs, const i32* __restrict__ sorted, const i32* __
 // FC2: y[route, n] = act_sorted[m] · W2[e, n] + b2[e, n] for the tile's routes (scattered by route id).
 template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, int BR>
 __global__ void __launch_bounds__(kWsThreads, 1)
-fc2_wgws(const T* __restrict__ act_sorted, const i32* __restrict__ sorted, const i32* __restrict__ offsets,
-         const i32* __restrict__ tile_offsets, i32 E, i32 H, i32 I, i32 Ip, i32 Rp, i32 NT, i32 G, const u8* __restrict__ w2,
-         const ScaleT* __restrict__ s2, const u8* __restrict__ z2, const float* __restrict__ b2, i32 E_routed,
-         const u8* __restrict__ shared_w2, const ScaleT* __restrict__ shared_s2, const u8* __restrict__ shared_z2,
-         const float* __restrict__ shared_b2, float zp_offset, float* __restrict__ y) {
+fc2_wgws(const T* __restrict__ act_sorted, const RouteGroups rg, i32 E, i32 H, i32 I, i32 Ip, i32 Rp, i32 NT, i32 G,
+         const Fc2Weights<ScaleT> wt, float* __restrict__ y) {
   constexpr bool kZpw = Z2 == ZP_PACKED;
   using St = WsStage<B2, ScaleT, BLOCK, kZpw, BR>;
   using Q2 = QuantParams<ScaleT, B2, BLOCK, Z2>;
@@ -179,21 +162,17 @@ fc2_wgws(const T* __restrict__ act_sorted, const i32* __restrict__ sorted, const
   u8* smem = wg_smem<St::kStages * St::kBytes>(dyn_smem);
   const u32 s0 = (u32)__cvta_generic_to_shared(smem);
   WsRing<St::kStages> ring = ws_ring<St::kStages>(bars);
-  const i32 total = pf_tile_count(tile_offsets, E, NT, G);
-  auto row_of = [H](i32 wt, i32 g) { return ws_fc2_row(wt, g, H); };
+  const i32 total = pf_tile_count(rg.tile_offsets, E, NT, G);
+  auto row_of = [H](i32 tile, i32 g) { return ws_fc2_row(tile, g, H); };
 
   if (threadIdx.x >= kWsMmaThreads) {  // the copy warpgroup
     ws_regs_dec<kWsCopyRegs>();
     for (i32 idx = blockIdx.x; idx < total; idx += gridDim.x) {
       i32 nt, e, m0, m_end;
-      if (!pf_tile_at<BR>(idx, offsets, tile_offsets, E, NT, G, nt, e, m0, m_end)) continue;
-      const u8* w = w2;
-      const ScaleT* s = s2;
-      const u8* z = z2;
-      const float* b = b2;
-      pick_expert(e, E_routed, w, s, z, b, shared_w2, shared_s2, shared_z2, shared_b2);
-      const Q2 q2{s, z, zp_offset, H, I};
-      ws_produce<T, B2, BR, kZpw, Q2, Q2, St>(q2, q2, w, w, e, nt, m0, row_of, act_sorted, Rp, I, Ip, s0, ring);
+      if (!pf_tile_at<BR>(idx, rg.offsets, rg.tile_offsets, E, NT, G, nt, e, m0, m_end)) continue;
+      const Proj<ScaleT> p2 = expert_proj(e, wt.E_routed, wt.fc2, wt.shared_fc2);
+      const Q2 q2{p2.scales, p2.zp, wt.zp_offset, H, I};
+      ws_produce<T, B2, BR, kZpw, Q2, Q2, St>(q2, q2, p2.w, p2.w, e, nt, m0, row_of, act_sorted, Rp, I, Ip, s0, ring);
     }
     cp_async_wait<0>();
     return;
@@ -204,18 +183,14 @@ fc2_wgws(const T* __restrict__ act_sorted, const i32* __restrict__ sorted, const
   i32 held = -1;
   for (i32 idx = blockIdx.x; idx < total; idx += gridDim.x) {
     i32 nt, e, m0, m_end;
-    if (!pf_tile_at<BR>(idx, offsets, tile_offsets, E, NT, G, nt, e, m0, m_end)) continue;
-    const u8* w = w2;
-    const ScaleT* s = s2;
-    const u8* z = z2;
-    const float* b = b2;
-    pick_expert(e, E_routed, w, s, z, b, shared_w2, shared_s2, shared_z2, shared_b2);
-    const Q2 q2{s, z, zp_offset, H, I};
+    if (!pf_tile_at<BR>(idx, rg.offsets, rg.tile_offsets, E, NT, G, nt, e, m0, m_end)) continue;
+    const Proj<ScaleT> p2 = expert_proj(e, wt.E_routed, wt.fc2, wt.shared_fc2);
+    const Q2 q2{p2.scales, p2.zp, wt.zp_offset, H, I};
     PfLaneRows<T, Q2, Q2, kWsMW> lr;
 #pragma unroll
     for (int m = 0; m < kWsMW; ++m) {
       const WsRow rw = row_of(nt * kWsTiles + warp * kWsMW + m, g);
-      lr.set(m, q2, w, rw.na, rw.ma, q2, w, rw.nb, rw.mb, e);
+      lr.set(m, q2, p2.w, rw.na, rw.ma, q2, p2.w, rw.nb, rw.mb, e);
     }
     float acc[kWsMW][BR / 2];
 #pragma unroll
@@ -232,9 +207,9 @@ fc2_wgws(const T* __restrict__ act_sorted, const i32* __restrict__ sorted, const
         for (int cc = 0; cc < 2; ++cc) {
           const i32 pos = m0 + 8 * jn + 2 * t + cc;
           if (pos >= m_end) continue;
-          float* out = y + (i64)sorted[pos] * H;
-          if (n < H) out[n] = acc[m][4 * jn + cc] * lr.sa[m] + (b ? b[(i64)e * H + n] : 0.0f);
-          if (n + 8 < H) out[n + 8] = acc[m][4 * jn + 2 + cc] * lr.sb[m] + (b ? b[(i64)e * H + n + 8] : 0.0f);
+          float* out = y + (i64)rg.sorted[pos] * H;
+          if (n < H) out[n] = acc[m][4 * jn + cc] * lr.sa[m] + (p2.bias ? __ldg(p2.bias + (i64)e * H + n) : 0.0f);
+          if (n + 8 < H) out[n + 8] = acc[m][4 * jn + 2 + cc] * lr.sb[m] + (p2.bias ? __ldg(p2.bias + (i64)e * H + n + 8) : 0.0f);
         }
       }
     }

@@ -7,6 +7,7 @@
 //   silu/gelu with FC3: act(fc1) * fc3                                     -- gated form
 #pragma once
 
+#include "core/args.cuh"
 #include "core/types.cuh"
 
 namespace qmoe {
@@ -19,13 +20,6 @@ enum Gate : int {
   GATE_FUSED1 = 1,  // fc1 rows interleaved [g0, l0, g1, l1, ...]: gate 2i, linear 2i+1
   GATE_FUSED2 = 2,  // fc1 rows [g | l]: gate i, linear I + i
   GATE_FC3 = 3,     // gate fc1 row i, linear fc3 row i
-};
-
-struct ActParams {
-  float alpha;        // swiglu alpha
-  float beta;         // swiglu beta
-  float limit;        // swiglu limit (+inf: none)
-  i32 limit_after;    // swiglu_limit_after_activation
 };
 
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }

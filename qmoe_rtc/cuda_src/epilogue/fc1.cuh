@@ -38,20 +38,20 @@ template <int GATE> struct Fc1Rows {
 };
 
 // act[o] of expert e from the pre-activation h of its gate (or plain) row and, when gated, lin of its
-// linear row; adds the biases (b1 [E, N1] f32, b3 [E, I] f32, either may be null).
+// linear row; adds the biases (b1 [E, N1] f32, b3 [E, I] f32, either may be null; read-only, hence __ldg).
 template <int ACT, int GATE>
 __device__ __forceinline__ float fc1_activation(float h, float lin, const float* __restrict__ b1,
                                                 const float* __restrict__ b3, i32 e, i32 o, i32 I,
                                                 const ActParams& ap) {
   using R = Fc1Rows<GATE>;
   const i64 base1 = (i64)e * R::n1(I);
-  const float g = h + (b1 ? b1[base1 + R::gate_row(o, I)] : 0.0f);
+  const float g = h + (b1 ? __ldg(b1 + base1 + R::gate_row(o, I)) : 0.0f);
   if constexpr (!R::kGated) {
     return act1<ACT>(g);
   } else {
     float l = lin;
-    if constexpr (GATE == GATE_FC3) l += b3 ? b3[(i64)e * I + o] : 0.0f;
-    else l += b1 ? b1[base1 + R::lin_row(o, I)] : 0.0f;
+    if constexpr (GATE == GATE_FC3) l += b3 ? __ldg(b3 + (i64)e * I + o) : 0.0f;
+    else l += b1 ? __ldg(b1 + base1 + R::lin_row(o, I)) : 0.0f;
     return act_gated<ACT>(g, l, ap);
   }
 }

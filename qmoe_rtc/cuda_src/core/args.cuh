@@ -1,0 +1,56 @@
+// core/args.cuh: the argument structs of the expert kernels, passed by value.
+//
+// One declaration each. The Python argument specs mirror them member by member, in this order
+// (qmoe_rtc/kernels/_expert.py builds them), and tests/test_kernel_args.py reads this file to
+// check that they do. NVVM ignores __restrict__ on struct members, so a read-only load through them
+// that should take the non-coherent path says so (__ldg) instead of leaving the compiler to prove it.
+//
+//   Proj        w [E, N, ceil(K·b/8)] u8, scales [E, N(, nb)], zp (packed, nullable), bias [E, N] f32 (nullable)
+//   Fc1Weights  fc1, fc3 (GATE_FC3 only), E_routed, shared_fc1 [S, ...] (nullable), zp_offset
+//   Fc2Weights  fc2, E_routed, shared_fc2 [S, ...] (nullable), zp_offset
+//   RouteGroups sorted [R_pad] route ids by expert, offsets [E + 1], tile_offsets [E + 1] (routing/group.cuh)
+//   ActParams   alpha, beta, limit, limit_after (epilogue/act.cuh)
+#pragma once
+
+#include "core/types.cuh"
+
+namespace qmoe {
+
+// One projection's expert tensors (routed, or the shared experts' when it is a shared_* member).
+template <typename S> struct Proj {
+  const u8* w;        // [E, N, ceil(K·b/8)] codes (tiled layout: core/codes.cuh)
+  const S* scales;    // [E, N(, nb)] scales, or tiled meta records (core/dequant.cuh)
+  const u8* zp;       // packed zero points, or NULL
+  const float* bias;  // [E, N] float32, or NULL
+};
+
+template <typename S> struct Fc1Weights {
+  Proj<S> fc1;         // [E, N1, H·b/8]: N1 = 2I for fused gates, else I
+  Proj<S> fc3;         // [E, I, H·b/8]: read only when the gate is FC3
+  i32 E_routed;        // expert ids from E_routed on are shared experts (core/experts.cuh)
+  Proj<S> shared_fc1;  // [S, N1, H·b/8]: all NULL without shared experts
+  float zp_offset;     // the implicit zero point of codes without zero points: 2^(b-1)
+};
+
+template <typename S> struct Fc2Weights {
+  Proj<S> fc2;         // [E, H, I·b/8]
+  i32 E_routed;
+  Proj<S> shared_fc2;  // [S, H, I·b/8]
+  float zp_offset;
+};
+
+// What group_by_expert (routing/group.cuh) writes and the grouped engines read.
+struct RouteGroups {
+  const i32* sorted;        // [R_pad] route ids (token·k + slot) grouped by expert
+  const i32* offsets;       // [E + 1] each expert's first position in sorted
+  const i32* tile_offsets;  // [E + 1] each expert's first route tile
+};
+
+struct ActParams {
+  float alpha;      // swiglu alpha
+  float beta;       // swiglu beta
+  float limit;      // swiglu limit (+inf: none)
+  i32 limit_after;  // swiglu_limit_after_activation
+};
+
+}  // namespace qmoe
