@@ -156,8 +156,8 @@ KNOBS: dict[str, Knob] = {
              "Tuning only: 'batched' runs the batched-decode engine at every size, 'wgmma' the Hopper prefill "
              "engine at every size it supports, 'mma' the mma.sync tile engine (neither of the others); "
              "'auto' (default) picks by the routes per expert."),
-        Knob("batched_route_groups", "QMOE_RTC_BATCHED_ROUTE_GROUPS", "int", 0, False,
-             "Tuning only: route groups of 8 the batched-decode engine serves per pass over the weights (1, 2 or 4; "
+        Knob("batched_route_tile", "QMOE_RTC_BATCHED_ROUTE_TILE", "int", 0, False,
+             "Tuning only: routes the batched-decode engine serves per pass over the weights (8, 16 or 32; "
              "0 = from the routes per expert)."),
         Knob("batched_row_tiles", "QMOE_RTC_BATCHED_ROW_TILES", "int", 0, True,
              "Tuning only: 16-row tiles per warp of the batched-decode engine (1 or 2; 0 = 2 on tiled codes with "

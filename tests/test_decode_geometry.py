@@ -13,18 +13,18 @@ from qmoe_rtc.kernels.base import DEFAULT_SMS
 from qmoe_rtc.kernels.mma_decode import DEEP_CHUNKS, MIN_BLOCKS, ONE_WAVE_CHUNKS, k_split
 
 
-@pytest.mark.parametrize("what, tiles, experts, K, ng, want, want_off", [
-    ("qwen3-30b FC1, 1 token: 768 blocks > 660 resident, 384 fit with 8 chunks a warp", 96, 8, 2048, 1, 2, 4),
-    ("gpt-oss-120b FC1, 1 token: half still spills (720 blocks)", 360, 4, 2880, 1, 4, 4),
-    ("gpt-oss-120b FC2, 1 token: half fits but runs 12 chunks a warp", 180, 4, 2880, 1, 4, 4),
-    ("ort-2048 FC1, 1 token: 512 blocks already one wave", 256, 2, 2048, 1, 4, 4),
-    ("mixtral FC1, 1 token: no split to halve", 1792, 2, 4096, 1, 1, 1),
+@pytest.mark.parametrize("what, tiles, experts, K, br, want, want_off", [
+    ("qwen3-30b FC1, 1 token: 768 blocks > 660 resident, 384 fit with 8 chunks a warp", 96, 8, 2048, 8, 2, 4),
+    ("gpt-oss-120b FC1, 1 token: half still spills (720 blocks)", 360, 4, 2880, 8, 4, 4),
+    ("gpt-oss-120b FC2, 1 token: half fits but runs 12 chunks a warp", 180, 4, 2880, 8, 4, 4),
+    ("ort-2048 FC1, 1 token: 512 blocks already one wave", 256, 2, 2048, 8, 4, 4),
+    ("mixtral FC1, 1 token: no split to halve", 1792, 2, 4096, 8, 1, 1),
 ])
-def test_one_wave_rule(what, tiles, experts, K, ng, want, want_off):
+def test_one_wave_rule(what, tiles, experts, K, br, want, want_off):
     with knobs.scope(mma_deep_split=False):
-        assert k_split(tiles, experts, K, ng) == want, what
+        assert k_split(tiles, experts, K, br) == want, what
         with knobs.scope(mma_one_wave=False):
-            assert k_split(tiles, experts, K, ng) == want_off, what
+            assert k_split(tiles, experts, K, br) == want_off, what
 
 
 @pytest.mark.parametrize("what, tiles, experts, K, want, want_off", [
@@ -37,33 +37,33 @@ def test_one_wave_rule(what, tiles, experts, K, ng, want, want_off):
     ("gpt-oss-120b FC1, 1 token: split 4 already", 360, 4, 2880, 4, 4),
 ])
 def test_deep_split_rule(what, tiles, experts, K, want, want_off):
-    assert DEEP_CHUNKS == 16 and DEFAULT_SMS * MIN_BLOCKS[1] == 660
-    assert k_split(tiles, experts, K, 1) == want, what
+    assert DEEP_CHUNKS == 16 and DEFAULT_SMS * MIN_BLOCKS[8] == 660
+    assert k_split(tiles, experts, K, 8) == want, what
     with knobs.scope(mma_deep_split=False):
-        assert k_split(tiles, experts, K, 1) == want_off, what
+        assert k_split(tiles, experts, K, 8) == want_off, what
 
 
-def test_deep_split_rule_is_for_route_groups_of_8():
+def test_deep_split_rule_is_for_8_routes_per_pass():
     """Measured for up to 8 tokens only: the 16- and 32-route kernels keep the other rules' split."""
-    assert k_split(1792, 2, 4096, 1) == 2
+    assert k_split(1792, 2, 4096, 8) == 2
     with knobs.scope(mma_deep_split=False):
-        off = k_split(1792, 2, 4096, 2)
-    assert k_split(1792, 2, 4096, 2) == off
+        off = k_split(1792, 2, 4096, 16)
+    assert k_split(1792, 2, 4096, 16) == off
 
 
-def test_one_wave_rule_counts_the_route_groups_resident_blocks():
-    # 4 experts, K 1024 (8 chunks), 220 tiles: split 4 is 880 blocks, halved 440 -- inside NG = 1's
-    # 660 resident blocks, past NG = 4's 396
-    assert DEFAULT_SMS * MIN_BLOCKS[1] == 660 and DEFAULT_SMS * MIN_BLOCKS[4] == 396 and ONE_WAVE_CHUNKS == 8
-    assert k_split(220, 4, 1024, 1) == 2
-    assert k_split(220, 4, 1024, 4) == 4
+def test_one_wave_rule_counts_the_route_tiles_resident_blocks():
+    # 4 experts, K 1024 (8 chunks), 220 tiles: split 4 is 880 blocks, halved 440 -- inside BR = 8's
+    # 660 resident blocks, past BR = 32's 396
+    assert DEFAULT_SMS * MIN_BLOCKS[8] == 660 and DEFAULT_SMS * MIN_BLOCKS[32] == 396 and ONE_WAVE_CHUNKS == 8
+    assert k_split(220, 4, 1024, 8) == 2
+    assert k_split(220, 4, 1024, 32) == 4
 
 
 def test_one_wave_rule_counts_the_blocks_the_kernels_are_built_for():
     """With QMOE_RTC_MMA_MIN_BLOCKS the 8-route kernels are built for more blocks per SM; the split rule
     counts those (qwen3-30b FC1 at 1 token: 768 blocks fit 132 x 6 at once, so split 4 stays)."""
-    assert k_split(96, 8, 2048, 1, per_sm=5) == k_split(96, 8, 2048, 1) == 2
-    assert k_split(96, 8, 2048, 1, per_sm=6) == 4
+    assert k_split(96, 8, 2048, 8, per_sm=5) == k_split(96, 8, 2048, 8) == 2
+    assert k_split(96, 8, 2048, 8, per_sm=6) == 4
 
 
 def test_min_blocks_knob_reaches_the_spec_and_the_geometry():
@@ -75,11 +75,11 @@ def test_min_blocks_knob_reaches_the_spec_and_the_geometry():
     cfg = PRESETS["qwen3-30b-a3b"].config(dtype="bfloat16")
     p = Problem(rows=1, E=128, H=2048, I=768, k=8, dtype="bfloat16")
     default = fam.spec(cfg)
-    assert min_blocks(default, 1) == MIN_BLOCKS[1] and min_blocks(default, 4) == MIN_BLOCKS[4]
+    assert min_blocks(default, 8) == MIN_BLOCKS[8] and min_blocks(default, 32) == MIN_BLOCKS[32]
     assert fam.geometry(default, "fc1", p)[0] == 2
     with knobs.scope(mma_min_blocks=6):
         six = fam.spec(cfg)
-    assert min_blocks(six, 1) == 6 and min_blocks(six, 2) == MIN_BLOCKS[2]
+    assert min_blocks(six, 8) == 6 and min_blocks(six, 16) == MIN_BLOCKS[16]
     assert fam.geometry(six, "fc1", p)[0] == 4
     with knobs.scope(mma_min_blocks=9), pytest.raises(QMoEAttributeError, match="QMOE_RTC_MMA_MIN_BLOCKS"):
         fam.spec(cfg)
@@ -93,15 +93,15 @@ def test_split_rules_follow_the_devices_sm_count(sms):
         return n * sms // 132
 
     # qwen3-30b FC1 at 1 token: 768 blocks against 132 x 5 = 660 resident -> halved to 2 on an H200
-    assert k_split(96, 8, 2048, 1) == k_split(96, 8, 2048, 1, sms=132) == 2
+    assert k_split(96, 8, 2048, 8) == k_split(96, 8, 2048, 8, sms=132) == 2
     # the one-wave rule counts this device's resident blocks (5 per SM): qwen3's FC1 with its tiles scaled
     # to the device is a little past one wave on each, as on the H200, and is halved the same way
-    assert k_split(scaled(96), 8, 2048, 1, sms=sms) == 2
+    assert k_split(scaled(96), 8, 2048, 8, sms=sms) == 2
     # the target itself: split until tiles * experts * split reaches 24 warps per SM
     with knobs.scope(mma_one_wave=False, mma_deep_split=False):
-        assert k_split(scaled(24 * 132) // 4, 1, 8192, 1, sms=sms) == 4
-        assert k_split(24 * sms, 1, 8192, 1, sms=sms) == 1
-        assert k_split(24 * sms - 1, 1, 8192, 1, sms=sms) == 2
+        assert k_split(scaled(24 * 132) // 4, 1, 8192, 8, sms=sms) == 4
+        assert k_split(24 * sms, 1, 8192, 8, sms=sms) == 1
+        assert k_split(24 * sms - 1, 1, 8192, 8, sms=sms) == 2
 
 
 def test_geometry_takes_the_problems_sm_count():

@@ -140,8 +140,8 @@ def test_prefill_engine_by_device_and_size():
 def test_batched_engine_by_routes_per_expert():
     """The batched-decode engine runs up to 6 routes per expert on layers whose routes reach many
     experts, up to 12 on layers of few experts (measured, session 11); with two row tiles per warp (tiled
-    codes, a scale per chunk) up to 8 / 16 (session 12); route groups hold twice the average."""
-    from qmoe_rtc.kernels.mma_batched import route_groups, row_tiles
+    codes, a scale per chunk) up to 8 / 16 (session 12); a pass holds twice the average routes."""
+    from qmoe_rtc.kernels.mma_batched import row_tiles, tile_routes
 
     fam = get_family("mma_batched")
     qwen3 = CONFIGS[0]  # 128 experts, k 8: rows r give r / 16 routes per expert
@@ -159,8 +159,8 @@ def test_batched_engine_by_routes_per_expert():
     assert fam.slower(qwen3_t, _problem(qwen3_t, 144)) is not None  # 9
     assert fam.slower(mixtral_t, _problem(mixtral_t, 64)) is None  # 16
     assert fam.slower(mixtral_t, _problem(mixtral_t, 68)) is not None  # 17
-    # NG: 8·NG >= 2 × the average routes per expert, at most 4
-    assert [route_groups(_problem(mixtral, r)) for r in (8, 16, 17, 32, 33, 64, 512)] == [1, 1, 2, 2, 4, 4, 4]
+    # BR: the fewest of 8, 16, 32 routes per pass >= 2 × the average routes per expert
+    assert [tile_routes(_problem(mixtral, r)) for r in (8, 16, 17, 32, 33, 64, 512)] == [8, 8, 16, 16, 32, 32, 32]
 
 
 def test_prefill_engine_counts_only_a_slices_own_routes():

@@ -20,7 +20,7 @@ def group_and_combine(spec: ModuleSpec) -> tuple[KernelDef, ...]:
     """group_by_expert (routing/group.cuh) and combine_routes (epilogue/combine.cuh) for the spec's dtype."""
     return (
         KernelDef("group", "qmoe::group_by_expert",
-                  (Ptr("topk_ids", "int32"), Scalar("R", "int32"), Scalar("E", "int32"), Scalar("BM", "int32"),
+                  (Ptr("topk_ids", "int32"), Scalar("R", "int32"), Scalar("E", "int32"), Scalar("BR", "int32"),
                    Ptr("offsets", "int32"), Ptr("tile_offsets", "int32"), Ptr("sorted", "int32"))),
         KernelDef("combine", f"qmoe::combine_routes<{CPP_TYPES[spec['dtype']]}>",
                   (Ptr("y", "float32"), Ptr("topk_ids", "int32"), Ptr("topk_w", "float32"), Scalar("rows", "int32"),
@@ -29,7 +29,7 @@ def group_and_combine(spec: ModuleSpec) -> tuple[KernelDef, ...]:
 
 
 def group_launch(tile_routes: int) -> Launch:
-    return Launch((1, 1, 1), (GROUP_THREADS, 1, 1), 0, (("BM", tile_routes),))
+    return Launch((1, 1, 1), (GROUP_THREADS, 1, 1), 0, (("BR", tile_routes),))
 
 
 def combine_launch(problem: Problem) -> Launch:

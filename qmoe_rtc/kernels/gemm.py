@@ -23,15 +23,15 @@ from ._expert import (
 from ._grouped import GROUP_MAX_EXPERTS, combine_launch, group_and_combine, group_launch, grouped_scratch, route_tiles
 from .base import KernelFamily, Problem, Slot, register
 
-__all__ = ["GemmFamily", "tile_rows"]
+__all__ = ["GemmFamily", "tile_routes"]
 
 THREADS = 256  # kGemmThreads
-TILE_ROWS = (16, 64)  # routes per tile (template BM): 16 when experts get few routes each
+TILE_ROUTES = (16, 64)  # BR: routes per tile, 16 when experts get few routes each
 BW = 64  # kGemmBW: weight rows per tile
 MAX_GRID_Y = 65535
 
 
-def tile_rows(routes: int, E: int) -> int:
+def tile_routes(routes: int, E: int) -> int:
     """Routes per GEMM tile for ``routes`` spread over ``E`` experts: 64 once experts average 32+."""
     return 64 if routes >= 32 * E else 16
 
@@ -59,17 +59,17 @@ class GemmFamily(KernelFamily):
         t = template_types(spec)
         dt, sdt = spec["dtype"], spec["scale_dtype"]
         out = list(group_and_combine(spec))
-        for bm in TILE_ROWS:
+        for br in TILE_ROUTES:
             out.append(KernelDef(
-                f"fc1_bm{bm}",
+                f"fc1_br{br}",
                 f"qmoe::fc1_gemm<{t['T']}, {t['S']}, {t['B1']}, {t['Z1']}, {t['B3']}, {t['Z3']}, {t['BLOCK']}, "
-                f"{t['ACT']}, {t['GATE']}, {t['ALIGNED']}, {bm}>",
+                f"{t['ACT']}, {t['GATE']}, {t['ALIGNED']}, {br}>",
                 (Ptr("x", dt), ROUTE_GROUPS_ARG, Scalar("E", "int32"), Scalar("k", "int32"), Scalar("H", "int32"),
                  Scalar("I", "int32"), fc1_weights(sdt), ACT_PARAMS_ARG, Ptr("act_sorted", "float32")),
             ))
             out.append(KernelDef(
-                f"fc2_bm{bm}",
-                f"qmoe::fc2_gemm<{t['S']}, {t['B2']}, {t['Z2']}, {t['BLOCK']}, {t['ALIGNED']}, {bm}>",
+                f"fc2_br{br}",
+                f"qmoe::fc2_gemm<{t['S']}, {t['B2']}, {t['Z2']}, {t['BLOCK']}, {t['ALIGNED']}, {br}>",
                 (Ptr("act_sorted", "float32"), ROUTE_GROUPS_ARG, Scalar("E", "int32"), Scalar("H", "int32"),
                  Scalar("I", "int32"), fc2_weights(sdt), Ptr("y", "float32")),
             ))
@@ -77,16 +77,16 @@ class GemmFamily(KernelFamily):
 
     def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem) -> str:
         if role in ("fc1", "fc2"):
-            return f"{role}_bm{tile_rows(problem.routes, problem.experts)}"
+            return f"{role}_br{tile_routes(problem.routes, problem.experts)}"
         return role
 
     def launch(self, spec: ModuleSpec, role: str, problem: Problem) -> Launch:
-        bm = tile_rows(problem.routes, problem.experts)
+        br = tile_routes(problem.routes, problem.experts)
         if role == "group":
-            return group_launch(bm)
+            return group_launch(br)
         if role == "combine":
             return combine_launch(problem)
-        tiles = route_tiles(problem.routes, problem.experts, bm)
+        tiles = route_tiles(problem.routes, problem.experts, br)
         gated = spec["swiglu_fusion"] != 0 or spec["has_fc3"]
         cols = (2 * problem.I if gated else problem.I) if role == "fc1" else problem.H
         return Launch((tiles, (cols + BW - 1) // BW, 1), (THREADS, 1, 1), 0)

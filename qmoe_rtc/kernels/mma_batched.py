@@ -5,9 +5,9 @@ Template ``cuda_src/engines/mma_batched.cuh``: ``qmoe::fc1_batched`` (FC1 [+FC3]
 sorted order) and ``qmoe::fc2_batched`` (FC2 + bias, by route id), with ``group_by_expert`` and
 ``combine_routes`` as the prefill engines. The decode engine's weight stream (a cp.async ring per warp,
 K split over a block's warps) on grouped routes: no route limit, one block per (output tile, expert),
-``8·NG`` routes per pass over the weights with ``NG`` 1, 2 or 4 chosen from the routes per expert. On
-tiled codes with a scale per 128-code chunk a warp computes two 16-row tiles (:func:`row_tiles`), each
-route group's activations loaded once for both.
+``BR`` routes per pass over the weights (8, 16 or 32, :func:`tile_routes`) chosen from the routes per
+expert. On tiled codes with a scale per 128-code chunk a warp computes two 16-row tiles
+(:func:`row_tiles`), each group of 8 routes' activations loaded once for both.
 Above :func:`max_routes_per_expert` routes per expert the tile engines (mma_prefill, wgmma_prefill),
 which read each weight once per 16-256 routes, are faster (measured, docs/performance-log.md) and
 :meth:`MmaBatchedFamily.slower` says so.
@@ -42,9 +42,9 @@ from ._grouped import (
     tuning_knob,
 )
 from .base import KernelFamily, Problem, Slot, register
-from .mma_decode import MIN_BLOCKS, MIN_BLOCKS_ALLOWED, ROUTE_GROUPS, THREADS, WARPS, _stages, k_split, ring_bytes
+from .mma_decode import MIN_BLOCKS, MIN_BLOCKS_ALLOWED, THREADS, TILE_ROUTES, WARPS, _stages, k_split, ring_bytes
 
-__all__ = ["MAX_ROUTES_PER_EXPERT", "MmaBatchedFamily", "max_routes_per_expert", "per_expert", "route_groups",
+__all__ = ["MAX_ROUTES_PER_EXPERT", "MmaBatchedFamily", "max_routes_per_expert", "per_expert", "tile_routes",
            "row_tiles"]
 
 #: Routes per expert (average over the experts that get routes) up to which this engine runs, by row
@@ -67,18 +67,18 @@ def per_expert(problem: Problem) -> float:
     return routes / max(1, min(problem.experts, routes))
 
 
-def route_groups(problem: Problem) -> int:
-    """NG: the fewest route groups of 8 that hold twice the average expert's routes, so that most experts
-    take one pass over their weights (an expert with more routes takes more); knob
-    ``batched_route_groups`` forces one. Measured on the H200 (bf16 int4, session 11), every shape at
-    average 2 to 64 routes per expert: the rule picks the fastest NG at all 18 points but one (ort-2048
-    at 16 per expert: NG 4 81.3 µs, NG 2 76.4); NG sized to the average itself (the first rule) lost
+def tile_routes(problem: Problem) -> int:
+    """BR: the fewest routes per pass (8, 16, 32) that hold twice the average expert's routes, so that
+    most experts take one pass over their weights (an expert with more routes takes more); knob
+    ``batched_route_tile`` forces one. Measured on the H200 (bf16 int4, session 11), every shape at
+    average 2 to 64 routes per expert: the rule picks the fastest BR at all 18 points but one (ort-2048
+    at 16 per expert: BR 32 81.3 µs, BR 16 76.4); BR sized to the average itself (the first rule) lost
     17-21 % at 8 and 16 per expert, where skewed experts took a second pass."""
-    forced = tuning_knob("batched_route_groups", "QMOE_RTC_BATCHED_ROUTE_GROUPS", 0, (0, *ROUTE_GROUPS))
+    forced = tuning_knob("batched_route_tile", "QMOE_RTC_BATCHED_ROUTE_TILE", 0, (0, *TILE_ROUTES))
     if forced:
         return forced
     avg = per_expert(problem)
-    return next((ng for ng in ROUTE_GROUPS if 2 * avg <= 8 * ng), ROUTE_GROUPS[-1])
+    return next((br for br in TILE_ROUTES if 2 * avg <= br), TILE_ROUTES[-1])
 
 
 def row_tiles(tiled: bool, block_size: int) -> int:
@@ -97,16 +97,16 @@ def row_tiles(tiled: bool, block_size: int) -> int:
     return forced or (2 if tiled and (block_size == 0 or block_size >= 128) else 1)
 
 
-#: Blocks per SM the two-row-tile kernels' registers are set for, by NG (engines/mma_batched.cuh
-#: batched_min_blocks; route groups of 8 keep the decode engine's).
-MIN_BLOCKS_TWO_TILES = {2: 3, 4: 2}
+#: Blocks per SM the two-row-tile kernels' registers are set for, by BR (engines/mma_batched.cuh
+#: batched_min_blocks; 8 routes per pass keep the decode engine's).
+MIN_BLOCKS_TWO_TILES = {16: 3, 32: 2}
 
 
-def min_blocks(spec: ModuleSpec, ng: int) -> int:
-    """Resident blocks per SM the registers of route group ``ng``'s kernels are set for."""
-    if ng == 1:
+def min_blocks(spec: ModuleSpec, br: int) -> int:
+    """Resident blocks per SM the registers of the ``br``-route kernels are set for."""
+    if br == 8:
         return spec["min_blocks"]
-    return MIN_BLOCKS_TWO_TILES[ng] if spec["row_tiles"] == 2 else MIN_BLOCKS[ng]
+    return MIN_BLOCKS_TWO_TILES[br] if spec["row_tiles"] == 2 else MIN_BLOCKS[br]
 
 
 def max_routes_per_expert(problem: Problem, tiles: int = 1) -> int:
@@ -129,7 +129,7 @@ class MmaBatchedFamily(KernelFamily):
         tiled = tiled_spec(config)
         rt = row_tiles(bool(tiled), getattr(config, "layout", config).block_size)
         return expert_spec(self.name, config, stages=_stages(), row_tiles=rt,
-                           min_blocks=tuning_knob("mma_min_blocks", "QMOE_RTC_MMA_MIN_BLOCKS", MIN_BLOCKS[1],
+                           min_blocks=tuning_knob("mma_min_blocks", "QMOE_RTC_MMA_MIN_BLOCKS", MIN_BLOCKS[8],
                                                   MIN_BLOCKS_ALLOWED),
                            roll_copies=bool(knobs.get("mma_roll_copies")), **tiled)
 
@@ -166,17 +166,17 @@ class MmaBatchedFamily(KernelFamily):
         dt, sdt = spec["dtype"], spec["scale_dtype"]
         out = list(group_and_combine(spec))
         grouped = (Ptr("sorted", "int32"), Ptr("offsets", "int32"))
-        for ng in ROUTE_GROUPS:
+        for br in TILE_ROUTES:
             out.append(KernelDef(
-                f"fc1_ng{ng}",
+                f"fc1_br{br}",
                 f"qmoe::fc1_batched<{t['GATE']}, {t['T']}, {t['S']}, {t['B1']}, {t['Z1']}, {t['Z3']}, {t['BLOCK']}, "
-                f"{t['ACT']}, {ng}>",
+                f"{t['ACT']}, {br}>",
                 (Ptr("x", dt), *grouped, Scalar("k", "int32"), Scalar("H", "int32"), Scalar("I", "int32"),
                  Scalar("KS", "int32"), fc1_weights(sdt), ACT_PARAMS_ARG, Ptr("act_sorted", dt)),
             ))
             out.append(KernelDef(
-                f"fc2_ng{ng}",
-                f"qmoe::fc2_batched<{t['T']}, {t['S']}, {t['B2']}, {t['Z2']}, {t['BLOCK']}, {ng}>",
+                f"fc2_br{br}",
+                f"qmoe::fc2_batched<{t['T']}, {t['S']}, {t['B2']}, {t['Z2']}, {t['BLOCK']}, {br}>",
                 (Ptr("act_sorted", dt), *grouped, Scalar("H", "int32"), Scalar("I", "int32"), Scalar("KS", "int32"),
                  fc2_weights(sdt),
                  Ptr("y", "float32")),
@@ -184,7 +184,7 @@ class MmaBatchedFamily(KernelFamily):
         return tuple(out)
 
     def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem) -> str:
-        return f"{role}_ng{route_groups(problem)}" if role in ("fc1", "fc2") else role
+        return f"{role}_br{tile_routes(problem)}" if role in ("fc1", "fc2") else role
 
     def geometry(self, spec: ModuleSpec, role: str, problem: Problem) -> tuple[int, int]:
         """(KS, grid.x) of ``role``: K-split warps and blocks of output rows, by the decode engine's rule
@@ -196,8 +196,8 @@ class MmaBatchedFamily(KernelFamily):
             per_tile, n_out, K = 16, problem.H, problem.I
         per_tile *= spec["row_tiles"]
         tiles = (n_out + per_tile - 1) // per_tile
-        ng = route_groups(problem)
-        ks = k_split(tiles, experts, K, ng, min_blocks(spec, ng), problem.sm_count)
+        br = tile_routes(problem)
+        ks = k_split(tiles, experts, K, br, min_blocks(spec, br), problem.sm_count)
         per_block = per_tile * (WARPS // ks)
         return ks, (n_out + per_block - 1) // per_block
 

@@ -3,8 +3,8 @@
 Template ``cuda_src/engines/mma_decode.cuh``: ``qmoe::fc1_mma`` (FC1 [+FC3], activation fused) and
 ``qmoe::fc2_mma_combine`` (FC2, routing weight and bias applied, the last block of each output tile
 adds the routes in slot order). Expert-grouped: every expert's weights are read once per call
-however many of the rows chose it. One module holds both kernels for route groups of 8, 16 and 32
-routes per pass (``NG`` 1, 2, 4).
+however many of the rows chose it. One module holds both kernels for 8, 16 and 32 routes per pass
+(``BR``, the routes a tile serves, as in every engine).
 """
 
 from __future__ import annotations
@@ -30,16 +30,16 @@ from ._expert import (
 from ._grouped import tuning_knob
 from .base import DEFAULT_SMS, KernelFamily, Problem, Slot, register
 
-__all__ = ["MmaDecodeFamily", "decode_smem_bytes", "ring_bytes", "route_groups"]
+__all__ = ["MmaDecodeFamily", "decode_smem_bytes", "ring_bytes", "tile_routes"]
 
 THREADS = 128  # kMmaThreads (4 warps)
 WARPS = 4
 MAX_ROUTES = 512  # kMmaMaxRoutes: route ids one block scans
-ROUTE_GROUPS = (1, 2, 4)  # NG: route groups of 8 served per pass over an expert's weights
+TILE_ROUTES = (8, 16, 32)  # BR: routes served per pass over an expert's weights
 TARGET_WARPS_PER_SM = 24  # the K split aims for enough warps for every SM to keep ~24 in flight
 STAGES = 3  # kMmaStages: cp.async ring depth per warp
-MIN_BLOCKS = {1: 5, 2: 4, 4: 3}  # mma_min_blocks<NG>: resident blocks per SM the registers are set for
-MIN_BLOCKS_ALLOWED = (4, 5, 6, 7, 8)  # QMOE_RTC_MMA_MIN_BLOCKS (NG 1 only: route groups of 8, up to 8 tokens)
+MIN_BLOCKS = {8: 5, 16: 4, 32: 3}  # mma_min_blocks<BR>: resident blocks per SM the registers are set for
+MIN_BLOCKS_ALLOWED = (4, 5, 6, 7, 8)  # QMOE_RTC_MMA_MIN_BLOCKS (BR 8 only: up to 8 tokens)
 ONE_WAVE_CHUNKS = 8  # most 128-code chunks per warp the one-wave rule of k_split accepts
 DEEP_CHUNKS = 16  # fewest 128-code chunks per warp the deep-K rule of k_split leaves
 PREFETCH_CHUNKS = 4  # chunks of its two rows a warp warms L2 with before the route scan (kernel scalar PF)
@@ -69,30 +69,27 @@ def decode_smem_bytes(ring: int, routes: int) -> int:
     return ring + 8 * routes
 
 
-def min_blocks(spec: ModuleSpec, ng: int) -> int:
-    """Resident blocks per SM the registers of route group ``ng``'s kernels are set for."""
-    return spec["min_blocks"] if ng == 1 else MIN_BLOCKS[ng]
+def min_blocks(spec: ModuleSpec, br: int) -> int:
+    """Resident blocks per SM the registers of the ``br``-route kernels are set for."""
+    return spec["min_blocks"] if br == 8 else MIN_BLOCKS[br]
 
 
-def route_groups(rows: int) -> int:
-    """NG for a call with ``rows`` tokens: an expert has at most ``rows`` routes."""
-    for ng in ROUTE_GROUPS:
-        if rows <= 8 * ng:
-            return ng
-    return ROUTE_GROUPS[-1]
+def tile_routes(rows: int) -> int:
+    """BR for a call with ``rows`` tokens: an expert has at most ``rows`` routes."""
+    return next((br for br in TILE_ROUTES if rows <= br), TILE_ROUTES[-1])
 
 
-def k_split(tiles: int, experts: int, K: int, ng: int = 1, per_sm: int | None = None, sms: int = DEFAULT_SMS) -> int:
+def k_split(tiles: int, experts: int, K: int, br: int = 8, per_sm: int | None = None, sms: int = DEFAULT_SMS) -> int:
     """Warps of a block that split K (1, 2 or 4) on a device of ``sms`` multiprocessors: the fewest that
     give about ``TARGET_WARPS_PER_SM`` warps per SM, keeping at least two 128-code chunks per warp; then
     one wave instead of a sliver more: when that split puts more blocks in the grid than are resident
     at once (``sms`` SMs × ``per_sm``,
-    the blocks per SM of route group ``ng``, default ``MIN_BLOCKS[ng]``) and half of it fits them in
+    the blocks per SM of the ``br``-route kernels, default ``MIN_BLOCKS[br]``) and half of it fits them in
     one wave with at most ``ONE_WAVE_CHUNKS`` chunks per warp, half it is. Measured on the H200 in one
     process (docs/performance-log.md, session 6):
     qwen3-30b-a3b's FC1 at 1 token (768 blocks for 660 resident, or 384) took the layer 34.4 → 31.1 µs,
     while halving where the half still spills or runs long chunks lost (gpt-oss-120b 56.5 → 57.9 / 65.8).
-    Last the deep-K rule (route groups of 8 only, where it was measured): a grid of one to two waves
+    Last the deep-K rule (8 routes per pass only, where it was measured): a grid of one to two waves
     whose K is long enough that twice the split still leaves every warp ``DEEP_CHUNKS`` chunks splits
     twice as deep -- twice the warps over the same bytes, the second wave no longer mostly idle.
     Measured on the H200 in one process, layers timed in turns (session 9): mixtral-8x7b FC1 at 1 token
@@ -101,7 +98,7 @@ def k_split(tiles: int, experts: int, K: int, ng: int = 1, per_sm: int | None = 
     16 chunks: +2.2 %, qwen3-30b-a3b FC1 at 8 tokens, 2.3 waves: +3.4 %)."""
     target = knobs.get("mma_target_warps") or TARGET_WARPS_PER_SM * sms
     chunks = (K + 127) // 128
-    resident = sms * (per_sm or MIN_BLOCKS[ng])
+    resident = sms * (per_sm or MIN_BLOCKS[br])
 
     def blocks(s: int) -> int:  # grid.x · experts (grid.x = tiles / (WARPS / s))
         return experts * ((tiles * s + WARPS - 1) // WARPS)
@@ -111,7 +108,7 @@ def k_split(tiles: int, experts: int, K: int, ng: int = 1, per_sm: int | None = 
         half = ks // 2
         if blocks(ks) > resident >= blocks(half) and (chunks + half - 1) // half <= ONE_WAVE_CHUNKS:
             ks = half
-    if (ks < 4 and ng == 1 and knobs.get("mma_deep_split") and resident < blocks(ks) < 2 * resident
+    if (ks < 4 and br == 8 and knobs.get("mma_deep_split") and resident < blocks(ks) < 2 * resident
             and chunks >= DEEP_CHUNKS * 2 * ks):
         ks *= 2
     return ks
@@ -128,7 +125,7 @@ class MmaDecodeFamily(KernelFamily):
         (tuning knobs, read here once per spec, so the module key, the launch's shared memory and the
         K split always agree)."""
         return expert_spec(self.name, config, stages=_stages(),
-                           min_blocks=tuning_knob("mma_min_blocks", "QMOE_RTC_MMA_MIN_BLOCKS", MIN_BLOCKS[1],
+                           min_blocks=tuning_knob("mma_min_blocks", "QMOE_RTC_MMA_MIN_BLOCKS", MIN_BLOCKS[8],
                                                   MIN_BLOCKS_ALLOWED),
                            roll_copies=bool(knobs.get("mma_roll_copies")),
                            expert_flow=bool(knobs.get("mma_expert_flow")), **tiled_spec(config))
@@ -152,18 +149,18 @@ class MmaDecodeFamily(KernelFamily):
         dt, sdt = spec["dtype"], spec["scale_dtype"]
         gate = t["GATE"]
         out = []
-        for ng in ROUTE_GROUPS:
+        for br in TILE_ROUTES:
             out.append(KernelDef(
-                f"fc1_ng{ng}",
-                f"qmoe::fc1_mma<{gate}, {t['T']}, {t['S']}, {t['B1']}, {t['Z1']}, {t['Z3']}, {t['BLOCK']}, {t['ACT']}, {ng}>",
+                f"fc1_br{br}",
+                f"qmoe::fc1_mma<{gate}, {t['T']}, {t['S']}, {t['B1']}, {t['Z1']}, {t['Z3']}, {t['BLOCK']}, {t['ACT']}, {br}>",
                 (Ptr("x", dt), Ptr("topk_ids", "int32"), Scalar("R", "int32"), Scalar("k", "int32"),
                  Scalar("H", "int32"), Scalar("I", "int32"), Scalar("KS", "int32"), Scalar("PF", "int32"),
                  fc1_weights(sdt), ACT_PARAMS_ARG, Ptr("act", dt),
                  Ptr("fc1_done", "uint32")),
             ))
             out.append(KernelDef(
-                f"fc2_ng{ng}",
-                f"qmoe::fc2_mma_combine<{t['T']}, {t['S']}, {t['B2']}, {t['Z2']}, {t['BLOCK']}, {ng}>",
+                f"fc2_br{br}",
+                f"qmoe::fc2_mma_combine<{t['T']}, {t['S']}, {t['B2']}, {t['Z2']}, {t['BLOCK']}, {br}>",
                 (Ptr("act", dt), Ptr("topk_ids", "int32"), Ptr("topk_w", "float32"), Scalar("R", "int32"),
                  Scalar("k", "int32"), Scalar("H", "int32"), Scalar("I", "int32"), Scalar("KS", "int32"),
                  Scalar("PF", "int32"), fc2_weights(sdt), Ptr("y", "float32"), Ptr("counters", "uint32"), Ptr("out", dt),
@@ -173,7 +170,7 @@ class MmaDecodeFamily(KernelFamily):
         return tuple(out)
 
     def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem) -> str:
-        return f"{role}_ng{route_groups(problem.rows)}"
+        return f"{role}_br{tile_routes(problem.rows)}"
 
     def geometry(self, spec: ModuleSpec, role: str, problem: Problem) -> tuple[int, int]:
         """(KS, grid.x) of ``role`` ("fc1" or "fc2"): K-split warps and output tiles."""
@@ -183,8 +180,8 @@ class MmaDecodeFamily(KernelFamily):
         else:
             per_tile, n_out, K = 16, problem.H, problem.I
         tiles = (n_out + per_tile - 1) // per_tile
-        ng = route_groups(problem.rows)
-        ks = k_split(tiles, experts, K, ng, min_blocks(spec, ng), problem.sm_count)
+        br = tile_routes(problem.rows)
+        ks = k_split(tiles, experts, K, br, min_blocks(spec, br), problem.sm_count)
         per_block = per_tile * (WARPS // ks)
         return ks, (n_out + per_block - 1) // per_block
 

@@ -3,8 +3,8 @@
 Template ``cuda_src/engines/mma_prefill.cuh``: ``qmoe::fc1_prefill`` (FC1 [+FC3] with the activation
 fused, sorted order, output in T) and ``qmoe::fc2_prefill`` (FC2 + bias, by route id); with
 ``group_by_expert`` (device-side grouping and tile list) and ``combine_routes`` (the k routes of a
-row in slot order). Route tiles of 16, 32 or 64 routes (``NR`` 2, 4, 8), chosen from the routes
-per expert of the call.
+row in slot order). Route tiles of 16, 32 or 64 routes (``BR``), chosen from the routes per expert
+of the call.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from .base import KernelFamily, Problem, Slot, register
 __all__ = ["MmaPrefillFamily", "stage_bytes", "tile_routes"]
 
 MW = 2  # kPfMW: m16 weight tiles per warp
-ROUTE_TILES = (2, 4, 8)  # NR: route groups of 8 per block tile
+TILE_ROUTES = (16, 32, 64)  # BR: routes per block tile
 STAGES = 3  # kPfStages
 WARPS = 4  # kPfWarps: a block tile is 32·WARPS weight rows
 MIN_BLOCKS = 2  # kPfMinBlocks: blocks per SM the register budget is set for
@@ -49,23 +49,23 @@ MIN_BLOCKS = 2  # kPfMinBlocks: blocks per SM the register budget is set for
 
 
 def tile_routes(routes: int, E: int) -> int:
-    """NR for a call: the smallest route tile (16, 32, 64 routes) that the average expert fills
+    """BR for a call: the smallest route tile (16, 32, 64 routes) that the average expert fills
     (knob ``prefill_route_tile`` forces one, for tuning)."""
-    forced = tuning_knob("prefill_route_tile", "QMOE_RTC_PREFILL_ROUTE_TILE", 0, (0, 16, 32, 64))
+    forced = tuning_knob("prefill_route_tile", "QMOE_RTC_PREFILL_ROUTE_TILE", 0, (0, *TILE_ROUTES))
     if forced:
-        return forced // 8
+        return forced
     per_expert = routes / max(1, min(E, routes))
     if per_expert <= 16:
-        return 2
-    return 4 if per_expert <= 40 else 8
+        return 16
+    return 32 if per_expert <= 40 else 64
 
 
-def stage_bytes(bits: int, scale_bytes: int, block_size: int, zp_packed: bool, nr: int, warps: int = WARPS,
+def stage_bytes(bits: int, scale_bytes: int, block_size: int, zp_packed: bool, br: int, warps: int = WARPS,
                 tiled_meta: bool = False) -> int:
     """One pipeline stage (mma_prefill.cuh PfStage): activation tile + every warp's codes and meta words."""
     words = meta_words(bits, scale_bytes, block_size, zp_packed, tiled_meta) if block_size else 0
     warp = MW * 2 * 32 * 4 * bits + MW * 2 * words * 128
-    return 8 * nr * 256 + warps * warp
+    return br * 256 + warps * warp
 
 
 @register
@@ -100,18 +100,18 @@ class MmaPrefillFamily(KernelFamily):
         t = template_types(spec)
         dt, sdt = spec["dtype"], spec["scale_dtype"]
         out = list(group_and_combine(spec))
-        for nr in ROUTE_TILES:
+        for br in TILE_ROUTES:
             out.append(KernelDef(
-                f"fc1_nr{nr}",
+                f"fc1_br{br}",
                 f"qmoe::fc1_prefill<{t['GATE']}, {t['T']}, {t['S']}, {t['B1']}, {t['Z1']}, {t['Z3']}, {t['BLOCK']}, "
-                f"{t['ACT']}, {nr}>",
+                f"{t['ACT']}, {br}>",
                 (Ptr("x", dt), ROUTE_GROUPS_ARG, Scalar("E", "int32"), Scalar("k", "int32"), Scalar("H", "int32"),
                  Scalar("I", "int32"), Scalar("NT", "int32"), Scalar("G", "int32"), fc1_weights(sdt), ACT_PARAMS_ARG,
                  Ptr("act_sorted", dt)),
             ))
             out.append(KernelDef(
-                f"fc2_nr{nr}",
-                f"qmoe::fc2_prefill<{t['T']}, {t['S']}, {t['B2']}, {t['Z2']}, {t['BLOCK']}, {nr}>",
+                f"fc2_br{br}",
+                f"qmoe::fc2_prefill<{t['T']}, {t['S']}, {t['B2']}, {t['Z2']}, {t['BLOCK']}, {br}>",
                 (Ptr("act_sorted", dt), ROUTE_GROUPS_ARG, Scalar("E", "int32"), Scalar("H", "int32"), Scalar("I", "int32"),
                  Scalar("NT", "int32"), Scalar("G", "int32"), fc2_weights(sdt), Ptr("y", "float32")),
             ))
@@ -119,21 +119,21 @@ class MmaPrefillFamily(KernelFamily):
 
     def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem) -> str:
         if role in ("fc1", "fc2"):
-            return f"{role}_nr{tile_routes(problem.routes, problem.experts)}"
+            return f"{role}_br{tile_routes(problem.routes, problem.experts)}"
         return role
 
     def launch(self, spec: ModuleSpec, role: str, problem: Problem) -> Launch:
-        nr = tile_routes(problem.routes, problem.experts)
+        br = tile_routes(problem.routes, problem.experts)
         if role == "group":
-            return group_launch(8 * nr)
+            return group_launch(br)
         if role == "combine":
             return combine_launch(problem)
         scale_bytes = 4 if spec["scale_dtype"] == "float32" else 2
         warps = spec["warps"]
         bits, zp = staged_projection(spec, role)
         nt = weight_tiles(spec, role, problem.I if role == "fc1" else problem.H, warps * MW)
-        smem = stage_bytes(bits, scale_bytes, spec["block_size"], zp, nr, warps, tiled_meta(spec))
-        return tiled_launch(problem, 8 * nr, nt, 32 * warps, spec["stages"] * smem)
+        smem = stage_bytes(bits, scale_bytes, spec["block_size"], zp, br, warps, tiled_meta(spec))
+        return tiled_launch(problem, br, nt, 32 * warps, spec["stages"] * smem)
 
     def scratch(self, spec: ModuleSpec, role: str, problem: Problem) -> dict[str, Slot]:
         return grouped_scratch(role, problem, 2)  # act_sorted in T

@@ -62,7 +62,7 @@ from .base import KernelFamily, Problem, Slot, register
 
 __all__ = ["WgmmaPrefillFamily", "padded", "stage_bytes", "stages", "tile_routes", "wg_logical", "wg_natural"]
 
-ROUTE_TILES = (64, 128, 256)  # BR (with 4 warpgroups, 256 does not fit the 128 registers a thread has)
+TILE_ROUTES = (64, 128, 256)  # BR (with 4 warpgroups, 256 does not fit the 128 registers a thread has)
 GROUPS = 4  # kWgGroups: warpgroups per block (4 warps each, one m16 weight tile per warp)
 MAX_STAGES = 4  # QMOE_WG_STAGES
 INFLIGHT = 1  # QMOE_WG_INFLIGHT: MMAs a warpgroup keeps in flight (2 measured no faster)
@@ -78,7 +78,7 @@ MIN_ROUTES_PER_EXPERT = 24
 #: registers of its copy warpgroup (kWsConsumers, kWsMW, kWsCopyRegs).
 WS_CONSUMERS = 2
 WS_MW = 1
-WS_ROUTE_TILES = {1: (64, 128, 256), 2: (64, 128)}  # by m16 tiles per MMA warp (accumulators: MW·BR/2)
+WS_TILE_ROUTES = {1: (64, 128, 256), 2: (64, 128)}  # by m16 tiles per MMA warp (accumulators: MW·BR/2)
 VARIANTS = ("ws", "tiles")
 DEFAULT_VARIANT = "tiles"
 
@@ -139,18 +139,18 @@ def route_tiles_of(groups: int, variant: str = "tiles", mw: int = WS_MW) -> tupl
     """The route tiles a module with ``groups`` warpgroups per block has (the ``ws`` variant: by its m16
     tiles per MMA warp ``mw``)."""
     if variant == "ws":
-        return WS_ROUTE_TILES[mw]
-    return ROUTE_TILES if groups == 2 else ROUTE_TILES[:2]
+        return WS_TILE_ROUTES[mw]
+    return TILE_ROUTES if groups == 2 else TILE_ROUTES[:2]
 
 
-def _route_tiles(spec: ModuleSpec) -> tuple[int, ...]:
+def _tile_routes(spec: ModuleSpec) -> tuple[int, ...]:
     return route_tiles_of(spec["groups"], variant_of(spec), spec.get("mw") or WS_MW)
 
 
 def image_rows(spec: ModuleSpec, problem: Problem) -> int:
     """Rp, the rows of the ``ws`` variant's route-tile images: the routes plus the largest route tile (a
     tile's copy reads BR rows from its first one)."""
-    return problem.routes + max(_route_tiles(spec))
+    return problem.routes + max(_tile_routes(spec))
 
 
 def tile_routes(routes: int, E: int, groups: int = GROUPS, have: tuple[int, ...] = ()) -> int:
@@ -238,7 +238,7 @@ class WgmmaPrefillFamily(KernelFamily):
         out.append(KernelDef("permute", f"qmoe::wg_permute<{CPP_TYPES[dt]}, {t['B1']}>",
                              (Ptr("x", dt), Scalar("rows", "int32"), Scalar("H", "int32"), Scalar("Hp", "int32"),
                               Ptr("xp", dt))))
-        for br in _route_tiles(spec):
+        for br in _tile_routes(spec):
             out.append(KernelDef(
                 f"fc1_br{br}",
                 f"qmoe::fc1_wgmma<{t['GATE']}, {t['T']}, {t['S']}, {t['B1']}, {t['B2']}, {t['Z1']}, {t['Z3']}, "
@@ -261,7 +261,7 @@ class WgmmaPrefillFamily(KernelFamily):
         t = template_types(spec)
         dt, sdt = spec["dtype"], spec["scale_dtype"]
         out = list(group_and_combine(spec))
-        for br in _route_tiles(spec):
+        for br in _tile_routes(spec):
             out.append(KernelDef(
                 f"permute_br{br}", f"qmoe::ws_gather<{CPP_TYPES[dt]}, {t['B1']}, {br}>",
                 (Ptr("x", dt), ROUTE_GROUPS_ARG, Scalar("E", "int32"), Scalar("k", "int32"), Scalar("H", "int32"),
@@ -286,11 +286,11 @@ class WgmmaPrefillFamily(KernelFamily):
 
     def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem) -> str:
         if role in ("fc1", "fc2") or (role == "permute" and variant_of(spec) == "ws"):
-            return f"{role}_br{tile_routes(problem.routes, problem.experts, have=_route_tiles(spec))}"
+            return f"{role}_br{tile_routes(problem.routes, problem.experts, have=_tile_routes(spec))}"
         return role
 
     def launch(self, spec: ModuleSpec, role: str, problem: Problem) -> Launch:
-        br = tile_routes(problem.routes, problem.experts, have=_route_tiles(spec))
+        br = tile_routes(problem.routes, problem.experts, have=_tile_routes(spec))
         Hp, Ip = padded(problem.H), padded(problem.I)
         ws = variant_of(spec) == "ws"
         if role == "group":

@@ -7,9 +7,9 @@
 //   act_sorted    [R, I]    f32   fc1_gemm out (sorted order), fc2_gemm in
 //   y             [R, H]    f32   fc2_gemm out, by route id (bias added, routing weight not applied)
 //
-// A block computes a tile of BM (16 or 64) routes x 64 weight rows (64 outputs, or 32 gated pairs)
+// A block computes a tile of BR (16 or 64) routes x 64 weight rows (64 outputs, or 32 gated pairs)
 // over K in steps of 32, dequantizing the weights into shared memory. Grid x is an upper bound on
-// the tiles (R/BM + E); blocks past tile_offsets[E] exit at once. FC1 and FC2 share one main loop.
+// the tiles (R/BR + E); blocks past tile_offsets[E] exit at once. FC1 and FC2 share one main loop.
 #pragma once
 
 #include "core/dequant.cuh"
@@ -69,14 +69,14 @@ __device__ __forceinline__ void load_weight_tile(const QA& qa, const u8* __restr
   for (int i = 0; i < 8; ++i) Bs[8 * g + i][c] = v[i];
 }
 
-// The main loop both kernels share: acc[TM][4] = A[BM rows] · W[64 tile columns]ᵀ over K. Row m of A
+// The main loop both kernels share: acc[TM][4] = A[BR rows] · W[64 tile columns]ᵀ over K. Row m of A
 // starts at a + src[m] (src[m] < 0: a padding row, read as zeros).
-template <int BM, typename AT, class QA, class QB, int GATE, bool ALIGNED>
+template <int BR, typename AT, class QA, class QB, int GATE, bool ALIGNED>
 __device__ __forceinline__ void simt_tile(const AT* __restrict__ a, const i64* src, i64 K, const QA& qa,
                                           const u8* __restrict__ wa, const QB& qb, const u8* __restrict__ wb, i32 e,
-                                          i32 c0, i32 n_out, float (&acc)[BM / 16][4]) {
-  constexpr int TM = BM / 16, TPR = kGemmThreads / BM, EPT = kGemmBK / TPR;  // A tile: TPR threads per row
-  __shared__ float As[kGemmBK][BM + 4];
+                                          i32 c0, i32 n_out, float (&acc)[BR / 16][4]) {
+  constexpr int TM = BR / 16, TPR = kGemmThreads / BR, EPT = kGemmBK / TPR;  // A tile: TPR threads per row
+  __shared__ float As[kGemmBK][BR + 4];
   __shared__ float Bs[kGemmBK][kGemmBW + 4];
   const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
   for (i64 k0 = 0; k0 < K; k0 += kGemmBK) {
@@ -108,25 +108,25 @@ __device__ __forceinline__ void simt_tile(const AT* __restrict__ a, const i64* s
 }
 
 // FC1 (+FC3) with the activation fused: act_sorted[m, o] for the tile's routes.
-template <typename T, typename ScaleT, int B1, int Z1, int B3, int Z3, int BLOCK, int ACT, int GATE, bool ALIGNED, int BM>
+template <typename T, typename ScaleT, int B1, int Z1, int B3, int Z3, int BLOCK, int ACT, int GATE, bool ALIGNED, int BR>
 __global__ void __launch_bounds__(kGemmThreads)
 fc1_gemm(const T* __restrict__ x, const RouteGroups rg, i32 E, i32 k, i32 H, i32 I,
          const Fc1Weights<ScaleT> wt, const ActParams ap, float* __restrict__ act_sorted) {
   using Rows = Fc1Rows<GATE>;
-  constexpr int TM = BM / 16;
-  __shared__ i64 src[BM];
+  constexpr int TM = BR / 16;
+  __shared__ i64 src[BR];
   i32 e, m0, m_end;
-  if (!find_tile<BM>(rg.offsets, rg.tile_offsets, E, blockIdx.x, e, m0, m_end)) return;
+  if (!find_tile<BR>(rg.offsets, rg.tile_offsets, E, blockIdx.x, e, m0, m_end)) return;
   const Proj<ScaleT> p1 = expert_proj(e, wt.E_routed, wt.fc1, wt.shared_fc1);
   const Proj<ScaleT>& p3 = wt.fc3;
   const i32 c0 = blockIdx.y * kGemmBW;  // first tile column
   const QuantParams<ScaleT, B1, BLOCK, Z1> q1{p1.scales, p1.zp, wt.zp_offset, Rows::n1(I), H};
   const QuantParams<ScaleT, B3, BLOCK, Z3> q3{p3.scales, p3.zp, wt.zp_offset, I, H};
-  for (int m = threadIdx.x; m < BM; m += kGemmThreads)
+  for (int m = threadIdx.x; m < BR; m += kGemmThreads)
     src[m] = m0 + m < m_end ? (i64)(rg.sorted[m0 + m] / k) * H : -1;
   __syncthreads();
   float acc[TM][4] = {};
-  simt_tile<BM, T, decltype(q1), decltype(q3), GATE, ALIGNED>(x, src, H, q1, p1.w, q3, p3.w, e, c0, I, acc);
+  simt_tile<BR, T, decltype(q1), decltype(q3), GATE, ALIGNED>(x, src, H, q1, p1.w, q3, p3.w, e, c0, I, acc);
 
   const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
 #pragma unroll
@@ -150,21 +150,21 @@ fc1_gemm(const T* __restrict__ x, const RouteGroups rg, i32 E, i32 k, i32 H, i32
 }
 
 // FC2: y[route, n] = act_sorted[m] · W2[e, n] + b2[e, n] for the tile's routes (scattered by route id).
-template <typename ScaleT, int B2, int Z2, int BLOCK, bool ALIGNED, int BM>
+template <typename ScaleT, int B2, int Z2, int BLOCK, bool ALIGNED, int BR>
 __global__ void __launch_bounds__(kGemmThreads)
 fc2_gemm(const float* __restrict__ act_sorted, const RouteGroups rg, i32 E, i32 H, i32 I,
          const Fc2Weights<ScaleT> wt, float* __restrict__ y) {
-  constexpr int TM = BM / 16;
-  __shared__ i64 src[BM];
+  constexpr int TM = BR / 16;
+  __shared__ i64 src[BR];
   i32 e, m0, m_end;
-  if (!find_tile<BM>(rg.offsets, rg.tile_offsets, E, blockIdx.x, e, m0, m_end)) return;
+  if (!find_tile<BR>(rg.offsets, rg.tile_offsets, E, blockIdx.x, e, m0, m_end)) return;
   const Proj<ScaleT> p2 = expert_proj(e, wt.E_routed, wt.fc2, wt.shared_fc2);
   const i32 c0 = blockIdx.y * kGemmBW;
   const QuantParams<ScaleT, B2, BLOCK, Z2> q2{p2.scales, p2.zp, wt.zp_offset, H, I};
-  for (int m = threadIdx.x; m < BM; m += kGemmThreads) src[m] = m0 + m < m_end ? (i64)(m0 + m) * I : -1;
+  for (int m = threadIdx.x; m < BR; m += kGemmThreads) src[m] = m0 + m < m_end ? (i64)(m0 + m) * I : -1;
   __syncthreads();
   float acc[TM][4] = {};
-  simt_tile<BM, float, decltype(q2), decltype(q2), GATE_NONE, ALIGNED>(act_sorted, src, I, q2, p2.w, q2, p2.w, e, c0, H, acc);
+  simt_tile<BR, float, decltype(q2), decltype(q2), GATE_NONE, ALIGNED>(act_sorted, src, I, q2, p2.w, q2, p2.w, e, c0, H, acc);
   const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
 #pragma unroll
   for (int i = 0; i < TM; ++i) {

@@ -12,7 +12,7 @@
 //
 // Grid: (output tiles, experts): block (x, e) computes MT·16·RT rows of expert e (4 warps = MT warp
 // tiles × KS slices of K, as the decode engine; a warp tile is RT 16-row tiles) for every route of e,
-// 8·NG routes per pass over the weights; experts without routes exit at once. Codes in the contract or
+// BR routes (8, 16 or 32: N8 = BR / 8 n8 MMA groups) per pass over the weights; experts without routes exit at once. Codes in the contract or
 // the tiled layout (core/codes.cuh); RT (QMOE_BATCHED_RT) 2 needs the tiled layout: each route group's
 // activations feed two row tiles' MMAs.
 // Not covered (the executor says why and runs another engine): float32 activations, zero_point_offset,
@@ -39,8 +39,8 @@ inline constexpr int kBatchedRT = QMOE_BATCHED_RT;  // 16-row tiles per warp (ke
 // one row tile; with two, route groups of 16 / 32 routes hold twice the accumulators and take 3 / 2
 // blocks (ptxas, NVRTC 13.5, mixtral-8x7b bf16 int4: at the decode engine's 4 / 3 they spilled 8-24 /
 // 28-32 bytes; at 3 / 2 none).
-template <int NG> constexpr int batched_min_blocks() {
-  return kBatchedRT == 1 || NG == 1 ? mma_min_blocks<NG>() : (NG == 2 ? 3 : 2);
+template <int BR> constexpr int batched_min_blocks() {
+  return kBatchedRT == 1 || BR == 8 ? mma_min_blocks<BR>() : (BR == 16 ? 3 : 2);
 }
 
 // The launch gives the four rings (kernels/mma_batched.py computes the same size): trap, never overrun.
@@ -51,15 +51,16 @@ template <class Stage> __device__ __forceinline__ void check_batched_smem() {
 }
 
 // FC1 (+FC3) with the activation fused: act_sorted[pos, o] for every route of expert blockIdx.y.
-template <int GATE, typename T, typename ScaleT, int B1, int Z1, int Z3, int BLOCK, int ACT, int NG>
-__global__ void __launch_bounds__(kMmaThreads, batched_min_blocks<NG>())
+template <int GATE, typename T, typename ScaleT, int B1, int Z1, int Z3, int BLOCK, int ACT, int BR>
+__global__ void __launch_bounds__(kMmaThreads, batched_min_blocks<BR>())
 fc1_batched(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* __restrict__ offsets, i32 k, i32 H,
             i32 I, i32 KS, const Fc1Weights<ScaleT> wt, const ActParams ap, T* __restrict__ act_sorted) {
+  constexpr int N8 = BR / 8;  // n8 MMA route groups per pass
   extern __shared__ __align__(16) u8 dyn_smem[];
   constexpr int RT = kBatchedRT;
   using Stage = MmaStage<B1, ScaleT, BLOCK, Z1 == ZP_PACKED || (GATE == GATE_FC3 && Z3 == ZP_PACKED), RT>;
   constexpr i32 kRing = kMmaStages * Stage::kBytes;
-  static_assert(kRing >= RT * NG * 4 * 32 * 4, "a ring holds its warp's partial sums (reduce_slices)");
+  static_assert(kRing >= RT * N8 * 4 * 32 * 4, "a ring holds its warp's partial sums (reduce_slices)");
   check_batched_smem<Stage>();
   using Rows = Fc1Rows<GATE>;
   constexpr bool kGated = Rows::kGated;
@@ -92,28 +93,28 @@ fc1_batched(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* 
     pb[i] = GATE == GATE_FC3 ? p3.w + Codes::row(e, I, nb[i], H) : p1.w + Codes::row(e, N1, Rows::tile_row(nb[i]), H);
   }
   u8* ring = dyn_smem + warp * kRing;
-  for (i32 p = m0; p < m1; p += 8 * NG) {
-    const T* xrow[NG];
+  for (i32 p = m0; p < m1; p += 8 * N8) {
+    const T* xrow[N8];
 #pragma unroll
-    for (int gg = 0; gg < NG; ++gg) {
+    for (int gg = 0; gg < N8; ++gg) {
       const i32 j = p + 8 * gg + g;
       xrow[gg] = j < m1 ? x + (i64)(sorted[j] / k) * H : nullptr;
     }
-    float acc[RT * NG][4] = {};
-    if constexpr (GATE == GATE_FC3) mma_tiles<T, B1, NG, RT>(q1, pa, na, q3, pb, nb, e, xrow, H, ks, KS, acc, ring);
-    else mma_tiles<T, B1, NG, RT, false, Rows::kPairedRows>(q1, pa, na, q1, pb, nb, e, xrow, H, ks, KS, acc, ring);
-    reduce_slices<RT * NG>(acc, mt, ks, MT, KS, dyn_smem, kRing);
+    float acc[RT * N8][4] = {};
+    if constexpr (GATE == GATE_FC3) mma_tiles<T, B1, N8, RT>(q1, pa, na, q3, pb, nb, e, xrow, H, ks, KS, acc, ring);
+    else mma_tiles<T, B1, N8, RT, false, Rows::kPairedRows>(q1, pa, na, q1, pb, nb, e, xrow, H, ks, KS, acc, ring);
+    reduce_slices<RT * N8>(acc, mt, ks, MT, KS, dyn_smem, kRing);
     if (ks != 0) continue;
 #pragma unroll
     for (int i = 0; i < RT; ++i) {
       const i32 oi = o0 + i * kOutPerTile;
 #pragma unroll
-      for (int gg = 0; gg < NG; ++gg) {
+      for (int gg = 0; gg < N8; ++gg) {
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           const i32 pos = p + 8 * gg + 2 * t + c;
           if (pos >= m1) continue;
-          const float ha = acc[i * NG + gg][c], hb = acc[i * NG + gg][2 + c];  // rows g, g + 8
+          const float ha = acc[i * N8 + gg][c], hb = acc[i * N8 + gg][2 + c];  // rows g, g + 8
           T* out = act_sorted + (i64)pos * I;
           if constexpr (kGated) {
             const i32 o = oi + g;
@@ -130,15 +131,16 @@ fc1_batched(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* 
 }
 
 // FC2: y[route, n] = act_sorted[pos] · W2[e, n] + b2[e, n] for every route of expert blockIdx.y.
-template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, int NG>
-__global__ void __launch_bounds__(kMmaThreads, batched_min_blocks<NG>())
+template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, int BR>
+__global__ void __launch_bounds__(kMmaThreads, batched_min_blocks<BR>())
 fc2_batched(const T* __restrict__ act_sorted, const i32* __restrict__ sorted, const i32* __restrict__ offsets, i32 H,
             i32 I, i32 KS, const Fc2Weights<ScaleT> wt, float* __restrict__ y) {
+  constexpr int N8 = BR / 8;  // n8 MMA route groups per pass
   extern __shared__ __align__(16) u8 dyn_smem[];
   constexpr int RT = kBatchedRT;
   using Stage = MmaStage<B2, ScaleT, BLOCK, Z2 == ZP_PACKED, RT>;
   constexpr i32 kRing = kMmaStages * Stage::kBytes;
-  static_assert(kRing >= RT * NG * 4 * 32 * 4, "a ring holds its warp's partial sums (reduce_slices)");
+  static_assert(kRing >= RT * N8 * 4 * 32 * 4, "a ring holds its warp's partial sums (reduce_slices)");
   check_batched_smem<Stage>();
   i32 e = blockIdx.y;
   const i32 m0 = offsets[e], m1 = offsets[e + 1];
@@ -160,29 +162,29 @@ fc2_batched(const T* __restrict__ act_sorted, const i32* __restrict__ sorted, co
     pb[i] = p2.w + CodeRows<B2>::row(e, H, nb[i], I);
   }
   u8* ring = dyn_smem + warp * kRing;
-  for (i32 p = m0; p < m1; p += 8 * NG) {
-    const T* xrow[NG];
+  for (i32 p = m0; p < m1; p += 8 * N8) {
+    const T* xrow[N8];
 #pragma unroll
-    for (int gg = 0; gg < NG; ++gg) {
+    for (int gg = 0; gg < N8; ++gg) {
       const i32 j = p + 8 * gg + g;
       xrow[gg] = j < m1 ? act_sorted + (i64)j * I : nullptr;
     }
-    float acc[RT * NG][4] = {};
-    mma_tiles<T, B2, NG, RT, false, true>(q2, pa, na, q2, pb, nb, e, xrow, I, ks, KS, acc, ring);
-    reduce_slices<RT * NG>(acc, mt, ks, MT, KS, dyn_smem, kRing);
+    float acc[RT * N8][4] = {};
+    mma_tiles<T, B2, N8, RT, false, true>(q2, pa, na, q2, pb, nb, e, xrow, I, ks, KS, acc, ring);
+    reduce_slices<RT * N8>(acc, mt, ks, MT, KS, dyn_smem, kRing);
     if (ks != 0) continue;
 #pragma unroll
     for (int i = 0; i < RT; ++i) {
       const i32 ni = n0 + 16 * i;
 #pragma unroll
-      for (int gg = 0; gg < NG; ++gg) {
+      for (int gg = 0; gg < N8; ++gg) {
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           const i32 pos = p + 8 * gg + 2 * t + c;
           if (pos >= m1) continue;
           float* out = y + (i64)sorted[pos] * H;
-          if (ni + g < H) out[ni + g] = acc[i * NG + gg][c] + (p2.bias ? __ldg(p2.bias + (i64)e * H + na[i]) : 0.0f);
-          if (ni + g + 8 < H) out[ni + g + 8] = acc[i * NG + gg][2 + c] + (p2.bias ? __ldg(p2.bias + (i64)e * H + nb[i]) : 0.0f);
+          if (ni + g < H) out[ni + g] = acc[i * N8 + gg][c] + (p2.bias ? __ldg(p2.bias + (i64)e * H + na[i]) : 0.0f);
+          if (ni + g + 8 < H) out[ni + g + 8] = acc[i * N8 + gg][2 + c] + (p2.bias ? __ldg(p2.bias + (i64)e * H + nb[i]) : 0.0f);
         }
       }
     }

@@ -24,8 +24,8 @@
 // reuses the rings, so the static shared memory is a few bytes and more blocks fit an SM.
 // PF: chunks of its rows each warp warms L2 with before the route scan (FC2: before waiting for FC1).
 // A block = 4 warps = MT row tiles × KS slices of K (MT·KS = 4, KS a launch argument); the KS
-// partial sums are added in a fixed order (deterministic). A route group of 8·NG routes shares the
-// dequantized A fragments; experts with more routes take several passes.
+// partial sums are added in a fixed order (deterministic). A pass of BR routes (8, 16 or 32: N8 = BR / 8
+// n8 MMA groups) shares the dequantized A fragments; experts with more routes take several passes.
 // Not covered (the executor uses the SIMT gemv kernels and logs why): float32 activations,
 // zero_point_offset, FC3 with a bit width other than FC1's, 1-bit with block 16, K % 32 ≠ 0.
 #pragma once
@@ -109,15 +109,16 @@ __device__ __forceinline__ ExpertRoutes collect_routes(const i32* __restrict__ i
 }
 
 // Rows per 16-row warp tile: gated FC1 = 8 outputs (rows g: gate, g + 8: linear); else 16 outputs.
-template <int GATE, typename T, typename ScaleT, int B1, int Z1, int Z3, int BLOCK, int ACT, int NG>
-__global__ void __launch_bounds__(kMmaThreads, mma_min_blocks<NG>())
+template <int GATE, typename T, typename ScaleT, int B1, int Z1, int Z3, int BLOCK, int ACT, int BR>
+__global__ void __launch_bounds__(kMmaThreads, mma_min_blocks<BR>())
 fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 H, i32 I, i32 KS, i32 PF,
         const Fc1Weights<ScaleT> wt, const ActParams ap, T* __restrict__ act, u32* __restrict__ fc1_done) {
+  constexpr int N8 = BR / 8;  // n8 MMA route groups per pass
   __shared__ i32 s_n;
   extern __shared__ __align__(16) u8 dyn_smem[];
   using Stage = MmaStage<B1, ScaleT, BLOCK, Z1 == ZP_PACKED || (GATE == GATE_FC3 && Z3 == ZP_PACKED)>;
   constexpr i32 kRing = kMmaStages * Stage::kBytes;
-  static_assert(kRing >= NG * 4 * 32 * 4, "a ring holds its warp's partial sums (reduce_slices)");
+  static_assert(kRing >= N8 * 4 * 32 * 4, "a ring holds its warp's partial sums (reduce_slices)");
   check_ring_size<Stage>(R);
   i32* s_ids = reinterpret_cast<i32*>(dyn_smem + kMmaWarps * kRing);  // [R] after the rings
   i32* s_list = s_ids + R;                                             // [R]
@@ -149,21 +150,21 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
   const ExpertRoutes er = collect_routes(ids, R, s_ids, s_list, &s_n);
   if (er.n == 0) return;
 
-  for (i32 p = 0; p < er.n; p += 8 * NG) {
-    const T* xrow[NG];
+  for (i32 p = 0; p < er.n; p += 8 * N8) {
+    const T* xrow[N8];
 #pragma unroll
-    for (int gg = 0; gg < NG; ++gg) {
+    for (int gg = 0; gg < N8; ++gg) {
       const i32 j = p + 8 * gg + g;
       xrow[gg] = j < er.n ? x + (i64)(s_list[j] / k) * H : nullptr;
     }
-    float acc[NG][4] = {};
+    float acc[N8][4] = {};
     u8* ring = dyn_smem + warp * kRing;
-    if constexpr (GATE == GATE_FC3) mma_rows<T, B1, NG>(q1, pa, na, q3, pb, nb, e, xrow, H, ks, KS, acc, ring);
-    else mma_rows<T, B1, NG, false, Rows::kPairedRows>(q1, pa, na, q1, pb, nb, e, xrow, H, ks, KS, acc, ring);  // both rows from W1
-    reduce_slices<NG>(acc, mt, ks, MT, KS, dyn_smem, kRing);
+    if constexpr (GATE == GATE_FC3) mma_rows<T, B1, N8>(q1, pa, na, q3, pb, nb, e, xrow, H, ks, KS, acc, ring);
+    else mma_rows<T, B1, N8, false, Rows::kPairedRows>(q1, pa, na, q1, pb, nb, e, xrow, H, ks, KS, acc, ring);  // both rows from W1
+    reduce_slices<N8>(acc, mt, ks, MT, KS, dyn_smem, kRing);
     if (ks == 0) {
 #pragma unroll
-      for (int gg = 0; gg < NG; ++gg) {
+      for (int gg = 0; gg < N8; ++gg) {
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           const i32 j = p + 8 * gg + 2 * t + c;
@@ -187,17 +188,18 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
   if constexpr (kMmaExpertFlow) flow_count_fc1(fc1_done, eid);
 }
 
-template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, int NG>
-__global__ void __launch_bounds__(kMmaThreads, mma_min_blocks<NG>())
+template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, int BR>
+__global__ void __launch_bounds__(kMmaThreads, mma_min_blocks<BR>())
 fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const float* __restrict__ wts, i32 R, i32 k,
                 i32 H, i32 I, i32 KS, i32 PF, const Fc2Weights<ScaleT> wt, float* __restrict__ y, u32* __restrict__ counters,
                 T* __restrict__ out, u32* __restrict__ fc1_done, u32* __restrict__ fc2_seen, i32 FC1_TILES) {
+  constexpr int N8 = BR / 8;  // n8 MMA route groups per pass
   __shared__ i32 s_n;
   __shared__ bool s_last;
   extern __shared__ __align__(16) u8 dyn_smem[];
   using Stage = MmaStage<B2, ScaleT, BLOCK, Z2 == ZP_PACKED>;
   constexpr i32 kRing = kMmaStages * Stage::kBytes;
-  static_assert(kRing >= NG * 4 * 32 * 4, "a ring holds its warp's partial sums (reduce_slices)");
+  static_assert(kRing >= N8 * 4 * 32 * 4, "a ring holds its warp's partial sums (reduce_slices)");
   check_ring_size<Stage>(R);
   i32* s_ids = reinterpret_cast<i32*>(dyn_smem + kMmaWarps * kRing);  // [R] after the rings
   i32* s_list = s_ids + R;                                             // [R]
@@ -222,20 +224,20 @@ fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const fl
   if constexpr (kMmaExpertFlow) {
     if (er.n > 0) flow_wait_fc1(fc1_done, fc2_seen, eid, FC1_TILES);  // this expert's act from here on
   }
-  for (i32 p = 0; p < er.n; p += 8 * NG) {
-    const T* xrow[NG];
+  for (i32 p = 0; p < er.n; p += 8 * N8) {
+    const T* xrow[N8];
 #pragma unroll
-    for (int gg = 0; gg < NG; ++gg) {
+    for (int gg = 0; gg < N8; ++gg) {
       const i32 j = p + 8 * gg + g;
       xrow[gg] = j < er.n ? act + (i64)s_list[j] * I : nullptr;
     }
-    float acc[NG][4] = {};
+    float acc[N8][4] = {};
     u8* ring = dyn_smem + warp * kRing;
-    mma_rows<T, B2, NG, kMmaExpertFlow, true>(q2, pa, na, q2, pb, nb, e, xrow, I, ks, KS, acc, ring);
-    reduce_slices<NG>(acc, mt, ks, MT, KS, dyn_smem, kRing);
+    mma_rows<T, B2, N8, kMmaExpertFlow, true>(q2, pa, na, q2, pb, nb, e, xrow, I, ks, KS, acc, ring);
+    reduce_slices<N8>(acc, mt, ks, MT, KS, dyn_smem, kRing);
     if (ks == 0) {
 #pragma unroll
-      for (int gg = 0; gg < NG; ++gg) {
+      for (int gg = 0; gg < N8; ++gg) {
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           const i32 j = p + 8 * gg + 2 * t + c;

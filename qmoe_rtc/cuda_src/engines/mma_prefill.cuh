@@ -2,7 +2,7 @@
 // weights, mixed widths): grouped GEMMs over expert-contiguous routes (routing/group.cuh), FC1 with
 // the activation fused (epilogue/fc1.cuh), FC2 + bias, then the weighted combine (epilogue/combine.cuh).
 //
-//   rg          RouteGroups         routing/group.cuh, route tiles of BR = 8·NR routes
+//   rg          RouteGroups         routing/group.cuh, route tiles of BR routes (N8 = BR / 8 n8 MMA tiles)
 //   wt          Fc1Weights / Fc2Weights  the projections' tensors (core/args.cuh)
 //   x           [rows, H]   T     FC1's activations: route rows gathered by index inside the tile copy
 //                                 (row = route / k; no copy of the input per route)
@@ -13,7 +13,7 @@
 // consecutive route tiles × every weight tile, then the next G (the group's activations and the
 // weight tiles in flight stay in L2). mma.sync m16n8k16, A = weights decoded exactly in registers
 // (core/mma_pair.cuh: lane (g, t) holds 32 consecutive codes of rows g and g + 8 of a tile), B =
-// activations of 8 routes, f32 accumulators; a warp's A fragments serve all NR route groups.
+// activations of 8 routes, f32 accumulators; a warp's A fragments serve all N8 route groups.
 // K goes in chunks of 128 codes through a kPfStages-deep cp.async pipeline: the block's activation
 // tile [BR][128] in XOR-swizzled 16-byte units (a lane reads its 32 activations as 4 conflict-free
 // 16-byte loads) and each warp's codes + scale / zero-point words (core/lane_meta.cuh).
@@ -61,9 +61,8 @@ inline constexpr int kPfStages = QMOE_PF_STAGES;
 //   codes [warps][MW][2 rows][32 lanes][4·B B]  each lane's 32 codes of its rows
 //   meta  [warps][MW][2 rows][kWords][32] u32   their scale / zp words (block-wise scales only:
 //                                               row-wise ones are read once, before the loop)
-template <int B, typename ScaleT, int BLOCK, bool ZPW, int NR> struct PfStage {
-  static constexpr int kBR = 8 * NR;
-  static constexpr int kXBytes = kBR * 256;
+template <int B, typename ScaleT, int BLOCK, bool ZPW, int BR> struct PfStage {
+  static constexpr int kXBytes = BR * 256;
   static constexpr int kWords = BLOCK ? MetaLayout<ScaleT, BLOCK, ZPW, B>::kWords : 0;
   static constexpr int kCB = 4 * B;  // code bytes per lane row per chunk
   static constexpr int kWarpCodes = kPfMW * 2 * 32 * kCB;
@@ -85,11 +84,11 @@ template <class St> __device__ __forceinline__ void pf_check_smem() {
 // The main loop FC1 and FC2 share: acc[m][j] (C fragments: rows g / g + 8 of warp tile m, routes
 // 8j + 2t, 2t + 1) = W[lane rows] · act[tile routes]ᵀ over K. Route row i of the tile starts at
 // src + s_src[i] (s_src[i] < 0: padding, read as zeros).
-template <typename T, int B, int NR, bool ZPW, class QA, class QB, class St>
+template <typename T, int B, int BR, bool ZPW, class QA, class QB, class St>
 __device__ __forceinline__ void pf_mainloop(const QA& qa, const QB& qb, const PfLaneRows<T, QA, QB, kPfMW>& lr, i32 e,
                                             const T* __restrict__ src, const i64* s_src, i32 K,
-                                            float (&acc)[kPfMW][NR][4], u8* smem) {
-  constexpr int BR = 8 * NR, CB = St::kCB, MW = kPfMW;
+                                            float (&acc)[kPfMW][BR / 8][4], u8* smem) {
+  constexpr int N8 = BR / 8, CB = St::kCB, MW = kPfMW;
   constexpr bool kScaled = QA::kBlock != 0;
   constexpr int NSB = MetaLayout<typename QA::Scale, QA::kBlock, ZPW>::NSB;
   using D = MmaDeq<T, B, QA::kZp>;
@@ -163,7 +162,7 @@ __device__ __forceinline__ void pf_mainloop(const QA& qa, const QB& qb, const Pf
       for (int s = 0; s < 8; ++s) D::template fragment<kScaled, NSB>(a[m][s], ra, rb, ca, cb, s);
     }
 #pragma unroll
-    for (int jn = 0; jn < NR; ++jn) {
+    for (int jn = 0; jn < N8; ++jn) {
       const int r = 8 * jn + g;
       u32 xw[16];
 #pragma unroll
@@ -200,14 +199,14 @@ __device__ __forceinline__ void pf_mainloop(const QA& qa, const QB& qb, const Pf
 
 // FC1 (+FC3) with the activation fused: act_sorted[m, o] for the tile's routes. Warp tile = 8 outputs
 // (gated: rows g = gate, g + 8 = linear of output g) or 16 outputs (plain).
-template <int GATE, typename T, typename ScaleT, int B1, int Z1, int Z3, int BLOCK, int ACT, int NR>
+template <int GATE, typename T, typename ScaleT, int B1, int Z1, int Z3, int BLOCK, int ACT, int BR>
 __global__ void __launch_bounds__(kPfThreads, kPfMinBlocks)
 fc1_prefill(const T* __restrict__ x, const RouteGroups rg, i32 E, i32 k, i32 H, i32 I, i32 NT, i32 G,
             const Fc1Weights<ScaleT> wt, const ActParams ap, T* __restrict__ act_sorted) {
   using Rows = Fc1Rows<GATE>;
   constexpr bool kZpw = Z1 == ZP_PACKED || (GATE == GATE_FC3 && Z3 == ZP_PACKED);
-  using St = PfStage<B1, ScaleT, BLOCK, kZpw, NR>;
-  constexpr int BR = 8 * NR, kOut = Rows::kGated ? 8 : 16;
+  using St = PfStage<B1, ScaleT, BLOCK, kZpw, BR>;
+  constexpr int N8 = BR / 8, kOut = Rows::kGated ? 8 : 16;
   extern __shared__ __align__(16) u8 dyn_smem[];
   __shared__ i64 s_src[BR];
   pf_check_smem<St>();
@@ -236,12 +235,12 @@ fc1_prefill(const T* __restrict__ x, const RouteGroups rg, i32 E, i32 k, i32 H, 
   }
   for (int i = threadIdx.x; i < BR; i += kPfThreads) s_src[i] = m0 + i < m_end ? (i64)(rg.sorted[m0 + i] / k) * H : -1;
   __syncthreads();
-  float acc[kPfMW][NR][4] = {};
-  pf_mainloop<T, B1, NR, kZpw, Q1, QB, St>(q1, qb, lr, e, x, s_src, H, acc, dyn_smem);
+  float acc[kPfMW][N8][4] = {};
+  pf_mainloop<T, B1, BR, kZpw, Q1, QB, St>(q1, qb, lr, e, x, s_src, H, acc, dyn_smem);
 #pragma unroll
   for (int m = 0; m < kPfMW; ++m) {
 #pragma unroll
-    for (int jn = 0; jn < NR; ++jn) {
+    for (int jn = 0; jn < N8; ++jn) {
 #pragma unroll
       for (int cc = 0; cc < 2; ++cc) {
         const i32 pos = m0 + 8 * jn + 2 * t + cc;
@@ -262,13 +261,13 @@ fc1_prefill(const T* __restrict__ x, const RouteGroups rg, i32 E, i32 k, i32 H, 
 }
 
 // FC2: y[route, n] = act_sorted[m] · W2[e, n] + b2[e, n] for the tile's routes (scattered by route id).
-template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, int NR>
+template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, int BR>
 __global__ void __launch_bounds__(kPfThreads, kPfMinBlocks)
 fc2_prefill(const T* __restrict__ act_sorted, const RouteGroups rg, i32 E, i32 H, i32 I, i32 NT, i32 G,
             const Fc2Weights<ScaleT> wt, float* __restrict__ y) {
   constexpr bool kZpw = Z2 == ZP_PACKED;
-  using St = PfStage<B2, ScaleT, BLOCK, kZpw, NR>;
-  constexpr int BR = 8 * NR;
+  using St = PfStage<B2, ScaleT, BLOCK, kZpw, BR>;
+  constexpr int N8 = BR / 8;
   extern __shared__ __align__(16) u8 dyn_smem[];
   __shared__ i64 s_src[BR];
   pf_check_smem<St>();
@@ -288,12 +287,12 @@ fc2_prefill(const T* __restrict__ act_sorted, const RouteGroups rg, i32 E, i32 H
   }
   for (int i = threadIdx.x; i < BR; i += kPfThreads) s_src[i] = m0 + i < m_end ? (i64)(m0 + i) * I : -1;
   __syncthreads();
-  float acc[kPfMW][NR][4] = {};
-  pf_mainloop<T, B2, NR, kZpw, Q2, Q2, St>(q2, q2, lr, e, act_sorted, s_src, I, acc, dyn_smem);
+  float acc[kPfMW][N8][4] = {};
+  pf_mainloop<T, B2, BR, kZpw, Q2, Q2, St>(q2, q2, lr, e, act_sorted, s_src, I, acc, dyn_smem);
 #pragma unroll
   for (int m = 0; m < kPfMW; ++m) {
 #pragma unroll
-    for (int jn = 0; jn < NR; ++jn) {
+    for (int jn = 0; jn < N8; ++jn) {
 #pragma unroll
       for (int cc = 0; cc < 2; ++cc) {
         const i32 pos = m0 + 8 * jn + 2 * t + cc;

@@ -34,12 +34,12 @@ inline constexpr int kMmaStages = QMOE_MMA_STAGES;
 #ifndef QMOE_MMA_ROLL_COPIES
 #define QMOE_MMA_ROLL_COPIES 0
 #endif
-// Blocks per SM the register budget is set for (route groups need more accumulators); route groups
-// of 8 (NG 1, up to 8 tokens) take QMOE_MMA_MIN_BLOCKS.
+// Blocks per SM the register budget is set for (more routes per pass need more accumulators); passes
+// of BR 8 routes (up to 8 tokens) take QMOE_MMA_MIN_BLOCKS.
 #ifndef QMOE_MMA_MIN_BLOCKS
 #define QMOE_MMA_MIN_BLOCKS 5
 #endif
-template <int NG> constexpr int mma_min_blocks() { return NG == 1 ? QMOE_MMA_MIN_BLOCKS : (NG == 2 ? 4 : 3); }
+template <int BR> constexpr int mma_min_blocks() { return BR == 8 ? QMOE_MMA_MIN_BLOCKS : (BR == 16 ? 4 : 3); }
 
 // One stage of a warp's ring: KST chunks of its 2·RT lane rows (RT 16-row tiles), as copied (not decoded).
 //   codes [KST][2·RT rows][32 lanes][4·B bytes]    (KST = 8/(B·RT), at least 1: 2 KiB of codes per stage,
@@ -84,9 +84,9 @@ template <class Stage> __device__ __forceinline__ void check_ring_size(i32 R) {
   if (have < mma_smem_bytes<Stage>(R)) __trap();
 }
 
-// One warp's product over its K slice (chunks ks, ks + KS, ...) for RT 16-row tiles: acc[i·NG + ng]
+// One warp's product over its K slice (chunks ks, ks + KS, ...) for RT 16-row tiles: acc[i·N8 + g]
 // (C fragments) += W[rows na[i], nb[i]] · x[routes]ᵀ. pa[i], pb[i]: tile i's lane rows' packed codes
-// (K·B/8 bytes each); qa, qb their quant params; xrow[ng]: the activation row of route group ng's lane
+// (K·B/8 bytes each); qa, qb their quant params; xrow[g]: the activation row of n8 route group g's lane
 // route, or null. RT 2 (tiled codes only): each route group's activations, loaded once per chunk, feed
 // both tiles' MMAs (half the activation loads per weight, two independent MMA chains).
 // Weights, scales and zero points stream through a kMmaStages-deep cp.async ring per warp; each lane
@@ -95,11 +95,11 @@ template <class Stage> __device__ __forceinline__ void check_ring_size(i32 R) {
 // L < 24: lane group L / 3's rows, piece L % 3) into the same shared layout, instead of each lane
 // copying its own 12 bytes as three 4-byte pieces; lanes then read codes other lanes copied (a
 // __syncwarp per stage). Needs every row's chunks 16-byte aligned (mma_rows checks).
-template <typename T, int B, int NG, int RT, bool COOP, bool COHERENT_X, bool PAIRED, class QA, class QB, typename XT>
+template <typename T, int B, int N8, int RT, bool COOP, bool COHERENT_X, bool PAIRED, class QA, class QB, typename XT>
 __device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* const (&pa)[RT], const i32 (&na)[RT],
                                               const QB& qb, const u8* const (&pb)[RT], const i32 (&nb)[RT], i32 e,
-                                              const XT* const (&xrow)[NG], i32 K, i32 ks, i32 KS,
-                                              float (&acc)[RT * NG][4], u8* ring) {
+                                              const XT* const (&xrow)[N8], i32 K, i32 ks, i32 KS,
+                                              float (&acc)[RT * N8][4], u8* ring) {
   static_assert(!COOP || B == 3, "shared code copies are for 3-bit codes");
   static_assert(RT == 1 || kTiled, "several row tiles per warp read the tiled layout's activation words");
   using ScaleT = typename QA::Scale;
@@ -232,7 +232,7 @@ __device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* const (&pa
       };
       // kFactor: the chunk's exact partial sums, scaled once per row
       auto finish = [&](int i, int g, const float (&part)[4]) {
-        float (&c)[4] = acc[i * NG + g];
+        float (&c)[4] = acc[i * N8 + g];
         c[0] = fmaf(cf[i][0][0].scf, part[0], c[0]);  // C rows g (lane row na) ...
         c[1] = fmaf(cf[i][0][0].scf, part[1], c[1]);
         c[2] = fmaf(cf[i][1][0].scf, part[2], c[2]);  // ... and g + 8 (lane row nb)
@@ -241,12 +241,12 @@ __device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* const (&pa
       if constexpr (RT > 1) {
         // tiled codes: step s's activations are words 2s, 2s + 1 of the lane's 16 (x_pair); each half
         // chunk (4 steps) loads every route group's 8 words once and feeds them to every tile
-        float part[RT][NG][4] = {};
+        float part[RT][N8][4] = {};
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
-          u32 xh[NG][8];
+          u32 xh[N8][8];
 #pragma unroll
-          for (int g = 0; g < NG; ++g) load_x(g, 2 * hf, xh[g]);
+          for (int g = 0; g < N8; ++g) load_x(g, 2 * hf, xh[g]);
 #pragma unroll
           for (int s = 4 * hf; s < 4 * hf + 4; ++s) {
 #pragma unroll
@@ -254,8 +254,8 @@ __device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* const (&pa
               u32 a[4];
               frag(i, s, a);
 #pragma unroll
-              for (int g = 0; g < NG; ++g)
-                Pair2<T>::mma(kFactor ? part[i][g] : acc[i * NG + g], a, xh[g][2 * (s - 4 * hf)],
+              for (int g = 0; g < N8; ++g)
+                Pair2<T>::mma(kFactor ? part[i][g] : acc[i * N8 + g], a, xh[g][2 * (s - 4 * hf)],
                               xh[g][2 * (s - 4 * hf) + 1]);
             }
           }
@@ -264,9 +264,9 @@ __device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* const (&pa
 #pragma unroll
           for (int i = 0; i < RT; ++i)
 #pragma unroll
-            for (int g = 0; g < NG; ++g) finish(i, g, part[i][g]);
+            for (int g = 0; g < N8; ++g) finish(i, g, part[i][g]);
         }
-      } else if constexpr (NG == 1) {
+      } else if constexpr (N8 == 1) {
         // one route group: each k16 step's fragment is dequantized just before its mma (ptxas gives
         // the same 94-96 registers as dequantizing all eight first)
         u32 xw[16];
@@ -285,7 +285,7 @@ __device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* const (&pa
 #pragma unroll
         for (int s = 0; s < 8; ++s) frag(0, s, a[s]);
 #pragma unroll
-        for (int g = 0; g < NG; ++g) {
+        for (int g = 0; g < N8; ++g) {
           u32 xw[16];
           load_x(g, 0, xw);
           float part[4] = {0.f, 0.f, 0.f, 0.f};
@@ -321,11 +321,11 @@ __device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* const (&pa
 // session 8).
 // COHERENT_X: the activations are read through L2 (ld.global.cg), not the read-only path: for inputs
 // another grid may still be writing while this one runs (FC2 with the expert flow).
-template <typename T, int B, int NG, int RT, bool COHERENT_X = false, bool PAIRED = false, class QA, class QB,
+template <typename T, int B, int N8, int RT, bool COHERENT_X = false, bool PAIRED = false, class QA, class QB,
           typename XT>
 __device__ __forceinline__ void mma_tiles(const QA& qa, const u8* const (&pa)[RT], const i32 (&na)[RT], const QB& qb,
                                           const u8* const (&pb)[RT], const i32 (&nb)[RT], i32 e,
-                                          const XT* const (&xrow)[NG], i32 K, i32 ks, i32 KS, float (&acc)[RT * NG][4],
+                                          const XT* const (&xrow)[N8], i32 K, i32 ks, i32 KS, float (&acc)[RT * N8][4],
                                           u8* ring) {
   if constexpr (B == 3) {
     unsigned long long bits = 0;
@@ -333,28 +333,28 @@ __device__ __forceinline__ void mma_tiles(const QA& qa, const u8* const (&pa)[RT
     for (int i = 0; i < RT; ++i)
       bits |= reinterpret_cast<unsigned long long>(pa[i]) | reinterpret_cast<unsigned long long>(pb[i]);
     if (K % kMmaChunk == 0 && __all_sync(0xffffffffu, (bits & 15) == 0)) {
-      mma_rows_ring<T, B, NG, RT, true, COHERENT_X, PAIRED>(qa, pa, na, qb, pb, nb, e, xrow, K, ks, KS, acc, ring);
+      mma_rows_ring<T, B, N8, RT, true, COHERENT_X, PAIRED>(qa, pa, na, qb, pb, nb, e, xrow, K, ks, KS, acc, ring);
       return;
     }
   }
-  mma_rows_ring<T, B, NG, RT, false, COHERENT_X, PAIRED>(qa, pa, na, qb, pb, nb, e, xrow, K, ks, KS, acc, ring);
+  mma_rows_ring<T, B, N8, RT, false, COHERENT_X, PAIRED>(qa, pa, na, qb, pb, nb, e, xrow, K, ks, KS, acc, ring);
 }
 
 // The decode engine's form: one 16-row tile (lane rows na, nb).
-template <typename T, int B, int NG, bool COHERENT_X = false, bool PAIRED = false, class QA, class QB, typename XT>
+template <typename T, int B, int N8, bool COHERENT_X = false, bool PAIRED = false, class QA, class QB, typename XT>
 __device__ __forceinline__ void mma_rows(const QA& qa, const u8* __restrict__ pa, i32 na, const QB& qb,
-                                         const u8* __restrict__ pb, i32 nb, i32 e, const XT* const (&xrow)[NG],
-                                         i32 K, i32 ks, i32 KS, float (&acc)[NG][4], u8* ring) {
+                                         const u8* __restrict__ pb, i32 nb, i32 e, const XT* const (&xrow)[N8],
+                                         i32 K, i32 ks, i32 KS, float (&acc)[N8][4], u8* ring) {
   const u8* const pas[1] = {pa};
   const u8* const pbs[1] = {pb};
   const i32 nas[1] = {na}, nbs[1] = {nb};
-  mma_tiles<T, B, NG, 1, COHERENT_X, PAIRED>(qa, pas, nas, qb, pbs, nbs, e, xrow, K, ks, KS, acc, ring);
+  mma_tiles<T, B, N8, 1, COHERENT_X, PAIRED>(qa, pas, nas, qb, pbs, nbs, e, xrow, K, ks, KS, acc, ring);
 }
 
 // Adds the KS slices' C fragments into the slice-0 warps (fixed order). Each warp's partial sums go
-// to the start of its own ring (NG·512 bytes, smaller than a ring; its copies have all landed and
+// to the start of its own ring (N8·512 bytes, smaller than a ring; its copies have all landed and
 // been read when mma_rows returns), so the reduction needs no shared memory of its own.
-template <int NG> __device__ __forceinline__ void reduce_slices(float (&acc)[NG][4], i32 mt, i32 ks, i32 MT, i32 KS,
+template <int F> __device__ __forceinline__ void reduce_slices(float (&acc)[F][4], i32 mt, i32 ks, i32 MT, i32 KS,
                                                                 u8* rings, i32 ring_bytes) {
   if (KS == 1) return;
   const i32 lane = threadIdx.x & 31, w = threadIdx.x >> 5;
@@ -362,7 +362,7 @@ template <int NG> __device__ __forceinline__ void reduce_slices(float (&acc)[NG]
   if (ks > 0) {
     float* red = reinterpret_cast<float*>(rings + w * ring_bytes);
 #pragma unroll
-    for (int g = 0; g < NG; ++g)
+    for (int g = 0; g < F; ++g)
 #pragma unroll
       for (int v = 0; v < 4; ++v) red[(g * 4 + v) * 32 + lane] = acc[g][v];
   }
@@ -371,7 +371,7 @@ template <int NG> __device__ __forceinline__ void reduce_slices(float (&acc)[NG]
     for (i32 s = 1; s < KS; ++s) {
       const float* red = reinterpret_cast<const float*>(rings + (s * MT + mt) * ring_bytes);
 #pragma unroll
-      for (int g = 0; g < NG; ++g)
+      for (int g = 0; g < F; ++g)
 #pragma unroll
         for (int v = 0; v < 4; ++v) acc[g][v] += red[(g * 4 + v) * 32 + lane];
     }

@@ -2,7 +2,7 @@
 //
 //   topk_ids     [R]      i32   expert of route r (r = row*k + slot); -1 (expert slices [ext]): left out
 //   offsets      [E + 1]  i32   (out) first sorted position of expert e; offsets[E] = R
-//   tile_offsets [E + 1]  i32   (out) first GEMM tile of expert e (tiles of BM rows); tile_offsets[E] = tiles
+//   tile_offsets [E + 1]  i32   (out) first GEMM tile of expert e (tiles of BR routes); tile_offsets[E] = tiles
 //   sorted       [R]      i32   (out) route ids in expert order (order inside an expert is arbitrary:
 //                                every route's result depends on its own row only)
 //
@@ -18,7 +18,7 @@ inline constexpr int kGroupThreads = 1024;
 inline constexpr int kGroupMaxExperts = kGroupThreads - 1;  // the scan gives each expert one thread, and one more
 
 __global__ void __launch_bounds__(kGroupThreads)
-group_by_expert(const i32* __restrict__ topk_ids, i32 R, i32 E, i32 BM, i32* __restrict__ offsets,
+group_by_expert(const i32* __restrict__ topk_ids, i32 R, i32 E, i32 BR, i32* __restrict__ offsets,
                 i32* __restrict__ tile_offsets, i32* __restrict__ sorted) {
   __shared__ i32 count[kGroupMaxExperts];
   __shared__ i32 cursor[kGroupMaxExperts];
@@ -30,10 +30,10 @@ group_by_expert(const i32* __restrict__ topk_ids, i32 R, i32 E, i32 BM, i32* __r
     if (topk_ids[r] >= 0) atomicAdd(&count[topk_ids[r]], 1);
   __syncthreads();
 
-  // exclusive scans of count[] and ceil(count/BM)[] (E < kGroupThreads: one entry per thread)
+  // exclusive scans of count[] and ceil(count/BR)[] (E < kGroupThreads: one entry per thread)
   const int lane = tid & 31, warp = tid >> 5;
   const i32 c = tid < E ? count[tid] : 0;
-  const i32 t = (c + BM - 1) / BM;
+  const i32 t = (c + BR - 1) / BR;
   i32 sc = c, st = t;
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
@@ -73,7 +73,7 @@ group_by_expert(const i32* __restrict__ topk_ids, i32 R, i32 E, i32 BM, i32* __r
 }
 
 // Expert and first sorted position of tile t; false for a tile past the last one.
-template <int BM>
+template <int BR>
 __device__ __forceinline__ bool find_tile(const i32* __restrict__ offsets, const i32* __restrict__ tile_offsets, i32 E,
                                           i32 t, i32& e, i32& m0, i32& m_end) {
   if (t >= tile_offsets[E]) return false;
@@ -83,8 +83,8 @@ __device__ __forceinline__ bool find_tile(const i32* __restrict__ offsets, const
     if (tile_offsets[mid] <= t) lo = mid; else hi = mid - 1;
   }
   e = lo;
-  m0 = offsets[e] + (t - tile_offsets[e]) * BM;
-  m_end = min(m0 + BM, offsets[e + 1]);
+  m0 = offsets[e] + (t - tile_offsets[e]) * BR;
+  m_end = min(m0 + BR, offsets[e + 1]);
   return true;
 }
 
