@@ -88,8 +88,36 @@ def expected_kernels(spec) -> set:
     return WS_KERNELS if spec.get("variant") == "ws" else EXPECTED_KERNELS[spec.family]
 
 
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize("layout,hidden,inter", LAYOUTS, ids=[f"{l.name}-H{h}-I{i}" for l, h, i in LAYOUTS])
+#: The LAYOUTS compiled for sm_80 too (CI time): the families it builds there (route, gemv, gemm, mma_decode,
+#: mma_prefill) are the sm_90 ones bar the PDL / FP8 guards, so a subset suffices that still gives every family
+#: each dtype, scale dtype, block size, bit width, zero-point mode, (bits, zero point) pair, FC3 or not and
+#: aligned or not that the whole list gives it there (test_sm80_layouts_cover_every_family_feature).
+SM80 = (0, 1, 4, 6, 9, 10, 12, 15)
+CASES = [(arch, *LAYOUTS[i]) for i in range(len(LAYOUTS)) for arch in ("sm_80", "sm_90") if arch == "sm_90" or i in SM80]
+
+
+def family_features(layout, hidden, inter) -> set:
+    """(family, feature, value) of the executor families compiled for sm_80 on ``layout``."""
+    tc = unsupported_reason(layout, hidden, inter) is None
+    out = {("route", "dtype", layout.dtype)}
+    for fam in ("gemv", "gemm") + (("mma_decode", "mma_prefill") if tc else ()):
+        out |= {(fam, "dtype", layout.dtype), (fam, "scale", layout.scale_dtype or layout.dtype),
+                (fam, "block", layout.block_size), (fam, "fc3", layout.has_fc3),
+                (fam, "aligned", hidden % 32 == 0 and inter % 32 == 0)}
+        for p in layout.projections:
+            out |= {(fam, "bits", layout.bits(p)), (fam, "zp", layout.zp(p)), (fam, "bits+zp", layout.bits(p), layout.zp(p))}
+    return out
+
+
+def test_sm80_layouts_cover_every_family_feature():
+    """Dropping a layout's sm_80 compile loses no family's dtype, block size, bit width or zero-point mode there."""
+    everything = set().union(*(family_features(*case) for case in LAYOUTS))
+    kept = set().union(*(family_features(*LAYOUTS[i]) for i in SM80))
+    assert kept == everything, sorted(everything - kept, key=str)
+    assert {"mma_decode", "mma_prefill", "gemv", "gemm", "route"} <= {f for f, *_ in kept}
+
+
+@pytest.mark.parametrize("arch,layout,hidden,inter", CASES, ids=[f"{l.name}-H{h}-I{i}-{a}" for a, l, h, i in CASES])
 def test_executor_modules_compile(cache, arch, layout, hidden, inter):
     """Every family that supports the layout compiles (the SIMT ones too: they are the fallbacks), and each
     kernel's argument specs match its C++ parameters in order (tests/kernel_signatures.py). The
