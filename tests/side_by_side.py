@@ -21,9 +21,23 @@ def in_threads(fn: Callable[[A], R], items: Iterable[A]) -> list[R]:
         return list(pool.map(fn, items))
 
 
+#: unit key -> compiled module, for the whole session: a unit that another compile-only test (or parametrization)
+#: already built is not compiled again (CI time). The key hashes everything NVRTC is given (source, defines,
+#: knob-driven options, arch, toolchain), so a reused module is the one a fresh compile would give.
+_COMPILED: dict = {}
+
+
 def compile_specs(pairs: Iterable[tuple]) -> list:
-    """The compiled modules of ``(spec, arch)`` pairs (the kernel cache's get_cubin), side by side."""
-    from qmoe_rtc.jit import get_cubin
+    """The compiled modules of ``(spec, arch)`` pairs (the kernel cache's get_cubin), side by side; a unit
+    this session compiled before through here is taken from :data:`_COMPILED`."""
+    from qmoe_rtc.jit import get_cubin, unit_key
     from qmoe_rtc.kernels import spec_unit
 
-    return in_threads(lambda pair: get_cubin(spec_unit(pair[0]), pair[1]), pairs)
+    def one(pair):
+        unit = spec_unit(pair[0])
+        key = unit_key(unit, pair[1])
+        if key not in _COMPILED:
+            _COMPILED[key] = get_cubin(unit, pair[1])
+        return _COMPILED[key]
+
+    return in_threads(one, pairs)
