@@ -73,10 +73,10 @@ def test_mma_eligibility():
 EXPECTED_KERNELS = {
     "route": {"topk_float32", "topk_float32_rw_float32", "sparse_float32"},
     "gemv": {"fc1", "fc2"},
-    "gemm": {"group", "fc1_bm16", "fc2_bm16", "fc1_bm64", "fc2_bm64", "combine"},
-    "mma_decode": {f"fc{i}_ng{g}" for i in (1, 2) for g in (1, 2, 4)},
-    "mma_batched": {"group", "combine"} | {f"fc{i}_ng{g}" for i in (1, 2) for g in (1, 2, 4)},
-    "mma_prefill": {"group", "combine"} | {f"fc{i}_nr{n}" for i in (1, 2) for n in (2, 4, 8)},
+    "gemm": {"group", "fc1_br16", "fc2_br16", "fc1_br64", "fc2_br64", "combine"},
+    "mma_decode": {f"fc{i}_br{n}" for i in (1, 2) for n in (8, 16, 32)},
+    "mma_batched": {"group", "combine"} | {f"fc{i}_br{n}" for i in (1, 2) for n in (8, 16, 32)},
+    "mma_prefill": {"group", "combine"} | {f"fc{i}_br{n}" for i in (1, 2) for n in (16, 32, 64)},
     "wgmma_prefill": {"group", "permute", "combine"} | {f"fc{i}_br{n}" for i in (1, 2) for n in (64, 128)},  # 4 warpgroups
 }
 EXECUTOR_FAMILIES = tuple(EXPECTED_KERNELS)
@@ -232,18 +232,18 @@ def test_prefill_stage_bytes_match_the_device_struct(tiled_meta):
     kind, zp mode and route tile, contract meta words or tiled meta records (the kernel traps on a
     smaller dynamic shared memory)."""
     from qmoe_rtc.jit import compiler
-    from qmoe_rtc.kernels.mma_prefill import ROUTE_TILES, stage_bytes
+    from qmoe_rtc.kernels.mma_prefill import TILE_ROUTES, stage_bytes
 
     lines = ['#include "engines/mma_prefill.cuh"']
     for bits in (1, 2, 3, 4, 8):
         for scale_t, sbytes in (("__half", 2), ("float", 4)):
             for block in (0, 16, 32, 128):
                 for zp in (False, True):
-                    for nr in ROUTE_TILES:
-                        want = stage_bytes(bits, sbytes, block, zp, nr, 8, tiled_meta)
+                    for br in TILE_ROUTES:
+                        want = stage_bytes(bits, sbytes, block, zp, br, 8, tiled_meta)
                         lines.append(f"static_assert(qmoe::PfStage<{bits}, {scale_t}, {block}, "
-                                     f"{'true' if zp else 'false'}, {nr}>::kBytes == {want}, "
-                                     f"\"stage_bytes({bits}, {sbytes}, {block}, {zp}, {nr})\");")
+                                     f"{'true' if zp else 'false'}, {br}>::kBytes == {want}, "
+                                     f"\"stage_bytes({bits}, {sbytes}, {block}, {zp}, {br})\");")
     options = compiler.base_options("sm_90", ("-DQMOE_PF_WARPS=8", *TILED_META_DEFINES[tiled_meta]))
     compiler.compile_unit("stage_bytes_check", "\n".join(lines) + "\n", {}, "sm_90", options)
 

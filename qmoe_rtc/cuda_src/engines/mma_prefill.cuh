@@ -33,6 +33,7 @@
 #include "core/types.cuh"
 #include "epilogue/combine.cuh"
 #include "epilogue/fc1.cuh"
+#include "engines/lane_tiles.cuh"
 #include "engines/tile_rows.cuh"
 #include "routing/group.cuh"
 
@@ -62,11 +63,12 @@ inline constexpr int kPfStages = QMOE_PF_STAGES;
 //   meta  [warps][MW][2 rows][kWords][32] u32   their scale / zp words (block-wise scales only:
 //                                               row-wise ones are read once, before the loop)
 template <int B, typename ScaleT, int BLOCK, bool ZPW, int BR> struct PfStage {
+  using W = LaneTileBytes<B, ScaleT, BLOCK, ZPW, kPfMW>;  // a warp's tiles (engines/lane_tiles.cuh)
   static constexpr int kXBytes = BR * 256;
-  static constexpr int kWords = BLOCK ? MetaLayout<ScaleT, BLOCK, ZPW, B>::kWords : 0;
-  static constexpr int kCB = 4 * B;  // code bytes per lane row per chunk
-  static constexpr int kWarpCodes = kPfMW * 2 * 32 * kCB;
-  static constexpr int kWarpBytes = kWarpCodes + kPfMW * 2 * kWords * 128;
+  static constexpr int kWords = W::kWords;
+  static constexpr int kCB = W::kCB;
+  static constexpr int kWarpCodes = W::kCodes;
+  static constexpr int kWarpBytes = W::kBytes;
   static constexpr int kBytes = kXBytes + kPfWarps * kWarpBytes;
 };
 
@@ -142,22 +144,12 @@ __device__ __forceinline__ void pf_mainloop(const QA& qa, const QB& qb, const Pf
 #pragma unroll
     for (int m = 0; m < MW; ++m) {
       u32 ra[B], rb[B];
-      lds_codes<B>(wst + ((m * 2 + 0) * 32 + lane) * CB, ra);
-      lds_codes<B>(wst + ((m * 2 + 1) * 32 + lane) * CB, rb);
       Coef ca[NSB], cb[NSB];
-#pragma unroll
-      for (int h = 0; h < NSB; ++h) {
-        if constexpr (kScaled) {
-          const u32* ma = reinterpret_cast<const u32*>(wst + St::kWarpCodes + LaneMeta<QA, ZPW>::lane_bytes(lane)) +
-                          ((m * 2 + 0) * St::kWords) * 32;
-          const u32* mb = ma + St::kWords * 32;
-          ca[h] = live ? D::coef(LaneMeta<QA, ZPW>::decode(qa, ma, sba[m], e, lr.na[m], j0, h)) : D::zero();
-          cb[h] = live ? D::coef(LaneMeta<QB, ZPW>::decode(qb, mb, sbb[m], e, lr.nb[m], j0, h)) : D::zero();
-        } else {
-          ca[h] = live ? lr.rca[m] : D::zero();
-          cb[h] = live ? lr.rcb[m] : D::zero();
-        }
-      }
+      const u32* ma = reinterpret_cast<const u32*>(wst + St::kWarpCodes + LaneMeta<QA, ZPW>::lane_bytes(lane)) +
+                      ((m * 2 + 0) * St::kWords) * 32;
+      lane_tile_load<T, B, St::kWords, ZPW>(wst + ((m * 2 + 0) * 32 + lane) * CB, wst + ((m * 2 + 1) * 32 + lane) * CB,
+                                            ma, qa, sba[m], lr.na[m], lr.rca[m], qb, sbb[m], lr.nb[m], lr.rcb[m], e,
+                                            j0, live, ra, rb, ca, cb);
 #pragma unroll
       for (int s = 0; s < 8; ++s) D::template fragment<kScaled, NSB>(a[m][s], ra, rb, ca, cb, s);
     }

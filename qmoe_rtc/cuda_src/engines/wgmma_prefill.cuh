@@ -31,6 +31,7 @@
 #include "core/types.cuh"
 #include "core/wg_order.cuh"
 #include "core/wgmma.cuh"
+#include "engines/lane_tiles.cuh"
 #include "engines/tile_rows.cuh"
 #include "epilogue/combine.cuh"
 #include "epilogue/fc1.cuh"
@@ -61,11 +62,12 @@ inline constexpr int kWgSmemBudget = 227 * 1024 - 1024 - 4096;  // dynamic bytes
 //   codes [warps][2 rows][32 lanes][4·B B]      each lane's 32 codes of its two rows
 //   meta  [warps][2 rows][kWords][32] u32       their scale / zp words (block-wise scales only)
 template <int B, typename ScaleT, int BLOCK, bool ZPW, int BR> struct WgStage {
+  using W = LaneTileBytes<B, ScaleT, BLOCK, ZPW, 1>;  // a warp's tile (engines/lane_tiles.cuh)
   static constexpr int kXBytes = BR * 256;
-  static constexpr int kWords = BLOCK ? MetaLayout<ScaleT, BLOCK, ZPW, B>::kWords : 0;
-  static constexpr int kCB = 4 * B;
-  static constexpr int kWarpCodes = 2 * 32 * kCB;
-  static constexpr int kWarpBytes = kWarpCodes + 2 * kWords * 128;
+  static constexpr int kWords = W::kWords;
+  static constexpr int kCB = W::kCB;
+  static constexpr int kWarpCodes = W::kCodes;
+  static constexpr int kWarpBytes = W::kBytes;
   static constexpr int kBytes = (kXBytes + kWgWarps * kWarpBytes + 1023) / 1024 * 1024;
   static constexpr int kStages = kWgSmemBudget / kBytes < kWgMaxStages ? kWgSmemBudget / kBytes : kWgMaxStages;
   static_assert(kStages >= 2, "a wgmma prefill stage does not fit twice in shared memory");

@@ -11,6 +11,7 @@
 #include "core/mma_pair.cuh"
 #include "core/types.cuh"
 #include "core/wgmma.cuh"
+#include "engines/lane_tiles.cuh"
 #include "engines/tile_rows.cuh"
 #include "epilogue/fc1.cuh"
 
@@ -55,11 +56,12 @@ inline constexpr int kWsSmemBudget = 227 * 1024 - 1024 - 3072;
 //     codes [2 rows][32 lanes][4·B B]         each lane's 32 codes of its two rows
 //     meta  [2 rows][kWords][32] u32          their scale / zp words or records (block-wise scales)
 template <int B, typename ScaleT, int BLOCK, bool ZPW, int BR> struct WsStage {
+  using W = LaneTileBytes<B, ScaleT, BLOCK, ZPW, 1>;  // one tile (engines/lane_tiles.cuh)
   static constexpr int kXBytes = BR * 256;
-  static constexpr int kWords = BLOCK ? MetaLayout<ScaleT, BLOCK, ZPW, B>::kWords : 0;
-  static constexpr int kCB = 4 * B;
-  static constexpr int kTileCodes = 2 * 32 * kCB;
-  static constexpr int kTileBytes = kTileCodes + 2 * kWords * 128;
+  static constexpr int kWords = W::kWords;
+  static constexpr int kCB = W::kCB;
+  static constexpr int kTileCodes = W::kCodes;
+  static constexpr int kTileBytes = W::kBytes;
   static constexpr int kBytes = (kXBytes + kWsTiles * kTileBytes + 1023) / 1024 * 1024;
   static constexpr int kStages = kWsSmemBudget / kBytes < kWsMaxStages ? kWsSmemBudget / kBytes : kWsMaxStages;
   static_assert(kStages >= 2, "a warp-specialised wgmma stage does not fit twice in shared memory");
@@ -228,24 +230,21 @@ __device__ __forceinline__ void ws_consume(const QA& qa, const QB& qb, const PfL
 #pragma unroll
     for (int m = 0; m < kWsMW; ++m) {
       const u8* wst = smem + slot * St::kBytes + St::kXBytes + (warp * kWsMW + m) * St::kTileBytes;
-      lds_codes<B>(wst + lane * CB, ra[m]);
-      lds_codes<B>(wst + (32 + lane) * CB, rb[m]);
+      if constexpr (kScaled && WsRuns<QA, QB>::value) {  // records copied as runs (ws_produce)
+        lds_codes<B>(wst + lane * CB, ra[m]);
+        lds_codes<B>(wst + (32 + lane) * CB, rb[m]);
 #pragma unroll
-      for (int h = 0; h < NSB; ++h) {
-        if constexpr (kScaled && WsRuns<QA, QB>::value) {
+        for (int h = 0; h < NSB; ++h) {
           const u8* ma = wst + St::kTileCodes;
           const i32 jj = j0 + h - QA::block_of((i64)c * 128);
           ca[m][h] = live ? D::coef(ws_meta(qa, ma, lr.na[m], lane >> 2, jj)) : D::zero();
           cb[m][h] = live ? D::coef(ws_meta(qb, ma + St::kWords * 128, lr.nb[m], lane >> 2, jj)) : D::zero();
-        } else if constexpr (kScaled) {
-          const u32* ma = reinterpret_cast<const u32*>(wst + St::kTileCodes + LaneMeta<QA, ZPW>::lane_bytes(lane));
-          const u32* mb = ma + St::kWords * 32;
-          ca[m][h] = live ? D::coef(LaneMeta<QA, ZPW>::decode(qa, ma, sba[m], e, lr.na[m], j0, h)) : D::zero();
-          cb[m][h] = live ? D::coef(LaneMeta<QB, ZPW>::decode(qb, mb, sbb[m], e, lr.nb[m], j0, h)) : D::zero();
-        } else {
-          ca[m][h] = live ? lr.rca[m] : D::zero();
-          cb[m][h] = live ? lr.rcb[m] : D::zero();
         }
+      } else {
+        lane_tile_load<T, B, St::kWords, ZPW>(
+            wst + lane * CB, wst + (32 + lane) * CB,
+            reinterpret_cast<const u32*>(wst + St::kTileCodes + LaneMeta<QA, ZPW>::lane_bytes(lane)), qa, sba[m],
+            lr.na[m], lr.rca[m], qb, sbb[m], lr.nb[m], lr.rcb[m], e, j0, live, ra[m], rb[m], ca[m], cb[m]);
       }
     }
     u32 a[kWsInflight + 1][kWsMW][4];
