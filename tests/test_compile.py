@@ -138,6 +138,9 @@ def test_param_block_lays_struct_parameters_out_as_c_does():
     assert list(addrs) == [pb.values.ctypes.data + o for o in (0, 8, 32, 36)]  # one void* per parameter
     with pytest.raises(QMoEInputError, match="k.y"):
         ParamBlock(kd, dict(n=7, a=-1, p=0xABC0, f=2.0, g=3.0, x=4.0))
+    twice = KernelDef("k", "k", (a, Struct("t", "B", (Scalar("x", "float32"), Scalar("p", "int32")))))
+    with pytest.raises(QMoEAttributeError, match="distinct leaf names"):
+        ParamBlock(twice, dict(a=1, p=0xABC0, f=1.0, x=1.0))
 
 
 def test_get_family_unknown():

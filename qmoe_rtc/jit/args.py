@@ -55,7 +55,7 @@ class Scalar:
 class Struct:
     """A struct parameter passed by value: ``ctype`` is the C++ struct's name (without namespace or
     template arguments, e.g. ``"Proj"``), ``fields`` its members in declaration order. The C++
-    declaration is the single source of the order; a CPU test reads it (tests/kernel_signatures.py)."""
+    declaration is the single source of the order; a CPU test reads it (tests/test_kernel_args.py)."""
 
     name: str
     ctype: str
@@ -200,6 +200,9 @@ class ParamBlock:
         self.values = np.zeros(max(-(-size // 8), 1), dtype=np.uint64)  # [ceil(size/8)] parameter space
         raw = self.values.view(np.uint8)
         self.names = tuple(spec.name for spec, _ in flat)
+        if len(set(self.names)) != len(self.names):
+            dup = sorted({n for n in self.names if self.names.count(n) > 1})
+            raise QMoEAttributeError(f"{kdef.key} arguments", "distinct leaf names (values bind by name)", str(dup))
         self._words = {}
         for spec, off in flat:
             where = f"{kdef.key}.{spec.name}"

@@ -13,8 +13,9 @@ class Kernel:
     """One ``__global__`` function of a loaded module.
 
     ``kernel(grid, block, args, shared_mem=0, stream=None)`` checks and packs ``args`` (positional, in
-    the spec's order, struct members flattened) and launches: the general path for tools and tests. The executor packs a
-    :class:`~qmoe_rtc.jit.args.ParamBlock` once per plan and calls :meth:`launch_packed`.
+    the spec's order, struct members flattened) and launches: the general path for tools and tests.
+    The executor packs a :class:`~qmoe_rtc.jit.args.ParamBlock` once per plan and calls
+    :meth:`launch_packed`.
     """
 
     def __init__(self, kdef: KernelDef, function, device_id: int, module_name: str = ""):
