@@ -2,12 +2,12 @@
 // its expert's rows directly; FC1 fuses the activation, FC2 fuses the weighted combine.
 //
 //   x        [rows, H]        T      input rows
-//   ids, wts [R]              i32, f32   route r = row*k + slot (from route_topk)
+//   ids, topk_w [R]           i32, f32   route r = row*k + slot (from route_topk)
 //   W1       [E, N1, ceil(H*b1/8)] u8, N1 = F*I      (+ scales, zero points, bias [E, N1] f32)
 //   W3       [E, I, ceil(H*b3/8)]  u8                (GATE_FC3 only)
 //   act      [R, I]           T      fc1_gemv out (the activation, rounded to T), fc2_gemv_combine in
 //   W2       [E, H, ceil(I*b2/8)]  u8
-//   out      [rows, H]        T      sum over the k routes of wts * (act . W2^T + b2), rounded once
+//   out      [rows, H]        T      sum over the k routes of topk_w * (act . W2^T + b2), rounded once
 //
 // Both kernels give a 128-thread block a few weight rows and spread every (term, K item) pair of
 // them over all its threads (engines/dot.cuh), two items in flight per thread; a fixed-order block sum
@@ -120,7 +120,7 @@ fc1_gemv(const T* __restrict__ x, const i32* __restrict__ ids, i32 k, i32 H, i32
 
 template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, bool VEC>
 __global__ void __launch_bounds__(kGemvThreads)
-fc2_gemv_combine(const T* __restrict__ act, const i32* __restrict__ ids, const float* __restrict__ wts, i32 k,
+fc2_gemv_combine(const T* __restrict__ act, const i32* __restrict__ ids, const float* __restrict__ topk_w, i32 k,
                  i32 H, i32 I, const Fc2Weights<ScaleT> wt, T* __restrict__ out) {
   __shared__ float red[kGemvThreads / 32 * kFc2Rows];
   const i64 row = blockIdx.x;
@@ -140,7 +140,7 @@ fc2_gemv_combine(const T* __restrict__ act, const i32* __restrict__ ids, const f
     const i32 e = ids[r];
     if (e < 0) return;  // not held here (expert slices [ext]): contributes nothing
     const bool sh = e >= wt.E_routed;  // a shared expert's slot (core/experts.cuh)
-    accum_item<kFc2Rows, VEC>(sh ? q2s : q2, sh ? ps.w : p2.w, sh ? e - wt.E_routed : e, n, act + r * I, it, wts[r], acc);
+    accum_item<kFc2Rows, VEC>(sh ? q2s : q2, sh ? ps.w : p2.w, sh ? e - wt.E_routed : e, n, act + r * I, it, topk_w[r], acc);
   };
   for (i32 t = threadIdx.x; t < items; t += 2 * kGemvThreads) {
     item(t);
@@ -159,7 +159,7 @@ fc2_gemv_combine(const T* __restrict__ act, const i32* __restrict__ ids, const f
         const i32 e = ids[r];
         if (e < 0) continue;
         const float* bias = e >= wt.E_routed ? ps.bias : p2.bias;
-        if (bias) v = fmaf(wts[r], __ldg(bias + (i64)(e >= wt.E_routed ? e - wt.E_routed : e) * H + nn), v);
+        if (bias) v = fmaf(topk_w[r], __ldg(bias + (i64)(e >= wt.E_routed ? e - wt.E_routed : e) * H + nn), v);
       }
     }
     out[row * H + nn] = Traits<T>::from_float(v);

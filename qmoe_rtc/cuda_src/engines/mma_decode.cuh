@@ -7,12 +7,12 @@
 // routes of e exit at once. No grouping pass, no extra launch.
 //
 //   x        [rows, H]         T     input rows (route r reads row r / k)
-//   ids, wts [R]               i32, f32   routes (route_topk), R = rows·k <= kMmaMaxRoutes
+//   ids, topk_w [R]            i32, f32   routes (route_topk), R = rows·k <= kMmaMaxRoutes
 //   W1       [E, N1, H·b/8]    u8    N1 = F·I (+ scales [E, N1(, H/blk)], zero points, bias [E, N1] f32)
 //   W3       [E, I, H·b/8]     u8    GATE_FC3 only, same bit width as W1
 //   act      [R, I]            T     fc1_mma out (activation rounded to T), fc2_mma_combine in
 //   W2       [E, H, I·b/8]     u8
-//   y        [R, H]            f32   wts[r]·(act[r]·W2[e]ᵀ + b2[e]) of every route
+//   y        [R, H]            f32   topk_w[r]·(act[r]·W2[e]ᵀ + b2[e]) of every route
 //   counters [ceil(H/rows per block)] u32, zero between calls: blocks done per H tile
 //   out      [rows, H]         T     Σ_slot y[row·k + slot] in slot order, rounded once (last block of a tile)
 //
@@ -190,7 +190,7 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
 
 template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, int BR>
 __global__ void __launch_bounds__(kMmaThreads, mma_min_blocks<BR>())
-fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const float* __restrict__ wts, i32 R, i32 k,
+fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const float* __restrict__ topk_w, i32 R, i32 k,
                 i32 H, i32 I, i32 KS, i32 PF, const Fc2Weights<ScaleT> wt, float* __restrict__ y, u32* __restrict__ counters,
                 T* __restrict__ out, u32* __restrict__ fc1_done, u32* __restrict__ fc2_seen, i32 FC1_TILES) {
   constexpr int N8 = BR / 8;  // n8 MMA route groups per pass
@@ -243,7 +243,7 @@ fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const fl
           const i32 j = p + 8 * gg + 2 * t + c;
           if (j >= er.n) continue;
           const i64 r = s_list[j];
-          const float wr = __ldcg(wts + r);  // routing's, complete (see the ids above)
+          const float wr = __ldcg(topk_w + r);  // routing's, complete (see the ids above)
           if (n0 + g < H) y[r * H + n0 + g] = wr * (acc[gg][c] + (p2.bias ? __ldg(p2.bias + (i64)e * H + na) : 0.0f));
           if (n0 + g + 8 < H) y[r * H + n0 + g + 8] = wr * (acc[gg][2 + c] + (p2.bias ? __ldg(p2.bias + (i64)e * H + nb) : 0.0f));
         }

@@ -19,9 +19,9 @@
 // float32; sums over the k picks are taken in slot order (deterministic). E <= kRouteMaxExperts,
 // k <= kRouteMaxK.
 // Expert slices [ext]: the picks and weights are the whole layer's; an id is written through
-// expert_map (-1: not held here; the engines skip such routes). E_held: the experts this layer holds
+// expert_map (-1: not held here; the engines skip such routes). E_routed: the experts this layer holds
 // (E without a slice), after which the shared experts' ids start.
-// Slots k..k+S-1: shared expert s has id E_held + s and weight 1, or with GATE sigmoid(d) = 1/(1 + e^-d),
+// Slots k..k+S-1: shared expert s has id E_routed + s and weight 1, or with GATE sigmoid(d) = 1/(1 + e^-d),
 // d = x[row] · g in float32: thread t sums the 8-element chunks t, t + 128, ... in order, then the fixed
 // block reduction (the same sum whatever the alignment: vector and scalar loads feed the same FMAs).
 #pragma once
@@ -70,8 +70,8 @@ __device__ __forceinline__ float shared_gate(const T* __restrict__ xr, const flo
 // LT: logits, WT: router_weights, T: x (the activation dtype); GATE: shared slots get the sigmoid gate.
 template <typename LT, typename WT, typename T, bool HAS_RW, bool SPARSE, bool GATE>
 __global__ void __launch_bounds__(kRouteThreads)
-route_topk(const LT* __restrict__ logits, const WT* __restrict__ router_weights, i32 rows, i32 E, i32 k, i32 S,
-           i32 H, i32 normalize, const T* __restrict__ x, const float* __restrict__ shared_gate_weight, i32 E_held,
+route_topk(const LT* __restrict__ logits, const WT* __restrict__ router_weights, i32 rows, i32 E_logits,
+           i32 k_routed, i32 S, i32 H, i32 normalize, const T* __restrict__ x, const float* __restrict__ shared_gate_weight, i32 E_routed,
            const i32* __restrict__ expert_map, i32* __restrict__ topk_ids, float* __restrict__ topk_w) {
   // (order key << 32) | (0xFFFF - e): a larger composite is ordered first (equal keys: lower index)
   __shared__ u64 comp[kRouteMaxExperts];  // the sort's exchange buffer
@@ -81,16 +81,16 @@ route_topk(const LT* __restrict__ logits, const WT* __restrict__ router_weights,
   __shared__ float sel_w[kRouteMaxK];
   const i64 row = blockIdx.x;
   const int tid = threadIdx.x;
-  const i64 out0 = row * (k + S);  // the row's first route
-  const LT* l = logits + row * E;
+  const i64 out0 = row * (k_routed + S);  // the row's first route
+  const LT* l = logits + row * E_logits;
 
   float gate = 1.0f;
   if constexpr (GATE) gate = shared_gate<T>(x + row * H, shared_gate_weight, H, red);  // the input: no wait
   pdl_wait();     // the logits may come from the router GEMM launched just before
   pdl_release();  // the expert kernels' blocks may start (they wait for these ids)
   for (i32 s = tid; s < S; s += kRouteThreads) {  // shared experts: the row's last S slots
-    topk_ids[out0 + k + s] = E_held + s;
-    topk_w[out0 + k + s] = gate;
+    topk_ids[out0 + k_routed + s] = E_routed + s;
+    topk_w[out0 + k_routed + s] = gate;
   }
 
   float v[kRoutePerThread];
@@ -99,20 +99,20 @@ route_topk(const LT* __restrict__ logits, const WT* __restrict__ router_weights,
 #pragma unroll
   for (int j = 0; j < kRoutePerThread; ++j) {
     const i32 e = tid + kRouteThreads * j;
-    v[j] = e < E ? Traits<LT>::to_float(l[e]) : __int_as_float(0xff800000);
-    c[j] = e < E ? ((u64)order_key(v[j]) << 32) | (u64)(0xFFFFu - (u32)e) : 0ull;
-    if (e < E) {
+    v[j] = e < E_logits ? Traits<LT>::to_float(l[e]) : __int_as_float(0xff800000);
+    c[j] = e < E_logits ? ((u64)order_key(v[j]) << 32) | (u64)(0xFFFFu - (u32)e) : 0ull;
+    if (e < E_logits) {
       vals[e] = v[j];
       m = fmaxf(m, v[j]);
     }
   }
   m = block_max<kRouteThreads>(m, red);  // contains __syncthreads: vals are visible after it
 
-  // order: a bitonic sort (descending) of the composite keys; position = rank, the first k are the picks
-  // (position p is thread p's c[0] after the sort, as p < k <= kRouteMaxK < kRouteThreads)
-  const i32 P = E <= 1 ? 1 : 1 << (32 - __clz(E - 1));  // E rounded up to a power of two
+  // order: a bitonic sort (descending) of the composite keys; position = rank, the first k_routed are
+  // the picks (position p is thread p's c[0] after the sort, as p < k_routed <= kRouteMaxK < kRouteThreads)
+  const i32 P = E_logits <= 1 ? 1 : 1 << (32 - __clz(E_logits - 1));  // E_logits rounded up to a power of two
   bitonic_sort_desc<kRouteThreads>(c, P, comp);
-  if (tid < k) sel_id[tid] = (i32)(0xFFFFu - (u32)(c[0] & 0xFFFFFFFFull));
+  if (tid < k_routed) sel_id[tid] = (i32)(0xFFFFu - (u32)(c[0] & 0xFFFFFFFFull));
   __syncthreads();  // sel_id visible to every thread
 
   if constexpr (SPARSE) {
@@ -125,7 +125,7 @@ route_topk(const LT* __restrict__ logits, const WT* __restrict__ router_weights,
 #pragma unroll
     for (int j = 0; j < kRoutePerThread; ++j) {
       const i32 e = tid + kRouteThreads * j;
-      if (e >= E) continue;
+      if (e >= E_logits) continue;
       if (!((m1 - v[j]) > 0.02f * fmaxf(fabsf(v[j]), m1))) s1 += expf(v[j] - m1);
       if (e != e1 && !((m2 - v[j]) > 0.02f * fmaxf(fabsf(v[j]), m2))) s2 += expf(v[j] - m2);
     }
@@ -142,24 +142,24 @@ route_topk(const LT* __restrict__ logits, const WT* __restrict__ router_weights,
     if constexpr (!HAS_RW) {
 #pragma unroll
       for (int j = 0; j < kRoutePerThread; ++j)
-        if (tid + kRouteThreads * j < E) denom += expf(v[j] - m);
+        if (tid + kRouteThreads * j < E_logits) denom += expf(v[j] - m);
       denom = block_sum<kRouteThreads>(denom, red);  // also orders the sel_id writes before the reads
     } else {
       __syncthreads();
     }
-    if (tid < k) {
+    if (tid < k_routed) {
       const i32 e = sel_id[tid];
       float w;
-      if constexpr (HAS_RW) w = Traits<WT>::to_float(router_weights[row * E + e]);
+      if constexpr (HAS_RW) w = Traits<WT>::to_float(router_weights[row * E_logits + e]);
       else w = expf(vals[e] - m) / denom;
       sel_w[tid] = w;
     }
     __syncthreads();
-    if (tid < k) {
+    if (tid < k_routed) {
       float w = sel_w[tid];
       if (normalize) {
         float s = 0.0f;
-        for (i32 t = 0; t < k; ++t) s += sel_w[t];  // slot order: the same sum in every thread
+        for (i32 t = 0; t < k_routed; ++t) s += sel_w[t];  // slot order: the same sum in every thread
         w = s != 0.0f ? w / s : 0.0f;
       }
       topk_ids[out0 + tid] = expert_map ? expert_map[sel_id[tid]] : sel_id[tid];

@@ -84,7 +84,7 @@ __device__ __forceinline__ void rg_store(float* __restrict__ out, const float* _
 template <typename T, int MT, int NT, int U, int KMAX>
 __global__ void __launch_bounds__(32 * KMAX)
 router_logits_mma(const T* __restrict__ x, const T* __restrict__ router_weight, const float* __restrict__ router_bias,
-                  i32 rows, i32 E, i32 H, float* __restrict__ router_logits) {
+                  i32 rows, i32 E_logits, i32 H, float* __restrict__ router_logits) {
   pdl_release();  // routing may launch now: it waits for these logits (core/pdl.cuh)
   extern __shared__ __align__(16) float rg_part[];
   constexpr int kAcc = MT * NT * 4;
@@ -92,14 +92,14 @@ router_logits_mma(const T* __restrict__ x, const T* __restrict__ router_weight, 
   const int g = lane >> 2, t = lane & 3;
   const i32 e0 = blockIdx.x * (16 * MT), r0 = blockIdx.y * (8 * NT);
   const bool vec = (H & 7) == 0 && is_aligned(x, 16) && is_aligned(router_weight, 16);
-  const T* wrow[MT][2];  // expert rows g, g + 8 of each m-tile (null past E)
+  const T* wrow[MT][2];  // expert rows g, g + 8 of each m-tile (null past E_logits)
   const T* xrow[NT];     // x row g of each n-tile (null past rows)
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const i32 e = e0 + mt * 16 + h * 8 + g;
-      wrow[mt][h] = e < E ? router_weight + (i64)e * H : nullptr;
+      wrow[mt][h] = e < E_logits ? router_weight + (i64)e * H : nullptr;
     }
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
@@ -174,8 +174,8 @@ router_logits_mma(const T* __restrict__ x, const T* __restrict__ router_weight, 
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int c = 0; c < 4; ++c)
-        rg_store(router_logits, router_bias, rows, E, r0 + nt * 8 + 2 * t + (c & 1), e0 + mt * 16 + g + 8 * (c >> 1),
-                 acc[mt][nt][c]);
+        rg_store(router_logits, router_bias, rows, E_logits, r0 + nt * 8 + 2 * t + (c & 1),
+                 e0 + mt * 16 + g + 8 * (c >> 1), acc[mt][nt][c]);
 }
 
 // SIMT, router_weight in float32, few rows: a block computes kRgTE experts × kRgRB rows; lane l of
@@ -184,7 +184,7 @@ router_logits_mma(const T* __restrict__ x, const T* __restrict__ router_weight, 
 template <typename T>
 __global__ void __launch_bounds__(32 * kRgMaxWarps)
 router_logits_gemv(const T* __restrict__ x, const float* __restrict__ router_weight,
-                   const float* __restrict__ router_bias, i32 rows, i32 E, i32 H, float* __restrict__ router_logits) {
+                   const float* __restrict__ router_bias, i32 rows, i32 E_logits, i32 H, float* __restrict__ router_logits) {
   pdl_release();  // routing may launch now: it waits for these logits (core/pdl.cuh)
   __shared__ float part[kRgMaxWarps][kRgTE * kRgRB];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, KW = blockDim.x >> 5;
@@ -193,7 +193,7 @@ router_logits_gemv(const T* __restrict__ x, const float* __restrict__ router_wei
   const float* wrow[kRgTE];
   const T* xrow[kRgRB];
 #pragma unroll
-  for (int te = 0; te < kRgTE; ++te) wrow[te] = e0 + te < E ? router_weight + (i64)(e0 + te) * H : nullptr;
+  for (int te = 0; te < kRgTE; ++te) wrow[te] = e0 + te < E_logits ? router_weight + (i64)(e0 + te) * H : nullptr;
 #pragma unroll
   for (int r = 0; r < kRgRB; ++r) xrow[r] = r0 + r < rows ? x + (i64)(r0 + r) * H : nullptr;
   float acc[kRgTE][kRgRB];
@@ -230,7 +230,7 @@ router_logits_gemv(const T* __restrict__ x, const float* __restrict__ router_wei
     const int te = threadIdx.x / kRgRB, r = threadIdx.x % kRgRB;
     float s = part[0][threadIdx.x];
     for (int w = 1; w < KW; ++w) s += part[w][threadIdx.x];
-    rg_store(router_logits, router_bias, rows, E, r0 + r, e0 + te, s);
+    rg_store(router_logits, router_bias, rows, E_logits, r0 + r, e0 + te, s);
   }
 }
 
@@ -240,7 +240,7 @@ router_logits_gemv(const T* __restrict__ x, const float* __restrict__ router_wei
 template <typename T>
 __global__ void __launch_bounds__(kRgTileThreads)
 router_logits_tiled(const T* __restrict__ x, const float* __restrict__ router_weight,
-                    const float* __restrict__ router_bias, i32 rows, i32 E, i32 H, float* __restrict__ router_logits) {
+                    const float* __restrict__ router_bias, i32 rows, i32 E_logits, i32 H, float* __restrict__ router_logits) {
   pdl_release();  // routing may launch now: it waits for these logits (core/pdl.cuh)
   __shared__ __align__(16) float ws[kRgTileK][kRgTile + 4];  // [k][expert]
   __shared__ __align__(16) float xs[kRgTileK][kRgTile + 4];  // [k][row]
@@ -248,7 +248,7 @@ router_logits_tiled(const T* __restrict__ x, const float* __restrict__ router_we
   const i32 e0 = blockIdx.x * kRgTile, r0 = blockIdx.y * kRgTile;
   const int lr = tid >> 2, lk = (tid & 3) * 4;  // loader: tile row lr, k offset lk (4 consecutive k)
   const bool vec = (H & 3) == 0 && is_aligned(x, 16) && is_aligned(router_weight, 16);
-  const float* wp = e0 + lr < E ? router_weight + (i64)(e0 + lr) * H : nullptr;
+  const float* wp = e0 + lr < E_logits ? router_weight + (i64)(e0 + lr) * H : nullptr;
   const T* xp = r0 + lr < rows ? x + (i64)(r0 + lr) * H : nullptr;
   float acc[4][4];
 #pragma unroll
@@ -284,7 +284,7 @@ router_logits_tiled(const T* __restrict__ x, const float* __restrict__ router_we
 #pragma unroll
   for (int j = 0; j < 4; ++j)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) rg_store(router_logits, router_bias, rows, E, r0 + tn * 4 + j, e0 + tm * 4 + i, acc[i][j]);
+    for (int i = 0; i < 4; ++i) rg_store(router_logits, router_bias, rows, E_logits, r0 + tn * 4 + j, e0 + tm * 4 + i, acc[i][j]);
 }
 
 }  // namespace qmoe
