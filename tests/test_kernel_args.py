@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from qmoe_rtc.jit import KernelDef, Ptr, Scalar, Struct
 from qmoe_rtc import knobs
+from qmoe_rtc.jit import KernelDef, Ptr, Scalar, Struct
 from qmoe_rtc.kernels import get_family
 from qmoe_rtc.kernels.base import family_names
 from qmoe_rtc.specialize import Layout, ModelConfig
