@@ -55,8 +55,7 @@ class GemvFamily(KernelFamily):
             f"qmoe::fc1_gemv<{t['T']}, {t['S']}, {t['B1']}, {t['Z1']}, {t['B3']}, {t['Z3']}, {t['BLOCK']}, "
             f"{t['ACT']}, {t['GATE']}, {t['ALIGNED']}>",
             (Ptr("x", dt), Ptr("topk_ids", "int32"), Scalar("k", "int32"), Scalar("H", "int32"), Scalar("I", "int32"),
-             fc1_weights(sdt),
-             ACT_PARAMS_ARG, Ptr("act", dt)),
+             fc1_weights(sdt), ACT_PARAMS_ARG, Ptr("act", dt)),
         )
         fc2 = KernelDef(
             "fc2",

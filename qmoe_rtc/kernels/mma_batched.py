@@ -178,8 +178,7 @@ class MmaBatchedFamily(KernelFamily):
                 f"fc2_br{br}",
                 f"qmoe::fc2_batched<{t['T']}, {t['S']}, {t['B2']}, {t['Z2']}, {t['BLOCK']}, {br}>",
                 (Ptr("act_sorted", dt), *grouped, Scalar("H", "int32"), Scalar("I", "int32"), Scalar("KS", "int32"),
-                 fc2_weights(sdt),
-                 Ptr("y", "float32")),
+                 fc2_weights(sdt), Ptr("y", "float32")),
             ))
         return tuple(out)
 

@@ -155,8 +155,7 @@ class MmaDecodeFamily(KernelFamily):
                 f"qmoe::fc1_mma<{gate}, {t['T']}, {t['S']}, {t['B1']}, {t['Z1']}, {t['Z3']}, {t['BLOCK']}, {t['ACT']}, {br}>",
                 (Ptr("x", dt), Ptr("topk_ids", "int32"), Scalar("R", "int32"), Scalar("k", "int32"),
                  Scalar("H", "int32"), Scalar("I", "int32"), Scalar("KS", "int32"), Scalar("PF", "int32"),
-                 fc1_weights(sdt), ACT_PARAMS_ARG, Ptr("act", dt),
-                 Ptr("fc1_done", "uint32")),
+                 fc1_weights(sdt), ACT_PARAMS_ARG, Ptr("act", dt), Ptr("fc1_done", "uint32")),
             ))
             out.append(KernelDef(
                 f"fc2_br{br}",

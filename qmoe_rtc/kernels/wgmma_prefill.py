@@ -279,8 +279,7 @@ class WgmmaPrefillFamily(KernelFamily):
                 f"qmoe::fc2_wgws<{t['T']}, {t['S']}, {t['B2']}, {t['Z2']}, {t['BLOCK']}, {br}>",
                 (Ptr("act_sorted", dt), ROUTE_GROUPS_ARG, Scalar("E", "int32"), Scalar("H", "int32"), Scalar("I", "int32"),
                  Scalar("Ip", "int32"), Scalar("Rp", "int32"), Scalar("NT", "int32"), Scalar("G", "int32"),
-                 fc2_weights(sdt),
-                 Ptr("y", "float32")),
+                 fc2_weights(sdt), Ptr("y", "float32")),
             ))
         return tuple(out)
 
