@@ -2,7 +2,7 @@
 // (float32 activations, zero_point_offset, sizes not multiples of 32): grouped GEMMs over
 // expert-contiguous routes (routing/group.cuh) in float32, then the weighted combine (epilogue/combine.cuh).
 //
-//   sorted        [R]       i32   route ids in expert order; offsets / tile_offsets [E + 1] i32
+//   rg            RouteGroups  sorted [R] i32 route ids in expert order; offsets / tile_offsets [E + 1] i32
 //   x             [rows, H] T     gathered through sorted (row = route / k)
 //   act_sorted    [R, I]    f32   fc1_gemm out (sorted order), fc2_gemm in
 //   y             [R, H]    f32   fc2_gemm out, by route id (bias added, routing weight not applied)

@@ -1,7 +1,7 @@
 // engines/wgmma_prefill.cuh: the Hopper prefill engine (sm_90a): the grouped GEMMs of mma_prefill.cuh
 // on warpgroup MMAs, A = weights dequantized exactly in registers, B = the route tile in shared memory.
 //
-//   sorted, offsets, tile_offsets     routing/group.cuh, route tiles of BR routes (64, 128; 256 with 2
+//   rg (RouteGroups)                  routing/group.cuh, route tiles of BR routes (64, 128; 256 with 2
 //                                     warpgroups: 4 × 64 rows × 256 routes needs more than 128 registers)
 //   x           [rows, H]   T     the call's input
 //   xp          [rows, Hp]  T     x with every 128-value chunk of K in wgmma order (core/wg_order.cuh; Hp = H

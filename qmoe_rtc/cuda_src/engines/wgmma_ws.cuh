@@ -2,7 +2,7 @@
 // GEMMs of engines/wgmma_prefill.cuh (same exact dequantization, same K order) with the copies and the
 // MMAs in different warps and the activations as route-tile images (core/wg_order.cuh).
 //
-//   sorted, offsets, tile_offsets     routing/group.cuh, route tiles of BR routes (64, 128; 256 with one
+//   rg (RouteGroups)                  routing/group.cuh, route tiles of BR routes (64, 128; 256 with one
 //                                     m16 tile per MMA warp)
 //   x           [rows, H]        T     the call's input
 //   xs          [Hp / 64][Rp][64] T    x gathered in sorted order as a route-tile image (ws_gather)
