@@ -1,0 +1,88 @@
+// tools/probes/wgmma_rate.cu: how fast can warpgroup MMAs with A from registers run on one SM, with and
+// without the engines' per-step dequantization and per-chunk hand-offs? (tools/wgmma_probe.py)
+//
+// Every block: P_WG warpgroups, each issuing one m64nNk16 (bf16, A in registers, B = a P_N-route tile in
+// shared memory, 128-byte swizzle) per k16 step, 8 steps per 128-code chunk, P_INF MMAs kept in flight.
+//   P_DEQ 0: A is fixed registers; 1: A is built per step from a lane's 32 int4 codes with a scale and a
+//          zero point (core/mma_pair.cuh, as the prefill engines do); the codes change every chunk.
+//   P_SYNC 0: no hand-off; 1: every chunk starts with __syncthreads and a read of the chunk's codes from
+//          shared memory (the one-block-per-tile engine's chunk boundary).
+// cycles[block] = clock64 across the loop; out = the accumulators' sum (keeps the work alive).
+#include "core/mma_pair.cuh"
+#include "core/types.cuh"
+#include "core/wgmma.cuh"
+
+using namespace qmoe;
+
+#ifndef P_WG
+#define P_WG 2
+#endif
+#ifndef P_N
+#define P_N 256
+#endif
+#ifndef P_INF
+#define P_INF 1
+#endif
+#ifndef P_DEQ
+#define P_DEQ 1
+#endif
+#ifndef P_SYNC
+#define P_SYNC 0
+#endif
+
+extern "C" __global__ void __launch_bounds__(P_WG * 128, 1)
+wgmma_rate(int chunks, u32 seed, float* __restrict__ out, long long* __restrict__ cycles) {
+  extern __shared__ __align__(16) u8 dyn[];
+  constexpr int kXBytes = P_N * 256;          // [2 halves][P_N][128 B]
+  u8* smem = wg_smem<kXBytes + 4096>(dyn);  // + [P_WG·128 threads][16 B] codes
+  u32* sx = reinterpret_cast<u32*>(smem);
+  for (int i = threadIdx.x; i < kXBytes / 4; i += blockDim.x) sx[i] = 0x3C003C00u;  // small bf16 values
+  u32* sc = reinterpret_cast<u32*>(smem + kXBytes);
+  for (int i = threadIdx.x; i < 1024; i += blockDim.x) sc[i] = seed * (i + 1);
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  __syncthreads();
+  const u32 xs = (u32)__cvta_generic_to_shared(smem);
+  using D = MmaDeq<__nv_bfloat16, 4, ZP_NONE>;
+  ScaleZp sz;
+  sz.scale = 0.01f;
+  sz.zp = 8.0f;
+  const Coef c[1] = {D::coef(sz)};
+  float acc[P_N / 2];
+#pragma unroll
+  for (int i = 0; i < P_N / 2; ++i) acc[i] = 0.0f;
+  u32 w[4] = {seed ^ threadIdx.x, seed * 3u, seed * 5u + threadIdx.x, seed * 7u};
+  u32 a[P_INF + 1][4];
+  const long long t0 = clock64();
+  for (int ch = 0; ch < chunks; ++ch) {
+    if (P_SYNC) {
+      __syncthreads();
+      const uint4 v = reinterpret_cast<const uint4*>(sc)[(threadIdx.x + ch) & 255];
+      w[0] ^= v.x; w[1] ^= v.y; w[2] ^= v.z; w[3] ^= v.w;
+    } else {
+      w[ch & 3] += 0x01010101u;
+    }
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+      u32(&f)[4] = a[s % (P_INF + 1)];
+      if (P_DEQ) {
+        D::template fragment<true, 1>(f, w, w, c, c, s);
+      } else {
+        f[0] = w[0]; f[1] = w[1]; f[2] = w[2]; f[3] = w[3];
+      }
+      wgmma_hold(acc);
+      wgmma_fence();
+      Wgmma<__nv_bfloat16, P_N>::mma(acc, f, smem_desc(xs + (s >> 2) * (P_N * 128) + (s & 3) * 32));
+      wgmma_commit();
+      wgmma_wait<P_INF>();
+      wgmma_hold(acc);
+    }
+  }
+  wgmma_wait<0>();
+  wgmma_hold(acc);
+  const long long t1 = clock64();
+  float sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < P_N / 2; ++i) sum += acc[i];
+  out[blockIdx.x * blockDim.x + threadIdx.x] = sum;
+  if (threadIdx.x == 0) cycles[blockIdx.x] = t1 - t0;
+}

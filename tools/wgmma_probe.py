@@ -1,0 +1,72 @@
+"""The rate of warpgroup MMAs with A from registers on one SM of the device (tools/probes/wgmma_rate.cu):
+a floor for the Hopper prefill engines' main loops, measured without their copies.
+
+Each variant (warpgroups NWG, routes N, MMAs in flight INF, dequantization DEQ, chunk hand-off SYNC) runs
+one block per SM for --chunks chunks of 8 k16 steps and prints cycles per chunk against the tensor
+pipe's ideal (NWG · 8 · N/2 cycles: an m64nNk16 is 64·N·16 multiply-adds at 2048 a cycle per SM).
+
+  python tools/wgmma_probe.py --compile-to DIR      # compile every variant here (no GPU needed)
+  python tools/wgmma_probe.py --cubins DIR          # run them on the GPU (compiles what DIR lacks)
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+from pathlib import Path
+
+SRC = Path(__file__).with_name("probes") / "wgmma_rate.cu"
+#: (NWG, N, INF, DEQ, SYNC) measured by default
+VARIANTS = [v for v in itertools.product((1, 2, 3, 4), (128, 256), (0, 1), (0, 1), (0, 1))
+            if not (v[0] >= 3 and v[1] == 256)]  # 3-4 warpgroups × 128 accumulators exceed the register file
+
+
+def name_of(v) -> str:
+    return "wg{}_n{}_inf{}_deq{}_sync{}".format(*v)
+
+
+def compile_variant(v, arch: str = "sm_90a") -> bytes:
+    from qmoe_rtc.jit import compiler
+    defines = tuple(f"-D{k}={x}" for k, x in zip(("P_WG", "P_N", "P_INF", "P_DEQ", "P_SYNC"), v))
+    cubin, _, _ = compiler.compile_unit(name_of(v), SRC.read_text(), {"k": "wgmma_rate"}, arch,
+                                        compiler.base_options(arch, defines))
+    return cubin
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--compile-to", type=Path, help="compile every variant into this folder and stop")
+    p.add_argument("--cubins", type=Path, help="folder of precompiled variants")
+    p.add_argument("--chunks", type=int, default=4000)
+    args = p.parse_args(argv)
+    if args.compile_to:
+        args.compile_to.mkdir(parents=True, exist_ok=True)
+        for v in VARIANTS:
+            (args.compile_to / f"{name_of(v)}.cubin").write_bytes(compile_variant(v))
+        print(f"compiled {len(VARIANTS)} variants into {args.compile_to}")
+        return 0
+    import cupy as cp
+    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+    print(f"{'variant':<28} {'cycles/chunk':>12} {'ideal':>6} {'of ideal':>8}")
+    for v in VARIANTS:
+        nwg, n = v[0], v[1]
+        path = args.cubins / f"{name_of(v)}.cubin" if args.cubins else None
+        if path is None or not path.exists():
+            path = Path("/tmp") / f"{name_of(v)}.cubin"
+            path.write_bytes(compile_variant(v))
+        fn = cp.RawModule(path=str(path)).get_function("wgmma_rate")
+        smem = n * 256 + 4096 + 1024
+        fn.max_dynamic_shared_size_bytes = smem
+        out = cp.zeros(sms * nwg * 128, cp.float32)
+        cyc = cp.zeros(sms, cp.int64)
+        for _ in range(2):  # the first launch warms the clocks
+            fn((sms,), (nwg * 128,), (cp.int32(args.chunks), cp.uint32(12345), out, cyc), shared_mem=smem)
+        cp.cuda.Device().synchronize()
+        per = float(cp.median(cyc.astype(cp.float64))) / args.chunks
+        ideal = nwg * 8 * n / 2
+        print(f"{name_of(v):<28} {per:12.1f} {ideal:6.0f} {ideal / per:8.1%}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
