@@ -46,9 +46,11 @@ def test_persistent_launch_and_images(rows, br):
     routes per expert, and images of routes + the largest route tile rows."""
     fam, spec = get_family("wgmma_prefill"), _spec(prefill_wg_variant="ws")
     p = Problem(rows=rows, E=128, H=2048, I=768, k=8, dtype="bfloat16", arch="sm_90a", sms=132)
-    assert fam.kernel_for(spec, "fc1", p) == f"fc1_br{br}" and fam.kernel_for(spec, "permute", p) == f"permute_br{br}"
+    assert fam.kernel_for(spec, "fc1", p) == f"fc1_br{br}" and fam.kernel_for(spec, "permute", p) == "permute"
     Rp = image_rows(spec, p)
     assert Rp == p.routes + 256
+    gather = fam.launch(spec, "permute", p)  # one block per 8 sorted rows, whatever the route tile
+    assert gather.grid == (p.routes // 8, 1, 1) and dict(gather.args) == {"Hp": 2048, "R": p.routes, "Rp": Rp}
     for role in ("fc1", "fc2"):
         launch = fam.launch(spec, role, p)
         assert launch.grid[0] <= 132 and launch.block == (128 * (WS_CONSUMERS + 1), 1, 1)

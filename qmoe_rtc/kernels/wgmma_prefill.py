@@ -79,6 +79,7 @@ MIN_ROUTES_PER_EXPERT = 24
 WS_CONSUMERS = 2
 WS_MW = 1
 WS_TILE_ROUTES = {1: (64, 128, 256), 2: (64, 128)}  # by m16 tiles per MMA warp (accumulators: MW·BR/2)
+GATHER_ROWS = 8  # kGatherRows: sorted rows per block of the ws variant's gather
 VARIANTS = ("ws", "tiles")
 DEFAULT_VARIANT = "tiles"
 
@@ -261,11 +262,11 @@ class WgmmaPrefillFamily(KernelFamily):
         t = template_types(spec)
         dt, sdt = spec["dtype"], spec["scale_dtype"]
         out = list(group_and_combine(spec))
+        out.append(KernelDef(
+            "permute", f"qmoe::ws_gather<{CPP_TYPES[dt]}, {t['B1']}>",
+            (Ptr("x", dt), ROUTE_GROUPS_ARG, Scalar("E", "int32"), Scalar("k", "int32"), Scalar("H", "int32"),
+             Scalar("Hp", "int32"), Scalar("R", "int32"), Scalar("Rp", "int32"), Ptr("xs", dt))))
         for br in _tile_routes(spec):
-            out.append(KernelDef(
-                f"permute_br{br}", f"qmoe::ws_gather<{CPP_TYPES[dt]}, {t['B1']}, {br}>",
-                (Ptr("x", dt), ROUTE_GROUPS_ARG, Scalar("E", "int32"), Scalar("k", "int32"), Scalar("H", "int32"),
-                 Scalar("Hp", "int32"), Scalar("Rp", "int32"), Ptr("xs", dt))))
             out.append(KernelDef(
                 f"fc1_br{br}",
                 f"qmoe::fc1_wgws<{t['GATE']}, {t['T']}, {t['S']}, {t['B1']}, {t['B2']}, {t['Z1']}, {t['Z3']}, "
@@ -284,7 +285,7 @@ class WgmmaPrefillFamily(KernelFamily):
         return tuple(out)
 
     def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem) -> str:
-        if role in ("fc1", "fc2") or (role == "permute" and variant_of(spec) == "ws"):
+        if role in ("fc1", "fc2"):
             return f"{role}_br{tile_routes(problem.routes, problem.experts, have=_tile_routes(spec))}"
         return role
 
@@ -296,9 +297,9 @@ class WgmmaPrefillFamily(KernelFamily):
             return group_launch(br)
         if role == "combine":
             return combine_launch(problem)
-        if role == "permute" and ws:  # one block per route tile
-            return Launch((route_tiles(problem.routes, problem.experts, br), 1, 1), (256, 1, 1), 0,
-                          (("Hp", Hp), ("Rp", image_rows(spec, problem))))
+        if role == "permute" and ws:  # one block per GATHER_ROWS sorted rows
+            return Launch((max(1, -(-problem.routes // GATHER_ROWS)), 1, 1), (256, 1, 1), 0,
+                          (("Hp", Hp), ("R", problem.routes), ("Rp", image_rows(spec, problem))))
         if role == "permute":
             return Launch(((problem.rows * Hp // 8 + 255) // 256, 1, 1), (256, 1, 1), 0, (("Hp", Hp),))
         scale_bytes = 4 if spec["scale_dtype"] == "float32" else 2
