@@ -74,11 +74,15 @@ template <int B, typename ScaleT, int BLOCK, bool ZPW, int BR> struct WgStage {
 };
 
 // acc (lane (g, t) of warp w: rows 16w + g / + 8, routes 8j + 2t (+1)) = W[lane rows] · act[tile routes]ᵀ
-// over K (Kp / 128 chunks). Route row i of the tile starts at src + s_src[i] (< 0: padding, zeros).
-template <typename T, int B, int BR, bool ZPW, class QA, class QB, class St>
+// over K (Kp / 128 chunks), for the tile's first NR routes (NR <= BR: the MMAs' N; a tile that holds no
+// more routes than NR copies and multiplies only those, acc[NR / 2 ..] stay untouched). Route row i of
+// the tile starts at s_row[i]; padding rows (past the tile's routes) repeat its last route, whose extra
+// columns are never stored.
+template <typename T, int B, int BR, int NR, bool ZPW, class QA, class QB, class St>
 __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const PfLaneRows<T, QA, QB, 1>& lr, i32 e,
-                                            const T* __restrict__ src, const i64* s_src, i32 K, i32 Kp,
-                                            float (&acc)[BR / 2], u8* smem) {
+                                            const T* const* s_row, i32 K, i32 Kp, float (&acc_br)[BR / 2], u8* smem) {
+  static_assert(NR <= BR && NR * 16 % kWgThreads == 0, "MMA routes: a route tile's 16-byte units spread evenly");
+  float(&acc)[NR / 2] = reinterpret_cast<float(&)[NR / 2]>(acc_br);
   constexpr int CB = St::kCB, S = St::kStages;
   constexpr bool kScaled = QA::kBlock != 0;
   constexpr int NSB = MetaLayout<typename QA::Scale, QA::kBlock, ZPW>::NSB;
@@ -90,11 +94,11 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
 
   auto issue = [&](i32 slot, i32 c) {
     const u32 base = s0 + slot * St::kBytes;
-    for (int i = threadIdx.x; i < BR * 16; i += kWgThreads) {  // activations: BR rows × 16 units
-      const int r = i >> 4, u = i & 15;
-      const i64 so = s_src[r];
+#pragma unroll
+    for (int q = 0; q < NR * 16 / kWgThreads; ++q) {  // activations: NR rows × 16 units (thread: unit u of rows r)
+      const int i = threadIdx.x + q * kWgThreads, r = i >> 4, u = i & 15;
       const u32 dst = base + (u >> 3) * (BR * 128) + r * 128 + (((u & 7) ^ (r & 7)) << 4);
-      cp_async(dst, so >= 0 ? src + so + c * 128 + u * 8 : src, 16, so >= 0);
+      cp_async(dst, s_row[r] + c * 128 + u * 8, 16, true);
     }
     const u32 wbase = base + St::kXBytes + warp * St::kWarpBytes;
     const i32 k0 = c * 128 + 32 * t;
@@ -137,13 +141,14 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
       }
     }
     u32 a[kWgInflight + 1][4];
+    const u64 desc = smem_desc(xs);
 #pragma unroll
     for (int s = 0; s < 8; ++s) {
       u32(&f)[4] = a[s % (kWgInflight + 1)];
       D::template fragment<kScaled, NSB>(f, ra, rb, ca, cb, s);
       wgmma_hold(acc);
       wgmma_fence();
-      Wgmma<T, BR>::mma(acc, f, smem_desc(xs + (s >> 2) * (BR * 128) + (s & 3) * 32));
+      Wgmma<T, NR>::mma(acc, f, desc + smem_desc_step<BR>(s));
       wgmma_commit();
       wgmma_wait<kWgInflight>();  // the MMA of step s - kWgInflight is done: its A buffer may be rewritten
       wgmma_hold(acc);
@@ -174,6 +179,22 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
   cp_async_wait<0>();
 }
 
+// The main loop with the fewest MMA routes that hold the tile's `routes`: BR, BR / 2 or BR / 4 (at least
+// 32). A route tile is full except for an expert's last one, whose MMAs shrink to its routes (at a few
+// hundred tokens most experts' last tile is nearly empty, and it costs a full tile's MMAs otherwise).
+template <typename T, int B, int BR, bool ZPW, class QA, class QB, class St>
+__device__ __forceinline__ void wg_tile(const QA& qa, const QB& qb, const PfLaneRows<T, QA, QB, 1>& lr, i32 e,
+                                        const T* const* s_row, i32 routes, i32 K, i32 Kp, float (&acc)[BR / 2],
+                                        u8* smem) {
+  constexpr int kHalf = BR / 2 >= 32 ? BR / 2 : BR, kQuarter = BR / 4 >= 32 ? BR / 4 : kHalf;
+  if (kQuarter < kHalf && routes <= kQuarter)
+    wg_mainloop<T, B, BR, kQuarter, ZPW, QA, QB, St>(qa, qb, lr, e, s_row, K, Kp, acc, smem);
+  else if (kHalf < BR && routes <= kHalf)
+    wg_mainloop<T, B, BR, kHalf, ZPW, QA, QB, St>(qa, qb, lr, e, s_row, K, Kp, acc, smem);
+  else
+    wg_mainloop<T, B, BR, BR, ZPW, QA, QB, St>(qa, qb, lr, e, s_row, K, Kp, acc, smem);
+}
+
 // FC1 (+FC3) with the activation fused: act_sorted[m, wg_pos<B2>(o)] for the tile's routes (B2: FC2's
 // bits, whose order FC2 reads), zeros for I <= o < Ip. Warp tile = 8 outputs (gated) or 16 (plain).
 template <int GATE, typename T, typename ScaleT, int B1, int B2, int Z1, int Z3, int BLOCK, int ACT, int BR>
@@ -185,7 +206,7 @@ fc1_wgmma(const T* __restrict__ xp, const RouteGroups rg, i32 E, i32 k, i32 H, i
   using St = WgStage<B1, ScaleT, BLOCK, kZpw, BR>;
   constexpr int kOut = Rows::kGated ? 8 : 16;
   extern __shared__ __align__(16) u8 dyn_smem[];
-  __shared__ i64 s_src[BR];
+  __shared__ const T* s_row[BR];
   u8* smem = wg_smem<St::kStages * St::kBytes>(dyn_smem);
   i32 nt, e, m0, m_end;
   if (!pf_tile<BR>(rg.offsets, rg.tile_offsets, E, NT, G, nt, e, m0, m_end)) return;
@@ -207,12 +228,12 @@ fc1_wgmma(const T* __restrict__ xp, const RouteGroups rg, i32 E, i32 k, i32 H, i
     const i32 na = Rows::gate_row(oa, I), nb = Rows::kGated ? Rows::lin_row(oa, I) : ob;
     lr.set(0, q1, p1.w, na, Rows::tile_row(na), qb, wb, nb, Rows::tile_row(nb), e);
   }
-  for (int i = threadIdx.x; i < BR; i += kWgThreads) s_src[i] = m0 + i < m_end ? (i64)(rg.sorted[m0 + i] / k) * Hp : -1;
+  for (int i = threadIdx.x; i < BR; i += kWgThreads) s_row[i] = xp + (i64)(rg.sorted[min(m0 + i, m_end - 1)] / k) * Hp;
   __syncthreads();
   float acc[BR / 2];
 #pragma unroll
   for (int i = 0; i < BR / 2; ++i) acc[i] = 0.0f;
-  wg_mainloop<T, B1, BR, kZpw, Q1, QB, St>(q1, qb, lr, e, xp, s_src, H, Hp, acc, smem);
+  wg_tile<T, B1, BR, kZpw, Q1, QB, St>(q1, qb, lr, e, s_row, m_end - m0, H, Hp, acc, smem);
 #pragma unroll
   for (int jn = 0; jn < BR / 8; ++jn) {
 #pragma unroll
@@ -241,7 +262,7 @@ fc2_wgmma(const T* __restrict__ act_sorted, const RouteGroups rg, i32 E, i32 H, 
   constexpr bool kZpw = Z2 == ZP_PACKED;
   using St = WgStage<B2, ScaleT, BLOCK, kZpw, BR>;
   extern __shared__ __align__(16) u8 dyn_smem[];
-  __shared__ i64 s_src[BR];
+  __shared__ const T* s_row[BR];
   u8* smem = wg_smem<St::kStages * St::kBytes>(dyn_smem);
   i32 nt, e, m0, m_end;
   if (!pf_tile<BR>(rg.offsets, rg.tile_offsets, E, NT, G, nt, e, m0, m_end)) return;
@@ -253,12 +274,12 @@ fc2_wgmma(const T* __restrict__ act_sorted, const RouteGroups rg, i32 E, i32 H, 
   PfLaneRows<T, Q2, Q2, 1> lr;
   const i32 na = min(n0 + g, H - 1), nb = min(n0 + g + 8, H - 1);  // clamped: never stored
   lr.set(0, q2, p2.w, na, na, q2, p2.w, nb, nb, e);
-  for (int i = threadIdx.x; i < BR; i += kWgThreads) s_src[i] = m0 + i < m_end ? (i64)(m0 + i) * Ip : -1;
+  for (int i = threadIdx.x; i < BR; i += kWgThreads) s_row[i] = act_sorted + (i64)min(m0 + i, m_end - 1) * Ip;
   __syncthreads();
   float acc[BR / 2];
 #pragma unroll
   for (int i = 0; i < BR / 2; ++i) acc[i] = 0.0f;
-  wg_mainloop<T, B2, BR, kZpw, Q2, Q2, St>(q2, q2, lr, e, act_sorted, s_src, I, Ip, acc, smem);
+  wg_tile<T, B2, BR, kZpw, Q2, Q2, St>(q2, q2, lr, e, s_row, m_end - m0, I, Ip, acc, smem);
 #pragma unroll
   for (int jn = 0; jn < BR / 8; ++jn) {
 #pragma unroll

@@ -248,6 +248,7 @@ __device__ __forceinline__ void ws_consume(const QA& qa, const QB& qb, const PfL
       }
     }
     u32 a[kWsInflight + 1][kWsMW][4];
+    const u64 desc = smem_desc(xs);
 #pragma unroll
     for (int s = 0; s < 8; ++s) {
 #pragma unroll
@@ -258,7 +259,7 @@ __device__ __forceinline__ void ws_consume(const QA& qa, const QB& qb, const PfL
       wgmma_fence();
 #pragma unroll
       for (int m = 0; m < kWsMW; ++m)
-        Wgmma<T, BR>::mma(acc[m], a[s % (kWsInflight + 1)][m], smem_desc(xs + (s >> 2) * (BR * 128) + (s & 3) * 32));
+        Wgmma<T, BR>::mma(acc[m], a[s % (kWsInflight + 1)][m], desc + smem_desc_step<BR>(s));
       wgmma_commit();
       wgmma_wait<kWsInflight>();  // step s - kWsInflight is done: its A buffers may be rewritten
 #pragma unroll
