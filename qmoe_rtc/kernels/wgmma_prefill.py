@@ -257,8 +257,9 @@ class WgmmaPrefillFamily(KernelFamily):
         return tuple(out)
 
     def _ws_kernels(self, spec: ModuleSpec) -> tuple[KernelDef, ...]:
-        """The ``ws`` variant: per route tile BR, the gather into the route-tile image ``xs`` and the two GEMMs
-        (their activations are images of Rp rows: engines/wgmma_ws.cuh)."""
+        """The ``ws`` variant: the gather into the route-tile image ``xs`` (one per module: a row's swizzle does
+        not depend on the route tile), then per route tile BR the two GEMMs (their activations are images of
+        Rp rows: engines/wgmma_ws.cuh)."""
         t = template_types(spec)
         dt, sdt = spec["dtype"], spec["scale_dtype"]
         out = list(group_and_combine(spec))
