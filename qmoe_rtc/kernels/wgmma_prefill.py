@@ -52,7 +52,6 @@ from ._grouped import (
     group_and_combine,
     group_launch,
     grouped_scratch,
-    route_tiles,
     staged_projection,
     tiled_launch,
     tuning_knob,
