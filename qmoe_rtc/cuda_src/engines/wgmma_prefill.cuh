@@ -74,15 +74,12 @@ template <int B, typename ScaleT, int BLOCK, bool ZPW, int BR> struct WgStage {
 };
 
 // acc (lane (g, t) of warp w: rows 16w + g / + 8, routes 8j + 2t (+1)) = W[lane rows] · act[tile routes]ᵀ
-// over K (Kp / 128 chunks), for the tile's first NR routes (NR <= BR: the MMAs' N; a tile that holds no
-// more routes than NR copies and multiplies only those, acc[NR / 2 ..] stay untouched). Route row i of
-// the tile starts at s_row[i]; padding rows (past the tile's routes) repeat its last route, whose extra
-// columns are never stored.
-template <typename T, int B, int BR, int NR, bool ZPW, class QA, class QB, class St>
+// over K (Kp / 128 chunks). Route row i of the tile starts at s_row[i]; padding rows (past the tile's
+// routes) repeat its last route, whose extra columns are never stored.
+template <typename T, int B, int BR, bool ZPW, class QA, class QB, class St>
 __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const PfLaneRows<T, QA, QB, 1>& lr, i32 e,
-                                            const T* const* s_row, i32 K, i32 Kp, float (&acc_br)[BR / 2], u8* smem) {
-  static_assert(NR <= BR && NR * 16 % kWgThreads == 0, "MMA routes: a route tile's 16-byte units spread evenly");
-  float(&acc)[NR / 2] = reinterpret_cast<float(&)[NR / 2]>(acc_br);
+                                            const T* const* s_row, i32 K, i32 Kp, float (&acc)[BR / 2], u8* smem) {
+  static_assert(BR * 16 % kWgThreads == 0, "a route tile's 16-byte units spread evenly over the block");
   constexpr int CB = St::kCB, S = St::kStages;
   constexpr bool kScaled = QA::kBlock != 0;
   constexpr int NSB = MetaLayout<typename QA::Scale, QA::kBlock, ZPW>::NSB;
@@ -95,7 +92,7 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
   auto issue = [&](i32 slot, i32 c) {
     const u32 base = s0 + slot * St::kBytes;
 #pragma unroll
-    for (int q = 0; q < NR * 16 / kWgThreads; ++q) {  // activations: NR rows × 16 units (thread: unit u of rows r)
+    for (int q = 0; q < BR * 16 / kWgThreads; ++q) {  // activations: BR rows × 16 units (thread: unit u of rows r)
       const int i = threadIdx.x + q * kWgThreads, r = i >> 4, u = i & 15;
       const u32 dst = base + (u >> 3) * (BR * 128) + r * 128 + (((u & 7) ^ (r & 7)) << 4);
       cp_async(dst, s_row[r] + c * 128 + u * 8, 16, true);
@@ -148,7 +145,7 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
       D::template fragment<kScaled, NSB>(f, ra, rb, ca, cb, s);
       wgmma_hold(acc);
       wgmma_fence();
-      Wgmma<T, NR>::mma(acc, f, desc + smem_desc_step<BR>(s));
+      Wgmma<T, BR>::mma(acc, f, desc + smem_desc_step<BR>(s));
       wgmma_commit();
       wgmma_wait<kWgInflight>();  // the MMA of step s - kWgInflight is done: its A buffer may be rewritten
       wgmma_hold(acc);
@@ -177,22 +174,6 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
   wgmma_wait<0>();
   wgmma_hold(acc);
   cp_async_wait<0>();
-}
-
-// The main loop with the fewest MMA routes that hold the tile's `routes`: BR, BR / 2 or BR / 4 (at least
-// 32). A route tile is full except for an expert's last one, whose MMAs shrink to its routes (at a few
-// hundred tokens most experts' last tile is nearly empty, and it costs a full tile's MMAs otherwise).
-template <typename T, int B, int BR, bool ZPW, class QA, class QB, class St>
-__device__ __forceinline__ void wg_tile(const QA& qa, const QB& qb, const PfLaneRows<T, QA, QB, 1>& lr, i32 e,
-                                        const T* const* s_row, i32 routes, i32 K, i32 Kp, float (&acc)[BR / 2],
-                                        u8* smem) {
-  constexpr int kHalf = BR / 2 >= 32 ? BR / 2 : BR, kQuarter = BR / 4 >= 32 ? BR / 4 : kHalf;
-  if (kQuarter < kHalf && routes <= kQuarter)
-    wg_mainloop<T, B, BR, kQuarter, ZPW, QA, QB, St>(qa, qb, lr, e, s_row, K, Kp, acc, smem);
-  else if (kHalf < BR && routes <= kHalf)
-    wg_mainloop<T, B, BR, kHalf, ZPW, QA, QB, St>(qa, qb, lr, e, s_row, K, Kp, acc, smem);
-  else
-    wg_mainloop<T, B, BR, BR, ZPW, QA, QB, St>(qa, qb, lr, e, s_row, K, Kp, acc, smem);
 }
 
 // FC1 (+FC3) with the activation fused: act_sorted[m, wg_pos<B2>(o)] for the tile's routes (B2: FC2's
@@ -233,7 +214,7 @@ fc1_wgmma(const T* __restrict__ xp, const RouteGroups rg, i32 E, i32 k, i32 H, i
   float acc[BR / 2];
 #pragma unroll
   for (int i = 0; i < BR / 2; ++i) acc[i] = 0.0f;
-  wg_tile<T, B1, BR, kZpw, Q1, QB, St>(q1, qb, lr, e, s_row, m_end - m0, H, Hp, acc, smem);
+  wg_mainloop<T, B1, BR, kZpw, Q1, QB, St>(q1, qb, lr, e, s_row, H, Hp, acc, smem);
 #pragma unroll
   for (int jn = 0; jn < BR / 8; ++jn) {
 #pragma unroll
@@ -279,7 +260,7 @@ fc2_wgmma(const T* __restrict__ act_sorted, const RouteGroups rg, i32 E, i32 H, 
   float acc[BR / 2];
 #pragma unroll
   for (int i = 0; i < BR / 2; ++i) acc[i] = 0.0f;
-  wg_tile<T, B2, BR, kZpw, Q2, Q2, St>(q2, q2, lr, e, s_row, m_end - m0, I, Ip, acc, smem);
+  wg_mainloop<T, B2, BR, kZpw, Q2, Q2, St>(q2, q2, lr, e, s_row, I, Ip, acc, smem);
 #pragma unroll
   for (int jn = 0; jn < BR / 8; ++jn) {
 #pragma unroll

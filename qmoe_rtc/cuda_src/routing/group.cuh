@@ -16,16 +16,6 @@ namespace qmoe {
 
 inline constexpr int kGroupThreads = 1024;
 inline constexpr int kGroupMaxExperts = kGroupThreads - 1;  // the scan gives each expert one thread, and one more
-inline constexpr int kGroupBatch = 8;  // routes a thread loads before it counts them (the loads overlap)
-
-// Expert ids of routes r0 + j·kGroupThreads (j < kGroupBatch), -1 past R: all loads issued first.
-__device__ __forceinline__ void group_ids(const i32* __restrict__ topk_ids, i32 R, i32 r0, i32 (&id)[kGroupBatch]) {
-#pragma unroll
-  for (int j = 0; j < kGroupBatch; ++j) {
-    const i32 r = r0 + j * kGroupThreads;
-    id[j] = r < R ? __ldg(topk_ids + r) : -1;
-  }
-}
 
 __global__ void __launch_bounds__(kGroupThreads)
 group_by_expert(const i32* __restrict__ topk_ids, i32 R, i32 E, i32 BR, i32* __restrict__ offsets,
@@ -36,13 +26,8 @@ group_by_expert(const i32* __restrict__ topk_ids, i32 R, i32 E, i32 BR, i32* __r
   const int tid = threadIdx.x;
   for (int e = tid; e < E; e += kGroupThreads) count[e] = 0;
   __syncthreads();
-  for (i32 r0 = tid; r0 < R; r0 += kGroupThreads * kGroupBatch) {  // id -1: an expert this layer does not hold
-    i32 id[kGroupBatch];                                              // (slices [ext])
-    group_ids(topk_ids, R, r0, id);
-#pragma unroll
-    for (int j = 0; j < kGroupBatch; ++j)
-      if (id[j] >= 0) atomicAdd(&count[id[j]], 1);
-  }
+  for (i32 r = tid; r < R; r += kGroupThreads)  // id -1: an expert this layer does not hold (slices [ext])
+    if (topk_ids[r] >= 0) atomicAdd(&count[topk_ids[r]], 1);
   __syncthreads();
 
   // exclusive scans of count[] and ceil(count/BR)[] (E < kGroupThreads: one entry per thread)
@@ -80,12 +65,10 @@ group_by_expert(const i32* __restrict__ topk_ids, i32 R, i32 E, i32 BR, i32* __r
     tile_offsets[E] = excl_t;
   }
   __syncthreads();
-  for (i32 r0 = tid; r0 < R; r0 += kGroupThreads * kGroupBatch) {
-    i32 id[kGroupBatch];
-    group_ids(topk_ids, R, r0, id);
-#pragma unroll
-    for (int j = 0; j < kGroupBatch; ++j)
-      if (id[j] >= 0) sorted[atomicAdd(&cursor[id[j]], 1)] = r0 + j * kGroupThreads;
+  for (i32 r = tid; r < R; r += kGroupThreads) {
+    if (topk_ids[r] < 0) continue;
+    const i32 pos = atomicAdd(&cursor[topk_ids[r]], 1);
+    sorted[pos] = r;
   }
 }
 
