@@ -50,7 +50,7 @@ def test_persistent_launch_and_images(rows, br):
     Rp = image_rows(spec, p)
     assert Rp == p.routes + 256
     gather = fam.launch(spec, "permute", p)  # one block per 8 sorted rows, whatever the route tile
-    assert gather.grid == (p.routes // 8, 1, 1) and dict(gather.args) == {"Hp": 2048, "R": p.routes, "Rp": Rp}
+    assert gather.grid == (p.routes // 8, 1, 1) and dict(gather.args) == {"Hp": 2048, "Rp": Rp}
     for role in ("fc1", "fc2"):
         launch = fam.launch(spec, role, p)
         assert launch.grid[0] <= 132 and launch.block == (128 * (WS_CONSUMERS + 1), 1, 1)

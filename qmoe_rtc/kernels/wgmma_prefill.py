@@ -265,7 +265,7 @@ class WgmmaPrefillFamily(KernelFamily):
         out.append(KernelDef(
             "permute", f"qmoe::ws_gather<{CPP_TYPES[dt]}, {t['B1']}>",
             (Ptr("x", dt), ROUTE_GROUPS_ARG, Scalar("E", "int32"), Scalar("k", "int32"), Scalar("H", "int32"),
-             Scalar("Hp", "int32"), Scalar("R", "int32"), Scalar("Rp", "int32"), Ptr("xs", dt))))
+             Scalar("Hp", "int32"), Scalar("Rp", "int32"), Ptr("xs", dt))))
         for br in _tile_routes(spec):
             out.append(KernelDef(
                 f"fc1_br{br}",
@@ -297,9 +297,10 @@ class WgmmaPrefillFamily(KernelFamily):
             return group_launch(br)
         if role == "combine":
             return combine_launch(problem)
-        if role == "permute" and ws:  # one block per GATHER_ROWS sorted rows
+        if role == "permute" and ws:  # one block per GATHER_ROWS sorted rows (of every route: the held ones
+            # are a prefix the kernel reads from the grouping)
             return Launch((max(1, -(-problem.routes // GATHER_ROWS)), 1, 1), (256, 1, 1), 0,
-                          (("Hp", Hp), ("R", problem.routes), ("Rp", image_rows(spec, problem))))
+                          (("Hp", Hp), ("Rp", image_rows(spec, problem))))
         if role == "permute":
             return Launch(((problem.rows * Hp // 8 + 255) // 256, 1, 1), (256, 1, 1), 0, (("Hp", Hp),))
         scale_bytes = 4 if spec["scale_dtype"] == "float32" else 2

@@ -42,11 +42,12 @@ namespace qmoe {
 // xs = the route-tile image of x gathered in sorted order: sorted row p is x[sorted[p] / k] in wgmma K order,
 // zeros past H. Block b writes sorted rows 8b .. 8b + 7 (kGatherRows), every 16-byte unit of each: a route
 // tile starts BR · j rows after its expert's first row, so a row's swizzle, (p - m0) & 7, is
-// (p - offsets[e]) & 7 whatever BR is.
+// (p - offsets[e]) & 7 whatever BR is. The grid covers every route; rows from offsets[E] on (routes to
+// experts this layer does not hold, and past the last route) are not written.
 inline constexpr int kGatherRows = 8;
 template <typename T, int B>
 __global__ void __launch_bounds__(256)
-ws_gather(const T* __restrict__ x, const RouteGroups rg, i32 E, i32 k, i32 H, i32 Hp, i32 R, i32 Rp, T* __restrict__ xs) {
+ws_gather(const T* __restrict__ x, const RouteGroups rg, i32 E, i32 k, i32 H, i32 Hp, i32 Rp, T* __restrict__ xs) {
   __shared__ i32 s_row[kGatherRows], s_swz[kGatherRows];
   const i32 p0 = blockIdx.x * kGatherRows;
   if (threadIdx.x < kGatherRows) {
@@ -56,14 +57,14 @@ ws_gather(const T* __restrict__ x, const RouteGroups rg, i32 E, i32 k, i32 H, i3
       const i32 mid = (lo + hi + 1) >> 1;
       if (rg.offsets[mid] <= p) lo = mid; else hi = mid - 1;
     }
-    s_row[threadIdx.x] = p < R ? rg.sorted[p] / k : -1;
+    s_row[threadIdx.x] = p < rg.offsets[E] ? rg.sorted[p] / k : -1;
     s_swz[threadIdx.x] = (p - rg.offsets[lo]) & 7;
   }
   __syncthreads();
   const i32 units = Hp / 8;
   for (i32 i = threadIdx.x; i < kGatherRows * units; i += 256) {
     const i32 r = i / units, u = i % units, c0 = (u >> 4) * 128, l0 = (u & 15) * 8;
-    if (s_row[r] < 0) break;  // rows past R: the rest of the block's items are too (r grows with i)
+    if (s_row[r] < 0) break;  // rows not held: the rest of the block's items are too (r grows with i)
     const u16* src = reinterpret_cast<const u16*>(x) + (i64)s_row[r] * H;
     u32 v[4];
 #pragma unroll
