@@ -148,3 +148,18 @@ def test_get_family_unknown():
 
     with pytest.raises(QMoEUnsupportedError):
         get_family("no_such_family")
+
+
+def test_wgmma_probe_compiles_its_heaviest_variant():
+    """tools/wgmma_probe.py builds its kernel from the engines' own headers (core/wgmma.cuh, core/mma_pair.cuh):
+    a header change that breaks the probe fails here, on the CPU, not on a lent GPU."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "tools" / "wgmma_probe.py"
+    spec = importlib.util.spec_from_file_location("wgmma_probe", path)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    assert (2, 256, 1, 1, 1) in probe.VARIANTS and all(v[1] == 128 for v in probe.VARIANTS if v[0] >= 3)
+    cubin = probe.compile_variant((2, 256, 1, 1, 1))
+    assert cubin[:4] == b"\x7fELF" and b"wgmma_rate" in cubin
