@@ -34,7 +34,7 @@ extern "C" __global__ void __launch_bounds__(P_WG * 128, 1)
 wgmma_rate(int chunks, u32 seed, float* __restrict__ out, long long* __restrict__ cycles) {
   extern __shared__ __align__(16) u8 dyn[];
   constexpr int kXBytes = P_N * 256;          // [2 halves][P_N][128 B]
-  u8* smem = wg_smem<kXBytes + 4096>(dyn);  // + [P_WG·128 threads][16 B] codes
+  u8* smem = wg_smem<kXBytes + 4096>(dyn);  // + [256][16 B] codes the SYNC variant reads
   u32* sx = reinterpret_cast<u32*>(smem);
   for (int i = threadIdx.x; i < kXBytes / 4; i += blockDim.x) sx[i] = 0x3C003C00u;  // small bf16 values
   u32* sc = reinterpret_cast<u32*>(smem + kXBytes);
