@@ -1,9 +1,10 @@
 """The rate of warpgroup MMAs with A from registers on one SM of the device (tools/probes/wgmma_rate.cu):
 a floor for the Hopper prefill engines' main loops, measured without their copies.
 
-Each variant (warpgroups NWG, routes N, MMAs in flight INF, dequantization DEQ, chunk hand-off SYNC) runs
-one block per SM for --chunks chunks of 8 k16 steps and prints cycles per chunk against the tensor
-pipe's ideal (NWG · 8 · N/2 cycles: an m64nNk16 is 64·N·16 multiply-adds at 2048 a cycle per SM).
+Each variant (the kernel's defines P_WG warpgroups, P_N routes, P_INF MMAs in flight, P_DEQ dequantization,
+P_SYNC chunk hand-off; printed as wg{P_WG}_n{P_N}_inf…) runs one block per SM for --chunks chunks of 8 k16
+steps and prints cycles per chunk against the tensor pipe's ideal (P_WG · 8 · P_N/2 cycles: an m64nNk16 is
+64·N·16 multiply-adds at 2048 a cycle per SM). Cycles come from clock64, so the clock speed drops out.
 
   python tools/wgmma_probe.py --compile-to DIR      # compile every variant here (no GPU needed)
   python tools/wgmma_probe.py --cubins DIR          # run them on the GPU (compiles what DIR lacks)
@@ -16,7 +17,7 @@ import itertools
 from pathlib import Path
 
 SRC = Path(__file__).with_name("probes") / "wgmma_rate.cu"
-#: (NWG, N, INF, DEQ, SYNC) measured by default
+#: (P_WG, P_N, P_INF, P_DEQ, P_SYNC) measured by default
 VARIANTS = [v for v in itertools.product((1, 2, 3, 4), (128, 256), (0, 1), (0, 1), (0, 1))
             if not (v[0] >= 3 and v[1] == 256)]  # 3-4 warpgroups × 128 accumulators exceed the register file
 
