@@ -14,7 +14,7 @@ from qmoe_rtc import knobs
 from qmoe_rtc.errors import QMoEAttributeError
 from qmoe_rtc.kernels import get_family
 from qmoe_rtc.kernels.base import Problem
-from qmoe_rtc.kernels.wgmma_prefill import WS_CONSUMERS, image_rows, padded, variant_of
+from qmoe_rtc.kernels.wgmma_prefill import GATHER_ROWS, WS_CONSUMERS, image_rows, padded, variant_of
 from qmoe_rtc.specialize import Layout, ModelConfig
 
 QWEN3 = ModelConfig(hidden=2048, inter=768, experts=128, k=8,
@@ -84,3 +84,14 @@ def test_ws_modules_compile_with_matching_signatures(cache, layout, hidden, inte
         assert {f"fc1_br{n}" for n in ((64, 128, 256) if mw == 1 else (64, 128))} <= keys
         for kernel in fam.kernels(spec):
             assert not mismatches(kernel, mod.lowered[kernel.key]), mismatches(kernel, mod.lowered[kernel.key])
+
+
+def test_gather_rows_mirror_the_device_constant():
+    """The gather's grid (GATHER_ROWS sorted rows per block) covers every route only while it says what
+    the kernel writes per block (kGatherRows in engines/wgmma_ws.cuh)."""
+    import re
+
+    from qmoe_rtc.jit.compiler import cuda_src_dir
+
+    text = (cuda_src_dir() / "engines" / "wgmma_ws.cuh").read_text()
+    assert [int(v) for v in re.findall(r"kGatherRows = (\d+);", text)] == [GATHER_ROWS]
