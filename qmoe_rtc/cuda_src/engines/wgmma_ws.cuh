@@ -51,14 +51,9 @@ ws_gather(const T* __restrict__ x, const RouteGroups rg, i32 E, i32 k, i32 H, i3
   __shared__ i32 s_row[kGatherRows], s_swz[kGatherRows];
   const i32 p0 = blockIdx.x * kGatherRows;
   if (threadIdx.x < kGatherRows) {
-    const i32 p = p0 + threadIdx.x;
-    i32 lo = 0, hi = E - 1;  // p's expert: the largest e with offsets[e] <= p
-    while (lo < hi) {
-      const i32 mid = (lo + hi + 1) >> 1;
-      if (rg.offsets[mid] <= p) lo = mid; else hi = mid - 1;
-    }
+    const i32 p = p0 + threadIdx.x, e = expert_at(rg.offsets, E, p);
     s_row[threadIdx.x] = p < rg.offsets[E] ? rg.sorted[p] / k : -1;
-    s_swz[threadIdx.x] = (p - rg.offsets[lo]) & 7;
+    s_swz[threadIdx.x] = (p - rg.offsets[e]) & 7;
   }
   __syncthreads();
   const i32 units = Hp / 8;

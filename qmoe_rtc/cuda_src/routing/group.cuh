@@ -72,17 +72,23 @@ group_by_expert(const i32* __restrict__ topk_ids, i32 R, i32 E, i32 BR, i32* __r
   }
 }
 
+// The largest e < E with starts[e] <= v (starts nondecreasing, starts[0] <= v): the expert whose range of
+// starts (offsets: sorted positions; tile_offsets: tiles) holds v, experts with an empty range skipped.
+__device__ __forceinline__ i32 expert_at(const i32* __restrict__ starts, i32 E, i32 v) {
+  i32 lo = 0, hi = E - 1;
+  while (lo < hi) {
+    const i32 mid = (lo + hi + 1) >> 1;
+    if (starts[mid] <= v) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
 // Expert and first sorted position of tile t; false for a tile past the last one.
 template <int BR>
 __device__ __forceinline__ bool find_tile(const i32* __restrict__ offsets, const i32* __restrict__ tile_offsets, i32 E,
                                           i32 t, i32& e, i32& m0, i32& m_end) {
   if (t >= tile_offsets[E]) return false;
-  i32 lo = 0, hi = E - 1;  // largest e with tile_offsets[e] <= t (experts with no tiles are skipped)
-  while (lo < hi) {
-    const i32 mid = (lo + hi + 1) >> 1;
-    if (tile_offsets[mid] <= t) lo = mid; else hi = mid - 1;
-  }
-  e = lo;
+  e = expert_at(tile_offsets, E, t);
   m0 = offsets[e] + (t - tile_offsets[e]) * BR;
   m_end = min(m0 + BR, offsets[e + 1]);
   return true;
