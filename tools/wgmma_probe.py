@@ -1,10 +1,12 @@
 """The rate of warpgroup MMAs with A from registers on one SM of the device (tools/probes/wgmma_rate.cu):
-a floor for the Hopper prefill engines' main loops, measured without their copies.
+a floor for the Hopper prefill engines' main loops, without and with their copies.
 
 Each variant (the kernel's defines P_WG warpgroups, P_N routes, P_INF MMAs in flight, P_DEQ dequantization,
-P_SYNC chunk hand-off; printed as wg{P_WG}_n{P_N}_inf…) runs one block per SM for --chunks chunks of 8 k16
-steps and prints cycles per chunk against the tensor pipe's ideal (P_WG · 8 · P_N/2 cycles: an m64nNk16 is
-64·N·16 multiply-adds at 2048 a cycle per SM). Cycles come from clock64, so the clock speed drops out.
+P_SYNC chunk hand-off, and for the copy variants P_LOAD KB copied a chunk, P_SHARE blocks reading the same
+bytes, P_SPAN_MB the source region; printed as wg{P_WG}_n{P_N}_inf…[_ld…_sh…_mb…]) runs one block per SM
+for --chunks chunks of 8 k16 steps and prints cycles per chunk against the tensor pipe's ideal
+(P_WG · 8 · P_N/2 cycles: an m64nNk16 is 64·N·16 multiply-adds at 2048 a cycle per SM), and for the copy
+variants the bytes per cycle the whole device copied. Cycles come from clock64, so the clock speed drops out.
 
   python tools/wgmma_probe.py --compile-to DIR      # compile every variant here (no GPU needed)
   python tools/wgmma_probe.py --cubins DIR          # run them on the GPU (compiles what DIR lacks)
@@ -17,18 +19,26 @@ import itertools
 from pathlib import Path
 
 SRC = Path(__file__).with_name("probes") / "wgmma_rate.cu"
-#: (P_WG, P_N, P_INF, P_DEQ, P_SYNC) measured by default
+DEFINES = ("P_WG", "P_N", "P_INF", "P_DEQ", "P_SYNC", "P_LOAD", "P_SHARE", "P_SPAN_MB")
+#: (P_WG, P_N, P_INF, P_DEQ, P_SYNC) measured by default, without copies
 VARIANTS = [v for v in itertools.product((1, 2, 3, 4), (128, 256), (0, 1), (0, 1), (0, 1))
             if not (v[0] >= 3 and v[1] == 256)]  # 3-4 warpgroups × 128 accumulators exceed the register file
+#: the `tiles` engine's block (4 warpgroups × 128 routes, dequantized, chunk hand-off) fed through a ring:
+#: (…, P_LOAD KB a chunk, P_SHARE, P_SPAN_MB). It copies 48 KB a chunk (16 of codes, 32 of route tile).
+#: (2 warpgroups × 256 routes would need 69 KB stages: fewer than three fit, so it has no copy variant.)
+LOAD_VARIANTS = [(4, 128, 1, 1, 1, kb, share, span) for kb in (16, 32, 48) for share in (1, 16)
+                 for span in (16, 1024)]
+SPAN_MAX_MB = 1024
 
 
 def name_of(v) -> str:
-    return "wg{}_n{}_inf{}_deq{}_sync{}".format(*v)
+    base = "wg{}_n{}_inf{}_deq{}_sync{}".format(*v[:5])
+    return base if len(v) == 5 else base + "_ld{}_sh{}_mb{}".format(*v[5:])
 
 
 def compile_variant(v, arch: str = "sm_90a") -> bytes:
     from qmoe_rtc.jit import compiler
-    defines = tuple(f"-D{k}={x}" for k, x in zip(("P_WG", "P_N", "P_INF", "P_DEQ", "P_SYNC"), v))
+    defines = tuple(f"-D{k}={x}" for k, x in zip(DEFINES, v))
     cubin, _, _ = compiler.compile_unit(name_of(v), SRC.read_text(), {"k": "wgmma_rate"}, arch,
                                         compiler.base_options(arch, defines))
     return cubin
@@ -42,30 +52,34 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.compile_to:
         args.compile_to.mkdir(parents=True, exist_ok=True)
-        for v in VARIANTS:
+        for v in VARIANTS + LOAD_VARIANTS:
             (args.compile_to / f"{name_of(v)}.cubin").write_bytes(compile_variant(v))
-        print(f"compiled {len(VARIANTS)} variants into {args.compile_to}")
+        print(f"compiled {len(VARIANTS) + len(LOAD_VARIANTS)} variants into {args.compile_to}")
         return 0
     import cupy as cp
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
-    print(f"{'variant':<28} {'cycles/chunk':>12} {'ideal':>6} {'of ideal':>8}")
-    for v in VARIANTS:
+    src = cp.full(SPAN_MAX_MB << 18, 0x3C003C00, cp.uint32)  # small bf16 values
+    print(f"{'variant':<44} {'cycles/chunk':>12} {'ideal':>6} {'of ideal':>8} {'B/cycle':>8}")
+    for v in VARIANTS + LOAD_VARIANTS:
         nwg, n = v[0], v[1]
         path = args.cubins / f"{name_of(v)}.cubin" if args.cubins else None
         if path is None or not path.exists():
             path = Path("/tmp") / f"{name_of(v)}.cubin"
             path.write_bytes(compile_variant(v))
         fn = cp.RawModule(path=str(path)).get_function("wgmma_rate")
-        smem = n * 256 + 4096 + 1024
+        load_kb = v[5] if len(v) > 5 else 0
+        stage = max(load_kb * 1024, n * 256 + 4096)
+        smem = (min(4, 200 * 1024 // stage) if load_kb else 1) * stage + 1024
         fn.max_dynamic_shared_size_bytes = smem
         out = cp.zeros(sms * nwg * 128, cp.float32)
         cyc = cp.zeros(sms, cp.int64)
         for _ in range(2):  # the first launch warms the clocks
-            fn((sms,), (nwg * 128,), (cp.int32(args.chunks), cp.uint32(12345), out, cyc), shared_mem=smem)
+            fn((sms,), (nwg * 128,), (cp.int32(args.chunks), cp.uint32(12345), src, out, cyc), shared_mem=smem)
         cp.cuda.Device().synchronize()
         per = float(cp.median(cyc.astype(cp.float64))) / args.chunks
         ideal = nwg * 8 * n / 2
-        print(f"{name_of(v):<28} {per:12.1f} {ideal:6.0f} {ideal / per:8.1%}")
+        rate = f"{sms * load_kb * 1024 / per:8.0f}" if load_kb else f"{'':8}"
+        print(f"{name_of(v):<44} {per:12.1f} {ideal:6.0f} {ideal / per:8.1%} {rate}")
     return 0
 
 
