@@ -178,6 +178,9 @@ KNOBS: dict[str, Knob] = {
         Knob("prefill_ws_mw", "QMOE_RTC_PREFILL_WS_MW", "int", 0, True,
              "Tuning only: m16 weight tiles per MMA warp of the warp-specialised wgmma kernels (1: route tiles up to "
              "256; 2: up to 128; 0 = the built-in 1); a -D option, part of the key."),
+        Knob("prefill_wg_stamps", "QMOE_RTC_PREFILL_WG_STAMPS", "bool", False, True,
+             "Diagnostics only: the one-block-per-tile wgmma prefill kernels record per block where their time goes "
+             "(core/stamps.cuh; read by tools/wg_stamps.py); a -D option, part of the key."),
         Knob("prefill_wg_variant", "QMOE_RTC_PREFILL_WG_VARIANT", "str", "auto", True,
              "Tuning only: which kernels the wgmma prefill engine runs: 'ws' the warp-specialised persistent ones "
              "(engines/wgmma_ws.cuh), 'tiles' one block per tile (engines/wgmma_prefill.cuh); 'auto' = the "

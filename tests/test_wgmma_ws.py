@@ -95,3 +95,17 @@ def test_gather_rows_mirror_the_device_constant():
 
     text = (cuda_src_dir() / "engines" / "wgmma_ws.cuh").read_text()
     assert [int(v) for v in re.findall(r"kGatherRows = (\d+);", text)] == [GATHER_ROWS]
+
+
+def test_the_stamps_build_is_its_own_module_and_compiles(tmp_path):
+    """QMOE_RTC_PREFILL_WG_STAMPS (tools/wg_stamps.py) changes the module key and adds the define, and
+    the stamped unit compiles with the table the tool reads; the ws variant ignores it."""
+    from qmoe_rtc.jit import get_cubin
+    from qmoe_rtc.kernels import spec_unit
+
+    fam, plain, stamped = get_family("wgmma_prefill"), _spec(), _spec(prefill_wg_stamps=True)
+    assert stamped.name != plain.name and "-DQMOE_WG_STAMPS=1" in fam.defines(stamped)
+    assert "-DQMOE_WG_STAMPS=1" not in fam.defines(plain)
+    assert _spec(prefill_wg_stamps=True, prefill_wg_variant="ws").name == _spec(prefill_wg_variant="ws").name
+    with knobs.scope(cache_dir=tmp_path):
+        assert b"qmoe_wg_stamps" in get_cubin(spec_unit(stamped), "sm_90a").cubin

@@ -28,6 +28,9 @@ VARIANTS = [v for v in itertools.product((1, 2, 3, 4), (128, 256), (0, 1), (0, 1
 #: (2 warpgroups × 256 routes would need 69 KB stages: fewer than three fit, so it has no copy variant.)
 LOAD_VARIANTS = [(4, 128, 1, 1, 1, kb, share, span) for kb in (16, 32, 48) for share in (1, 16)
                  for span in (16, 1024)]
+#: the engines' dequantization (P_DEQ 2: each of a lane's two rows its own codes), with and without copies
+REAL_DEQ_VARIANTS = [(nwg, n, inf, 2, 1) for nwg, n in ((4, 128), (2, 256), (3, 128)) for inf in (0, 1)] + \
+    [(4, 128, 1, 2, 1, 48, 16, 16)]
 SPAN_MAX_MB = 1024
 
 
@@ -49,18 +52,21 @@ def main(argv=None) -> int:
     p.add_argument("--compile-to", type=Path, help="compile every variant into this folder and stop")
     p.add_argument("--cubins", type=Path, help="folder of precompiled variants")
     p.add_argument("--chunks", type=int, default=4000)
+    p.add_argument("--only", default="", help="run only the variants whose name contains this")
     args = p.parse_args(argv)
     if args.compile_to:
         args.compile_to.mkdir(parents=True, exist_ok=True)
-        for v in VARIANTS + LOAD_VARIANTS:
+        for v in VARIANTS + LOAD_VARIANTS + REAL_DEQ_VARIANTS:
             (args.compile_to / f"{name_of(v)}.cubin").write_bytes(compile_variant(v))
-        print(f"compiled {len(VARIANTS) + len(LOAD_VARIANTS)} variants into {args.compile_to}")
+        print(f"compiled {len(VARIANTS) + len(LOAD_VARIANTS) + len(REAL_DEQ_VARIANTS)} variants into {args.compile_to}")
         return 0
     import cupy as cp
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
     src = cp.full(SPAN_MAX_MB << 18, 0x3C003C00, cp.uint32)  # small bf16 values
     print(f"{'variant':<44} {'cycles/chunk':>12} {'ideal':>6} {'of ideal':>8} {'B/cycle':>8}")
-    for v in VARIANTS + LOAD_VARIANTS:
+    for v in VARIANTS + LOAD_VARIANTS + REAL_DEQ_VARIANTS:
+        if args.only not in name_of(v):
+            continue
         nwg, n = v[0], v[1]
         path = args.cubins / f"{name_of(v)}.cubin" if args.cubins else None
         if path is None or not path.exists():

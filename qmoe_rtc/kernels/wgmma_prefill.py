@@ -183,18 +183,20 @@ class WgmmaPrefillFamily(KernelFamily):
             raise QMoEAttributeError("QMOE_RTC_PREFILL_WG_VARIANT", f"one of {['auto', *VARIANTS]}", repr(variant))
         ws = {"variant": "ws", "mw": tuning_knob("prefill_ws_mw", "QMOE_RTC_PREFILL_WS_MW", WS_MW, (1, 2))} \
             if variant == "ws" else {}
+        stamps = {"stamps": True} if knobs.get("prefill_wg_stamps") and not ws else {}  # diagnostics (tiles only)
         groups = WS_CONSUMERS if ws else tuning_knob("prefill_wg_groups", "QMOE_RTC_PREFILL_WG_GROUPS", GROUPS, (2, 4))
         return expert_spec(self.name, config, groups=groups,
                            stages=tuning_knob("prefill_wg_stages", "QMOE_RTC_PREFILL_WG_STAGES", MAX_STAGES, range(2, 7)),
                            inflight=tuning_knob("prefill_wg_inflight", "QMOE_RTC_PREFILL_WG_INFLIGHT", INFLIGHT, (1, 2)),
-                           **ws, **tiled_spec(config))
+                           **ws, **stamps, **tiled_spec(config))
 
     def defines(self, spec: ModuleSpec) -> tuple[str, ...]:
         if variant_of(spec) == "ws":
             return (f"-DQMOE_WS_CONSUMERS={spec['groups']}", f"-DQMOE_WS_MW={spec['mw']}", f"-DQMOE_WS_STAGES={spec['stages']}",
                     f"-DQMOE_WS_INFLIGHT={spec['inflight']}", *tiled_define(spec))
         return (f"-DQMOE_WG_GROUPS={spec['groups']}", f"-DQMOE_WG_STAGES={spec['stages']}",
-                f"-DQMOE_WG_INFLIGHT={spec['inflight']}", *tiled_define(spec))
+                f"-DQMOE_WG_INFLIGHT={spec['inflight']}", *(("-DQMOE_WG_STAMPS=1",) if spec.get("stamps") else ()),
+                *tiled_define(spec))
 
     def source(self, spec: ModuleSpec) -> str:
         """The unit includes the variant's template (``header`` names the default one)."""

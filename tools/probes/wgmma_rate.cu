@@ -4,7 +4,9 @@
 // Every block: P_WG warpgroups, each issuing one m64nNk16 (bf16, A in registers, B = a P_N-route tile in
 // shared memory, 128-byte swizzle) per k16 step, 8 steps per 128-code chunk, P_INF MMAs kept in flight.
 //   P_DEQ 0: A is fixed registers; 1: A is built per step from a lane's 32 int4 codes with a scale and a
-//          zero point (core/mma_pair.cuh, as the prefill engines do); the codes change every chunk.
+//          zero point (core/mma_pair.cuh, as the prefill engines do); the codes change every chunk. 1
+//          gives both of a lane's rows the same codes and coefficients, so the compiler dequantizes once
+//          for two rows; 2 gives each row its own (the engines' work: twice 1's).
 //   P_SYNC 0: no hand-off; 1: every chunk starts with __syncthreads and a read of the chunk's codes from
 //          shared memory (the one-block-per-tile engine's chunk boundary).
 //   P_LOAD 0: no copies; L > 0: the chunk's operands come through a ring of shared-memory stages that
@@ -67,10 +69,13 @@ wgmma_rate(int chunks, u32 seed, const u8* __restrict__ src, float* __restrict__
   sz.scale = 0.01f;
   sz.zp = 8.0f;
   const Coef c[1] = {D::coef(sz)};
+  sz.scale = 0.02f;
+  const Coef c2[1] = {D::coef(sz)};
   float acc[P_N / 2];
 #pragma unroll
   for (int i = 0; i < P_N / 2; ++i) acc[i] = 0.0f;
   u32 w[4] = {seed ^ threadIdx.x, seed * 3u, seed * 5u + threadIdx.x, seed * 7u};
+  u32 w2[4] = {seed * 11u, seed ^ (threadIdx.x << 3), seed * 13u, seed * 17u + threadIdx.x};
   u32 a[P_INF + 1][4];
   const u64 span = (u64)P_SPAN_MB << 20, group = (u64)(blockIdx.x / P_SHARE) << 20;
   auto issue = [&](int ch) {
@@ -102,13 +107,17 @@ wgmma_rate(int chunks, u32 seed, const u8* __restrict__ src, float* __restrict__
       if (!P_LOAD) __syncthreads();
       const uint4 v = reinterpret_cast<const uint4*>(sc)[(threadIdx.x + ch) & 255];
       w[0] ^= v.x; w[1] ^= v.y; w[2] ^= v.z; w[3] ^= v.w;
+      if (P_DEQ == 2) { w2[0] += v.y; w2[1] += v.z; w2[2] += v.w; w2[3] += v.x; }
     } else {
       w[ch & 3] += 0x01010101u;
+      w2[ch & 3] += 0x02020202u;
     }
 #pragma unroll
     for (int s = 0; s < 8; ++s) {
       u32(&f)[4] = a[s % (P_INF + 1)];
-      if (P_DEQ) {
+      if (P_DEQ == 2) {
+        D::template fragment<true, 1>(f, w, w2, c, c2, s);
+      } else if (P_DEQ) {
         D::template fragment<true, 1>(f, w, w, c, c, s);
       } else {
         f[0] = w[0]; f[1] = w[1]; f[2] = w[2]; f[3] = w[3];

@@ -229,6 +229,14 @@ fc1_prefill(const T* __restrict__ x, const RouteGroups rg, i32 E, i32 k, i32 H, 
   __syncthreads();
   float acc[kPfMW][N8][4] = {};
   pf_mainloop<T, B1, BR, kZpw, Q1, QB, St>(q1, qb, lr, e, x, s_src, H, acc, dyn_smem);
+  // A thread's outputs are the same for every route of the tile: their biases are read once, here
+  // (clamped: an output past I is never stored).
+  Fc1Bias ba[kPfMW], bb[kPfMW];
+#pragma unroll
+  for (int m = 0; m < kPfMW; ++m) {
+    ba[m] = fc1_bias<GATE>(p1.bias, p3.bias, e, min(o0[m] + g, I - 1), I);
+    bb[m] = Rows::kGated ? ba[m] : fc1_bias<GATE>(p1.bias, p3.bias, e, min(o0[m] + g + 8, I - 1), I);
+  }
 #pragma unroll
   for (int m = 0; m < kPfMW; ++m) {
 #pragma unroll
@@ -239,13 +247,12 @@ fc1_prefill(const T* __restrict__ x, const RouteGroups rg, i32 E, i32 k, i32 H, 
         if (pos >= m_end) continue;
         const float ha = acc[m][jn][cc] * lr.sa[m], hb = acc[m][jn][2 + cc] * lr.sb[m];  // rows g, g + 8
         T* out = act_sorted + (i64)pos * I;
+        const i32 o = o0[m] + g;
         if constexpr (Rows::kGated) {
-          const i32 o = o0[m] + g;
-          if (o < I) out[o] = Traits<T>::from_float(fc1_activation<ACT, GATE>(ha, hb, p1.bias, p3.bias, e, o, I, ap));
+          if (o < I) out[o] = Traits<T>::from_float(fc1_apply<ACT, GATE>(ha, hb, ba[m], ap));
         } else {
-          const i32 o = o0[m] + g;
-          if (o < I) out[o] = Traits<T>::from_float(fc1_activation<ACT, GATE>(ha, 0.0f, p1.bias, p3.bias, e, o, I, ap));
-          if (o + 8 < I) out[o + 8] = Traits<T>::from_float(fc1_activation<ACT, GATE>(hb, 0.0f, p1.bias, p3.bias, e, o + 8, I, ap));
+          if (o < I) out[o] = Traits<T>::from_float(fc1_apply<ACT, GATE>(ha, 0.0f, ba[m], ap));
+          if (o + 8 < I) out[o + 8] = Traits<T>::from_float(fc1_apply<ACT, GATE>(hb, 0.0f, bb[m], ap));
         }
       }
     }
@@ -281,6 +288,20 @@ fc2_prefill(const T* __restrict__ act_sorted, const RouteGroups rg, i32 E, i32 H
   __syncthreads();
   float acc[kPfMW][N8][4] = {};
   pf_mainloop<T, B2, BR, kZpw, Q2, Q2, St>(q2, q2, lr, e, act_sorted, s_src, I, acc, dyn_smem);
+  // Read once, not per stored value: the biases of a thread's rows (the same for every route) and the
+  // route ids of its positions (clamped loads with no branch between them, so they are in flight together).
+  float bias_a[kPfMW], bias_b[kPfMW];
+#pragma unroll
+  for (int m = 0; m < kPfMW; ++m) {
+    bias_a[m] = p2.bias ? __ldg(p2.bias + (i64)e * H + min(n0[m] + g, H - 1)) : 0.0f;
+    bias_b[m] = p2.bias ? __ldg(p2.bias + (i64)e * H + min(n0[m] + g + 8, H - 1)) : 0.0f;
+  }
+  i32 route[N8][2];
+#pragma unroll
+  for (int jn = 0; jn < N8; ++jn) {
+#pragma unroll
+    for (int cc = 0; cc < 2; ++cc) route[jn][cc] = __ldg(rg.sorted + min(m0 + 8 * jn + 2 * t + cc, m_end - 1));
+  }
 #pragma unroll
   for (int m = 0; m < kPfMW; ++m) {
 #pragma unroll
@@ -289,10 +310,10 @@ fc2_prefill(const T* __restrict__ act_sorted, const RouteGroups rg, i32 E, i32 H
       for (int cc = 0; cc < 2; ++cc) {
         const i32 pos = m0 + 8 * jn + 2 * t + cc;
         if (pos >= m_end) continue;
-        float* out = y + (i64)__ldg(rg.sorted + pos) * H;
+        float* out = y + (i64)route[jn][cc] * H;
         const i32 n = n0[m] + g;
-        if (n < H) out[n] = acc[m][jn][cc] * lr.sa[m] + (p2.bias ? __ldg(p2.bias + (i64)e * H + n) : 0.0f);
-        if (n + 8 < H) out[n + 8] = acc[m][jn][2 + cc] * lr.sb[m] + (p2.bias ? __ldg(p2.bias + (i64)e * H + n + 8) : 0.0f);
+        if (n < H) out[n] = acc[m][jn][cc] * lr.sa[m] + bias_a[m];
+        if (n + 8 < H) out[n + 8] = acc[m][jn][2 + cc] * lr.sb[m] + bias_b[m];
       }
     }
   }

@@ -28,6 +28,7 @@
 #include "core/experts.cuh"
 #include "core/lane_meta.cuh"
 #include "core/mma_pair.cuh"
+#include "core/stamps.cuh"
 #include "core/types.cuh"
 #include "core/wg_order.cuh"
 #include "core/wgmma.cuh"
@@ -74,12 +75,16 @@ template <int B, typename ScaleT, int BLOCK, bool ZPW, int BR> struct WgStage {
 };
 
 // acc (lane (g, t) of warp w: rows 16w + g / + 8, routes 8j + 2t (+1)) = W[lane rows] · act[tile routes]ᵀ
-// over K (Kp / 128 chunks). Route row i of the tile starts at s_row[i]; padding rows (past the tile's
-// routes) repeat its last route, whose extra columns are never stored.
-template <typename T, int B, int BR, bool ZPW, class QA, class QB, class St>
+// over K (Kp / 128 chunks), for the tile's first NR routes (NR <= BR: the MMAs' N; a tile that holds no
+// more routes than NR copies and multiplies only those, acc[NR / 2 ..] stay untouched). Route row i of
+// the tile starts at s_row[i]; padding rows (past the tile's routes) repeat its last route, whose extra
+// columns are never stored.
+template <typename T, int B, int BR, int NR, bool ZPW, class QA, class QB, class St>
 __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const PfLaneRows<T, QA, QB, 1>& lr, i32 e,
-                                            const T* const* s_row, i32 K, i32 Kp, float (&acc)[BR / 2], u8* smem) {
-  static_assert(BR * 16 % kWgThreads == 0, "a route tile's 16-byte units spread evenly over the block");
+                                            const T* const* s_row, i32 K, i32 Kp, float (&acc_br)[BR / 2], u8* smem,
+                                            Stamps& st) {
+  static_assert(NR <= BR && NR * 16 % kWgThreads == 0, "MMA routes: a route tile's 16-byte units spread evenly");
+  float(&acc)[NR / 2] = reinterpret_cast<float(&)[NR / 2]>(acc_br);
   constexpr int CB = St::kCB, S = St::kStages;
   constexpr bool kScaled = QA::kBlock != 0;
   constexpr int NSB = MetaLayout<typename QA::Scale, QA::kBlock, ZPW>::NSB;
@@ -92,7 +97,7 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
   auto issue = [&](i32 slot, i32 c) {
     const u32 base = s0 + slot * St::kBytes;
 #pragma unroll
-    for (int q = 0; q < BR * 16 / kWgThreads; ++q) {  // activations: BR rows × 16 units (thread: unit u of rows r)
+    for (int q = 0; q < NR * 16 / kWgThreads; ++q) {  // activations: NR rows × 16 units (thread: unit u of rows r)
       const int i = threadIdx.x + q * kWgThreads, r = i >> 4, u = i & 15;
       const u32 dst = base + (u >> 3) * (BR * 128) + r * 128 + (((u & 7) ^ (r & 7)) << 4);
       cp_async(dst, s_row[r] + c * 128 + u * 8, 16, true);
@@ -145,7 +150,7 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
       D::template fragment<kScaled, NSB>(f, ra, rb, ca, cb, s);
       wgmma_hold(acc);
       wgmma_fence();
-      Wgmma<T, BR>::mma(acc, f, desc + smem_desc_step<BR>(s));
+      Wgmma<T, NR>::mma(acc, f, desc + smem_desc_step<BR>(s));
       wgmma_commit();
       wgmma_wait<kWgInflight>();  // the MMA of step s - kWgInflight is done: its A buffer may be rewritten
       wgmma_hold(acc);
@@ -162,10 +167,13 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
     if (i < nch) issue(i, i);
     cp_async_commit();
   }
+  st.loop_start();
   for (i32 c = 0; c < nch; ++c) {
+    st.wait_start();
     cp_async_wait<A - 1>();
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async data, read by the async proxy
     __syncthreads();  // every thread's copies of chunk c landed; every MMA of chunk c - 2 is done
+    st.wait_end();
     const i32 cn = c + A;
     if (cn < nch) issue(cn % S, cn);
     cp_async_commit();
@@ -174,6 +182,23 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
   wgmma_wait<0>();
   wgmma_hold(acc);
   cp_async_wait<0>();
+  st.loop_end();
+}
+
+// The main loop with the fewest MMA routes that hold the tile's `routes`: BR, BR / 2 or BR / 4 (at least
+// 32). A route tile is full except for an expert's last one, whose MMAs shrink to its routes (at a few
+// hundred tokens most experts' last tile is nearly empty, and it costs a full tile's MMAs otherwise).
+template <typename T, int B, int BR, bool ZPW, class QA, class QB, class St>
+__device__ __forceinline__ void wg_tile(const QA& qa, const QB& qb, const PfLaneRows<T, QA, QB, 1>& lr, i32 e,
+                                        const T* const* s_row, i32 routes, i32 K, i32 Kp, float (&acc)[BR / 2],
+                                        u8* smem, Stamps& st) {
+  constexpr int kHalf = BR / 2 >= 32 ? BR / 2 : BR, kQuarter = BR / 4 >= 32 ? BR / 4 : kHalf;
+  if (kQuarter < kHalf && routes <= kQuarter)
+    wg_mainloop<T, B, BR, kQuarter, ZPW, QA, QB, St>(qa, qb, lr, e, s_row, K, Kp, acc, smem, st);
+  else if (kHalf < BR && routes <= kHalf)
+    wg_mainloop<T, B, BR, kHalf, ZPW, QA, QB, St>(qa, qb, lr, e, s_row, K, Kp, acc, smem, st);
+  else
+    wg_mainloop<T, B, BR, BR, ZPW, QA, QB, St>(qa, qb, lr, e, s_row, K, Kp, acc, smem, st);
 }
 
 // FC1 (+FC3) with the activation fused: act_sorted[m, wg_pos<B2>(o)] for the tile's routes (B2: FC2's
@@ -186,6 +211,8 @@ fc1_wgmma(const T* __restrict__ xp, const RouteGroups rg, i32 E, i32 k, i32 H, i
   constexpr bool kZpw = Z1 == ZP_PACKED || (GATE == GATE_FC3 && Z3 == ZP_PACKED);
   using St = WgStage<B1, ScaleT, BLOCK, kZpw, BR>;
   constexpr int kOut = Rows::kGated ? 8 : 16;
+  Stamps st;
+  st.start();
   extern __shared__ __align__(16) u8 dyn_smem[];
   __shared__ const T* s_row[BR];
   u8* smem = wg_smem<St::kStages * St::kBytes>(dyn_smem);
@@ -214,7 +241,12 @@ fc1_wgmma(const T* __restrict__ xp, const RouteGroups rg, i32 E, i32 k, i32 H, i
   float acc[BR / 2];
 #pragma unroll
   for (int i = 0; i < BR / 2; ++i) acc[i] = 0.0f;
-  wg_mainloop<T, B1, BR, kZpw, Q1, QB, St>(q1, qb, lr, e, s_row, H, Hp, acc, smem);
+  wg_tile<T, B1, BR, kZpw, Q1, QB, St>(q1, qb, lr, e, s_row, m_end - m0, H, Hp, acc, smem, st);
+  // A thread's outputs are the same for every route of the tile: their biases are read once, here
+  // (clamped rows: an output past I is stored as zero, its bias unused).
+  const i32 o = o0 + g;
+  const Fc1Bias ba = fc1_bias<GATE>(p1.bias, p3.bias, e, min(o, I - 1), I);
+  const Fc1Bias bb = Rows::kGated ? ba : fc1_bias<GATE>(p1.bias, p3.bias, e, min(o + 8, I - 1), I);
 #pragma unroll
   for (int jn = 0; jn < BR / 8; ++jn) {
 #pragma unroll
@@ -223,16 +255,16 @@ fc1_wgmma(const T* __restrict__ xp, const RouteGroups rg, i32 E, i32 k, i32 H, i
       if (pos >= m_end) continue;
       const float ha = acc[4 * jn + cc] * lr.sa[0], hb = acc[4 * jn + 2 + cc] * lr.sb[0];  // rows g, g + 8
       T* out = act_sorted + (i64)pos * Ip;
-      const i32 o = o0 + g;
       if constexpr (Rows::kGated) {
-        if (o < Ip) out[wg_pos<B2>(o)] = Traits<T>::from_float(o < I ? fc1_activation<ACT, GATE>(ha, hb, p1.bias, p3.bias, e, o, I, ap) : 0.0f);
+        if (o < Ip) out[wg_pos<B2>(o)] = Traits<T>::from_float(o < I ? fc1_apply<ACT, GATE>(ha, hb, ba, ap) : 0.0f);
       } else {
-        if (o < Ip) out[wg_pos<B2>(o)] = Traits<T>::from_float(o < I ? fc1_activation<ACT, GATE>(ha, 0.0f, p1.bias, p3.bias, e, o, I, ap) : 0.0f);
+        if (o < Ip) out[wg_pos<B2>(o)] = Traits<T>::from_float(o < I ? fc1_apply<ACT, GATE>(ha, 0.0f, ba, ap) : 0.0f);
         if (o + 8 < Ip)
-          out[wg_pos<B2>(o + 8)] = Traits<T>::from_float(o + 8 < I ? fc1_activation<ACT, GATE>(hb, 0.0f, p1.bias, p3.bias, e, o + 8, I, ap) : 0.0f);
+          out[wg_pos<B2>(o + 8)] = Traits<T>::from_float(o + 8 < I ? fc1_apply<ACT, GATE>(hb, 0.0f, bb, ap) : 0.0f);
       }
     }
   }
+  st.store(0, Hp / 128);
 }
 
 // FC2: y[route, n] = act_sorted[m] · W2[e, n] + b2[e, n] for the tile's routes (scattered by route id).
@@ -242,8 +274,11 @@ fc2_wgmma(const T* __restrict__ act_sorted, const RouteGroups rg, i32 E, i32 H, 
           const Fc2Weights<ScaleT> wt, float* __restrict__ y) {
   constexpr bool kZpw = Z2 == ZP_PACKED;
   using St = WgStage<B2, ScaleT, BLOCK, kZpw, BR>;
+  Stamps st;
+  st.start();
   extern __shared__ __align__(16) u8 dyn_smem[];
   __shared__ const T* s_row[BR];
+  __shared__ i32 s_route[BR];
   u8* smem = wg_smem<St::kStages * St::kBytes>(dyn_smem);
   i32 nt, e, m0, m_end;
   if (!pf_tile<BR>(rg.offsets, rg.tile_offsets, E, NT, G, nt, e, m0, m_end)) return;
@@ -255,24 +290,32 @@ fc2_wgmma(const T* __restrict__ act_sorted, const RouteGroups rg, i32 E, i32 H, 
   PfLaneRows<T, Q2, Q2, 1> lr;
   const i32 na = min(n0 + g, H - 1), nb = min(n0 + g + 8, H - 1);  // clamped: never stored
   lr.set(0, q2, p2.w, na, na, q2, p2.w, nb, nb, e);
-  for (int i = threadIdx.x; i < BR; i += kWgThreads) s_row[i] = act_sorted + (i64)min(m0 + i, m_end - 1) * Ip;
+  for (int i = threadIdx.x; i < BR; i += kWgThreads) {
+    const i32 m = min(m0 + i, m_end - 1);
+    s_row[i] = act_sorted + (i64)m * Ip;
+    s_route[i] = rg.sorted[m];  // the route whose output row the tile's row i is (read once, not per value)
+  }
   __syncthreads();
   float acc[BR / 2];
 #pragma unroll
   for (int i = 0; i < BR / 2; ++i) acc[i] = 0.0f;
-  wg_mainloop<T, B2, BR, kZpw, Q2, Q2, St>(q2, q2, lr, e, s_row, I, Ip, acc, smem);
+  wg_tile<T, B2, BR, kZpw, Q2, Q2, St>(q2, q2, lr, e, s_row, m_end - m0, I, Ip, acc, smem, st);
+  // A thread's rows n, n + 8 are the same for every route of the tile: their biases are read once.
+  const i32 n = n0 + g;
+  const float bias_a = p2.bias && n < H ? __ldg(p2.bias + (i64)e * H + n) : 0.0f;
+  const float bias_b = p2.bias && n + 8 < H ? __ldg(p2.bias + (i64)e * H + n + 8) : 0.0f;
 #pragma unroll
   for (int jn = 0; jn < BR / 8; ++jn) {
 #pragma unroll
     for (int cc = 0; cc < 2; ++cc) {
-      const i32 pos = m0 + 8 * jn + 2 * t + cc;
-      if (pos >= m_end) continue;
-      float* out = y + (i64)rg.sorted[pos] * H;
-      const i32 n = n0 + g;
-      if (n < H) out[n] = acc[4 * jn + cc] * lr.sa[0] + (p2.bias ? __ldg(p2.bias + (i64)e * H + n) : 0.0f);
-      if (n + 8 < H) out[n + 8] = acc[4 * jn + 2 + cc] * lr.sb[0] + (p2.bias ? __ldg(p2.bias + (i64)e * H + n + 8) : 0.0f);
+      const i32 i = 8 * jn + 2 * t + cc;
+      if (m0 + i >= m_end) continue;
+      float* out = y + (i64)s_route[i] * H;
+      if (n < H) out[n] = acc[4 * jn + cc] * lr.sa[0] + bias_a;
+      if (n + 8 < H) out[n + 8] = acc[4 * jn + 2 + cc] * lr.sb[0] + bias_b;
     }
   }
+  st.store(1, Ip / 128);
 }
 
 }  // namespace qmoe

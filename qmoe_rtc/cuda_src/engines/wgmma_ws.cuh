@@ -134,6 +134,9 @@ fc1_wgws(const T* __restrict__ xs, const RouteGroups rg, i32 E, i32 H, i32 Hp, i
 #pragma unroll
     for (int m = 0; m < kWsMW; ++m) {
       const i32 o = (nt * kWsTiles + warp * kWsMW + m) * (Rows::kGated ? 8 : 16) + g;
+      // the same outputs for every route of the tile: their biases read once (clamped: past I never stored)
+      const Fc1Bias ba = fc1_bias<GATE>(p1.bias, p3.bias, e, min(o, I - 1), I);
+      const Fc1Bias bb = Rows::kGated ? ba : fc1_bias<GATE>(p1.bias, p3.bias, e, min(o + 8, I - 1), I);
 #pragma unroll
       for (int jn = 0; jn < BR / 8; ++jn) {
 #pragma unroll
@@ -145,14 +148,14 @@ fc1_wgws(const T* __restrict__ xs, const RouteGroups rg, i32 E, i32 H, i32 Hp, i
           if constexpr (Rows::kGated) {
             if (o < Ip)
               act_sorted[img_index(pos, swz, wg_pos<B2>(o), Rp)] =
-                  Traits<T>::from_float(o < I ? fc1_activation<ACT, GATE>(ha, hb, p1.bias, p3.bias, e, o, I, ap) : 0.0f);
+                  Traits<T>::from_float(o < I ? fc1_apply<ACT, GATE>(ha, hb, ba, ap) : 0.0f);
           } else {
             if (o < Ip)
               act_sorted[img_index(pos, swz, wg_pos<B2>(o), Rp)] =
-                  Traits<T>::from_float(o < I ? fc1_activation<ACT, GATE>(ha, 0.0f, p1.bias, p3.bias, e, o, I, ap) : 0.0f);
+                  Traits<T>::from_float(o < I ? fc1_apply<ACT, GATE>(ha, 0.0f, ba, ap) : 0.0f);
             if (o + 8 < Ip)
               act_sorted[img_index(pos, swz, wg_pos<B2>(o + 8), Rp)] =
-                  Traits<T>::from_float(o + 8 < I ? fc1_activation<ACT, GATE>(hb, 0.0f, p1.bias, p3.bias, e, o + 8, I, ap) : 0.0f);
+                  Traits<T>::from_float(o + 8 < I ? fc1_apply<ACT, GATE>(hb, 0.0f, bb, ap) : 0.0f);
           }
         }
       }
@@ -209,18 +212,27 @@ fc2_wgws(const T* __restrict__ act_sorted, const RouteGroups rg, i32 E, i32 H, i
 #pragma unroll
       for (int i = 0; i < BR / 2; ++i) acc[m][i] = 0.0f;
     ws_consume<T, B2, BR, kZpw, Q2, Q2, St>(q2, q2, lr, e, I, Ip, acc, smem, s0, ring, held);
+    // Read once, not per stored value: the biases of the thread's rows (the same for every route; clamped,
+    // past H never stored) and each position's route id (a load with no branch before it).
+    float bias_a[kWsMW], bias_b[kWsMW];
 #pragma unroll
     for (int m = 0; m < kWsMW; ++m) {
       const i32 n = (nt * kWsTiles + warp * kWsMW + m) * 16 + g;
+      bias_a[m] = p2.bias ? __ldg(p2.bias + (i64)e * H + min(n, H - 1)) : 0.0f;
+      bias_b[m] = p2.bias ? __ldg(p2.bias + (i64)e * H + min(n + 8, H - 1)) : 0.0f;
+    }
 #pragma unroll
-      for (int jn = 0; jn < BR / 8; ++jn) {
+    for (int jn = 0; jn < BR / 8; ++jn) {
 #pragma unroll
-        for (int cc = 0; cc < 2; ++cc) {
-          const i32 pos = m0 + 8 * jn + 2 * t + cc;
-          if (pos >= m_end) continue;
-          float* out = y + (i64)rg.sorted[pos] * H;
-          if (n < H) out[n] = acc[m][4 * jn + cc] * lr.sa[m] + (p2.bias ? __ldg(p2.bias + (i64)e * H + n) : 0.0f);
-          if (n + 8 < H) out[n + 8] = acc[m][4 * jn + 2 + cc] * lr.sb[m] + (p2.bias ? __ldg(p2.bias + (i64)e * H + n + 8) : 0.0f);
+      for (int cc = 0; cc < 2; ++cc) {
+        const i32 pos = m0 + 8 * jn + 2 * t + cc;
+        float* out = y + (i64)__ldg(rg.sorted + min(pos, m_end - 1)) * H;
+        if (pos >= m_end) continue;
+#pragma unroll
+        for (int m = 0; m < kWsMW; ++m) {
+          const i32 n = (nt * kWsTiles + warp * kWsMW + m) * 16 + g;
+          if (n < H) out[n] = acc[m][4 * jn + cc] * lr.sa[m] + bias_a[m];
+          if (n + 8 < H) out[n + 8] = acc[m][4 * jn + 2 + cc] * lr.sb[m] + bias_b[m];
         }
       }
     }

@@ -37,23 +37,37 @@ template <int GATE> struct Fc1Rows {
   }
 };
 
-// act[o] of expert e from the pre-activation h of its gate (or plain) row and, when gated, lin of its
-// linear row; adds the biases (b1 [E, N1] f32, b3 [E, I] f32, either may be null; read-only, hence __ldg).
+// The biases of output o of expert e: its gate (or plain) row's and, when gated, its linear row's
+// (b1 [E, N1] f32, b3 [E, I] f32, either may be null; read-only, hence __ldg). They depend on o only, so
+// a kernel that activates many routes of one output fetches them once (fc1_apply), not per route.
+struct Fc1Bias {
+  float g, l;
+};
+template <int GATE>
+__device__ __forceinline__ Fc1Bias fc1_bias(const float* __restrict__ b1, const float* __restrict__ b3, i32 e, i32 o,
+                                            i32 I) {
+  using R = Fc1Rows<GATE>;
+  const i64 base1 = (i64)e * R::n1(I);
+  Fc1Bias b{b1 ? __ldg(b1 + base1 + R::gate_row(o, I)) : 0.0f, 0.0f};
+  if constexpr (GATE == GATE_FC3) b.l = b3 ? __ldg(b3 + (i64)e * I + o) : 0.0f;
+  else if constexpr (R::kGated) b.l = b1 ? __ldg(b1 + base1 + R::lin_row(o, I)) : 0.0f;
+  return b;
+}
+
+// act[o] from the pre-activation h of its gate (or plain) row and, when gated, lin of its linear row,
+// with its biases b.
+template <int ACT, int GATE>
+__device__ __forceinline__ float fc1_apply(float h, float lin, Fc1Bias b, const ActParams& ap) {
+  if constexpr (!Fc1Rows<GATE>::kGated) return act1<ACT>(h + b.g);
+  else return act_gated<ACT>(h + b.g, lin + b.l, ap);
+}
+
+// act[o] of expert e: fc1_apply with the biases fetched here.
 template <int ACT, int GATE>
 __device__ __forceinline__ float fc1_activation(float h, float lin, const float* __restrict__ b1,
                                                 const float* __restrict__ b3, i32 e, i32 o, i32 I,
                                                 const ActParams& ap) {
-  using R = Fc1Rows<GATE>;
-  const i64 base1 = (i64)e * R::n1(I);
-  const float g = h + (b1 ? __ldg(b1 + base1 + R::gate_row(o, I)) : 0.0f);
-  if constexpr (!R::kGated) {
-    return act1<ACT>(g);
-  } else {
-    float l = lin;
-    if constexpr (GATE == GATE_FC3) l += b3 ? __ldg(b3 + (i64)e * I + o) : 0.0f;
-    else l += b1 ? __ldg(b1 + base1 + R::lin_row(o, I)) : 0.0f;
-    return act_gated<ACT>(g, l, ap);
-  }
+  return fc1_apply<ACT, GATE>(h, lin, fc1_bias<GATE>(b1, b3, e, o, I), ap);
 }
 
 }  // namespace qmoe
