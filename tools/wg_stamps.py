@@ -20,7 +20,8 @@ import numpy as np
 
 
 def read_stamps(cp):
-    """The stamps table of every loaded wgmma prefill module: {module name: array [2, blocks, 8]}."""
+    """The stamps table of every loaded wgmma prefill module that has one (reads the JIT cache's loaded
+    modules): {module name: (array [2 kernels, blocks, 8], device address, bytes)}."""
     from qmoe_rtc.jit import cache, driver
 
     drv = driver.bindings()
