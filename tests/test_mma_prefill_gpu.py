@@ -129,3 +129,28 @@ def test_prefill_decode_agree_at_the_crossover(rng, engine):
             moe = QMoE(**dev, **a, decode_max_routes=limit)
             got = cp.asnumpy(moe(cp.asarray(x), cp.asarray(lg)))
             assert rel_err(got, want) <= TOL["float16"], (rows, limit)
+
+
+def test_prefill_combine_scalar_path_same_bits(rng, engine):
+    """The combine's vector (16-byte) and scalar paths: an output view 2 bytes past a 16-byte boundary
+    takes the scalar one, and must hold the same bits as an aligned output, every element written."""
+    import cupy as cp
+
+    from qmoe_rtc.executor import QMoE
+
+    rows, E, H, I = 200, 16, 256, 128
+    w, a = random_layer(rng, E=E, H=H, I=I, k=6, dtype="bfloat16", bits=4, block_size=64,
+                        activation_type="swiglu", swiglu_fusion=1)  # k = 6: a full and a partial slot batch
+    x, lg, _ = random_inputs(rng, rows, H, E, "bfloat16")
+    moe = QMoE(**to_dev(w), **a, decode_max_routes=0)
+    assert moe.plan(rows, "bfloat16", "float32").engine == engine
+    xd, ld = cp.asarray(x), cp.asarray(lg)
+    aligned = cp.full((rows, H), cp.nan, dtype=xd.dtype)
+    moe(xd, ld, out=aligned)
+    flat = cp.full(rows * H + 1, cp.nan, dtype=xd.dtype)
+    shifted = flat[1:].reshape(rows, H)
+    assert shifted.data.ptr % 16 != 0
+    moe(xd, ld, out=shifted)
+    cp.cuda.get_current_stream().synchronize()
+    assert rel_err(cp.asnumpy(aligned), reference(x, lg, **w, **a)) <= TOL["bfloat16"]
+    np.testing.assert_array_equal(cp.asnumpy(shifted), cp.asnumpy(aligned))

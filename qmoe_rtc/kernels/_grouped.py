@@ -12,7 +12,8 @@ from .base import Problem, Slot
 
 GROUP_THREADS = 1024  # kGroupThreads
 GROUP_MAX_EXPERTS = 1023  # kGroupMaxExperts: routed + shared experts [ext]
-COMBINE_THREADS = 256
+COMBINE_THREADS = 256  # at most; a thread owns COMBINE_COLS columns of a row
+COMBINE_COLS = 8  # kCombineCols
 GROUP = 8  # route tiles launched side by side for each weight tile (L2 reuse; pf_tile in engines/tile_rows.cuh)
 
 
@@ -33,7 +34,10 @@ def group_launch(tile_routes: int) -> Launch:
 
 
 def combine_launch(problem: Problem) -> Launch:
-    return Launch(((problem.rows * problem.H + COMBINE_THREADS - 1) // COMBINE_THREADS, 1, 1), (COMBINE_THREADS, 1, 1), 0)
+    """One block row per output row, (at most) COMBINE_THREADS threads of COMBINE_COLS columns each."""
+    col_threads = (problem.H + COMBINE_COLS - 1) // COMBINE_COLS
+    threads = min(COMBINE_THREADS, (col_threads + 31) // 32 * 32)
+    return Launch((problem.rows, (col_threads + threads - 1) // threads, 1), (threads, 1, 1), 0)
 
 
 def grouped_scratch(role: str, problem: Problem, act_itemsize: int) -> dict[str, Slot]:

@@ -5,24 +5,63 @@
 //                          whose y was never written: skipped
 //   topk_w [R]       f32   routing weights, route r = row*k + slot
 //   out   [rows, H]  T     sum over slots (in slot order: deterministic) of topk_w * y, rounded once
+//
+// Launch: grid (rows, ceil(H / (kCombineCols·blockDim.x))); a thread owns kCombineCols consecutive
+// columns of one row. The loads of kCombineSlots slots are issued before their FMAs (the kernel is a
+// stream of R·H·4 bytes: one dependent load at a time left it at a quarter of the bandwidth). With H a
+// multiple of 8 and y / out 16-byte aligned every load and store is a 16-byte vector; otherwise scalar,
+// bounded by H. Either way each value is fmaf(w, y, total) from 0 in slot order: the same bits.
 #pragma once
 
 #include "core/types.cuh"
 
 namespace qmoe {
 
+inline constexpr int kCombineCols = 8;
+inline constexpr int kCombineSlots = 4;
+
 template <typename T>
 __global__ void combine_routes(const float* __restrict__ y, const i32* __restrict__ ids, const float* __restrict__ topk_w, i32 rows,
                                i32 k, i32 H, T* __restrict__ out) {
-  const i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-  if (idx >= (i64)rows * H) return;
-  const i64 row = idx / H, n = idx - row * H;
-  float total = 0.0f;
-  for (i32 slot = 0; slot < k; ++slot) {
-    const i64 r = row * k + slot;
-    if (ids[r] >= 0) total = fmaf(topk_w[r], y[r * H + n], total);
+  const i64 row = blockIdx.x;
+  const i32 n0 = ((i32)blockIdx.y * (i32)blockDim.x + (i32)threadIdx.x) * kCombineCols;
+  if (row >= rows || n0 >= H) return;
+  const bool vec = (H % kCombineCols) == 0 && is_aligned(y, 16) && is_aligned(out, 16);
+  float total[kCombineCols];
+#pragma unroll
+  for (int i = 0; i < kCombineCols; ++i) total[i] = 0.0f;
+  for (i32 s0 = 0; s0 < k; s0 += kCombineSlots) {
+    float v[kCombineSlots][kCombineCols];
+    float w[kCombineSlots];
+    bool live[kCombineSlots];
+#pragma unroll
+    for (int b = 0; b < kCombineSlots; ++b) {
+      const i64 r = row * k + s0 + b;
+      live[b] = s0 + b < k && ids[r] >= 0;
+      w[b] = live[b] ? topk_w[r] : 0.0f;
+      const float* yr = y + r * H + n0;
+      if (live[b] && vec) {
+        load8_f32<float, true>(yr, v[b]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < kCombineCols; ++i) v[b][i] = live[b] && n0 + i < H ? yr[i] : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < kCombineSlots; ++b)
+      if (live[b]) {
+#pragma unroll
+        for (int i = 0; i < kCombineCols; ++i) total[i] = fmaf(w[b], v[b][i], total[i]);
+      }
   }
-  out[idx] = Traits<T>::from_float(total);
+  T* o = out + row * H + n0;
+  if (vec) {
+    store8_f32<T, true>(o, total);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kCombineCols; ++i)
+      if (n0 + i < H) store_f32(o + i, total[i]);
+  }
 }
 
 }  // namespace qmoe
