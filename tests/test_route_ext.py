@@ -19,6 +19,8 @@ from qmoe_rtc.specialize import Layout, ModelConfig
 FAM = get_family("route")
 ROUTE_ARGS = ("logits", "router_weights", "rows", "E_logits", "k_routed", "S", "H", "normalize", "x",
               "shared_gate_weight", "E_routed", "expert_map", "topk_ids", "topk_w")
+WARP_ARGS = ("logits", "router_weights", "rows", "E_logits", "k_routed", "S", "normalize", "E_routed", "expert_map",
+             "topk_ids", "topk_w")  # route_topk_warp: no gate inputs
 GEMM_ARGS = ("x", "router_weight", "router_bias", "rows", "E_logits", "H", "router_logits")
 EXT_TABLE = {"shared_gate_weight", "router_weight", "router_bias", "expert_map"}  # what the executor's table adds [ext]
 
@@ -53,10 +55,13 @@ def test_plain_module_is_unchanged_and_ext_params_come_from_the_config():
     assert FAM.spec(cfg(rgemm="float32")) == FAM.spec(cfg(rgemm="bfloat16"))  # both weight dtypes in one module
     assert FAM.spec(cfg(S=1, gate=True, rgemm="float32")).name == "route_bf16_gate1_rgemm1"
     assert FAM.depends_on == ("dtype",)
-    assert set(kdefs(cfg())) == {"topk_float32", "topk_float32_rw_float32", "topk_float32_rw_bfloat16",
-                                 "sparse_float32", "topk_bfloat16", "topk_bfloat16_rw_float32",
-                                 "topk_bfloat16_rw_bfloat16", "sparse_bfloat16"}
-    assert set(kdefs(cfg(S=1, gate=True))) == {k + "_gate" for k in kdefs(cfg())}
+    block = {"topk_float32", "topk_float32_rw_float32", "topk_float32_rw_bfloat16", "sparse_float32", "topk_bfloat16",
+             "topk_bfloat16_rw_float32", "topk_bfloat16_rw_bfloat16", "sparse_bfloat16"}
+    warp = {k + "_warp" for k in block if k.startswith("topk")}  # one warp per row: no gate, no sparse mixer
+    assert set(kdefs(cfg())) == block | warp
+    assert set(kdefs(cfg(S=1, gate=True))) == {k + "_gate" for k in block}
+    assert '#include "routing/route_warp.cuh"' in FAM.source(FAM.spec(cfg()))
+    assert "route_warp.cuh" not in FAM.source(FAM.spec(cfg(S=1, gate=True)))
     assert '#include "routing/router_gemm.cuh"' in FAM.source(FAM.spec(cfg(rgemm="float32")))
     assert "router_gemm.cuh" not in FAM.source(FAM.spec(cfg()))
 
@@ -66,6 +71,7 @@ def test_router_gemm_module_kernels(dtype):
     ks = kdefs(cfg(dtype, rgemm="float32"))
     dts = ["float32"] if dtype == "float32" else ["float32", dtype]
     want = {"topk_gemm", "sparse_gemm"} | {f"topk_gemm_rw_{d}" for d in dts}
+    want |= {k + "_warp" for k in want if k.startswith("topk")}
     want |= {"logits_float32_gemv", "logits_float32_tiled"}
     if dtype != "float32":
         want |= {f"logits_{dtype}_mma", f"logits_{dtype}_mma_tiled"}
@@ -76,7 +82,8 @@ def test_router_gemm_module_kernels(dtype):
             wt = key.split("_")[1]
             assert [a.dtype for a in kd.args if isinstance(a, Ptr)] == [dtype, wt, "float32", "float32"]
         else:
-            assert kd.arg_names() == ("router_logits",) + ROUTE_ARGS[1:], key
+            args = WARP_ARGS if key.endswith("_warp") else ROUTE_ARGS
+            assert kd.arg_names() == ("router_logits",) + args[1:], key
             assert kd.args[0].dtype == "float32"
 
 
@@ -84,22 +91,29 @@ def test_router_gemm_module_kernels(dtype):
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_route_kernel_arguments(dtype, gate):
     for key, kd in kdefs(cfg(dtype, S=1 if gate else 0, gate=gate)).items():
-        assert kd.arg_names() == ROUTE_ARGS, key
         by = {a.name: a for a in kd.args}
+        assert by["router_weights"].nullable and by["expert_map"].nullable
+        if key.endswith("_warp"):
+            assert kd.arg_names() == WARP_ARGS and not gate and "route_topk_warp<" in kd.name_expr, key
+            continue
+        assert kd.arg_names() == ROUTE_ARGS, key
         assert by["x"].dtype == dtype and by["x"].nullable and by["shared_gate_weight"].nullable
-        assert by["shared_gate_weight"].dtype == "float32" and by["router_weights"].nullable
+        assert by["shared_gate_weight"].dtype == "float32"
         assert key.endswith("_gate") == gate
         assert f"{'true' if gate else 'false'}>" in kd.name_expr
 
 
-CASES = {  # config, problem keywords -> routing key
-    "plain": (cfg(), {}, "topk_float32"),
-    "logits in T": (cfg(), {"router_dtype": "bfloat16"}, "topk_bfloat16"),
-    "router weights": (cfg(S=2), {"rw": "bfloat16"}, "topk_float32_rw_bfloat16"),
+CASES = {  # config, problem keywords -> routing key (_warp: one warp per row)
+    "plain": (cfg(), {}, "topk_float32_warp"),
+    "logits in T": (cfg(), {"router_dtype": "bfloat16"}, "topk_bfloat16_warp"),
+    "router weights": (cfg(S=2), {"rw": "bfloat16"}, "topk_float32_rw_bfloat16_warp"),
+    "256 experts": (cfg(E=256), {}, "topk_float32_warp"),
+    "257 experts": (cfg(E=257), {}, "topk_float32"),
+    "512 experts, router weights": (cfg(E=512, S=1), {"rw": "float32"}, "topk_float32_rw_float32"),
     "gated": (cfg(S=2, gate=True), {"rw": "float32"}, "topk_float32_rw_float32_gate"),
     "sparse shared": (cfg(S=1, sparse=True), {}, "sparse_float32"),
     "sparse gated": (cfg(S=1, gate=True, sparse=True), {"router_dtype": "bfloat16"}, "sparse_bfloat16_gate"),
-    "gemm": (cfg(rgemm="bfloat16"), {}, "topk_gemm"),
+    "gemm": (cfg(rgemm="bfloat16"), {}, "topk_gemm_warp"),
     "gemm rw gated": (cfg(S=2, gate=True, rgemm="float32"), {"rw": "bfloat16"}, "topk_gemm_rw_bfloat16_gate"),
     "gemm sparse": (cfg(rgemm="float32", sparse=True), {}, "sparse_gemm"),
 }
@@ -111,7 +125,20 @@ def test_kernel_for_route(name):
     spec = FAM.spec(c)
     p = problem(c, **kw)
     assert FAM.kernel_for(spec, "route", p) == key and key in kdefs(c)
-    assert FAM.launch(spec, "route", p) == Launch((p.rows, 1, 1), (rt.THREADS, 1, 1), 0, overlap=True)
+    if key.endswith("_warp"):
+        want = Launch((cdiv(p.rows, rt.WARP_ROWS), 1, 1), (32 * rt.WARP_ROWS, 1, 1), 0, overlap=True)
+    else:
+        want = Launch((p.rows, 1, 1), (rt.THREADS, 1, 1), 0, overlap=True)
+    assert FAM.launch(spec, "route", p) == want
+
+
+@pytest.mark.parametrize("rows", [1, 4, 5, 4096])
+def test_warp_route_launch_covers_the_rows(rows):
+    c = cfg(E=128, k=8)
+    spec, p = FAM.spec(c), problem(c, rows)
+    assert FAM.kernel_for(spec, "route", p) == "topk_float32_warp"
+    launch = FAM.launch(spec, "route", p)
+    assert launch == Launch((cdiv(rows, rt.WARP_ROWS), 1, 1), (32 * rt.WARP_ROWS, 1, 1), 0, overlap=True)
 
 
 @pytest.mark.parametrize("rows,wt,kind", [(1, "bfloat16", "mma"), (256, "bfloat16", "mma"),

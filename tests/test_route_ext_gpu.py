@@ -117,6 +117,8 @@ ROUTE_CASES = [  # rows, E, k, S, gate, router_weights dtype ("T": the activatio
     (7, 60, 4, 3, False, "T", False, "T"),
     (5, 512, 32, 1, True, "T", True, "float32"),  # 33 slots
     (33, 256, 1, 4, True, None, False, "T"),
+    (4097, 128, 8, 0, False, None, True, "float32"),  # one warp per row (routing/route_warp.cuh), last block part full
+    (9, 256, 32, 2, False, "float32", False, "T"),  # the warp kernel's largest E and k
 ]
 
 

@@ -1,8 +1,10 @@
-"""Kernel family ``route``: softmax top-k routing (and the Phi-3.5 sparse mixer), one block per row, with
-the shared experts [ext] as every row's last S slots (role ``route``); and the router GEMM [ext], the
-layer's own float32 logits (role ``logits``).
+"""Kernel family ``route``: softmax top-k routing (and the Phi-3.5 sparse mixer), one warp per row (up to
+256 experts, no sparse mixer, no shared-expert gate) or one block per row, with the shared experts [ext]
+as every row's last S slots (role ``route``); and the router GEMM [ext], the layer's own float32 logits
+(role ``logits``).
 
 Templates: ``cuda_src/routing/route.cuh``: ``qmoe::route_topk<LT, WT, T, HAS_RW, SPARSE, GATE>``;
+``cuda_src/routing/route_warp.cuh``: ``qmoe::route_topk_warp<LT, WT, HAS_RW>`` (modules without a gate);
 ``cuda_src/routing/router_gemm.cuh``: ``qmoe::router_logits_mma<T, MT, NT, U, KMAX>`` (router_weight in
 T: tensor cores), ``router_logits_gemv<T>`` and ``router_logits_tiled<T>`` (router_weight in float32).
 
@@ -22,6 +24,9 @@ from ..specialize import CPP_TYPES, ModuleSpec
 from .base import DEFAULT_SMS, KernelFamily, Problem, Slot, register
 
 THREADS = 128  # kRouteThreads
+WARP_HEADER = "routing/route_warp.cuh"
+WARP_ROWS = 4  # kRouteWarpRows: rows (one warp each) per block of the warp-per-row kernel
+WARP_MAX_EXPERTS = 256  # kRouteWarpMaxExperts
 MAX_EXPERTS = 512  # kRouteMaxExperts
 MAX_K = 32  # kRouteMaxK
 GEMM_HEADER = "routing/router_gemm.cuh"
@@ -46,9 +51,22 @@ def kernel_key(logits_dtype: str, rw_dtype: str | None, sparse: bool, gate: bool
     return key + ("_gate" if gate else "")
 
 
+def warp_kernel(problem: Problem) -> bool:
+    """Whether routing runs one warp per row (routing/route_warp.cuh): up to WARP_MAX_EXPERTS logits a
+    row, no sparse mixer, no shared-expert gate; else one block per row (routing/route.cuh)."""
+    return problem.logit_count <= WARP_MAX_EXPERTS and not problem.sparse and not problem.shared_gate
+
+
 def logits_key(weight_dtype: str, kind: str) -> str:
     """Router GEMM kernel key: ``kind`` "gemv" / "tiled" (float32 weight), "mma" / "mma_tiled" (T)."""
     return f"logits_{weight_dtype}_{kind}"
+
+
+def _warp_args(lt: str, wt: str, gemm: bool) -> tuple:
+    return (Ptr("router_logits" if gemm else "logits", lt), Ptr("router_weights", wt, nullable=True),
+            Scalar("rows", "int32"), Scalar("E_logits", "int32"), Scalar("k_routed", "int32"), Scalar("S", "int32"),
+            Scalar("normalize", "int32"), Scalar("E_routed", "int32"), Ptr("expert_map", "int32", nullable=True),
+            Ptr("topk_ids", "int32"), Ptr("topk_w", "float32"))
 
 
 def _route_args(lt: str, wt: str, t: str, gemm: bool) -> tuple:
@@ -122,6 +140,8 @@ class RouteFamily(KernelFamily):
 
     def source(self, spec: ModuleSpec) -> str:
         src = super().source(spec)
+        if not spec.get("gate"):
+            src = src.replace(f'#include "{self.header}"\n', f'#include "{self.header}"\n#include "{WARP_HEADER}"\n')
         if spec.get("rgemm"):
             src = src.replace(f'#include "{self.header}"\n', f'#include "{self.header}"\n#include "{GEMM_HEADER}"\n')
         return src
@@ -141,6 +161,10 @@ class RouteFamily(KernelFamily):
                 out.append(KernelDef(kernel_key(lt, rw, False, gate),
                                      f"qmoe::route_topk<{L}, {CPP_TYPES[rw or ltype]}, {CT}, {flag}, false, {g}>",
                                      _route_args(ltype, rw or ltype, T, rgemm)))
+                if not gate:
+                    out.append(KernelDef(kernel_key(lt, rw, False) + "_warp",
+                                         f"qmoe::route_topk_warp<{L}, {CPP_TYPES[rw or ltype]}, {flag}>",
+                                         _warp_args(ltype, rw or ltype, rgemm)))
             out.append(KernelDef(kernel_key(lt, None, True, gate), f"qmoe::route_topk<{L}, {L}, {CT}, false, true, {g}>",
                                  _route_args(ltype, ltype, T, rgemm)))
         if rgemm:
@@ -179,11 +203,13 @@ class RouteFamily(KernelFamily):
                                        f"problem has shared_gate={problem.shared_gate}, "
                                        f"router_gemm={problem.router_gemm!r}")
         lt = "gemm" if rgemm else problem.router_dtype
-        return kernel_key(lt, problem.router_weights_dtype, problem.sparse, gate)
+        return kernel_key(lt, problem.router_weights_dtype, problem.sparse, gate) + ("_warp" if warp_kernel(problem) else "")
 
     def launch(self, spec: ModuleSpec, role: str, problem: Problem) -> Launch:
         if role == "logits":
             return logits_geometry(problem)[1]
+        if warp_kernel(problem):
+            return Launch((_cdiv(problem.rows, WARP_ROWS), 1, 1), (32 * WARP_ROWS, 1, 1), 0, overlap=True)
         return Launch((problem.rows, 1, 1), (THREADS, 1, 1), 0, overlap=True)  # waits for the router GEMM
 
     def scratch(self, spec: ModuleSpec, role: str, problem: Problem) -> dict[str, Slot]:
