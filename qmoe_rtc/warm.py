@@ -161,12 +161,12 @@ def plan(configs, archs: Sequence[str], variants=("decode", "prefill")) -> list[
 
 
 def _build(spec, arch):
-    """Worker: fetch or compile one module. Returns (origin, ms, cubin bytes)."""
-    from .jit import get_cubin
+    """Worker: fetch or compile one module, on disk when done. Returns (origin, ms, cubin bytes)."""
+    from .jit import store_cubin
     from .kernels import spec_unit
 
     t0 = time.perf_counter()
-    mod = get_cubin(spec_unit(spec), arch)
+    mod = store_cubin(spec_unit(spec), arch)
     return mod.origin, (time.perf_counter() - t0) * 1e3, len(mod.cubin)
 
 
@@ -330,7 +330,7 @@ def _main(args) -> int:
             print(f"{arch} {spec.name} FAILED {type(res).__name__}: {line}", flush=True)
         else:
             origin, ms, size = res
-            status = "stored" if origin == "compiled" else "hit"
+            status = "stored" if origin in ("compiled", "stored") else "hit"
             counts[status] += 1
             print(f"{arch} {spec.name} {status} {ms:.1f} ms ({size} B)", flush=True)
         _progress(counts["stored"] + counts["hit"] + len(failures), len(todo), show)

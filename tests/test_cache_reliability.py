@@ -121,6 +121,21 @@ def test_killed_warm_run_leaves_no_workers_and_no_broken_entry(tmp_path):
     assert _files(d)["other"] == []  # ... and sweeps what the killed run left
 
 
+def test_warm_in_a_process_that_built_the_modules_elsewhere_stores_them(tmp_path):
+    """A warm run with --jobs 1 runs in this process: modules it already holds in memory (built under another
+    cache directory) must still be written to the current one, not reported as hits and left absent."""
+    clear_memory()
+    with knobs.scope(cache_dir=tmp_path / "first"):
+        for spec in _planned():
+            get_cubin(spec_unit(spec), ARCH)
+    second = tmp_path / "second"
+    with knobs.scope(cache_dir=second):
+        assert warm.main([*TINY, "--jobs", "1"]) == 0
+        for spec in _planned():
+            check_stored(spec_unit(spec), ARCH)
+        assert len(_files(disk_entry_dir(ARCH))["json"]) == len(_planned())
+
+
 # ---- trust ------------------------------------------------------------------------------------------
 
 def test_directories_are_created_0700_and_files_0600(cache):

@@ -23,7 +23,8 @@ from .compiler import CompiledModule
 from .launch import Kernel
 from .unit import SCHEMA_VERSION, CompileUnit, unit_key
 
-__all__ = ["LoadedModule", "check_stored", "clear_memory", "disk_entry_dir", "entry_stem", "get_cubin", "load_module"]
+__all__ = ["LoadedModule", "check_stored", "clear_memory", "disk_entry_dir", "entry_stem", "get_cubin", "load_module",
+           "store_cubin"]
 
 log = logging.getLogger("qmoe_rtc")
 
@@ -143,6 +144,25 @@ def get_cubin(unit: CompileUnit, arch: str | None = None) -> CompiledModule:
         log.debug("qmoe_rtc cache: disk hit %s (%s) %.1f ms", unit.name, arch, mod.ms)
     with _lock:
         _compiled.setdefault(key, mod)
+    return mod
+
+
+def store_cubin(unit: CompileUnit, arch: str) -> CompiledModule:
+    """:func:`get_cubin`, with the entry on disk whichever tier answered: a module this process holds in
+    memory (compiled under another cache directory, or while the disk cache was off) is written to the
+    current one too, so a warm run inside a process that already built it still stores it. ``origin``
+    'stored' when this call wrote the memory copy."""
+    arch = compiler.check_arch(arch)
+    mod = get_cubin(unit, arch)
+    if mod.origin != "memory" or knobs.get("no_disk_cache"):
+        return mod
+    d = store.location(arch, write=True)
+    if d is None or _from_disk(unit, arch, mod.key, quiet=True) is not None:
+        return mod
+    with store.entry_lock(d, entry_stem(unit.name, mod.key)) as held:
+        if held and _from_disk(unit, arch, mod.key, quiet=True) is None:
+            _store(d, mod, unit, "")  # the NVRTC log is not kept in memory
+            return replace(mod, origin="stored")
     return mod
 
 

@@ -1,5 +1,6 @@
 // routing/route.cuh: softmax top-k routing, one 128-thread block per token row (docs/contract.md, "Routing"),
-// then the shared experts [ext] as the row's last S slots ("Shared experts").
+// then the shared experts [ext] as the row's last S slots ("Shared experts"). Layers of at most 256
+// experts without the sparse mixer or a shared-expert gate take routing/route_warp.cuh (a warp per row).
 //
 //   logits              [rows, E]  LT (float or T)   -- router_probs are logits (or the router GEMM's, f32)
 //   router_weights      [rows, E]  WT, optional      -- mixing weights gathered at the chosen experts
