@@ -71,7 +71,7 @@ def test_mma_eligibility():
 
 
 EXPECTED_KERNELS = {
-    "route": {"topk_float32", "topk_float32_rw_float32", "sparse_float32"},
+    "route": {"topk_float32_warp", "topk_float32_rw_float32_warp"},  # 8 experts: the warp-per-row module
     "gemv": {"fc1", "fc2"},
     "gemm": {"group", "fc1_br16", "fc2_br16", "fc1_br64", "fc2_br64", "combine"},
     "mma_decode": {f"fc{i}_br{n}" for i in (1, 2) for n in (8, 16, 32)},

@@ -192,6 +192,7 @@ def all_kernel_defs():
     cfgs = [ModelConfig(hidden=256, inter=128, experts=8, k=2, layout=lay, shared=1) for lay in LAYOUTS.values()]
     cfgs.append(ModelConfig(hidden=256, inter=128, experts=8, k=2, layout=LAYOUTS["bf16-int4-swiglu"],
                             router_gemm="bfloat16"))
+    cfgs.append(ModelConfig(hidden=256, inter=128, experts=512, k=8, layout=LAYOUTS["bf16-int4-swiglu"]))  # block routing
     tiled = ModelConfig(hidden=256, inter=128, experts=8, k=2,
                         layout=Layout(dtype="bfloat16", block_size=128, activation="swiglu", swiglu_fusion=1, tiled=True))
     out = []
@@ -210,7 +211,7 @@ def test_every_kernels_parameters_match_its_specs_by_name():
     decls = declared_kernels()
     kds = all_kernel_defs()
     names = {kd.name_expr.split("<")[0].split("::")[-1] for kd in kds}
-    assert {"route_topk", "fc1_prefill", "fc2_wgws", "ws_gather", "dequant_expert", "combine_routes"} <= names
+    assert {"route_topk", "route_topk_warp", "fc1_prefill", "fc2_wgws", "ws_gather", "dequant_expert", "combine_routes"} <= names
     assert any(n.startswith("router_") or "logits" in n for n in names), sorted(names)  # the router GEMM
     bad = []
     for kd in kds:

@@ -54,13 +54,14 @@ def _body(text: str, fn: str) -> str:
     return rest[: nxt.start()] if nxt else rest
 
 
-@pytest.mark.parametrize("where", sorted(OVERLAPPED.values()))
+@pytest.mark.parametrize("where", sorted([*OVERLAPPED.values(), ("routing/route_warp.cuh", "route_topk_warp")]))
 def test_overlapped_kernels_wait_before_reading_earlier_outputs(where):
     path, fn = where
     body = _body((SRC / path).read_text(), fn)
     wait = body.index("pdl_wait();")
     # what each kernel reads that the launch before it writes: logits, ids (FC1), act (FC2)
-    first_read = {"route_topk": r"l\[e\]", "fc1_mma": r"ids\[blockIdx\.y\]", "fc2_mma_combine": r"collect_routes\("}[fn]
+    first_read = {"route_topk": r"l\[e\]", "route_topk_warp": r"l\[e\]", "fc1_mma": r"ids\[blockIdx\.y\]",
+                  "fc2_mma_combine": r"collect_routes\("}[fn]
     assert wait < re.search(first_read, body).start(), fn
     if "pdl_release();" in body:  # release only after the wait: the next kernel may then read our inputs
         assert body.index("pdl_release();") > wait, fn

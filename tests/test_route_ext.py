@@ -48,30 +48,36 @@ def kdefs(c: ModelConfig) -> dict:
 # ---- specs and kernels ---------------------------------------------------------------------------------
 
 def test_plain_module_is_unchanged_and_ext_params_come_from_the_config():
-    assert FAM.spec(cfg()).name == "route_bf16" and FAM.spec(cfg().layout).name == "route_bf16"
-    assert FAM.spec(cfg(S=2)) == FAM.spec(cfg())  # ungated shared experts: the plain kernels (S is a scalar)
+    big = dict(E=512)  # more experts than a warp routes: the block-per-row module
+    assert FAM.spec(cfg(**big)).name == "route_bf16" and FAM.spec(cfg().layout).name == "route_bf16"
+    assert FAM.spec(cfg(**big, S=2)) == FAM.spec(cfg(**big))  # ungated shared experts: the plain kernels (S is a scalar)
     assert FAM.spec(cfg(S=2, gate=True)).name == "route_bf16_gate1"
-    assert FAM.spec(cfg(rgemm="bfloat16")).name == "route_bf16_rgemm1"
-    assert FAM.spec(cfg(rgemm="float32")) == FAM.spec(cfg(rgemm="bfloat16"))  # both weight dtypes in one module
+    assert FAM.spec(cfg(**big, rgemm="bfloat16")).name == "route_bf16_rgemm1"
+    assert FAM.spec(cfg(**big, rgemm="float32")) == FAM.spec(cfg(**big, rgemm="bfloat16"))  # both weight dtypes
     assert FAM.spec(cfg(S=1, gate=True, rgemm="float32")).name == "route_bf16_gate1_rgemm1"
+    assert FAM.spec(cfg(sparse=True)).name == "route_bf16"  # the sparse mixer: block kernels
+    assert FAM.spec(cfg()).name == "route_bf16_warp1" == FAM.spec(cfg(E=256, S=3)).name
+    assert FAM.spec(cfg(rgemm="float32")).name == "route_bf16_rgemm1_warp1"
     assert FAM.depends_on == ("dtype",)
     block = {"topk_float32", "topk_float32_rw_float32", "topk_float32_rw_bfloat16", "sparse_float32", "topk_bfloat16",
              "topk_bfloat16_rw_float32", "topk_bfloat16_rw_bfloat16", "sparse_bfloat16"}
-    warp = {k + "_warp" for k in block if k.startswith("topk")}  # one warp per row: no gate, no sparse mixer
-    assert set(kdefs(cfg())) == block | warp
+    assert set(kdefs(cfg(**big))) == block
+    assert set(kdefs(cfg())) == {k + "_warp" for k in block if k.startswith("topk")}  # no sparse mixer, no gate
     assert set(kdefs(cfg(S=1, gate=True))) == {k + "_gate" for k in block}
     assert '#include "routing/route_warp.cuh"' in FAM.source(FAM.spec(cfg()))
-    assert "route_warp.cuh" not in FAM.source(FAM.spec(cfg(S=1, gate=True)))
+    assert "route_warp.cuh" not in FAM.source(FAM.spec(cfg(**big)))
     assert '#include "routing/router_gemm.cuh"' in FAM.source(FAM.spec(cfg(rgemm="float32")))
     assert "router_gemm.cuh" not in FAM.source(FAM.spec(cfg()))
 
 
+@pytest.mark.parametrize("E", [64, 512])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-def test_router_gemm_module_kernels(dtype):
-    ks = kdefs(cfg(dtype, rgemm="float32"))
+def test_router_gemm_module_kernels(dtype, E):
+    ks = kdefs(cfg(dtype, E=E, rgemm="float32"))
     dts = ["float32"] if dtype == "float32" else ["float32", dtype]
     want = {"topk_gemm", "sparse_gemm"} | {f"topk_gemm_rw_{d}" for d in dts}
-    want |= {k + "_warp" for k in want if k.startswith("topk")}
+    if E <= rt.WARP_MAX_EXPERTS:  # the warp module: its routing kernels only
+        want = {k + "_warp" for k in want if k.startswith("topk")}
     want |= {"logits_float32_gemv", "logits_float32_tiled"}
     if dtype != "float32":
         want |= {f"logits_{dtype}_mma", f"logits_{dtype}_mma_tiled"}
@@ -114,6 +120,7 @@ CASES = {  # config, problem keywords -> routing key (_warp: one warp per row)
     "sparse shared": (cfg(S=1, sparse=True), {}, "sparse_float32"),
     "sparse gated": (cfg(S=1, gate=True, sparse=True), {"router_dtype": "bfloat16"}, "sparse_bfloat16_gate"),
     "gemm": (cfg(rgemm="bfloat16"), {}, "topk_gemm_warp"),
+    "gemm, 512 experts": (cfg(E=512, rgemm="bfloat16"), {}, "topk_gemm"),
     "gemm rw gated": (cfg(S=2, gate=True, rgemm="float32"), {"rw": "bfloat16"}, "topk_gemm_rw_bfloat16_gate"),
     "gemm sparse": (cfg(rgemm="float32", sparse=True), {}, "sparse_gemm"),
 }
@@ -156,6 +163,10 @@ def test_spec_and_problem_must_agree():
         FAM.kernel_for(FAM.spec(cfg()), "route", problem(cfg(rgemm="float32")))
     with pytest.raises(QMoEUnsupportedError, match="router GEMM"):
         FAM.kernel_for(FAM.spec(cfg()), "logits", problem(cfg()))
+    with pytest.raises(QMoEUnsupportedError, match="one warp per row"):
+        FAM.kernel_for(FAM.spec(cfg()), "route", problem(cfg(E=512)))
+    with pytest.raises(QMoEUnsupportedError, match="one block per row"):
+        FAM.kernel_for(FAM.spec(cfg(E=512)), "route", problem(cfg()))
 
 
 # ---- geometry and scratch ------------------------------------------------------------------------------
@@ -283,7 +294,7 @@ def test_mma_fragment_k_order_is_a_permutation(rng):
 # ---- compile -------------------------------------------------------------------------------------------
 
 VARIANTS = [dict(dtype=d, **ext) for d in ("float32", "float16", "bfloat16")
-            for ext in ({}, {"gate": 1}, {"rgemm": 1}, {"gate": 1, "rgemm": 1})]
+            for ext in ({}, {"gate": 1}, {"rgemm": 1}, {"gate": 1, "rgemm": 1}, {"warp": 1}, {"rgemm": 1, "warp": 1})]
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])

@@ -44,10 +44,11 @@ def dev(a, offset: int = 0):
     return buf[offset:]
 
 
-def module(dtype: str, gate=False, rgemm=False):
+def module(dtype: str, gate=False, rgemm=False, warp=False):
+    """The route module (``warp``: the warp-per-row one, see ``kernels.route.routes_by_warp``)."""
     from qmoe_rtc.jit import load_module
 
-    ext = {**({"gate": 1} if gate else {}), **({"rgemm": 1} if rgemm else {})}
+    ext = {**({"gate": 1} if gate else {}), **({"rgemm": 1} if rgemm else {}), **({"warp": 1} if warp else {})}
     spec = ModuleSpec.make("route", dtype=dtype, **ext)
     return spec, load_module(FAM.unit(spec))
 
@@ -75,7 +76,7 @@ def run_route(rng, dtype, lt, rows, E, k, S, gate, rw_dt=None, normalize=False, 
     """(ids [rows, k + S], weights [rows, k + S], inputs) of one routing launch on fresh (or given) data."""
     import cupy as cp
 
-    spec, mod = module(dtype, gate=gate)
+    spec, mod = module(dtype, gate=gate, warp=rt.routes_by_warp(E, sparse, gate))
     if data is None:
         data = dict(logits=rng.standard_normal((rows, E)).astype(np.float32).astype(NP[lt]),
                     rw=rng.uniform(0.05 if normalize else -0.5, 1.0, (rows, E)).astype(np.float32).astype(NP[rw_dt])
@@ -228,7 +229,7 @@ def test_router_gemm_feeds_routing(rng, dtype, wt, rows, S, gate, rw):
     import cupy as cp
 
     E, H, k = 128, 512, 4
-    spec, mod = module(dtype, gate=gate, rgemm=True)
+    spec, mod = module(dtype, gate=gate, rgemm=True, warp=rt.routes_by_warp(E, False, gate))
     x = rng.standard_normal((rows, H)).astype(np.float32).astype(NP[dtype])
     W = (rng.standard_normal((E, H)) / np.sqrt(H)).astype(np.float32).astype(NP[wt])
     g = (rng.standard_normal(H) / np.sqrt(H)).astype(np.float32)
