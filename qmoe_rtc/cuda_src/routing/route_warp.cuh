@@ -9,12 +9,12 @@
 //   topk_w          [rows, k + S]  f32 (out)
 //
 // The picks are route.cuh's: expert e's composite (order_key(l_e) << 32) | (0xFFFF - e), the k largest in
-// descending order land in slots 0..k-1 (equal keys: the lower index first). Here they come from k rounds
-// of a warp max over the composites (lane l holds experts l, l + 32, ...; the winner's is cleared), not
-// from a block-wide sort: no shared memory and no barrier (the block kernel's ~10 barrier steps per row
-// cost ~30 µs at 4096 rows of 128 experts). Softmax in float32: the row max, then sum of exp(l - max) as
-// lane sums in expert order and a fixed butterfly over lanes; the normalising sum over the k picks in
-// slot order (deterministic; the last bits may differ from the block kernel's, whose sum tree differs).
+// descending order land in slots 0..k-1 (equal keys: the lower index first). Here they come from k rounds of a warp
+// max over the composites (lane l holds experts l, l + 32, ...; the winner's is cleared), not from a block-wide
+// sort: no shared memory and no barrier (the block kernel took 30.6 µs for 4096 rows of 128 experts; a qwen3 layer
+// call at 4096 tokens is 18 µs shorter with this one). Softmax in float32: the row max, then sum of exp(l - max) as
+// lane sums in expert order and a fixed butterfly over lanes; the normalising sum over the k picks in slot order
+// (deterministic; the last bits may differ from the block kernel's, whose sum tree differs).
 // Shared experts [ext] without a gate: slot k + s has id E_routed + s and weight 1.
 #pragma once
 
