@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import knobs
-from ..errors import CompileError, DeviceError, QMoEAttributeError
+from ..errors import CompileError, DeviceError, KnobError, QMoEAttributeError
 
 __all__ = [
     "SUPPORTED_ARCHS",
@@ -179,11 +179,20 @@ def cuda_include_dir() -> Path:
     raise CompileError("<setup>", "CUDA headers (cuda_fp16.h) not found; tried: " + ", ".join(tried))
 
 
+#: QMOE_RTC_SPLIT_COMPILE -> the NVRTC options it adds (0: as many threads as the machine has)
+SPLIT_COMPILE_OPTIONS = {"off": (), "ptxas": ("-Xptxas", "--split-compile=0"),
+                         "all": ("-Xptxas", "--split-compile=0", "--split-compile=0")}
+
+
 def base_options(arch: str, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
     """The exact NVRTC options for a unit (include dirs last)."""
     opts = [f"-arch={check_arch(arch)}", "-std=c++17", "--device-as-default-execution-space", "-DNDEBUG"]
     if knobs.get("lineinfo"):
         opts.append("-lineinfo")
+    split = knobs.get("split_compile")
+    if split not in SPLIT_COMPILE_OPTIONS:
+        raise KnobError("QMOE_RTC_SPLIT_COMPILE", f"one of {sorted(SPLIT_COMPILE_OPTIONS)}", repr(split))
+    opts += SPLIT_COMPILE_OPTIONS[split]
     opts += list(extra)
     opts += [f"-I{cuda_src_dir()}", f"-I{cuda_include_dir()}"]
     return tuple(opts)
