@@ -96,7 +96,9 @@ def test_router_gemm_module_kernels(dtype, E):
 @pytest.mark.parametrize("gate", [False, True])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_route_kernel_arguments(dtype, gate):
-    for key, kd in kdefs(cfg(dtype, S=1 if gate else 0, gate=gate)).items():
+    kds = {**kdefs(cfg(dtype, S=1 if gate else 0, gate=gate)), **kdefs(cfg(dtype, E=512, S=1 if gate else 0, gate=gate))}
+    assert any(k.endswith("_warp") for k in kds) != gate and any(not k.endswith("_warp") for k in kds)
+    for key, kd in kds.items():
         by = {a.name: a for a in kd.args}
         assert by["router_weights"].nullable and by["expert_map"].nullable
         if key.endswith("_warp"):
