@@ -25,6 +25,15 @@
 
 namespace qmoe {
 
+// (x & mask) | bits in one LOP3. Written in C, the two constants cannot both be immediates of one LOP3
+// and ptxas emits two (H200 ncu, session 21: two LOP3 a pair in fc1_wgmma's loop, the ALU pipe the
+// busiest); held in registers, they feed one three-input LOP3 (0xEA = a & b | c).
+__device__ __forceinline__ u32 and_or(u32 x, u32 mask, u32 bits) {
+  u32 d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(x), "r"(mask), "r"(bits));
+  return d;
+}
+
 // Two values of T in one u32: exact integer codes, scale multiply, mma.
 template <typename T> struct Pair2;
 
@@ -228,7 +237,7 @@ template <typename T, int B, int ZP = ZP_NONE> struct MmaDeq {
       if (o < 0) win = w[0] << -o;
       else if (o >= 64) win = w[2] >> (o - 64);
       else win = __funnelshift_r(w[o >> 5], w[(o >> 5) + 1], o & 31);
-      const u32 v = (win & 0x00070070u) | Pair2<T>::kMagic;
+      const u32 v = and_or(win, 0x00070070u, Pair2<T>::kMagic);
       const u32 d = Pair2<T>::fma(v, Pair2<T>::kSixteenthOne, cf.zph);
       return SCALED ? Pair2<T>::mul(d, cf.sc) : d;
     } else if constexpr (FP8) {
@@ -254,7 +263,7 @@ template <typename T, int B, int ZP = ZP_NONE> struct MmaDeq {
     } else {
       u32 v;
       if constexpr (B == 8) v = __byte_perm(w[word], Pair2<T>::kMagicByte, 0x4240 + 0x101 * j);
-      else v = ((w[word] >> (B * j)) & (((1u << B) - 1u) * 0x00010001u)) | Pair2<T>::kMagic;
+      else v = and_or(w[word] >> (B * j), ((1u << B) - 1u) * 0x00010001u, Pair2<T>::kMagic);
       return SCALED ? Pair2<T>::sub_mul(v, cf.zpm, cf.sc) : Pair2<T>::sub(v, cf.zpm);
     }
   }
