@@ -47,7 +47,7 @@ def test_tiled_fp4_codes_read_scales_as_meta_records():
 
 @pytest.mark.parametrize("dtype, rows, path, engine", [
     ("bfloat16", 1, "decode", "decode-mma"), ("float16", 8, "decode", "decode-mma"),
-    ("bfloat16", 64, "prefill", "prefill-mma"), ("float16", 4096, "prefill", "prefill-wgmma"),
+    ("bfloat16", 56, "prefill", "prefill-mma"), ("float16", 4096, "prefill", "prefill-wgmma"),
     ("float32", 2, "decode", "decode-gemv"), ("float32", 512, "prefill", "prefill-simt"),
 ])
 def test_engines_of_an_fp4_layer(dtype, rows, path, engine):

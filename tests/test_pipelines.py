@@ -137,6 +137,21 @@ def test_prefill_engine_by_device_and_size():
         assert choose(tc, _problem(tc, 4096), "prefill").pipeline.name == "prefill-batched"
 
 
+def test_prefill_engine_crossover_earlier_for_small_blocks():
+    """Blocks of fewer than 128 codes (every pair scaled before its MMA) switch to wgmma from 16 routes per
+    expert instead of 24 (measured on gpt-oss-120b, blocks of 32, session 21); row-wise scales and blocks
+    of 128 keep 24."""
+    from qmoe_rtc.kernels.wgmma_prefill import min_routes_per_expert
+
+    assert [min_routes_per_expert(b) for b in (0, 16, 32, 64, 128, 256)] == [24, 16, 16, 16, 24, 24]
+    tc = CONFIGS[0]  # 128 experts, k 8: rows r give r / 16 routes per expert
+    small = dataclasses.replace(tc, layout=dataclasses.replace(tc.layout, block_size=32))
+    assert choose(small, _problem(small, 16 * 16), "prefill").pipeline.name == "prefill-wgmma"
+    below = choose(small, _problem(small, 16 * 15), "prefill")
+    assert below.pipeline.name == "prefill-mma" and "(< 16:" in dict(below.passed)["prefill-wgmma"]
+    assert choose(tc, _problem(tc, 16 * 16), "prefill").pipeline.name == "prefill-mma"  # block 128: 24
+
+
 def test_batched_engine_by_routes_per_expert():
     """The batched-decode engine runs up to 6 routes per expert on layers whose routes reach many
     experts, up to 12 on layers of few experts (measured, session 11); with two row tiles per warp (tiled

@@ -20,8 +20,9 @@ is chosen from the routes per expert of the call.
 
 It runs on sm_90a only (the executor compiles every module for sm_90a on Hopper); on other targets the
 module compiles to kernels that trap and :meth:`WgmmaPrefillFamily.supports` refuses the device.
-Below :data:`MIN_ROUTES_PER_EXPERT` routes per expert the mma.sync engine is faster (measured, see
-docs/performance-log.md) and :meth:`WgmmaPrefillFamily.slower` says so.
+Below :func:`min_routes_per_expert` routes per expert (24; 16 for blocks of fewer than 128 codes) the
+mma.sync engine is faster (measured, see docs/performance-log.md) and :meth:`WgmmaPrefillFamily.slower`
+says so.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ from ._grouped import (
 )
 from .base import KernelFamily, Problem, Slot, register
 
-__all__ = ["WgmmaPrefillFamily", "padded", "stage_bytes", "stages", "tile_routes", "wg_logical", "wg_natural"]
+__all__ = ["WgmmaPrefillFamily", "min_routes_per_expert", "padded", "stage_bytes", "stages", "tile_routes", "wg_logical",
+           "wg_natural"]
 
 TILE_ROUTES = (64, 128, 256)  # BR (with 4 warpgroups, 256 does not fit the 128 registers a thread has)
 GROUPS = 4  # kWgGroups: warpgroups per block (4 warps each, one m16 weight tile per warp)
@@ -73,6 +75,17 @@ CHUNK = 128  # K per pipeline stage; the permuted layouts pad K to a multiple of
 #: it is faster on every shape measured, at 16 it is 1.10x slower on qwen3-30b-a3b and within 5 % on
 #: mixtral-8x7b / ort-2048, at 8 slower everywhere.
 MIN_ROUTES_PER_EXPERT = 24
+#: The same for blocks of fewer than 128 codes (every pair scaled before its MMA, so decoding the weights
+#: costs the most per code and this engine's one decode per 64-route tile pays off sooner). Measured on
+#: the H200 (session 21, gpt-oss-120b, bf16 int4 blocks of 32, µs at 8 / 16 / 32 routes per expert):
+#: this engine 916.6 / 932.0 / 1026.6, mma.sync 762.2 / 1057.0 (its 16-route tiles; 32-route tiles
+#: 964.0) / 1385.9.
+MIN_ROUTES_PER_EXPERT_SMALL_BLOCKS = 16
+
+
+def min_routes_per_expert(block_size: int) -> int:
+    """Routes per expert from which this engine runs for a layout of ``block_size`` (0: row-wise scales)."""
+    return MIN_ROUTES_PER_EXPERT_SMALL_BLOCKS if 0 < block_size < CHUNK else MIN_ROUTES_PER_EXPERT
 #: The ``ws`` variant (engines/wgmma_ws.cuh): MMA warpgroups, m16 tiles per MMA warp, route tiles, and the
 #: registers of its copy warpgroup (kWsConsumers, kWsMW, kWsCopyRegs).
 WS_CONSUMERS = 2
@@ -227,8 +240,9 @@ class WgmmaPrefillFamily(KernelFamily):
         # experts, so it expects that share of the k routed picks (the rest are skipped); shared ones all
         routes = problem.rows * (problem.k * problem.E / problem.logit_count + problem.shared)
         per_expert = routes / max(1, min(problem.experts, routes))
-        if per_expert < MIN_ROUTES_PER_EXPERT:
-            return f"{per_expert:.0f} routes per expert (< {MIN_ROUTES_PER_EXPERT}: the mma.sync engine is faster)"
+        least = min_routes_per_expert(getattr(config, "layout", config).block_size)
+        if per_expert < least:
+            return f"{per_expert:.0f} routes per expert (< {least}: the mma.sync engine is faster)"
         return None
 
     def kernels(self, spec: ModuleSpec) -> tuple[KernelDef, ...]:
