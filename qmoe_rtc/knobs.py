@@ -105,10 +105,11 @@ KNOBS: dict[str, Knob] = {
              "(the entry itself is the raw .cubin: `cuobjdump -sass` it)."),
         Knob("lineinfo", "QMOE_RTC_LINEINFO", "bool", False, True,
              "Compile with -lineinfo (for profilers); changes the options, hence the cache key."),
-        Knob("split_compile", "QMOE_RTC_SPLIT_COMPILE", "str", "off", True,
-             "Compile-time trial, off by default until timed on a GPU host: 'ptxas' lets ptxas compile a module's "
-             "kernels in parallel (-Xptxas --split-compile=0; the machine code is the same), 'all' the NVVM "
-             "optimiser too (--split-compile=0; FC2's machine code changes). In the options, hence the key."),
+        Knob("split_compile", "QMOE_RTC_SPLIT_COMPILE", "str", "ptxas", True,
+             "'ptxas' (default): ptxas compiles a module's kernels in parallel (-Xptxas --split-compile=0; the "
+             "machine code is the same as 'off'; on the 16-core H200 host an engine module took 0.5-0.7 s "
+             "against 1.9-4.2 s 'off', docs/performance-log.md session 21); 'off': one thread; 'all': the "
+             "NVVM optimiser too (--split-compile=0; FC2's machine code changes). In the options, hence the key."),
         Knob("eager_graphs", "QMOE_RTC_EAGER_GRAPHS", "bool", True, False,
              "Launch an eager call's kernels as one CUDA graph (one driver launch per call instead of one per "
              "kernel; read when a layer is built). 0: plain launches."),

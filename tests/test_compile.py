@@ -182,15 +182,19 @@ def _text_sections(elf: bytes) -> dict[str, bytes]:
 
 
 def test_split_compile_knob_options_key_and_machine_code(cache):
-    """QMOE_RTC_SPLIT_COMPILE: its options reach the key; 'ptxas' leaves every kernel's machine code as it
-    was (ptxas only compiles the kernels side by side); a value it cannot take is refused by name."""
+    """QMOE_RTC_SPLIT_COMPILE: its options reach the key; 'ptxas' (the default) leaves every kernel's
+    machine code as 'off' has it (ptxas only compiles the kernels side by side); a value it cannot take is
+    refused by name."""
     from qmoe_rtc import knobs
     from qmoe_rtc.errors import KnobError
     from qmoe_rtc.jit import compiler
     from qmoe_rtc.jit.unit import unit_key
 
     unit = spec_unit(dequant_spec("bfloat16", 4, 128, "packed", "bfloat16"))
-    plain = get_cubin(unit, "sm_90")
+    assert knobs.get("split_compile") == "ptxas"
+    with knobs.scope(split_compile="off"):
+        assert not {"-Xptxas", "--split-compile=0"} & set(compiler.base_options("sm_90"))
+        plain = get_cubin(unit, "sm_90")
     with knobs.scope(split_compile="ptxas"):
         assert compiler.base_options("sm_90")[4:6] == ("-Xptxas", "--split-compile=0")
         assert unit_key(unit, "sm_90") != plain.key

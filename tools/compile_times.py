@@ -25,10 +25,15 @@ def main(argv=None) -> int:
     p.add_argument("--preset", default="qwen3-30b-a3b")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--arch", default="sm_90")
+    p.add_argument("--modules", default="",
+                   help="comma-separated module name prefixes to time (route, wgmma_prefill, ...); default: every one")
     a = p.parse_args(argv)
+    only = {m for m in a.modules.split(",") if m}
     cfg = PRESETS[a.preset].config(dtype=a.dtype)
     with tempfile.TemporaryDirectory() as d, knobs.scope(cache_dir=d):
         for spec in modules_for(cfg, arch=a.arch):
+            if only and not any(spec.name.startswith(m) for m in only):
+                continue
             t0 = time.perf_counter()
             mod = get_cubin(spec_unit(spec), a.arch)
             print(f"{mod.arch} {spec.name} compiled {1e3 * (time.perf_counter() - t0):.1f} ms ({len(mod.cubin)} B)",
