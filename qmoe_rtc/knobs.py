@@ -107,7 +107,7 @@ KNOBS: dict[str, Knob] = {
              "Compile with -lineinfo (for profilers); changes the options, hence the cache key."),
         Knob("split_compile", "QMOE_RTC_SPLIT_COMPILE", "str", "ptxas", True,
              "'ptxas' (default): ptxas compiles a module's kernels in parallel (-Xptxas --split-compile=0; the "
-             "machine code is the same as 'off'; on the 16-core H200 host an engine module took 0.5-0.7 s "
+             "machine code is the same as 'off'; on the 16-core H200 host an engine module took 0.5-0.8 s "
              "against 1.9-4.2 s 'off', docs/performance-log.md session 21); 'off': one thread; 'all': the "
              "NVVM optimiser too (--split-compile=0; FC2's machine code changes). In the options, hence the key."),
         Knob("eager_graphs", "QMOE_RTC_EAGER_GRAPHS", "bool", True, False,

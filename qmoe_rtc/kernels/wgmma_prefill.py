@@ -86,6 +86,8 @@ MIN_ROUTES_PER_EXPERT_SMALL_BLOCKS = 16
 def min_routes_per_expert(block_size: int) -> int:
     """Routes per expert from which this engine runs for a layout of ``block_size`` (0: row-wise scales)."""
     return MIN_ROUTES_PER_EXPERT_SMALL_BLOCKS if 0 < block_size < CHUNK else MIN_ROUTES_PER_EXPERT
+
+
 #: The ``ws`` variant (engines/wgmma_ws.cuh): MMA warpgroups, m16 tiles per MMA warp, route tiles, and the
 #: registers of its copy warpgroup (kWsConsumers, kWsMW, kWsCopyRegs).
 WS_CONSUMERS = 2
@@ -184,7 +186,7 @@ class WgmmaPrefillFamily(KernelFamily):
     name = "wgmma_prefill"
     header = "engines/wgmma_prefill.cuh"
     depends_on = (*EXPERT_FIELDS, "tiled")
-    conditional = True  # sm_90a only, and only from MIN_ROUTES_PER_EXPERT routes per expert
+    conditional = True  # sm_90a only, and only from min_routes_per_expert() routes per expert
 
     def spec(self, config) -> ModuleSpec:
         """The layout's fields plus the variant, warpgroups per block and the ring's depth (tuning knobs,

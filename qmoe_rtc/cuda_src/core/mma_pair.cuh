@@ -251,7 +251,8 @@ template <typename T, int B, int ZP = ZP_NONE> struct MmaDeq {
     } else if constexpr (B == 4 && Pair2<T>::kMagicByte != 0) {
       // float16, 4-bit: pairs 0/2 of a word are (magic | q) at nibbles 0 and 2 of each half; pairs 1/3
       // are read in place as (magic | 16·q) and brought to q - zp by one exact fma (x/16 - (64 + zp)):
-      // one shift per word instead of three
+      // one shift per word instead of three. Kept as C (two LOP3s): and_or here holds two masks in registers,
+      // which spilled 16-20 bytes in the 128-route wgmma kernels
       const u32 wv = j >= 2 ? w[word] >> 8 : w[word];
       if (j & 1) {
         const u32 v = (wv & 0x00f000f0u) | Pair2<T>::kMagic;
