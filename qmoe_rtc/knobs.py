@@ -154,6 +154,10 @@ KNOBS: dict[str, Knob] = {
              "a -D option, part of the key."),
         Knob("prefill_group", "QMOE_RTC_PREFILL_GROUP", "int", 0, False,
              "Tuning only: route tiles the prefill grid launches side by side per weight tile (0 = the built-in 8)."),
+        Knob("prefill_fc2_split", "QMOE_RTC_PREFILL_FC2_SPLIT", "str", "auto", False,
+             "Tuning (and tests) only: whether the wgmma prefill FC2 may split K in two over two blocks a tile ('on', "
+             "'off'; 'auto' = up to a few rounds of tiles per SM). Where it may, the device splits when the halves "
+             "fill the last round better."),
         Knob("prefill_route_tile", "QMOE_RTC_PREFILL_ROUTE_TILE", "int", 0, False,
              "Tuning only: force the prefill route tile (16, 32 or 64 routes for mma.sync, 64, 128 or 256 for "
              "wgmma; 0 = chosen from the routes per expert)."),

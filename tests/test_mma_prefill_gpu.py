@@ -154,3 +154,38 @@ def test_prefill_combine_scalar_path_same_bits(rng, engine):
     cp.cuda.get_current_stream().synchronize()
     assert rel_err(cp.asnumpy(aligned), reference(x, lg, **w, **a)) <= TOL["bfloat16"]
     np.testing.assert_array_equal(cp.asnumpy(shifted), cp.asnumpy(aligned))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_wgmma_fc2_split_k_halves(rng, bias):
+    """The wgmma FC2 with K split over two blocks a tile (each adds its half into a y zeroed by the permute
+    step, the first with the bias) against one block a tile: both meet the reference, every element
+    written, replay equals eager bitwise in each mode, and the split did run (its sums round differently
+    somewhere). 600 rows on 8 experts: few enough tiles that the device splits."""
+    import cupy as cp
+
+    from qmoe_rtc.executor import QMoE
+
+    if cp.cuda.Device().compute_capability != "90":
+        pytest.skip("the wgmma prefill engine needs an sm_90 GPU")
+    rows, E, H, I = 600, 8, 256, 384  # Ip = 384: three chunks of K, halves of one and two
+    w, a = random_layer(rng, E=E, H=H, I=I, k=2, dtype="bfloat16", bits=4, block_size=64, bias=bias,
+                        activation_type="swiglu", swiglu_fusion=1)
+    x, lg, _ = random_inputs(rng, rows, H, E, "bfloat16")
+    want = reference(x, lg, **w, **a)
+    outs = {}
+    for mode in ("on", "off"):
+        with knobs.scope(prefill_engine="wgmma", prefill_fc2_split=mode):
+            moe = QMoE(**to_dev(w), **a, decode_max_routes=0)
+            xd, ld = cp.asarray(x), cp.asarray(lg)
+            out = cp.full(x.shape, cp.nan, dtype=xd.dtype)
+            moe(xd, ld, out=out)
+            got = cp.asnumpy(out)
+            assert rel_err(got, want) <= TOL["bfloat16"], mode
+            g = moe.capture(xd, ld)
+            g.output.fill(cp.nan)
+            g.replay()
+            cp.cuda.get_current_stream().synchronize()
+            np.testing.assert_array_equal(cp.asnumpy(g.output), got, err_msg=mode)
+            outs[mode] = got
+    assert not np.array_equal(outs["on"], outs["off"]), "the split FC2 gave the unsplit sums bit for bit: did it run?"

@@ -152,6 +152,40 @@ def test_prefill_engine_crossover_earlier_for_small_blocks():
     assert choose(tc, _problem(tc, 16 * 16), "prefill").pipeline.name == "prefill-mma"  # block 128: 24
 
 
+def test_wgmma_fc2_k_split_launch():
+    """The tiles variant's FC2 launches two blocks a tile (its halves of K) up to FC2_SPLIT_ROUNDS rounds of
+    tiles and from two chunks of K, and the permute step then zeroes y [R, H] for the halves to add into;
+    otherwise one block a tile and nothing zeroed. The knob forces either; a bad value is refused."""
+    from qmoe_rtc import knobs
+    from qmoe_rtc.errors import QMoEAttributeError
+    from qmoe_rtc.kernels.wgmma_prefill import FC2_SPLIT_ROUNDS
+
+    fam = get_family("wgmma_prefill")
+    mixtral = ModelConfig(hidden=4096, inter=14336, experts=8, k=2, layout=CONFIGS[0].layout)
+    spec = fam.spec(mixtral)
+
+    def fc2(rows, sms=132):
+        p = dataclasses.replace(_problem(mixtral, rows), sms=sms)
+        launch, permute = fam.launch(spec, "fc2", p), fam.launch(spec, "permute", p)
+        return launch.grid[0], dict(launch.args)["KS"], dict(permute.args)["y_zero"]
+
+    # 512 rows: (1024 / 128 + 8) route tiles (groups of 8) × 4096 / 256 weight tiles = 256 ≤ 2 × 132
+    assert fc2(512) == (2 * 256, 2, 1024 * 4096)
+    assert fc2(1024)[1:] == (1, 0)  # 24 × 16 = 384 tiles: more than FC2_SPLIT_ROUNDS rounds
+    assert fc2(4096, sms=1152 // FC2_SPLIT_ROUNDS)[1] == 2  # 72 × 16 = 1152 tiles
+    ort = ModelConfig(hidden=2048, inter=2048, experts=8, k=2, layout=CONFIGS[0].layout)  # 16 chunks of K
+    assert dict(fam.launch(fam.spec(ort), "fc2", dataclasses.replace(_problem(ort, 512), sms=132)).args)["KS"] == 1
+    with knobs.scope(prefill_fc2_split="off"):
+        assert fc2(512) == (256, 1, 0)
+    with knobs.scope(prefill_fc2_split="on"):
+        assert fc2(4096)[1:] == (2, 8192 * 4096)
+    short = ModelConfig(hidden=4096, inter=128, experts=8, k=2, layout=CONFIGS[0].layout)  # one chunk of K
+    with knobs.scope(prefill_fc2_split="on"):
+        assert dict(fam.launch(fam.spec(short), "fc2", _problem(short, 512)).args)["KS"] == 1
+    with knobs.scope(prefill_fc2_split="maybe"), pytest.raises(QMoEAttributeError, match="QMOE_RTC_PREFILL_FC2_SPLIT"):
+        fc2(512)
+
+
 def test_batched_engine_by_routes_per_expert():
     """The batched-decode engine runs up to 6 routes per expert on layers whose routes reach many
     experts, up to 12 on layers of few experts (measured, session 11); with two row tiles per warp (tiled

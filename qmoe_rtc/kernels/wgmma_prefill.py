@@ -53,6 +53,7 @@ from ._grouped import (
     group_and_combine,
     group_launch,
     grouped_scratch,
+    route_tiles,
     staged_projection,
     tiled_launch,
     tuning_knob,
@@ -148,6 +149,14 @@ def stages(stage: int, max_stages: int = MAX_STAGES, budget: int = SMEM_BUDGET) 
     fit, at most ``max_stages``."""
     return min(max_stages, budget // stage)
 
+
+
+#: FC2 may split K in two (fc2_wgmma, KS = 2; the device decides, fc2_splits) up to this many tiles per
+#: SM (the host's bound on the tiles) and from FC2_SPLIT_CHUNKS chunks of K: past two rounds the device
+#: would not split (measured, docs/performance-log.md session 22) and zeroing y would be wasted; on a
+#: shorter K a split tile's second prologue and epilogue cost more than the idle SMs (ort-2048, 16 chunks).
+FC2_SPLIT_ROUNDS = 2
+FC2_SPLIT_CHUNKS = 32
 
 
 def route_tiles_of(groups: int, variant: str = "tiles", mw: int = WS_MW) -> tuple[int, ...]:
@@ -255,7 +264,7 @@ class WgmmaPrefillFamily(KernelFamily):
         out = list(group_and_combine(spec))
         out.append(KernelDef("permute", f"qmoe::wg_permute<{CPP_TYPES[dt]}, {t['B1']}>",
                              (Ptr("x", dt), Scalar("rows", "int32"), Scalar("H", "int32"), Scalar("Hp", "int32"),
-                              Ptr("xp", dt))))
+                              Ptr("xp", dt), Ptr("y", "float32"), Scalar("y_zero", "int64"))))
         for br in _tile_routes(spec):
             out.append(KernelDef(
                 f"fc1_br{br}",
@@ -269,7 +278,8 @@ class WgmmaPrefillFamily(KernelFamily):
                 f"fc2_br{br}",
                 f"qmoe::fc2_wgmma<{t['T']}, {t['S']}, {t['B2']}, {t['Z2']}, {t['BLOCK']}, {br}>",
                 (Ptr("act_sorted", dt), ROUTE_GROUPS_ARG, Scalar("E", "int32"), Scalar("H", "int32"), Scalar("I", "int32"),
-                 Scalar("Ip", "int32"), Scalar("NT", "int32"), Scalar("G", "int32"), fc2_weights(sdt), Ptr("y", "float32")),
+                 Scalar("Ip", "int32"), Scalar("NT", "int32"), Scalar("G", "int32"), Scalar("KS", "int32"),
+                 Scalar("SMS", "int32"), fc2_weights(sdt), Ptr("y", "float32")),
             ))
         return tuple(out)
 
@@ -302,6 +312,22 @@ class WgmmaPrefillFamily(KernelFamily):
             ))
         return tuple(out)
 
+    def fc2_k_split(self, spec: ModuleSpec, problem: Problem) -> int:
+        """KS, the blocks the ``tiles`` variant's FC2 launches a tile: 2 (its halves of K, when the device
+        finds they fill the last round better: fc2_splits) where FC2 has at most FC2_SPLIT_ROUNDS rounds of
+        tiles (the host's bound) and FC2_SPLIT_CHUNKS chunks of K or more, else 1. Knob
+        ``prefill_fc2_split``: 'on' / 'off' force 2 (from two chunks of K) / 1 ('on' still leaves the choice
+        to the device's rule), 'auto' as described."""
+        mode = knobs.get("prefill_fc2_split")
+        if mode not in ("auto", "on", "off"):
+            raise QMoEAttributeError("QMOE_RTC_PREFILL_FC2_SPLIT", "one of ['auto', 'on', 'off']", repr(mode))
+        if variant_of(spec) == "ws" or mode == "off" or padded(problem.I) < 2 * CHUNK:
+            return 1
+        br = tile_routes(problem.routes, problem.experts, have=_tile_routes(spec))
+        tiles = route_tiles(problem.routes, problem.experts, br) * weight_tiles(spec, "fc2", problem.H, 4 * spec["groups"])
+        few = tiles <= FC2_SPLIT_ROUNDS * problem.sm_count and padded(problem.I) >= FC2_SPLIT_CHUNKS * CHUNK
+        return 2 if mode == "on" or few else 1
+
     def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem) -> str:
         if role in ("fc1", "fc2"):
             return f"{role}_br{tile_routes(problem.routes, problem.experts, have=_tile_routes(spec))}"
@@ -319,8 +345,9 @@ class WgmmaPrefillFamily(KernelFamily):
             # are a prefix the kernel reads from the grouping)
             return Launch((max(1, -(-problem.routes // GATHER_ROWS)), 1, 1), (256, 1, 1), 0,
                           (("Hp", Hp), ("Rp", image_rows(spec, problem))))
-        if role == "permute":
-            return Launch(((problem.rows * Hp // 8 + 255) // 256, 1, 1), (256, 1, 1), 0, (("Hp", Hp),))
+        if role == "permute":  # also zeroes y when FC2 may add its halves of K into it
+            y_zero = problem.routes * problem.H if self.fc2_k_split(spec, problem) == 2 else 0
+            return Launch(((problem.rows * Hp // 8 + 255) // 256, 1, 1), (256, 1, 1), 0, (("Hp", Hp), ("y_zero", y_zero)))
         scale_bytes = 4 if spec["scale_dtype"] == "float32" else 2
         wgs = spec["groups"]
         bits, zp = staged_projection(spec, role)
@@ -329,6 +356,11 @@ class WgmmaPrefillFamily(KernelFamily):
         nt = weight_tiles(spec, role, Ip if role == "fc1" else problem.H, m16)
         st = stage_bytes(bits, scale_bytes, spec["block_size"], zp, br, wgs, tiled_meta(spec), m16 if ws else 0)
         smem = stages(st, spec["stages"], WS_SMEM_BUDGET if ws else SMEM_BUDGET) * st + 1024
+        if not ws and role == "fc2":  # KS blocks a tile: its halves of K (fc2_splits decides on the device)
+            ks = self.fc2_k_split(spec, problem)
+            launch = tiled_launch(problem, br, nt, 128 * wgs, smem,
+                                  (("Hp", Hp), ("Ip", Ip), ("KS", ks), ("SMS", problem.sm_count)))
+            return replace(launch, grid=(launch.grid[0] * ks, 1, 1))
         if not ws:
             return tiled_launch(problem, br, nt, 128 * wgs, smem, (("Hp", Hp), ("Ip", Ip)))
         # persistent: one block per SM walks the tiles (at most as many blocks as tiles)
@@ -341,8 +373,8 @@ class WgmmaPrefillFamily(KernelFamily):
         ws = variant_of(spec) == "ws"
         if role == "permute" and ws:
             return {"xs": Slot(image_rows(spec, problem) * padded(problem.H) * item)}  # [Hp / 64, Rp, 64]
-        if role == "permute":
-            return {"xp": Slot(problem.rows * padded(problem.H) * item)}  # [rows, Hp]
+        if role == "permute":  # xp [rows, Hp]; y [R, H] f32 when it zeroes it for FC2
+            return {"xp": Slot(problem.rows * padded(problem.H) * item), **grouped_scratch("fc2", problem, item)}
         if role == "fc1" and ws:
             return {"act_sorted": Slot(image_rows(spec, problem) * padded(problem.I) * item)}  # [Ip / 64, Rp, 64]
         if role == "fc1":

@@ -75,14 +75,14 @@ template <int B, typename ScaleT, int BLOCK, bool ZPW, int BR> struct WgStage {
 };
 
 // acc (lane (g, t) of warp w: rows 16w + g / + 8, routes 8j + 2t (+1)) = W[lane rows] · act[tile routes]ᵀ
-// over K (Kp / 128 chunks), for the tile's first NR routes (NR <= BR: the MMAs' N; a tile that holds no
+// over chunks [c0, c1) of K (128 values each), for the tile's first NR routes (NR <= BR: the MMAs' N; a tile that holds no
 // more routes than NR copies and multiplies only those, acc[NR / 2 ..] stay untouched). Route row i of
 // the tile starts at s_row[i]; padding rows (past the tile's routes) repeat its last route, whose extra
 // columns are never stored.
 template <typename T, int B, int BR, int NR, bool ZPW, class QA, class QB, class St>
 __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const PfLaneRows<T, QA, QB, 1>& lr, i32 e,
-                                            const T* const* s_row, i32 K, i32 Kp, float (&acc_br)[BR / 2], u8* smem,
-                                            Stamps& st) {
+                                            const T* const* s_row, i32 K, i32 c0, i32 c1, float (&acc_br)[BR / 2],
+                                            u8* smem, Stamps& st) {
   static_assert(NR <= BR && NR * 16 % kWgThreads == 0, "MMA routes: a route tile's 16-byte units spread evenly");
   float(&acc)[NR / 2] = reinterpret_cast<float(&)[NR / 2]>(acc_br);
   constexpr int CB = St::kCB, S = St::kStages;
@@ -90,7 +90,7 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
   constexpr int NSB = MetaLayout<typename QA::Scale, QA::kBlock, ZPW>::NSB;
   using D = MmaDeq<T, B, QA::kZp>;
   const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3;
-  const i32 nch = Kp / 128;
+  const i32 nch = c1 - c0;
   const u32 s0 = (u32)__cvta_generic_to_shared(smem);
   const i64 sba = LaneMeta<QA, ZPW>::base(qa, e, lr.na[0]), sbb = LaneMeta<QB, ZPW>::base(qb, e, lr.nb[0]);
 
@@ -164,20 +164,20 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
   constexpr int A = S >= 3 ? S - 2 : 1;  // chunks the copies run ahead
 #pragma unroll
   for (int i = 0; i < A; ++i) {
-    if (i < nch) issue(i, i);
+    if (i < nch) issue(i, c0 + i);
     cp_async_commit();
   }
   st.loop_start();
-  for (i32 c = 0; c < nch; ++c) {
+  for (i32 c = 0; c < nch; ++c) {  // the c-th chunk of the range: chunk c0 + c of K
     st.wait_start();
     cp_async_wait<A - 1>();
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async data, read by the async proxy
     __syncthreads();  // every thread's copies of chunk c landed; every MMA of chunk c - 2 is done
     st.wait_end();
     const i32 cn = c + A;
-    if (cn < nch) issue(cn % S, cn);
+    if (cn < nch) issue(cn % S, c0 + cn);
     cp_async_commit();
-    compute(c % S, c);
+    compute(c % S, c0 + c);
   }
   wgmma_wait<0>();
   wgmma_hold(acc);
@@ -190,15 +190,15 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
 // hundred tokens most experts' last tile is nearly empty, and it costs a full tile's MMAs otherwise).
 template <typename T, int B, int BR, bool ZPW, class QA, class QB, class St>
 __device__ __forceinline__ void wg_tile(const QA& qa, const QB& qb, const PfLaneRows<T, QA, QB, 1>& lr, i32 e,
-                                        const T* const* s_row, i32 routes, i32 K, i32 Kp, float (&acc)[BR / 2],
-                                        u8* smem, Stamps& st) {
+                                        const T* const* s_row, i32 routes, i32 K, i32 c0, i32 c1,
+                                        float (&acc)[BR / 2], u8* smem, Stamps& st) {
   constexpr int kHalf = BR / 2 >= 32 ? BR / 2 : BR, kQuarter = BR / 4 >= 32 ? BR / 4 : kHalf;
   if (kQuarter < kHalf && routes <= kQuarter)
-    wg_mainloop<T, B, BR, kQuarter, ZPW, QA, QB, St>(qa, qb, lr, e, s_row, K, Kp, acc, smem, st);
+    wg_mainloop<T, B, BR, kQuarter, ZPW, QA, QB, St>(qa, qb, lr, e, s_row, K, c0, c1, acc, smem, st);
   else if (kHalf < BR && routes <= kHalf)
-    wg_mainloop<T, B, BR, kHalf, ZPW, QA, QB, St>(qa, qb, lr, e, s_row, K, Kp, acc, smem, st);
+    wg_mainloop<T, B, BR, kHalf, ZPW, QA, QB, St>(qa, qb, lr, e, s_row, K, c0, c1, acc, smem, st);
   else
-    wg_mainloop<T, B, BR, BR, ZPW, QA, QB, St>(qa, qb, lr, e, s_row, K, Kp, acc, smem, st);
+    wg_mainloop<T, B, BR, BR, ZPW, QA, QB, St>(qa, qb, lr, e, s_row, K, c0, c1, acc, smem, st);
 }
 
 // FC1 (+FC3) with the activation fused: act_sorted[m, wg_pos<B2>(o)] for the tile's routes (B2: FC2's
@@ -241,7 +241,7 @@ fc1_wgmma(const T* __restrict__ xp, const RouteGroups rg, i32 E, i32 k, i32 H, i
   float acc[BR / 2];
 #pragma unroll
   for (int i = 0; i < BR / 2; ++i) acc[i] = 0.0f;
-  wg_tile<T, B1, BR, kZpw, Q1, QB, St>(q1, qb, lr, e, s_row, m_end - m0, H, Hp, acc, smem, st);
+  wg_tile<T, B1, BR, kZpw, Q1, QB, St>(q1, qb, lr, e, s_row, m_end - m0, H, 0, Hp / 128, acc, smem, st);
   // A thread's outputs are the same for every route of the tile: their biases are read once, here
   // (clamped rows: an output past I is stored as zero, its bias unused).
   const i32 o = o0 + g;
@@ -267,11 +267,24 @@ fc1_wgmma(const T* __restrict__ xp, const RouteGroups rg, i32 E, i32 k, i32 H, i
   st.store(0, Hp / 128);
 }
 
+// Whether FC2 splits K in two this call (KS = 2: the host launched two blocks a tile, zeroed y, and K has
+// 32 chunks or more): when V tiles on P SMs leave the last round of whole tiles at most half full, so
+// that halves take an odd number of half rounds, and at most three (measured on the H200, session 22:
+// mixtral-8x7b at 512 tokens, V = 1.45 P, -7.8 %; at 1024, 2.4 P, +1.3 %; ort-2048 at 1024 / 2048
+// tokens, 16 chunks, +3 % / +10 %). The same for every tile of the call, so a route's sum has the same
+// form whichever tile it lands in.
+__device__ __forceinline__ bool fc2_splits(i32 KS, i32 V, i32 P) {
+  const i32 halves = (2 * V + P - 1) / P;  // rounds of half tiles
+  return KS == 2 && (halves == 1 || halves == 3);
+}
+
 // FC2: y[route, n] = act_sorted[m] · W2[e, n] + b2[e, n] for the tile's routes (scattered by route id).
+// KS = 2: blocks 2i, 2i + 1 are tile i's halves of K; when fc2_splits, each adds its half into y (zeroed
+// by wg_permute), the first half with the bias: y = (0 + lo·s + b) + hi·s in either order, one value.
 template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, int BR>
 __global__ void __launch_bounds__(kWgThreads, 1)
-fc2_wgmma(const T* __restrict__ act_sorted, const RouteGroups rg, i32 E, i32 H, i32 I, i32 Ip, i32 NT, i32 G,
-          const Fc2Weights<ScaleT> wt, float* __restrict__ y) {
+fc2_wgmma(const T* __restrict__ act_sorted, const RouteGroups rg, i32 E, i32 H, i32 I, i32 Ip, i32 NT, i32 G, i32 KS,
+          i32 SMS, const Fc2Weights<ScaleT> wt, float* __restrict__ y) {
   constexpr bool kZpw = Z2 == ZP_PACKED;
   using St = WgStage<B2, ScaleT, BLOCK, kZpw, BR>;
   Stamps st;
@@ -280,8 +293,12 @@ fc2_wgmma(const T* __restrict__ act_sorted, const RouteGroups rg, i32 E, i32 H, 
   __shared__ const T* s_row[BR];
   __shared__ i32 s_route[BR];
   u8* smem = wg_smem<St::kStages * St::kBytes>(dyn_smem);
+  {
+    const bool split = fc2_splits(KS, rg.tile_offsets[E] * NT, SMS);
+    if (blockIdx.x % KS && !split) return;  // whole tiles: the even blocks
+  }
   i32 nt, e, m0, m_end;
-  if (!pf_tile<BR>(rg.offsets, rg.tile_offsets, E, NT, G, nt, e, m0, m_end)) return;
+  if (!pf_tile_at<BR>((i32)blockIdx.x / KS, rg.offsets, rg.tile_offsets, E, NT, G, nt, e, m0, m_end)) return;
   const Proj<ScaleT> p2 = expert_proj(e, wt.E_routed, wt.fc2, wt.shared_fc2);
   using Q2 = QuantParams<ScaleT, B2, BLOCK, Z2>;
   const Q2 q2{p2.scales, p2.zp, wt.zp_offset, H, I};
@@ -299,11 +316,19 @@ fc2_wgmma(const T* __restrict__ act_sorted, const RouteGroups rg, i32 E, i32 H, 
   float acc[BR / 2];
 #pragma unroll
   for (int i = 0; i < BR / 2; ++i) acc[i] = 0.0f;
-  wg_tile<T, B2, BR, kZpw, Q2, Q2, St>(q2, q2, lr, e, s_row, m_end - m0, I, Ip, acc, smem, st);
-  // A thread's rows n, n + 8 are the same for every route of the tile: their biases are read once.
+  {
+    const bool split = fc2_splits(KS, rg.tile_offsets[E] * NT, SMS), half = blockIdx.x % KS;
+    const i32 nch = Ip / 128, c0 = split && half ? nch / 2 : 0, c1 = split && !half ? nch / 2 : nch;
+    wg_tile<T, B2, BR, kZpw, Q2, Q2, St>(q2, q2, lr, e, s_row, m_end - m0, I, c0, c1, acc, smem, st);
+  }
+  // After the main loop, what is the same for the whole block is read again rather than held in
+  // registers across it. A thread's rows n, n + 8 are the same for every route of the tile: their biases
+  // are read once (the second half of a split adds none).
+  const bool split = fc2_splits(KS, rg.tile_offsets[E] * NT, SMS), half = blockIdx.x % KS;
   const i32 n = n0 + g;
-  const float bias_a = p2.bias && n < H ? __ldg(p2.bias + (i64)e * H + n) : 0.0f;
-  const float bias_b = p2.bias && n + 8 < H ? __ldg(p2.bias + (i64)e * H + n + 8) : 0.0f;
+  const bool bias = p2.bias && !half;
+  const float bias_a = bias && n < H ? __ldg(p2.bias + (i64)e * H + n) : 0.0f;
+  const float bias_b = bias && n + 8 < H ? __ldg(p2.bias + (i64)e * H + n + 8) : 0.0f;
 #pragma unroll
   for (int jn = 0; jn < BR / 8; ++jn) {
 #pragma unroll
@@ -311,11 +336,17 @@ fc2_wgmma(const T* __restrict__ act_sorted, const RouteGroups rg, i32 E, i32 H, 
       const i32 i = 8 * jn + 2 * t + cc;
       if (m0 + i >= m_end) continue;
       float* out = y + (i64)s_route[i] * H;
-      if (n < H) out[n] = acc[4 * jn + cc] * lr.sa[0] + bias_a;
-      if (n + 8 < H) out[n + 8] = acc[4 * jn + 2 + cc] * lr.sb[0] + bias_b;
+      const float va = acc[4 * jn + cc] * lr.sa[0] + bias_a, vb = acc[4 * jn + 2 + cc] * lr.sb[0] + bias_b;
+      if (split) {
+        if (n < H) atomicAdd(out + n, va);
+        if (n + 8 < H) atomicAdd(out + n + 8, vb);
+      } else {
+        if (n < H) out[n] = va;
+        if (n + 8 < H) out[n + 8] = vb;
+      }
     }
   }
-  st.store(1, Ip / 128);
+  st.store(1, split ? (half ? Ip / 128 - Ip / 256 : Ip / 256) : Ip / 128);
 }
 
 }  // namespace qmoe
