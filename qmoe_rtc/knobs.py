@@ -105,11 +105,12 @@ KNOBS: dict[str, Knob] = {
              "(the entry itself is the raw .cubin: `cuobjdump -sass` it)."),
         Knob("lineinfo", "QMOE_RTC_LINEINFO", "bool", False, True,
              "Compile with -lineinfo (for profilers); changes the options, hence the cache key."),
-        Knob("split_compile", "QMOE_RTC_SPLIT_COMPILE", "str", "ptxas", True,
-             "'ptxas' (default): ptxas compiles a module's kernels in parallel (-Xptxas --split-compile=0; the "
-             "machine code is the same as 'off'; on the 16-core H200 host an engine module took 0.5-0.8 s "
-             "against 1.9-4.2 s 'off', docs/performance-log.md session 21); 'off': one thread; 'all': the "
-             "NVVM optimiser too (--split-compile=0; FC2's machine code changes). In the options, hence the key."),
+        Knob("split_compile", "QMOE_RTC_SPLIT_COMPILE", "str", "all", True,
+             "'all' (default): the NVVM optimiser and ptxas both work on a module's kernels in parallel "
+             "(--split-compile=0 and -Xptxas --split-compile=0); 'ptxas': ptxas only (machine code as 'off'); "
+             "'off': one thread. Cold, on the 16-core H200 host, an engine module took 0.9-1.7 s 'all', "
+             "1.2-2.8 s 'ptxas', 1.5-4.1 s 'off'; 'all' changes some kernels' code, measured the same speed "
+             "(docs/performance-log.md, session 23). In the options, hence the key."),
         Knob("eager_graphs", "QMOE_RTC_EAGER_GRAPHS", "bool", True, False,
              "Launch an eager call's kernels as one CUDA graph (one driver launch per call instead of one per "
              "kernel; read when a layer is built). 0: plain launches."),

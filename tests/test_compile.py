@@ -7,6 +7,7 @@ import pickle
 
 import numpy as np
 import pytest
+from cubin_sections import text_sections
 
 from qmoe_rtc.errors import CompileError, QMoEAttributeError, QMoEInputError
 from qmoe_rtc.jit import KernelDef, Launch, ParamBlock, Ptr, Scalar, Struct, check_arch, disk_entry_dir, get_cubin
@@ -166,32 +167,17 @@ def test_wgmma_probe_compiles_its_heaviest_variant():
         assert cubin[:4] == b"\x7fELF" and b"wgmma_rate" in cubin, probe.name_of(v)
 
 
-def _text_sections(elf: bytes) -> dict[str, bytes]:
-    """The ``.text.<kernel>`` sections of an ELF64 cubin: each kernel's machine code."""
-    import struct
-
-    shoff, = struct.unpack_from("<Q", elf, 0x28)
-    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", elf, 0x3A)
-    secs = [struct.unpack_from("<IIQQQQIIQQ", elf, shoff + i * shentsize) for i in range(shnum)]
-    names = secs[shstrndx][4]
-
-    def name(off: int) -> str:
-        return elf[names + off: elf.index(b"\0", names + off)].decode()
-
-    return {name(s[0]): elf[s[4]: s[4] + s[5]] for s in secs if name(s[0]).startswith(".text.")}
-
-
 def test_split_compile_knob_options_key_and_machine_code(cache):
-    """QMOE_RTC_SPLIT_COMPILE: its options reach the key; 'ptxas' (the default) leaves every kernel's
-    machine code as 'off' has it (ptxas only compiles the kernels side by side); a value it cannot take is
-    refused by name."""
+    """QMOE_RTC_SPLIT_COMPILE: its options reach the key; 'all' is the default; 'ptxas' leaves every
+    kernel's machine code as 'off' has it (ptxas only compiles the kernels side by side); a value it cannot
+    take is refused by name."""
     from qmoe_rtc import knobs
     from qmoe_rtc.errors import KnobError
     from qmoe_rtc.jit import compiler
     from qmoe_rtc.jit.unit import unit_key
 
     unit = spec_unit(dequant_spec("bfloat16", 4, 128, "packed", "bfloat16"))
-    assert knobs.get("split_compile") == "ptxas"
+    assert knobs.get("split_compile") == "all"
     with knobs.scope(split_compile="off"):
         assert not {"-Xptxas", "--split-compile=0"} & set(compiler.base_options("sm_90"))
         plain = get_cubin(unit, "sm_90")
@@ -200,8 +186,8 @@ def test_split_compile_knob_options_key_and_machine_code(cache):
         assert unit_key(unit, "sm_90") != plain.key
         split = get_cubin(unit, "sm_90")
     assert split.key != plain.key
-    assert _text_sections(split.cubin) == _text_sections(plain.cubin) != {}
-    with knobs.scope(split_compile="all"):
-        assert "--split-compile=0" in compiler.base_options("sm_90")[6:]
+    assert text_sections(split.cubin) == text_sections(plain.cubin) != {}
+    assert compiler.base_options("sm_90")[4:7] == ("-Xptxas", "--split-compile=0", "--split-compile=0")
+    assert get_cubin(unit, "sm_90").key not in (plain.key, split.key)
     with knobs.scope(split_compile="yes"), pytest.raises(KnobError, match="QMOE_RTC_SPLIT_COMPILE"):
         compiler.base_options("sm_90")

@@ -1,5 +1,11 @@
 """Cold NVRTC compile time of every module a preset's layer loads (one process, a fresh cache, one
-module at a time; the first compile also pays NVRTC's start-up). No GPU needed:
+module at a time; the first compile also pays NVRTC's start-up). No GPU needed.
+
+Cold means below our cache too: NVRTC 13 keeps its own cache of compilations (``~/.nv/ComputeCache``,
+the driver's JIT cache), so a module compiled before on the machine, in any process and under any of our
+cache directories, comes back in ~0.1 s. This tool sets ``CUDA_CACHE_DISABLE=1`` before NVRTC loads
+(``--nvrtc-cache`` keeps it). Each line says where the module came from (``compiled``; ``disk``/``memory``
+would be our cache).
 
     python tools/compile_times.py --preset qwen3-30b-a3b --dtype bfloat16 --arch sm_90
 """
@@ -27,7 +33,11 @@ def main(argv=None) -> int:
     p.add_argument("--arch", default="sm_90")
     p.add_argument("--modules", default="",
                    help="comma-separated module name prefixes to time (route, wgmma_prefill, ...); default: every one")
+    p.add_argument("--nvrtc-cache", action="store_true",
+                   help="leave NVRTC's own cache on (a module compiled before on this machine returns in ~0.1 s)")
     a = p.parse_args(argv)
+    if not a.nvrtc_cache:
+        os.environ["CUDA_CACHE_DISABLE"] = "1"  # read by NVRTC when it loads, on the first compile below
     only = {m for m in a.modules.split(",") if m}
     cfg = PRESETS[a.preset].config(dtype=a.dtype)
     with tempfile.TemporaryDirectory() as d, knobs.scope(cache_dir=d):
@@ -36,7 +46,7 @@ def main(argv=None) -> int:
                 continue
             t0 = time.perf_counter()
             mod = get_cubin(spec_unit(spec), a.arch)
-            print(f"{mod.arch} {spec.name} compiled {1e3 * (time.perf_counter() - t0):.1f} ms ({len(mod.cubin)} B)",
+            print(f"{mod.arch} {spec.name} {mod.origin} {1e3 * (time.perf_counter() - t0):.1f} ms ({len(mod.cubin)} B)",
                   flush=True)
     return 0
 
