@@ -15,8 +15,11 @@ Two variants of the same GEMMs (knob ``prefill_wg_variant``, part of the module 
 
 Both have ``qmoe::wg_permute`` (the input's K chunks in the order the MMA's shared-memory operand needs,
 ``core/wg_order.cuh``), FC1 [+FC3] with the activation fused (sorted order, written in FC2's order), FC2
-+ bias by route id, and ``group_by_expert`` / ``combine_routes`` as in ``mma_prefill``. The route tile
-is chosen from the routes per expert of the call.
++ bias by route id, and ``group_by_expert`` / ``combine_routes`` as in ``mma_prefill``. The ``tiles`` FC2
+may run a tile as two blocks, each over half of K, adding into ``y`` (zeroed by ``wg_permute``), when
+whole tiles would leave the last round of SMs at most half busy (:meth:`WgmmaPrefillFamily.fc2_k_split`;
+the device decides per call, the same for every tile, so a route's sum does not depend on its tile).
+The route tile is chosen from the routes per expert of the call.
 
 It runs on sm_90a only (the executor compiles every module for sm_90a on Hopper); on other targets the
 module compiles to kernels that trap and :meth:`WgmmaPrefillFamily.supports` refuses the device.

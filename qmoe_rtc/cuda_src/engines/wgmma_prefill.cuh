@@ -9,6 +9,7 @@
 //                                 gathered by index inside the tile copy
 //   act_sorted  [R, Ip]     T     FC1 out in sorted order, in FC2's wgmma order (zeros past I)
 //   y           [R, H]      f32   FC2 out by route id, bias added (the combine applies the routing weight)
+//                                 (with FC2 split over K: zeroed by wg_permute, each half added in)
 //
 // The K order of xp and act_sorted: core/wg_order.cuh. The warp-specialised, persistent variant of
 // this engine: engines/wgmma_ws.cuh (same arguments, same layouts).
