@@ -3,9 +3,9 @@ module at a time; the first compile also pays NVRTC's start-up). No GPU needed.
 
 Cold means below our cache too: NVRTC 13 keeps its own cache of compilations (``~/.nv/ComputeCache``,
 the driver's JIT cache), so a module compiled before on the machine, in any process and under any of our
-cache directories, comes back in ~0.1 s. This tool sets ``CUDA_CACHE_DISABLE=1`` before NVRTC loads
-(``--nvrtc-cache`` keeps it). Each line says where the module came from (``compiled``; ``disk``/``memory``
-would be our cache).
+cache directories, comes back in ~0.1 s. This tool runs with ``CUDA_CACHE_DISABLE=1`` (it restarts
+itself with it set; ``--nvrtc-cache`` keeps NVRTC's cache). Each line says where the module came from
+(``compiled``; ``disk`` / ``memory`` would be our cache).
 
     python tools/compile_times.py --preset qwen3-30b-a3b --dtype bfloat16 --arch sm_90
 """
@@ -36,8 +36,10 @@ def main(argv=None) -> int:
     p.add_argument("--nvrtc-cache", action="store_true",
                    help="leave NVRTC's own cache on (a module compiled before on this machine returns in ~0.1 s)")
     a = p.parse_args(argv)
-    if not a.nvrtc_cache:
-        os.environ["CUDA_CACHE_DISABLE"] = "1"  # read by NVRTC when it loads, on the first compile below
+    if not a.nvrtc_cache and os.environ.get("CUDA_CACHE_DISABLE") != "1":
+        # in the environment from the process's start, as measured (session 23), however NVRTC reads it
+        os.environ["CUDA_CACHE_DISABLE"] = "1"
+        os.execv(sys.executable, [sys.executable, os.path.abspath(__file__), *(sys.argv[1:] if argv is None else argv)])
     only = {m for m in a.modules.split(",") if m}
     cfg = PRESETS[a.preset].config(dtype=a.dtype)
     with tempfile.TemporaryDirectory() as d, knobs.scope(cache_dir=d):
