@@ -161,13 +161,16 @@ def plan(configs, archs: Sequence[str], variants=("decode", "prefill")) -> list[
 
 
 def _build(spec, arch):
-    """Worker: fetch or compile one module, on disk when done. Returns (origin, ms, cubin bytes)."""
-    from .jit import store_cubin
+    """Worker: fetch or compile one module (its pieces side by side), on disk when done. Returns (origin:
+    'compiled' / 'stored' when any piece was, ms, cubin bytes)."""
+    from .jit import store_cubins
     from .kernels import spec_unit
 
     t0 = time.perf_counter()
-    mod = store_cubin(spec_unit(spec), arch)
-    return mod.origin, (time.perf_counter() - t0) * 1e3, len(mod.cubin)
+    mods = store_cubins(spec_unit(spec), arch)
+    origins = {m.origin for m in mods}
+    origin = next((o for o in ("compiled", "stored") if o in origins), mods[0].origin)
+    return origin, (time.perf_counter() - t0) * 1e3, sum(len(m.cubin) for m in mods)
 
 
 def _die_with_parent(parent: int) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import os
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import TypeVar
 
 A = TypeVar("A")
@@ -27,17 +28,26 @@ def in_threads(fn: Callable[[A], R], items: Iterable[A]) -> list[R]:
 _COMPILED: dict = {}
 
 
-def compile_specs(pairs: Iterable[tuple]) -> list:
-    """The compiled modules of ``(spec, arch)`` pairs (the kernel cache's get_cubin), side by side; a unit
+@dataclass(frozen=True)
+class Built:
+    """A module as the executor loads it: its pieces' cubins (one per part) and every kernel's lowered name."""
+
+    cubins: tuple[bytes, ...]
+    lowered: dict
+
+
+def compile_specs(pairs: Iterable[tuple]) -> list[Built]:
+    """The compiled modules of ``(spec, arch)`` pairs (the kernel cache's get_cubins), side by side; a unit
     this session compiled before through here is taken from :data:`_COMPILED`."""
-    from qmoe_rtc.jit import get_cubin, unit_key
+    from qmoe_rtc.jit import get_cubins, unit_key
     from qmoe_rtc.kernels import spec_unit
 
     def one(pair):
         unit = spec_unit(pair[0])
         key = unit_key(unit, pair[1])
         if key not in _COMPILED:
-            _COMPILED[key] = get_cubin(unit, pair[1])
+            mods = get_cubins(unit, pair[1])
+            _COMPILED[key] = Built(tuple(m.cubin for m in mods), {k: v for m in mods for k, v in m.lowered.items()})
         return _COMPILED[key]
 
     return in_threads(one, pairs)

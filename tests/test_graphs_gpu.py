@@ -175,7 +175,7 @@ def test_changing_a_tuning_knob_in_process_loads_the_matching_module(rng):
         step = next(s for s in moe.plan(4, "float16").steps if s.family == "mma_decode")
         module = load_module(get_family("mma_decode").unit(step.spec), moe.device_id)  # memoised: the one in use
         assert step.kernel is module[step.kernel.key]
-        assert f"-DQMOE_MMA_STAGES={stages}" in module.compiled.options
+        assert all(f"-DQMOE_MMA_STAGES={stages}" in part.options for part in module.parts)
         keys.append(step.launch.shared_mem)
         assert rel_err(cp.asnumpy(out), want) <= TOL["float16"], stages
     assert len(set(keys)) == 3  # each plan's shared memory follows its own module's ring depth

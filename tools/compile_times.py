@@ -1,5 +1,6 @@
 """Cold NVRTC compile time of every module a preset's layer loads (one process, a fresh cache, one
-module at a time; the first compile also pays NVRTC's start-up). No GPU needed.
+module at a time, a module's parts side by side as the executor builds them; the first compile also pays
+NVRTC's start-up). No GPU needed.
 
 Cold means below our cache too: NVRTC 13 keeps its own cache of compilations (``~/.nv/ComputeCache``,
 the driver's JIT cache), so a module compiled before on the machine, in any process and under any of our
@@ -23,7 +24,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.p
 
 def main(argv=None) -> int:
     from qmoe_rtc import knobs
-    from qmoe_rtc.jit import get_cubin
+    from qmoe_rtc.jit import get_cubins
     from qmoe_rtc.kernels import modules_for, spec_unit
     from qmoe_rtc.presets import PRESETS
 
@@ -47,9 +48,13 @@ def main(argv=None) -> int:
             if only and not any(spec.name.startswith(m) for m in only):
                 continue
             t0 = time.perf_counter()
-            mod = get_cubin(spec_unit(spec), a.arch)
-            print(f"{mod.arch} {spec.name} {mod.origin} {1e3 * (time.perf_counter() - t0):.1f} ms ({len(mod.cubin)} B)",
-                  flush=True)
+            mods = get_cubins(spec_unit(spec), a.arch)
+            ms = 1e3 * (time.perf_counter() - t0)
+            origin = "/".join(sorted({m.origin for m in mods}))
+            print(f"{mods[0].arch} {spec.name} {origin} {ms:.1f} ms ({sum(len(m.cubin) for m in mods)} B"
+                  f"{f', {len(mods)} parts' if len(mods) > 1 else ''})", flush=True)
+            if len(mods) > 1:
+                print("    parts: " + ", ".join(f"{m.name.rsplit('.', 1)[-1]} {m.ms:.0f} ms" for m in mods), flush=True)
     return 0
 
 

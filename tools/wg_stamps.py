@@ -27,14 +27,14 @@ def read_stamps(cp):
     drv = driver.bindings()
     out = {}
     for lm in list(cache._loaded.values()):
-        if not lm.compiled.name.startswith("wgmma_prefill"):
+        if not lm.name.startswith("wgmma_prefill") or len(lm.modules) != 1:  # the stamped build is one program
             continue
-        err, ptr, size = drv.cuModuleGetGlobal(lm.module, b"qmoe_wg_stamps")
+        err, ptr, size = drv.cuModuleGetGlobal(lm.modules[0], b"qmoe_wg_stamps")
         if int(err) != 0:
             continue
         host = np.empty(int(size) // 8, np.int64)
         cp.cuda.runtime.memcpy(host.ctypes.data, int(ptr), int(size), cp.cuda.runtime.memcpyDeviceToHost)
-        out[lm.compiled.name] = (host.reshape(2, -1, 8), int(ptr), int(size))
+        out[lm.name] = (host.reshape(2, -1, 8), int(ptr), int(size))
     return out
 
 

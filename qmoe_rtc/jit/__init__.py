@@ -1,15 +1,27 @@
 """Compile/cache machinery: compile units in, cubins and loaded modules out. It knows no kernel family
 and no layout (a test checks that nothing here imports ``qmoe_rtc.kernels`` or ``qmoe_rtc.specialize``).
 
-    unit = CompileUnit(name, source, kernels, defines)   # built by a kernel family
+    unit = CompileUnit(name, source, kernels, defines, parts=())  # built by a kernel family
     get_cubin(unit, arch=None) -> CompiledModule          # no GPU needed with an explicit arch
-    store_cubin(unit, arch) -> CompiledModule             # the same, and the entry on disk (the warm tool)
+    get_cubins(unit, arch=None) -> (CompiledModule, ...)  # one per piece of a unit with parts, side by side
+    store_cubin(s)(unit, arch)                            # the same, and the entries on disk (the warm tool)
     load_module(unit, device=None) -> LoadedModule        # needs a GPU; memoised per (device, unit key)
     module[key](grid, block, args, shared_mem=0, stream=None)
 """
 
 from .args import CTYPES, KernelDef, Launch, ParamBlock, Ptr, Scalar, Struct
-from .cache import LoadedModule, check_stored, clear_memory, disk_entry_dir, entry_stem, get_cubin, load_module, store_cubin
+from .cache import (
+    LoadedModule,
+    check_stored,
+    clear_memory,
+    disk_entry_dir,
+    entry_stem,
+    get_cubin,
+    get_cubins,
+    load_module,
+    store_cubin,
+    store_cubins,
+)
 from .compiler import SUPPORTED_ARCHS, CompiledModule, check_arch, default_arch, nvrtc_version
 from .launch import Kernel
 from .unit import SCHEMA_VERSION, CompileUnit, unit_key
@@ -35,8 +47,10 @@ __all__ = [
     "disk_entry_dir",
     "entry_stem",
     "get_cubin",
+    "get_cubins",
     "load_module",
     "nvrtc_version",
     "store_cubin",
+    "store_cubins",
     "unit_key",
 ]

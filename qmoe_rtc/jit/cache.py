@@ -6,25 +6,30 @@ A miss in memory reads the disk entry; a miss there (or a damaged entry: logged,
 rebuilt) takes the entry's lock, looks again (another process may have built it meanwhile), and
 only then compiles and stores it. A location that cannot store or cannot be trusted degrades to
 memory with one WARNING (see :mod:`qmoe_rtc.jit.store` for the rules).
+
+A unit with parts (:meth:`CompileUnit.pieces`) is cached piece by piece, its pieces compiled side by side
+in threads (NVRTC releases the GIL) and loaded as one :class:`LoadedModule`: the ``*_cubins`` calls.
 """
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import logging
+import os
 import threading
 import time
 from dataclasses import replace
 from pathlib import Path
 
 from .. import knobs
-from ..errors import CacheCorruptError, CacheLocationError, CacheMissError, DeviceError
+from ..errors import CacheCorruptError, CacheLocationError, CacheMissError, CompileError, DeviceError
 from . import compiler, driver, store
 from .compiler import CompiledModule
 from .launch import Kernel
 from .unit import SCHEMA_VERSION, CompileUnit, unit_key
 
-__all__ = ["LoadedModule", "check_stored", "clear_memory", "disk_entry_dir", "entry_stem", "get_cubin", "load_module",
-           "store_cubin"]
+__all__ = ["LoadedModule", "check_stored", "clear_memory", "disk_entry_dir", "entry_stem", "get_cubin", "get_cubins",
+           "load_module", "store_cubin", "store_cubins"]
 
 log = logging.getLogger("qmoe_rtc")
 
@@ -114,6 +119,7 @@ def get_cubin(unit: CompileUnit, arch: str | None = None) -> CompiledModule:
     needed with an explicit arch. ``origin`` of the result: 'memory', 'disk' (also when another
     process built it while this one waited) or 'compiled'.
     """
+    _one_piece(unit, "get_cubins")
     arch = compiler.check_arch(arch) if arch is not None else compiler.default_arch()
     t0 = time.perf_counter()
     key = unit_key(unit, arch)
@@ -147,11 +153,38 @@ def get_cubin(unit: CompileUnit, arch: str | None = None) -> CompiledModule:
     return mod
 
 
+def _one_piece(unit: CompileUnit, instead: str) -> None:
+    if len(unit.pieces()) > 1:
+        raise CompileError(unit.name, f"this module is built in {len(unit.parts)} parts, one cubin each: {instead}(unit) "
+                                      "gives them all (or take unit.pieces() one by one)")
+
+
+def _side_by_side(fn, items: tuple) -> tuple:
+    """``tuple(fn(item) for item in items)``, computed in threads (one per CPU at most) when there are several."""
+    if len(items) < 2:
+        return tuple(fn(item) for item in items)
+    with cf.ThreadPoolExecutor(max_workers=min(len(items), os.cpu_count() or 1), thread_name_prefix="qmoe_rtc-nvrtc") as pool:
+        return tuple(pool.map(fn, items))
+
+
+def get_cubins(unit: CompileUnit, arch: str | None = None) -> tuple[CompiledModule, ...]:
+    """:func:`get_cubin` of each of ``unit``'s pieces (one for a unit without parts), side by side."""
+    arch = compiler.check_arch(arch) if arch is not None else compiler.default_arch()
+    return _side_by_side(lambda piece: get_cubin(piece, arch), unit.pieces())
+
+
+def store_cubins(unit: CompileUnit, arch: str) -> tuple[CompiledModule, ...]:
+    """:func:`store_cubin` of each of ``unit``'s pieces (one for a unit without parts), side by side."""
+    arch = compiler.check_arch(arch)
+    return _side_by_side(lambda piece: store_cubin(piece, arch), unit.pieces())
+
+
 def store_cubin(unit: CompileUnit, arch: str) -> CompiledModule:
     """:func:`get_cubin`, with the entry on disk whichever tier answered: a module this process holds in
     memory (compiled under another cache directory, or while the disk cache was off) is written to the
     current one too, so a warm run inside a process that already built it still stores it. ``origin``
-    'stored' when this call wrote the memory copy."""
+    'stored' when this call wrote the memory copy. One piece: :func:`store_cubins` takes a unit with parts."""
+    _one_piece(unit, "store_cubins")
     arch = compiler.check_arch(arch)
     mod = get_cubin(unit, arch)
     if mod.origin != "memory" or knobs.get("no_disk_cache"):
@@ -169,27 +202,32 @@ def store_cubin(unit: CompileUnit, arch: str) -> CompiledModule:
 def check_stored(unit: CompileUnit, arch: str) -> None:
     """Raise unless ``unit``'s entry for ``arch`` is on disk, trusted and intact -- what a later
     process will load (the warm tool's final check): :class:`CacheMissError` (absent),
-    :class:`CacheCorruptError` (damaged), :class:`CacheLocationError` (location unusable or untrusted)."""
+    :class:`CacheCorruptError` (damaged), :class:`CacheLocationError` (location unusable or untrusted).
+    A unit with parts: every piece."""
     arch = compiler.check_arch(arch)
-    key = unit_key(unit, arch)
     d = store.location(arch, write=False, strict=True)
     if d is None:
         raise CacheMissError(f"{unit.name} ({arch}): no cache directory {disk_entry_dir(arch)}")
-    try:
-        got = store.read_entry(d, entry_stem(unit.name, key), key, _kernel_keys(unit))
-    except store.UntrustedError as exc:
-        raise CacheLocationError(str(exc)) from None
-    if got is None:
-        raise CacheMissError(f"{unit.name} ({arch}): not on disk ({d / entry_stem(unit.name, key)}.json)")
+    for piece in unit.pieces():
+        key = unit_key(piece, arch)
+        try:
+            got = store.read_entry(d, entry_stem(piece.name, key), key, _kernel_keys(piece))
+        except store.UntrustedError as exc:
+            raise CacheLocationError(str(exc)) from None
+        if got is None:
+            raise CacheMissError(f"{piece.name} ({arch}): not on disk ({d / entry_stem(piece.name, key)}.json)")
 
 
 class LoadedModule:
-    """A cubin loaded on one device, with its kernels as :class:`~qmoe_rtc.jit.launch.Kernel`."""
+    """A unit loaded on one device: its kernels as :class:`~qmoe_rtc.jit.launch.Kernel`, from one cubin per
+    piece (``parts``: the compiled pieces; ``modules``: their CUmodules, kept alive here)."""
 
-    def __init__(self, unit: CompileUnit, compiled: CompiledModule, module, device_id: int, kernels: dict):
+    def __init__(self, unit: CompileUnit, parts: tuple[CompiledModule, ...], modules: tuple, device_id: int,
+                 kernels: dict):
         self.unit = unit
-        self.compiled = compiled
-        self.module = module  # keep the CUmodule alive
+        self.name = unit.name
+        self.parts = parts
+        self.modules = modules
         self.device_id = device_id
         self.kernels = kernels
 
@@ -197,10 +235,10 @@ class LoadedModule:
         try:
             return self.kernels[key]
         except KeyError:
-            raise KeyError(f"module {self.compiled.name} has no kernel {key!r} (has {sorted(self.kernels)})") from None
+            raise KeyError(f"module {self.name} has no kernel {key!r} (has {sorted(self.kernels)})") from None
 
     def __repr__(self) -> str:
-        return f"LoadedModule({self.compiled.name}, device={self.device_id}, kernels={sorted(self.kernels)})"
+        return f"LoadedModule({self.name}, device={self.device_id}, parts={len(self.parts)}, kernels={sorted(self.kernels)})"
 
 
 def _current_device() -> int:
@@ -213,8 +251,8 @@ def _current_device() -> int:
 
 
 def load_module(unit: CompileUnit, device: int | None = None) -> LoadedModule:
-    """Compile (or fetch) ``unit`` for the device's arch and load it there (needs a GPU).
-    Memoised per (device, unit key): a unit that differs in anything is another module."""
+    """Compile (or fetch) ``unit`` for the device's arch and load it there (needs a GPU); a unit with parts,
+    its pieces side by side. Memoised per (device, unit key): a unit that differs in anything is another module."""
     device_id = int(device) if device is not None else _current_device()
     arch = compiler.default_arch(device_id)
     key = unit_key(unit, arch)
@@ -222,16 +260,19 @@ def load_module(unit: CompileUnit, device: int | None = None) -> LoadedModule:
         lm = _loaded.get((device_id, key))
     if lm is not None:
         return lm
-    compiled = get_cubin(unit, arch)
-    try:
-        module = driver.load_cubin(compiled.cubin, device_id)
-        kernels = {k.key: Kernel(k, driver.get_function(module, compiled.lowered[k.key]), device_id, compiled.name)
-                   for k in unit.kernels}
-    except DeviceError:
-        raise
-    except Exception as exc:
-        raise DeviceError(f"loading {compiled.name} ({arch}) on device {device_id} failed: {exc}") from exc
-    lm = LoadedModule(unit, compiled, module, device_id, kernels)
+    parts = get_cubins(unit, arch)
+    modules, kernels = [], {}
+    for piece, compiled in zip(unit.pieces(), parts):
+        try:
+            module = driver.load_cubin(compiled.cubin, device_id)
+            modules.append(module)
+            kernels.update({k.key: Kernel(k, driver.get_function(module, compiled.lowered[k.key]), device_id,
+                                          compiled.name) for k in piece.kernels})
+        except DeviceError:
+            raise
+        except Exception as exc:
+            raise DeviceError(f"loading {compiled.name} ({arch}) on device {device_id} failed: {exc}") from exc
+    lm = LoadedModule(unit, parts, tuple(modules), device_id, kernels)
     with _lock:
         return _loaded.setdefault((device_id, key), lm)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import astuple, dataclass
+from dataclasses import astuple, dataclass, replace
 
 from ..errors import CompileError
 from . import compiler
@@ -29,7 +29,8 @@ class CompileUnit:
     ``kernels``: its entries (name expressions + argument specs); ``defines``: extra NVRTC options
     (``-D...`` only: an include path would hide files from the key); ``meta``: ``(name, value)``
     pairs written into the disk entry's JSON for people (the key does not need them: the source
-    and defines already say everything).
+    and defines already say everything); ``parts``: the kernel keys of each NVRTC program when the
+    module is built as several (empty: one program), see :meth:`pieces`.
     """
 
     name: str
@@ -37,12 +38,32 @@ class CompileUnit:
     kernels: tuple[KernelDef, ...]
     defines: tuple[str, ...] = ()
     meta: tuple = ()
+    parts: tuple[tuple[str, ...], ...] = ()
 
     def __post_init__(self) -> None:
         for d in self.defines:
             if not d.startswith("-D"):
                 raise CompileError(self.name, f"unit option {d!r}: only -D defines are allowed (anything else could "
                                               "change the code without changing the key)", self.defines)
+        if self.parts:
+            keys = [k.key for k in self.kernels]
+            listed = [key for part in self.parts for key in part]
+            if any(not part for part in self.parts) or sorted(listed) != sorted(keys):
+                raise CompileError(self.name, f"parts {self.parts!r} must name each of the kernels {keys} exactly "
+                                              "once, in non-empty parts", self.defines)
+
+    def pieces(self) -> tuple[CompileUnit, ...]:
+        """The units NVRTC compiles: this one, or one per part (``<name>.p<i>``: the same source and
+        defines, the part's kernels). NVRTC instantiates only the kernels a program names, so each piece
+        holds its part's kernels, each with the machine code it has in the whole module (only the
+        kernels' grouping into cubins differs); the cache keeps a piece like any unit, and the pieces
+        compile side by side (:func:`qmoe_rtc.jit.get_cubins`) and load as one module."""
+        if len(self.parts) < 2:
+            return (self,)
+        n = len(self.parts)
+        return tuple(replace(self, name=f"{self.name}.p{i}", kernels=tuple(self.kernel(key) for key in part),
+                             meta=(*self.meta, ("part", f"{i + 1}/{n}")), parts=())
+                     for i, part in enumerate(self.parts))
 
     def name_exprs(self) -> dict[str, str]:
         return {k.key: k.name_expr for k in self.kernels}
@@ -64,8 +85,8 @@ def _field(h, label: str, value: str) -> None:
 def unit_key(unit: CompileUnit, arch: str) -> str:
     """sha256 over labeled, length-prefixed fields: schema, the unit (name, source, name expressions,
     argument specs), every file under cuda_src, the CUDA headers used, the NVRTC version, the exact
-    options (knob-driven ones included; include paths as labels) and the arch (as compiled: an alias
-    such as 'sm_90' keys like the target it names)."""
+    options (knob-driven ones included; include paths as labels), the arch (as compiled: an alias
+    such as 'sm_90' keys like the target it names) and the parts, when there are some."""
     arch = compiler.check_arch(arch)
     h = hashlib.sha256()
     _field(h, "schema", str(SCHEMA_VERSION))
@@ -78,4 +99,6 @@ def unit_key(unit: CompileUnit, arch: str) -> str:
     _field(h, "nvrtc", "{}.{}".format(*compiler.nvrtc_version()))
     _field(h, "options", "\0".join(compiler.key_options(compiler.base_options(arch, unit.defines))))
     _field(h, "arch", arch)
+    if unit.parts:  # a unit built as one program keeps the key it had before parts existed
+        _field(h, "parts", json.dumps(unit.parts, separators=(",", ":")))
     return h.hexdigest()

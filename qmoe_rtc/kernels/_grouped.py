@@ -20,7 +20,7 @@ GROUP = 8  # route tiles launched side by side for each weight tile (L2 reuse; p
 def group_and_combine(spec: ModuleSpec) -> tuple[KernelDef, ...]:
     """group_by_expert (routing/group.cuh) and combine_routes (epilogue/combine.cuh) for the spec's dtype."""
     return (
-        KernelDef("group", "qmoe::group_by_expert",
+        KernelDef("group", "qmoe::group_by_expert<>",
                   (Ptr("topk_ids", "int32"), Scalar("R", "int32"), Scalar("E", "int32"), Scalar("BR", "int32"),
                    Ptr("offsets", "int32"), Ptr("tile_offsets", "int32"), Ptr("sorted", "int32"))),
         KernelDef("combine", f"qmoe::combine_routes<{CPP_TYPES[spec['dtype']]}>",

@@ -97,7 +97,8 @@ class KernelFamily:
     To implement: :meth:`specs` (or :meth:`spec`), :meth:`kernels`; for pipeline steps
     :meth:`kernel_for`, :meth:`launch`, :meth:`scratch`, :meth:`supports`. Optional: :meth:`defines`
     (-D options), :meth:`source` (the generated unit, default: include the header; NVRTC
-    instantiates the templates named by the name expressions).
+    instantiates the templates named by the name expressions), :attr:`solo` / :meth:`parts` (the
+    module as several NVRTC programs compiled side by side).
     """
 
     name: ClassVar[str] = ""
@@ -106,6 +107,9 @@ class KernelFamily:
     #: True when whether this family runs depends on the call or the device (supports() / slower()
     #: look at the problem): the warm tool then also compiles the pipelines after it.
     conditional: ClassVar[bool] = False
+    #: Key prefixes of the kernels NVRTC compiles as programs of their own (the rest share one), side by
+    #: side: a module's compile then takes about as long as its largest kernel (:meth:`parts`).
+    solo: ClassVar[tuple[str, ...]] = ()
 
     # -- which modules ---------------------------------------------------------------------
     def spec(self, config: ModelConfig) -> ModuleSpec:
@@ -142,10 +146,21 @@ class KernelFamily:
         lines += [f"//   {k.key}: {k.name_expr}" for k in self.kernels(spec)]
         return "\n".join(lines) + "\n"
 
+    def parts(self, spec: ModuleSpec) -> tuple[tuple[str, ...], ...]:
+        """The kernel keys of each NVRTC program the module is built from (:attr:`solo`: each such kernel
+        alone, then the others together; () when that makes one program). Each kernel's machine code is
+        the same however the module is split."""
+        keys = [k.key for k in self.kernels(spec)]
+        alone = [(key,) for key in keys if key.startswith(self.solo)] if self.solo else []
+        rest = tuple(key for key in keys if not key.startswith(self.solo)) if self.solo else tuple(keys)
+        parts = tuple(alone) + ((rest,) if rest else ())
+        return parts if len(parts) > 1 else ()
+
     def unit(self, spec: ModuleSpec) -> CompileUnit:
         """The compile unit of ``spec``: everything that shapes its code is in its source or defines."""
         return CompileUnit(name=spec.name, source=self.source(spec), kernels=self.kernels(spec),
-                           defines=tuple(self.defines(spec)), meta=(("family", self.name), *spec.params))
+                           defines=tuple(self.defines(spec)), meta=(("family", self.name), *spec.params),
+                           parts=self.parts(spec))
 
     # -- pipeline steps --------------------------------------------------------------------
     def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem) -> str:

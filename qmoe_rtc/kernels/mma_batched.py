@@ -119,6 +119,7 @@ def max_routes_per_expert(problem: Problem, tiles: int = 1) -> int:
 @register
 class MmaBatchedFamily(KernelFamily):
     name = "mma_batched"
+    solo = ("fc1_", "fc2_")  # each GEMM kernel its own NVRTC program (compile time: docs/runtime-compilation.md)
     header = "engines/mma_batched.cuh"
     depends_on = (*EXPERT_FIELDS, "tiled")
     conditional = True  # only up to MAX_ROUTES_PER_EXPERT routes per expert

@@ -117,6 +117,7 @@ def k_split(tiles: int, experts: int, K: int, br: int = 8, per_sm: int | None = 
 @register
 class MmaDecodeFamily(KernelFamily):
     name = "mma_decode"
+    solo = ("fc1_", "fc2_")  # each GEMM kernel its own NVRTC program (compile time: docs/runtime-compilation.md)
     header = "engines/mma_decode.cuh"
     depends_on = (*EXPERT_FIELDS, "tiled")
 

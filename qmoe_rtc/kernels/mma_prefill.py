@@ -71,6 +71,7 @@ def stage_bytes(bits: int, scale_bytes: int, block_size: int, zp_packed: bool, b
 @register
 class MmaPrefillFamily(KernelFamily):
     name = "mma_prefill"
+    solo = ("fc1_", "fc2_")  # each GEMM kernel its own NVRTC program (compile time: docs/runtime-compilation.md)
     header = "engines/mma_prefill.cuh"
     depends_on = (*EXPERT_FIELDS, "tiled")
 

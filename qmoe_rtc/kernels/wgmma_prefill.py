@@ -196,6 +196,7 @@ def tile_routes(routes: int, E: int, groups: int = GROUPS, have: tuple[int, ...]
 @register
 class WgmmaPrefillFamily(KernelFamily):
     name = "wgmma_prefill"
+    solo = ("fc1_", "fc2_")  # each GEMM kernel its own NVRTC program (compile time: docs/runtime-compilation.md)
     header = "engines/wgmma_prefill.cuh"
     depends_on = (*EXPERT_FIELDS, "tiled")
     conditional = True  # sm_90a only, and only from min_routes_per_expert() routes per expert
@@ -224,6 +225,11 @@ class WgmmaPrefillFamily(KernelFamily):
         return (f"-DQMOE_WG_GROUPS={spec['groups']}", f"-DQMOE_WG_STAGES={spec['stages']}",
                 f"-DQMOE_WG_INFLIGHT={spec['inflight']}", *(("-DQMOE_WG_STAMPS=1",) if spec.get("stamps") else ()),
                 *tiled_define(spec))
+
+    def parts(self, spec: ModuleSpec) -> tuple[tuple[str, ...], ...]:
+        """As :attr:`solo` says, except the stamped build (QMOE_RTC_PREFILL_WG_STAMPS): one program, so its one
+        stamps table holds both GEMMs' (tools/wg_stamps.py reads it)."""
+        return () if spec.get("stamps") else super().parts(spec)
 
     def source(self, spec: ModuleSpec) -> str:
         """The unit includes the variant's template (``header`` names the default one)."""

@@ -17,6 +17,9 @@ namespace qmoe {
 inline constexpr int kGroupThreads = 1024;
 inline constexpr int kGroupMaxExperts = kGroupThreads - 1;  // the scan gives each expert one thread, and one more
 
+// A template (of nothing) so that only a program naming it compiles it: a module built in parts
+// (CompileUnit.parts) names it in one of them, and the others leave it out.
+template <typename = void>
 __global__ void __launch_bounds__(kGroupThreads)
 group_by_expert(const i32* __restrict__ topk_ids, i32 R, i32 E, i32 BR, i32* __restrict__ offsets,
                 i32* __restrict__ tile_offsets, i32* __restrict__ sorted) {

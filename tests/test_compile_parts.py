@@ -1,0 +1,136 @@
+"""Compile-only (NVRTC, no GPU): modules built as several NVRTC programs (CompileUnit.parts), compiled side
+by side and cached piece by piece -- what keeps a tensor-core module's cold compile near its largest
+kernel's (docs/runtime-compilation.md). The GPU side (the pieces loaded as one module) runs in every GPU
+suite: each tensor-core module the executor loads has parts."""
+
+from __future__ import annotations
+
+import pytest
+from cubin_sections import text_sections
+
+from qmoe_rtc import knobs
+from qmoe_rtc.errors import CacheMissError, CompileError
+from qmoe_rtc.jit import CompileUnit, KernelDef, Ptr, check_stored, compiler, disk_entry_dir, get_cubin, get_cubins, store_cubins
+from qmoe_rtc.jit.unit import unit_key
+from qmoe_rtc.kernels import get_family, spec_unit
+from qmoe_rtc.specialize import Layout, ModelConfig
+
+SMALL = ModelConfig(hidden=256, inter=128, experts=8, k=2,
+                    layout=Layout(dtype="bfloat16", fc1_bits=4, fc2_bits=4, block_size=128, activation="swiglu",
+                                  swiglu_fusion=2, tiled=True))
+
+SOURCE = """
+template <int N> __global__ void fill(float* out) { out[threadIdx.x] = N; }
+"""
+
+
+def _toy(parts=()):
+    kernels = tuple(KernelDef(f"k{n}", f"fill<{n}>", (Ptr("out", "float32"),)) for n in (1, 2, 3))
+    return CompileUnit(name="toy", source=SOURCE, kernels=kernels, parts=parts)
+
+
+def test_parts_must_name_every_kernel_once():
+    for bad in ((("k1",), ("k2",)), (("k1", "k2"), ("k2", "k3")), (("k1", "k2", "k3"), ()), (("k1", "k2", "k3", "k4"),)):
+        with pytest.raises(CompileError, match="exactly once"):
+            _toy(bad)
+
+
+def test_pieces_names_kernels_and_keys():
+    whole, parted = _toy(), _toy((("k2",), ("k1", "k3")))
+    assert whole.pieces() == (whole,) and _toy((("k1", "k2", "k3"),)).pieces() == (_toy((("k1", "k2", "k3"),)),)
+    a, b = parted.pieces()
+    assert (a.name, b.name) == ("toy.p0", "toy.p1")
+    assert [k.key for k in a.kernels] == ["k2"] and [k.key for k in b.kernels] == ["k1", "k3"]
+    assert a.source == b.source == whole.source and a.parts == b.parts == ()
+    assert dict(a.meta)["part"] == "1/2" and dict(b.meta)["part"] == "2/2"
+    keys = {unit_key(u, "sm_90") for u in (whole, parted, a, b, _toy((("k1",), ("k2", "k3"))))}
+    assert len(keys) == 5  # the parts are in the key; a unit without them keys as before they existed
+
+
+def test_one_piece_calls_refuse_a_unit_with_parts(cache):
+    from qmoe_rtc.jit import store_cubin
+
+    parted = _toy((("k2",), ("k1", "k3")))
+    for call, instead in ((get_cubin, "get_cubins"), (store_cubin, "store_cubins")):
+        with pytest.raises(CompileError, match=instead):
+            call(parted, "sm_90")
+    assert not any(cache.rglob("*.cubin"))  # refused before any compile
+
+
+def test_pieces_are_cached_one_by_one_and_checked_together(cache):
+    parted = _toy((("k2",), ("k1", "k3")))
+    mods = store_cubins(parted, "sm_90")
+    assert [m.origin for m in mods] == ["compiled", "compiled"]
+    assert [sorted(m.lowered) for m in mods] == [["k2"], ["k1", "k3"]]
+    check_stored(parted, "sm_90")
+    assert [m.origin for m in get_cubins(parted, "sm_90")] == ["memory", "memory"]
+    # one piece's entry gone: the module is not stored
+    (json,) = disk_entry_dir("sm_90").glob("toy.p1-*.json")
+    json.unlink()
+    with pytest.raises(CacheMissError, match="toy.p1"):
+        check_stored(parted, "sm_90")
+
+
+def test_a_unit_with_parts_loads_as_one_module(cache, monkeypatch):
+    """load_module: one cubin per piece, every kernel found in its own piece's module (CPU: the driver is faked)."""
+    from qmoe_rtc.jit import cache as jit_cache
+    from qmoe_rtc.jit import load_module
+
+    loaded = []
+    monkeypatch.setattr(compiler, "default_arch", lambda device=None: "sm_90a")
+    monkeypatch.setattr(jit_cache.driver, "load_cubin", lambda cubin, dev: loaded.append(cubin) or len(loaded))
+    monkeypatch.setattr(jit_cache.driver, "get_function", lambda module, name: (module, name))
+    lm = load_module(_toy((("k2",), ("k1", "k3"))), 0)
+    assert len(lm.parts) == len(lm.modules) == len(loaded) == 2 and lm.name == "toy"
+    assert {key: kern.function[0] for key, kern in lm.kernels.items()} == {"k2": 1, "k1": 2, "k3": 2}
+    assert lm["k3"].function[1] == lm.parts[1].lowered["k3"]
+    assert load_module(_toy((("k2",), ("k1", "k3"))), 0) is lm and len(loaded) == 2
+
+
+@pytest.mark.parametrize("family", ["mma_decode", "mma_batched", "mma_prefill", "wgmma_prefill"])
+def test_tensor_core_families_compile_each_gemm_alone(family):
+    fam = get_family(family)
+    spec = fam.spec(SMALL)
+    keys = [k.key for k in fam.kernels(spec)]
+    parts = spec_unit(spec).parts
+    gemms = [k for k in keys if k.startswith(("fc1_", "fc2_"))]
+    assert len(gemms) >= 2 and [p for p in parts if p[0] in gemms] == [(k,) for k in gemms]
+    assert sorted(k for p in parts for k in p) == sorted(keys)
+
+
+def test_the_stamped_wgmma_build_is_one_program():
+    with knobs.scope(prefill_wg_stamps=True):
+        spec = get_family("wgmma_prefill").spec(SMALL)
+    assert spec_unit(spec).parts == () and len(spec_unit(spec).pieces()) == 1
+
+
+def test_each_kernel_has_the_machine_code_of_the_whole_module(cache):
+    """The wgmma module (the largest) as its pieces and as one program: the same kernels, each with the same
+    machine code without NVVM's split (NVRTC instantiates only the kernels a program names; ptxas compiles
+    each kernel alone). Under the default split ('all'), NVVM's partitions of a whole module change FC2's
+    code; a GEMM alone in its program gets the code of the unsplit compile again."""
+    unit = spec_unit(get_family("wgmma_prefill").spec(SMALL))
+    assert len(unit.pieces()) >= 3
+    solo = [p[0] for p in unit.parts if len(p) == 1]
+
+    def compiled(mode, pieces):
+        with knobs.scope(split_compile=mode):
+            opts = compiler.base_options("sm_90", unit.defines)
+        out = {}
+        for piece in pieces:
+            cubin = compiler.compile_unit(piece.name, piece.source, piece.name_exprs(), "sm_90", opts)[0]
+            sections = text_sections(cubin)
+            assert len(sections) == len(piece.kernels)  # only its part's kernels
+            out.update(sections)
+        return out
+
+    whole = compiled("off", (unit,))
+    assert compiled("off", unit.pieces()) == whole and len(whole) == len(unit.kernels)
+    lowered, default = {}, {}
+    for mod in get_cubins(unit, "sm_90"):  # the default knobs, as the executor loads them
+        assert mod.cubin[:4] == b"\x7fELF"
+        lowered.update(mod.lowered)
+        default.update(text_sections(mod.cubin))
+    assert set(default) == set(whole)
+    for key in solo:
+        assert default[f".text.{lowered[key]}"] == whole[f".text.{lowered[key]}"], key
