@@ -111,6 +111,10 @@ KNOBS: dict[str, Knob] = {
              "'off': one thread. Cold, on the 16-core H200 host, an engine module took 0.9-1.7 s 'all', "
              "1.2-2.8 s 'ptxas', 1.5-4.1 s 'off'; 'all' changes some kernels' code, measured the same speed "
              "(docs/performance-log.md, session 23). In the options, hence the key."),
+        Knob("compile_parts", "QMOE_RTC_COMPILE_PARTS", "bool", True, True,
+             "Build each tensor-core module as several NVRTC programs, one per GEMM kernel and one for the rest, "
+             "compiled side by side and loaded as one module (default 1): a cold module then takes about as long as "
+             "its largest kernel. 0: one program a module. In the unit's parts, hence the key."),
         Knob("eager_graphs", "QMOE_RTC_EAGER_GRAPHS", "bool", True, False,
              "Launch an eager call's kernels as one CUDA graph (one driver launch per call instead of one per "
              "kernel; read when a layer is built). 0: plain launches."),

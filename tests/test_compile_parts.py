@@ -98,6 +98,15 @@ def test_tensor_core_families_compile_each_gemm_alone(family):
     assert sorted(k for p in parts for k in p) == sorted(keys)
 
 
+def test_the_knob_builds_every_module_as_one_program():
+    fam = get_family("wgmma_prefill")
+    parted = spec_unit(fam.spec(SMALL))
+    with knobs.scope(compile_parts=False):
+        whole = spec_unit(fam.spec(SMALL))
+    assert parted.parts and whole.parts == () and whole.name == parted.name
+    assert unit_key(whole, "sm_90") != unit_key(parted, "sm_90")
+
+
 def test_the_stamped_wgmma_build_is_one_program():
     with knobs.scope(prefill_wg_stamps=True):
         spec = get_family("wgmma_prefill").spec(SMALL)

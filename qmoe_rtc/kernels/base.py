@@ -12,6 +12,7 @@ import threading
 from dataclasses import dataclass
 from typing import ClassVar
 
+from .. import knobs
 from ..errors import QMoEUnsupportedError
 from ..jit import CompileUnit, KernelDef, Launch
 from ..specialize import ModelConfig, ModuleSpec
@@ -149,7 +150,9 @@ class KernelFamily:
     def parts(self, spec: ModuleSpec) -> tuple[tuple[str, ...], ...]:
         """The kernel keys of each NVRTC program the module is built from (:attr:`solo`: each such kernel
         alone, then the others together; () when that makes one program). Each kernel's machine code is
-        the same however the module is split."""
+        the same however the module is split. Knob ``compile_parts`` 0: always one program."""
+        if not knobs.get("compile_parts"):
+            return ()
         keys = [k.key for k in self.kernels(spec)]
         alone = [(key,) for key in keys if key.startswith(self.solo)] if self.solo else []
         rest = tuple(key for key in keys if not key.startswith(self.solo)) if self.solo else tuple(keys)
