@@ -189,3 +189,39 @@ def test_wgmma_fc2_split_k_halves(rng, bias):
             np.testing.assert_array_equal(cp.asnumpy(g.output), got, err_msg=mode)
             outs[mode] = got
     assert not np.array_equal(outs["on"], outs["off"]), "the split FC2 gave the unsplit sums bit for bit: did it run?"
+
+
+@pytest.mark.parametrize("rows, E", [(300, 32), (2100, 8)])
+def test_wgmma_tail_tile_widths(rng, rows, E):
+    """QMOE_RTC_PREFILL_WG_SHRINK 1 (tail tiles' MMAs at half or the whole tile) and 2 (also a quarter): both
+    meet the reference with every element written, replay equals eager bitwise, and the two give the same
+    output (a route's sums do not depend on the width of the MMA that computes them). 300 rows on 32
+    experts: 64-route tiles, tails of every size; 2100 on 8: 128-route tiles with tails."""
+    import cupy as cp
+
+    from qmoe_rtc.executor import QMoE
+
+    if cp.cuda.Device().compute_capability != "90":
+        pytest.skip("the wgmma prefill engine needs an sm_90 GPU")
+    H, I = 256, 256
+    w, a = random_layer(rng, E=E, H=H, I=I, k=2, dtype="bfloat16", bits=4, block_size=64,
+                        activation_type="swiglu", swiglu_fusion=1)
+    x, lg, _ = random_inputs(rng, rows, H, E, "bfloat16")
+    want = reference(x, lg, **w, **a)
+    outs = {}
+    for shrink in (1, 2):
+        with knobs.scope(prefill_engine="wgmma", prefill_wg_shrink=shrink):
+            moe = QMoE(**to_dev(w), **a, decode_max_routes=0)
+            assert moe.plan(rows, "bfloat16", "float32").engine == "prefill-wgmma"
+            xd, ld = cp.asarray(x), cp.asarray(lg)
+            out = cp.full(x.shape, cp.nan, dtype=xd.dtype)
+            moe(xd, ld, out=out)
+            got = cp.asnumpy(out)
+            assert rel_err(got, want) <= TOL["bfloat16"], shrink
+            g = moe.capture(xd, ld)
+            g.output.fill(cp.nan)
+            g.replay()
+            cp.cuda.get_current_stream().synchronize()
+            np.testing.assert_array_equal(cp.asnumpy(g.output), got, err_msg=str(shrink))
+            outs[shrink] = got
+    np.testing.assert_array_equal(outs[1], outs[2])

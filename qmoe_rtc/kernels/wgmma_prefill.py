@@ -71,6 +71,7 @@ TILE_ROUTES = (64, 128, 256)  # BR (with 4 warpgroups, 256 does not fit the 128 
 GROUPS = 4  # kWgGroups: warpgroups per block (4 warps each, one m16 weight tile per warp)
 MAX_STAGES = 4  # QMOE_WG_STAGES
 INFLIGHT = 1  # QMOE_WG_INFLIGHT: MMAs a warpgroup keeps in flight (2 measured no faster)
+SHRINK = 2  # QMOE_WG_SHRINK: widths a tail tile's MMAs shrink to (1: BR / 2; 2: BR / 2 and BR / 4)
 SMEM_BUDGET = 227 * 1024 - 1024 - 4096  # kWgSmemBudget
 WS_SMEM_BUDGET = 227 * 1024 - 1024 - 3072  # kWsSmemBudget
 CHUNK = 128  # K per pipeline stage; the permuted layouts pad K to a multiple of it
@@ -212,18 +213,20 @@ class WgmmaPrefillFamily(KernelFamily):
         ws = {"variant": "ws", "mw": tuning_knob("prefill_ws_mw", "QMOE_RTC_PREFILL_WS_MW", WS_MW, (1, 2))} \
             if variant == "ws" else {}
         stamps = {"stamps": True} if knobs.get("prefill_wg_stamps") and not ws else {}  # diagnostics (tiles only)
+        shrink = {} if ws else {"shrink": tuning_knob("prefill_wg_shrink", "QMOE_RTC_PREFILL_WG_SHRINK", SHRINK, (1, 2))}
         groups = WS_CONSUMERS if ws else tuning_knob("prefill_wg_groups", "QMOE_RTC_PREFILL_WG_GROUPS", GROUPS, (2, 4))
         return expert_spec(self.name, config, groups=groups,
                            stages=tuning_knob("prefill_wg_stages", "QMOE_RTC_PREFILL_WG_STAGES", MAX_STAGES, range(2, 7)),
                            inflight=tuning_knob("prefill_wg_inflight", "QMOE_RTC_PREFILL_WG_INFLIGHT", INFLIGHT, (1, 2)),
-                           **ws, **stamps, **tiled_spec(config))
+                           **ws, **stamps, **shrink, **tiled_spec(config))
 
     def defines(self, spec: ModuleSpec) -> tuple[str, ...]:
         if variant_of(spec) == "ws":
             return (f"-DQMOE_WS_CONSUMERS={spec['groups']}", f"-DQMOE_WS_MW={spec['mw']}", f"-DQMOE_WS_STAGES={spec['stages']}",
                     f"-DQMOE_WS_INFLIGHT={spec['inflight']}", *tiled_define(spec))
         return (f"-DQMOE_WG_GROUPS={spec['groups']}", f"-DQMOE_WG_STAGES={spec['stages']}",
-                f"-DQMOE_WG_INFLIGHT={spec['inflight']}", *(("-DQMOE_WG_STAMPS=1",) if spec.get("stamps") else ()),
+                f"-DQMOE_WG_INFLIGHT={spec['inflight']}", f"-DQMOE_WG_SHRINK={spec['shrink']}",
+                *(("-DQMOE_WG_STAMPS=1",) if spec.get("stamps") else ()),
                 *tiled_define(spec))
 
     def parts(self, spec: ModuleSpec) -> tuple[tuple[str, ...], ...]:

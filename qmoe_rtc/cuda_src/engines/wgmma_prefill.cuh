@@ -187,13 +187,20 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
 }
 
 // The main loop with the fewest MMA routes that hold the tile's `routes`: BR, BR / 2 or BR / 4 (at least
-// 32). A route tile is full except for an expert's last one, whose MMAs shrink to its routes (at a few
-// hundred tokens most experts' last tile is nearly empty, and it costs a full tile's MMAs otherwise).
+// 32; BR / 4 only with QMOE_WG_SHRINK 2). A route tile is full except for an expert's last one, whose MMAs
+// shrink to its routes (at a few hundred tokens most experts' last tile is nearly empty, and it costs a
+// full tile's MMAs otherwise). Each width is a copy of the main loop, and each copy adds to the kernel's
+// compile time (without the BR / 4 one, a 128-route kernel compiles ~15 % faster).
+#ifndef QMOE_WG_SHRINK
+#define QMOE_WG_SHRINK 2
+#endif
 template <typename T, int B, int BR, bool ZPW, class QA, class QB, class St>
 __device__ __forceinline__ void wg_tile(const QA& qa, const QB& qb, const PfLaneRows<T, QA, QB, 1>& lr, i32 e,
                                         const T* const* s_row, i32 routes, i32 K, i32 c0, i32 c1,
                                         float (&acc)[BR / 2], u8* smem, Stamps& st) {
-  constexpr int kHalf = BR / 2 >= 32 ? BR / 2 : BR, kQuarter = BR / 4 >= 32 ? BR / 4 : kHalf;
+  static_assert(QMOE_WG_SHRINK == 1 || QMOE_WG_SHRINK == 2, "QMOE_WG_SHRINK: 1 (BR / 2) or 2 (BR / 2, BR / 4)");
+  constexpr int kHalf = BR / 2 >= 32 ? BR / 2 : BR;
+  constexpr int kQuarter = QMOE_WG_SHRINK == 2 && BR / 4 >= 32 ? BR / 4 : kHalf;
   if (kQuarter < kHalf && routes <= kQuarter)
     wg_mainloop<T, B, BR, kQuarter, ZPW, QA, QB, St>(qa, qb, lr, e, s_row, K, c0, c1, acc, smem, st);
   else if (kHalf < BR && routes <= kHalf)
