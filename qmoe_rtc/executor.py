@@ -31,7 +31,7 @@ from ._arrays import device_of, dtype_name, is_c_contiguous, shape_str
 from .contract import INPUT_NAMES, LAYER_INPUTS, CallSpec, QMoEAttributes, check_call, check_content
 from .errors import CaptureError, DeviceError, QMoEInputError, QMoEUnsupportedError
 from .extensions import EXT_INPUTS, check_ext_call, shared_weights
-from .jit import load_module
+from .jit import load_modules
 from .jit.driver import probe, sm_count, stream_is_capturing
 from .kernels import Problem, choose, decode_limit, get_family
 from .runtime.eager_graph import GraphedLaunches
@@ -241,7 +241,7 @@ class QMoE:
             self._say(f"qmoe_rtc: {choice.pipeline.path} path runs {choice.pipeline.name} instead of the faster "
                       f"{name}: {why}")
         specs = {f: get_family(f).spec(config) for f in choice.pipeline.families}
-        modules = {f: load_module(get_family(f).unit(s), self.device_id) for f, s in specs.items()}
+        modules = dict(zip(specs, load_modules([get_family(f).unit(s) for f, s in specs.items()], self.device_id)))
         steps = []
         for st in choice.pipeline.steps_for(config):
             fam, spec = get_family(st.family), specs[st.family]

@@ -87,6 +87,34 @@ def test_a_unit_with_parts_loads_as_one_module(cache, monkeypatch):
     assert load_module(_toy((("k2",), ("k1", "k3"))), 0) is lm and len(loaded) == 2
 
 
+def test_load_modules_compiles_every_units_pieces_side_by_side(cache, monkeypatch):
+    """load_modules: the pieces of every unit not loaded yet go through NVRTC together (threads), then each
+    unit loads as load_module would (CPU: the driver is faked, the compiles counted by thread)."""
+    import threading
+
+    from qmoe_rtc.jit import cache as jit_cache
+    from qmoe_rtc.jit import load_module, load_modules
+
+    threads, real = [], compiler.compile_unit
+
+    def counting(*args, **kwargs):
+        threads.append(threading.current_thread())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(compiler, "compile_unit", counting)
+    monkeypatch.setattr(compiler, "default_arch", lambda device=None: "sm_90a")
+    monkeypatch.setattr(jit_cache.driver, "load_cubin", lambda cubin, dev: object())
+    monkeypatch.setattr(jit_cache.driver, "get_function", lambda module, name: (module, name))
+    one = CompileUnit(name="one", source=SOURCE, kernels=(KernelDef("k5", "fill<5>", (Ptr("out", "float32"),)),))
+    parted = _toy((("k2",), ("k1", "k3")))
+    mods = load_modules([parted, one], 0)
+    assert [m.name for m in mods] == ["toy", "one"] and len(threads) == 3  # three programs
+    assert threading.main_thread() not in threads  # in the pool's threads, side by side
+    assert mods[0] is load_module(parted, 0) and set(mods[0].kernels) == {"k1", "k2", "k3"}
+    threads.clear()
+    assert load_modules([one, parted], 0) == (mods[1], mods[0]) and not threads  # loaded: nothing compiled
+
+
 @pytest.mark.parametrize("family", ["mma_decode", "mma_batched", "mma_prefill", "wgmma_prefill"])
 def test_tensor_core_families_compile_each_gemm_alone(family):
     fam = get_family(family)

@@ -29,7 +29,7 @@ from .launch import Kernel
 from .unit import SCHEMA_VERSION, CompileUnit, unit_key
 
 __all__ = ["LoadedModule", "check_stored", "clear_memory", "disk_entry_dir", "entry_stem", "get_cubin", "get_cubins",
-           "load_module", "store_cubin", "store_cubins"]
+           "load_module", "load_modules", "store_cubin", "store_cubins"]
 
 log = logging.getLogger("qmoe_rtc")
 
@@ -275,6 +275,18 @@ def load_module(unit: CompileUnit, device: int | None = None) -> LoadedModule:
     lm = LoadedModule(unit, parts, tuple(modules), device_id, kernels)
     with _lock:
         return _loaded.setdefault((device_id, key), lm)
+
+
+def load_modules(units, device: int | None = None) -> tuple[LoadedModule, ...]:
+    """:func:`load_module` of each unit, the pieces of those not loaded yet compiled (or read) side by side
+    first, all units together: a plan's modules on first contact take about as long as the slowest piece."""
+    device_id = int(device) if device is not None else _current_device()
+    arch = compiler.default_arch(device_id)
+    units = tuple(units)
+    with _lock:
+        todo = tuple(piece for u in units if (device_id, unit_key(u, arch)) not in _loaded for piece in u.pieces())
+    _side_by_side(lambda piece: get_cubin(piece, arch), todo)
+    return tuple(load_module(u, device_id) for u in units)
 
 
 def clear_memory() -> None:
