@@ -190,7 +190,7 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
 // 32; BR / 4 only with QMOE_WG_SHRINK 2). A route tile is full except for an expert's last one, whose MMAs
 // shrink to its routes (at a few hundred tokens most experts' last tile is nearly empty, and it costs a
 // full tile's MMAs otherwise). Each width is a copy of the main loop, and each copy adds to the kernel's
-// compile time (without the BR / 4 one, a 128-route kernel compiles ~15 % faster).
+// compile time; without the BR / 4 one the layer measured up to 4 % slower (docs/performance-log.md, session 24).
 #ifndef QMOE_WG_SHRINK
 #define QMOE_WG_SHRINK 2
 #endif
