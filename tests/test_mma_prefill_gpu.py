@@ -156,6 +156,25 @@ def test_prefill_combine_scalar_path_same_bits(rng, engine):
     np.testing.assert_array_equal(cp.asnumpy(shifted), cp.asnumpy(aligned))
 
 
+def eager_and_replay(moe, x, lg, want, label: str):
+    """The layer's eager output for bf16 ``x`` (into a NaN-poisoned buffer: every element written) against the
+    reference ``want``, then a graph replay of the same inputs (output poisoned again) equal to it bitwise;
+    returns the output (host)."""
+    import cupy as cp
+
+    xd, ld = cp.asarray(x), cp.asarray(lg)
+    out = cp.full(x.shape, cp.nan, dtype=xd.dtype)
+    moe(xd, ld, out=out)
+    got = cp.asnumpy(out)
+    assert rel_err(got, want) <= TOL["bfloat16"], label
+    g = moe.capture(xd, ld)
+    g.output.fill(cp.nan)
+    g.replay()
+    cp.cuda.get_current_stream().synchronize()
+    np.testing.assert_array_equal(cp.asnumpy(g.output), got, err_msg=label)
+    return got
+
+
 @pytest.mark.parametrize("bias", [False, True])
 def test_wgmma_fc2_split_k_halves(rng, bias):
     """The wgmma FC2 with K split over two blocks a tile (each adds its half into a y zeroed by the permute
@@ -177,17 +196,7 @@ def test_wgmma_fc2_split_k_halves(rng, bias):
     for mode in ("on", "off"):
         with knobs.scope(prefill_engine="wgmma", prefill_fc2_split=mode):
             moe = QMoE(**to_dev(w), **a, decode_max_routes=0)
-            xd, ld = cp.asarray(x), cp.asarray(lg)
-            out = cp.full(x.shape, cp.nan, dtype=xd.dtype)
-            moe(xd, ld, out=out)
-            got = cp.asnumpy(out)
-            assert rel_err(got, want) <= TOL["bfloat16"], mode
-            g = moe.capture(xd, ld)
-            g.output.fill(cp.nan)
-            g.replay()
-            cp.cuda.get_current_stream().synchronize()
-            np.testing.assert_array_equal(cp.asnumpy(g.output), got, err_msg=mode)
-            outs[mode] = got
+            outs[mode] = eager_and_replay(moe, x, lg, want, mode)
     assert not np.array_equal(outs["on"], outs["off"]), "the split FC2 gave the unsplit sums bit for bit: did it run?"
 
 
@@ -213,15 +222,5 @@ def test_wgmma_tail_tile_widths(rng, rows, E):
         with knobs.scope(prefill_engine="wgmma", prefill_wg_shrink=shrink):
             moe = QMoE(**to_dev(w), **a, decode_max_routes=0)
             assert moe.plan(rows, "bfloat16", "float32").engine == "prefill-wgmma"
-            xd, ld = cp.asarray(x), cp.asarray(lg)
-            out = cp.full(x.shape, cp.nan, dtype=xd.dtype)
-            moe(xd, ld, out=out)
-            got = cp.asnumpy(out)
-            assert rel_err(got, want) <= TOL["bfloat16"], shrink
-            g = moe.capture(xd, ld)
-            g.output.fill(cp.nan)
-            g.replay()
-            cp.cuda.get_current_stream().synchronize()
-            np.testing.assert_array_equal(cp.asnumpy(g.output), got, err_msg=str(shrink))
-            outs[shrink] = got
+            outs[shrink] = eager_and_replay(moe, x, lg, want, f"shrink {shrink}")
     np.testing.assert_array_equal(outs[1], outs[2])

@@ -55,9 +55,10 @@ class CompileUnit:
     def pieces(self) -> tuple[CompileUnit, ...]:
         """The units NVRTC compiles: this one, or one per part (``<name>.p<i>``: the same source and
         defines, the part's kernels). NVRTC instantiates only the kernels a program names, so each piece
-        holds its part's kernels, each with the machine code it has in the whole module (only the
-        kernels' grouping into cubins differs); the cache keeps a piece like any unit, and the pieces
-        compile side by side (:func:`qmoe_rtc.jit.get_cubins`) and load as one module."""
+        holds its part's kernels, and ptxas compiles each kernel alone, so a kernel's machine code does not
+        depend on the grouping (but under NVVM's split, which partitions a program's kernels: there a
+        kernel alone gets the unsplit code). The cache keeps a piece like any unit; the pieces compile side
+        by side (:func:`qmoe_rtc.jit.get_cubins`) and load as one module."""
         if len(self.parts) < 2:
             return (self,)
         n = len(self.parts)

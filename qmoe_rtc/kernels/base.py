@@ -149,14 +149,16 @@ class KernelFamily:
 
     def parts(self, spec: ModuleSpec) -> tuple[tuple[str, ...], ...]:
         """The kernel keys of each NVRTC program the module is built from (:attr:`solo`: each such kernel
-        alone, then the others together; () when that makes one program). Each kernel's machine code is
-        the same however the module is split. Knob ``compile_parts`` 0: always one program."""
-        if not knobs.get("compile_parts"):
+        alone, then the others together; () when that makes one program, or with knob ``compile_parts``
+        0). Only the grouping changes: NVRTC instantiates the kernels a program names, ptxas compiles each
+        kernel alone (NVVM's split, ``QMOE_RTC_SPLIT_COMPILE=all``, partitions a program's kernels: a kernel
+        alone gets the unsplit code)."""
+        if not self.solo or not knobs.get("compile_parts"):
             return ()
         keys = [k.key for k in self.kernels(spec)]
-        alone = [(key,) for key in keys if key.startswith(self.solo)] if self.solo else []
-        rest = tuple(key for key in keys if not key.startswith(self.solo)) if self.solo else tuple(keys)
-        parts = tuple(alone) + ((rest,) if rest else ())
+        alone = tuple((key,) for key in keys if key.startswith(self.solo))
+        rest = tuple(key for key in keys if not key.startswith(self.solo))
+        parts = alone + ((rest,) if rest else ())
         return parts if len(parts) > 1 else ()
 
     def unit(self, spec: ModuleSpec) -> CompileUnit:
