@@ -44,7 +44,7 @@ def test_pieces_names_kernels_and_keys():
     assert a.source == b.source == whole.source and a.parts == b.parts == ()
     assert dict(a.meta)["part"] == "1/2" and dict(b.meta)["part"] == "2/2"
     keys = {unit_key(u, "sm_90") for u in (whole, parted, a, b, _toy((("k1",), ("k2", "k3"))))}
-    assert len(keys) == 5  # the parts are in the key; a unit without them keys as before they existed
+    assert len(keys) == 5  # the parts are in the key
 
 
 def test_one_piece_calls_refuse_a_unit_with_parts(cache):
