@@ -112,7 +112,10 @@ def test_load_modules_compiles_every_units_pieces_side_by_side(cache, monkeypatc
     assert threading.main_thread() not in threads  # in the pool's threads, side by side
     assert mods[0] is load_module(parted, 0) and set(mods[0].kernels) == {"k1", "k2", "k3"}
     threads.clear()
+    keyed, real_key = [], jit_cache.unit_key
+    monkeypatch.setattr(jit_cache, "unit_key", lambda unit, arch: keyed.append(unit.name) or real_key(unit, arch))
     assert load_modules([one, parted], 0) == (mods[1], mods[0]) and not threads  # loaded: nothing compiled
+    assert keyed == ["one", "toy"]  # a loaded unit costs its key once (a plan for every size: QMoE.reserve)
 
 
 @pytest.mark.parametrize("family", ["mma_decode", "mma_batched", "mma_prefill", "wgmma_prefill"])

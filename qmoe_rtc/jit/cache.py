@@ -253,14 +253,31 @@ def _current_device() -> int:
 def load_module(unit: CompileUnit, device: int | None = None) -> LoadedModule:
     """Compile (or fetch) ``unit`` for the device's arch and load it there (needs a GPU); a unit with parts,
     its pieces side by side. Memoised per (device, unit key): a unit that differs in anything is another module."""
+    return load_modules((unit,), device)[0]
+
+
+def load_modules(units, device: int | None = None) -> tuple[LoadedModule, ...]:
+    """:func:`load_module` of each unit, the pieces of every unit not loaded yet compiled (or read) side by
+    side, all units together: a plan's modules on first contact take about as long as the slowest piece.
+    Each unit's key is computed once (a loaded unit costs one key and a dictionary lookup)."""
     device_id = int(device) if device is not None else _current_device()
     arch = compiler.default_arch(device_id)
-    key = unit_key(unit, arch)
+    units = tuple(units)
+    keys = [unit_key(u, arch) for u in units]
+    keyed = dict(zip(keys, units))  # a unit given twice is loaded once
     with _lock:
-        lm = _loaded.get((device_id, key))
-    if lm is not None:
-        return lm
-    parts = get_cubins(unit, arch)
+        found = {k: _loaded[(device_id, k)] for k in keyed if (device_id, k) in _loaded}
+    missing = [k for k in keyed if k not in found]
+    compiled = iter(_side_by_side(lambda piece: get_cubin(piece, arch),
+                                  tuple(piece for k in missing for piece in keyed[k].pieces())))
+    for k in missing:
+        unit = keyed[k]
+        found[k] = _load(unit, tuple(next(compiled) for _ in unit.pieces()), device_id, arch, k)
+    return tuple(found[k] for k in keys)
+
+
+def _load(unit: CompileUnit, parts: tuple[CompiledModule, ...], device_id: int, arch: str, key: str) -> LoadedModule:
+    """Load ``unit``'s compiled pieces on ``device_id`` as one module and memoise it under ``key``."""
     modules, kernels = [], {}
     for piece, compiled in zip(unit.pieces(), parts):
         try:
@@ -275,18 +292,6 @@ def load_module(unit: CompileUnit, device: int | None = None) -> LoadedModule:
     lm = LoadedModule(unit, parts, tuple(modules), device_id, kernels)
     with _lock:
         return _loaded.setdefault((device_id, key), lm)
-
-
-def load_modules(units, device: int | None = None) -> tuple[LoadedModule, ...]:
-    """:func:`load_module` of each unit, the pieces of those not loaded yet compiled (or read) side by side
-    first, all units together: a plan's modules on first contact take about as long as the slowest piece."""
-    device_id = int(device) if device is not None else _current_device()
-    arch = compiler.default_arch(device_id)
-    units = tuple(units)
-    with _lock:
-        todo = tuple(piece for u in units if (device_id, unit_key(u, arch)) not in _loaded for piece in u.pieces())
-    _side_by_side(lambda piece: get_cubin(piece, arch), todo)
-    return tuple(load_module(u, device_id) for u in units)
 
 
 def clear_memory() -> None:
