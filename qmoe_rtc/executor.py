@@ -31,7 +31,6 @@ from ._arrays import device_of, dtype_name, is_c_contiguous, shape_str
 from .contract import INPUT_NAMES, LAYER_INPUTS, CallSpec, QMoEAttributes, check_call, check_content
 from .errors import CaptureError, DeviceError, QMoEInputError, QMoEUnsupportedError
 from .extensions import EXT_INPUTS, check_ext_call, shared_weights
-from .jit import load_modules
 from .jit.driver import probe, sm_count, stream_is_capturing
 from .kernels import Problem, choose, decode_limit, get_family
 from .runtime.eager_graph import GraphedLaunches
@@ -50,7 +49,7 @@ from .runtime.interop import (
     to_cupy,
 )
 from .runtime.layer import check_supported, describe_gpu_layer, layer_config, prepack_choice, upload_layer
-from .runtime.plan import Plan, PlanStep
+from .runtime.plan import Plan, PlanStep, launched, load_launched
 from .runtime.scratch import ScratchPool
 from .specialize import ModelConfig
 
@@ -232,26 +231,30 @@ class QMoE:
         if stream is not None and stream_is_capturing(stream):
             raise CaptureError(f"no plan for rows={rows}, dtype={dtype} inside graph capture: run one eager call at "
                                "this shape (or QMoE.reserve(max_rows)) before capturing")
-        if self.scale_dtype not in ("float32", dtype):
-            raise QMoEInputError("input", f"dtype {self.scale_dtype} (the layer's scales)", f"dtype {dtype}")
-        config = self.model_config(dtype)
-        problem = self.problem(rows, dtype, router_dtype, router_weights_dtype)
-        choice = choose(config, problem, self.path_for(rows))
+        config, problem, choice, specs = self._choice(rows, dtype, router_dtype, router_weights_dtype)
         for name, why in choice.skipped:
             self._say(f"qmoe_rtc: {choice.pipeline.path} path runs {choice.pipeline.name} instead of the faster "
                       f"{name}: {why}")
-        specs = {f: get_family(f).spec(config) for f in choice.pipeline.families}
-        modules = dict(zip(specs, load_modules([get_family(f).unit(s) for f, s in specs.items()], self.device_id)))
+        modules = load_launched([launched(choice.pipeline, specs, config, problem)], self.device_id)
         steps = []
         for st in choice.pipeline.steps_for(config):
             fam, spec = get_family(st.family), specs[st.family]
-            kern = modules[st.family][fam.kernel_for(spec, st.role, problem)]
+            kern = modules[spec][fam.kernel_for(spec, st.role, problem)]
             steps.append(PlanStep(st.family, st.role, spec, kern, fam.launch(spec, st.role, problem),
                                   fam.scratch(spec, st.role, problem)))
         plan = self._plans[key] = Plan(problem, choice.pipeline, tuple(steps))
         log.info("qmoe_rtc: planned rows=%d dtype=%s: %s (%s)", rows, dtype, plan.engine,
                  ", ".join(s.name for s in specs.values()))
         return plan
+
+    def _choice(self, rows: int, dtype: str, router_dtype: str, router_weights_dtype: str | None):
+        """(config, problem, choice, each family's spec) of a call at ``rows`` (compiles nothing)."""
+        if self.scale_dtype not in ("float32", dtype):
+            raise QMoEInputError("input", f"dtype {self.scale_dtype} (the layer's scales)", f"dtype {dtype}")
+        config = self.model_config(dtype)
+        problem = self.problem(rows, dtype, router_dtype, router_weights_dtype)
+        choice = choose(config, problem, self.path_for(rows))
+        return config, problem, choice, {f: get_family(f).spec(config) for f in choice.pipeline.families}
 
     @staticmethod
     def _say(msg: str) -> None:
@@ -287,6 +290,8 @@ class QMoE:
             raise QMoEInputError("max_rows", "a positive integer", repr(max_rows))
         handle = cupy().cuda.get_current_stream(self.device_id).ptr if stream is None else \
             int(getattr(stream, "cuda_stream", getattr(stream, "ptr", stream)))
+        choices = [self._choice(r, dtype, router_dtype, router_weights_dtype) for r in range(1, max_rows + 1)]
+        load_launched([launched(c.pipeline, specs, cfg, p) for cfg, p, c, specs in choices], self.device_id)  # one batch
         plans = [self.plan(r, dtype, router_dtype, router_weights_dtype, handle) for r in range(1, max_rows + 1)]
         pool = self._pool(handle, plans[-1])
         needs: dict = {}

@@ -118,6 +118,32 @@ def test_load_modules_compiles_every_units_pieces_side_by_side(cache, monkeypatc
     assert keyed == ["one", "toy"]  # a loaded unit costs its key once (a plan for every size: QMoE.reserve)
 
 
+def test_load_modules_loads_only_the_pieces_holding_the_named_kernels(cache, monkeypatch):
+    """kernels=: a plan loads the pieces its steps launch (one route tile's GEMMs); a later call adds the
+    rest to the same module; a kernel of a piece not loaded, or of no piece, is refused by name (CPU: the
+    driver is faked, the compiles counted by piece name)."""
+    from qmoe_rtc.jit import cache as jit_cache
+    from qmoe_rtc.jit import load_module, load_modules
+
+    built, real = [], compiler.compile_unit
+    monkeypatch.setattr(compiler, "compile_unit", lambda name, *a, **kw: built.append(name) or real(name, *a, **kw))
+    monkeypatch.setattr(compiler, "default_arch", lambda device=None: "sm_90a")
+    monkeypatch.setattr(jit_cache.driver, "load_cubin", lambda cubin, dev: object())
+    monkeypatch.setattr(jit_cache.driver, "get_function", lambda module, name: (module, name))
+    parted = _toy((("k2",), ("k1",), ("k3",)))
+    (lm,) = load_modules([parted], 0, [{"k3"}])
+    assert built == ["toy.p2"] and set(lm.kernels) == {"k3"} and len(lm.parts) == len(lm.modules) == 1
+    with pytest.raises(KeyError, match="'k1' is in a piece not loaded yet"):
+        lm["k1"]
+    with pytest.raises(KeyError, match=r"no kernel \['k9'\]"):
+        load_modules([parted], 0, [{"k9"}])
+    assert load_modules([parted], 0, [{"k3", "k2"}]) == (lm,) and built == ["toy.p2", "toy.p0"]
+    assert load_module(parted, 0) is lm and built == ["toy.p2", "toy.p0", "toy.p1"]  # the rest, same module
+    assert set(lm.kernels) == {"k1", "k2", "k3"} and [p.name for p in lm.parts] == ["toy.p0", "toy.p1", "toy.p2"]
+    with pytest.raises(ValueError, match="1 entries for 2 units"):
+        load_modules([parted, parted], 0, [None])
+
+
 @pytest.mark.parametrize("family", ["mma_decode", "mma_batched", "mma_prefill", "wgmma_prefill"])
 def test_tensor_core_families_compile_each_gemm_alone(family):
     fam = get_family(family)

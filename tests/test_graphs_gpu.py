@@ -173,7 +173,7 @@ def test_changing_a_tuning_knob_in_process_loads_the_matching_module(rng):
             moe(cp.asarray(x), cp.asarray(lg), out=out)
             cp.cuda.get_current_stream().synchronize()
         step = next(s for s in moe.plan(4, "float16").steps if s.family == "mma_decode")
-        module = load_module(get_family("mma_decode").unit(step.spec), moe.device_id)  # memoised: the one in use
+        module = load_module(get_family("mma_decode").unit(step.spec), moe.device_id, {step.kernel.key})  # the one in use
         assert step.kernel is module[step.kernel.key]
         assert all(f"-DQMOE_MMA_STAGES={stages}" in part.options for part in module.parts)
         keys.append(step.launch.shared_mem)

@@ -224,3 +224,38 @@ def test_wgmma_tail_tile_widths(rng, rows, E):
             assert moe.plan(rows, "bfloat16", "float32").engine == "prefill-wgmma"
             outs[shrink] = eager_and_replay(moe, x, lg, want, f"shrink {shrink}")
     np.testing.assert_array_equal(outs[1], outs[2])
+
+
+def test_a_plan_loads_only_the_pieces_it_launches(rng):
+    """A plan loads the pieces of the wgmma module its steps launch: at 300 rows on 32 experts the 64-route
+    tile's GEMMs, not the 128-route tile's; a plan at 2100 rows on 8 experts adds those to the same module.
+    Both calls meet the reference, every element written, replay equal to eager bitwise. The loaded modules
+    are forgotten first (another test in this process may have loaded the same module whole; the disk
+    entries stay, so nothing recompiles)."""
+    import cupy as cp
+
+    from qmoe_rtc.executor import QMoE
+    from qmoe_rtc.jit import clear_memory, load_modules
+    from qmoe_rtc.kernels import get_family
+
+    if cp.cuda.Device().compute_capability != "90":
+        pytest.skip("the wgmma prefill engine needs an sm_90 GPU")
+    H, I = 256, 256
+    clear_memory()
+    with knobs.scope(prefill_engine="wgmma", prefill_route_tile=0):
+        for rows, E, tile in ((300, 32, 64), (2100, 8, 128)):
+            w, a = random_layer(rng, E=E, H=H, I=I, k=2, dtype="bfloat16", bits=4, block_size=64,
+                                activation_type="swiglu", swiglu_fusion=1)
+            x, lg, _ = random_inputs(rng, rows, H, E, "bfloat16")
+            moe = QMoE(**to_dev(w), **a, decode_max_routes=0)
+            plan = moe.plan(rows, "bfloat16", "float32")
+            step = next(s for s in plan.steps if s.family == "wgmma_prefill" and s.role == "fc1")
+            (module,) = load_modules([get_family("wgmma_prefill").unit(step.spec)], moe.device_id, [()])  # loads nothing
+            gemms = sorted(k for k in module.kernels if k.startswith("fc"))
+            assert step.kernel.key == f"fc1_br{tile}" and f"fc2_br{tile}" in gemms
+            if tile == 64:
+                assert gemms == ["fc1_br64", "fc2_br64"], gemms  # the 128-route pieces were not compiled
+                first = module
+            else:
+                assert module is first and gemms == ["fc1_br128", "fc1_br64", "fc2_br128", "fc2_br64"]
+            eager_and_replay(moe, x, lg, reference(x, lg, **w, **a), f"{rows} rows")

@@ -6,7 +6,7 @@ and no layout (a test checks that nothing here imports ``qmoe_rtc.kernels`` or `
     get_cubins(unit, arch=None) -> (CompiledModule, ...)  # one per piece of a unit with parts, side by side
     store_cubin(s)(unit, arch)                            # the same, and the entries on disk (the warm tool)
     load_module(unit, device=None) -> LoadedModule        # needs a GPU; memoised per (device, unit key)
-    load_modules(units, device=None) -> (LoadedModule, ...)  # the same, every unit's pieces side by side
+    load_modules(units, device=None, kernels=None)  # the same, every unit's pieces side by side (or those holding `kernels`)
     module[key](grid, block, args, shared_mem=0, stream=None)
 """
 

@@ -219,26 +219,69 @@ def check_stored(unit: CompileUnit, arch: str) -> None:
 
 
 class LoadedModule:
-    """A unit loaded on one device: its kernels as :class:`~qmoe_rtc.jit.launch.Kernel`, from one cubin per
-    piece (``parts``: the compiled pieces; ``modules``: their CUmodules, kept alive here)."""
+    """A unit loaded on one device: its kernels as :class:`~qmoe_rtc.jit.launch.Kernel`, one cubin per piece.
 
-    def __init__(self, unit: CompileUnit, parts: tuple[CompiledModule, ...], modules: tuple, device_id: int,
-                 kernels: dict):
+    A unit with parts may be loaded piece by piece (:func:`load_modules` with ``kernels``): ``parts`` /
+    ``modules`` are the pieces loaded so far (compiled pieces and their CUmodules, kept alive here, in piece
+    order) and ``kernels`` their kernels; a kernel of a piece not loaded yet is refused by name."""
+
+    def __init__(self, unit: CompileUnit, device_id: int):
         self.unit = unit
         self.name = unit.name
-        self.parts = parts
-        self.modules = modules
         self.device_id = device_id
-        self.kernels = kernels
+        self.pieces = unit.pieces()
+        self.kernels: dict[str, Kernel] = {}
+        self._loaded: dict[int, tuple[CompiledModule, object]] = {}  # piece index -> (compiled, CUmodule)
+
+    @property
+    def parts(self) -> tuple[CompiledModule, ...]:
+        return tuple(self._loaded[i][0] for i in sorted(self._loaded))
+
+    @property
+    def modules(self) -> tuple:
+        return tuple(self._loaded[i][1] for i in sorted(self._loaded))
+
+    def missing(self, keys=None) -> tuple[int, ...]:
+        """Indices of the pieces not loaded yet that hold any of the kernel ``keys`` (None: every kernel)."""
+        if keys is None:
+            wanted = range(len(self.pieces))
+        else:
+            keys = set(keys)
+            unknown = keys - {k.key for k in self.unit.kernels}
+            if unknown:
+                raise KeyError(f"module {self.name} has no kernel {sorted(unknown)} (has {[k.key for k in self.unit.kernels]})")
+            wanted = [i for i, p in enumerate(self.pieces) if keys & {k.key for k in p.kernels}]
+        return tuple(i for i in wanted if i not in self._loaded)
+
+    def _add(self, index: int, compiled: CompiledModule, arch: str) -> None:
+        """Load piece ``index`` (compiled as ``compiled``) unless another thread did (the caller holds _lock)."""
+        if index in self._loaded:
+            return
+        piece = self.pieces[index]
+        try:
+            module = driver.load_cubin(compiled.cubin, self.device_id)
+            kernels = {k.key: Kernel(k, driver.get_function(module, compiled.lowered[k.key]), self.device_id,
+                                     compiled.name) for k in piece.kernels}
+        except DeviceError:
+            raise
+        except Exception as exc:
+            raise DeviceError(f"loading {compiled.name} ({arch}) on device {self.device_id} failed: {exc}") from exc
+        self._loaded[index] = (compiled, module)
+        self.kernels.update(kernels)
 
     def __getitem__(self, key: str) -> Kernel:
         try:
             return self.kernels[key]
         except KeyError:
-            raise KeyError(f"module {self.name} has no kernel {key!r} (has {sorted(self.kernels)})") from None
+            pass
+        if key in {k.key for k in self.unit.kernels}:
+            raise KeyError(f"module {self.name}: kernel {key!r} is in a piece not loaded yet (load_modules(..., "
+                           f"kernels=...) names the kernels to load; loaded: {sorted(self.kernels)})")
+        raise KeyError(f"module {self.name} has no kernel {key!r} (has {[k.key for k in self.unit.kernels]})")
 
     def __repr__(self) -> str:
-        return f"LoadedModule({self.name}, device={self.device_id}, parts={len(self.parts)}, kernels={sorted(self.kernels)})"
+        return (f"LoadedModule({self.name}, device={self.device_id}, parts={len(self._loaded)}/{len(self.pieces)}, "
+                f"kernels={sorted(self.kernels)})")
 
 
 def _current_device() -> int:
@@ -250,48 +293,37 @@ def _current_device() -> int:
         raise DeviceError(f"no usable CUDA device: {exc}") from exc
 
 
-def load_module(unit: CompileUnit, device: int | None = None) -> LoadedModule:
+def load_module(unit: CompileUnit, device: int | None = None, kernels=None) -> LoadedModule:
     """Compile (or fetch) ``unit`` for the device's arch and load it there (needs a GPU); a unit with parts,
-    its pieces side by side. Memoised per (device, unit key): a unit that differs in anything is another module."""
-    return load_modules((unit,), device)[0]
+    its pieces side by side (``kernels``: only the pieces holding those). Memoised per (device, unit key): a
+    unit that differs in anything is another module."""
+    return load_modules((unit,), device, None if kernels is None else (kernels,))[0]
 
 
-def load_modules(units, device: int | None = None) -> tuple[LoadedModule, ...]:
-    """:func:`load_module` of each unit, the pieces of every unit not loaded yet compiled (or read) side by
-    side, all units together: a plan's modules on first contact take about as long as the slowest piece.
-    Each unit's key is computed once (a loaded unit costs one key and a dictionary lookup)."""
+def load_modules(units, device: int | None = None, kernels=None) -> tuple[LoadedModule, ...]:
+    """:func:`load_module` of each unit, the pieces not loaded yet compiled (or read) side by side, all units
+    together: a plan's modules on first contact take about as long as the slowest piece.
+
+    ``kernels``: one entry per unit, the kernel keys it must hold (None: all of them); a unit with parts then
+    loads only the pieces holding those (a plan needs one route tile's GEMMs, not every tile's), and a later
+    call adds the others to the same :class:`LoadedModule`. Each unit's key is computed once (a loaded unit
+    costs one key and a dictionary lookup)."""
     device_id = int(device) if device is not None else _current_device()
     arch = compiler.default_arch(device_id)
     units = tuple(units)
+    wants = (None,) * len(units) if kernels is None else tuple(kernels)
+    if len(wants) != len(units):
+        raise ValueError(f"load_modules: kernels has {len(wants)} entries for {len(units)} units")
     keys = [unit_key(u, arch) for u in units]
-    keyed = dict(zip(keys, units))  # a unit given twice is loaded once
     with _lock:
-        found = {k: _loaded[(device_id, k)] for k in keyed if (device_id, k) in _loaded}
-    missing = [k for k in keyed if k not in found]
-    compiled = iter(_side_by_side(lambda piece: get_cubin(piece, arch),
-                                  tuple(piece for k in missing for piece in keyed[k].pieces())))
-    for k in missing:
-        unit = keyed[k]
-        found[k] = _load(unit, tuple(next(compiled) for _ in unit.pieces()), device_id, arch, k)
-    return tuple(found[k] for k in keys)
-
-
-def _load(unit: CompileUnit, parts: tuple[CompiledModule, ...], device_id: int, arch: str, key: str) -> LoadedModule:
-    """Load ``unit``'s compiled pieces on ``device_id`` as one module and memoise it under ``key``."""
-    modules, kernels = [], {}
-    for piece, compiled in zip(unit.pieces(), parts):
-        try:
-            module = driver.load_cubin(compiled.cubin, device_id)
-            modules.append(module)
-            kernels.update({k.key: Kernel(k, driver.get_function(module, compiled.lowered[k.key]), device_id,
-                                          compiled.name) for k in piece.kernels})
-        except DeviceError:
-            raise
-        except Exception as exc:
-            raise DeviceError(f"loading {compiled.name} ({arch}) on device {device_id} failed: {exc}") from exc
-    lm = LoadedModule(unit, parts, tuple(modules), device_id, kernels)
+        mods = tuple(_loaded.get((device_id, k)) or _loaded.setdefault((device_id, k), LoadedModule(u, device_id))
+                     for k, u in zip(keys, units))
+        todo = list(dict.fromkeys((lm, i) for lm, want in zip(mods, wants) for i in lm.missing(want)))
+    compiled = _side_by_side(lambda item: get_cubin(item[0].pieces[item[1]], arch), tuple(todo))
     with _lock:
-        return _loaded.setdefault((device_id, key), lm)
+        for (lm, i), c in zip(todo, compiled):
+            lm._add(i, c, arch)
+    return mods
 
 
 def clear_memory() -> None:

@@ -14,12 +14,13 @@ from dataclasses import dataclass
 
 from .. import knobs
 from ..errors import DeviceError
-from ..jit import Kernel, Launch, driver
+from ..jit import Kernel, Launch, LoadedModule, driver, load_modules
 from ..jit.driver import _drv
-from ..kernels import Pipeline, Problem, Slot
+from ..kernels import Pipeline, Problem, Slot, get_family
 from ..specialize import ModuleSpec
 
-__all__ = ["PER_CALL", "BoundLaunches", "Plan", "PlanStep", "overlap_allowed", "problem_scalars"]
+__all__ = ["PER_CALL", "BoundLaunches", "Plan", "PlanStep", "launched", "load_launched", "overlap_allowed",
+           "problem_scalars"]
 
 #: Arguments that change with every call, in the order a call passes their addresses.
 PER_CALL = ("x", "logits", "router_weights", "out")
@@ -38,6 +39,27 @@ def problem_scalars(p: Problem) -> dict:
     the router logits per token (the whole layer's E, for an expert slice [ext])."""
     return dict(rows=p.rows, R=p.routes, E=p.experts, H=p.H, I=p.I, k=p.slots, E_routed=p.E, k_routed=p.k, S=p.shared,
                 E_logits=p.logit_count)
+
+
+def launched(pipeline: Pipeline, specs: dict, config, problem: Problem) -> dict[ModuleSpec, set[str]]:
+    """The kernel keys ``pipeline``'s steps launch at ``problem``, by module spec (``specs``: each family's)."""
+    out: dict[ModuleSpec, set[str]] = {s: set() for s in specs.values()}
+    for st in pipeline.steps_for(config):
+        out[specs[st.family]].add(get_family(st.family).kernel_for(specs[st.family], st.role, problem))
+    return out
+
+
+def load_launched(wanted, device_id: int) -> dict[ModuleSpec, LoadedModule]:
+    """The modules of every :func:`launched` dict in ``wanted``, loaded in one batch: a module built in parts
+    loads only the pieces holding the kernels named (a plan needs one route tile's GEMMs, not every tile's),
+    all of them compiled side by side (QMoE.reserve: every size's at once)."""
+    merged: dict[ModuleSpec, set[str]] = {}
+    for want in wanted:
+        for spec, keys in want.items():
+            merged[spec] = merged.get(spec, set()) | keys
+    specs = list(merged)
+    return dict(zip(specs, load_modules([get_family(s.family).unit(s) for s in specs], device_id,
+                                        [merged[s] for s in specs])))
 
 
 @dataclass(frozen=True)
