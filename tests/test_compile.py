@@ -191,3 +191,26 @@ def test_split_compile_knob_options_key_and_machine_code(cache):
     assert get_cubin(unit, "sm_90").key not in (plain.key, split.key)
     with knobs.scope(split_compile="yes"), pytest.raises(KnobError, match="QMOE_RTC_SPLIT_COMPILE"):
         compiler.base_options("sm_90")
+
+
+def test_key_follows_an_edited_template_and_each_kernel_spec(tmp_path, monkeypatch):
+    """The key's template digest re-reads each file's size and mtime on every key (the listing is read once
+    a process), and its kernels field (memoised per kernels tuple) still tells two argument specs apart."""
+    import os
+
+    from qmoe_rtc.jit import CompileUnit, compiler
+    from qmoe_rtc.jit.unit import unit_key
+
+    (tmp_path / "core").mkdir()
+    tpl = tmp_path / "core" / "a.cuh"
+    tpl.write_text("// one\n")
+    monkeypatch.setattr(compiler, "cuda_src_dir", lambda: tmp_path)
+    first = compiler.cuda_src_digest()
+    assert compiler.cuda_src_digest() == first
+    tpl.write_text("// two, longer\n")
+    os.utime(tpl, ns=(1, 1))  # mtime back too: the size alone tells
+    assert compiler.cuda_src_digest() != first
+    src = "__global__ void f(float* out, int n) {}"
+    a = CompileUnit("u", src, (KernelDef("f", "f", (Ptr("out", "float32"), Scalar("n", "int32"))),))
+    b = CompileUnit("u", src, (KernelDef("f", "f", (Ptr("out", "float32"), Scalar("n", "int64"))),))
+    assert unit_key(a, "sm_90") != unit_key(b, "sm_90") and unit_key(a, "sm_90") == unit_key(a, "sm_90")

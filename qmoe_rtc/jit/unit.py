@@ -7,6 +7,7 @@ which hashes the whole unit plus the toolchain, cannot miss one.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import astuple, dataclass, replace
@@ -83,6 +84,14 @@ def _field(h, label: str, value: str) -> None:
     h.update(b"\n")
 
 
+@functools.lru_cache(maxsize=512)
+def _kernels_json(kernels: tuple[KernelDef, ...]) -> str:
+    """The kernels' keys, name expressions and argument specs as JSON (memoised: ``astuple`` walks every
+    argument, ~0.5 ms a module, and every plan computes its modules' keys)."""
+    return json.dumps([[k.key, k.name_expr, [[type(a).__name__, *astuple(a)] for a in k.args]] for k in kernels],
+                      separators=(",", ":"))
+
+
 def unit_key(unit: CompileUnit, arch: str) -> str:
     """sha256 over labeled, length-prefixed fields: schema, the unit (name, source, name expressions,
     argument specs), every file under cuda_src, the CUDA headers used, the NVRTC version, the exact
@@ -93,8 +102,7 @@ def unit_key(unit: CompileUnit, arch: str) -> str:
     _field(h, "schema", str(SCHEMA_VERSION))
     _field(h, "name", unit.name)
     _field(h, "source", unit.source)
-    kernels = [[k.key, k.name_expr, [[type(a).__name__, *astuple(a)] for a in k.args]] for k in unit.kernels]
-    _field(h, "kernels", json.dumps(kernels, separators=(",", ":")))
+    _field(h, "kernels", _kernels_json(unit.kernels))
     _field(h, "cuda_src", compiler.cuda_src_digest())
     _field(h, "cuda_headers", compiler.cuda_headers_digest())
     _field(h, "nvrtc", "{}.{}".format(*compiler.nvrtc_version()))
