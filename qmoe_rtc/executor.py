@@ -224,28 +224,34 @@ class QMoE:
     def plan(self, rows: int, dtype: str, router_dtype: str = "float32", router_weights_dtype: str | None = None,
              stream: int | None = None) -> Plan:
         """The plan of a call (compiles or loads its kernels on first use; never inside capture)."""
-        key = (int(rows), dtype, router_dtype, router_weights_dtype)
-        plan = self._plans.get(key)
-        if plan is not None:
-            return plan
-        if stream is not None and stream_is_capturing(stream):
-            raise CaptureError(f"no plan for rows={rows}, dtype={dtype} inside graph capture: run one eager call at "
-                               "this shape (or QMoE.reserve(max_rows)) before capturing")
-        config, problem, choice, specs = self._choice(rows, dtype, router_dtype, router_weights_dtype)
-        for name, why in choice.skipped:
-            self._say(f"qmoe_rtc: {choice.pipeline.path} path runs {choice.pipeline.name} instead of the faster "
-                      f"{name}: {why}")
-        modules = load_launched([launched(choice.pipeline, specs, config, problem)], self.device_id)
-        steps = []
-        for st in choice.pipeline.steps_for(config):
-            fam, spec = get_family(st.family), specs[st.family]
-            kern = modules[spec][fam.kernel_for(spec, st.role, problem)]
-            steps.append(PlanStep(st.family, st.role, spec, kern, fam.launch(spec, st.role, problem),
-                                  fam.scratch(spec, st.role, problem)))
-        plan = self._plans[key] = Plan(problem, choice.pipeline, tuple(steps))
-        log.info("qmoe_rtc: planned rows=%d dtype=%s: %s (%s)", rows, dtype, plan.engine,
-                 ", ".join(s.name for s in specs.values()))
-        return plan
+        return self._plan_sizes((int(rows),), dtype, router_dtype, router_weights_dtype, stream)[0]
+
+    def _plan_sizes(self, sizes, dtype: str, router_dtype: str, router_weights_dtype: str | None,
+                    stream: int | None = None) -> list[Plan]:
+        """The plans of calls at each of ``sizes`` rows; the kernels of those not planned yet are loaded in one
+        batch (their pieces compiled side by side: QMoE.reserve plans every size at once)."""
+        keys = [(r, dtype, router_dtype, router_weights_dtype) for r in sizes]
+        todo = [k for k in keys if k not in self._plans]
+        if todo and stream is not None and stream_is_capturing(stream):
+            raise CaptureError(f"no plan for rows={todo[0][0]}, dtype={dtype} inside graph capture: run one eager call "
+                               "at this shape (or QMoE.reserve(max_rows)) before capturing")
+        choices = {k: self._choice(k[0], dtype, router_dtype, router_weights_dtype) for k in todo}
+        modules = load_launched([launched(c.pipeline, specs, cfg, p) for cfg, p, c, specs in choices.values()],
+                                self.device_id) if todo else {}
+        for k, (config, problem, choice, specs) in choices.items():
+            for name, why in choice.skipped:
+                self._say(f"qmoe_rtc: {choice.pipeline.path} path runs {choice.pipeline.name} instead of the faster "
+                          f"{name}: {why}")
+            steps = []
+            for st in choice.pipeline.steps_for(config):
+                fam, spec = get_family(st.family), specs[st.family]
+                kern = modules[spec][fam.kernel_for(spec, st.role, problem)]
+                steps.append(PlanStep(st.family, st.role, spec, kern, fam.launch(spec, st.role, problem),
+                                      fam.scratch(spec, st.role, problem)))
+            plan = self._plans[k] = Plan(problem, choice.pipeline, tuple(steps))
+            log.info("qmoe_rtc: planned rows=%d dtype=%s: %s (%s)", k[0], dtype, plan.engine,
+                     ", ".join(s.name for s in specs.values()))
+        return [self._plans[k] for k in keys]
 
     def _choice(self, rows: int, dtype: str, router_dtype: str, router_weights_dtype: str | None):
         """(config, problem, choice, each family's spec) of a call at ``rows`` (compiles nothing)."""
@@ -290,9 +296,7 @@ class QMoE:
             raise QMoEInputError("max_rows", "a positive integer", repr(max_rows))
         handle = cupy().cuda.get_current_stream(self.device_id).ptr if stream is None else \
             int(getattr(stream, "cuda_stream", getattr(stream, "ptr", stream)))
-        choices = [self._choice(r, dtype, router_dtype, router_weights_dtype) for r in range(1, max_rows + 1)]
-        load_launched([launched(c.pipeline, specs, cfg, p) for cfg, p, c, specs in choices], self.device_id)  # one batch
-        plans = [self.plan(r, dtype, router_dtype, router_weights_dtype, handle) for r in range(1, max_rows + 1)]
+        plans = self._plan_sizes(range(1, max_rows + 1), dtype, router_dtype, router_weights_dtype, handle)
         pool = self._pool(handle, plans[-1])
         needs: dict = {}
         for p in plans:

@@ -97,14 +97,20 @@ def test_capture_records_on_the_callers_arrays(rng, rows):
         assert rel_err(y, reference(xn, ln, **w, **a)) <= TOL["float16"]
 
 
-def test_reserve_serves_graphs_of_many_batch_sizes_on_one_pool(rng):
+def test_reserve_serves_graphs_of_many_batch_sizes_on_one_pool(rng, monkeypatch):
+    """reserve() plans every size with one batch of loads (its pieces side by side), then graphs of those sizes
+    capture on its one pool and replay to the reference."""
     torch = pytest.importorskip("torch")
     from qmoe_rtc.executor import QMoE
+    from qmoe_rtc.runtime import plan as plan_mod
 
     w, a = _layer(rng, dtype="bfloat16")
     moe = QMoE(**to_dev(w), **a)  # CuPy weights (bfloat16 scales), torch inputs
     sizes = (1, 2, 4, 8, 16, 64, 160)
+    batches, real = [], plan_mod.load_modules
+    monkeypatch.setattr(plan_mod, "load_modules", lambda *args, **kw: batches.append(args[0]) or real(*args, **kw))
     moe.reserve(max(sizes))
+    assert len(batches) == 1 and len(moe._plans) == max(sizes)  # decode and prefill modules in one batch
     graphs = {}
     for rows in sizes:  # no eager call at any of these sizes: reserve() planned and sized them all
         x0, l0, _ = random_inputs(rng, rows, H, E, "bfloat16")
