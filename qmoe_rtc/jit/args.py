@@ -12,6 +12,7 @@ between launches (the per-call input and output) without repacking anything else
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -124,6 +125,13 @@ class KernelDef:
     name_expr: str
     args: tuple  # the __global__ function's parameters: Ptr, Scalar, Struct
 
+    @functools.cached_property
+    def block_layout(self) -> tuple[tuple[int, ...], tuple, int, tuple[str, ...]]:
+        """:func:`param_layout` as tuples plus the leaf names, worked out once per kernel definition (a plan
+        packs each of its launches; laying the specs out again each time was ~40 % of packing one)."""
+        tops, flat, size = param_layout(self.args)
+        return tuple(tops), tuple(flat), size, tuple(spec.name for spec, _ in flat)
+
     def arg_names(self) -> tuple[str, ...]:
         """The leaf names, structs flattened: what a launch binds (and a positional call passes) in order."""
         return tuple(a.name for a in leaves(self.args))
@@ -196,10 +204,9 @@ class ParamBlock:
     __slots__ = ("values", "_ptrs", "_words", "address", "names")
 
     def __init__(self, kdef: KernelDef, values: dict, device_id: int | None = None):
-        tops, flat, size = param_layout(kdef.args)
+        tops, flat, size, self.names = kdef.block_layout
         self.values = np.zeros(max(-(-size // 8), 1), dtype=np.uint64)  # [ceil(size/8)] parameter space
         raw = self.values.view(np.uint8)
-        self.names = tuple(spec.name for spec, _ in flat)
         if len(set(self.names)) != len(self.names):
             dup = sorted({n for n in self.names if self.names.count(n) > 1})
             raise QMoEAttributeError(f"{kdef.key} arguments", "distinct leaf names (values bind by name)", str(dup))
