@@ -200,3 +200,19 @@ def test_each_kernel_has_the_machine_code_of_the_whole_module(cache):
     assert set(default) == set(whole)
     for key in solo:
         assert default[f".text.{lowered[key]}"] == whole[f".text.{lowered[key]}"], key
+
+
+def test_compile_times_tool_compiles_what_a_first_call_loads(capsys):
+    """tools/compile_times.py --rows: a first call at 512 tokens of gpt-oss-120b (16 routes per expert: the wgmma
+    engine's 64-route tile) compiles routing, the 64-route GEMMs and the grouping piece, not the 128-route ones."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "tools" / "compile_times.py"
+    spec = importlib.util.spec_from_file_location("compile_times", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    assert tool.main(["--preset", "gpt-oss-120b", "--rows", "512", "--nvrtc-cache"]) == 0
+    out = capsys.readouterr().out
+    assert "prefill-wgmma: 4 programs side by side" in out and "(fc1_br64)" in out and "(fc2_br64)" in out, out
+    assert "br128" not in out and "route_" in out, out
