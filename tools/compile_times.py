@@ -46,6 +46,8 @@ def main(argv=None) -> int:
     p.add_argument("--sms", type=int, default=132, help="multiprocessors of the device the plan is for (--rows)")
     p.add_argument("--contract-layout", action="store_true", help="codes as given, not tiled (--rows)")
     a = p.parse_args(argv)
+    if a.rows < 0 or a.sms < 1:
+        p.error(f"--rows must be 0 or more and --sms positive (got {a.rows}, {a.sms})")
     if not a.nvrtc_cache and os.environ.get("CUDA_CACHE_DISABLE") != "1":
         # in the environment from the process's start, as measured (session 23), however NVRTC reads it
         os.environ["CUDA_CACHE_DISABLE"] = "1"
