@@ -49,7 +49,7 @@ from .runtime.interop import (
     to_cupy,
 )
 from .runtime.layer import check_supported, describe_gpu_layer, layer_config, prepack_choice, upload_layer
-from .runtime.plan import Plan, PlanStep, launched, load_launched
+from .runtime.plan import Plan, launched, load_launched
 from .runtime.scratch import ScratchPool
 from .specialize import ModelConfig
 
@@ -242,13 +242,7 @@ class QMoE:
             for name, why in choice.skipped:
                 self._say(f"qmoe_rtc: {choice.pipeline.path} path runs {choice.pipeline.name} instead of the faster "
                           f"{name}: {why}")
-            steps = []
-            for st in choice.pipeline.steps_for(config):
-                fam, spec = get_family(st.family), specs[st.family]
-                kern = modules[spec][fam.kernel_for(spec, st.role, problem)]
-                steps.append(PlanStep(st.family, st.role, spec, kern, fam.launch(spec, st.role, problem),
-                                      fam.scratch(spec, st.role, problem)))
-            plan = self._plans[k] = Plan(problem, choice.pipeline, tuple(steps))
+            plan = self._plans[k] = Plan.build(config, problem, choice.pipeline, specs, modules)
             log.info("qmoe_rtc: planned rows=%d dtype=%s: %s (%s)", k[0], dtype, plan.engine,
                      ", ".join(s.name for s in specs.values()))
         return [self._plans[k] for k in keys]

@@ -216,3 +216,27 @@ def test_compile_times_tool_compiles_what_a_first_call_loads(capsys):
     out = capsys.readouterr().out
     assert "prefill-wgmma: 4 programs side by side" in out and "(fc1_br64)" in out and "(fc2_br64)" in out, out
     assert "br128" not in out and "route_" in out, out
+
+
+def test_a_plan_built_from_the_kernels_launched_names():
+    """CPU: runtime.plan.launched names exactly the kernels Plan.build takes from the modules (one route
+    tile's GEMMs at gpt-oss 512 on sm_90a), so a plan never asks a module for a piece it did not load."""
+    import dataclasses
+
+    from qmoe_rtc.kernels import Problem, choose
+    from qmoe_rtc.presets import PRESETS
+    from qmoe_rtc.runtime.plan import Plan, launched
+
+    cfg = PRESETS["gpt-oss-120b"].config(dtype="bfloat16")
+    cfg = dataclasses.replace(cfg, layout=dataclasses.replace(cfg.layout, tiled=True))
+    problem = Problem(rows=512, E=cfg.experts, H=cfg.hidden, I=cfg.inter, k=cfg.k, dtype="bfloat16", arch="sm_90a",
+                      sms=132)
+    choice = choose(cfg, problem, "prefill")
+    specs = {f: get_family(f).spec(cfg) for f in choice.pipeline.families}
+    want = launched(choice.pipeline, specs, cfg, problem)
+    assert want[specs["wgmma_prefill"]] == {"group", "permute", "fc1_br64", "fc2_br64", "combine"}
+    modules = {spec: {key: f"{spec.family}:{key}" for key in keys} for spec, keys in want.items()}  # only those
+    plan = Plan.build(cfg, problem, choice.pipeline, specs, modules)
+    assert plan.engine == "prefill-wgmma" and len(plan.steps) == len(choice.pipeline.steps_for(cfg))
+    assert [s.kernel for s in plan.steps if s.role in ("fc1", "fc2")] == ["wgmma_prefill:fc1_br64",
+                                                                           "wgmma_prefill:fc2_br64"]

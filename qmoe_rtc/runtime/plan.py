@@ -87,6 +87,17 @@ class Plan:
         self.needs = needs
         self._bound: dict[int, BoundLaunches] = {}  # id(pool) -> launches bound to that pool
 
+    @classmethod
+    def build(cls, config, problem: Problem, pipeline: Pipeline, specs: dict, modules: dict) -> Plan:
+        """The plan of ``pipeline`` at ``problem``: each step's kernel from ``modules`` (by spec, loaded with the
+        kernels :func:`launched` names), its family's launch geometry and scratch."""
+        steps = []
+        for st in pipeline.steps_for(config):
+            fam, spec = get_family(st.family), specs[st.family]
+            steps.append(PlanStep(st.family, st.role, spec, modules[spec][fam.kernel_for(spec, st.role, problem)],
+                                  fam.launch(spec, st.role, problem), fam.scratch(spec, st.role, problem)))
+        return cls(problem, pipeline, tuple(steps))
+
     @property
     def engine(self) -> str:
         return self.pipeline.name
