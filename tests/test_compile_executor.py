@@ -249,24 +249,27 @@ def test_prefill_stage_bytes_match_the_device_struct(tiled_meta):
 
 
 @pytest.mark.parametrize("tiled_meta", [False, True])
-@pytest.mark.parametrize("groups", [2, 4])
+@pytest.mark.parametrize("groups", [0, 2, 4])
 def test_wgmma_stage_bytes_match_the_device_struct(groups, tiled_meta):
     """kernels/wgmma_prefill.py stage_bytes / stages equal WgStage::kBytes / kStages (the kernel traps on a
-    smaller dynamic shared memory) for every bit width, scale size, block kind, zp mode and route tile."""
+    smaller dynamic shared memory) for every bit width, scale size, block kind, zp mode and route tile, with
+    the warpgroups forced (2, 4) or chosen by tile and layout (0: tile_groups, the device's kGroups)."""
     from qmoe_rtc.jit import compiler
-    from qmoe_rtc.kernels.wgmma_prefill import route_tiles_of, stage_bytes, stages
+    from qmoe_rtc.kernels.wgmma_geometry import route_tiles_of, stage_bytes, stages, tile_groups
 
     lines = ['#include "engines/wgmma_prefill.cuh"']
     for bits in (1, 2, 3, 4, 8):
         for scale_t, sbytes in (("__half", 2), ("float", 4)):
             for block in (0, 16, 32, 128):
                 for zp in (False, True):
-                    for br in route_tiles_of(groups):
-                        st = stage_bytes(bits, sbytes, block, zp, br, groups, tiled_meta)
+                    for br in route_tiles_of(groups or None):
+                        g = groups or tile_groups(bits, sbytes, block, zp, br, tiled_meta, 4)
+                        st = stage_bytes(bits, sbytes, block, zp, br, g, tiled_meta)
                         t = f"qmoe::WgStage<{bits}, {scale_t}, {block}, {'true' if zp else 'false'}, {br}>"
-                        lines.append(f"static_assert({t}::kBytes == {st} && {t}::kStages == {stages(st, 3)}, "
+                        lines.append(f"static_assert({t}::kGroups == {g} && {t}::kBytes == {st} && "
+                                     f"{t}::kStages == {stages(st, 4)}, "
                                      f"\"stage_bytes({bits}, {sbytes}, {block}, {zp}, {br})\");")
-    options = compiler.base_options("sm_90", (f"-DQMOE_WG_GROUPS={groups}", "-DQMOE_WG_STAGES=3",
+    options = compiler.base_options("sm_90", (*([f"-DQMOE_WG_GROUPS={groups}"] if groups else []), "-DQMOE_WG_STAGES=4",
                                               *TILED_META_DEFINES[tiled_meta]))
     compiler.compile_unit("wg_stage_bytes_check", "\n".join(lines) + "\n", {}, "sm_90", options)
 
@@ -278,7 +281,7 @@ def test_wgmma_ws_stage_bytes_match_the_device_struct(mw, tiled_meta):
     kernels/wgmma_prefill.py stage_bytes / stages give its launch, for every bit width, scale size, block
     kind, zp mode and route tile."""
     from qmoe_rtc.jit import compiler
-    from qmoe_rtc.kernels.wgmma_prefill import WS_CONSUMERS, WS_SMEM_BUDGET, route_tiles_of, stage_bytes, stages
+    from qmoe_rtc.kernels.wgmma_geometry import WS_CONSUMERS, WS_SMEM_BUDGET, route_tiles_of, stage_bytes, stages
 
     m16 = 4 * WS_CONSUMERS * mw
     lines = ['#include "engines/wgmma_ws.cuh"', f"static_assert(qmoe::kWsTiles == {m16}, \"m16 tiles per block\");"]

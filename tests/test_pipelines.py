@@ -186,6 +186,49 @@ def test_wgmma_fc2_k_split_launch():
         fc2(512)
 
 
+def test_wgmma_warpgroups_by_route_tile_and_layout():
+    """Two warpgroups a block at 64-route tiles where four stages of theirs fit twice in an SM (two blocks an
+    SM: FC2's device rule then counts 2 × SMs), four at 128 routes and where they do not fit twice (int8);
+    knob prefill_wg_groups forces either for every tile (a -D option, part of the key)."""
+    from qmoe_rtc import knobs
+    from qmoe_rtc.kernels.wgmma_geometry import tile_groups
+
+    assert [tile_groups(4, 2, 128, False, br) for br in (64, 128)] == [2, 4]
+    assert [tile_groups(b, 2, 32, False, 64, True) for b in (2, 3, 4, 8)] == [2, 2, 2, 4]
+    assert tile_groups(4, 2, 128, False, 64, max_stages=3) == 4  # a shallower ring measured slower
+    fam = get_family("wgmma_prefill")
+    qwen3 = CONFIGS[0]  # 128 experts, k 8: 512 rows give 32 routes per expert (64-route tiles), 4096 give 256
+    spec = fam.spec(qwen3)
+    assert spec.get("groups") is None and not any("GROUPS" in d for d in fam.defines(spec))
+
+    def fc(role, rows, cfg=qwen3):
+        launch = fam.launch(fam.spec(cfg), role, dataclasses.replace(_problem(cfg, rows), sms=132))
+        return launch.block[0], dict(launch.args).get("SMS")
+
+    assert (fc("fc1", 512), fc("fc2", 512)) == ((256, None), (256, 2 * 132))
+    assert (fc("fc1", 4096), fc("fc2", 4096)) == ((512, None), (512, 132))
+    lay = qwen3.layout
+    int8 = dataclasses.replace(qwen3, layout=dataclasses.replace(lay, fc1_bits=8, fc2_bits=8))
+    assert (fc("fc1", 512, int8), fc("fc2", 512, int8)) == ((512, None), (512, 132))
+    with knobs.scope(prefill_wg_groups=4):
+        assert fam.spec(qwen3)["groups"] == 4 and "-DQMOE_WG_GROUPS=4" in fam.defines(fam.spec(qwen3))
+        assert fc("fc2", 512) == (512, 132)
+    with knobs.scope(prefill_wg_groups=2):
+        assert fc("fc1", 4096) == (256, None) and fc("fc2", 512) == (256, 2 * 132)
+
+
+def test_wgmma_refuses_past_32_bit_row_offsets():
+    """A route tile's rows are 32-bit element offsets into xp [rows, Hp] and act_sorted [R, Ip]: past 2^32
+    values the engine is refused (the executor then warns and runs mma.sync)."""
+    fam = get_family("wgmma_prefill")
+    mixtral = ModelConfig(hidden=4096, inter=14336, experts=8, k=2, layout=CONFIGS[0].layout)
+    assert fam.supports(mixtral, _problem(mixtral, 149_796)) is None  # 299592 routes × 14336 < 2^32
+    why = fam.supports(mixtral, _problem(mixtral, 149_797))
+    assert why and "2^32" in why and "299594 routes × 14336" in why
+    skipped = choose(mixtral, _problem(mixtral, 149_797), "prefill").skipped
+    assert skipped and skipped[0][0] == "prefill-wgmma" and "2^32" in skipped[0][1]
+
+
 def test_batched_engine_by_routes_per_expert():
     """The batched-decode engine runs up to 6 routes per expert on layers whose routes reach many
     experts, up to 12 on layers of few experts (measured, session 11); with two row tiles per warp (tiled
@@ -245,7 +288,7 @@ def test_warm_modules_cover_both_prefill_engines():
 def test_wgmma_k_order_is_a_permutation_matching_the_pairs(bits):
     """The logical K order of the wgmma operands is a bijection of each 128-chunk, and logical columns
     2t, 2t+1 (+8) of k16 step s are the codes lane t's pairs 2s, 2s+1 hold (core/mma_pair.cuh)."""
-    from qmoe_rtc.kernels.wgmma_prefill import wg_logical, wg_natural
+    from qmoe_rtc.kernels.wgmma_geometry import wg_logical, wg_natural
 
     nat = [wg_natural(l, bits) for l in range(128)]
     assert sorted(nat) == list(range(128))
@@ -266,7 +309,7 @@ def test_wgmma_k_order_on_tiled_codes(bits):
     """With tiled codes (pair i = natural codes 2i, 2i + 1 of the lane's 32) the wgmma K order is again a
     bijection of each 128-chunk, logical columns 2t, 2t+1 (+8) of k16 step s being lane t's pairs 2s,
     2s+1, and wg_logical inverts it."""
-    from qmoe_rtc.kernels.wgmma_prefill import wg_logical, wg_natural
+    from qmoe_rtc.kernels.wgmma_geometry import wg_logical, wg_natural
 
     nat = [wg_natural(l, bits, tiled=True) for l in range(128)]
     assert sorted(nat) == list(range(128))

@@ -14,7 +14,7 @@ from qmoe_rtc import knobs
 from qmoe_rtc.errors import QMoEAttributeError
 from qmoe_rtc.kernels import get_family
 from qmoe_rtc.kernels.base import Problem
-from qmoe_rtc.kernels.wgmma_prefill import GATHER_ROWS, WS_CONSUMERS, image_rows, padded, variant_of
+from qmoe_rtc.kernels.wgmma_geometry import GATHER_ROWS, WS_CONSUMERS, image_rows, padded, variant_of
 from qmoe_rtc.specialize import Layout, ModelConfig
 
 QWEN3 = ModelConfig(hidden=2048, inter=768, experts=128, k=8,

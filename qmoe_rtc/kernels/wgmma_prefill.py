@@ -10,8 +10,8 @@ Two variants of the same GEMMs (knob ``prefill_wg_variant``, part of the module 
   tile per MMA warp (the default), 256 rows × 64/128 with two (knob ``prefill_ws_mw``). Opt-in: it
   measured slower than ``tiles`` except at the largest prefills (docs/performance-log.md, session 14).
 - ``tiles`` (``cuda_src/engines/wgmma_prefill.cuh``): one block per tile, ``qmoe::fc1_wgmma`` /
-  ``qmoe::fc2_wgmma``, every warp both copies and computes. Route tiles of 64 or 128 (256 too with 2
-  warpgroups per block).
+  ``qmoe::fc2_wgmma``, every warp both copies and computes. Route tiles of 64 routes, on 2 warpgroups where
+  two such blocks fit an SM (:func:`tile_groups`), or 128 on 4 (256 too when ``prefill_wg_groups`` forces 2).
 
 Both have ``qmoe::wg_permute`` (the input's K chunks in the order the MMA's shared-memory operand needs,
 ``core/wg_order.cuh``), FC1 [+FC3] with the activation fused (sorted order, written in FC2's order), FC2
@@ -43,11 +43,9 @@ from ._expert import (
     expert_spec,
     fc1_weights,
     fc2_weights,
-    meta_words,
     template_types,
     tensor_core_unsupported,
     tiled_define,
-    tiled_meta,
     tiled_spec,
 )
 from ._grouped import (
@@ -57,24 +55,33 @@ from ._grouped import (
     group_launch,
     grouped_scratch,
     route_tiles,
-    staged_projection,
     tiled_launch,
     tuning_knob,
     weight_tiles,
 )
 from .base import KernelFamily, Problem, Slot, register
+from .wgmma_geometry import (
+    CHUNK,
+    DEFAULT_VARIANT,
+    GATHER_ROWS,
+    INFLIGHT,
+    MAX_STAGES,
+    SHRINK,
+    VARIANTS,
+    WS_CONSUMERS,
+    WS_MW,
+    groups_of,
+    image_rows,
+    padded,
+    resident,
+    ring_bytes,
+    spec_tiles,
+    tile_routes,
+    variant_of,
+)
 
-__all__ = ["WgmmaPrefillFamily", "min_routes_per_expert", "padded", "stage_bytes", "stages", "tile_routes", "wg_logical",
-           "wg_natural"]
+__all__ = ["WgmmaPrefillFamily", "min_routes_per_expert"]
 
-TILE_ROUTES = (64, 128, 256)  # BR (with 4 warpgroups, 256 does not fit the 128 registers a thread has)
-GROUPS = 4  # kWgGroups: warpgroups per block (4 warps each, one m16 weight tile per warp)
-MAX_STAGES = 4  # QMOE_WG_STAGES
-INFLIGHT = 1  # QMOE_WG_INFLIGHT: MMAs a warpgroup keeps in flight (2 measured no faster)
-SHRINK = 2  # QMOE_WG_SHRINK: widths a tail tile's MMAs shrink to (1: BR / 2; 2: BR / 2 and BR / 4)
-SMEM_BUDGET = 227 * 1024 - 1024 - 4096  # kWgSmemBudget
-WS_SMEM_BUDGET = 227 * 1024 - 1024 - 3072  # kWsSmemBudget
-CHUNK = 128  # K per pipeline stage; the permuted layouts pad K to a multiple of it
 #: Routes per expert (average over the experts that get routes) from which this engine runs, measured
 #: on the H200 against the mma.sync engine (docs/performance-log.md, "wgmma / mma.sync crossover"): at 32
 #: it is faster on every shape measured, at 16 it is 1.10x slower on qwen3-30b-a3b and within 5 % on
@@ -93,105 +100,12 @@ def min_routes_per_expert(block_size: int) -> int:
     return MIN_ROUTES_PER_EXPERT_SMALL_BLOCKS if 0 < block_size < CHUNK else MIN_ROUTES_PER_EXPERT
 
 
-#: The ``ws`` variant (engines/wgmma_ws.cuh): MMA warpgroups, m16 tiles per MMA warp, route tiles, and the
-#: registers of its copy warpgroup (kWsConsumers, kWsMW, kWsCopyRegs).
-WS_CONSUMERS = 2
-WS_MW = 1
-WS_TILE_ROUTES = {1: (64, 128, 256), 2: (64, 128)}  # by m16 tiles per MMA warp (accumulators: MW·BR/2)
-GATHER_ROWS = 8  # kGatherRows: sorted rows per block of the ws variant's gather
-VARIANTS = ("ws", "tiles")
-DEFAULT_VARIANT = "tiles"
-
-
-def variant_of(spec: ModuleSpec) -> str:
-    """The spec's kernels: 'ws' or 'tiles' (see the module docstring)."""
-    return spec.get("variant") or "tiles"
-
-
-def padded(K: int) -> int:
-    """K rounded up to a whole chunk (the row length of ``xp`` and ``act_sorted``)."""
-    return (K + CHUNK - 1) // CHUNK * CHUNK
-
-
-def _pair_order(bits: int) -> tuple[int, int]:
-    """(pairs, codes) per 32-bit word of the device's pair order (MmaDeq); 3-bit codes take 4-bit's."""
-    order = 4 if bits == 3 else bits
-    return 16 // order, 32 // order
-
-
-def wg_natural(l: int, bits: int, tiled: bool = False) -> int:  # noqa: E741
-    """Natural k (0..127) of logical column ``l`` of a chunk (mirror of the device's wg_natural; ``tiled``:
-    codes in the tiled layout's pair order, pair i = natural codes 2i, 2i + 1)."""
-    P, C = _pair_order(bits)
-    s, j = l >> 4, l & 15
-    pair = 2 * s + (j >> 3)
-    if tiled:
-        return 32 * ((j & 7) >> 1) + 2 * pair + (j & 1)
-    return 32 * ((j & 7) >> 1) + (pair // P) * C + pair % P + (j & 1) * P
-
-
-def wg_logical(n: int, bits: int, tiled: bool = False) -> int:
-    """Logical column of natural k ``n`` (0..127): the inverse of :func:`wg_natural`."""
-    P, C = _pair_order(bits)
-    t, r = n >> 5, n & 31
-    w = r % C
-    pair, hi = (r >> 1, r & 1) if tiled else ((r // C) * P + w % P, w // P)
-    return 16 * (pair >> 1) + 8 * (pair & 1) + 2 * t + hi
-
-
-def stage_bytes(bits: int, scale_bytes: int, block_size: int, zp_packed: bool, br: int, groups: int = GROUPS,
-                tiled_meta: bool = False, m16_tiles: int = 0) -> int:
-    """One pipeline stage (wgmma_prefill.cuh WgStage; wgmma_ws.cuh WsStage with ``m16_tiles`` weight tiles
-    per block), rounded to 1024 bytes: the route tile, then each m16 weight tile's codes and meta."""
-    words = meta_words(bits, scale_bytes, block_size, zp_packed, tiled_meta) if block_size else 0
-    raw = br * 256 + (m16_tiles or 4 * groups) * (2 * 32 * 4 * bits + 2 * words * 128)
-    return (raw + 1023) // 1024 * 1024
-
-
-def stages(stage: int, max_stages: int = MAX_STAGES, budget: int = SMEM_BUDGET) -> int:
-    """Stages of the ring (WgStage::kStages; WsStage::kStages with ``budget`` WS_SMEM_BUDGET): as many as
-    fit, at most ``max_stages``."""
-    return min(max_stages, budget // stage)
-
-
-
 #: FC2 may split K in two (fc2_wgmma, KS = 2; the device decides, fc2_splits) up to this many tiles per
 #: SM (the host's bound on the tiles) and from FC2_SPLIT_CHUNKS chunks of K: past two rounds the device
 #: would not split (measured, docs/performance-log.md session 22) and zeroing y would be wasted; on a
 #: shorter K a split tile's second prologue and epilogue cost more than the idle SMs (ort-2048, 16 chunks).
 FC2_SPLIT_ROUNDS = 2
 FC2_SPLIT_CHUNKS = 32
-
-
-def route_tiles_of(groups: int, variant: str = "tiles", mw: int = WS_MW) -> tuple[int, ...]:
-    """The route tiles a module with ``groups`` warpgroups per block has (the ``ws`` variant: by its m16
-    tiles per MMA warp ``mw``)."""
-    if variant == "ws":
-        return WS_TILE_ROUTES[mw]
-    return TILE_ROUTES if groups == 2 else TILE_ROUTES[:2]
-
-
-def _tile_routes(spec: ModuleSpec) -> tuple[int, ...]:
-    return route_tiles_of(spec["groups"], variant_of(spec), spec.get("mw") or WS_MW)
-
-
-def image_rows(spec: ModuleSpec, problem: Problem) -> int:
-    """Rp, the rows of the ``ws`` variant's route-tile images: the routes plus the largest route tile (a
-    tile's copy reads BR rows from its first one)."""
-    return problem.routes + max(_tile_routes(spec))
-
-
-def tile_routes(routes: int, E: int, groups: int = GROUPS, have: tuple[int, ...] = ()) -> int:
-    """BR for a call: the route tile the average expert fills best among ``have`` (default: the ``tiles``
-    variant's with ``groups`` warpgroups; knob ``prefill_route_tile`` forces one of them, for tuning)."""
-    have = have or route_tiles_of(groups)
-    forced = knobs.get("prefill_route_tile") or 0
-    if forced in have:
-        return forced
-    per_expert = routes / max(1, min(E, routes))
-    if per_expert <= 96:
-        return 64
-    return 128 if per_expert <= 320 or 256 not in have else 256
 
 
 @register
@@ -214,8 +128,8 @@ class WgmmaPrefillFamily(KernelFamily):
             if variant == "ws" else {}
         stamps = {"stamps": True} if knobs.get("prefill_wg_stamps") and not ws else {}  # diagnostics (tiles only)
         shrink = {} if ws else {"shrink": tuning_knob("prefill_wg_shrink", "QMOE_RTC_PREFILL_WG_SHRINK", SHRINK, (1, 2))}
-        groups = WS_CONSUMERS if ws else tuning_knob("prefill_wg_groups", "QMOE_RTC_PREFILL_WG_GROUPS", GROUPS, (2, 4))
-        return expert_spec(self.name, config, groups=groups,
+        groups = WS_CONSUMERS if ws else tuning_knob("prefill_wg_groups", "QMOE_RTC_PREFILL_WG_GROUPS", 0, (0, 2, 4))
+        return expert_spec(self.name, config, **({"groups": groups} if groups else {}),  # none: tile_groups
                            stages=tuning_knob("prefill_wg_stages", "QMOE_RTC_PREFILL_WG_STAGES", MAX_STAGES, range(2, 7)),
                            inflight=tuning_knob("prefill_wg_inflight", "QMOE_RTC_PREFILL_WG_INFLIGHT", INFLIGHT, (1, 2)),
                            **ws, **stamps, **shrink, **tiled_spec(config))
@@ -224,7 +138,7 @@ class WgmmaPrefillFamily(KernelFamily):
         if variant_of(spec) == "ws":
             return (f"-DQMOE_WS_CONSUMERS={spec['groups']}", f"-DQMOE_WS_MW={spec['mw']}", f"-DQMOE_WS_STAGES={spec['stages']}",
                     f"-DQMOE_WS_INFLIGHT={spec['inflight']}", *tiled_define(spec))
-        return (f"-DQMOE_WG_GROUPS={spec['groups']}", f"-DQMOE_WG_STAGES={spec['stages']}",
+        return (*((f"-DQMOE_WG_GROUPS={spec['groups']}",) if spec.get("groups") else ()), f"-DQMOE_WG_STAGES={spec['stages']}",
                 f"-DQMOE_WG_INFLIGHT={spec['inflight']}", f"-DQMOE_WG_SHRINK={spec['shrink']}",
                 *(("-DQMOE_WG_STAMPS=1",) if spec.get("stamps") else ()),
                 *tiled_define(spec))
@@ -254,6 +168,9 @@ class WgmmaPrefillFamily(KernelFamily):
             return f"warpgroup MMA needs sm_90a (this device: {problem.arch})"
         if problem is not None and problem.rows and knobs.get("prefill_engine") == "mma":
             return "QMOE_RTC_PREFILL_ENGINE=mma"
+        if problem is not None and max(problem.rows * padded(problem.H), problem.routes * padded(problem.I)) >= 1 << 32:
+            return (f"{problem.rows} rows × {padded(problem.H)} or {problem.routes} routes × {padded(problem.I)} values "
+                    "reach 2^32 (a route tile's rows are 32-bit offsets)")
         return None
 
     def slower(self, config, problem: Problem | None = None) -> str | None:
@@ -277,7 +194,7 @@ class WgmmaPrefillFamily(KernelFamily):
         out.append(KernelDef("permute", f"qmoe::wg_permute<{CPP_TYPES[dt]}, {t['B1']}>",
                              (Ptr("x", dt), Scalar("rows", "int32"), Scalar("H", "int32"), Scalar("Hp", "int32"),
                               Ptr("xp", dt), Ptr("y", "float32"), Scalar("y_zero", "int64"))))
-        for br in _tile_routes(spec):
+        for br in spec_tiles(spec):
             out.append(KernelDef(
                 f"fc1_br{br}",
                 f"qmoe::fc1_wgmma<{t['GATE']}, {t['T']}, {t['S']}, {t['B1']}, {t['B2']}, {t['Z1']}, {t['Z3']}, "
@@ -306,7 +223,7 @@ class WgmmaPrefillFamily(KernelFamily):
             "permute", f"qmoe::ws_gather<{CPP_TYPES[dt]}, {t['B1']}>",
             (Ptr("x", dt), ROUTE_GROUPS_ARG, Scalar("E", "int32"), Scalar("k", "int32"), Scalar("H", "int32"),
              Scalar("Hp", "int32"), Scalar("Rp", "int32"), Ptr("xs", dt))))
-        for br in _tile_routes(spec):
+        for br in spec_tiles(spec):
             out.append(KernelDef(
                 f"fc1_br{br}",
                 f"qmoe::fc1_wgws<{t['GATE']}, {t['T']}, {t['S']}, {t['B1']}, {t['B2']}, {t['Z1']}, {t['Z3']}, "
@@ -335,18 +252,20 @@ class WgmmaPrefillFamily(KernelFamily):
             raise QMoEAttributeError("QMOE_RTC_PREFILL_FC2_SPLIT", "one of ['auto', 'on', 'off']", repr(mode))
         if variant_of(spec) == "ws" or mode == "off" or padded(problem.I) < 2 * CHUNK:
             return 1
-        br = tile_routes(problem.routes, problem.experts, have=_tile_routes(spec))
-        tiles = route_tiles(problem.routes, problem.experts, br) * weight_tiles(spec, "fc2", problem.H, 4 * spec["groups"])
-        few = tiles <= FC2_SPLIT_ROUNDS * problem.sm_count and padded(problem.I) >= FC2_SPLIT_CHUNKS * CHUNK
+        br = tile_routes(problem.routes, problem.experts, have=spec_tiles(spec))
+        m16 = 4 * groups_of(spec, "fc2", br)  # m16 weight tiles per block
+        tiles = route_tiles(problem.routes, problem.experts, br) * weight_tiles(spec, "fc2", problem.H, m16)
+        slots = problem.sm_count * resident(spec, "fc2", br)
+        few = tiles <= FC2_SPLIT_ROUNDS * slots and padded(problem.I) >= FC2_SPLIT_CHUNKS * CHUNK
         return 2 if mode == "on" or few else 1
 
     def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem) -> str:
         if role in ("fc1", "fc2"):
-            return f"{role}_br{tile_routes(problem.routes, problem.experts, have=_tile_routes(spec))}"
+            return f"{role}_br{tile_routes(problem.routes, problem.experts, have=spec_tiles(spec))}"
         return role
 
     def launch(self, spec: ModuleSpec, role: str, problem: Problem) -> Launch:
-        br = tile_routes(problem.routes, problem.experts, have=_tile_routes(spec))
+        br = tile_routes(problem.routes, problem.experts, have=spec_tiles(spec))
         Hp, Ip = padded(problem.H), padded(problem.I)
         ws = variant_of(spec) == "ws"
         if role == "group":
@@ -360,18 +279,14 @@ class WgmmaPrefillFamily(KernelFamily):
         if role == "permute":  # also zeroes y when FC2 may add its halves of K into it
             y_zero = problem.routes * problem.H if self.fc2_k_split(spec, problem) == 2 else 0
             return Launch(((problem.rows * Hp // 8 + 255) // 256, 1, 1), (256, 1, 1), 0, (("Hp", Hp), ("y_zero", y_zero)))
-        scale_bytes = 4 if spec["scale_dtype"] == "float32" else 2
-        wgs = spec["groups"]
-        bits, zp = staged_projection(spec, role)
+        wgs = groups_of(spec, role, br)
         m16 = 4 * wgs * (spec["mw"] if ws else 1)  # m16 weight tiles per block
         # FC1 covers Ip: its padding columns are written as zeros (FC2 reads them)
         nt = weight_tiles(spec, role, Ip if role == "fc1" else problem.H, m16)
-        st = stage_bytes(bits, scale_bytes, spec["block_size"], zp, br, wgs, tiled_meta(spec), m16 if ws else 0)
-        smem = stages(st, spec["stages"], WS_SMEM_BUDGET if ws else SMEM_BUDGET) * st + 1024
+        smem = ring_bytes(spec, role, br)
         if not ws and role == "fc2":  # KS blocks a tile: its halves of K (fc2_splits decides on the device)
-            ks = self.fc2_k_split(spec, problem)
-            launch = tiled_launch(problem, br, nt, 128 * wgs, smem,
-                                  (("Hp", Hp), ("Ip", Ip), ("KS", ks), ("SMS", problem.sm_count)))
+            ks, slots = self.fc2_k_split(spec, problem), problem.sm_count * resident(spec, role, br)
+            launch = tiled_launch(problem, br, nt, 128 * wgs, smem, (("Hp", Hp), ("Ip", Ip), ("KS", ks), ("SMS", slots)))
             return replace(launch, grid=(launch.grid[0] * ks, 1, 1))
         if not ws:
             return tiled_launch(problem, br, nt, 128 * wgs, smem, (("Hp", Hp), ("Ip", Ip)))

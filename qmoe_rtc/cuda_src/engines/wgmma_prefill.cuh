@@ -14,7 +14,7 @@
 // The K order of xp and act_sorted: core/wg_order.cuh. The warp-specialised, persistent variant of
 // this engine: engines/wgmma_ws.cuh (same arguments, same layouts).
 //
-// Block: kWgGroups warpgroups × 64 weight rows (warp w: rows 16w .. 16w + 15 of the tile, the
+// Block: WgStage::kGroups warpgroups × 64 weight rows (warp w: rows 16w .. 16w + 15 of the tile, the
 // mma_prefill lane layout with one m16 tile) × BR routes; acc[BR / 2] f32 per thread (core/wgmma.cuh).
 // K in chunks of 128 through a cp.async ring of WgStage::kStages stages (as many as fit, at most
 // QMOE_WG_STAGES); per k16 step a warp builds its A fragment while the previous QMOE_WG_INFLIGHT MMAs
@@ -42,11 +42,8 @@
 namespace qmoe {
 
 #ifndef QMOE_WG_GROUPS
-#define QMOE_WG_GROUPS 4
+#define QMOE_WG_GROUPS 0  // warpgroups per block, 2 or 4 for every tile; 0: WgStage::kGroups decides
 #endif
-inline constexpr int kWgGroups = QMOE_WG_GROUPS;     // warpgroups per block (2 or 4): 64·kWgGroups weight rows
-inline constexpr int kWgThreads = 128 * kWgGroups;
-inline constexpr int kWgWarps = 4 * kWgGroups;       // one m16 weight tile each
 #ifndef QMOE_WG_STAGES
 #define QMOE_WG_STAGES 4
 #endif
@@ -63,6 +60,12 @@ inline constexpr int kWgSmemBudget = 227 * 1024 - 1024 - 4096;  // dynamic bytes
 //                                               128-byte swizzle (unit u of row r at u ^ (r & 7))
 //   codes [warps][2 rows][32 lanes][4·B B]      each lane's 32 codes of its two rows
 //   meta  [warps][2 rows][kWords][32] u32       their scale / zp words (block-wise scales only)
+// A block has kGroups warpgroups × 64 weight rows: 2 at 64-route tiles where four stages of 2 warpgroups
+// fit twice in an SM's 228 KiB (with 1 KiB alignment slack, 1 KiB the system's and ~1 KiB static a
+// block), so two blocks share it and one's first copies and epilogue overlap the other's main loop; 4
+// otherwise (an SM then holds one block: with 2 it measured 10-14 % slower at int8; kernels/wgmma_prefill.py
+// tile_groups mirrors this). QMOE_WG_GROUPS forces 2 or 4 (with 4, 256 routes' accumulators do not fit
+// a thread's 128 registers).
 template <int B, typename ScaleT, int BLOCK, bool ZPW, int BR> struct WgStage {
   using W = LaneTileBytes<B, ScaleT, BLOCK, ZPW, 1>;  // a warp's tile (engines/lane_tiles.cuh)
   static constexpr int kXBytes = BR * 256;
@@ -70,10 +73,20 @@ template <int B, typename ScaleT, int BLOCK, bool ZPW, int BR> struct WgStage {
   static constexpr int kCB = W::kCB;
   static constexpr int kWarpCodes = W::kCodes;
   static constexpr int kWarpBytes = W::kBytes;
-  static constexpr int kBytes = (kXBytes + kWgWarps * kWarpBytes + 1023) / 1024 * 1024;
+  static constexpr int kBytes2 = (kXBytes + 8 * kWarpBytes + 1023) / 1024 * 1024;  // a stage of 2 warpgroups
+  static constexpr bool kShare = BR <= 64 && kWgMaxStages >= 4 && 2 * (4 * kBytes2 + 3072) <= 228 * 1024;
+  static constexpr int kGroups = QMOE_WG_GROUPS ? QMOE_WG_GROUPS : kShare ? 2 : 4;
+  static constexpr int kThreads = 128 * kGroups, kWarps = 4 * kGroups;  // a warp: one m16 weight tile
+  static constexpr int kMinBlocks = kGroups == 2 && BR <= 64 ? 2 : 1;   // registers for two blocks an SM
+  static constexpr int kBytes = (kXBytes + kWarps * kWarpBytes + 1023) / 1024 * 1024;
   static constexpr int kStages = kWgSmemBudget / kBytes < kWgMaxStages ? kWgSmemBudget / kBytes : kWgMaxStages;
   static_assert(kStages >= 2, "a wgmma prefill stage does not fit twice in shared memory");
+  static_assert(kGroups == 2 || kGroups == 4, "QMOE_WG_GROUPS: 2 or 4");
 };
+template <int GATE, typename ScaleT, int B1, int Z1, int Z3, int BLOCK, int BR>
+using Fc1Stage = WgStage<B1, ScaleT, BLOCK, Z1 == ZP_PACKED || (GATE == GATE_FC3 && Z3 == ZP_PACKED), BR>;
+template <typename ScaleT, int B2, int Z2, int BLOCK, int BR>
+using Fc2Stage = WgStage<B2, ScaleT, BLOCK, Z2 == ZP_PACKED, BR>;
 
 // acc (lane (g, t) of warp w: rows 16w + g / + 8, routes 8j + 2t (+1)) = W[lane rows] · act[tile routes]ᵀ
 // over chunks [c0, c1) of K (128 values each), for the tile's first NR routes (NR <= BR: the MMAs' N; a tile that holds no
@@ -82,9 +95,10 @@ template <int B, typename ScaleT, int BLOCK, bool ZPW, int BR> struct WgStage {
 // columns are never stored.
 template <typename T, int B, int BR, int NR, bool ZPW, class QA, class QB, class St>
 __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const PfLaneRows<T, QA, QB, 1>& lr, i32 e,
-                                            const T* const* s_row, i32 K, i32 c0, i32 c1, float (&acc_br)[BR / 2],
+                                            const T* src, const u32* s_row, i32 K, i32 c0, i32 c1, float (&acc_br)[BR / 2],
                                             u8* smem, Stamps& st) {
-  static_assert(NR <= BR && NR * 16 % kWgThreads == 0, "MMA routes: a route tile's 16-byte units spread evenly");
+  constexpr int kThreads = St::kThreads;
+  static_assert(NR <= BR && NR * 16 % kThreads == 0, "MMA routes: a route tile's 16-byte units spread evenly");
   float(&acc)[NR / 2] = reinterpret_cast<float(&)[NR / 2]>(acc_br);
   constexpr int CB = St::kCB, S = St::kStages;
   constexpr bool kScaled = QA::kBlock != 0;
@@ -95,14 +109,22 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
   const u32 s0 = (u32)__cvta_generic_to_shared(smem);
   const i64 sba = LaneMeta<QA, ZPW>::base(qa, e, lr.na[0]), sbb = LaneMeta<QB, ZPW>::base(qb, e, lr.nb[0]);
 
+  // A thread's activation units of a chunk: unit u of route rows r0 + q·kRowStep (NR rows × 16 units of 16
+  // bytes spread over the block), where they start in chunk 0 (xrow, read from s_row once here: loaded
+  // before each copy, ptxas put predicated-off shared loads ahead of every one) and their place in a stage
+  // (xoff + q·kRowStep rows: the swizzle's row bits r & 7 are the same for every q).
+  constexpr int NQ = NR * 16 / kThreads, kRowStep = kThreads / 16;
+  static_assert(kRowStep % 8 == 0, "a unit keeps its swizzle from row to row");
+  const int u = threadIdx.x & 15, r0 = threadIdx.x >> 4;
+  const u32 xoff = (u >> 3) * (BR * 128) + r0 * 128 + (((u & 7) ^ (r0 & 7)) << 4);
+  u32 xrow[NQ];
+#pragma unroll
+  for (int q = 0; q < NQ; ++q) xrow[q] = s_row[r0 + q * kRowStep] + u * 8;
+
   auto issue = [&](i32 slot, i32 c) {
     const u32 base = s0 + slot * St::kBytes;
 #pragma unroll
-    for (int q = 0; q < NR * 16 / kWgThreads; ++q) {  // activations: NR rows × 16 units (thread: unit u of rows r)
-      const int i = threadIdx.x + q * kWgThreads, r = i >> 4, u = i & 15;
-      const u32 dst = base + (u >> 3) * (BR * 128) + r * 128 + (((u & 7) ^ (r & 7)) << 4);
-      cp_async(dst, s_row[r] + c * 128 + u * 8, 16, true);
-    }
+    for (int q = 0; q < NQ; ++q) cp_async(base + xoff + q * kRowStep * 128, src + (xrow[q] + c * 128), 16, true);
     const u32 wbase = base + St::kXBytes + warp * St::kWarpBytes;
     const i32 k0 = c * 128 + 32 * t;
     const bool live = k0 < K;
@@ -196,33 +218,34 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
 #endif
 template <typename T, int B, int BR, bool ZPW, class QA, class QB, class St>
 __device__ __forceinline__ void wg_tile(const QA& qa, const QB& qb, const PfLaneRows<T, QA, QB, 1>& lr, i32 e,
-                                        const T* const* s_row, i32 routes, i32 K, i32 c0, i32 c1,
+                                        const T* src, const u32* s_row, i32 routes, i32 K, i32 c0, i32 c1,
                                         float (&acc)[BR / 2], u8* smem, Stamps& st) {
   static_assert(QMOE_WG_SHRINK == 1 || QMOE_WG_SHRINK == 2, "QMOE_WG_SHRINK: 1 (BR / 2) or 2 (BR / 2, BR / 4)");
   constexpr int kHalf = BR / 2 >= 32 ? BR / 2 : BR;
   constexpr int kQuarter = QMOE_WG_SHRINK == 2 && BR / 4 >= 32 ? BR / 4 : kHalf;
   if (kQuarter < kHalf && routes <= kQuarter)
-    wg_mainloop<T, B, BR, kQuarter, ZPW, QA, QB, St>(qa, qb, lr, e, s_row, K, c0, c1, acc, smem, st);
+    wg_mainloop<T, B, BR, kQuarter, ZPW, QA, QB, St>(qa, qb, lr, e, src, s_row, K, c0, c1, acc, smem, st);
   else if (kHalf < BR && routes <= kHalf)
-    wg_mainloop<T, B, BR, kHalf, ZPW, QA, QB, St>(qa, qb, lr, e, s_row, K, c0, c1, acc, smem, st);
+    wg_mainloop<T, B, BR, kHalf, ZPW, QA, QB, St>(qa, qb, lr, e, src, s_row, K, c0, c1, acc, smem, st);
   else
-    wg_mainloop<T, B, BR, BR, ZPW, QA, QB, St>(qa, qb, lr, e, s_row, K, c0, c1, acc, smem, st);
+    wg_mainloop<T, B, BR, BR, ZPW, QA, QB, St>(qa, qb, lr, e, src, s_row, K, c0, c1, acc, smem, st);
 }
 
 // FC1 (+FC3) with the activation fused: act_sorted[m, wg_pos<B2>(o)] for the tile's routes (B2: FC2's
 // bits, whose order FC2 reads), zeros for I <= o < Ip. Warp tile = 8 outputs (gated) or 16 (plain).
 template <int GATE, typename T, typename ScaleT, int B1, int B2, int Z1, int Z3, int BLOCK, int ACT, int BR>
-__global__ void __launch_bounds__(kWgThreads, 1)
+__global__ void __launch_bounds__(Fc1Stage<GATE, ScaleT, B1, Z1, Z3, BLOCK, BR>::kThreads,
+                                  Fc1Stage<GATE, ScaleT, B1, Z1, Z3, BLOCK, BR>::kMinBlocks)
 fc1_wgmma(const T* __restrict__ xp, const RouteGroups rg, i32 E, i32 k, i32 H, i32 Hp, i32 I, i32 Ip, i32 NT, i32 G,
           const Fc1Weights<ScaleT> wt, const ActParams ap, T* __restrict__ act_sorted) {
   using Rows = Fc1Rows<GATE>;
   constexpr bool kZpw = Z1 == ZP_PACKED || (GATE == GATE_FC3 && Z3 == ZP_PACKED);
-  using St = WgStage<B1, ScaleT, BLOCK, kZpw, BR>;
+  using St = Fc1Stage<GATE, ScaleT, B1, Z1, Z3, BLOCK, BR>;
   constexpr int kOut = Rows::kGated ? 8 : 16;
   Stamps st;
   st.start();
   extern __shared__ __align__(16) u8 dyn_smem[];
-  __shared__ const T* s_row[BR];
+  __shared__ u32 s_row[BR];  // element offsets of the tile's route rows in xp (< 2^32: the host's bound)
   u8* smem = wg_smem<St::kStages * St::kBytes>(dyn_smem);
   i32 nt, e, m0, m_end;
   if (!pf_tile<BR>(rg.offsets, rg.tile_offsets, E, NT, G, nt, e, m0, m_end)) return;
@@ -237,19 +260,19 @@ fc1_wgmma(const T* __restrict__ xp, const RouteGroups rg, i32 E, i32 k, i32 H, i
   const QB& qb = Second::pick(q1, q3);
   const u8* wb = GATE == GATE_FC3 ? p3.w : p1.w;
   const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const i32 o0 = (nt * kWgWarps + warp) * kOut;
+  const i32 o0 = (nt * St::kWarps + warp) * kOut;
   PfLaneRows<T, Q1, QB, 1> lr;
   {
     const i32 oa = min(o0 + g, I - 1), ob = Rows::kGated ? oa : min(o0 + g + 8, I - 1);  // clamped: never stored
     const i32 na = Rows::gate_row(oa, I), nb = Rows::kGated ? Rows::lin_row(oa, I) : ob;
     lr.set(0, q1, p1.w, na, Rows::tile_row(na), qb, wb, nb, Rows::tile_row(nb), e);
   }
-  for (int i = threadIdx.x; i < BR; i += kWgThreads) s_row[i] = xp + (i64)(rg.sorted[min(m0 + i, m_end - 1)] / k) * Hp;
+  for (int i = threadIdx.x; i < BR; i += St::kThreads) s_row[i] = (u32)(rg.sorted[min(m0 + i, m_end - 1)] / k) * (u32)Hp;
   __syncthreads();
   float acc[BR / 2];
 #pragma unroll
   for (int i = 0; i < BR / 2; ++i) acc[i] = 0.0f;
-  wg_tile<T, B1, BR, kZpw, Q1, QB, St>(q1, qb, lr, e, s_row, m_end - m0, H, 0, Hp / 128, acc, smem, st);
+  wg_tile<T, B1, BR, kZpw, Q1, QB, St>(q1, qb, lr, e, xp, s_row, m_end - m0, H, 0, Hp / 128, acc, smem, st);
   // A thread's outputs are the same for every route of the tile: their biases are read once, here
   // (clamped rows: an output past I is stored as zero, its bias unused).
   const i32 o = o0 + g;
@@ -290,15 +313,15 @@ __device__ __forceinline__ bool fc2_splits(i32 KS, i32 V, i32 P) {
 // KS = 2: blocks 2i, 2i + 1 are tile i's halves of K; when fc2_splits, each adds its half into y (zeroed
 // by wg_permute), the first half with the bias: y = (0 + lo·s + b) + hi·s in either order, one value.
 template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, int BR>
-__global__ void __launch_bounds__(kWgThreads, 1)
+__global__ void __launch_bounds__(Fc2Stage<ScaleT, B2, Z2, BLOCK, BR>::kThreads, Fc2Stage<ScaleT, B2, Z2, BLOCK, BR>::kMinBlocks)
 fc2_wgmma(const T* __restrict__ act_sorted, const RouteGroups rg, i32 E, i32 H, i32 I, i32 Ip, i32 NT, i32 G, i32 KS,
           i32 SMS, const Fc2Weights<ScaleT> wt, float* __restrict__ y) {
+  using St = Fc2Stage<ScaleT, B2, Z2, BLOCK, BR>;
   constexpr bool kZpw = Z2 == ZP_PACKED;
-  using St = WgStage<B2, ScaleT, BLOCK, kZpw, BR>;
   Stamps st;
   st.start();
   extern __shared__ __align__(16) u8 dyn_smem[];
-  __shared__ const T* s_row[BR];
+  __shared__ u32 s_row[BR];  // element offsets of the tile's rows in act_sorted (< 2^32: the host's bound)
   __shared__ i32 s_route[BR];
   u8* smem = wg_smem<St::kStages * St::kBytes>(dyn_smem);
   {
@@ -311,13 +334,13 @@ fc2_wgmma(const T* __restrict__ act_sorted, const RouteGroups rg, i32 E, i32 H, 
   using Q2 = QuantParams<ScaleT, B2, BLOCK, Z2>;
   const Q2 q2{p2.scales, p2.zp, wt.zp_offset, H, I};
   const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const i32 n0 = (nt * kWgWarps + warp) * 16;
+  const i32 n0 = (nt * St::kWarps + warp) * 16;
   PfLaneRows<T, Q2, Q2, 1> lr;
   const i32 na = min(n0 + g, H - 1), nb = min(n0 + g + 8, H - 1);  // clamped: never stored
   lr.set(0, q2, p2.w, na, na, q2, p2.w, nb, nb, e);
-  for (int i = threadIdx.x; i < BR; i += kWgThreads) {
+  for (int i = threadIdx.x; i < BR; i += St::kThreads) {
     const i32 m = min(m0 + i, m_end - 1);
-    s_row[i] = act_sorted + (i64)m * Ip;
+    s_row[i] = (u32)m * (u32)Ip;
     s_route[i] = rg.sorted[m];  // the route whose output row the tile's row i is (read once, not per value)
   }
   __syncthreads();
@@ -327,7 +350,7 @@ fc2_wgmma(const T* __restrict__ act_sorted, const RouteGroups rg, i32 E, i32 H, 
   {
     const bool split = fc2_splits(KS, rg.tile_offsets[E] * NT, SMS), half = blockIdx.x % KS;
     const i32 nch = Ip / 128, c0 = split && half ? nch / 2 : 0, c1 = split && !half ? nch / 2 : nch;
-    wg_tile<T, B2, BR, kZpw, Q2, Q2, St>(q2, q2, lr, e, s_row, m_end - m0, I, c0, c1, acc, smem, st);
+    wg_tile<T, B2, BR, kZpw, Q2, Q2, St>(q2, q2, lr, e, act_sorted, s_row, m_end - m0, I, c0, c1, acc, smem, st);
   }
   // After the main loop, what is the same for the whole block is read again rather than held in
   // registers across it. A thread's rows n, n + 8 are the same for every route of the tile: their biases

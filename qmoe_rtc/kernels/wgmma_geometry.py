@@ -1,0 +1,154 @@
+"""Block geometry of the wgmma prefill engine (kernels/wgmma_prefill.py), mirrors of the device's
+constants in ``cuda_src/engines/wgmma_prefill.cuh`` / ``wgmma_ws.cuh`` and ``core/wg_order.cuh``: the K order
+of a chunk, the bytes of a pipeline stage and the ring, warpgroups per block, the route tile of a call.
+CPU tests compile the device structs against these (tests/test_compile_executor.py)."""
+
+from __future__ import annotations
+
+from .. import knobs
+from ..specialize import ModuleSpec
+from ._expert import meta_words, tiled_meta
+from ._grouped import staged_projection
+from .base import Problem
+
+TILE_ROUTES = (64, 128, 256)  # BR (with 4 warpgroups, 256 does not fit the 128 registers a thread has)
+#: An SM's shared memory (H200, 228 KiB), from which two blocks of 2 warpgroups each take their ring, 1 KiB of
+#: alignment slack, 1 KiB the system's and ~1 KiB static (:func:`tile_groups`, :func:`resident`).
+SM_SMEM = 228 * 1024
+MAX_STAGES = 4  # QMOE_WG_STAGES
+INFLIGHT = 1  # QMOE_WG_INFLIGHT: MMAs a warpgroup keeps in flight (2 measured no faster)
+SHRINK = 2  # QMOE_WG_SHRINK: widths a tail tile's MMAs shrink to (1: BR / 2; 2: BR / 2 and BR / 4)
+SMEM_BUDGET = 227 * 1024 - 1024 - 4096  # kWgSmemBudget
+WS_SMEM_BUDGET = 227 * 1024 - 1024 - 3072  # kWsSmemBudget
+CHUNK = 128  # K per pipeline stage; the permuted layouts pad K to a multiple of it
+#: The ``ws`` variant (engines/wgmma_ws.cuh): MMA warpgroups, m16 tiles per MMA warp, route tiles, and the
+#: registers of its copy warpgroup (kWsConsumers, kWsMW, kWsCopyRegs).
+WS_CONSUMERS = 2
+WS_MW = 1
+WS_TILE_ROUTES = {1: (64, 128, 256), 2: (64, 128)}  # by m16 tiles per MMA warp (accumulators: MW·BR/2)
+GATHER_ROWS = 8  # kGatherRows: sorted rows per block of the ws variant's gather
+VARIANTS = ("ws", "tiles")
+DEFAULT_VARIANT = "tiles"
+
+
+def variant_of(spec: ModuleSpec) -> str:
+    """The spec's kernels: 'ws' or 'tiles' (see the module docstring)."""
+    return spec.get("variant") or "tiles"
+
+
+def padded(K: int) -> int:
+    """K rounded up to a whole chunk (the row length of ``xp`` and ``act_sorted``)."""
+    return (K + CHUNK - 1) // CHUNK * CHUNK
+
+
+def _pair_order(bits: int) -> tuple[int, int]:
+    """(pairs, codes) per 32-bit word of the device's pair order (MmaDeq); 3-bit codes take 4-bit's."""
+    order = 4 if bits == 3 else bits
+    return 16 // order, 32 // order
+
+
+def wg_natural(l: int, bits: int, tiled: bool = False) -> int:  # noqa: E741
+    """Natural k (0..127) of logical column ``l`` of a chunk (mirror of the device's wg_natural; ``tiled``:
+    codes in the tiled layout's pair order, pair i = natural codes 2i, 2i + 1)."""
+    P, C = _pair_order(bits)
+    s, j = l >> 4, l & 15
+    pair = 2 * s + (j >> 3)
+    if tiled:
+        return 32 * ((j & 7) >> 1) + 2 * pair + (j & 1)
+    return 32 * ((j & 7) >> 1) + (pair // P) * C + pair % P + (j & 1) * P
+
+
+def wg_logical(n: int, bits: int, tiled: bool = False) -> int:
+    """Logical column of natural k ``n`` (0..127): the inverse of :func:`wg_natural`."""
+    P, C = _pair_order(bits)
+    t, r = n >> 5, n & 31
+    w = r % C
+    pair, hi = (r >> 1, r & 1) if tiled else ((r // C) * P + w % P, w // P)
+    return 16 * (pair >> 1) + 8 * (pair & 1) + 2 * t + hi
+
+
+def stage_bytes(bits: int, scale_bytes: int, block_size: int, zp_packed: bool, br: int, groups: int,
+                tiled_meta: bool = False, m16_tiles: int = 0) -> int:
+    """One pipeline stage (wgmma_prefill.cuh WgStage; wgmma_ws.cuh WsStage with ``m16_tiles`` weight tiles
+    per block), rounded to 1024 bytes: the route tile, then each m16 weight tile's codes and meta."""
+    words = meta_words(bits, scale_bytes, block_size, zp_packed, tiled_meta) if block_size else 0
+    raw = br * 256 + (m16_tiles or 4 * groups) * (2 * 32 * 4 * bits + 2 * words * 128)
+    return (raw + 1023) // 1024 * 1024
+
+
+def stages(stage: int, max_stages: int = MAX_STAGES, budget: int = SMEM_BUDGET) -> int:
+    """Stages of the ring (WgStage::kStages; WsStage::kStages with ``budget`` WS_SMEM_BUDGET): as many as
+    fit, at most ``max_stages``."""
+    return min(max_stages, budget // stage)
+
+
+def tile_groups(bits: int, scale_bytes: int, block_size: int, zp_packed: bool, br: int, tiled_meta: bool = False,
+                max_stages: int = MAX_STAGES) -> int:
+    """Warpgroups per block of a ``tiles`` GEMM by default (WgStage::kGroups): 2 at 64-route tiles where four
+    stages of 2 warpgroups fit twice in an SM, so two blocks share it and one's first copies and epilogue
+    overlap the other's main loop (H200, session 26, against 4: int4 gpt-oss-120b at 512 / 1024 tokens
+    -9.4 / -6.6 %, qwen3-30b-a3b -4.0 / -4.2 %), else 4 (int8, whose ring fits once: 2 measured 10-14 %
+    slower)."""
+    if br > 64 or max_stages < 4:
+        return 4
+    st = stage_bytes(bits, scale_bytes, block_size, zp_packed, br, 2, tiled_meta)
+    return 2 if 2 * (4 * st + 3072) <= SM_SMEM else 4
+
+
+def _staged(spec: ModuleSpec, role: str) -> tuple:
+    """(bits, scale bytes, block size, zp packed) of the projection a GEMM stages."""
+    bits, zp = staged_projection(spec, role)
+    return bits, 4 if spec["scale_dtype"] == "float32" else 2, spec["block_size"], zp
+
+
+def groups_of(spec: ModuleSpec, role: str, br: int) -> int:
+    """Warpgroups per block of the spec's BR-route ``role`` GEMM (knob prefill_wg_groups, else
+    :func:`tile_groups`; the ``ws`` variant: its MMA warpgroups)."""
+    return spec.get("groups") or tile_groups(*_staged(spec, role), br, tiled_meta(spec), spec["stages"])
+
+
+def ring_bytes(spec: ModuleSpec, role: str, br: int) -> int:
+    """Dynamic shared memory of a BR-route GEMM's launch: its ring of stages, 1024 bytes of alignment slack."""
+    ws = variant_of(spec) == "ws"
+    groups = groups_of(spec, role, br)
+    st = stage_bytes(*_staged(spec, role), br, groups, tiled_meta(spec), 4 * groups * spec["mw"] if ws else 0)
+    return stages(st, spec["stages"], WS_SMEM_BUDGET if ws else SMEM_BUDGET) * st + 1024
+
+
+def resident(spec: ModuleSpec, role: str, br: int) -> int:
+    """Blocks of a ``tiles`` GEMM an SM holds: two of 2 warpgroups at 64 routes (kMinBlocks) where their rings
+    fit twice, else one."""
+    two = groups_of(spec, role, br) == 2 and br <= 64 and 2 * (ring_bytes(spec, role, br) + 2048) <= SM_SMEM
+    return 2 if two else 1
+
+
+def route_tiles_of(groups: int | None, variant: str = "tiles", mw: int = WS_MW) -> tuple[int, ...]:
+    """The route tiles a module with ``groups`` warpgroups per block has (None: by tile, :func:`tile_groups`;
+    the ``ws`` variant: by its m16 tiles per MMA warp ``mw``)."""
+    if variant == "ws":
+        return WS_TILE_ROUTES[mw]
+    return TILE_ROUTES if groups == 2 else TILE_ROUTES[:2]
+
+
+def spec_tiles(spec: ModuleSpec) -> tuple[int, ...]:
+    """The route tiles the spec's module has."""
+    return route_tiles_of(spec.get("groups"), variant_of(spec), spec.get("mw") or WS_MW)
+
+
+def image_rows(spec: ModuleSpec, problem: Problem) -> int:
+    """Rp, the rows of the ``ws`` variant's route-tile images: the routes plus the largest route tile (a
+    tile's copy reads BR rows from its first one)."""
+    return problem.routes + max(spec_tiles(spec))
+
+
+def tile_routes(routes: int, E: int, groups: int | None = None, have: tuple[int, ...] = ()) -> int:
+    """BR for a call: the route tile the average expert fills best among ``have`` (default: the ``tiles``
+    variant's with ``groups`` warpgroups; knob ``prefill_route_tile`` forces one of them, for tuning)."""
+    have = have or route_tiles_of(groups)
+    forced = knobs.get("prefill_route_tile") or 0
+    if forced in have:
+        return forced
+    per_expert = routes / max(1, min(E, routes))
+    if per_expert <= 96:
+        return 64
+    return 128 if per_expert <= 320 or 256 not in have else 256
