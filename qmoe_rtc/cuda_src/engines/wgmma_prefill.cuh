@@ -147,9 +147,8 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
     const u32 xs = s0 + slot * St::kBytes;
     const u8* wst = smem + slot * St::kBytes + St::kXBytes + warp * St::kWarpBytes;
     const i32 k0 = c * 128 + 32 * t;
-    // Lanes past K hold zero-filled codes and meta (a scale of 0): finite weights, multiplied by activations
-    // that are zero past K in xp and act_sorted, so they add exact zeros without selecting coefficients.
-    const i32 j0 = k0 < K ? QA::block_of(k0) : 0;
+    const bool live = k0 < K;  // lanes past K hold zero-filled codes; their pairs are exact zeros
+    const i32 j0 = live ? QA::block_of(k0) : 0;
     u32 ra[B], rb[B];
     lds_codes<B>(wst + lane * CB, ra);
     lds_codes<B>(wst + (32 + lane) * CB, rb);
@@ -159,11 +158,11 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
       if constexpr (kScaled) {
         const u32* ma = reinterpret_cast<const u32*>(wst + St::kWarpCodes + LaneMeta<QA, ZPW>::lane_bytes(lane));
         const u32* mb = ma + St::kWords * 32;
-        ca[h] = D::coef(LaneMeta<QA, ZPW>::decode(qa, ma, sba, e, lr.na[0], j0, h));
-        cb[h] = D::coef(LaneMeta<QB, ZPW>::decode(qb, mb, sbb, e, lr.nb[0], j0, h));
+        ca[h] = live ? D::coef(LaneMeta<QA, ZPW>::decode(qa, ma, sba, e, lr.na[0], j0, h)) : D::zero();
+        cb[h] = live ? D::coef(LaneMeta<QB, ZPW>::decode(qb, mb, sbb, e, lr.nb[0], j0, h)) : D::zero();
       } else {
-        ca[h] = lr.rca[0];
-        cb[h] = lr.rcb[0];
+        ca[h] = live ? lr.rca[0] : D::zero();
+        cb[h] = live ? lr.rcb[0] : D::zero();
       }
     }
     u32 a[kWgInflight + 1][4];
