@@ -251,7 +251,7 @@ def test_prefill_stage_bytes_match_the_device_struct(tiled_meta):
 @pytest.mark.parametrize("tiled_meta", [False, True])
 @pytest.mark.parametrize("groups", [0, 2, 4])
 def test_wgmma_stage_bytes_match_the_device_struct(groups, tiled_meta):
-    """kernels/wgmma_prefill.py stage_bytes / stages equal WgStage::kBytes / kStages (the kernel traps on a
+    """kernels/wgmma_geometry.py stage_bytes / stages equal WgStage::kBytes / kStages (the kernel traps on a
     smaller dynamic shared memory) for every bit width, scale size, block kind, zp mode and route tile, with
     the warpgroups forced (2, 4) or chosen by tile and layout (0: tile_groups, the device's kGroups)."""
     from qmoe_rtc.jit import compiler
@@ -278,7 +278,7 @@ def test_wgmma_stage_bytes_match_the_device_struct(groups, tiled_meta):
 @pytest.mark.parametrize("mw", [1, 2])
 def test_wgmma_ws_stage_bytes_match_the_device_struct(mw, tiled_meta):
     """The ``ws`` variant's stages (WsStage: 16 m16 weight tiles per block) have the bytes and count
-    kernels/wgmma_prefill.py stage_bytes / stages give its launch, for every bit width, scale size, block
+    kernels/wgmma_geometry.py stage_bytes / stages give its launch, for every bit width, scale size, block
     kind, zp mode and route tile."""
     from qmoe_rtc.jit import compiler
     from qmoe_rtc.kernels.wgmma_geometry import WS_CONSUMERS, WS_SMEM_BUDGET, route_tiles_of, stage_bytes, stages

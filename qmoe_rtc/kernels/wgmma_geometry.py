@@ -11,6 +11,9 @@ from ._expert import meta_words, tiled_meta
 from ._grouped import staged_projection
 from .base import Problem
 
+__all__ = ["CHUNK", "TILE_ROUTES", "groups_of", "image_rows", "padded", "resident", "ring_bytes", "route_tiles_of",
+           "spec_tiles", "stage_bytes", "stages", "tile_groups", "tile_routes", "variant_of", "wg_logical", "wg_natural"]
+
 TILE_ROUTES = (64, 128, 256)  # BR (with 4 warpgroups, 256 does not fit the 128 registers a thread has)
 #: An SM's shared memory (H200, 228 KiB), from which two blocks of 2 warpgroups each take their ring, 1 KiB of
 #: alignment slack, 1 KiB the system's and ~1 KiB static (:func:`tile_groups`, :func:`resident`).
@@ -32,7 +35,7 @@ DEFAULT_VARIANT = "tiles"
 
 
 def variant_of(spec: ModuleSpec) -> str:
-    """The spec's kernels: 'ws' or 'tiles' (see the module docstring)."""
+    """The spec's kernels: 'ws' or 'tiles' (kernels/wgmma_prefill.py says what each is)."""
     return spec.get("variant") or "tiles"
 
 
@@ -87,7 +90,7 @@ def tile_groups(bits: int, scale_bytes: int, block_size: int, zp_packed: bool, b
     """Warpgroups per block of a ``tiles`` GEMM by default (WgStage::kGroups): 2 at 64-route tiles where four
     stages of 2 warpgroups fit twice in an SM, so two blocks share it and one's first copies and epilogue
     overlap the other's main loop (H200, session 26, against 4: int4 gpt-oss-120b at 512 / 1024 tokens
-    -9.4 / -6.6 %, qwen3-30b-a3b -4.0 / -4.2 %), else 4 (int8, whose ring fits once: 2 measured 10-14 %
+    -9.4 / -6.6 %, qwen3-30b-a3b -4.0 / -4.2 %), else 4 (int8, whose ring fits once: 2 measured 12-16 %
     slower)."""
     if br > 64 or max_stages < 4:
         return 4

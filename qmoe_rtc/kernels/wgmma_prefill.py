@@ -11,7 +11,8 @@ Two variants of the same GEMMs (knob ``prefill_wg_variant``, part of the module 
   measured slower than ``tiles`` except at the largest prefills (docs/performance-log.md, session 14).
 - ``tiles`` (``cuda_src/engines/wgmma_prefill.cuh``): one block per tile, ``qmoe::fc1_wgmma`` /
   ``qmoe::fc2_wgmma``, every warp both copies and computes. Route tiles of 64 routes, on 2 warpgroups where
-  two such blocks fit an SM (:func:`tile_groups`), or 128 on 4 (256 too when ``prefill_wg_groups`` forces 2).
+  two such blocks fit an SM (``wgmma_geometry.tile_groups``), or 128 on 4 (256 too when ``prefill_wg_groups``
+  forces 2). The block geometry (stages, warpgroups, route tiles) is in ``kernels/wgmma_geometry.py``.
 
 Both have ``qmoe::wg_permute`` (the input's K chunks in the order the MMA's shared-memory operand needs,
 ``core/wg_order.cuh``), FC1 [+FC3] with the activation fused (sorted order, written in FC2's order), FC2
@@ -101,9 +102,10 @@ def min_routes_per_expert(block_size: int) -> int:
 
 
 #: FC2 may split K in two (fc2_wgmma, KS = 2; the device decides, fc2_splits) up to this many tiles per
-#: SM (the host's bound on the tiles) and from FC2_SPLIT_CHUNKS chunks of K: past two rounds the device
-#: would not split (measured, docs/performance-log.md session 22) and zeroing y would be wasted; on a
-#: shorter K a split tile's second prologue and epilogue cost more than the idle SMs (ort-2048, 16 chunks).
+#: block slot (SMs × the blocks an SM holds: the host's bound on the tiles) and from FC2_SPLIT_CHUNKS chunks
+#: of K: past two rounds the device would not split (measured, docs/performance-log.md session 22) and
+#: zeroing y would be wasted; on a shorter K a split tile's second prologue and epilogue cost more than the
+#: idle SMs (ort-2048, 16 chunks).
 FC2_SPLIT_ROUNDS = 2
 FC2_SPLIT_CHUNKS = 32
 

@@ -9,7 +9,7 @@
 // the order the shifts produce them (core/mma_pair.cuh). wgmma reads B from shared memory in its own
 // order, so the activations are stored already permuted: logical column l of a chunk holds natural
 // k = wg_natural<B>(l). Both operands agree on every product, so the dot products are unchanged.
-// The host mirror (tests): qmoe_rtc/kernels/wgmma_prefill.py wg_natural / wg_logical.
+// The host mirror (tests): qmoe_rtc/kernels/wgmma_geometry.py wg_natural / wg_logical.
 //
 // Route-tile images (the warp-specialised kernels, engines/wgmma_ws.cuh): rows in sorted route order,
 // laid out as the shared-memory operand so one bulk copy brings a tile's half chunk:

@@ -63,9 +63,9 @@ inline constexpr int kWgSmemBudget = 227 * 1024 - 1024 - 4096;  // dynamic bytes
 // A block has kGroups warpgroups × 64 weight rows: 2 at 64-route tiles where four stages of 2 warpgroups
 // fit twice in an SM's 228 KiB (with 1 KiB alignment slack, 1 KiB the system's and ~1 KiB static a
 // block), so two blocks share it and one's first copies and epilogue overlap the other's main loop; 4
-// otherwise (an SM then holds one block: with 2 it measured 10-14 % slower at int8; kernels/wgmma_prefill.py
-// tile_groups mirrors this). QMOE_WG_GROUPS forces 2 or 4 (with 4, 256 routes' accumulators do not fit
-// a thread's 128 registers).
+// otherwise (an SM then holds one block: with 2 it measured 12-16 % slower at int8; tile_groups in
+// kernels/wgmma_geometry.py mirrors this). QMOE_WG_GROUPS forces 2 or 4 (with 4, 256 routes' accumulators
+// do not fit a thread's 128 registers).
 template <int B, typename ScaleT, int BLOCK, bool ZPW, int BR> struct WgStage {
   using W = LaneTileBytes<B, ScaleT, BLOCK, ZPW, 1>;  // a warp's tile (engines/lane_tiles.cuh)
   static constexpr int kXBytes = BR * 256;
@@ -83,6 +83,7 @@ template <int B, typename ScaleT, int BLOCK, bool ZPW, int BR> struct WgStage {
   static_assert(kStages >= 2, "a wgmma prefill stage does not fit twice in shared memory");
   static_assert(kGroups == 2 || kGroups == 4, "QMOE_WG_GROUPS: 2 or 4");
 };
+// The stages of the FC1 / FC2 kernels (named in their launch bounds).
 template <int GATE, typename ScaleT, int B1, int Z1, int Z3, int BLOCK, int BR>
 using Fc1Stage = WgStage<B1, ScaleT, BLOCK, Z1 == ZP_PACKED || (GATE == GATE_FC3 && Z3 == ZP_PACKED), BR>;
 template <typename ScaleT, int B2, int Z2, int BLOCK, int BR>
@@ -91,12 +92,12 @@ using Fc2Stage = WgStage<B2, ScaleT, BLOCK, Z2 == ZP_PACKED, BR>;
 // acc (lane (g, t) of warp w: rows 16w + g / + 8, routes 8j + 2t (+1)) = W[lane rows] · act[tile routes]ᵀ
 // over chunks [c0, c1) of K (128 values each), for the tile's first NR routes (NR <= BR: the MMAs' N; a tile that holds no
 // more routes than NR copies and multiplies only those, acc[NR / 2 ..] stay untouched). Route row i of
-// the tile starts at s_row[i]; padding rows (past the tile's routes) repeat its last route, whose extra
+// the tile starts at src + s_row[i] (an element offset); padding rows (past the tile's routes) repeat its last route, whose extra
 // columns are never stored.
 template <typename T, int B, int BR, int NR, bool ZPW, class QA, class QB, class St>
 __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const PfLaneRows<T, QA, QB, 1>& lr, i32 e,
-                                            const T* src, const u32* s_row, i32 K, i32 c0, i32 c1, float (&acc_br)[BR / 2],
-                                            u8* smem, Stamps& st) {
+                                            const T* src, const u32* s_row, i32 K, i32 c0, i32 c1,
+                                            float (&acc_br)[BR / 2], u8* smem, Stamps& st) {
   constexpr int kThreads = St::kThreads;
   static_assert(NR <= BR && NR * 16 % kThreads == 0, "MMA routes: a route tile's 16-byte units spread evenly");
   float(&acc)[NR / 2] = reinterpret_cast<float(&)[NR / 2]>(acc_br);
@@ -267,7 +268,8 @@ fc1_wgmma(const T* __restrict__ xp, const RouteGroups rg, i32 E, i32 k, i32 H, i
     const i32 na = Rows::gate_row(oa, I), nb = Rows::kGated ? Rows::lin_row(oa, I) : ob;
     lr.set(0, q1, p1.w, na, Rows::tile_row(na), qb, wb, nb, Rows::tile_row(nb), e);
   }
-  for (int i = threadIdx.x; i < BR; i += St::kThreads) s_row[i] = (u32)(rg.sorted[min(m0 + i, m_end - 1)] / k) * (u32)Hp;
+  for (int i = threadIdx.x; i < BR; i += St::kThreads)
+    s_row[i] = (u32)(rg.sorted[min(m0 + i, m_end - 1)] / k) * (u32)Hp;
   __syncthreads();
   float acc[BR / 2];
 #pragma unroll
@@ -313,7 +315,8 @@ __device__ __forceinline__ bool fc2_splits(i32 KS, i32 V, i32 P) {
 // KS = 2: blocks 2i, 2i + 1 are tile i's halves of K; when fc2_splits, each adds its half into y (zeroed
 // by wg_permute), the first half with the bias: y = (0 + lo·s + b) + hi·s in either order, one value.
 template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, int BR>
-__global__ void __launch_bounds__(Fc2Stage<ScaleT, B2, Z2, BLOCK, BR>::kThreads, Fc2Stage<ScaleT, B2, Z2, BLOCK, BR>::kMinBlocks)
+__global__ void __launch_bounds__(Fc2Stage<ScaleT, B2, Z2, BLOCK, BR>::kThreads,
+                                  Fc2Stage<ScaleT, B2, Z2, BLOCK, BR>::kMinBlocks)
 fc2_wgmma(const T* __restrict__ act_sorted, const RouteGroups rg, i32 E, i32 H, i32 I, i32 Ip, i32 NT, i32 G, i32 KS,
           i32 SMS, const Fc2Weights<ScaleT> wt, float* __restrict__ y) {
   using St = Fc2Stage<ScaleT, B2, Z2, BLOCK, BR>;
