@@ -182,8 +182,8 @@ KNOBS: dict[str, Knob] = {
              "keeps the contract layout (qmoe_rtc/prepack.py)."),
         Knob("prefill_wg_groups", "QMOE_RTC_PREFILL_WG_GROUPS", "int", 0, True,
              "Tuning only: warpgroups per block of the wgmma prefill engine (2 or 4 for every route tile; 0 = by route "
-             "tile, 2 at 64 routes and 4 at 128); "
-             "a -D option, part of the key."),
+             "tile and layout: 2 at 64 routes where two such blocks' rings fit an SM, else 4); a -D option, part of "
+             "the key."),
         Knob("prefill_wg_stages", "QMOE_RTC_PREFILL_WG_STAGES", "int", 0, True,
              "Tuning only: most pipeline stages of the wgmma prefill engine (2-6, fewer when they do not fit; "
              "0 = the built-in 4); a -D option, part of the key."),
