@@ -192,9 +192,10 @@ KNOBS: dict[str, Knob] = {
              "a -D option, part of the key."),
         Knob("prefill_wg_shrink", "QMOE_RTC_PREFILL_WG_SHRINK", "int", 0, True,
              "Tuning only: widths the MMAs of an expert's last route tile of the wgmma prefill engine shrink to "
-             "(1: half the tile; 2: half or a quarter; 0 = the built-in 2). Each width is a copy of the main loop "
-             "in the kernel (compile time); 1 measured up to 4 % slower, no faster to compile on the H200 host "
-             "(docs/performance-log.md, session 24). A -D option, part of the key."),
+             "(1: half the tile; 2: half or a quarter, at least 32 routes; 3: as 2, down to 16 routes in blocks of 2 "
+             "warpgroups; 0 = the built-in 3). Each width is a copy of the main loop in the kernel (compile time); 1 "
+             "measured up to 4 % slower, no faster to compile on the H200 host (docs/performance-log.md, session 24); "
+             "2 measured 3.5 % slower at gpt-oss-120b 512 tokens than 3 (session 27). A -D option, part of the key."),
         Knob("prefill_ws_mw", "QMOE_RTC_PREFILL_WS_MW", "int", 0, True,
              "Tuning only: m16 weight tiles per MMA warp of the warp-specialised wgmma kernels (1: route tiles up to "
              "256; 2: up to 128; 0 = the built-in 1); a -D option, part of the key."),

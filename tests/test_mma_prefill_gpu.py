@@ -202,10 +202,11 @@ def test_wgmma_fc2_split_k_halves(rng, bias):
 
 @pytest.mark.parametrize("rows, E", [(300, 32), (2100, 8)])
 def test_wgmma_tail_tile_widths(rng, rows, E):
-    """QMOE_RTC_PREFILL_WG_SHRINK 1 (tail tiles' MMAs at half or the whole tile) and 2 (also a quarter): both
-    meet the reference with every element written, replay equals eager bitwise, and the two give the same
-    output (a route's sums do not depend on the width of the MMA that computes them). 300 rows on 32
-    experts: 64-route tiles, tails of every size; 2100 on 8: 128-route tiles with tails."""
+    """QMOE_RTC_PREFILL_WG_SHRINK 1 (tail tiles' MMAs at half or the whole tile), 2 (also a quarter, at least
+    32 routes) and 3 (down to 16 routes at 2 warpgroups a block): each meets the reference with every element
+    written, replay equals eager bitwise, and all give the same output (a route's sums do not depend on the
+    width of the MMA that computes them). 300 rows on 32 experts: 64-route tiles on 2 warpgroups, tails of
+    every size (16-route MMAs with 3); 2100 on 8: 128-route tiles with tails."""
     import cupy as cp
 
     from qmoe_rtc.executor import QMoE
@@ -218,12 +219,13 @@ def test_wgmma_tail_tile_widths(rng, rows, E):
     x, lg, _ = random_inputs(rng, rows, H, E, "bfloat16")
     want = reference(x, lg, **w, **a)
     outs = {}
-    for shrink in (1, 2):
+    for shrink in (1, 2, 3):
         with knobs.scope(prefill_engine="wgmma", prefill_wg_shrink=shrink):
             moe = QMoE(**to_dev(w), **a, decode_max_routes=0)
             assert moe.plan(rows, "bfloat16", "float32").engine == "prefill-wgmma"
             outs[shrink] = eager_and_replay(moe, x, lg, want, f"shrink {shrink}")
     np.testing.assert_array_equal(outs[1], outs[2])
+    np.testing.assert_array_equal(outs[1], outs[3])
 
 
 def test_a_plan_loads_only_the_pieces_it_launches(rng):

@@ -129,7 +129,7 @@ class WgmmaPrefillFamily(KernelFamily):
         ws = {"variant": "ws", "mw": tuning_knob("prefill_ws_mw", "QMOE_RTC_PREFILL_WS_MW", WS_MW, (1, 2))} \
             if variant == "ws" else {}
         stamps = {"stamps": True} if knobs.get("prefill_wg_stamps") and not ws else {}  # diagnostics (tiles only)
-        shrink = {} if ws else {"shrink": tuning_knob("prefill_wg_shrink", "QMOE_RTC_PREFILL_WG_SHRINK", SHRINK, (1, 2))}
+        shrink = {} if ws else {"shrink": tuning_knob("prefill_wg_shrink", "QMOE_RTC_PREFILL_WG_SHRINK", SHRINK, (1, 2, 3))}
         groups = WS_CONSUMERS if ws else tuning_knob("prefill_wg_groups", "QMOE_RTC_PREFILL_WG_GROUPS", 0, (0, 2, 4))
         return expert_spec(self.name, config, **({"groups": groups} if groups else {}),  # none: tile_groups
                            stages=tuning_knob("prefill_wg_stages", "QMOE_RTC_PREFILL_WG_STAGES", MAX_STAGES, range(2, 7)),

@@ -1,5 +1,5 @@
 // core/wgmma.cuh: Hopper warpgroup MMA (sm_90a) with the A operand in registers and B in shared
-// memory: m64nNk16, f32 accumulators, float16 / bfloat16 inputs, N = 32, 64, 128 or 256.
+// memory: m64nNk16, f32 accumulators, float16 / bfloat16 inputs, N = 16, 32, 64, 128 or 256.
 //
 // Register A fragment (4 x u32 per thread) of warp w of the warpgroup: the mma.sync m16n8k16 A fragment
 // of rows 16w .. 16w + 15, so the exact dequantization of core/mma_pair.cuh feeds it unchanged.
@@ -60,9 +60,11 @@ template <typename T, int N> struct Wgmma;
 #if QMOE_HAVE_WGMMA
 // Accumulator operands of the asm: QMOE_WG_F32(i) = "+f"(d[i]) ... "+f"(d[i + 31]).
 #define QMOE_WG_F4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
-#define QMOE_WG_F16(i) QMOE_WG_F4(i), QMOE_WG_F4(i + 4), QMOE_WG_F4(i + 8), QMOE_WG_F4(i + 12)
+#define QMOE_WG_F8(i) QMOE_WG_F4(i), QMOE_WG_F4(i + 4)
+#define QMOE_WG_F16(i) QMOE_WG_F8(i), QMOE_WG_F8(i + 8)
 #define QMOE_WG_F32(i) QMOE_WG_F16(i), QMOE_WG_F16(i + 16)
 // Their place holders in the instruction: %0 .. %(N/2 - 1).
+#define QMOE_WG_D8 "%0, %1, %2, %3, %4, %5, %6, %7"
 #define QMOE_WG_D16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
 #define QMOE_WG_D32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
@@ -80,6 +82,7 @@ template <typename T, int N> struct Wgmma;
                DESC ", p, 1, 1, 0;\n}\n" \
                : __VA_ARGS__ \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d))
+#define QMOE_WGMMA_16(TY) QMOE_WGMMA(16, TY, QMOE_WG_D8, "%8, %9, %10, %11", "%12", "%13", QMOE_WG_F8(0))
 #define QMOE_WGMMA_32(TY) QMOE_WGMMA(32, TY, QMOE_WG_D16, "%16, %17, %18, %19", "%20", "%21", QMOE_WG_F16(0))
 #define QMOE_WGMMA_64(TY) QMOE_WGMMA(64, TY, QMOE_WG_D32, "%32, %33, %34, %35", "%36", "%37", QMOE_WG_F32(0))
 #define QMOE_WGMMA_128(TY) \
@@ -100,10 +103,12 @@ template <typename T, int N> struct Wgmma;
       QMOE_WGMMA_CALL(N, TY); \
     } \
   };
+QMOE_WGMMA_STRUCT(__half, "f16", 16)
 QMOE_WGMMA_STRUCT(__half, "f16", 32)
 QMOE_WGMMA_STRUCT(__half, "f16", 64)
 QMOE_WGMMA_STRUCT(__half, "f16", 128)
 QMOE_WGMMA_STRUCT(__half, "f16", 256)
+QMOE_WGMMA_STRUCT(__nv_bfloat16, "bf16", 16)
 QMOE_WGMMA_STRUCT(__nv_bfloat16, "bf16", 32)
 QMOE_WGMMA_STRUCT(__nv_bfloat16, "bf16", 64)
 QMOE_WGMMA_STRUCT(__nv_bfloat16, "bf16", 128)

@@ -209,21 +209,24 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
   st.loop_end();
 }
 
-// The main loop with the fewest MMA routes that hold the tile's `routes`: BR, BR / 2 or BR / 4 (at least
-// 32; BR / 4 only with QMOE_WG_SHRINK 2). A route tile is full except for an expert's last one, whose MMAs
+// The main loop with the fewest MMA routes that hold the tile's `routes`: BR, BR / 2 or BR / 4 (BR / 4 from
+// QMOE_WG_SHRINK 2; at least 32 routes, or 16 with QMOE_WG_SHRINK 3 where a block has 256 threads: a 16-route
+// tile is then one 16-byte unit a thread). A route tile is full except for an expert's last one, whose MMAs
 // shrink to its routes (at a few hundred tokens most experts' last tile is nearly empty, and it costs a
 // full tile's MMAs otherwise). Each width is a copy of the main loop, and each copy adds to the kernel's
-// compile time; without the BR / 4 one the layer measured up to 4 % slower (docs/performance-log.md, session 24).
+// compile time; without the BR / 4 one the layer measured up to 4 % slower (docs/performance-log.md, session 24);
+// the 16-route one took 3.5-4.5 % off gpt-oss-120b at 512 tokens, ~16 routes an expert (session 27).
 #ifndef QMOE_WG_SHRINK
-#define QMOE_WG_SHRINK 2
+#define QMOE_WG_SHRINK 3
 #endif
 template <typename T, int B, int BR, bool ZPW, class QA, class QB, class St>
 __device__ __forceinline__ void wg_tile(const QA& qa, const QB& qb, const PfLaneRows<T, QA, QB, 1>& lr, i32 e,
                                         const T* src, const u32* s_row, i32 routes, i32 K, i32 c0, i32 c1,
                                         float (&acc)[BR / 2], u8* smem, Stamps& st) {
-  static_assert(QMOE_WG_SHRINK == 1 || QMOE_WG_SHRINK == 2, "QMOE_WG_SHRINK: 1 (BR / 2) or 2 (BR / 2, BR / 4)");
-  constexpr int kHalf = BR / 2 >= 32 ? BR / 2 : BR;
-  constexpr int kQuarter = QMOE_WG_SHRINK == 2 && BR / 4 >= 32 ? BR / 4 : kHalf;
+  static_assert(QMOE_WG_SHRINK >= 1 && QMOE_WG_SHRINK <= 3, "QMOE_WG_SHRINK: 1 (BR / 2), 2 (and BR / 4), 3 (to 16)");
+  constexpr int kLeast = QMOE_WG_SHRINK == 3 && 16 * 16 % St::kThreads == 0 ? 16 : 32;  // the fewest MMA routes
+  constexpr int kHalf = BR / 2 >= kLeast ? BR / 2 : BR;
+  constexpr int kQuarter = QMOE_WG_SHRINK >= 2 && BR / 4 >= kLeast ? BR / 4 : kHalf;
   if (kQuarter < kHalf && routes <= kQuarter)
     wg_mainloop<T, B, BR, kQuarter, ZPW, QA, QB, St>(qa, qb, lr, e, src, s_row, K, c0, c1, acc, smem, st);
   else if (kHalf < BR && routes <= kHalf)
@@ -249,7 +252,7 @@ fc1_wgmma(const T* __restrict__ xp, const RouteGroups rg, i32 E, i32 k, i32 H, i
   __shared__ u32 s_row[BR];  // element offsets of the tile's route rows in xp (< 2^32: the host's bound)
   u8* smem = wg_smem<St::kStages * St::kBytes>(dyn_smem);
   i32 nt, e, m0, m_end;
-  if (!pf_tile<BR>(rg.offsets, rg.tile_offsets, E, NT, G, nt, e, m0, m_end)) return;
+  if (!pf_tile_of<BR, St::kThreads>((i32)blockIdx.x, rg.offsets, rg.tile_offsets, E, NT, G, nt, e, m0, m_end)) return;
   const Proj<ScaleT> p1 = expert_proj(e, wt.E_routed, wt.fc1, wt.shared_fc1);
   const Proj<ScaleT>& p3 = wt.fc3;
   using Q1 = QuantParams<ScaleT, B1, BLOCK, Z1>;
@@ -332,7 +335,8 @@ fc2_wgmma(const T* __restrict__ act_sorted, const RouteGroups rg, i32 E, i32 H, 
     if (blockIdx.x % KS && !split) return;  // whole tiles: the even blocks
   }
   i32 nt, e, m0, m_end;
-  if (!pf_tile_at<BR>((i32)blockIdx.x / KS, rg.offsets, rg.tile_offsets, E, NT, G, nt, e, m0, m_end)) return;
+  if (!pf_tile_of<BR, St::kThreads>((i32)blockIdx.x / KS, rg.offsets, rg.tile_offsets, E, NT, G, nt, e, m0, m_end))
+    return;
   const Proj<ScaleT> p2 = expert_proj(e, wt.E_routed, wt.fc2, wt.shared_fc2);
   using Q2 = QuantParams<ScaleT, B2, BLOCK, Z2>;
   const Q2 q2{p2.scales, p2.zp, wt.zp_offset, H, I};
