@@ -71,12 +71,18 @@ def weight_tiles(spec: ModuleSpec, role: str, n: int, m16_per_block: int) -> int
     return (n + m16_per_block * per_m16 - 1) // (m16_per_block * per_m16)
 
 
+def tile_slots(problem: Problem, route_tile: int) -> int:
+    """The route tiles a tensor-core FC1 / FC2 grid covers (:func:`tiled_launch`): the bound on the call's
+    route tiles rounded up to whole groups of G (knob ``prefill_group``)."""
+    group = knobs.get("prefill_group") or GROUP
+    return (route_tiles(problem.routes, problem.experts, route_tile) + group - 1) // group * group
+
+
 def tiled_launch(problem: Problem, route_tile: int, nt: int, threads: int, smem: int, extra: tuple = ()) -> Launch:
     """The grid of a tensor-core FC1 / FC2 step: G consecutive route tiles × every weight tile, then the
     next G (knob ``prefill_group`` sets G), ``NT`` and ``G`` as launch scalars."""
     group = knobs.get("prefill_group") or GROUP
-    groups = (route_tiles(problem.routes, problem.experts, route_tile) + group - 1) // group
-    return Launch((groups * group * nt, 1, 1), (threads, 1, 1), smem, (("NT", nt), ("G", group), *extra))
+    return Launch((tile_slots(problem, route_tile) * nt, 1, 1), (threads, 1, 1), smem, (("NT", nt), ("G", group), *extra))
 
 
 def tuning_knob(name: str, env: str, default: int, allowed) -> int:

@@ -14,10 +14,12 @@ Two variants of the same GEMMs (knob ``prefill_wg_variant``, part of the module 
   two such blocks fit an SM (``wgmma_geometry.tile_groups``), or 128 on 4 (256 too when ``prefill_wg_groups``
   forces 2). The block geometry (stages, warpgroups, route tiles) is in ``kernels/wgmma_geometry.py``.
 
-Both have ``qmoe::wg_permute`` (the input's K chunks in the order the MMA's shared-memory operand needs,
-``core/wg_order.cuh``), FC1 [+FC3] with the activation fused (sorted order, written in FC2's order), FC2
-+ bias by route id, and ``group_by_expert`` / ``combine_routes`` as in ``mma_prefill``. The ``tiles`` FC2
-may run a tile as two blocks, each over half of K, adding into ``y`` (zeroed by ``wg_permute``), when
+Both permute the input's K chunks into the order the MMA's shared-memory operand needs
+(``core/wg_order.cuh``; ``tiles``: ``qmoe::wg_prepare``, which also writes the tile table its GEMMs read in
+one round of loads, ``engines/tile_rows.cuh``), run FC1 [+FC3] with the activation fused (sorted order,
+written in FC2's order), FC2 + bias by route id, and ``group_by_expert`` / ``combine_routes`` as in
+``mma_prefill``. The ``tiles`` FC2 may run a tile as two blocks, each over half of K, adding into ``y``
+(zeroed by ``wg_prepare``), when
 whole tiles would leave the last round of SMs at most half busy (:meth:`WgmmaPrefillFamily.fc2_k_split`;
 the device decides per call, the same for every tile, so a route's sum does not depend on its tile).
 The route tile is chosen from the routes per expert of the call.
@@ -56,6 +58,7 @@ from ._grouped import (
     group_launch,
     grouped_scratch,
     route_tiles,
+    tile_slots,
     tiled_launch,
     tuning_knob,
     weight_tiles,
@@ -193,22 +196,26 @@ class WgmmaPrefillFamily(KernelFamily):
         t = template_types(spec)
         dt, sdt = spec["dtype"], spec["scale_dtype"]
         out = list(group_and_combine(spec))
-        out.append(KernelDef("permute", f"qmoe::wg_permute<{CPP_TYPES[dt]}, {t['B1']}>",
+        out.append(KernelDef("permute", f"qmoe::wg_prepare<{CPP_TYPES[dt]}, {t['B1']}>",
                              (Ptr("x", dt), Scalar("rows", "int32"), Scalar("H", "int32"), Scalar("Hp", "int32"),
-                              Ptr("xp", dt), Ptr("y", "float32"), Scalar("y_zero", "int64"))))
+                              Ptr("xp", dt), Ptr("y", "float32"), Scalar("y_zero", "int64"), ROUTE_GROUPS_ARG,
+                              Scalar("E", "int32"), Scalar("BR", "int32"), Scalar("slots", "int32"),
+                              Ptr("tile_info", "int32"), Ptr("tile_rows", "int32"))))
         for br in spec_tiles(spec):
             out.append(KernelDef(
                 f"fc1_br{br}",
                 f"qmoe::fc1_wgmma<{t['GATE']}, {t['T']}, {t['S']}, {t['B1']}, {t['B2']}, {t['Z1']}, {t['Z3']}, "
                 f"{t['BLOCK']}, {t['ACT']}, {br}>",
-                (Ptr("xp", dt), ROUTE_GROUPS_ARG, Scalar("E", "int32"), Scalar("k", "int32"), Scalar("H", "int32"),
+                (Ptr("xp", dt), ROUTE_GROUPS_ARG, Ptr("tile_info", "int32"), Ptr("tile_rows", "int32"),
+                 Scalar("E", "int32"), Scalar("k", "int32"), Scalar("H", "int32"),
                  Scalar("Hp", "int32"), Scalar("I", "int32"), Scalar("Ip", "int32"), Scalar("NT", "int32"),
                  Scalar("G", "int32"), fc1_weights(sdt), ACT_PARAMS_ARG, Ptr("act_sorted", dt)),
             ))
             out.append(KernelDef(
                 f"fc2_br{br}",
                 f"qmoe::fc2_wgmma<{t['T']}, {t['S']}, {t['B2']}, {t['Z2']}, {t['BLOCK']}, {br}>",
-                (Ptr("act_sorted", dt), ROUTE_GROUPS_ARG, Scalar("E", "int32"), Scalar("H", "int32"), Scalar("I", "int32"),
+                (Ptr("act_sorted", dt), ROUTE_GROUPS_ARG, Ptr("tile_info", "int32"), Ptr("tile_rows", "int32"),
+                 Scalar("E", "int32"), Scalar("H", "int32"), Scalar("I", "int32"),
                  Scalar("Ip", "int32"), Scalar("NT", "int32"), Scalar("G", "int32"), Scalar("KS", "int32"),
                  Scalar("SMS", "int32"), fc2_weights(sdt), Ptr("y", "float32")),
             ))
@@ -278,9 +285,10 @@ class WgmmaPrefillFamily(KernelFamily):
             # are a prefix the kernel reads from the grouping)
             return Launch((max(1, -(-problem.routes // GATHER_ROWS)), 1, 1), (256, 1, 1), 0,
                           (("Hp", Hp), ("Rp", image_rows(spec, problem))))
-        if role == "permute":  # also zeroes y when FC2 may add its halves of K into it
+        if role == "permute":  # also zeroes y when FC2 may add its halves of K into it, and writes the tile table
             y_zero = problem.routes * problem.H if self.fc2_k_split(spec, problem) == 2 else 0
-            return Launch(((problem.rows * Hp // 8 + 255) // 256, 1, 1), (256, 1, 1), 0, (("Hp", Hp), ("y_zero", y_zero)))
+            return Launch((max(1, (problem.rows * Hp // 8 + 255) // 256), 1, 1), (256, 1, 1), 0,
+                          (("Hp", Hp), ("y_zero", y_zero), ("BR", br), ("slots", tile_slots(problem, br))))
         wgs = groups_of(spec, role, br)
         m16 = 4 * wgs * (spec["mw"] if ws else 1)  # m16 weight tiles per block
         # FC1 covers Ip: its padding columns are written as zeros (FC2 reads them)
@@ -302,8 +310,11 @@ class WgmmaPrefillFamily(KernelFamily):
         ws = variant_of(spec) == "ws"
         if role == "permute" and ws:
             return {"xs": Slot(image_rows(spec, problem) * padded(problem.H) * item)}  # [Hp / 64, Rp, 64]
-        if role == "permute":  # xp [rows, Hp]; y [R, H] f32 when it zeroes it for FC2
-            return {"xp": Slot(problem.rows * padded(problem.H) * item), **grouped_scratch("fc2", problem, item)}
+        if role == "permute":  # xp [rows, Hp]; y [R, H] f32 when it zeroes it for FC2; the tile table (tile_rows.cuh)
+            br = tile_routes(problem.routes, problem.experts, have=spec_tiles(spec))
+            slots = tile_slots(problem, br)
+            return {"xp": Slot(problem.rows * padded(problem.H) * item), **grouped_scratch("fc2", problem, item),
+                    "tile_info": Slot(16 * slots), "tile_rows": Slot(4 * slots * br)}  # [slots] int4, [slots, BR] i32
         if role == "fc1" and ws:
             return {"act_sorted": Slot(image_rows(spec, problem) * padded(problem.I) * item)}  # [Ip / 64, Rp, 64]
         if role == "fc1":

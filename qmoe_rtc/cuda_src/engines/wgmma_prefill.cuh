@@ -235,13 +235,25 @@ __device__ __forceinline__ void wg_tile(const QA& qa, const QB& qb, const PfLane
     wg_mainloop<T, B, BR, BR, ZPW, QA, QB, St>(qa, qb, lr, e, src, s_row, K, c0, c1, acc, smem, st);
 }
 
+// What the GEMMs read besides the weights, built once a call after group_by_expert: xp (wg_permute_rows:
+// x in the chunks' wgmma order; y zeroed for a split FC2) and the tile table for `slots` route tiles of BR
+// routes (engines/tile_rows.cuh). Grid-stride over both; 256 threads a block.
+template <typename T, int B>
+__global__ void __launch_bounds__(256) wg_prepare(const T* __restrict__ x, i32 rows, i32 H, i32 Hp, T* __restrict__ xp,
+                                                  float* __restrict__ y, i64 y_zero, const RouteGroups rg, i32 E, i32 BR,
+                                                  i32 slots, i32* __restrict__ tile_info, i32* __restrict__ tile_rows) {
+  build_tile_table(rg, E, BR, slots, (i64)blockIdx.x * 256 + threadIdx.x, (i64)gridDim.x * 256, tile_info, tile_rows);
+  wg_permute_rows<T, B>(x, rows, H, Hp, xp, y, y_zero);
+}
+
 // FC1 (+FC3) with the activation fused: act_sorted[m, wg_pos<B2>(o)] for the tile's routes (B2: FC2's
 // bits, whose order FC2 reads), zeros for I <= o < Ip. Warp tile = 8 outputs (gated) or 16 (plain).
 template <int GATE, typename T, typename ScaleT, int B1, int B2, int Z1, int Z3, int BLOCK, int ACT, int BR>
 __global__ void __launch_bounds__(Fc1Stage<GATE, ScaleT, B1, Z1, Z3, BLOCK, BR>::kThreads,
                                   Fc1Stage<GATE, ScaleT, B1, Z1, Z3, BLOCK, BR>::kMinBlocks)
-fc1_wgmma(const T* __restrict__ xp, const RouteGroups rg, i32 E, i32 k, i32 H, i32 Hp, i32 I, i32 Ip, i32 NT, i32 G,
-          const Fc1Weights<ScaleT> wt, const ActParams ap, T* __restrict__ act_sorted) {
+fc1_wgmma(const T* __restrict__ xp, const RouteGroups rg, const i32* __restrict__ tile_info, const i32* __restrict__ tile_rows,
+          i32 E, i32 k, i32 H, i32 Hp, i32 I, i32 Ip, i32 NT, i32 G, const Fc1Weights<ScaleT> wt, const ActParams ap,
+          T* __restrict__ act_sorted) {
   using Rows = Fc1Rows<GATE>;
   constexpr bool kZpw = Z1 == ZP_PACKED || (GATE == GATE_FC3 && Z3 == ZP_PACKED);
   using St = Fc1Stage<GATE, ScaleT, B1, Z1, Z3, BLOCK, BR>;
@@ -251,8 +263,10 @@ fc1_wgmma(const T* __restrict__ xp, const RouteGroups rg, i32 E, i32 k, i32 H, i
   extern __shared__ __align__(16) u8 dyn_smem[];
   __shared__ u32 s_row[BR];  // element offsets of the tile's route rows in xp (< 2^32: the host's bound)
   u8* smem = wg_smem<St::kStages * St::kBytes>(dyn_smem);
-  i32 nt, e, m0, m_end;
-  if (!pf_tile_of<BR, St::kThreads>((i32)blockIdx.x, rg.offsets, rg.tile_offsets, E, NT, G, nt, e, m0, m_end)) return;
+  i32 nt, e, m0, m_end, route[(BR + St::kThreads - 1) / St::kThreads];
+  if (!pf_tile_table<BR, St::kThreads>((i32)blockIdx.x, rg.sorted, rg.offsets, rg.tile_offsets, E, NT, G, tile_info,
+                                       tile_rows, nt, e, m0, m_end, route))
+    return;
   const Proj<ScaleT> p1 = expert_proj(e, wt.E_routed, wt.fc1, wt.shared_fc1);
   const Proj<ScaleT>& p3 = wt.fc3;
   using Q1 = QuantParams<ScaleT, B1, BLOCK, Z1>;
@@ -271,8 +285,9 @@ fc1_wgmma(const T* __restrict__ xp, const RouteGroups rg, i32 E, i32 k, i32 H, i
     const i32 na = Rows::gate_row(oa, I), nb = Rows::kGated ? Rows::lin_row(oa, I) : ob;
     lr.set(0, q1, p1.w, na, Rows::tile_row(na), qb, wb, nb, Rows::tile_row(nb), e);
   }
-  for (int i = threadIdx.x; i < BR; i += St::kThreads)
-    s_row[i] = (u32)(rg.sorted[min(m0 + i, m_end - 1)] / k) * (u32)Hp;
+#pragma unroll
+  for (int q = 0; q < (BR + St::kThreads - 1) / St::kThreads; ++q)
+    if (threadIdx.x + q * St::kThreads < BR) s_row[threadIdx.x + q * St::kThreads] = (u32)(route[q] / k) * (u32)Hp;
   __syncthreads();
   float acc[BR / 2];
 #pragma unroll
@@ -320,8 +335,9 @@ __device__ __forceinline__ bool fc2_splits(i32 KS, i32 V, i32 P) {
 template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, int BR>
 __global__ void __launch_bounds__(Fc2Stage<ScaleT, B2, Z2, BLOCK, BR>::kThreads,
                                   Fc2Stage<ScaleT, B2, Z2, BLOCK, BR>::kMinBlocks)
-fc2_wgmma(const T* __restrict__ act_sorted, const RouteGroups rg, i32 E, i32 H, i32 I, i32 Ip, i32 NT, i32 G, i32 KS,
-          i32 SMS, const Fc2Weights<ScaleT> wt, float* __restrict__ y) {
+fc2_wgmma(const T* __restrict__ act_sorted, const RouteGroups rg, const i32* __restrict__ tile_info,
+          const i32* __restrict__ tile_rows, i32 E, i32 H, i32 I, i32 Ip, i32 NT, i32 G, i32 KS, i32 SMS,
+          const Fc2Weights<ScaleT> wt, float* __restrict__ y) {
   using St = Fc2Stage<ScaleT, B2, Z2, BLOCK, BR>;
   constexpr bool kZpw = Z2 == ZP_PACKED;
   Stamps st;
@@ -330,12 +346,11 @@ fc2_wgmma(const T* __restrict__ act_sorted, const RouteGroups rg, i32 E, i32 H, 
   __shared__ u32 s_row[BR];  // element offsets of the tile's rows in act_sorted (< 2^32: the host's bound)
   __shared__ i32 s_route[BR];
   u8* smem = wg_smem<St::kStages * St::kBytes>(dyn_smem);
-  {
-    const bool split = fc2_splits(KS, rg.tile_offsets[E] * NT, SMS);
-    if (blockIdx.x % KS && !split) return;  // whole tiles: the even blocks
-  }
-  i32 nt, e, m0, m_end;
-  if (!pf_tile_of<BR, St::kThreads>((i32)blockIdx.x / KS, rg.offsets, rg.tile_offsets, E, NT, G, nt, e, m0, m_end))
+  // whole tiles: the even blocks (the tile count read only by odd ones, so the others' first loads are their tile's)
+  if (blockIdx.x % KS && !fc2_splits(KS, rg.tile_offsets[E] * NT, SMS)) return;
+  i32 nt, e, m0, m_end, route[(BR + St::kThreads - 1) / St::kThreads];
+  if (!pf_tile_table<BR, St::kThreads>((i32)blockIdx.x / KS, rg.sorted, rg.offsets, rg.tile_offsets, E, NT, G, tile_info,
+                                       tile_rows, nt, e, m0, m_end, route))
     return;
   const Proj<ScaleT> p2 = expert_proj(e, wt.E_routed, wt.fc2, wt.shared_fc2);
   using Q2 = QuantParams<ScaleT, B2, BLOCK, Z2>;
@@ -345,10 +360,13 @@ fc2_wgmma(const T* __restrict__ act_sorted, const RouteGroups rg, i32 E, i32 H, 
   PfLaneRows<T, Q2, Q2, 1> lr;
   const i32 na = min(n0 + g, H - 1), nb = min(n0 + g + 8, H - 1);  // clamped: never stored
   lr.set(0, q2, p2.w, na, na, q2, p2.w, nb, nb, e);
-  for (int i = threadIdx.x; i < BR; i += St::kThreads) {
-    const i32 m = min(m0 + i, m_end - 1);
-    s_row[i] = (u32)m * (u32)Ip;
-    s_route[i] = rg.sorted[m];  // the route whose output row the tile's row i is (read once, not per value)
+#pragma unroll
+  for (int q = 0; q < (BR + St::kThreads - 1) / St::kThreads; ++q) {
+    const i32 i = threadIdx.x + q * St::kThreads;
+    if (i < BR) {
+      s_row[i] = (u32)min(m0 + i, m_end - 1) * (u32)Ip;
+      s_route[i] = route[q];  // the route whose output row the tile's row i is (read once, not per value)
+    }
   }
   __syncthreads();
   float acc[BR / 2];

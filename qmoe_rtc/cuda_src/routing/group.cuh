@@ -97,31 +97,4 @@ __device__ __forceinline__ bool find_tile(const i32* __restrict__ offsets, const
   return true;
 }
 
-// find_tile for a whole block (every thread calls it: a barrier inside; the result is the same in every
-// thread): thread i of each pass reads expert i's tile range [tile_offsets[i], tile_offsets[i + 1]) and its
-// sorted positions, all in one round of loads, and the one expert whose range holds t says so through shared
-// memory. One load latency and a barrier, where find_tile's binary search waits for log2(E) + 2 loads in
-// a row, and a tile's first copies start only after it (the wgmma prefill FC1 at gpt-oss-120b 512 tokens,
-// E = 128, in-kernel stamps on the H200: 5.3k cycles from entry to the main loop with it, 4.4k with this).
-template <int BR, int kThreads>
-__device__ __forceinline__ bool find_tile_block(const i32* __restrict__ offsets, const i32* __restrict__ tile_offsets,
-                                                i32 E, i32 t, i32& e, i32& m0, i32& m_end) {
-  __shared__ i32 s_at[3];  // e, m0, m_end of tile t
-  const i32 tiles = tile_offsets[E];
-  for (i32 i = threadIdx.x; i < E; i += kThreads) {
-    const i32 t0 = tile_offsets[i], t1 = tile_offsets[i + 1], o0 = offsets[i], o1 = offsets[i + 1];
-    if (t0 <= t && t < t1) {
-      s_at[0] = i;
-      s_at[1] = o0 + (t - t0) * BR;
-      s_at[2] = min(o0 + (t - t0 + 1) * BR, o1);
-    }
-  }
-  __syncthreads();
-  if (t >= tiles) return false;
-  e = s_at[0];
-  m0 = s_at[1];
-  m_end = s_at[2];
-  return true;
-}
-
 }  // namespace qmoe
