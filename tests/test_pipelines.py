@@ -217,6 +217,30 @@ def test_wgmma_warpgroups_by_route_tile_and_layout():
         assert fc("fc1", 4096) == (256, None) and fc("fc2", 512) == (256, 2 * 132)
 
 
+@pytest.mark.parametrize("rows", [1, 300, 512, 4096])
+def test_wgmma_tile_table_covers_the_grid(rows):
+    """wg_prepare writes the tile table for `slots` route tiles (engines/tile_rows.cuh) and FC1 / FC2 read
+    entry t of it for every route tile t their grid covers: the table's buffers hold `slots` entries of the
+    call's route tile, and each GEMM's grid is exactly slots × its weight tiles (FC2: × its K halves), with
+    slots at least the bound on the call's route tiles."""
+    from qmoe_rtc.kernels._grouped import route_tiles
+    from qmoe_rtc.kernels.wgmma_geometry import spec_tiles, tile_routes
+
+    fam = get_family("wgmma_prefill")
+    cfg = CONFIGS[0]
+    spec, prob = fam.spec(cfg), dataclasses.replace(_problem(cfg, rows), sms=132)
+    br = tile_routes(prob.routes, prob.experts, have=spec_tiles(spec))
+    prep = dict(fam.launch(spec, "permute", prob).args)
+    slots = prep["slots"]
+    assert prep["BR"] == br and slots >= route_tiles(prob.routes, prob.experts, br)
+    scratch = fam.scratch(spec, "permute", prob)
+    assert scratch["tile_info"].nbytes == 16 * slots and scratch["tile_rows"].nbytes == 4 * slots * br
+    for role in ("fc1", "fc2"):
+        launch = fam.launch(spec, role, prob)
+        args = dict(launch.args)
+        assert launch.grid[0] == slots * args["NT"] * args.get("KS", 1), role
+
+
 def test_wgmma_refuses_past_32_bit_row_offsets():
     """A route tile's rows are 32-bit element offsets into xp [rows, Hp] and act_sorted [R, Ip]: past 2^32
     values the engine is refused (the executor then warns and runs mma.sync)."""

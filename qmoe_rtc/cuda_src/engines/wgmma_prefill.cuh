@@ -8,11 +8,14 @@
 //                                 rounded up to 128, zeros past H): FC1's activations, route rows
 //                                 gathered by index inside the tile copy
 //   act_sorted  [R, Ip]     T     FC1 out in sorted order, in FC2's wgmma order (zeros past I)
+//   tile_info   [slots] int4      each route tile's {expert, first sorted position, end, 0}, and
+//   tile_rows   [slots, BR] i32   its routes (the last repeated): the tile table wg_prepare writes from 32
+//                                 experts (engines/tile_rows.cuh), so a tile's prologue is one round of loads
 //   y           [R, H]      f32   FC2 out by route id, bias added (the combine applies the routing weight)
-//                                 (with FC2 split over K: zeroed by wg_permute, each half added in)
+//                                 (with FC2 split over K: zeroed by wg_prepare, each half added in)
 //
 // The K order of xp and act_sorted: core/wg_order.cuh. The warp-specialised, persistent variant of
-// this engine: engines/wgmma_ws.cuh (same arguments, same layouts).
+// this engine: engines/wgmma_ws.cuh (the same layouts; its own gather, no tile table).
 //
 // Block: WgStage::kGroups warpgroups × 64 weight rows (warp w: rows 16w .. 16w + 15 of the tile, the
 // mma_prefill lane layout with one m16 tile) × BR routes; acc[BR / 2] f32 per thread (core/wgmma.cuh).
@@ -331,7 +334,7 @@ __device__ __forceinline__ bool fc2_splits(i32 KS, i32 V, i32 P) {
 
 // FC2: y[route, n] = act_sorted[m] · W2[e, n] + b2[e, n] for the tile's routes (scattered by route id).
 // KS = 2: blocks 2i, 2i + 1 are tile i's halves of K; when fc2_splits, each adds its half into y (zeroed
-// by wg_permute), the first half with the bias: y = (0 + lo·s + b) + hi·s in either order, one value.
+// by wg_prepare), the first half with the bias: y = (0 + lo·s + b) + hi·s in either order, one value.
 template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, int BR>
 __global__ void __launch_bounds__(Fc2Stage<ScaleT, B2, Z2, BLOCK, BR>::kThreads,
                                   Fc2Stage<ScaleT, B2, Z2, BLOCK, BR>::kMinBlocks)
