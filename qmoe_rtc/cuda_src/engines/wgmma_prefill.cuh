@@ -10,7 +10,7 @@
 //   act_sorted  [R, Ip]     T     FC1 out in sorted order, in FC2's wgmma order (zeros past I)
 //   tile_info   [slots] int4      each route tile's {expert, first sorted position, end, 0}, and
 //   tile_rows   [slots, BR] i32   its routes (the last repeated): the tile table wg_prepare writes from 32
-//                                 experts (engines/tile_rows.cuh), so a tile's prologue is one round of loads
+//                                 experts (engines/wg_tiles.cuh), so a tile's prologue is one round of loads
 //   y           [R, H]      f32   FC2 out by route id, bias added (the combine applies the routing weight)
 //                                 (with FC2 split over K: zeroed by wg_prepare, each half added in)
 //
@@ -38,6 +38,7 @@
 #include "core/wgmma.cuh"
 #include "engines/lane_tiles.cuh"
 #include "engines/tile_rows.cuh"
+#include "engines/wg_tiles.cuh"
 #include "epilogue/combine.cuh"
 #include "epilogue/fc1.cuh"
 #include "routing/group.cuh"
@@ -213,12 +214,10 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
 }
 
 // The main loop with the fewest MMA routes that hold the tile's `routes`: BR, BR / 2 or BR / 4 (BR / 4 from
-// QMOE_WG_SHRINK 2; at least 32 routes, or 16 with QMOE_WG_SHRINK 3 where a block has 256 threads: a 16-route
-// tile is then one 16-byte unit a thread). A route tile is full except for an expert's last one, whose MMAs
-// shrink to its routes (at a few hundred tokens most experts' last tile is nearly empty, and it costs a
-// full tile's MMAs otherwise). Each width is a copy of the main loop, and each copy adds to the kernel's
-// compile time; without the BR / 4 one the layer measured up to 4 % slower (docs/performance-log.md, session 24);
-// the 16-route one took 3.5-4.5 % off gpt-oss-120b at 512 tokens, ~16 routes an expert (session 27).
+// QMOE_WG_SHRINK 2; at least 32 routes, 16 with 3 where a block has 256 threads). An expert's last route tile
+// is rarely full (at a few hundred tokens nearly empty). Each width is a copy of the main loop (compile time);
+// without BR / 4 the layer measured up to 4 % slower (docs/performance-log.md, session 24); 16 routes took
+// 3.5-4.5 % off gpt-oss-120b at 512 tokens, ~16 routes an expert (session 27).
 #ifndef QMOE_WG_SHRINK
 #define QMOE_WG_SHRINK 3
 #endif
@@ -238,9 +237,8 @@ __device__ __forceinline__ void wg_tile(const QA& qa, const QB& qb, const PfLane
     wg_mainloop<T, B, BR, BR, ZPW, QA, QB, St>(qa, qb, lr, e, src, s_row, K, c0, c1, acc, smem, st);
 }
 
-// What the GEMMs read besides the weights, built once a call after group_by_expert: xp (wg_permute_rows:
-// x in the chunks' wgmma order; y zeroed for a split FC2) and the tile table for `slots` route tiles of BR
-// routes (engines/tile_rows.cuh). Grid-stride over both; 256 threads a block.
+// After group_by_expert, once a call: xp (x in the chunks' wgmma order; y zeroed for a split FC2) and the
+// tile table of `slots` route tiles of BR routes (engines/wg_tiles.cuh); grid-stride, 256 threads a block.
 template <typename T, int B>
 __global__ void __launch_bounds__(256) wg_prepare(const T* __restrict__ x, i32 rows, i32 H, i32 Hp, T* __restrict__ xp,
                                                   float* __restrict__ y, i64 y_zero, const RouteGroups rg, i32 E, i32 BR,
@@ -349,7 +347,7 @@ fc2_wgmma(const T* __restrict__ act_sorted, const RouteGroups rg, const i32* __r
   __shared__ u32 s_row[BR];  // element offsets of the tile's rows in act_sorted (< 2^32: the host's bound)
   __shared__ i32 s_route[BR];
   u8* smem = wg_smem<St::kStages * St::kBytes>(dyn_smem);
-  // whole tiles: the even blocks (the tile count read only by odd ones, so the others' first loads are their tile's)
+  // whole tiles: the even blocks (only odd ones read the count here, the others' first loads are their tile's)
   if (blockIdx.x % KS && !fc2_splits(KS, rg.tile_offsets[E] * NT, SMS)) return;
   i32 nt, e, m0, m_end, route[(BR + St::kThreads - 1) / St::kThreads];
   if (!pf_tile_table<BR, St::kThreads>((i32)blockIdx.x / KS, rg.sorted, rg.offsets, rg.tile_offsets, E, NT, G, tile_info,
