@@ -15,12 +15,11 @@ Two variants of the same GEMMs (knob ``prefill_wg_variant``, part of the module 
   forces 2). The block geometry (stages, warpgroups, route tiles) is in ``kernels/wgmma_geometry.py``.
 
 Both permute the input's K chunks into the order the MMA's shared-memory operand needs
-(``core/wg_order.cuh``; ``tiles``: ``qmoe::wg_prepare``, which also writes the tile table its GEMMs read in
-one round of loads, ``engines/tile_rows.cuh``), run FC1 [+FC3] with the activation fused (sorted order,
-written in FC2's order), FC2 + bias by route id, and ``group_by_expert`` / ``combine_routes`` as in
-``mma_prefill``. The ``tiles`` FC2 may run a tile as two blocks, each over half of K, adding into ``y``
-(zeroed by ``wg_prepare``), when
-whole tiles would leave the last round of SMs at most half busy (:meth:`WgmmaPrefillFamily.fc2_k_split`;
+(``core/wg_order.cuh``; ``tiles``: ``qmoe::wg_prepare``, which from 32 experts also writes the tile table its
+GEMMs read in one round of loads, ``engines/wg_tiles.cuh``), run FC1 [+FC3] with the activation fused (sorted
+order, written in FC2's order), FC2 + bias by route id, and ``group_by_expert`` / ``combine_routes`` as in
+``mma_prefill``. The ``tiles`` FC2 may run a tile as two blocks, each over half of K, adding into ``y`` (zeroed
+by ``wg_prepare``), when whole tiles would leave the last round of SMs at most half busy (:meth:`WgmmaPrefillFamily.fc2_k_split`;
 the device decides per call, the same for every tile, so a route's sum does not depend on its tile).
 The route tile is chosen from the routes per expert of the call.
 
@@ -310,7 +309,7 @@ class WgmmaPrefillFamily(KernelFamily):
         ws = variant_of(spec) == "ws"
         if role == "permute" and ws:
             return {"xs": Slot(image_rows(spec, problem) * padded(problem.H) * item)}  # [Hp / 64, Rp, 64]
-        if role == "permute":  # xp [rows, Hp]; y [R, H] f32 when it zeroes it for FC2; the tile table (tile_rows.cuh)
+        if role == "permute":  # xp [rows, Hp]; y [R, H] f32 when it zeroes it for FC2; the tile table (wg_tiles.cuh)
             br = tile_routes(problem.routes, problem.experts, have=spec_tiles(spec))
             slots = tile_slots(problem, br)
             return {"xp": Slot(problem.rows * padded(problem.H) * item), **grouped_scratch("fc2", problem, item),
