@@ -10,20 +10,20 @@
 
 namespace qmoe {
 
-// The tile table, from kTableExperts experts (the wgmma prefill engine's FC kernels read it in one round of
-// loads, instead of a binary search over the experts' tile ranges and then the tile's routes: log2(E) + 3
-// loads in a row before a tile's first copies, 5.3k cycles from entry to the main loop at 128 experts on the
-// H200, session 27's stamps). Measured against the search (one process a tree, two rounds): -1.5 % at
+// The tile table, written from kTableExperts experts:
+//   tile_info [slots] int4      {e, m0, m_end, 0} of route tile t (as find_tile gives them)
+//   tile_rows [slots, BR] i32   sorted[min(m0 + i, m_end - 1)]: the tile's routes, the last repeated
+// for t < the call's tiles (tile_offsets[E]); `slots` (the launch's route tiles, at least as many) bounds the
+// reads, and entries past the tiles are never used. The wgmma prefill FC kernels read their tile's entry in one
+// round of loads, instead of a binary search over the experts' tile ranges and then the tile's routes (log2(E)
+// + 3 loads in a row before a tile's first copies: 5.3k cycles from entry to the main loop at 128 experts on the
+// H200, session 27's stamps). Measured against the search (a process a tree, two rounds): -1.1 to -1.5 % at
 // gpt-oss-120b and -1.7 % at qwen3-30b-a3b 512 tokens (128 experts), -0.5 to -0.9 % at 4096; +2.3 to +2.4 % at
 // mixtral-8x7b and ort-2048 512 tokens (8 experts, a search of 3 loads; a block-wide search lost as much there,
 // cause not found), so those keep the search.
 inline constexpr int kTableExperts = 32;
-//
-//   tile_info [slots] int4   {e, m0, m_end, 0} of route tile t (find_tile)
-//   tile_rows [slots, BR] i32 sorted[min(m0 + i, m_end - 1)]: the tile's routes, the last repeated
-// for t < the call's tiles (tile_offsets[E]); `slots` (the launch's route tiles, at least as many) bounds
-// the reads, and entries past the tiles are never used. Built by grid-stride thread j of a kernel that runs
-// after group_by_expert (wg_prepare).
+
+// Writes the table: grid-stride thread j of a kernel that runs after group_by_expert (wg_prepare).
 __device__ __forceinline__ void build_tile_table(const RouteGroups& rg, i32 E, i32 BR, i32 slots, i64 j, i64 stride,
                                                  i32* __restrict__ tile_info, i32* __restrict__ tile_rows) {
   if (E < kTableExperts) return;
