@@ -1,5 +1,5 @@
 """Block geometry of the wgmma prefill engine (kernels/wgmma_prefill.py), mirrors of the device's
-constants in ``cuda_src/engines/wgmma_prefill.cuh`` / ``wgmma_ws.cuh`` and ``core/wg_order.cuh``: the K order
+constants in ``cuda_src/engines/wg_mainloop.cuh`` / ``wgmma_ws.cuh`` and ``core/wg_order.cuh``: the K order
 of a chunk, the bytes of a pipeline stage and the ring, warpgroups per block, the route tile of a call.
 CPU tests compile the device structs against these (tests/test_compile_executor.py)."""
 
@@ -72,7 +72,7 @@ def wg_logical(n: int, bits: int, tiled: bool = False) -> int:
 
 def stage_bytes(bits: int, scale_bytes: int, block_size: int, zp_packed: bool, br: int, groups: int,
                 tiled_meta: bool = False, m16_tiles: int = 0) -> int:
-    """One pipeline stage (wgmma_prefill.cuh WgStage; wgmma_ws.cuh WsStage with ``m16_tiles`` weight tiles
+    """One pipeline stage (wg_mainloop.cuh WgStage; wgmma_ws.cuh WsStage with ``m16_tiles`` weight tiles
     per block), rounded to 1024 bytes: the route tile, then each m16 weight tile's codes and meta."""
     words = meta_words(bits, scale_bytes, block_size, zp_packed, tiled_meta) if block_size else 0
     raw = br * 256 + (m16_tiles or 4 * groups) * (2 * 32 * 4 * bits + 2 * words * 128)

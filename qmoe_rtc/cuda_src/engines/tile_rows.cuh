@@ -11,14 +11,18 @@
 
 namespace qmoe {
 
-// Tile `idx` of the grid: weight tile nt, route tile G·group + rem % G (false: past the last route
-// tile). Consecutive indices take G route tiles of one weight tile, then the next weight tile (L2 reuse).
+// Tile `idx` of the grid: weight tile nt, and the route tile it returns, G·group + rem % G. Consecutive
+// indices take G route tiles of one weight tile, then the next weight tile (L2 reuse).
+__device__ __forceinline__ i32 grid_tile(i32 idx, i32 NT, i32 G, i32& nt) {
+  const i32 per = G * NT, grp = idx / per, rem = idx - grp * per;
+  nt = rem / G;
+  return grp * G + rem % G;
+}
+// grid_tile's route tile found in the experts' ranges (false: past the last route tile).
 template <int BR>
 __device__ __forceinline__ bool pf_tile_at(i32 idx, const i32* __restrict__ offsets, const i32* __restrict__ tile_offsets,
                                            i32 E, i32 NT, i32 G, i32& nt, i32& e, i32& m0, i32& m_end) {
-  const i32 per = G * NT, grp = idx / per, rem = idx - grp * per;
-  nt = rem / G;
-  return find_tile<BR>(offsets, tile_offsets, E, grp * G + rem % G, e, m0, m_end);
+  return find_tile<BR>(offsets, tile_offsets, E, grid_tile(idx, NT, G, nt), e, m0, m_end);
 }
 // The tile of this block (one block per tile; pf_tile_at of blockIdx.x, in its unsigned arithmetic).
 template <int BR>

@@ -51,7 +51,7 @@ __device__ __forceinline__ int4 ld_now4(const i32* p) {
   return v;
 }
 
-// Tile idx of the grid (pf_tile_at's order): its weight tile nt, expert e, sorted range [m0, m_end), and in
+// Tile idx of the grid (grid_tile's order): its weight tile nt, expert e, sorted range [m0, m_end), and in
 // rows[q] the route of tile row threadIdx.x + q·kThreads (q < ceil(BR / kThreads); rows past BR are not read,
 // rows past the tile's routes repeat its last). From kTableExperts experts from the tile table, one round of
 // loads; below, pf_tile_at's search and then the routes. False past the call's last tile (the whole block).
@@ -70,9 +70,7 @@ __device__ __forceinline__ bool pf_tile_table(i32 idx, const i32* __restrict__ s
     }
     return true;
   }
-  const i32 per = G * NT, grp = idx / per, rem = idx - grp * per;
-  nt = rem / G;
-  const i32 t = grp * G + rem % G;
+  const i32 t = grid_tile(idx, NT, G, nt);
   const i32 tiles = ld_now(tile_offsets + E);
   const int4 info = ld_now4(tile_info + 4 * (i64)t);
 #pragma unroll

@@ -1,0 +1,214 @@
+// engines/wg_mainloop.cuh: the main loop of the wgmma prefill engine's GEMMs (engines/wgmma_prefill.cuh):
+// the pipeline stage and its ring (WgStage, mirrored by kernels/wgmma_geometry.py), one route tile's chunks
+// of K through it (wg_mainloop), and the MMA width an expert's last tile shrinks to (wg_tile).
+//
+// Block: WgStage::kGroups warpgroups × 64 weight rows (warp w: rows 16w .. 16w + 15 of the tile, the
+// mma_prefill lane layout with one m16 tile) × BR routes; acc[BR / 2] f32 per thread (core/wgmma.cuh).
+// K in chunks of 128 through a cp.async ring of WgStage::kStages stages (as many as fit, at most
+// QMOE_WG_STAGES); per k16 step a warp builds its A fragment while the previous QMOE_WG_INFLIGHT MMAs
+// run. With three stages or more the copies run S - 2 chunks ahead and a chunk's last MMA overlaps the
+// next chunk (the slot refilled is two chunks old); with two, each chunk drains its MMAs before the
+// slot is reused.
+#pragma once
+
+#include "core/codes.cuh"
+#include "core/cp_async.cuh"
+#include "core/dequant.cuh"
+#include "core/lane_meta.cuh"
+#include "core/mma_pair.cuh"
+#include "core/stamps.cuh"
+#include "core/types.cuh"
+#include "core/wgmma.cuh"
+#include "engines/lane_tiles.cuh"
+#include "engines/tile_rows.cuh"
+
+namespace qmoe {
+
+#ifndef QMOE_WG_GROUPS
+#define QMOE_WG_GROUPS 0  // warpgroups per block, 2 or 4 for every tile; 0: WgStage::kGroups decides
+#endif
+#ifndef QMOE_WG_STAGES
+#define QMOE_WG_STAGES 4
+#endif
+inline constexpr int kWgMaxStages = QMOE_WG_STAGES;
+#ifndef QMOE_WG_INFLIGHT
+#define QMOE_WG_INFLIGHT 1
+#endif
+inline constexpr int kWgInflight = QMOE_WG_INFLIGHT;  // MMAs a warpgroup keeps in flight (1 or 2), A buffers: one more
+static_assert(kWgInflight == 1 || kWgInflight == 2, "QMOE_WG_INFLIGHT must be 1 or 2");
+inline constexpr int kWgSmemBudget = 227 * 1024 - 1024 - 4096;  // dynamic bytes for stages (alignment slack, static)
+
+// One pipeline stage (1024-aligned, in dynamic shared memory):
+//   x     [2 halves][BR][128 B]                 logical k 0..63 / 64..127 of the tile's routes,
+//                                               128-byte swizzle (unit u of row r at u ^ (r & 7))
+//   codes [warps][2 rows][32 lanes][4·B B]      each lane's 32 codes of its two rows
+//   meta  [warps][2 rows][kWords][32] u32       their scale / zp words (block-wise scales only)
+// A block has kGroups warpgroups × 64 weight rows: 2 at 64-route tiles where four stages of 2 warpgroups
+// fit twice in an SM's 228 KiB (with 1 KiB alignment slack, 1 KiB the system's and ~1 KiB static a
+// block), so two blocks share it and one's first copies and epilogue overlap the other's main loop; 4
+// otherwise (an SM then holds one block: with 2 it measured 12-16 % slower at int8; tile_groups in
+// kernels/wgmma_geometry.py mirrors this). QMOE_WG_GROUPS forces 2 or 4 (with 4, 256 routes' accumulators
+// do not fit a thread's 128 registers).
+template <int B, typename ScaleT, int BLOCK, bool ZPW, int BR> struct WgStage {
+  using W = LaneTileBytes<B, ScaleT, BLOCK, ZPW, 1>;  // a warp's tile (engines/lane_tiles.cuh)
+  static constexpr int kXBytes = BR * 256;
+  static constexpr int kWords = W::kWords;
+  static constexpr int kCB = W::kCB;
+  static constexpr int kWarpCodes = W::kCodes;
+  static constexpr int kWarpBytes = W::kBytes;
+  static constexpr int kBytes2 = (kXBytes + 8 * kWarpBytes + 1023) / 1024 * 1024;  // a stage of 2 warpgroups
+  static constexpr bool kShare = BR <= 64 && kWgMaxStages >= 4 && 2 * (4 * kBytes2 + 3072) <= 228 * 1024;
+  static constexpr int kGroups = QMOE_WG_GROUPS ? QMOE_WG_GROUPS : kShare ? 2 : 4;
+  static constexpr int kThreads = 128 * kGroups, kWarps = 4 * kGroups;  // a warp: one m16 weight tile
+  static constexpr int kMinBlocks = kGroups == 2 && BR <= 64 ? 2 : 1;   // registers for two blocks an SM
+  static constexpr int kBytes = (kXBytes + kWarps * kWarpBytes + 1023) / 1024 * 1024;
+  static constexpr int kStages = kWgSmemBudget / kBytes < kWgMaxStages ? kWgSmemBudget / kBytes : kWgMaxStages;
+  static_assert(kStages >= 2, "a wgmma prefill stage does not fit twice in shared memory");
+  static_assert(kGroups == 2 || kGroups == 4, "QMOE_WG_GROUPS: 2 or 4");
+};
+
+// acc (lane (g, t) of warp w: rows 16w + g / + 8, routes 8j + 2t (+1)) = W[lane rows] · act[tile routes]ᵀ
+// over chunks [c0, c1) of K (128 values each), for the tile's first NR routes (NR <= BR: the MMAs' N; a tile that holds no
+// more routes than NR copies and multiplies only those, acc[NR / 2 ..] stay untouched). Route row i of
+// the tile starts at src + s_row[i] (an element offset); padding rows (past the tile's routes) repeat its last route, whose extra
+// columns are never stored.
+template <typename T, int B, int BR, int NR, bool ZPW, class QA, class QB, class St>
+__device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const PfLaneRows<T, QA, QB, 1>& lr, i32 e,
+                                            const T* src, const u32* s_row, i32 K, i32 c0, i32 c1,
+                                            float (&acc_br)[BR / 2], u8* smem, Stamps& st) {
+  constexpr int kThreads = St::kThreads;
+  static_assert(NR <= BR && NR * 16 % kThreads == 0, "MMA routes: a route tile's 16-byte units spread evenly");
+  float(&acc)[NR / 2] = reinterpret_cast<float(&)[NR / 2]>(acc_br);
+  constexpr int CB = St::kCB, S = St::kStages;
+  constexpr bool kScaled = QA::kBlock != 0;
+  constexpr int NSB = MetaLayout<typename QA::Scale, QA::kBlock, ZPW>::NSB;
+  using D = MmaDeq<T, B, QA::kZp>;
+  const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3;
+  const i32 nch = c1 - c0;
+  const u32 s0 = (u32)__cvta_generic_to_shared(smem);
+  const i64 sba = LaneMeta<QA, ZPW>::base(qa, e, lr.na[0]), sbb = LaneMeta<QB, ZPW>::base(qb, e, lr.nb[0]);
+
+  // A thread's activation units of a chunk: unit u of route rows r0 + q·kRowStep (NR rows × 16 units of 16
+  // bytes spread over the block), where they start in chunk 0 (xrow, read from s_row once here: loaded
+  // before each copy, ptxas put predicated-off shared loads ahead of every one) and their place in a stage
+  // (xoff + q·kRowStep rows: the swizzle's row bits r & 7 are the same for every q).
+  constexpr int NQ = NR * 16 / kThreads, kRowStep = kThreads / 16;
+  static_assert(kRowStep % 8 == 0, "a unit keeps its swizzle from row to row");
+  const int u = threadIdx.x & 15, r0 = threadIdx.x >> 4;
+  const u32 xoff = (u >> 3) * (BR * 128) + r0 * 128 + (((u & 7) ^ (r0 & 7)) << 4);
+  u32 xrow[NQ];
+#pragma unroll
+  for (int q = 0; q < NQ; ++q) xrow[q] = s_row[r0 + q * kRowStep] + u * 8;
+
+  auto issue = [&](i32 slot, i32 c) {
+    const u32 base = s0 + slot * St::kBytes;
+#pragma unroll
+    for (int q = 0; q < NQ; ++q) cp_async(base + xoff + q * kRowStep * 128, src + (xrow[q] + c * 128), 16, true);
+    const u32 wbase = base + St::kXBytes + warp * St::kWarpBytes;
+    const i32 k0 = c * 128 + 32 * t;
+    const bool live = k0 < K;
+    const i64 off = live ? CodeRows<B>::seg(k0 / 32) : 0;
+    const i32 j = live ? QA::block_of(k0) : 0;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const u8* p = (r ? lr.pb[0] : lr.pa[0]) + off;
+      const u32 dst = wbase + (r * 32 + lane) * CB;
+      cp_async_codes<CB>(dst, p, live);
+      if constexpr (kScaled) {
+        const u32 meta = wbase + St::kWarpCodes + (r * St::kWords) * 128 + LaneMeta<QA, ZPW>::lane_bytes(lane);
+        if (r) LaneMeta<QB, ZPW>::issue(qb, sbb, e, lr.nb[0], j, meta, live, lr.pa[0]);
+        else LaneMeta<QA, ZPW>::issue(qa, sba, e, lr.na[0], j, meta, live, lr.pa[0]);
+      }
+    }
+  };
+
+  auto compute = [&](i32 slot, i32 c) {
+    const u32 xs = s0 + slot * St::kBytes;
+    const u8* wst = smem + slot * St::kBytes + St::kXBytes + warp * St::kWarpBytes;
+    const i32 k0 = c * 128 + 32 * t;
+    const bool live = k0 < K;  // lanes past K hold zero-filled codes; their pairs are exact zeros
+    const i32 j0 = live ? QA::block_of(k0) : 0;
+    u32 ra[B], rb[B];
+    lds_codes<B>(wst + lane * CB, ra);
+    lds_codes<B>(wst + (32 + lane) * CB, rb);
+    Coef ca[NSB], cb[NSB];
+#pragma unroll
+    for (int h = 0; h < NSB; ++h) {
+      if constexpr (kScaled) {
+        const u32* ma = reinterpret_cast<const u32*>(wst + St::kWarpCodes + LaneMeta<QA, ZPW>::lane_bytes(lane));
+        const u32* mb = ma + St::kWords * 32;
+        ca[h] = live ? D::coef(LaneMeta<QA, ZPW>::decode(qa, ma, sba, e, lr.na[0], j0, h)) : D::zero();
+        cb[h] = live ? D::coef(LaneMeta<QB, ZPW>::decode(qb, mb, sbb, e, lr.nb[0], j0, h)) : D::zero();
+      } else {
+        ca[h] = live ? lr.rca[0] : D::zero();
+        cb[h] = live ? lr.rcb[0] : D::zero();
+      }
+    }
+    u32 a[kWgInflight + 1][4];
+    const u64 desc = smem_desc(xs);
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+      u32(&f)[4] = a[s % (kWgInflight + 1)];
+      D::template fragment<kScaled, NSB>(f, ra, rb, ca, cb, s);
+      wgmma_hold(acc);
+      wgmma_fence();
+      Wgmma<T, NR>::mma(acc, f, desc + smem_desc_step<BR>(s));
+      wgmma_commit();
+      wgmma_wait<kWgInflight>();  // the MMA of step s - kWgInflight is done: its A buffer may be rewritten
+      wgmma_hold(acc);
+    }
+    if constexpr (S == 2) {
+      wgmma_wait<0>();  // this stage's shared memory is refilled after the next barrier
+      wgmma_hold(acc);
+    }
+  };
+
+  constexpr int A = S >= 3 ? S - 2 : 1;  // chunks the copies run ahead
+#pragma unroll
+  for (int i = 0; i < A; ++i) {
+    if (i < nch) issue(i, c0 + i);
+    cp_async_commit();
+  }
+  st.loop_start();
+  for (i32 c = 0; c < nch; ++c) {  // the c-th chunk of the range: chunk c0 + c of K
+    st.wait_start();
+    cp_async_wait<A - 1>();
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async data, read by the async proxy
+    __syncthreads();  // every thread's copies of chunk c landed; every MMA of chunk c - 2 is done
+    st.wait_end();
+    const i32 cn = c + A;
+    if (cn < nch) issue(cn % S, c0 + cn);
+    cp_async_commit();
+    compute(c % S, c0 + c);
+  }
+  wgmma_wait<0>();
+  wgmma_hold(acc);
+  cp_async_wait<0>();
+  st.loop_end();
+}
+
+// The main loop with the fewest MMA routes that hold the tile's `routes`: BR, BR / 2 or BR / 4 (BR / 4 from
+// QMOE_WG_SHRINK 2; at least 32 routes, 16 with 3 where a block has 256 threads). An expert's last route tile
+// is rarely full (at a few hundred tokens nearly empty). Each width is a copy of the main loop (compile time);
+// without BR / 4 the layer measured up to 4 % slower (docs/performance-log.md, session 24); 16 routes took
+// 3.5-4.5 % off gpt-oss-120b at 512 tokens, ~16 routes an expert (session 27).
+#ifndef QMOE_WG_SHRINK
+#define QMOE_WG_SHRINK 3
+#endif
+template <typename T, int B, int BR, bool ZPW, class QA, class QB, class St>
+__device__ __forceinline__ void wg_tile(const QA& qa, const QB& qb, const PfLaneRows<T, QA, QB, 1>& lr, i32 e,
+                                        const T* src, const u32* s_row, i32 routes, i32 K, i32 c0, i32 c1,
+                                        float (&acc)[BR / 2], u8* smem, Stamps& st) {
+  static_assert(QMOE_WG_SHRINK >= 1 && QMOE_WG_SHRINK <= 3, "QMOE_WG_SHRINK: 1 (BR / 2), 2 (and BR / 4), 3 (to 16)");
+  constexpr int kLeast = QMOE_WG_SHRINK == 3 && 16 * 16 % St::kThreads == 0 ? 16 : 32;  // the fewest MMA routes
+  constexpr int kHalf = BR / 2 >= kLeast ? BR / 2 : BR;
+  constexpr int kQuarter = QMOE_WG_SHRINK >= 2 && BR / 4 >= kLeast ? BR / 4 : kHalf;
+  if (kQuarter < kHalf && routes <= kQuarter)
+    wg_mainloop<T, B, BR, kQuarter, ZPW, QA, QB, St>(qa, qb, lr, e, src, s_row, K, c0, c1, acc, smem, st);
+  else if (kHalf < BR && routes <= kHalf)
+    wg_mainloop<T, B, BR, kHalf, ZPW, QA, QB, St>(qa, qb, lr, e, src, s_row, K, c0, c1, acc, smem, st);
+  else
+    wg_mainloop<T, B, BR, BR, ZPW, QA, QB, St>(qa, qb, lr, e, src, s_row, K, c0, c1, acc, smem, st);
+}
+
+}  // namespace qmoe
