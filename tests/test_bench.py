@@ -173,6 +173,32 @@ def test_torch_baseline_on_cpu(rng, dtype, zp, bs):
     assert report.rel_err(got.float().numpy(), want) < {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}[dtype]
 
 
+def test_bench_layer_uniform_codes():
+    """``bench ab --codes uniform --swiglu-fusion 2`` builds the layer as the peers' benchmark draws it: every
+    4-bit code equally likely (the quantized layer's crowd the middle), scales (U + 0.5) / (std · sqrt(K)) in the
+    scales' shape and dtype, FC1 as [gate | linear] halves; refused with zero points."""
+    shape = report.Shape("t", 128, 64, 8, 3)
+    fake = _fake_cupy()
+    q, _ = layers.build_layer(np, fake.random.RandomState(1), shape, "bfloat16", (4, 4), 32, False)
+    u, attrs = layers.build_layer(np, fake.random.RandomState(1), shape, "bfloat16", (4, 4), 32, False, codes="uniform",
+                                  swiglu_fusion=2)
+    assert attrs["swiglu_fusion"] == 2
+    std = (255 / 12) ** 0.5
+    for proj, k in (("fc1", 128), ("fc2", 64)):
+        codes, scales = u[f"{proj}_experts_weights"], u[f"{proj}_scales"]
+        assert codes.shape == q[f"{proj}_experts_weights"].shape and codes.dtype == np.uint8
+        assert scales.shape == q[f"{proj}_scales"].shape and scales.dtype == q[f"{proj}_scales"].dtype
+        nibbles = np.concatenate([codes & 15, codes >> 4]).ravel()
+        share = np.bincount(nibbles, minlength=16) / nibbles.size
+        assert share.min() > 0.05 and share.max() < 0.075, share
+        middle = np.bincount((q[f"{proj}_experts_weights"] & 15).ravel(), minlength=16)[8] / codes.size
+        assert middle > 0.1  # the quantized layer's codes crowd the middle
+        sf = scales.astype(np.float32) * std * k ** 0.5
+        assert sf.min() >= 0.49 and sf.max() <= 1.51
+    with pytest.raises(ValueError, match="without zero points"):
+        layers.build_layer(np, fake.random.RandomState(1), shape, "bfloat16", (4, 4), 32, True, codes="uniform")
+
+
 # -- the whole run on the CPU, with stand-ins for CuPy and the executor --------------------------
 class _Event:
     def record(self, stream=None):
@@ -192,6 +218,9 @@ def _fake_cupy():
 
         def random_sample(self, size, dtype=np.float64):
             return self.r.random(size, dtype=dtype)
+
+        def randint(self, low, high, size, dtype=np.int64):
+            return self.r.integers(low, high, size, dtype=dtype)
 
     props = dict(name=b"Fake GPU", major=9, minor=0, multiProcessorCount=132, totalGlobalMem=141 << 30)
     runtime = types.SimpleNamespace(getDeviceCount=lambda: 1, getDevice=lambda: 0, getDeviceProperties=lambda d: props,

@@ -8,6 +8,11 @@ smaller than that.
         mma_expert_flow=0 mma_expert_flow=1 QMOE_RTC_MMA_TARGET_WARPS=6336
     python -m qmoe_rtc bench ab --preset mixtral-8x7b --tokens 4096 --grid decode_max_routes=0 \
         --grid prefill_wg_stages=3,4 --grid prefill_route_tile=128,256
+    python -m qmoe_rtc bench ab --preset mixtral-8x7b --tokens 4096 --codes uniform --swiglu-fusion 2 base
+
+The layer is the benchmark's (``bench``: Gaussian weights quantized, FC1 interleaved); ``--codes uniform
+--swiglu-fusion 2`` builds it as the peers' benchmark does, which matters where the GPU runs at its power
+limit (mixtral-8x7b at 4096 tokens).
 
 A setting is ``name=value[,name=value]`` with knob names or their environment variables (or
 ``decode_max_routes``, a QMoE() argument); ``base`` is the built-in defaults. ``--grid name=v1,v2``
@@ -104,6 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens", type=csv(positive), default="1", help="comma list of token counts (default: 1)")
     p.add_argument("--bits", type=int, default=4, help="expert bits (default: 4)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"], help="activation dtype")
+    p.add_argument("--codes", default="quantized", choices=["quantized", "uniform"],
+                   help="the experts' codes: Gaussian weights quantized (default, as `bench`), or uniform random codes "
+                        "and scales as the peers' benchmark draws them (the GEMMs draw more power on them)")
+    p.add_argument("--swiglu-fusion", type=int, default=1, choices=[1, 2],
+                   help="FC1's rows: 1 gate and linear interleaved (default, as `bench`), 2 [gate | linear] halves "
+                        "(as the peers' benchmark)")
     p.add_argument("--rounds", type=int, default=7, help="rounds of turns (default: 7)")
     p.add_argument("--iters", type=int, default=30, help="samples per setting and round (default: 30)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the rows as JSON")
@@ -146,7 +157,8 @@ def main(argv=None) -> int:
     for name in a.preset:
         shape = BENCH_SHAPES[name]
         rs = cp.random.RandomState(0)
-        w, at = build_layer(cp, rs, shape, a.dtype, (a.bits, a.bits), shape.block_size, False)
+        w, at = build_layer(cp, rs, shape, a.dtype, (a.bits, a.bits), shape.block_size, False, codes=a.codes,
+                            swiglu_fusion=a.swiglu_fusion)
         w = {n: v for n, v in w.items() if n not in EXT_INPUTS}  # the routed layer (logits given), as the bench
         layers = []
         for s in settings:

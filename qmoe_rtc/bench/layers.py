@@ -13,26 +13,55 @@ import numpy as np
 
 from .report import Shape, _reason, check_rows, expert_bytes, extension_bytes, fp4_format, is_fp8
 
-__all__ = ["build_layer", "prepare_layer"]
+__all__ = ["build_layer", "prepare_layer", "uniform_codes", "uniform_scales"]
 
 
-def build_layer(cp, rs, shape: Shape, dtype: str, bits, block_size: int, zero_points: bool, shared: bool = False):
+def build_layer(cp, rs, shape: Shape, dtype: str, bits, block_size: int, zero_points: bool, shared: bool = False,
+                codes: str = "quantized", swiglu_fusion: int = 1):
     """Random quantized experts on the GPU (drawn and quantized ~32 MiB of floats at a time) with
     :func:`qmoe_rtc.random_layer.random_layer`: (weights by ORT name, attributes). FP8 (``bits`` fp8/fp8g):
     e4m3 codes with float32 scales; FP4 (``bits`` mxfp4/nvfp4): e2m1 codes in that format. The shape's router
     weight [E, H] comes along when it has a router GEMM, its shared experts (and gate) with ``shared`` (int
-    experts only: the FP8 and FP4 points time routed layers)."""
+    experts only: the FP8 and FP4 points time routed layers).
+
+    ``codes="uniform"`` (int experts without zero points): the routed experts' codes drawn uniformly over the
+    bit width's range and their scales as (U(0, 1) + 0.5) / (std of those codes · sqrt(K)), as the peers'
+    benchmark draws them, in place of Gaussian weights quantized (whose codes crowd the middle of the range).
+    The GEMMs' time depends on it where the GPU runs at its power limit (mixtral-8x7b at 4096 tokens: 3.5 %
+    slower with uniform codes, H200, docs/performance-log.md session 28). ``swiglu_fusion``: 1 (FC1 rows gate
+    and linear interleaved) or 2 ([gate | linear] halves, the peers' benchmark's)."""
     from ..random_layer import random_layer
 
     fp8, fp4 = is_fp8(bits), fp4_format(bits)
     sh = shared and not (fp8 or fp4)
-    return random_layer(rs, E=shape.E, H=shape.H, I=shape.I, k=shape.k,
+    layer = random_layer(rs, E=shape.E, H=shape.H, I=shape.I, k=shape.k,
                         bits=8 if fp8 else 4 if fp4 else (*bits, bits[0]),
                         block_size=block_size, zero_points=bool(zero_points) and not (fp8 or fp4), dtype=dtype,
-                        scale_dtype="float32" if fp8 else None, activation_type="swiglu", swiglu_fusion=1,
+                        scale_dtype="float32" if fp8 else None, activation_type="swiglu", swiglu_fusion=swiglu_fusion,
                         normalize_routing_weights=1, format="fp8_e4m3" if fp8 else fp4 or "int",
                         progress=lambda *_: None, shared=shape.shared if sh else 0,
                         shared_gate=sh and shape.shared_gate, router_gemm=shape.router)
+    if codes == "uniform":
+        if fp8 or fp4 or zero_points:
+            raise ValueError("codes='uniform': int experts without zero points only")
+        w, a = layer
+        for proj, b, k in (("fc1", bits[0], shape.H), ("fc2", bits[1], shape.I)):
+            w[f"{proj}_experts_weights"] = uniform_codes(cp, rs, w[f"{proj}_experts_weights"].shape)
+            w[f"{proj}_scales"] = uniform_scales(cp, rs, w[f"{proj}_scales"], b, k)
+    elif codes != "quantized":
+        raise ValueError(f"codes: 'quantized' or 'uniform', got {codes!r}")
+    return layer
+
+
+def uniform_codes(cp, rs, shape) -> object:
+    """Packed codes [.., K·b/8] u8 whose every bit is uniform: so is every b-bit code."""
+    return rs.randint(0, 256, size=shape, dtype=cp.int32).astype(cp.uint8)
+
+
+def uniform_scales(cp, rs, like, bits: int, k: int) -> object:
+    """Scales shaped and typed as ``like``: (U(0, 1) + 0.5) / (std of uniform b-bit codes · sqrt(K))."""
+    std = (((1 << bits) ** 2 - 1) / 12.0) ** 0.5
+    return ((rs.random_sample(like.shape) + 0.5) / (std * k ** 0.5)).astype(like.dtype)
 
 
 def prepare_layer(cp, rs, args, shape, dtype, bits, bs, variants):
