@@ -163,6 +163,10 @@ KNOBS: dict[str, Knob] = {
              "Tuning (and tests) only: whether the wgmma prefill FC2 may split K in two over two blocks a tile ('on', "
              "'off'; 'auto' = up to a few rounds of tiles per SM). Where it may, the device splits when the halves "
              "fill the last round better."),
+        Knob("prefill_wg_overlap", "QMOE_RTC_PREFILL_WG_OVERLAP", "bool", True, False,
+             "Tuning only: the wgmma prefill steps after the routing (grouping, permute, FC1, FC2, combine) launched "
+             "overlapping the kernel before them (programmatic dependent launch, sm_90+, with QMOE_RTC_PDL on); 0: each "
+             "waits for the one before."),
         Knob("prefill_route_tile", "QMOE_RTC_PREFILL_ROUTE_TILE", "int", 0, False,
              "Tuning only: force the prefill route tile (16, 32 or 64 routes for mma.sync, 64, 128 or 256 for "
              "wgmma; 0 = chosen from the routes per expert)."),

@@ -19,7 +19,12 @@ SRC = Path(__file__).resolve().parents[1] / "qmoe_rtc" / "cuda_src"
 # (family, role) -> (template file, kernel function) of every launch that declares overlap
 OVERLAPPED = {("route", "route"): ("routing/route.cuh", "route_topk"),
               ("mma_decode", "fc1"): ("engines/mma_decode.cuh", "fc1_mma"),
-              ("mma_decode", "fc2"): ("engines/mma_decode.cuh", "fc2_mma_combine")}
+              ("mma_decode", "fc2"): ("engines/mma_decode.cuh", "fc2_mma_combine"),
+              ("wgmma_prefill", "group"): ("routing/group.cuh", "group_by_expert"),
+              ("wgmma_prefill", "permute"): ("engines/wgmma_prefill.cuh", "wg_prepare"),
+              ("wgmma_prefill", "fc1"): ("engines/wgmma_prefill.cuh", "fc1_wgmma"),
+              ("wgmma_prefill", "fc2"): ("engines/wgmma_prefill.cuh", "fc2_wgmma"),
+              ("wgmma_prefill", "combine"): ("epilogue/combine.cuh", "combine_routes")}
 
 
 @pytest.mark.parametrize("arch, want", [("sm_80", False), ("sm_86", False), ("sm_89", False), ("sm_90", True),
@@ -47,7 +52,7 @@ def test_only_launches_whose_kernels_wait_declare_overlap(cfg, rows):
 
 def _body(text: str, fn: str) -> str:
     """The source of ``__global__`` function ``fn``: from its name to the next kernel (or the end)."""
-    start = re.search(rf"\n{fn}\(", text)
+    start = re.search(rf"__global__[^{{;]*?\b{fn}\(", text)
     assert start, fn
     rest = text[start.end():]
     nxt = re.search(r"__global__", rest)
@@ -59,9 +64,13 @@ def test_overlapped_kernels_wait_before_reading_earlier_outputs(where):
     path, fn = where
     body = _body((SRC / path).read_text(), fn)
     wait = body.index("pdl_wait();")
-    # what each kernel reads that the launch before it writes: logits, ids (FC1), act (FC2)
+    # what each kernel reads that the launch before it writes: logits, ids (FC1), act (FC2); the wgmma prefill's:
+    # the routes' ids (grouping), the grouping (wg_prepare's tile table), the tile table (FC1), act_sorted (FC2's
+    # main loop; its tile lookup before the wait reads only what was complete when FC1's wait returned), y (combine)
     first_read = {"route_topk": r"l\[e\]", "route_topk_warp": r"l\[e\]", "fc1_mma": r"ids\[blockIdx\.y\]",
-                  "fc2_mma_combine": r"collect_routes\("}[fn]
+                  "fc2_mma_combine": r"collect_routes\(", "group_by_expert": r"topk_ids\[",
+                  "wg_prepare": r"build_tile_table\(", "fc1_wgmma": r"pf_tile_table<", "fc2_wgmma": r"wg_tile<",
+                  "combine_routes": r"ids\[r\]"}[fn]
     assert wait < re.search(first_read, body).start(), fn
     if "pdl_release();" in body:  # release only after the wait: the next kernel may then read our inputs
         assert body.index("pdl_release();") > wait, fn

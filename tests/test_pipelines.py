@@ -241,6 +241,28 @@ def test_wgmma_tile_table_covers_the_grid(rows):
         assert launch.grid[0] == slots * args["NT"] * args.get("KS", 1), role
 
 
+def test_wgmma_overlapped_launches():
+    """The tiles variant launches every step after the routing overlapping the kernel before it (each waits for it
+    before reading its output; FC2 reads the grouping's and wg_prepare's outputs before its wait, complete once FC1's
+    wait returned, and FC1 releases FC2 only after it); knob prefill_wg_overlap=0 and the ws variant (whose kernels
+    do not wait) launch all of them the ordinary way."""
+    from qmoe_rtc import knobs
+
+    fam = get_family("wgmma_prefill")
+    cfg = CONFIGS[0]
+    prob = dataclasses.replace(_problem(cfg, 512), sms=132)
+    roles = ("group", "permute", "fc1", "fc2", "combine")
+
+    def overlaps(**kw):
+        with knobs.scope(**kw):
+            spec = fam.spec(cfg)
+            return [fam.launch(spec, r, prob).overlap for r in roles]
+
+    assert all(overlaps())
+    assert not any(overlaps(prefill_wg_overlap=False))
+    assert not any(overlaps(prefill_wg_variant="ws"))
+
+
 def test_wgmma_refuses_past_32_bit_row_offsets():
     """A route tile's rows are 32-bit element offsets into xp [rows, Hp] and act_sorted [R, Ip]: past 2^32
     values the engine is refused (the executor then warns and runs mma.sync)."""

@@ -21,7 +21,8 @@ order, written in FC2's order), FC2 + bias by route id, and ``group_by_expert`` 
 ``mma_prefill``. The ``tiles`` FC2 may run a tile as two blocks, each over half of K, adding into ``y`` (zeroed
 by ``wg_prepare``), when whole tiles would leave the last round of SMs at most half busy (:meth:`WgmmaPrefillFamily.fc2_k_split`;
 the device decides per call, the same for every tile, so a route's sum does not depend on its tile).
-The route tile is chosen from the routes per expert of the call.
+The route tile is chosen from the routes per expert of the call. The ``tiles`` variant's steps after the routing
+are launched overlapping the kernel before them (:func:`overlapped`, programmatic dependent launch).
 
 It runs on sm_90a only (the executor compiles every module for sm_90a on Hopper); on other targets the
 module compiles to kernels that trap and :meth:`WgmmaPrefillFamily.supports` refuses the device.
@@ -96,6 +97,15 @@ MIN_ROUTES_PER_EXPERT = 24
 #: this engine 916.6 / 932.0 / 1026.6, mma.sync 762.2 / 1057.0 (its 16-route tiles; 32-route tiles
 #: 964.0) / 1385.9.
 MIN_ROUTES_PER_EXPERT_SMALL_BLOCKS = 16
+
+
+def overlapped(spec: ModuleSpec) -> bool:
+    """Whether the ``tiles`` variant's steps after the routing (grouping, wg_prepare, FC1, FC2, combine) are launched
+    overlapping the kernel before them (programmatic dependent launch, where the plan allows it:
+    :func:`qmoe_rtc.runtime.plan.overlap_allowed`): each starts while the one before finishes and waits for it
+    before reading its output; FC2's blocks find their tile and set up their rows under FC1's last round
+    (cuda_src/engines/wgmma_prefill.cuh). Knob ``prefill_wg_overlap``; the ``ws`` variant's kernels do not wait."""
+    return variant_of(spec) != "ws" and bool(knobs.get("prefill_wg_overlap"))
 
 
 def min_routes_per_expert(block_size: int) -> int:
@@ -276,10 +286,8 @@ class WgmmaPrefillFamily(KernelFamily):
         br = tile_routes(problem.routes, problem.experts, have=spec_tiles(spec))
         Hp, Ip = padded(problem.H), padded(problem.I)
         ws = variant_of(spec) == "ws"
-        if role == "group":
-            return group_launch(br)
-        if role == "combine":
-            return combine_launch(problem)
+        if role in ("group", "combine"):  # each waits for the kernel before it (core/pdl.cuh)
+            return replace(group_launch(br) if role == "group" else combine_launch(problem), overlap=overlapped(spec))
         if role == "permute" and ws:  # one block per GATHER_ROWS sorted rows (of every route: the held ones
             # are a prefix the kernel reads from the grouping)
             return Launch((max(1, -(-problem.routes // GATHER_ROWS)), 1, 1), (256, 1, 1), 0,
@@ -287,7 +295,8 @@ class WgmmaPrefillFamily(KernelFamily):
         if role == "permute":  # also zeroes y when FC2 may add its halves of K into it, and writes the tile table
             y_zero = problem.routes * problem.H if self.fc2_k_split(spec, problem) == 2 else 0
             return Launch((max(1, (problem.rows * Hp // 8 + 255) // 256), 1, 1), (256, 1, 1), 0,
-                          (("Hp", Hp), ("y_zero", y_zero), ("BR", br), ("slots", tile_slots(problem, br))))
+                          (("Hp", Hp), ("y_zero", y_zero), ("BR", br), ("slots", tile_slots(problem, br))),
+                          overlap=overlapped(spec))
         wgs = groups_of(spec, role, br)
         m16 = 4 * wgs * (spec["mw"] if ws else 1)  # m16 weight tiles per block
         # FC1 covers Ip: its padding columns are written as zeros (FC2 reads them)
@@ -296,9 +305,9 @@ class WgmmaPrefillFamily(KernelFamily):
         if not ws and role == "fc2":  # KS blocks a tile: its halves of K (fc2_splits decides on the device)
             ks, slots = self.fc2_k_split(spec, problem), problem.sm_count * resident(spec, role, br)
             launch = tiled_launch(problem, br, nt, 128 * wgs, smem, (("Hp", Hp), ("Ip", Ip), ("KS", ks), ("SMS", slots)))
-            return replace(launch, grid=(launch.grid[0] * ks, 1, 1))
+            return replace(launch, grid=(launch.grid[0] * ks, 1, 1), overlap=overlapped(spec))
         if not ws:
-            return tiled_launch(problem, br, nt, 128 * wgs, smem, (("Hp", Hp), ("Ip", Ip)))
+            return replace(tiled_launch(problem, br, nt, 128 * wgs, smem, (("Hp", Hp), ("Ip", Ip))), overlap=overlapped(spec))
         # persistent: one block per SM walks the tiles (at most as many blocks as tiles)
         launch = tiled_launch(problem, br, nt, 128 * (wgs + 1), smem,
                               (("Hp", Hp), ("Ip", Ip), ("Rp", image_rows(spec, problem))))

@@ -14,6 +14,12 @@
 //   y           [R, H]      f32   FC2 out by route id, bias added (the combine applies the routing weight)
 //                                 (with FC2 split over K: zeroed by wg_prepare, each half added in)
 //
+// Launches (core/pdl.cuh): the grouping, wg_prepare, FC1, FC2 and the combine each start while the kernel before
+// them finishes and wait for it (griddepcontrol.wait) before reading what it wrote. wg_prepare and FC1 wait at
+// once; FC1 releases FC2 right after, so FC2's blocks take SMs as FC1's last round leaves them, look up their
+// tile and set up their rows (the grouping's and wg_prepare's outputs, complete once FC1's wait returned), then
+// wait for FC1 before their first copy of act_sorted; FC2 releases the combine after that wait.
+//
 // The K order of xp and act_sorted: core/wg_order.cuh. The warp-specialised, persistent variant of
 // this engine: engines/wgmma_ws.cuh (the same layouts; its own gather, no tile table).
 //
@@ -21,6 +27,7 @@
 #pragma once
 
 #include "core/experts.cuh"
+#include "core/pdl.cuh"
 #include "core/types.cuh"
 #include "core/wg_order.cuh"
 #include "engines/tile_rows.cuh"
@@ -44,6 +51,8 @@ template <typename T, int B>
 __global__ void __launch_bounds__(256) wg_prepare(const T* __restrict__ x, i32 rows, i32 H, i32 Hp, T* __restrict__ xp,
                                                   float* __restrict__ y, i64 y_zero, const RouteGroups rg, i32 E, i32 BR,
                                                   i32 slots, i32* __restrict__ tile_info, i32* __restrict__ tile_rows) {
+  pdl_wait();     // the grouping's outputs (and x, y: the call's and the previous call's, done before it)
+  pdl_release();  // FC1's blocks may start (they wait for this grid)
   build_tile_table(rg, E, BR, slots, (i64)blockIdx.x * 256 + threadIdx.x, (i64)gridDim.x * 256, tile_info, tile_rows);
   wg_permute_rows<T, B>(x, rows, H, Hp, xp, y, y_zero);
 }
@@ -60,6 +69,8 @@ fc1_wgmma(const T* __restrict__ xp, const RouteGroups rg, const i32* __restrict_
   constexpr bool kZpw = Z1 == ZP_PACKED || (GATE == GATE_FC3 && Z3 == ZP_PACKED);
   using St = Fc1Stage<GATE, ScaleT, B1, Z1, Z3, BLOCK, BR>;
   constexpr int kOut = Rows::kGated ? 8 : 16;
+  pdl_wait();     // the tile table and xp (wg_prepare's)
+  pdl_release();  // FC2's blocks may start (they wait for this grid before reading act_sorted)
   Stamps st;
   st.start();
   extern __shared__ __align__(16) u8 dyn_smem[];
@@ -171,6 +182,10 @@ fc2_wgmma(const T* __restrict__ act_sorted, const RouteGroups rg, const i32* __r
     }
   }
   __syncthreads();
+  // act_sorted (FC1's) from here on. Before, only the grouping's and wg_prepare's outputs: complete once FC1's
+  // wait returned, and FC2 starts only after every FC1 block released it, after that wait
+  pdl_wait();
+  pdl_release();  // the combine's blocks may start (they wait for this grid)
   float acc[BR / 2];
 #pragma unroll
   for (int i = 0; i < BR / 2; ++i) acc[i] = 0.0f;

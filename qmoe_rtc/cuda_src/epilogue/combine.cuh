@@ -11,8 +11,10 @@
 // 4-byte load at a time per thread moved 168 MB in 107.6 µs at mixtral 4096, 1.6 TB/s; this way 46.2 µs). With H a
 // multiple of 8 and y / out 16-byte aligned every load and store is a 16-byte vector; otherwise scalar, bounded by
 // H. Either way each value is fmaf(w, y, total) from 0 in slot order: the same bits.
+// It may be launched overlapping the FC2 before it (core/pdl.cuh): it waits for it before reading y.
 #pragma once
 
+#include "core/pdl.cuh"
 #include "core/types.cuh"
 
 namespace qmoe {
@@ -23,6 +25,7 @@ inline constexpr int kCombineSlots = 4;
 template <typename T>
 __global__ void combine_routes(const float* __restrict__ y, const i32* __restrict__ ids, const float* __restrict__ topk_w, i32 rows,
                                i32 k, i32 H, T* __restrict__ out) {
+  pdl_wait();  // y, ids and topk_w are earlier kernels' (a no-op unless launched overlapped)
   const i64 row = blockIdx.x;
   const i32 n0 = ((i32)blockIdx.y * (i32)blockDim.x + (i32)threadIdx.x) * kCombineCols;
   if (row >= rows || n0 >= H) return;

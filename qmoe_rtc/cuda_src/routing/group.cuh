@@ -10,6 +10,7 @@
 // find_tile: what a GEMM block of tile t works on (binary search over tile_offsets).
 #pragma once
 
+#include "core/pdl.cuh"
 #include "core/types.cuh"
 
 namespace qmoe {
@@ -26,6 +27,8 @@ group_by_expert(const i32* __restrict__ topk_ids, i32 R, i32 E, i32 BR, i32* __r
   __shared__ i32 count[kGroupMaxExperts];
   __shared__ i32 cursor[kGroupMaxExperts];
   __shared__ i32 warp_tot[2][kGroupThreads / 32];
+  pdl_wait();     // the ids are the routing kernel's (a no-op unless launched overlapped: core/pdl.cuh)
+  pdl_release();  // the next kernel's blocks may start (they wait for this grid)
   const int tid = threadIdx.x;
   for (int e = tid; e < E; e += kGroupThreads) count[e] = 0;
   __syncthreads();
