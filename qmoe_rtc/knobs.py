@@ -168,7 +168,7 @@ KNOBS: dict[str, Knob] = {
              "overlapping the kernel before them (programmatic dependent launch, sm_90+, with QMOE_RTC_PDL on); 0: each "
              "waits for the one before."),
         Knob("prefill_route_tile", "QMOE_RTC_PREFILL_ROUTE_TILE", "int", 0, False,
-             "Tuning only: force the prefill route tile (16, 32 or 64 routes for mma.sync, 64, 128 or 256 for "
+             "Tuning only: force the prefill route tile (16, 32 or 64 routes for mma.sync, 32, 64, 128 or 256 for "
              "wgmma; 0 = chosen from the routes per expert)."),
         Knob("prefill_engine", "QMOE_RTC_PREFILL_ENGINE", "str", "auto", False,
              "Tuning only: 'batched' runs the batched-decode engine at every size, 'wgmma' the Hopper prefill "
@@ -191,6 +191,10 @@ KNOBS: dict[str, Knob] = {
         Knob("prefill_wg_stages", "QMOE_RTC_PREFILL_WG_STAGES", "int", 0, True,
              "Tuning only: most pipeline stages of the wgmma prefill engine (2-6, fewer when they do not fit; "
              "0 = the built-in 4); a -D option, part of the key."),
+        Knob("prefill_wg_fc1_blocks", "QMOE_RTC_PREFILL_WG_FC1_BLOCKS", "int", 0, True,
+             "Tuning only: blocks of the wgmma prefill engine's FC1 an SM holds at 32-route tiles (2; 3 with its "
+             "registers set for three; 0 = a third block from four rounds of blocks where its registers allow, else "
+             "2); a -D option, part of the key."),
         Knob("prefill_wg_inflight", "QMOE_RTC_PREFILL_WG_INFLIGHT", "int", 0, True,
              "Tuning only: MMAs a warpgroup of the wgmma prefill engine keeps in flight (1 or 2; 0 = the built-in 1); "
              "a -D option, part of the key."),

@@ -204,7 +204,7 @@ def test_each_kernel_has_the_machine_code_of_the_whole_module(cache):
 
 def test_compile_times_tool_compiles_what_a_first_call_loads(capsys):
     """tools/compile_times.py --rows: a first call at 512 tokens of gpt-oss-120b (16 routes per expert: the wgmma
-    engine's 64-route tile) compiles routing, the 64-route GEMMs and the grouping piece, not the 128-route ones."""
+    engine's 32-route tile) compiles routing, the 32-route GEMMs and the grouping piece, not the others."""
     import importlib.util
     from pathlib import Path
 
@@ -214,8 +214,8 @@ def test_compile_times_tool_compiles_what_a_first_call_loads(capsys):
     spec.loader.exec_module(tool)
     assert tool.main(["--preset", "gpt-oss-120b", "--rows", "512", "--nvrtc-cache"]) == 0
     out = capsys.readouterr().out
-    assert "prefill-wgmma: 4 programs side by side" in out and "(fc1_br64)" in out and "(fc2_br64)" in out, out
-    assert "br128" not in out and "route_" in out, out
+    assert "prefill-wgmma: 4 programs side by side" in out and "(fc1_br32)" in out and "(fc2_br32)" in out, out
+    assert "br64" not in out and "br128" not in out and "route_" in out, out
 
 
 def test_a_plan_built_from_the_kernels_launched_names():
@@ -234,9 +234,9 @@ def test_a_plan_built_from_the_kernels_launched_names():
     choice = choose(cfg, problem, "prefill")
     specs = {f: get_family(f).spec(cfg) for f in choice.pipeline.families}
     want = launched(choice.pipeline, specs, cfg, problem)
-    assert want[specs["wgmma_prefill"]] == {"group", "permute", "fc1_br64", "fc2_br64", "combine"}
+    assert want[specs["wgmma_prefill"]] == {"group", "permute", "fc1_br32", "fc2_br32", "combine"}
     modules = {spec: {key: f"{spec.family}:{key}" for key in keys} for spec, keys in want.items()}  # only those
     plan = Plan.build(cfg, problem, choice.pipeline, specs, modules)
     assert plan.engine == "prefill-wgmma" and len(plan.steps) == len(choice.pipeline.steps_for(cfg))
-    assert [s.kernel for s in plan.steps if s.role in ("fc1", "fc2")] == ["wgmma_prefill:fc1_br64",
-                                                                           "wgmma_prefill:fc2_br64"]
+    assert [s.kernel for s in plan.steps if s.role in ("fc1", "fc2")] == ["wgmma_prefill:fc1_br32",
+                                                                           "wgmma_prefill:fc2_br32"]

@@ -47,13 +47,13 @@ def test_tiled_fp4_codes_read_scales_as_meta_records():
 
 @pytest.mark.parametrize("dtype, rows, path, engine", [
     ("bfloat16", 1, "decode", "decode-mma"), ("float16", 8, "decode", "decode-mma"),
-    ("bfloat16", 56, "prefill", "prefill-mma"), ("float16", 4096, "prefill", "prefill-wgmma"),
+    ("bfloat16", 56, "prefill", "prefill-wgmma"), ("float16", 4096, "prefill", "prefill-wgmma"),
     ("float32", 2, "decode", "decode-gemv"), ("float32", 512, "prefill", "prefill-simt"),
 ])
 def test_engines_of_an_fp4_layer(dtype, rows, path, engine):
     """FP4 needs no conversion instruction: the tensor-core engines run it on any arch they run on."""
     cfg = config(L(dtype=dtype, block_size=32, activation="swiglu", swiglu_fusion=1, **FP4), 256, 128, 16, 4)
-    for arch in ("sm_90a", "sm_80") if engine != "prefill-wgmma" else ("sm_90a",):
+    for arch in ("sm_90a", "sm_80"):
         prob = Problem(rows=rows, E=16, H=256, I=128, k=4, dtype=dtype, arch=arch)
         want = "prefill-mma" if (engine == "prefill-wgmma" and arch != "sm_90a") else engine
         assert choose(cfg, prob, path).pipeline.name == want, (arch, rows)

@@ -4,7 +4,7 @@
 Each test runs on every engine, and on the wgmma engine's two variants (one block per tile; warp-specialised
 and persistent). Covers bit widths 1/2/4/8 and mixed, block sizes 0/16/32/64/128, zero points, every gate source and
 activation, biases, float16/bfloat16, K not a multiple of 128, every route tile (16/32/64 routes for mma.sync,
-64/128/256 for wgmma), padded tiles, experts with no routes, and 64 … 4096 rows. Outputs are NaN-poisoned first;
+32/64/128/256 for wgmma), padded tiles, experts with no routes, and 64 … 4096 rows. Outputs are NaN-poisoned first;
 graph replay must equal the eager call bitwise.
 """
 
@@ -200,13 +200,13 @@ def test_wgmma_fc2_split_k_halves(rng, bias):
     assert not np.array_equal(outs["on"], outs["off"]), "the split FC2 gave the unsplit sums bit for bit: did it run?"
 
 
-@pytest.mark.parametrize("rows, E", [(300, 32), (2100, 8)])
+@pytest.mark.parametrize("rows, E", [(200, 32), (400, 32), (2100, 8)])
 def test_wgmma_tail_tile_widths(rng, rows, E):
     """QMOE_RTC_PREFILL_WG_SHRINK 1 (tail tiles' MMAs at half or the whole tile), 2 (also a quarter, at least
     32 routes) and 3 (down to 16 routes at 2 warpgroups a block): each meets the reference with every element
     written, replay equals eager bitwise, and all give the same output (a route's sums do not depend on the
-    width of the MMA that computes them). 300 rows on 32 experts: 64-route tiles on 2 warpgroups, tails of
-    every size (16-route MMAs with 3); 2100 on 8: 128-route tiles with tails."""
+    width of the MMA that computes them). 200 / 400 rows on 32 experts: 32- / 64-route tiles on 2 warpgroups,
+    tails of every size (16-route MMAs with 3); 2100 on 8: 128-route tiles with tails."""
     import cupy as cp
 
     from qmoe_rtc.executor import QMoE
@@ -228,8 +228,36 @@ def test_wgmma_tail_tile_widths(rng, rows, E):
     np.testing.assert_array_equal(outs[1], outs[3])
 
 
+@pytest.mark.parametrize("rows, E", [(200, 32), (1200, 128)])
+def test_wgmma_fc1_blocks_an_sm(rng, rows, E):
+    """FC1 at 32-route tiles with its registers set for two or three blocks an SM, the third started by the
+    grid (0: 200 rows on 32 experts, one round, two blocks; 1200 on 128, nine routes per expert, more than
+    four rounds, three) or always (3): each meets the reference with every element written, replay equals
+    eager bitwise, and all give the same output."""
+    import cupy as cp
+
+    from qmoe_rtc.executor import QMoE
+
+    if cp.cuda.Device().compute_capability != "90":
+        pytest.skip("the wgmma prefill engine needs an sm_90 GPU")
+    H, I = 256, 1024
+    w, a = random_layer(rng, E=E, H=H, I=I, k=2 if E == 32 else 1, dtype="bfloat16", bits=4, block_size=32,
+                        activation_type="swiglu", swiglu_fusion=1)
+    x, lg, _ = random_inputs(rng, rows, H, E, "bfloat16")
+    want = reference(x, lg, **w, **a)
+    outs = {}
+    for blocks in (0, 2, 3):
+        with knobs.scope(prefill_engine="wgmma", prefill_wg_fc1_blocks=blocks):
+            moe = QMoE(**to_dev(w), **a, decode_max_routes=0)
+            step = next(s for s in moe.plan(rows, "bfloat16", "float32").steps if s.role == "fc1")
+            assert step.kernel.key == "fc1_br32", step.kernel.key
+            outs[blocks] = eager_and_replay(moe, x, lg, want, f"fc1 blocks {blocks}")
+    np.testing.assert_array_equal(outs[0], outs[2])
+    np.testing.assert_array_equal(outs[0], outs[3])
+
+
 def test_a_plan_loads_only_the_pieces_it_launches(rng):
-    """A plan loads the pieces of the wgmma module its steps launch: at 300 rows on 32 experts the 64-route
+    """A plan loads the pieces of the wgmma module its steps launch: at 400 rows on 32 experts the 64-route
     tile's GEMMs, not the 128-route tile's; a plan at 2100 rows on 8 experts adds those to the same module.
     Both calls meet the reference, every element written, replay equal to eager bitwise. The loaded modules
     are forgotten first (another test in this process may have loaded the same module whole; the disk
@@ -245,7 +273,7 @@ def test_a_plan_loads_only_the_pieces_it_launches(rng):
     H, I = 256, 256
     clear_memory()
     with knobs.scope(prefill_engine="wgmma", prefill_route_tile=0):
-        for rows, E, tile in ((300, 32, 64), (2100, 8, 128)):
+        for rows, E, tile in ((400, 32, 64), (2100, 8, 128)):
             w, a = random_layer(rng, E=E, H=H, I=I, k=2, dtype="bfloat16", bits=4, block_size=64,
                                 activation_type="swiglu", swiglu_fusion=1)
             x, lg, _ = random_inputs(rng, rows, H, E, "bfloat16")

@@ -84,7 +84,7 @@ def test_every_kernel_argument_is_bound_by_name(cfg, rows):
 def test_choice_prefers_tensor_cores_and_says_why_not():
     tc = CONFIGS[0]
     assert choose(tc, None, "decode").pipeline.name == "decode-mma"
-    assert choose(tc, None, "prefill").pipeline.name == "prefill-batched"  # the first that runs it
+    assert choose(tc, None, "prefill").pipeline.name == "prefill-wgmma"  # the first that runs it (device unknown)
     many = Problem(rows=100, E=tc.experts, H=tc.hidden, I=tc.inter, k=tc.k, dtype="bfloat16")
     c = choose(tc, many, "decode")  # 800 routes: more than one decode block scans
     assert c.pipeline.name == "decode-gemv" and "800 routes" in c.skipped[0][1]
@@ -113,22 +113,27 @@ def _problem(cfg, rows, arch="sm_90a"):
 
 
 def test_prefill_engine_by_device_and_size():
-    """wgmma on sm_90a from MIN_ROUTES_PER_EXPERT routes per expert (no warning below: it is a measured
-    preference), mma.sync below it and on other devices (a warning: a limit); the knob forces either."""
+    """wgmma on sm_90a from MIN_ROUTES_PER_EXPERT routes per expert, whatever the block size (no warning
+    below: it is a measured preference); below it the batched-decode engine up to its own bound, then
+    mma.sync; mma.sync on other devices (a warning: a limit); the knob forces either."""
     from qmoe_rtc import knobs
     from qmoe_rtc.kernels.wgmma_prefill import MIN_ROUTES_PER_EXPERT
 
     tc = CONFIGS[0]  # 128 experts, k 8: rows r give r / 16 routes per expert
-    big = choose(tc, _problem(tc, 4096), "prefill")
-    assert big.pipeline.name == "prefill-wgmma" and not big.skipped
-    assert [n for n, _ in big.passed] == ["prefill-batched"] and "routes per expert" in big.passed[0][1]
-    small_rows = 16 * (MIN_ROUTES_PER_EXPERT - 1)
+    for block in (0, 32, 128):
+        cfg = dataclasses.replace(tc, layout=dataclasses.replace(tc.layout, block_size=block))
+        for rows in (16 * MIN_ROUTES_PER_EXPERT, 4096):
+            c = choose(cfg, _problem(cfg, rows), "prefill")
+            assert c.pipeline.name == "prefill-wgmma" and not c.skipped and not c.passed, (block, rows)
+    below = choose(tc, _problem(tc, 16 * (MIN_ROUTES_PER_EXPERT - 1)), "prefill")
+    assert below.pipeline.name != "prefill-wgmma" and f"(< {MIN_ROUTES_PER_EXPERT}:" in dict(below.passed)["prefill-wgmma"]
+    small_rows = 16 * 4
     small = choose(tc, _problem(tc, small_rows), "prefill")
-    assert small.pipeline.name == "prefill-mma" and not small.skipped
-    assert [n for n, _ in small.passed] == ["prefill-batched", "prefill-wgmma"]
-    assert all("routes per expert" in why for _, why in small.passed)
+    assert small.pipeline.name == "prefill-batched" and not small.skipped
+    assert [n for n, _ in small.passed] == ["prefill-wgmma"]
     a100 = choose(tc, _problem(tc, 4096, "sm_80"), "prefill")
     assert a100.pipeline.name == "prefill-mma" and "sm_90a" in a100.skipped[0][1]
+    assert [n for n, _ in a100.passed] == ["prefill-batched"] and "routes per expert" in a100.passed[0][1]
     with knobs.scope(prefill_engine="wgmma"):
         assert choose(tc, _problem(tc, small_rows), "prefill").pipeline.name == "prefill-wgmma"
     with knobs.scope(prefill_engine="mma"):
@@ -137,19 +142,36 @@ def test_prefill_engine_by_device_and_size():
         assert choose(tc, _problem(tc, 4096), "prefill").pipeline.name == "prefill-batched"
 
 
-def test_prefill_engine_crossover_earlier_for_small_blocks():
-    """Blocks of fewer than 128 codes (every pair scaled before its MMA) switch to wgmma from 16 routes per
-    expert instead of 24 (measured on gpt-oss-120b, blocks of 32, session 21); row-wise scales and blocks
-    of 128 keep 24."""
-    from qmoe_rtc.kernels.wgmma_prefill import min_routes_per_expert
+def test_wgmma_narrow_tiles_and_their_blocks_per_sm():
+    """Up to NARROW_ROUTES routes per expert the call takes 32-route tiles (64 above). Their rings of four
+    stages fit three times an SM: FC1's launch leaves room for a third block from THIRD_BLOCK_ROUNDS rounds of
+    two (asks for its ring only), and on a shorter grid, like FC2's always, asks for enough shared memory
+    that a third does not fit; the knob forces FC1 either way."""
+    from qmoe_rtc import knobs
+    from qmoe_rtc.kernels.wgmma_geometry import NARROW_ROUTES, SM_SMEM, THIRD_BLOCK_ROUNDS, ring_bytes
 
-    assert [min_routes_per_expert(b) for b in (0, 16, 32, 64, 128, 256)] == [24, 16, 16, 16, 24, 24]
-    tc = CONFIGS[0]  # 128 experts, k 8: rows r give r / 16 routes per expert
-    small = dataclasses.replace(tc, layout=dataclasses.replace(tc.layout, block_size=32))
-    assert choose(small, _problem(small, 16 * 16), "prefill").pipeline.name == "prefill-wgmma"
-    below = choose(small, _problem(small, 16 * 15), "prefill")
-    assert below.pipeline.name == "prefill-mma" and "(< 16:" in dict(below.passed)["prefill-wgmma"]
-    assert choose(tc, _problem(tc, 16 * 16), "prefill").pipeline.name == "prefill-mma"  # block 128: 24
+    fam = get_family("wgmma_prefill")
+    gpt_oss = ModelConfig(hidden=2880, inter=2880, experts=128, k=4, layout=dataclasses.replace(CONFIGS[0].layout, block_size=32))
+    ort = ModelConfig(hidden=2048, inter=2048, experts=8, k=2, layout=CONFIGS[0].layout)
+
+    def blocks(cfg, rows, role):
+        """(route tile, blocks an SM holds by shared memory, blocks launched)"""
+        spec, p = fam.spec(cfg), dataclasses.replace(_problem(cfg, rows), sms=132)
+        launch = fam.launch(spec, role, p)
+        assert launch.shared_mem >= ring_bytes(spec, role, int(fam.kernel_for(spec, role, p)[6:]))
+        return int(fam.kernel_for(spec, role, p)[6:]), SM_SMEM // (launch.shared_mem + 2048), launch.grid[0]
+
+    assert blocks(gpt_oss, 32 * NARROW_ROUTES, "fc1")[0] == 32 and blocks(gpt_oss, 32 * NARROW_ROUTES + 32, "fc1")[0] == 64
+    br, fit, grid = blocks(gpt_oss, 512, "fc1")  # 16 routes per expert: 192 route tiles × 45 weight tiles
+    assert (br, fit) == (32, 3) and grid >= THIRD_BLOCK_ROUNDS * 2 * 132
+    assert blocks(gpt_oss, 512, "fc2")[:2] == (32, 2)
+    br, fit, grid = blocks(ort, 64, "fc1")  # 16 routes per expert on 8 experts: one round
+    assert (br, fit) == (32, 2) and grid < THIRD_BLOCK_ROUNDS * 2 * 132
+    with knobs.scope(prefill_wg_fc1_blocks=3):
+        assert blocks(ort, 64, "fc1")[1] == 3
+    with knobs.scope(prefill_wg_fc1_blocks=2):
+        assert blocks(gpt_oss, 512, "fc1")[1] == 2
+    assert blocks(gpt_oss, 4096, "fc1")[:2] == (128, 1)  # 128 routes per expert: one block of 4 warpgroups
 
 
 def test_wgmma_fc2_k_split_launch():

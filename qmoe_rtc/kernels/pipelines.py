@@ -57,11 +57,11 @@ def _steps(*pairs: tuple[str, str]) -> tuple[Step, ...]:
 PIPELINES: tuple[Pipeline, ...] = (
     Pipeline("decode-mma", "decode", _steps(("mma_decode", "fc1"), ("mma_decode", "fc2"))),
     Pipeline("decode-gemv", "decode", _steps(("gemv", "fc1"), ("gemv", "fc2"))),
-    Pipeline("prefill-batched", "prefill", _steps(("mma_batched", "group"), ("mma_batched", "fc1"),
-                                                  ("mma_batched", "fc2"), ("mma_batched", "combine"))),
     Pipeline("prefill-wgmma", "prefill", _steps(("wgmma_prefill", "group"), ("wgmma_prefill", "permute"),
                                                 ("wgmma_prefill", "fc1"), ("wgmma_prefill", "fc2"),
                                                 ("wgmma_prefill", "combine"))),
+    Pipeline("prefill-batched", "prefill", _steps(("mma_batched", "group"), ("mma_batched", "fc1"),
+                                                  ("mma_batched", "fc2"), ("mma_batched", "combine"))),
     Pipeline("prefill-mma", "prefill", _steps(("mma_prefill", "group"), ("mma_prefill", "fc1"),
                                               ("mma_prefill", "fc2"), ("mma_prefill", "combine"))),
     Pipeline("prefill-simt", "prefill", _steps(("gemm", "group"), ("gemm", "fc1"), ("gemm", "fc2"),

@@ -11,10 +11,16 @@ from ._expert import meta_words, tiled_meta
 from ._grouped import staged_projection
 from .base import Problem
 
-__all__ = ["CHUNK", "TILE_ROUTES", "groups_of", "image_rows", "padded", "resident", "ring_bytes", "route_tiles_of",
+__all__ = ["CHUNK", "TILE_ROUTES", "groups_of", "image_rows", "launch_smem", "padded", "resident", "ring_bytes", "route_tiles_of",
            "spec_tiles", "stage_bytes", "stages", "tile_groups", "tile_routes", "variant_of", "wg_logical", "wg_natural"]
 
-TILE_ROUTES = (64, 128, 256)  # BR (with 4 warpgroups, 256 does not fit the 128 registers a thread has)
+TILE_ROUTES = (32, 64, 128, 256)  # BR (with 4 warpgroups, 256 does not fit the 128 registers a thread has)
+#: A call takes 32-route tiles up to this many routes per expert (at 16, an expert holds more than 32 routes
+#: about once in 10^4 when routes are drawn evenly; a second tile re-reads its weights).
+NARROW_ROUTES = 20
+#: FC1 at 32-route tiles may take a third block an SM (its ring of four stages fits three times where its
+#: registers do) from this many rounds of two blocks an SM (:func:`launch_smem`).
+THIRD_BLOCK_ROUNDS = 4
 #: An SM's shared memory (H200, 228 KiB), from which two blocks of 2 warpgroups each take their ring, 1 KiB of
 #: alignment slack, 1 KiB the system's and ~1 KiB static (:func:`tile_groups`, :func:`resident`).
 SM_SMEM = 228 * 1024
@@ -118,9 +124,28 @@ def ring_bytes(spec: ModuleSpec, role: str, br: int) -> int:
     return stages(st, spec["stages"], WS_SMEM_BUDGET if ws else SMEM_BUDGET) * st + 1024
 
 
+def launch_smem(spec: ModuleSpec, role: str, br: int, blocks: int, sms: int) -> int:
+    """Dynamic shared memory a BR-route GEMM's launch of ``blocks`` blocks on ``sms`` SMs asks for: its ring
+    (:func:`ring_bytes`), more where an SM would otherwise hold more blocks than :func:`resident` says. The
+    exception, FC1 at 32-route tiles from :data:`THIRD_BLOCK_ROUNDS` rounds of ``blocks`` (knob
+    ``prefill_wg_fc1_blocks``): its ring of four stages fits three times an SM, and where ptxas gave it at most
+    80 registers (cuda_src/engines/wgmma_prefill.cuh kFc1MinBlocks) a third block starts. It measured 4-5 %
+    faster on gpt-oss-120b, qwen3-30b-a3b and mixtral-8x7b at 8-16 routes per expert, 11 % slower on ort-2048
+    with one round of FC1 blocks; a third FC2 block slower (H200, session 29)."""
+    ring = ring_bytes(spec, role, br)
+    if variant_of(spec) == "ws":
+        return ring
+    n = resident(spec, role, br)
+    if role == "fc1" and br <= 32 and n == 2:
+        third = spec["fc1_blocks"]  # 0: by the grid
+        if third == 3 or (not third and blocks >= THIRD_BLOCK_ROUNDS * n * sms):
+            return ring
+    return ring if (n + 1) * (ring + 2048) > SM_SMEM else (SM_SMEM // (n + 1) - 2048) // 1024 * 1024 + 1024
+
+
 def resident(spec: ModuleSpec, role: str, br: int) -> int:
-    """Blocks of a ``tiles`` GEMM an SM holds: two of 2 warpgroups at 64 routes (kMinBlocks) where their rings
-    fit twice, else one."""
+    """Blocks of a ``tiles`` GEMM an SM holds: two of 2 warpgroups at 32 or 64 routes (kMinBlocks) where their
+    rings fit twice, else one (FC1's third block at 32 routes: :func:`launch_smem`)."""
     two = groups_of(spec, role, br) == 2 and br <= 64 and 2 * (ring_bytes(spec, role, br) + 2048) <= SM_SMEM
     return 2 if two else 1
 
@@ -130,7 +155,7 @@ def route_tiles_of(groups: int | None, variant: str = "tiles", mw: int = WS_MW) 
     the ``ws`` variant: by its m16 tiles per MMA warp ``mw``)."""
     if variant == "ws":
         return WS_TILE_ROUTES[mw]
-    return TILE_ROUTES if groups == 2 else TILE_ROUTES[:2]
+    return TILE_ROUTES if groups == 2 else TILE_ROUTES[:3]
 
 
 def spec_tiles(spec: ModuleSpec) -> tuple[int, ...]:
@@ -152,6 +177,8 @@ def tile_routes(routes: int, E: int, groups: int | None = None, have: tuple[int,
     if forced in have:
         return forced
     per_expert = routes / max(1, min(E, routes))
+    if per_expert <= NARROW_ROUTES and 32 in have:
+        return 32
     if per_expert <= 96:
         return 64
     return 128 if per_expert <= 320 or 256 not in have else 256

@@ -26,9 +26,8 @@ are launched overlapping the kernel before them (:func:`overlapped`, programmati
 
 It runs on sm_90a only (the executor compiles every module for sm_90a on Hopper); on other targets the
 module compiles to kernels that trap and :meth:`WgmmaPrefillFamily.supports` refuses the device.
-Below :func:`min_routes_per_expert` routes per expert (24; 16 for blocks of fewer than 128 codes) the
-mma.sync engine is faster (measured, see docs/performance-log.md) and :meth:`WgmmaPrefillFamily.slower`
-says so.
+Below :data:`MIN_ROUTES_PER_EXPERT` routes per expert (8) the mma.sync engines are faster (measured, see
+docs/performance-log.md) and :meth:`WgmmaPrefillFamily.slower` says so.
 """
 
 from __future__ import annotations
@@ -76,27 +75,22 @@ from .wgmma_geometry import (
     WS_MW,
     groups_of,
     image_rows,
+    launch_smem,
     padded,
     resident,
-    ring_bytes,
     spec_tiles,
     tile_routes,
     variant_of,
 )
 
-__all__ = ["WgmmaPrefillFamily", "min_routes_per_expert"]
+__all__ = ["MIN_ROUTES_PER_EXPERT", "WgmmaPrefillFamily"]
 
-#: Routes per expert (average over the experts that get routes) from which this engine runs, measured
-#: on the H200 against the mma.sync engine (docs/performance-log.md, "wgmma / mma.sync crossover"): at 32
-#: it is faster on every shape measured, at 16 it is 1.10x slower on qwen3-30b-a3b and within 5 % on
-#: mixtral-8x7b / ort-2048, at 8 slower everywhere.
-MIN_ROUTES_PER_EXPERT = 24
-#: The same for blocks of fewer than 128 codes (every pair scaled before its MMA, so decoding the weights
-#: costs the most per code and this engine's one decode per 64-route tile pays off sooner). Measured on
-#: the H200 (session 21, gpt-oss-120b, bf16 int4 blocks of 32, µs at 8 / 16 / 32 routes per expert):
-#: this engine 916.6 / 932.0 / 1026.6, mma.sync 762.2 / 1057.0 (its 16-route tiles; 32-route tiles
-#: 964.0) / 1385.9.
-MIN_ROUTES_PER_EXPERT_SMALL_BLOCKS = 16
+#: Routes per expert (average over the experts that get routes) from which this engine runs: it comes
+#: first in the prefill preference (kernels/pipelines.py), and below this the batched-decode or mma.sync
+#: engine runs. Measured on the H200 with 32-route tiles (docs/performance-log.md, session 29, bf16 int4,
+#: against the engine the choice ran before): at 8 faster on every shape (qwen3-30b-a3b 0.96x, mixtral-8x7b
+#: 0.92x, gpt-oss-120b 0.93x, ort-2048 0.86x), at 4 slower on three (1.10-1.15x; gpt-oss 0.98x).
+MIN_ROUTES_PER_EXPERT = 8
 
 
 def overlapped(spec: ModuleSpec) -> bool:
@@ -106,11 +100,6 @@ def overlapped(spec: ModuleSpec) -> bool:
     before reading its output; FC2's blocks find their tile and set up their rows under FC1's last round
     (cuda_src/engines/wgmma_prefill.cuh). Knob ``prefill_wg_overlap``; the ``ws`` variant's kernels do not wait."""
     return variant_of(spec) != "ws" and bool(knobs.get("prefill_wg_overlap"))
-
-
-def min_routes_per_expert(block_size: int) -> int:
-    """Routes per expert from which this engine runs for a layout of ``block_size`` (0: row-wise scales)."""
-    return MIN_ROUTES_PER_EXPERT_SMALL_BLOCKS if 0 < block_size < CHUNK else MIN_ROUTES_PER_EXPERT
 
 
 #: FC2 may split K in two (fc2_wgmma, KS = 2; the device decides, fc2_splits) up to this many tiles per
@@ -128,7 +117,7 @@ class WgmmaPrefillFamily(KernelFamily):
     solo = ("fc1_", "fc2_")  # each GEMM kernel its own NVRTC program (compile time: docs/runtime-compilation.md)
     header = "engines/wgmma_prefill.cuh"
     depends_on = (*EXPERT_FIELDS, "tiled")
-    conditional = True  # sm_90a only, and only from min_routes_per_expert() routes per expert
+    conditional = True  # sm_90a only, and only from MIN_ROUTES_PER_EXPERT routes per expert
 
     def spec(self, config) -> ModuleSpec:
         """The layout's fields plus the variant, warpgroups per block and the ring's depth (tuning knobs,
@@ -141,7 +130,9 @@ class WgmmaPrefillFamily(KernelFamily):
         ws = {"variant": "ws", "mw": tuning_knob("prefill_ws_mw", "QMOE_RTC_PREFILL_WS_MW", WS_MW, (1, 2))} \
             if variant == "ws" else {}
         stamps = {"stamps": True} if knobs.get("prefill_wg_stamps") and not ws else {}  # diagnostics (tiles only)
-        shrink = {} if ws else {"shrink": tuning_knob("prefill_wg_shrink", "QMOE_RTC_PREFILL_WG_SHRINK", SHRINK, (1, 2, 3))}
+        shrink = {} if ws else {
+            "shrink": tuning_knob("prefill_wg_shrink", "QMOE_RTC_PREFILL_WG_SHRINK", SHRINK, (1, 2, 3)),
+            "fc1_blocks": tuning_knob("prefill_wg_fc1_blocks", "QMOE_RTC_PREFILL_WG_FC1_BLOCKS", 0, (0, 2, 3))}
         groups = WS_CONSUMERS if ws else tuning_knob("prefill_wg_groups", "QMOE_RTC_PREFILL_WG_GROUPS", 0, (0, 2, 4))
         return expert_spec(self.name, config, **({"groups": groups} if groups else {}),  # none: tile_groups
                            stages=tuning_knob("prefill_wg_stages", "QMOE_RTC_PREFILL_WG_STAGES", MAX_STAGES, range(2, 7)),
@@ -154,6 +145,7 @@ class WgmmaPrefillFamily(KernelFamily):
                     f"-DQMOE_WS_INFLIGHT={spec['inflight']}", *tiled_define(spec))
         return (*((f"-DQMOE_WG_GROUPS={spec['groups']}",) if spec.get("groups") else ()), f"-DQMOE_WG_STAGES={spec['stages']}",
                 f"-DQMOE_WG_INFLIGHT={spec['inflight']}", f"-DQMOE_WG_SHRINK={spec['shrink']}",
+                f"-DQMOE_WG_FC1_BLOCKS={3 if spec['fc1_blocks'] == 3 else 2}",
                 *(("-DQMOE_WG_STAMPS=1",) if spec.get("stamps") else ()),
                 *tiled_define(spec))
 
@@ -180,8 +172,8 @@ class WgmmaPrefillFamily(KernelFamily):
             return why
         if problem is not None and problem.arch and problem.arch not in ("sm_90", "sm_90a"):  # sm_90 builds as sm_90a
             return f"warpgroup MMA needs sm_90a (this device: {problem.arch})"
-        if problem is not None and problem.rows and knobs.get("prefill_engine") == "mma":
-            return "QMOE_RTC_PREFILL_ENGINE=mma"
+        if problem is not None and problem.rows and knobs.get("prefill_engine") in ("mma", "batched"):
+            return f"QMOE_RTC_PREFILL_ENGINE={knobs.get('prefill_engine')}"
         if problem is not None and max(problem.rows * padded(problem.H), problem.routes * padded(problem.I)) >= 1 << 32:
             return (f"{problem.rows} rows × {padded(problem.H)} or {problem.routes} routes × {padded(problem.I)} values "
                     "reach 2^32 (a route tile's rows are 32-bit offsets)")
@@ -194,9 +186,8 @@ class WgmmaPrefillFamily(KernelFamily):
         # experts, so it expects that share of the k routed picks (the rest are skipped); shared ones all
         routes = problem.rows * (problem.k * problem.E / problem.logit_count + problem.shared)
         per_expert = routes / max(1, min(problem.experts, routes))
-        least = min_routes_per_expert(getattr(config, "layout", config).block_size)
-        if per_expert < least:
-            return f"{per_expert:.0f} routes per expert (< {least}: the mma.sync engine is faster)"
+        if per_expert < MIN_ROUTES_PER_EXPERT:
+            return f"{per_expert:.0f} routes per expert (< {MIN_ROUTES_PER_EXPERT}: the mma.sync engines are faster)"
         return None
 
     def kernels(self, spec: ModuleSpec) -> tuple[KernelDef, ...]:
@@ -301,7 +292,7 @@ class WgmmaPrefillFamily(KernelFamily):
         m16 = 4 * wgs * (spec["mw"] if ws else 1)  # m16 weight tiles per block
         # FC1 covers Ip: its padding columns are written as zeros (FC2 reads them)
         nt = weight_tiles(spec, role, Ip if role == "fc1" else problem.H, m16)
-        smem = ring_bytes(spec, role, br)
+        smem = launch_smem(spec, role, br, tile_slots(problem, br) * nt, problem.sm_count)
         if not ws and role == "fc2":  # KS blocks a tile: its halves of K (fc2_splits decides on the device)
             ks, slots = self.fc2_k_split(spec, problem), problem.sm_count * resident(spec, role, br)
             launch = tiled_launch(problem, br, nt, 128 * wgs, smem, (("Hp", Hp), ("Ip", Ip), ("KS", ks), ("SMS", slots)))

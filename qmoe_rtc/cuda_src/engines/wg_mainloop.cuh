@@ -43,7 +43,7 @@ inline constexpr int kWgSmemBudget = 227 * 1024 - 1024 - 4096;  // dynamic bytes
 //                                               128-byte swizzle (unit u of row r at u ^ (r & 7))
 //   codes [warps][2 rows][32 lanes][4·B B]      each lane's 32 codes of its two rows
 //   meta  [warps][2 rows][kWords][32] u32       their scale / zp words (block-wise scales only)
-// A block has kGroups warpgroups × 64 weight rows: 2 at 64-route tiles where four stages of 2 warpgroups
+// A block has kGroups warpgroups × 64 weight rows: 2 at 32- and 64-route tiles where four stages of 2 warpgroups
 // fit twice in an SM's 228 KiB (with 1 KiB alignment slack, 1 KiB the system's and ~1 KiB static a
 // block), so two blocks share it and one's first copies and epilogue overlap the other's main loop; 4
 // otherwise (an SM then holds one block: with 2 it measured 12-16 % slower at int8; tile_groups in
@@ -60,7 +60,9 @@ template <int B, typename ScaleT, int BLOCK, bool ZPW, int BR> struct WgStage {
   static constexpr bool kShare = BR <= 64 && kWgMaxStages >= 4 && 2 * (4 * kBytes2 + 3072) <= 228 * 1024;
   static constexpr int kGroups = QMOE_WG_GROUPS ? QMOE_WG_GROUPS : kShare ? 2 : 4;
   static constexpr int kThreads = 128 * kGroups, kWarps = 4 * kGroups;  // a warp: one m16 weight tile
-  static constexpr int kMinBlocks = kGroups == 2 && BR <= 64 ? 2 : 1;   // registers for two blocks an SM
+  // registers for two blocks an SM (at 32 routes the rings of four stages fit three times: the host's
+  // launch decides whether FC1 takes a third, kernels/wgmma_geometry.py launch_smem)
+  static constexpr int kMinBlocks = kGroups == 2 && BR <= 64 ? 2 : 1;
   static constexpr int kBytes = (kXBytes + kWarps * kWarpBytes + 1023) / 1024 * 1024;
   static constexpr int kStages = kWgSmemBudget / kBytes < kWgMaxStages ? kWgSmemBudget / kBytes : kWgMaxStages;
   static_assert(kStages >= 2, "a wgmma prefill stage does not fit twice in shared memory");

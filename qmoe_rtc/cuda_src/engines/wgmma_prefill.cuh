@@ -1,7 +1,7 @@
 // engines/wgmma_prefill.cuh: the Hopper prefill engine (sm_90a): the grouped GEMMs of mma_prefill.cuh
 // on warpgroup MMAs, A = weights dequantized exactly in registers, B = the route tile in shared memory.
 //
-//   rg (RouteGroups)                  routing/group.cuh, route tiles of BR routes (64, 128; 256 with 2
+//   rg (RouteGroups)                  routing/group.cuh, route tiles of BR routes (32, 64, 128; 256 with 2
 //                                     warpgroups: 4 × 64 rows × 256 routes needs more than 128 registers)
 //   x           [rows, H]   T     the call's input
 //   xp          [rows, Hp]  T     x with every 128-value chunk of K in wgmma order (core/wg_order.cuh; Hp = H
@@ -45,6 +45,17 @@ using Fc1Stage = WgStage<B1, ScaleT, BLOCK, Z1 == ZP_PACKED || (GATE == GATE_FC3
 template <typename ScaleT, int B2, int Z2, int BLOCK, int BR>
 using Fc2Stage = WgStage<B2, ScaleT, BLOCK, Z2 == ZP_PACKED, BR>;
 
+// FC1's launch bounds: at 32-route tiles (2 warpgroups, two blocks an SM) registers for QMOE_WG_FC1_BLOCKS
+// blocks. A ring of four stages fits three times an SM, so where ptxas gives FC1 at most 80 registers a
+// thread anyway a third block can start (the host's launch decides: kernels/wgmma_geometry.py launch_smem);
+// setting them for three (QMOE_WG_FC1_BLOCKS=3, at most 80) measured the third block's gain away (H200,
+// session 29: gpt-oss-120b 512 tokens, 76 registers, 726.8 µs against 693.6 with 80 and a third block).
+#ifndef QMOE_WG_FC1_BLOCKS
+#define QMOE_WG_FC1_BLOCKS 2
+#endif
+template <class St, int BR>
+inline constexpr int kFc1MinBlocks = BR <= 32 && St::kMinBlocks == 2 ? QMOE_WG_FC1_BLOCKS : St::kMinBlocks;
+
 // After group_by_expert, once a call: xp (x in the chunks' wgmma order; y zeroed for a split FC2) and the
 // tile table of `slots` route tiles of BR routes (engines/wg_tiles.cuh); grid-stride, 256 threads a block.
 template <typename T, int B>
@@ -61,7 +72,7 @@ __global__ void __launch_bounds__(256) wg_prepare(const T* __restrict__ x, i32 r
 // bits, whose order FC2 reads), zeros for I <= o < Ip. Warp tile = 8 outputs (gated) or 16 (plain).
 template <int GATE, typename T, typename ScaleT, int B1, int B2, int Z1, int Z3, int BLOCK, int ACT, int BR>
 __global__ void __launch_bounds__(Fc1Stage<GATE, ScaleT, B1, Z1, Z3, BLOCK, BR>::kThreads,
-                                  Fc1Stage<GATE, ScaleT, B1, Z1, Z3, BLOCK, BR>::kMinBlocks)
+                                  (kFc1MinBlocks<Fc1Stage<GATE, ScaleT, B1, Z1, Z3, BLOCK, BR>, BR>))
 fc1_wgmma(const T* __restrict__ xp, const RouteGroups rg, const i32* __restrict__ tile_info, const i32* __restrict__ tile_rows,
           i32 E, i32 k, i32 H, i32 Hp, i32 I, i32 Ip, i32 NT, i32 G, const Fc1Weights<ScaleT> wt, const ActParams ap,
           T* __restrict__ act_sorted) {
