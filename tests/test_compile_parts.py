@@ -174,7 +174,9 @@ def test_each_kernel_has_the_machine_code_of_the_whole_module(cache):
     """The wgmma module (the largest) as its pieces and as one program: the same kernels, each with the same
     machine code without NVVM's split (NVRTC instantiates only the kernels a program names; ptxas compiles
     each kernel alone). Under the default split ('all'), NVVM's partitions of a whole module change FC2's
-    code; a GEMM alone in its program gets the code of the unsplit compile again."""
+    code; a GEMM alone in its program gets the code of the unsplit compile again, but for gated FC1 at 32
+    routes (SMALL's swiglu_fusion=2 codes run as fusion 1 once tiled), whose code NVVM's split changes even
+    alone: same size, another schedule (docs/runtime-compilation.md, QMOE_RTC_COMPILE_PARTS)."""
     unit = spec_unit(get_family("wgmma_prefill").spec(SMALL))
     assert len(unit.pieces()) >= 3
     solo = [p[0] for p in unit.parts if len(p) == 1]
@@ -198,8 +200,10 @@ def test_each_kernel_has_the_machine_code_of_the_whole_module(cache):
         lowered.update(mod.lowered)
         default.update(text_sections(mod.cubin))
     assert set(default) == set(whole)
+    changed = {"fc1_br32"}
     for key in solo:
-        assert default[f".text.{lowered[key]}"] == whole[f".text.{lowered[key]}"], key
+        ours, theirs = default[f".text.{lowered[key]}"], whole[f".text.{lowered[key]}"]
+        assert len(ours) == len(theirs) and (ours == theirs) == (key not in changed), key
 
 
 def test_compile_times_tool_compiles_what_a_first_call_loads(capsys):

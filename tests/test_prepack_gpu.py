@@ -20,7 +20,8 @@ pytestmark = pytest.mark.gpu
 # (engine, knobs, decode_max_routes)
 ENGINES = [("decode-mma", {}, 512), ("prefill-batched", {"prefill_engine": "batched"}, 0),
            ("prefill-mma", {"prefill_engine": "mma"}, 0), ("prefill-wgmma", {"prefill_engine": "wgmma"}, 0)]
-# (name, random_layer kwargs, E, H, I): interleaved gate rows (tile rows permuted), FC3 with 3-bit
+# (name, random_layer kwargs, E, H, I): interleaved gate rows (tile rows permuted; fused halves too, their
+# bias moved to interleaved order), FC3 with 3-bit
 # packed zero points and blocks of 16 (two scales per segment), 8-bit row-wise with K % 128 != 0, FP8;
 # the tiled meta records (prepack.pack_meta) with zero points on paired rows (one record for both lane
 # rows: interleaved FC1, FC2), float32 scales (16-byte records), row-wise zero points packed along N,
@@ -34,7 +35,8 @@ LAYERS = [
     ("b3-bs16-zp-silu-fc3", dict(bits=3, block_size=16, zero_points=True, activation_type="silu", fc3=True, k=2),
      8, 256, 96),
     ("b8-row-gelu-bias", dict(bits=8, block_size=0, activation_type="gelu", k=2, bias=True), 8, 160, 224),
-    ("b2-bs32-swiglu2", dict(bits=2, block_size=32, activation_type="swiglu", swiglu_fusion=2, k=2), 8, 128, 64),
+    ("b2-bs32-swiglu2-bias", dict(bits=2, block_size=32, activation_type="swiglu", swiglu_fusion=2, k=2, bias=True),
+     8, 128, 64),
     ("fp8-bs128-swiglu1", dict(format="fp8_e4m3", block_size=128, activation_type="swiglu", swiglu_fusion=1, k=2),
      8, 256, 128),
 ]
@@ -91,13 +93,13 @@ def test_auto_tiles_a_layer_whose_scales_are_in_t(rng):
 
 
 # (name, random_layer kwargs, dtype, E, H, I): interleaved FC1 with a shared expert, 8-bit row-wise with
-# zero points (fused halves 2, K % 128 != 0), 3-bit FC3 with packed zero points and blocks of 16, 2-bit
-# gelu with two shared experts, FP8
+# zero points, a shared expert and biases (fused halves 2, tiled as interleaved rows; K % 128 != 0), 3-bit
+# FC3 with packed zero points and blocks of 16, 2-bit gelu with two shared experts, FP8
 GIVEN = [
     ("b4-bs128-swiglu1-bf16-S1", dict(bits=4, block_size=128, activation_type="swiglu", swiglu_fusion=1, k=4, shared=1),
      "bfloat16", 16, 256, 128),
-    ("b8-row-zp-swiglu2-f16", dict(bits=8, block_size=0, zero_points=True, activation_type="swiglu", swiglu_fusion=2,
-                                   k=2), "float16", 8, 160, 224),
+    ("b8-row-zp-swiglu2-f16-S1", dict(bits=8, block_size=0, zero_points=True, activation_type="swiglu", swiglu_fusion=2,
+                                      k=2, shared=1, bias=True), "float16", 8, 160, 224),
     ("b3-bs16-zp-silu-fc3-f16", dict(bits=3, block_size=16, zero_points=True, activation_type="silu", fc3=True, k=2),
      "float16", 8, 256, 96),
     ("b2-bs32-gelu-S2-bf16", dict(bits=2, block_size=32, activation_type="gelu", k=2, shared=2), "bfloat16", 8, 128, 64),
