@@ -26,6 +26,7 @@ THIRD_BLOCK_ROUNDS = 4
 SM_SMEM = 228 * 1024
 MAX_STAGES = 4  # QMOE_WG_STAGES
 INFLIGHT = 1  # QMOE_WG_INFLIGHT: MMAs a warpgroup keeps in flight (2 measured no faster)
+RING = 1  # QMOE_WG_RING: the ring's hand-off (1: a block barrier a chunk; 2: a stage's barriers with phases)
 SHRINK = 3  # QMOE_WG_SHRINK: widths a tail tile's MMAs shrink to (1: BR / 2; 2: BR / 2 and BR / 4; 3: down to 16 routes)
 SMEM_BUDGET = 227 * 1024 - 1024 - 4096  # kWgSmemBudget
 WS_SMEM_BUDGET = 227 * 1024 - 1024 - 3072  # kWsSmemBudget

@@ -69,6 +69,7 @@ from .wgmma_geometry import (
     GATHER_ROWS,
     INFLIGHT,
     MAX_STAGES,
+    RING,
     SHRINK,
     VARIANTS,
     WS_CONSUMERS,
@@ -132,7 +133,8 @@ class WgmmaPrefillFamily(KernelFamily):
         stamps = {"stamps": True} if knobs.get("prefill_wg_stamps") and not ws else {}  # diagnostics (tiles only)
         shrink = {} if ws else {
             "shrink": tuning_knob("prefill_wg_shrink", "QMOE_RTC_PREFILL_WG_SHRINK", SHRINK, (1, 2, 3)),
-            "fc1_blocks": tuning_knob("prefill_wg_fc1_blocks", "QMOE_RTC_PREFILL_WG_FC1_BLOCKS", 0, (0, 2, 3))}
+            "fc1_blocks": tuning_knob("prefill_wg_fc1_blocks", "QMOE_RTC_PREFILL_WG_FC1_BLOCKS", 0, (0, 2, 3)),
+            "ring": tuning_knob("prefill_wg_ring", "QMOE_RTC_PREFILL_WG_RING", RING, (1, 2))}
         groups = WS_CONSUMERS if ws else tuning_knob("prefill_wg_groups", "QMOE_RTC_PREFILL_WG_GROUPS", 0, (0, 2, 4))
         return expert_spec(self.name, config, **({"groups": groups} if groups else {}),  # none: tile_groups
                            stages=tuning_knob("prefill_wg_stages", "QMOE_RTC_PREFILL_WG_STAGES", MAX_STAGES, range(2, 7)),
@@ -145,7 +147,7 @@ class WgmmaPrefillFamily(KernelFamily):
                     f"-DQMOE_WS_INFLIGHT={spec['inflight']}", *tiled_define(spec))
         return (*((f"-DQMOE_WG_GROUPS={spec['groups']}",) if spec.get("groups") else ()), f"-DQMOE_WG_STAGES={spec['stages']}",
                 f"-DQMOE_WG_INFLIGHT={spec['inflight']}", f"-DQMOE_WG_SHRINK={spec['shrink']}",
-                f"-DQMOE_WG_FC1_BLOCKS={3 if spec['fc1_blocks'] == 3 else 2}",
+                f"-DQMOE_WG_FC1_BLOCKS={3 if spec['fc1_blocks'] == 3 else 2}", f"-DQMOE_WG_RING={spec['ring']}",
                 *(("-DQMOE_WG_STAMPS=1",) if spec.get("stamps") else ()),
                 *tiled_define(spec))
 

@@ -9,12 +9,21 @@
 // run. With three stages or more the copies run S - 2 chunks ahead and a chunk's last MMA overlaps the
 // next chunk (the slot refilled is two chunks old); with two, each chunk drains its MMAs before the
 // slot is reused.
+//
+// The ring's hand-off (QMOE_WG_RING): 1, a block barrier a chunk (every warp waits for the slowest at every
+// chunk); 2, barriers with phases a stage (core/mbarrier.cuh): a stage's `full` barrier completes when every
+// thread's copies into it landed (cp.async arrives), its `empty` one when every warp's MMAs of its chunk are
+// done, so a warp waits only for the copies it reads and, before refilling a stage, for the warps still
+// reading it: warps drift up to S - 1 - A chunks apart instead of none. Copies (generic proxy) reach the
+// MMAs (async proxy) by the reader's proxy fence after its wait. One main loop a block (the barriers are
+// set up at its start).
 #pragma once
 
 #include "core/codes.cuh"
 #include "core/cp_async.cuh"
 #include "core/dequant.cuh"
 #include "core/lane_meta.cuh"
+#include "core/mbarrier.cuh"
 #include "core/mma_pair.cuh"
 #include "core/stamps.cuh"
 #include "core/types.cuh"
@@ -36,6 +45,11 @@ inline constexpr int kWgMaxStages = QMOE_WG_STAGES;
 #endif
 inline constexpr int kWgInflight = QMOE_WG_INFLIGHT;  // MMAs a warpgroup keeps in flight (1 or 2), A buffers: one more
 static_assert(kWgInflight == 1 || kWgInflight == 2, "QMOE_WG_INFLIGHT must be 1 or 2");
+#ifndef QMOE_WG_RING
+#define QMOE_WG_RING 1
+#endif
+static_assert(QMOE_WG_RING == 1 || QMOE_WG_RING == 2, "QMOE_WG_RING: 1 (a block barrier a chunk) or 2 (a stage's barriers)");
+inline constexpr bool kWgStageBarriers = QMOE_WG_RING == 2;
 inline constexpr int kWgSmemBudget = 227 * 1024 - 1024 - 4096;  // dynamic bytes for stages (alignment slack, static)
 
 // One pipeline stage (1024-aligned, in dynamic shared memory):
@@ -159,29 +173,68 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
       wgmma_wait<kWgInflight>();  // the MMA of step s - kWgInflight is done: its A buffer may be rewritten
       wgmma_hold(acc);
     }
-    if constexpr (S == 2) {
+    if constexpr (S == 2 && !kWgStageBarriers) {
       wgmma_wait<0>();  // this stage's shared memory is refilled after the next barrier
       wgmma_hold(acc);
     }
   };
 
   constexpr int A = S >= 3 ? S - 2 : 1;  // chunks the copies run ahead
+  if constexpr (kWgStageBarriers) {
+    // full[s] at bars + 8s (every thread's copies landed), empty[s] at bars + 8(S + s) (every warp's MMAs done)
+    __shared__ alignas(8) u64 s_bars[2 * S];
+    const u32 bars = (u32)__cvta_generic_to_shared(s_bars);
+    if (threadIdx.x == 0) {
 #pragma unroll
-  for (int i = 0; i < A; ++i) {
-    if (i < nch) issue(i, c0 + i);
-    cp_async_commit();
-  }
-  st.loop_start();
-  for (i32 c = 0; c < nch; ++c) {  // the c-th chunk of the range: chunk c0 + c of K
-    st.wait_start();
-    cp_async_wait<A - 1>();
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async data, read by the async proxy
-    __syncthreads();  // every thread's copies of chunk c landed; every MMA of chunk c - 2 is done
-    st.wait_end();
-    const i32 cn = c + A;
-    if (cn < nch) issue(cn % S, c0 + cn);
-    cp_async_commit();
-    compute(c % S, c0 + c);
+      for (int s = 0; s < S; ++s) {
+        mbar_init(bars + 8 * s, kThreads);
+        mbar_init(bars + 8 * (S + s), St::kWarps);
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < A; ++i) {
+      if (i < nch) {
+        issue(i, c0 + i);
+        cp_async_arrive(bars + 8 * i);
+      }
+    }
+    st.loop_start();
+    for (i32 c = 0; c < nch; ++c) {  // the c-th chunk of the range: chunk c0 + c of K, its (c / S)-th pass of stage c % S
+      st.wait_start();
+      mbar_wait(bars + 8 * (c % S), (c / S) & 1);  // every thread's copies of chunk c landed
+      fence_async_shared();                         // ... and are visible to this warp's MMAs
+      st.wait_end();
+      compute(c % S, c0 + c);
+      // compute(c) waited for every MMA of chunk c - 1 (it keeps at most kWgInflight of chunk c in flight):
+      // this warp is done with its stage
+      __syncwarp();
+      mbar_arrive_if(bars + 8 * (S + (c + S - 1) % S), lane == 0 && c >= 1);
+      const i32 cn = c + A;  // into the stage of chunk cn - S <= c - 1, once every warp released it
+      if (cn < nch) {
+        if (cn >= S) mbar_wait(bars + 8 * (S + cn % S), (cn / S - 1) & 1);
+        issue(cn % S, c0 + cn);
+        cp_async_arrive(bars + 8 * (cn % S));
+      }
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < A; ++i) {
+      if (i < nch) issue(i, c0 + i);
+      cp_async_commit();
+    }
+    st.loop_start();
+    for (i32 c = 0; c < nch; ++c) {  // the c-th chunk of the range: chunk c0 + c of K
+      st.wait_start();
+      cp_async_wait<A - 1>();
+      fence_async_shared();  // cp.async data, read by the async proxy
+      __syncthreads();       // every thread's copies of chunk c landed; every MMA of chunk c - 2 is done
+      st.wait_end();
+      const i32 cn = c + A;
+      if (cn < nch) issue(cn % S, c0 + cn);
+      cp_async_commit();
+      compute(c % S, c0 + c);
+    }
   }
   wgmma_wait<0>();
   wgmma_hold(acc);
