@@ -200,7 +200,8 @@ KNOBS: dict[str, Knob] = {
              "a -D option, part of the key."),
         Knob("prefill_wg_ring", "QMOE_RTC_PREFILL_WG_RING", "int", 0, True,
              "Tuning only: the wgmma prefill engine's ring hand-off (1: a block barrier a chunk; 2: barriers with "
-             "phases a stage, so warps drift apart; 0 = the built-in 1); a -D option, part of the key."),
+             "phases a stage, so warps drift apart; 0 = 2 where a block has 4 warpgroups, its SM alone, else 1); a -D "
+             "option, part of the key."),
         Knob("prefill_wg_shrink", "QMOE_RTC_PREFILL_WG_SHRINK", "int", 0, True,
              "Tuning only: widths the MMAs of an expert's last route tile of the wgmma prefill engine shrink to "
              "(1: half the tile; 2: half or a quarter, at least 32 routes; 3: as 2, down to 16 routes in blocks of 2 "

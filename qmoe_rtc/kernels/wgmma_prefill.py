@@ -134,7 +134,7 @@ class WgmmaPrefillFamily(KernelFamily):
         shrink = {} if ws else {
             "shrink": tuning_knob("prefill_wg_shrink", "QMOE_RTC_PREFILL_WG_SHRINK", SHRINK, (1, 2, 3)),
             "fc1_blocks": tuning_knob("prefill_wg_fc1_blocks", "QMOE_RTC_PREFILL_WG_FC1_BLOCKS", 0, (0, 2, 3)),
-            "ring": tuning_knob("prefill_wg_ring", "QMOE_RTC_PREFILL_WG_RING", RING, (1, 2))}
+            "ring": tuning_knob("prefill_wg_ring", "QMOE_RTC_PREFILL_WG_RING", RING, (0, 1, 2))}
         groups = WS_CONSUMERS if ws else tuning_knob("prefill_wg_groups", "QMOE_RTC_PREFILL_WG_GROUPS", 0, (0, 2, 4))
         return expert_spec(self.name, config, **({"groups": groups} if groups else {}),  # none: tile_groups
                            stages=tuning_knob("prefill_wg_stages", "QMOE_RTC_PREFILL_WG_STAGES", MAX_STAGES, range(2, 7)),

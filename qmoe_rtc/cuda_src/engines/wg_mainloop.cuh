@@ -10,8 +10,8 @@
 // next chunk (the slot refilled is two chunks old); with two, each chunk drains its MMAs before the
 // slot is reused.
 //
-// The ring's hand-off (QMOE_WG_RING): 1, a block barrier a chunk (every warp waits for the slowest at every
-// chunk); 2, barriers with phases a stage (core/mbarrier.cuh): a stage's `full` barrier completes when every
+// The ring's hand-off (QMOE_WG_RING; 0: kWgStageBarriers decides): 1, a block barrier a chunk (every warp
+// waits for the slowest at every chunk); 2, barriers with phases a stage (core/mbarrier.cuh): a stage's `full` barrier completes when every
 // thread's copies into it landed (cp.async arrives), its `empty` one when every warp's MMAs of its chunk are
 // done, so a warp waits only for the copies it reads and, before refilling a stage, for the warps still
 // reading it: warps drift up to S - 1 - A chunks apart instead of none. Copies (generic proxy) reach the
@@ -46,10 +46,14 @@ inline constexpr int kWgMaxStages = QMOE_WG_STAGES;
 inline constexpr int kWgInflight = QMOE_WG_INFLIGHT;  // MMAs a warpgroup keeps in flight (1 or 2), A buffers: one more
 static_assert(kWgInflight == 1 || kWgInflight == 2, "QMOE_WG_INFLIGHT must be 1 or 2");
 #ifndef QMOE_WG_RING
-#define QMOE_WG_RING 1
+#define QMOE_WG_RING 0
 #endif
-static_assert(QMOE_WG_RING == 1 || QMOE_WG_RING == 2, "QMOE_WG_RING: 1 (a block barrier a chunk) or 2 (a stage's barriers)");
-inline constexpr bool kWgStageBarriers = QMOE_WG_RING == 2;
+static_assert(QMOE_WG_RING >= 0 && QMOE_WG_RING <= 2, "QMOE_WG_RING: 0 (by the block), 1 (a block barrier a chunk), 2 (a stage's barriers)");
+// The stage barriers where a block of 4 warpgroups has its SM alone (H200, session 30, one process: mixtral-8x7b
+// 4096 tokens -3.3 %, ort-2048 512 -3.2 %, qwen3-30b-a3b 4096 -1.5 %); with two blocks an SM, whose second
+// block fills the first's waits, they cost 4-15 % (gpt-oss-120b 512, mixtral 64, qwen3 512).
+template <class St>
+inline constexpr bool kWgStageBarriers = QMOE_WG_RING == 2 || (QMOE_WG_RING == 0 && St::kGroups == 4);
 inline constexpr int kWgSmemBudget = 227 * 1024 - 1024 - 4096;  // dynamic bytes for stages (alignment slack, static)
 
 // One pipeline stage (1024-aligned, in dynamic shared memory):
@@ -173,14 +177,14 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
       wgmma_wait<kWgInflight>();  // the MMA of step s - kWgInflight is done: its A buffer may be rewritten
       wgmma_hold(acc);
     }
-    if constexpr (S == 2 && !kWgStageBarriers) {
+    if constexpr (S == 2 && !kWgStageBarriers<St>) {
       wgmma_wait<0>();  // this stage's shared memory is refilled after the next barrier
       wgmma_hold(acc);
     }
   };
 
   constexpr int A = S >= 3 ? S - 2 : 1;  // chunks the copies run ahead
-  if constexpr (kWgStageBarriers) {
+  if constexpr (kWgStageBarriers<St>) {
     // full[s] at bars + 8s (every thread's copies landed), empty[s] at bars + 8(S + s) (every warp's MMAs done)
     __shared__ alignas(8) u64 s_bars[2 * S];
     const u32 bars = (u32)__cvta_generic_to_shared(s_bars);
