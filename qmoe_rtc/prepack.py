@@ -13,10 +13,14 @@ so a warp's copy of a row group's chunk is one contiguous run of 128·b bytes, a
 is one contiguous run. Inside a segment the codes are in *pair order* (:func:`pair_order`): the
 positions the device's shifts and masks take a pair from hold natural codes 2i and 2i + 1, so the pair's
 activations are one 32-bit word of the input, with no byte permute. Tile rows are the rows themselves,
-except FC1 with interleaved gate / linear rows (``swiglu_fusion=1``): the 8 gate rows of outputs 8p ..
+except FC1 with gate and linear rows (``fusion``, :func:`tile_rows`): the 8 gate rows of outputs 8p ..
 8p + 7 become tile rows 16p .. 16p + 7 and their linear rows 16p + 8 .. 16p + 15, the two lane rows of a
-gated warp tile. The device mirror of :func:`tiled_offset` is ``CodeRows`` (``cuda_src/core/codes.cuh``);
-a CPU test checks the two and that :func:`untile` inverts :func:`tile`.
+gated warp tile. That holds for both contract orders, gate row 2o and linear row 2o + 1
+(``swiglu_fusion=1``) and halves, o and I + o (``swiglu_fusion=2``), so tiled FC1 codes of either are the
+same bytes and the engines read them as ``swiglu_fusion=1``'s; the FC1 bias then moves to that order too
+(:func:`fusion1_order`). FP8 codes of ``swiglu_fusion=2`` keep their rows (:func:`fc1_fusion`: their scale
+blocks span 128 rows of the contract order). The device mirror of :func:`tiled_offset` is ``CodeRows``
+(``cuda_src/core/codes.cuh``); a CPU test checks the two and that :func:`untile` inverts :func:`tile`.
 
 Scales and zero points of integer codes go with them into *meta records* (:func:`pack_meta`), in the same
 tile rows::
@@ -46,13 +50,14 @@ import math
 
 from .errors import QMoEInputError
 
-__all__ = ["CHUNK", "GROUP", "LAYOUT_VERSION", "META_ROWS", "meta_record_bytes", "meta_shape", "pack", "pack_meta",
-           "pair_order", "segment_order", "tile", "tile_rows", "tiled_offset", "tiled_shape", "unpack", "unpack_meta",
-           "untile"]
+__all__ = ["CHUNK", "GROUP", "LAYOUT_VERSION", "META_ROWS", "fc1_fusion", "fusion1_order", "meta_record_bytes", "meta_shape",
+           "pack", "pack_meta", "pair_order", "segment_order", "tile", "tile_rows", "tiled_offset", "tiled_shape", "unpack",
+           "unpack_meta", "untile"]
 
 #: Version of the tiled layout (tile shape, tile-row order, pair order): tiled codes stored with another
-#: version must be made again from the contract codes.
-LAYOUT_VERSION = 1
+#: version must be made again from the contract codes. 2: FC1 codes of ``swiglu_fusion=2`` in interleaved tile
+#: rows (version 1 kept their rows).
+LAYOUT_VERSION = 2
 GROUP = 8  #: rows per row group (the lanes g of a warp)
 CHUNK = 128  #: codes per chunk (the 4 lanes t of a row, 32 codes each)
 #: Codes bytes :func:`pair_order` reorders at once in :func:`pack` / :func:`unpack` (its temporaries are
@@ -65,17 +70,34 @@ def tiled_shape(E: int, N: int, K: int, bits: int) -> tuple[int, ...]:
     return (E, -(-N // GROUP), -(-K // CHUNK), GROUP, 4, 4 * bits)
 
 
-def tile_rows(N: int, interleaved: bool) -> list[int]:
-    """Contract row of each tile row (``interleaved``: FC1 with gate row 2o and linear row 2o + 1)."""
-    if not interleaved:
+def fc1_fusion(swiglu_fusion: int, fp8: bool) -> int:
+    """The ``fusion`` FC1's codes are tiled with (:func:`tile_rows`): the layer's ``swiglu_fusion``, except
+    FP8 codes of ``swiglu_fusion=2``, which keep their rows (0): an FP8 scale block spans 128 contract rows,
+    which interleaving would split. The device side: ``kernels/_expert.py`` ``gate_of``."""
+    return 0 if fp8 and swiglu_fusion == 2 else swiglu_fusion
+
+
+def tile_rows(N: int, fusion: int = 0) -> list[int]:
+    """Contract row of each tile row of a projection with N rows. ``fusion``: FC1's gate / linear rows,
+    1 gate row 2o and linear row 2o + 1, 2 gate row o and linear row N/2 + o; both give interleaved tile
+    rows (module docstring); 0: the rows themselves."""
+    if not fusion:
         return list(range(N))
-    if N % 16:
-        raise QMoEInputError("FC1 rows", "N a multiple of 16 (interleaved: 8 outputs' gate and linear rows a tile)",
-                             f"N={N}")
-    out = []
+    if fusion not in (1, 2) or N % 16:
+        raise QMoEInputError("FC1 rows", "fusion 1 or 2 with N a multiple of 16 (8 outputs a tile)",
+                             f"fusion {fusion!r}, N={N}")
+    out, half = [], N // 2
     for p in range(N // 16):  # 8 outputs: their gate rows, then their linear rows
-        out += [2 * (8 * p + g) for g in range(GROUP)] + [2 * (8 * p + g) + 1 for g in range(GROUP)]
+        outs = range(8 * p, 8 * p + GROUP)
+        out += [2 * o for o in outs] + [2 * o + 1 for o in outs] if fusion == 1 else list(outs) + [half + o for o in outs]
     return out
+
+
+def fusion1_order(xp, b):
+    """FC1 biases ``b`` [E, 2I] of ``swiglu_fusion=2`` (gate halves, then linear) in ``swiglu_fusion=1``'s
+    order (gate 2o, linear 2o + 1): what the engines read beside tiled codes of fusion 2."""
+    E, N = b.shape
+    return xp.ascontiguousarray(b.reshape(E, 2, N // 2).transpose(0, 2, 1).reshape(E, N))
 
 
 def tiled_offset(e: int, N: int, m: int, K: int, bits: int, s: int) -> int:
@@ -96,13 +118,14 @@ def _check(w, K: int, bits: int, name: str) -> tuple[int, int]:
     return w.shape[0], w.shape[1]
 
 
-def tile(xp, w, K: int, bits: int, interleaved: bool = False, name: str = "weights"):
+def tile(xp, w, K: int, bits: int, fusion: int = 0, name: str = "weights"):
     """The tiled layout of contract codes ``w`` [E, N, K·bits/8] (uint8, or any dtype of the same
-    shape: the tests tile index arrays), made expert by expert (temporaries of one expert)."""
+    shape: the tests tile index arrays), made expert by expert (temporaries of one expert); ``fusion``:
+    FC1's gate / linear rows (:func:`tile_rows`)."""
     E, N = _check(w, K, bits, name)
     shape = tiled_shape(E, N, K, bits)
     nch, seg = shape[2], 4 * bits
-    rows = xp.asarray(tile_rows(N, interleaved)) if interleaved else None
+    rows = xp.asarray(tile_rows(N, fusion)) if fusion else None
     out = xp.zeros(shape, dtype=w.dtype)
     for e in range(E):
         we = w[e] if rows is None else w[e][rows]  # [N, Kb] in tile-row order
@@ -113,17 +136,17 @@ def tile(xp, w, K: int, bits: int, interleaved: bool = False, name: str = "weigh
     return out
 
 
-def untile(xp, t, N: int, K: int, bits: int, interleaved: bool = False):
+def untile(xp, t, N: int, K: int, bits: int, fusion: int = 0):
     """The contract codes [E, N, K·bits/8] of a tiled array (the inverse of :func:`tile`)."""
     E = t.shape[0]
     if tuple(t.shape) != tiled_shape(E, N, K, bits):
         raise QMoEInputError("tiled weights", f"shape {tiled_shape(E, N, K, bits)}", f"shape {tuple(t.shape)}")
     nch, seg = t.shape[2], 4 * bits
     flat = xp.ascontiguousarray(t.transpose(0, 1, 3, 2, 4, 5)).reshape(E, N, nch * 4 * seg)[:, :, : K * bits // 8]
-    if not interleaved:
+    if not fusion:
         return xp.ascontiguousarray(flat)
     out = xp.empty_like(flat)
-    out[:, xp.asarray(tile_rows(N, True))] = flat
+    out[:, xp.asarray(tile_rows(N, fusion))] = flat
     return out
 
 
@@ -163,22 +186,22 @@ def _row_groups(t, order_bytes: int):
             yield e, slice(q, q + step)
 
 
-def pack(xp, w, K: int, bits: int, interleaved: bool = False, name: str = "weights", order_bytes: int = ORDER_BYTES):
+def pack(xp, w, K: int, bits: int, fusion: int = 0, name: str = "weights", order_bytes: int = ORDER_BYTES):
     """The layer's upload: contract codes ``w`` [E, N, K·bits/8] u8 → the tiled layout in pair order,
     [E, N8, NCH, 8, 4, 4·bits] u8. Besides the result, temporaries of about 3× one expert's codes (the
     padded copy, :func:`tile`) and 16× ``order_bytes`` (the unpacked bits, :func:`pair_order`)."""
-    t = tile(xp, w, K, bits, interleaved, name)
+    t = tile(xp, w, K, bits, fusion, name)
     for e, rows in _row_groups(t, order_bytes):
         t[e, rows] = pair_order(xp, t[e, rows], bits)
     return t
 
 
-def unpack(xp, t, N: int, K: int, bits: int, interleaved: bool = False, order_bytes: int = ORDER_BYTES):
+def unpack(xp, t, N: int, K: int, bits: int, fusion: int = 0, order_bytes: int = ORDER_BYTES):
     """The contract codes [E, N, K·bits/8] of :func:`pack`'s output (its inverse)."""
     natural = xp.empty_like(t)
     for e, rows in _row_groups(t, order_bytes):
         natural[e, rows] = pair_order(xp, t[e, rows], bits, inverse=True)
-    return untile(xp, natural, N, K, bits, interleaved)
+    return untile(xp, natural, N, K, bits, fusion)
 
 
 META_ROWS = 16  #: tile rows a meta record row group covers (a tensor-core lane's rows g and g + 8)
@@ -209,10 +232,10 @@ def _unpack_zero_points(xp, zp, E: int, N: int, blocks: int, bits: int, row_wise
     return vals.reshape(E, N, blocks)
 
 
-def pack_meta(xp, scales, zp, N: int, bits: int, interleaved: bool = False, name: str = "scales"):
+def pack_meta(xp, scales, zp, N: int, bits: int, fusion: int = 0, name: str = "scales"):
     """Meta records [E, ceil(N/16), nb, 8, R] u8 (module docstring) of one projection: ``scales`` [E, N, nb]
     or row-wise [E, N] (float16, float32, or bfloat16 stored as uint16), ``zp`` the packed zero points or
-    None; tile rows as the codes' (``interleaved``: FC1 with interleaved gate / linear rows)."""
+    None; tile rows as the codes' (``fusion``: FC1's gate / linear rows, :func:`tile_rows`)."""
     if len(scales.shape) not in (2, 3) or scales.shape[1] != N:
         raise QMoEInputError(name, f"shape [E, {N}] or [E, {N}, nb]", f"shape {tuple(scales.shape)}")
     E, row_wise = scales.shape[0], len(scales.shape) == 2
@@ -220,7 +243,7 @@ def pack_meta(xp, scales, zp, N: int, bits: int, interleaved: bool = False, name
     sb = scales.dtype.itemsize
     rec = meta_record_bytes(sb, zp is not None)
     n16 = -(-N // META_ROWS)
-    rows = xp.asarray(tile_rows(N, interleaved)) if interleaved else None
+    rows = xp.asarray(tile_rows(N, fusion)) if fusion else None
     s = xp.ascontiguousarray(scales).reshape(E, N, nb)
     s = s if rows is None else s[:, rows]
     body = xp.zeros((E, n16 * META_ROWS, nb, rec), dtype=xp.uint8)  # [E, tile row, block, record bytes]
@@ -239,7 +262,7 @@ def pack_meta(xp, scales, zp, N: int, bits: int, interleaved: bool = False, name
     return out
 
 
-def unpack_meta(xp, meta, N: int, scale_dtype, interleaved: bool = False, row_wise: bool = False):
+def unpack_meta(xp, meta, N: int, scale_dtype, fusion: int = 0, row_wise: bool = False):
     """(scales [E, N, nb] (row-wise: [E, N]) of ``scale_dtype``, zero points u8 [E, N, nb] unpacked or None)
     of :func:`pack_meta`'s records (its inverse, up to the zero points' packing)."""
     E, n16, nb, _, rec = meta.shape
@@ -252,8 +275,8 @@ def unpack_meta(xp, meta, N: int, scale_dtype, interleaved: bool = False, row_wi
     if zero_points:
         zh = xp.stack([meta[..., 2 * sb], meta[..., 2 * sb + 1]], axis=3)  # [E, q, j, h, g]
         z = xp.ascontiguousarray(zh.transpose(0, 1, 3, 4, 2)).reshape(E, n16 * META_ROWS, nb)[:, :N]
-    if interleaved:
-        order = xp.asarray(tile_rows(N, True))
+    if fusion:
+        order = xp.asarray(tile_rows(N, fusion))
         s2, z2 = xp.empty_like(s), None if z is None else xp.empty_like(z)
         s2[:, order] = s
         if z is not None:

@@ -24,7 +24,7 @@ from dataclasses import replace
 from ._arrays import ArrayMeta, array_module, device_of, dtype_name, is_c_contiguous, is_torch, shape_str
 from .attributes import QMoEAttributes
 from .errors import QMoEInputError, QMoEUnsupportedError
-from .prepack import CHUNK, GROUP, pack, tiled_shape
+from .prepack import CHUNK, GROUP, fc1_fusion, pack, tiled_shape
 from .quantize import packed_row_bytes
 
 __all__ = ["CODE_INPUTS", "contract_metas", "given_hint", "tiled_weights"]
@@ -146,5 +146,6 @@ def tiled_weights(weights: dict, *, expert_range=None, expert_map=None, num_expe
             w = weights[name]
             xp = array_module(w)
             codes = w.view(xp.uint8)  # FP8 codes are bytes too
-            out[name] = pack(xp, codes, p.K, p.bits, attrs.swiglu_fusion == 1 and p.name == "fc1", name)
+            fusion = fc1_fusion(attrs.swiglu_fusion, p.quant == "fp8") if p.name == "fc1" else 0
+            out[name] = pack(xp, codes, p.K, p.bits, fusion, name)
     return out

@@ -43,7 +43,7 @@ def _code(buf: np.ndarray, c: int, bits: int) -> int:
 @pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
 @pytest.mark.parametrize("block_size, zero_points", [(0, False), (16, True), (32, False), (128, True)])
 def test_pack_round_trips_every_projection(rng, bits, block_size, zero_points):
-    """pack then unpack gives back every projection's codes, interleaved FC1 rows included, whether the
+    """pack then unpack gives back every projection's codes, FC1's interleaved tile rows included, whether the
     pair order runs over a whole expert or a row group at a time; scales and zero points are not part
     of the tiled array (they stay in the contract layout)."""
     if bits == 1 and block_size == 16:
@@ -54,7 +54,7 @@ def test_pack_round_trips_every_projection(rng, bits, block_size, zero_points):
     layer = describe_layer(w, QMoEAttributes.from_kwargs(**a))
     for p in layer.projections():
         codes = w[f"{p.name}_experts_weights"]
-        interleaved = p.name == "fc1" and fusion == 1
+        interleaved = fusion if p.name == "fc1" else 0
         t = pack(np, codes, p.K, bits, interleaved)
         assert t.shape == tiled_shape(layer.E, p.N, p.K, bits) and t.dtype == np.uint8
         np.testing.assert_array_equal(unpack(np, t, p.N, p.K, bits, interleaved), codes)
@@ -85,7 +85,7 @@ def test_meta_records_hold_each_rows_scale_and_zero_point_where_the_device_reads
     layer = describe_layer(w, QMoEAttributes.from_kwargs(**a))
     for p in layer.projections():
         s, z = w[p.scale_input], w.get(f"{p.name}_zero_points")
-        interleaved = p.name == "fc1" and fusion == 1
+        interleaved = fusion if p.name == "fc1" else 0
         row_wise = s.ndim == 2
         nb = 1 if row_wise else s.shape[2]
         meta = pack_meta(np, s, z, p.N, bits, interleaved)
@@ -95,8 +95,9 @@ def test_meta_records_hold_each_rows_scale_and_zero_point_where_the_device_reads
         flat = meta.reshape(-1)
         for _ in range(64):
             e, n, j = int(rng.integers(layer.E)), int(rng.integers(p.N)), int(rng.integers(nb))
-            o = n // 2
-            m = 16 * (o // 8) + 8 * (n % 2) + o % 8 if interleaved else n  # the device's tile_row
+            # the device's tile_row of the fusion-1 row it reads (fusion 2's row n is fusion 1's row 2o + h)
+            o, h = (n // 2, n % 2) if interleaved == 1 else (n % layer.I, n // layer.I)
+            m = 16 * (o // 8) + 8 * h + o % 8 if interleaved else n
             at = (((e * -(-p.N // 16) + m // 16) * nb + j) * 8 + m % 8) * rec
             h = (m // 8) % 2
             want = s[e, n] if row_wise else s[e, n, j]
@@ -113,7 +114,7 @@ def test_meta_records_hold_each_rows_scale_and_zero_point_where_the_device_reads
 
 
 @pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
-@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("interleaved", [0, 1, 2])
 @pytest.mark.parametrize("K", [128, 160, 2880])
 def test_tile_moves_every_segment_once_to_the_device_address(bits, interleaved, K):
     """Tiling an array of byte indices: every contract byte lands exactly once (the rest is zero
@@ -136,12 +137,55 @@ def test_tile_moves_every_segment_once_to_the_device_address(bits, interleaved, 
 
 
 def test_interleaved_tile_rows_pair_gate_and_linear_groups():
-    """Outputs 8p..8p+7: their gate rows (2o) fill one row group, their linear rows (2o + 1) the next."""
-    rows = tile_rows(32, True)
+    """Outputs 8p..8p+7: their gate rows (2o; fusion 2: o) fill one row group, their linear rows (2o + 1;
+    fusion 2: I + o) the next. Rows that do not make whole 16-row tiles are refused, not dropped."""
+    rows = tile_rows(32, 1)
     assert rows[:8] == [0, 2, 4, 6, 8, 10, 12, 14] and rows[8:16] == [1, 3, 5, 7, 9, 11, 13, 15]
     assert sorted(rows) == list(range(32))
-    with pytest.raises(QMoEInputError, match="FC1 rows"):  # refused, not dropped
-        tile_rows(40, True)
+    rows = tile_rows(32, 2)
+    assert rows[:8] == list(range(8)) and rows[8:16] == list(range(16, 24)) and rows[16:24] == list(range(8, 16))
+    assert sorted(rows) == list(range(32))
+    for bad in (dict(N=40, fusion=1), dict(N=24, fusion=2), dict(N=32, fusion=3)):
+        with pytest.raises(QMoEInputError, match="FC1 rows"):
+            tile_rows(**bad)
+
+
+def _as_fusion1(w: dict, I: int) -> dict:
+    """A swiglu_fusion=2 layer's FC1 arrays with their rows in fusion 1's order (gate o -> 2o, linear I + o
+    -> 2o + 1): the same layer for swiglu_fusion=1."""
+    perm = np.arange(2 * I).reshape(2, I).T.reshape(-1)  # fusion-1 row r holds fusion-2 row perm[r]
+    out = dict(w)
+    for n in ("fc1_experts_weights", "fc1_scales", "fc1_experts_bias"):
+        out[n] = np.ascontiguousarray(w[n][:, perm])
+    if w.get("fc1_zero_points") is not None:  # block-wise: packed along the blocks of a row
+        out["fc1_zero_points"] = np.ascontiguousarray(w["fc1_zero_points"][:, perm])
+    return out
+
+
+@pytest.mark.parametrize("bits, block_size", [(4, 128), (3, 32), (8, 0), (2, 16)])
+def test_fusion2_fc1_tiles_as_fusion1(rng, bits, block_size):
+    """Tiled FC1 codes and meta records of a swiglu_fusion=2 layer are the bytes of the same layer in
+    fusion 1's row order, whose bias is fusion1_order's; and that fusion-1 layer computes what the fusion-2
+    one does (float64 reference): so the engines, which read tiled fusion 2 as fusion 1 (gate_of), are
+    right by construction."""
+    from qmoe_rtc.prepack import fusion1_order
+    from qmoe_rtc.reference import qmoe as reference
+
+    zp = block_size != 0
+    w, a = random_layer(rng, E=3, H=256, I=128, k=2, bits=bits, block_size=block_size, zero_points=zp,
+                        dtype="float32", activation_type="swiglu", swiglu_fusion=2, bias=True)
+    w1 = _as_fusion1(w, 128)
+    K, N = 256, 256
+    np.testing.assert_array_equal(pack(np, w["fc1_experts_weights"], K, bits, 2),
+                                  pack(np, w1["fc1_experts_weights"], K, bits, 1))
+    z, z1 = w.get("fc1_zero_points"), w1.get("fc1_zero_points")
+    np.testing.assert_array_equal(pack_meta(np, w["fc1_scales"], z, N, bits, 2), pack_meta(np, w1["fc1_scales"], z1, N, bits, 1))
+    np.testing.assert_array_equal(fusion1_order(np, w["fc1_experts_bias"]), w1["fc1_experts_bias"])
+    x = rng.standard_normal((5, 256)).astype(np.float32)
+    logits = rng.standard_normal((5, 3)).astype(np.float32)
+    want = reference(x, logits, **w, **a)
+    got = reference(x, logits, **w1, **{**a, "swiglu_fusion": 1})
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
@@ -213,3 +257,22 @@ def test_layer_config_carries_tiled(rng):
     layer = describe_layer(w, QMoEAttributes.from_kwargs(**a))
     assert layer_config(layer, "float16", "float16", tiled=True).layout.tiled
     assert not layer_config(layer, "float16", "float16").layout.tiled
+
+
+@pytest.mark.parametrize("fc1_zp, tiled, want", [("none", True, "qmoe::GATE_FUSED1"), ("packed", True, "qmoe::GATE_FUSED1"),
+                                                 ("fp4", True, "qmoe::GATE_FUSED1"), ("none", False, "qmoe::GATE_FUSED2"),
+                                                 ("fp8", True, "qmoe::GATE_FUSED2"), ("fp8", False, "qmoe::GATE_FUSED2")])
+def test_fusion2_kernels_read_tiled_fc1_as_fusion1(fc1_zp, tiled, want):
+    """The kernels' GATE follows where prepack put FC1's rows (fc1_fusion): tiled integer and FP4 codes of
+    swiglu_fusion=2 compile as fusion 1, the contract layout and tiled FP8 codes as fusion 2."""
+    from qmoe_rtc.kernels._expert import expert_spec, template_types, tiled_spec
+    from qmoe_rtc.prepack import fc1_fusion
+
+    bits = {"fp8": 8, "fp4": 4}.get(fc1_zp, 4)
+    lay = Layout(dtype="bfloat16", scale_dtype="float32" if fc1_zp in ("fp8", "fp4") else "",
+                 fc1_bits=bits, fc2_bits=bits, fc1_zp=fc1_zp, fc2_zp=fc1_zp, block_size=128 if fc1_zp != "fp4" else 32,
+                 activation="swiglu", swiglu_fusion=2, tiled=tiled)
+    cfg = ModelConfig(hidden=256, inter=256, experts=4, k=2, layout=lay)
+    spec = expert_spec("mma_prefill", cfg, **tiled_spec(cfg))
+    assert template_types(spec)["GATE"] == want
+    assert (want == "qmoe::GATE_FUSED1") == (tiled and fc1_fusion(2, fc1_zp == "fp8") != 0)

@@ -20,7 +20,8 @@ pytestmark = pytest.mark.gpu
 # (engine, knobs, decode_max_routes)
 ENGINES = [("decode-mma", {}, 512), ("prefill-batched", {"prefill_engine": "batched"}, 0),
            ("prefill-mma", {"prefill_engine": "mma"}, 0), ("prefill-wgmma", {"prefill_engine": "wgmma"}, 0)]
-# (name, random_layer kwargs, E, H, I): interleaved gate rows (tile rows permuted), fused halves with biases, FC3 with 3-bit
+# (name, random_layer kwargs, E, H, I): interleaved gate rows (tile rows permuted; fused halves too, their
+# bias moved to interleaved order), FC3 with 3-bit
 # packed zero points and blocks of 16 (two scales per segment), 8-bit row-wise with K % 128 != 0, FP8;
 # the tiled meta records (prepack.pack_meta) with zero points on paired rows (one record for both lane
 # rows: interleaved FC1, FC2), float32 scales (16-byte records), row-wise zero points packed along N,
@@ -92,7 +93,7 @@ def test_auto_tiles_a_layer_whose_scales_are_in_t(rng):
 
 
 # (name, random_layer kwargs, dtype, E, H, I): interleaved FC1 with a shared expert, 8-bit row-wise with
-# zero points, a shared expert and biases (fused halves 2, K % 128 != 0), 3-bit
+# zero points, a shared expert and biases (fused halves 2, tiled as interleaved rows; K % 128 != 0), 3-bit
 # FC3 with packed zero points and blocks of 16, 2-bit gelu with two shared experts, FP8
 GIVEN = [
     ("b4-bs128-swiglu1-bf16-S1", dict(bits=4, block_size=128, activation_type="swiglu", swiglu_fusion=1, k=4, shared=1),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 from ..jit import Ptr, Scalar, Struct
+from ..prepack import fc1_fusion
 from ..specialize import CPP_ACT, CPP_GATE, CPP_TYPES, CPP_ZP, ModelConfig, ModuleSpec
 
 #: Layout fields that shape the expert kernels.
@@ -60,8 +61,14 @@ def tiled_unsupported(config: ModelConfig) -> str | None:
 
 
 def gate_of(spec: ModuleSpec) -> str:
-    if spec["swiglu_fusion"]:
-        return "fused1" if spec["swiglu_fusion"] == 1 else "fused2"
+    """Where the kernels find FC1's gate and linear rows (CPP_GATE). Tiled codes of ``swiglu_fusion=2`` are
+    tiled in fusion 1's order (:func:`qmoe_rtc.prepack.fc1_fusion`; its bias moved with them), so they
+    compile as fusion 1, but for FP8 codes, which keep their rows."""
+    fusion = spec["swiglu_fusion"]
+    if fusion == 2 and spec.get("tiled") and fc1_fusion(2, spec["fc1_zp"] == "fp8"):
+        fusion = 1  # tiled gate / linear rows interleaved, bias in fusion 1's order
+    if fusion:
+        return "fused1" if fusion == 1 else "fused2"
     return "fc3" if spec["has_fc3"] else "none"
 
 

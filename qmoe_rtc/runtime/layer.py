@@ -203,24 +203,27 @@ def executor_config(config: ModelConfig, setting=None) -> ModelConfig:
     return _tiled(config) if not lay.tiled and use_tiled(config, setting, known) else config
 
 
-def tile_codes(cp, proj: dict, layer, interleaved_fc1: bool, given: bool = False) -> dict:
+def tile_codes(cp, proj: dict, layer, given: bool = False) -> dict:
     """``proj`` (:func:`upload_projections`) with every projection's codes in the tiled layout
     (:func:`qmoe_rtc.prepack.pack`, on the GPU; the contract codes are not kept; ``given``: they are tiled
     already, ``prepack='given'``, and are kept as they are, as bytes) and, for integer and FP4 codes, its scales and
     zero points as meta records (:func:`qmoe_rtc.prepack.pack_meta`) in the scales' slot (viewed as the
-    scale dtype; the zero-point slot then empty: the records hold them)."""
-    from ..prepack import pack, pack_meta
+    scale dtype; the zero-point slot then empty: the records hold them). FC1 rows of ``swiglu_fusion`` 1 or 2
+    are tiled interleaved (:func:`qmoe_rtc.prepack.fc1_fusion`); with 2, FC1's bias moves to fusion 1's order."""
+    from ..prepack import fc1_fusion, fusion1_order, pack, pack_meta
 
     out = {}
     for p in layer.projections():
         w, s, z, b = proj[p.name]
-        interleaved = interleaved_fc1 and p.name == "fc1"
+        fusion = fc1_fusion(layer.attrs.swiglu_fusion, p.quant == "fp8") if p.name == "fc1" else 0
         codes = w.view(cp.uint8)  # FP8 codes are bytes too
         if not given:
-            codes = pack(cp, codes, p.K, p.bits, interleaved, f"{p.name}_experts_weights")
+            codes = pack(cp, codes, p.K, p.bits, fusion, f"{p.name}_experts_weights")
         if p.quant != "fp8":  # integer and FP4 codes: records (FP8's square blocks keep their layout)
-            meta = pack_meta(cp, s, z, p.N, p.bits, interleaved, p.scale_input)  # [E, ceil(N/16), nb, 8, R] u8
+            meta = pack_meta(cp, s, z, p.N, p.bits, fusion, p.scale_input)  # [E, ceil(N/16), nb, 8, R] u8
             s, z = meta.view(s.dtype), None
+        if fusion == 2 and b is not None:
+            b = fusion1_order(cp, b)  # [E, 2I] f32: gate 2o, linear 2o + 1
         out[p.name] = (codes, s, z, b)  # codes [E, N/8, ceil(K/128), 8, 4, 4·b] u8
     return out
 
@@ -234,17 +237,16 @@ def upload_layer(cp, weights: dict, layer, ext, device_id: int, expert_slice=Non
     ``given``: they were passed tiled (``prepack='given'``), so they are used as they are."""
     scale_dtype, proj = upload_projections(cp, weights, layer, device_id)
     tiled = tiled or given
-    interleaved = layer.attrs.swiglu_fusion == 1
     if tiled:
         with cp.cuda.Device(device_id):
-            proj = tile_codes(cp, proj, layer, interleaved, given)
+            proj = tile_codes(cp, proj, layer, given)
     shared = None
     if ext is not None and ext.shared is not None:
         sw = {n.removeprefix("shared_"): a for n, a in weights.items() if n.startswith("shared_fc")}
         _, shared = upload_projections(cp, sw, ext.shared, device_id, scale_dtype=scale_dtype)
         if tiled:
             with cp.cuda.Device(device_id):
-                shared = tile_codes(cp, shared, ext.shared, interleaved, given)
+                shared = tile_codes(cp, shared, ext.shared, given)
     extras = upload_extras(cp, weights, device_id)
     if expert_slice is not None:
         with cp.cuda.Device(device_id):
