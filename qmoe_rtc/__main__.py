@@ -167,7 +167,27 @@ def cmd_demo(args) -> int:
     return 0 if err < TOL[args.dtype] else 1
 
 
+def shadowed_trees(pythonpath: str, imported: str) -> list[str]:
+    """The ``PYTHONPATH`` entries holding a ``qmoe_rtc`` package other than the one ``imported`` (its
+    directory): ``python -m`` puts the working directory ahead of them, so a tree named there does not run
+    when a ``qmoe_rtc`` sits in the working directory (a tree A/B would time one tree twice)."""
+    import os
+
+    here = os.path.realpath(imported)
+    out = []
+    for entry in filter(None, pythonpath.split(os.pathsep)):
+        pkg = os.path.join(entry, "qmoe_rtc")
+        if os.path.isfile(os.path.join(pkg, "__init__.py")) and os.path.realpath(pkg) != here:
+            out.append(pkg)
+    return out
+
+
 def main(argv=None) -> int:
+    import os
+
+    for pkg in shadowed_trees(os.environ.get("PYTHONPATH", ""), os.path.dirname(os.path.abspath(__file__))):
+        print(f"qmoe_rtc: WARNING: running {os.path.dirname(os.path.abspath(__file__))}, not {pkg} that PYTHONPATH "
+              "names (python -m puts the working directory first; run from that tree's directory)", file=sys.stderr)
     parser = argparse.ArgumentParser(prog="python -m qmoe_rtc", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("info", help="versions, NVRTC and GPU found?")

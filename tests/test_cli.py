@@ -181,3 +181,22 @@ def test_warm_for_a_gpu_too_old_is_one_refusal(tmp_path):
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "sm_80 or newer" in lines[0] and "'sm_75'" in lines[0], r.stderr
     assert not (tmp_path / "c").exists() or not any((tmp_path / "c").rglob("*.cubin"))
+
+
+def test_a_tree_named_on_pythonpath_but_shadowed_is_said(tmp_path):
+    """``PYTHONPATH=oldtree python -m qmoe_rtc ...`` from a directory holding another qmoe_rtc runs that one
+    (python -m puts the working directory first): the CLI says so on stderr, naming both; the tree it runs,
+    or a PYTHONPATH without another tree, draws no warning."""
+    from qmoe_rtc.__main__ import shadowed_trees
+
+    root = REPO
+    old = tmp_path / "old" / "qmoe_rtc"
+    old.mkdir(parents=True)
+    (old / "__init__.py").write_text("")
+    here = str(root / "qmoe_rtc")
+    assert shadowed_trees(os.pathsep.join([str(tmp_path / "old"), str(tmp_path)]), here) == [str(old)]
+    assert shadowed_trees(str(root), here) == [] and shadowed_trees("", here) == []
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "old"))
+    run = subprocess.run([sys.executable, "-m", "qmoe_rtc", "warm", "--help"], cwd=root, env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 0 and f"not {old} that PYTHONPATH names" in run.stderr, run.stderr
