@@ -11,12 +11,12 @@
 // slot is reused.
 //
 // The ring's hand-off (QMOE_WG_RING; 0: kWgStageBarriers decides): 1, a block barrier a chunk (every warp
-// waits for the slowest at every chunk); 2, barriers with phases a stage (core/mbarrier.cuh): a stage's `full` barrier completes when every
-// thread's copies into it landed (cp.async arrives), its `empty` one when every warp's MMAs of its chunk are
-// done, so a warp waits only for the copies it reads and, before refilling a stage, for the warps still
-// reading it: warps drift up to S - 1 - A chunks apart instead of none. Copies (generic proxy) reach the
-// MMAs (async proxy) by the reader's proxy fence after its wait. One main loop a block (the barriers are
-// set up at its start).
+// waits for the slowest at every chunk); 2, barriers with phases a stage (core/mbarrier.cuh): a stage's
+// `full` barrier completes when every thread's copies into it landed (cp.async arrives), its `empty` one
+// when every warp's MMAs of its chunk are done, so a warp waits only for the copies it reads and, before
+// refilling a stage, for the warps still reading it: warps drift up to S - 1 - A chunks apart instead of
+// none. Copies (generic proxy) reach the MMAs (async proxy) by the reader's proxy fence after its wait.
+// One main loop a block (the barriers are set up at its start).
 #pragma once
 
 #include "core/codes.cuh"
@@ -49,9 +49,9 @@ static_assert(kWgInflight == 1 || kWgInflight == 2, "QMOE_WG_INFLIGHT must be 1 
 #define QMOE_WG_RING 0
 #endif
 static_assert(QMOE_WG_RING >= 0 && QMOE_WG_RING <= 2, "QMOE_WG_RING: 0 (by the block), 1 (a block barrier a chunk), 2 (a stage's barriers)");
-// The stage barriers where a block of 4 warpgroups has its SM alone (H200, session 30, one process: mixtral-8x7b
-// 4096 tokens -3.3 %, ort-2048 512 -3.2 %, qwen3-30b-a3b 4096 -1.5 %); with two blocks an SM, whose second
-// block fills the first's waits, they cost 4-15 % (gpt-oss-120b 512, mixtral 64, qwen3 512).
+// The stage barriers where a block of 4 warpgroups has its SM alone (H200, session 30, one process, the peers'
+// layer: mixtral-8x7b 4096 tokens -5.6 %, ort-2048 512 -3.2 %, qwen3-30b-a3b 4096 -1.5 %); with two blocks an
+// SM, whose second block fills the first's waits, they cost 4-15 % (gpt-oss-120b 512, mixtral 64, qwen3 512).
 template <class St>
 inline constexpr bool kWgStageBarriers = QMOE_WG_RING == 2 || (QMOE_WG_RING == 0 && St::kGroups == 4);
 inline constexpr int kWgSmemBudget = 227 * 1024 - 1024 - 4096;  // dynamic bytes for stages (alignment slack, static)
