@@ -20,7 +20,9 @@ A setting is ``name=value[,name=value]`` with knob names or their environment va
 in a grid keeps every setting on the prefill path). Prints per point and setting the engine, the
 median of all samples, the spread of the round medians and the ratio to the first setting, and each
 setting's largest difference from the first setting's output relative to its largest element (0: the
-same output; the bench checks against the float64 reference).
+same output; the bench checks against the float64 reference). ``--power`` adds the GPU's mean watts, median
+SM clock, the share of its polls at the power cap and mJ per call over each setting's turns (NVML; at a point
+the GPU runs at its power limit, time follows energy per call, not cycles).
 """
 
 from __future__ import annotations
@@ -56,8 +58,11 @@ def parse_setting(text: str) -> dict:
     return out
 
 
-def point(timer, shape, T, layers, x, logits, rounds: int, iters: int) -> list[dict]:
-    """Graphs of every setting's layer on the same inputs, timed in turns; one row per setting."""
+def point(timer, shape, T, layers, x, logits, rounds: int, iters: int, meter=None) -> list[dict]:
+    """Graphs of every setting's layer on the same inputs, timed in turns; one row per setting (with a
+    :class:`~qmoe_rtc.bench.power.PowerMeter`, also its watts, SM clock and mJ per call over its turns)."""
+    from contextlib import nullcontext
+
     import cupy as cp
     import numpy as np
 
@@ -78,9 +83,13 @@ def point(timer, shape, T, layers, x, logits, rounds: int, iters: int) -> list[d
     outs = [cp.asnumpy(g.output).astype(np.float32) for g in graphs]
     samples = [[] for _ in graphs]
     per_round = [[] for _ in graphs]
+    turns = [[] for _ in graphs]
     for _ in range(rounds):
         for i, g in enumerate(graphs):
-            s = timer.samples_us(g.replay, iters, 3)
+            with meter.turn() if meter else nullcontext() as t:
+                s = timer.samples_us(g.replay, iters, 3)  # synchronised: the turn's energy is all in
+            if meter:
+                turns[i].append(t)
             samples[i] += s
             per_round[i].append(statistics.median(s))
     base = statistics.median(samples[0])
@@ -92,6 +101,10 @@ def point(timer, shape, T, layers, x, logits, rounds: int, iters: int) -> list[d
                          round_max_us=max(per_round[i]), ratio=med / base,
                          finite=bool(np.isfinite(outs[i]).all()),
                          rel_diff=float(np.max(np.abs(outs[i] - outs[0]))) / scale))
+        if meter:
+            from .power import summarize
+
+            rows[-1].update(summarize(turns[i], med))
     return rows
 
 
@@ -117,6 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(as the peers' benchmark)")
     p.add_argument("--rounds", type=int, default=7, help="rounds of turns (default: 7)")
     p.add_argument("--iters", type=int, default=30, help="samples per setting and round (default: 30)")
+    p.add_argument("--power", action="store_true",
+                   help="also read the GPU's power and SM clock during every turn (NVML): mean watts, median MHz, the "
+                        "share of polls at the power cap, mJ per call (watts x median time); where the GPU runs at its "
+                        "power limit, a change faster per cycle can draw the clock down")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the rows as JSON")
     return p
 
@@ -152,8 +169,14 @@ def main(argv=None) -> int:
     from .run import Timer
 
     timer = Timer(cp)
+    meter = None
+    if a.power:
+        from .power import PowerMeter
+
+        meter = PowerMeter.open(cp.cuda.Device().id)
     rows = []
-    print(f"{'shape':16} {'T':>4} {'setting':44} {'engine':15} | {'median_us':>9} {'rounds':>13} {'ratio':>6} | rel_diff")
+    print(f"{'shape':16} {'T':>4} {'setting':44} {'engine':15} | {'median_us':>9} {'rounds':>13} {'ratio':>6} | rel_diff"
+          + ("  |  watts  SM MHz  capped  mJ/call" if meter else ""))
     for name in a.preset:
         shape = BENCH_SHAPES[name]
         rs = cp.random.RandomState(0)
@@ -168,10 +191,11 @@ def main(argv=None) -> int:
         for T in a.tokens:
             x = rs.standard_normal((T, shape.H), dtype=cp.float32).astype(np_dtype(a.dtype))
             logits = cp.asarray(2 * rs.standard_normal((T, shape.E)), dtype=cp.float32)
-            for r in point(timer, name, T, layers, x, logits, a.rounds, a.iters):
+            for r in point(timer, name, T, layers, x, logits, a.rounds, a.iters, meter):
                 label = ",".join(f"{k}={v}" for k, v in r["setting"].items()) or "base"
                 print(f"{name:16} {T:>4} {label[:44]:44} {r['engine']:15} | {r['median_us']:9.1f} {r['round_min_us']:6.1f}-"
                       f"{r['round_max_us']:<6.1f} {r['ratio']:6.3f} | {r['rel_diff']:.1e}"
+                      + (f"  | {r['watts']:6.0f} {r['sm_mhz']:7.0f} {r['capped']:7.0%} {r['mj_per_call']:8.1f}" if meter else "")
                       + ("" if r["finite"] else "  NOT FINITE (unwritten output?)"), flush=True)
                 rows.append(r)
     if a.json:
