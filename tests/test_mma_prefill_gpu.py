@@ -175,28 +175,40 @@ def eager_and_replay(moe, x, lg, want, label: str):
     return got
 
 
-@pytest.mark.parametrize("bias", [False, True])
-def test_wgmma_fc2_split_k_halves(rng, bias):
-    """The wgmma FC2 with K split over two blocks a tile (each adds its half into a y zeroed by the permute
-    step, the first with the bias) against one block a tile: both meet the reference, every element
-    written, replay equals eager bitwise in each mode, and the split did run (its sums round differently
-    somewhere). 600 rows on 8 experts: few enough tiles that the device splits."""
+def knob_sweep(rng, knob: str, values, *, rows: int, E: int, H: int, I: int, layer: dict, k: int = 2,  # noqa: E741
+               fixed: dict | None = None, check_plan=None) -> dict:
+    """The wgmma prefill engine's output on one random bf16 layer (``random_layer`` with ``layer``) under each of
+    ``values`` of ``knob`` (with the knobs ``fixed``), by value: each eager into a poisoned buffer against the
+    float64 reference, then a replay equal to it bitwise (:func:`eager_and_replay`). ``check_plan(plan)`` asserts
+    on each value's plan. Skips off sm_90."""
     import cupy as cp
 
     from qmoe_rtc.executor import QMoE
 
     if cp.cuda.Device().compute_capability != "90":
         pytest.skip("the wgmma prefill engine needs an sm_90 GPU")
-    rows, E, H, I = 600, 8, 256, 384  # Ip = 384: three chunks of K, halves of one and two
-    w, a = random_layer(rng, E=E, H=H, I=I, k=2, dtype="bfloat16", bits=4, block_size=64, bias=bias,
-                        activation_type="swiglu", swiglu_fusion=1)
+    w, a = random_layer(rng, E=E, H=H, I=I, k=k, dtype="bfloat16", **layer)
     x, lg, _ = random_inputs(rng, rows, H, E, "bfloat16")
     want = reference(x, lg, **w, **a)
     outs = {}
-    for mode in ("on", "off"):
-        with knobs.scope(prefill_engine="wgmma", prefill_fc2_split=mode):
+    for v in values:
+        with knobs.scope(prefill_engine="wgmma", **{knob: v}, **(fixed or {})):
             moe = QMoE(**to_dev(w), **a, decode_max_routes=0)
-            outs[mode] = eager_and_replay(moe, x, lg, want, mode)
+            if check_plan is not None:
+                check_plan(moe.plan(rows, "bfloat16", "float32"))
+            outs[v] = eager_and_replay(moe, x, lg, want, f"{knob}={v}")
+    return outs
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_wgmma_fc2_split_k_halves(rng, bias):
+    """The wgmma FC2 with K split over two blocks a tile (each adds its half into a y zeroed by the permute
+    step, the first with the bias) against one block a tile: both meet the reference, every element
+    written, replay equals eager bitwise in each mode, and the split did run (its sums round differently
+    somewhere). 600 rows on 8 experts: few enough tiles that the device splits; Ip = 384: three chunks of
+    K, halves of one and two."""
+    outs = knob_sweep(rng, "prefill_fc2_split", ("on", "off"), rows=600, E=8, H=256, I=384,
+                      layer=dict(bits=4, block_size=64, bias=bias, activation_type="swiglu", swiglu_fusion=1))
     assert not np.array_equal(outs["on"], outs["off"]), "the split FC2 gave the unsplit sums bit for bit: did it run?"
 
 
@@ -207,23 +219,12 @@ def test_wgmma_tail_tile_widths(rng, rows, E):
     written, replay equals eager bitwise, and all give the same output (a route's sums do not depend on the
     width of the MMA that computes them). 200 / 400 rows on 32 experts: 32- / 64-route tiles on 2 warpgroups,
     tails of every size (16-route MMAs with 3); 2100 on 8: 128-route tiles with tails."""
-    import cupy as cp
 
-    from qmoe_rtc.executor import QMoE
+    def on_wgmma(plan):
+        assert plan.engine == "prefill-wgmma", plan.engine
 
-    if cp.cuda.Device().compute_capability != "90":
-        pytest.skip("the wgmma prefill engine needs an sm_90 GPU")
-    H, I = 256, 256
-    w, a = random_layer(rng, E=E, H=H, I=I, k=2, dtype="bfloat16", bits=4, block_size=64,
-                        activation_type="swiglu", swiglu_fusion=1)
-    x, lg, _ = random_inputs(rng, rows, H, E, "bfloat16")
-    want = reference(x, lg, **w, **a)
-    outs = {}
-    for shrink in (1, 2, 3):
-        with knobs.scope(prefill_engine="wgmma", prefill_wg_shrink=shrink):
-            moe = QMoE(**to_dev(w), **a, decode_max_routes=0)
-            assert moe.plan(rows, "bfloat16", "float32").engine == "prefill-wgmma"
-            outs[shrink] = eager_and_replay(moe, x, lg, want, f"shrink {shrink}")
+    outs = knob_sweep(rng, "prefill_wg_shrink", (1, 2, 3), rows=rows, E=E, H=256, I=256, check_plan=on_wgmma,
+                      layer=dict(bits=4, block_size=64, activation_type="swiglu", swiglu_fusion=1))
     np.testing.assert_array_equal(outs[1], outs[2])
     np.testing.assert_array_equal(outs[1], outs[3])
 
@@ -234,24 +235,13 @@ def test_wgmma_fc1_blocks_an_sm(rng, rows, E):
     grid (0: 200 rows on 32 experts, one round, two blocks; 1200 on 128, nine routes per expert, more than
     four rounds, three) or always (3): each meets the reference with every element written, replay equals
     eager bitwise, and all give the same output."""
-    import cupy as cp
 
-    from qmoe_rtc.executor import QMoE
+    def fc1_at_32_routes(plan):
+        step = next(s for s in plan.steps if s.role == "fc1")
+        assert step.kernel.key == "fc1_br32", step.kernel.key
 
-    if cp.cuda.Device().compute_capability != "90":
-        pytest.skip("the wgmma prefill engine needs an sm_90 GPU")
-    H, I = 256, 1024
-    w, a = random_layer(rng, E=E, H=H, I=I, k=2 if E == 32 else 1, dtype="bfloat16", bits=4, block_size=32,
-                        activation_type="swiglu", swiglu_fusion=1)
-    x, lg, _ = random_inputs(rng, rows, H, E, "bfloat16")
-    want = reference(x, lg, **w, **a)
-    outs = {}
-    for blocks in (0, 2, 3):
-        with knobs.scope(prefill_engine="wgmma", prefill_wg_fc1_blocks=blocks):
-            moe = QMoE(**to_dev(w), **a, decode_max_routes=0)
-            step = next(s for s in moe.plan(rows, "bfloat16", "float32").steps if s.role == "fc1")
-            assert step.kernel.key == "fc1_br32", step.kernel.key
-            outs[blocks] = eager_and_replay(moe, x, lg, want, f"fc1 blocks {blocks}")
+    outs = knob_sweep(rng, "prefill_wg_fc1_blocks", (0, 2, 3), rows=rows, E=E, H=256, I=1024, k=2 if E == 32 else 1,
+                      check_plan=fc1_at_32_routes, layer=dict(bits=4, block_size=32, activation_type="swiglu", swiglu_fusion=1))
     np.testing.assert_array_equal(outs[0], outs[2])
     np.testing.assert_array_equal(outs[0], outs[3])
 
@@ -269,22 +259,9 @@ def test_wgmma_ring_hand_offs_agree(rng, rows, E, kw, stages):
     """The wgmma ring's two hand-offs (a block barrier a chunk; a stage's barriers with phases, warps drifting
     apart): each meets the reference with every element written, replay equals eager bitwise, and both give
     the same output (the same MMAs in the same order)."""
-    import cupy as cp
-
-    from qmoe_rtc.executor import QMoE
-
-    if cp.cuda.Device().compute_capability != "90":
-        pytest.skip("the wgmma prefill engine needs an sm_90 GPU")
-    H, I = 256, 512
-    w, a = random_layer(rng, E=E, H=H, I=I, k=2, dtype="bfloat16", **kw)
-    x, lg, _ = random_inputs(rng, rows, H, E, "bfloat16")
-    want = reference(x, lg, **w, **a)
-    outs = []
-    for ring in (1, 2):
-        with knobs.scope(prefill_engine="wgmma", prefill_wg_ring=ring, prefill_wg_stages=stages):
-            moe = QMoE(**to_dev(w), **a, decode_max_routes=0)
-            outs.append(eager_and_replay(moe, x, lg, want, f"ring {ring}"))
-    np.testing.assert_array_equal(outs[0], outs[1])
+    outs = knob_sweep(rng, "prefill_wg_ring", (1, 2), rows=rows, E=E, H=256, I=512, layer=kw,
+                      fixed=dict(prefill_wg_stages=stages))
+    np.testing.assert_array_equal(outs[1], outs[2])
 
 
 def test_a_plan_loads_only_the_pieces_it_launches(rng):
