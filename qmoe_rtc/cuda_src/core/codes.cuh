@@ -36,6 +36,9 @@ template <int B> struct CodeRows {
       return ((i64)e * N + m) * packed_bytes<B>(K);
     }
   }
+  // Byte offset of chunk c's segment 4c + t from the row's segment t: c·(a chunk's bytes of one row) in both
+  // layouts (4c + t is the segment seg() places, for 0 <= t < 4).
+  static constexpr int kChunkBytes = kTiled ? 128 * B : 16 * B;
   // Byte offset of segment s from the row's segment 0.
   static __device__ __forceinline__ i64 seg(i32 s) {
     if constexpr (kTiled) return (i64)(s >> 2) * (128 * B) + (s & 3) * (4 * B);

@@ -76,6 +76,8 @@ template <typename ScaleT, int BITS, int BLOCK, int ZP> struct QuantParams {
   static_assert(ZP != ZP_FP4 || BITS == 4, "FP4 codes are 4-bit");
   static constexpr int kBits = BITS;
   static constexpr int kBlock = BLOCK;
+  // K is a whole number of 128-code chunks: a block of 128 or more divides K (FP8's last blocks may be partial)
+  static constexpr bool kWholeChunks = BLOCK >= 128 && ZP != ZP_FP8;
   static constexpr int kZp = ZP;
   using Scale = ScaleT;
   static constexpr bool kTiledMeta = kTiledMetaLayout && (ZP == ZP_NONE || ZP == ZP_PACKED || ZP == ZP_FP4);
@@ -98,6 +100,8 @@ template <typename ScaleT, int BITS, int BLOCK, int ZP> struct QuantParams {
 
   // Index of the block holding element k (0 for row-wise).
   static __device__ __forceinline__ i32 block_of(i64 k) { return BLOCK ? (i32)(k / BLOCK) : 0; }
+  // The same for 0 <= k < 2^31 (a shift: no sign fix-up)
+  static __device__ __forceinline__ i32 block_of_u(i32 k) { return BLOCK ? (i32)((u32)k / (u32)(BLOCK ? BLOCK : 1)) : 0; }
 
   // Tile row of row n (core/codes.cuh; epilogue/fc1.cuh Fc1Rows::tile_row for interleaved FC1 rows).
   __device__ __forceinline__ i32 tile_row(i32 n) const {

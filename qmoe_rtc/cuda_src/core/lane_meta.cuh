@@ -78,6 +78,15 @@ template <class QP, bool ZPW> struct LaneMeta {
     }
   }
 
+  // The 16-bit scale of block j0 + h in both halves of a word (T2's splat when ScaleT is T: one byte
+  // permute instead of a float round trip); the word and half decode() reads it from.
+  static __device__ __forceinline__ u32 scale_splat(const QP& qp, const u32* meta, i64 sbase, i32 n, i32 j0, int h) {
+    static_assert(sizeof(ScaleT) == 2, "scale_splat: 16-bit scales");
+    const u32 w = kT ? meta[h * (L::kRec / 4)] : meta[0];
+    const u32 half = kT ? (u32)qp.meta_half(n) : (u32)((sbase + j0 + h) & 1);
+    return __byte_perm(w, 0u, 0x1010u + 0x2222u * half);
+  }
+
   // Scale and zero point of block j0 + h (h < NSB) from the lane's words (`meta`: its word 0).
   static __device__ __forceinline__ ScaleZp decode(const QP& qp, const u32* meta, i64 sbase, i32 e, i32 n, i32 j0,
                                                    int h) {

@@ -21,6 +21,10 @@ typedef unsigned long long u64;
 typedef int i32;
 typedef long long i64;
 
+// kSame<A, B>: whether A and B are one type (NVRTC has no <type_traits>)
+template <typename A, typename B> inline constexpr bool kSame = false;
+template <typename A> inline constexpr bool kSame<A, A> = true;
+
 template <typename T> struct Traits;
 
 template <> struct Traits<float> {

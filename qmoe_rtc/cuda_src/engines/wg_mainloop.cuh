@@ -103,6 +103,11 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
   constexpr bool kScaled = QA::kBlock != 0;
   constexpr int NSB = MetaLayout<typename QA::Scale, QA::kBlock, ZPW>::NSB;
   using D = MmaDeq<T, B, QA::kZp>;
+  // Every lane's codes lie inside K when both rows' scale blocks make K a whole number of chunks: no lane
+  // needs the zero-filled copies and coefficients of the codes past K (the `live` selects, compiled out)
+  constexpr bool kWhole = QA::kWholeChunks && QB::kWholeChunks;
+  // 16-bit scales of the activations' type: a coefficient's scale splat is a byte permute of the staged word
+  constexpr bool kSplat = kScaled && !D::kF32 && kSame<typename QA::Scale, T> && kSame<typename QB::Scale, T>;
   const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3;
   const i32 nch = c1 - c0;
   const u32 s0 = (u32)__cvta_generic_to_shared(smem);
@@ -126,9 +131,11 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
     for (int q = 0; q < NQ; ++q) cp_async(base + xoff + q * kRowStep * 128, src + (xrow[q] + c * 128), 16, true);
     const u32 wbase = base + St::kXBytes + warp * St::kWarpBytes;
     const i32 k0 = c * 128 + 32 * t;
-    const bool live = k0 < K;
-    const i64 off = live ? CodeRows<B>::seg(k0 / 32) : 0;
-    const i32 j = live ? QA::block_of(k0) : 0;
+    const bool live = kWhole || k0 < K;
+    // segment 4c + t: with whole chunks c chunks on from segment t (CodeRows::kChunkBytes; for other K that form took
+    // gpt-oss-120b's FC1 at 32 routes from 80 registers to 82, past its third block); not live: copies nothing
+    const i64 off = kWhole ? (i64)c * CodeRows<B>::kChunkBytes + CodeRows<B>::seg(t) : live ? CodeRows<B>::seg(k0 / 32) : 0;
+    const i32 j = live ? QA::block_of_u(k0) : 0;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const u8* p = (r ? lr.pb[0] : lr.pa[0]) + off;
@@ -146,8 +153,8 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
     const u32 xs = s0 + slot * St::kBytes;
     const u8* wst = smem + slot * St::kBytes + St::kXBytes + warp * St::kWarpBytes;
     const i32 k0 = c * 128 + 32 * t;
-    const bool live = k0 < K;  // lanes past K hold zero-filled codes; their pairs are exact zeros
-    const i32 j0 = live ? QA::block_of(k0) : 0;
+    const bool live = kWhole || k0 < K;  // lanes past K hold zero-filled codes; their pairs are exact zeros
+    const i32 j0 = live ? QA::block_of_u(k0) : 0;
     u32 ra[B], rb[B];
     lds_codes<B>(wst + lane * CB, ra);
     lds_codes<B>(wst + (32 + lane) * CB, rb);
@@ -157,8 +164,14 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
       if constexpr (kScaled) {
         const u32* ma = reinterpret_cast<const u32*>(wst + St::kWarpCodes + LaneMeta<QA, ZPW>::lane_bytes(lane));
         const u32* mb = ma + St::kWords * 32;
-        ca[h] = live ? D::coef(LaneMeta<QA, ZPW>::decode(qa, ma, sba, e, lr.na[0], j0, h)) : D::zero();
-        cb[h] = live ? D::coef(LaneMeta<QB, ZPW>::decode(qb, mb, sbb, e, lr.nb[0], j0, h)) : D::zero();
+        Coef xa = D::coef(LaneMeta<QA, ZPW>::decode(qa, ma, sba, e, lr.na[0], j0, h));
+        Coef xb = D::coef(LaneMeta<QB, ZPW>::decode(qb, mb, sbb, e, lr.nb[0], j0, h));
+        if constexpr (kSplat) {  // splat(to_float(scale))'s value in one byte permute; the float round trip goes unused
+          xa.sc = LaneMeta<QA, ZPW>::scale_splat(qa, ma, sba, lr.na[0], j0, h);
+          xb.sc = LaneMeta<QB, ZPW>::scale_splat(qb, mb, sbb, lr.nb[0], j0, h);
+        }
+        ca[h] = live ? xa : D::zero();
+        cb[h] = live ? xb : D::zero();
       } else {
         ca[h] = live ? lr.rca[0] : D::zero();
         cb[h] = live ? lr.rcb[0] : D::zero();
