@@ -1,0 +1,24 @@
+"""tools/dense_reference.py on the CPU: its routing and FLOP count, and its help (the GPU run is a device step)."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+SPEC = importlib.util.spec_from_file_location("dense_reference", Path(__file__).parents[1] / "tools" / "dense_reference.py")
+dense = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(dense)
+
+
+def test_balanced_routes_and_flops():
+    assert dense.routes_per_expert(4096, 2, 8) == 1024        # mixtral-8x7b at 4096 tokens
+    assert dense.routes_per_expert(1, 8, 128) == 1             # fewer routes than experts: one each
+    # the peers' FLOP floor of mixtral 4096: 6·T·k·H·I = 2.886 TFLOP (3653 µs at 790 TFLOP/s)
+    assert dense.layer_flops(8192, 4096, 14336) == 6 * 8192 * 4096 * 14336
+    assert abs(dense.layer_flops(8192, 4096, 14336) / 790e12 * 1e6 - 3653) < 1
+
+
+def test_help_needs_no_gpu(capsys):
+    with pytest.raises(SystemExit) as e:
+        dense.main(["--help"])
+    assert e.value.code == 0 and "--preset" in capsys.readouterr().out
