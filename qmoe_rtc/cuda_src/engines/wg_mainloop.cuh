@@ -125,6 +125,10 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
 #pragma unroll
   for (int q = 0; q < NQ; ++q) xrow[q] = s_row[r0 + q * kRowStep] + u * 8;
 
+  // with whole chunks, the lane's segment t of its two rows (chunk c's segment 4c + t lies c · CodeRows::kChunkBytes on)
+  const u8* const pa = kWhole ? lr.pa[0] + CodeRows<B>::seg(t) : lr.pa[0];
+  const u8* const pb = kWhole ? lr.pb[0] + CodeRows<B>::seg(t) : lr.pb[0];
+
   auto issue = [&](i32 slot, i32 c) {
     const u32 base = s0 + slot * St::kBytes;
 #pragma unroll
@@ -132,13 +136,13 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
     const u32 wbase = base + St::kXBytes + warp * St::kWarpBytes;
     const i32 k0 = c * 128 + 32 * t;
     const bool live = kWhole || k0 < K;
-    // segment 4c + t: with whole chunks c chunks on from segment t (CodeRows::kChunkBytes; for other K that form took
-    // gpt-oss-120b's FC1 at 32 routes from 80 registers to 82, past its third block); not live: copies nothing
-    const i64 off = kWhole ? (i64)c * CodeRows<B>::kChunkBytes + CodeRows<B>::seg(t) : live ? CodeRows<B>::seg(k0 / 32) : 0;
+    // segment 4c + t (for other K the form of whole chunks took gpt-oss-120b's FC1 at 32 routes from 80 registers
+    // to 82, past its third block); not live: copies nothing
+    const i64 off = kWhole ? (i64)c * CodeRows<B>::kChunkBytes : live ? CodeRows<B>::seg(k0 / 32) : 0;
     const i32 j = live ? QA::block_of_u(k0) : 0;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const u8* p = (r ? lr.pb[0] : lr.pa[0]) + off;
+      const u8* p = (r ? pb : pa) + off;
       const u32 dst = wbase + (r * 32 + lane) * CB;
       cp_async_codes<CB>(dst, p, live);
       if constexpr (kScaled) {
@@ -217,22 +221,30 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
       }
     }
     st.loop_start();
-    for (i32 c = 0; c < nch; ++c) {  // the c-th chunk of the range: chunk c0 + c of K, its (c / S)-th pass of stage c % S
+    // As counters (from c, c % S and c / S took ~7 more instructions a chunk): chunk c's stage c % S and the parity
+    // of its pass, (c / S) & 1; the stage chunk c + A refills, (c + A) % S, and the parity of the pass whose readers
+    // it waits for, ((c + A) / S - 1) & 1; the stage of chunk c - 1.
+    u32 slot = 0, par = 0, nslot = A % S, npar = 1, pslot = S - 1;
+    for (i32 c = 0; c < nch; ++c) {  // the c-th chunk of the range: chunk c0 + c of K
       st.wait_start();
-      mbar_wait(bars + 8 * (c % S), (c / S) & 1);  // every thread's copies of chunk c landed
-      fence_async_shared();                         // ... and are visible to this warp's MMAs
+      mbar_wait(bars + 8 * slot, par);  // every thread's copies of chunk c landed
+      fence_async_shared();             // ... and are visible to this warp's MMAs
       st.wait_end();
-      compute(c % S, c0 + c);
+      compute(slot, c0 + c);
       // compute(c) waited for every MMA of chunk c - 1 (it keeps at most kWgInflight of chunk c in flight):
       // this warp is done with its stage
       __syncwarp();
-      mbar_arrive_if(bars + 8 * (S + (c + S - 1) % S), lane == 0 && c >= 1);
-      const i32 cn = c + A;  // into the stage of chunk cn - S <= c - 1, once every warp released it
-      if (cn < nch) {
-        if (cn >= S) mbar_wait(bars + 8 * (S + cn % S), (cn / S - 1) & 1);
-        issue(cn % S, c0 + cn);
-        cp_async_arrive(bars + 8 * (cn % S));
+      mbar_arrive_if(bars + 8 * (S + pslot), lane == 0 && c >= 1);
+      if (c + A < nch) {  // into the stage of chunk c + A - S <= c - 1, once every warp released it
+        if (c + A >= S) mbar_wait(bars + 8 * (S + nslot), npar);
+        issue(nslot, c0 + c + A);
+        cp_async_arrive(bars + 8 * nslot);
       }
+      pslot = slot;
+      slot = slot + 1 == S ? 0 : slot + 1;
+      par ^= slot == 0 ? 1u : 0u;
+      nslot = nslot + 1 == S ? 0 : nslot + 1;
+      npar ^= nslot == 0 ? 1u : 0u;
     }
   } else {
 #pragma unroll
