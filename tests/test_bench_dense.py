@@ -1,13 +1,8 @@
-"""tools/dense_reference.py on the CPU: its routing and FLOP count, and its help (the GPU run is a device step)."""
-
-import importlib.util
-from pathlib import Path
+"""`bench dense` on the CPU: its routing and FLOP count, and its help (the GPU run is a device step)."""
 
 import pytest
 
-SPEC = importlib.util.spec_from_file_location("dense_reference", Path(__file__).parents[1] / "tools" / "dense_reference.py")
-dense = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(dense)
+from qmoe_rtc.bench import dense
 
 
 def test_balanced_routes_and_flops():
@@ -21,4 +16,5 @@ def test_balanced_routes_and_flops():
 def test_help_needs_no_gpu(capsys):
     with pytest.raises(SystemExit) as e:
         dense.main(["--help"])
-    assert e.value.code == 0 and "--preset" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and "--preset" in out and out.startswith("usage: python -m qmoe_rtc bench dense")

@@ -9,7 +9,7 @@ mean watts (NVML's energy counter over the turn), the median SM clock and the sh
 (qmoe_rtc.bench.power). Where a layer runs at the GPU's power limit this is the bar a quantized engine's time
 stands beside (docs/performance.md, session 32).
 
-    python tools/dense_reference.py --preset mixtral-8x7b --tokens 4096
+    python -m qmoe_rtc bench dense --preset mixtral-8x7b --tokens 4096
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ def layer_flops(routes: int, hidden: int, inter: int) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m qmoe_rtc bench dense", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="mixtral-8x7b")
     p.add_argument("--tokens", type=int, default=4096)
     p.add_argument("--iters", type=int, default=300, help="timed samples a form (median printed)")
@@ -37,8 +38,8 @@ def main(argv=None) -> int:
 
     import torch
 
-    from qmoe_rtc.bench.power import PowerMeter, summarize
-    from qmoe_rtc.presets import PRESETS
+    from ..presets import PRESETS
+    from .power import PowerMeter, summarize
 
     pr = PRESETS[args.preset]
     E, H, I = pr.experts, pr.hidden, pr.inter
