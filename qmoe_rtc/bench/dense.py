@@ -23,11 +23,6 @@ def routes_per_expert(tokens: int, k: int, experts: int) -> int:
     return max(1, tokens * k // experts)
 
 
-def layer_flops(routes: int, hidden: int, inter: int) -> int:
-    """The expert GEMMs' FLOPs over ``routes`` (T·k) routes: 2·routes·H·2I (FC1 with its gate) + 2·routes·I·H (FC2)."""
-    return 6 * routes * hidden * inter
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m qmoe_rtc bench dense", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -40,13 +35,15 @@ def main(argv=None) -> int:
 
     from ..presets import PRESETS
     from .power import PowerMeter, summarize
+    from .report import flop_count
+    from .run import FLUSH_BYTES
 
     pr = PRESETS[args.preset]
     E, H, I = pr.experts, pr.hidden, pr.inter
     R = routes_per_expert(args.tokens, pr.k, E)
     torch.manual_seed(0)
     dev = torch.device("cuda")
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
+    flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=dev)  # the benches' L2 flush, 256 MiB
     w1 = torch.randn(E, H, 2 * I, device=dev, dtype=torch.bfloat16) * 0.02  # [E, H, 2I]
     w2 = torch.randn(E, I, H, device=dev, dtype=torch.bfloat16) * 0.02      # [E, I, H]
     x = torch.randn(E, R, H, device=dev, dtype=torch.bfloat16)              # [E, R, H]
@@ -62,7 +59,7 @@ def main(argv=None) -> int:
         return (torch.nn.functional.silu(h[:, :I]) * h[:, I:]) @ w2[0]
 
     meter = PowerMeter.open(torch.cuda.current_device())
-    flops = layer_flops(E * R, H, I)
+    flops = flop_count(E * R, 1, H, I)  # E·R routes
     print(f"{args.preset}: T {args.tokens}, {E} experts x {R} routes, H {H}, I {I}: {flops / 1e12:.3f} TFLOP")
     for name, fn in (("bmm", batched), ("whole", whole)):
         for _ in range(3):
