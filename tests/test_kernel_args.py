@@ -148,6 +148,8 @@ def declared_kernels(root: Path = CUDA_SRC) -> dict[str, list[tuple[str, str]]]:
         text = re.sub(r"//[^\n]*", "", path.read_text())
         for m in re.finditer(r"__global__\s+void\b", text):
             j = m.end()
+            if cl := re.match(r"\s*__cluster_dims__\s*\(", text[j:]):
+                j = _closing(text, j + cl.end())
             if lb := re.match(r"\s*__launch_bounds__\s*\(", text[j:]):
                 j = _closing(text, j + lb.end())
             head = re.match(r"\s*(\w+)\s*\(", text[j:])

@@ -297,3 +297,29 @@ def test_a_plan_loads_only_the_pieces_it_launches(rng):
             else:
                 assert module is first and gemms == ["fc1_br128", "fc1_br64", "fc2_br128", "fc2_br64"]
             eager_and_replay(moe, x, lg, reference(x, lg, **w, **a), f"{rows} rows")
+
+
+# (rows, E, I, random_layer kwargs): 128-route tiles on 4 warpgroups with tails of every width; I = 2176: 17 FC1
+# weight tiles (the pair's second block of the last is past the outputs), H = 256: one FC2 weight tile (likewise)
+PAIRS = [(2100, 8, 2176, dict(bits=4, block_size=128, activation_type="swiglu", swiglu_fusion=1)),
+         (1000, 8, 512, dict(bits=8, block_size=64, zero_points=True, activation_type="gelu", bias=True)),
+         (3000, 8, 384, dict(bits=4, block_size=16, zero_points=True, activation_type="silu", fc3=True)),
+         (1500, 4, 256, dict(bits=(2, 8, 2), block_size=32, activation_type="swiglu", fc3=True, swiglu_fusion=0)),
+         (1000, 8, 640, dict(bits=3, block_size=0, activation_type="relu"))]
+
+
+@pytest.mark.parametrize("rows, E, I, kw", PAIRS, ids=[f"{r}-{e}-{i}" for r, e, i, _ in PAIRS])
+def test_wgmma_pairs_agree_with_single_blocks(rng, rows, E, I, kw):  # noqa: E741
+    """128-route tiles as pairs of blocks in a cluster (QMOE_RTC_PREFILL_WG_PAIRS=on: the route tile copied once
+    for both from a route-tile image, FC1 writing one) and as single blocks: each meets the reference with every
+    element written, replay equals eager bitwise, and both give the same output (the same MMAs in the same
+    order; FC2 unsplit in both)."""
+
+    def paired(plan):  # (called inside the value's knob scope)
+        keys = [s.kernel.key for s in plan.steps if s.family == "wgmma_prefill"]
+        want = knobs.get("prefill_wg_pairs") == "on"
+        assert ("fc1_br128_pair" in keys and "fc2_br128_pair" in keys and "permute_image" in keys) == want, keys
+
+    outs = knob_sweep(rng, "prefill_wg_pairs", ("on", "off"), rows=rows, E=E, H=256, I=I, layer=kw,
+                      fixed=dict(prefill_fc2_split="off"), check_plan=paired)
+    np.testing.assert_array_equal(outs["on"], outs["off"])

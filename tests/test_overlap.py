@@ -16,14 +16,15 @@ from qmoe_rtc.kernels import PIPELINES, Problem, get_family
 from qmoe_rtc.runtime.plan import BoundLaunches, overlap_allowed
 
 SRC = Path(__file__).resolve().parents[1] / "qmoe_rtc" / "cuda_src"
-# (family, role) -> (template file, kernel function) of every launch that declares overlap
+# (family, role) -> (template file, kernel function, or the body both forms of a kernel run) of every launch that
+# declares overlap
 OVERLAPPED = {("route", "route"): ("routing/route.cuh", "route_topk"),
               ("mma_decode", "fc1"): ("engines/mma_decode.cuh", "fc1_mma"),
               ("mma_decode", "fc2"): ("engines/mma_decode.cuh", "fc2_mma_combine"),
               ("wgmma_prefill", "group"): ("routing/group.cuh", "group_by_expert"),
               ("wgmma_prefill", "permute"): ("engines/wgmma_prefill.cuh", "wg_prepare"),
-              ("wgmma_prefill", "fc1"): ("engines/wgmma_prefill.cuh", "fc1_wgmma"),
-              ("wgmma_prefill", "fc2"): ("engines/wgmma_prefill.cuh", "fc2_wgmma"),
+              ("wgmma_prefill", "fc1"): ("engines/wgmma_prefill.cuh", "fc1_body"),
+              ("wgmma_prefill", "fc2"): ("engines/wgmma_prefill.cuh", "fc2_body"),
               ("wgmma_prefill", "combine"): ("epilogue/combine.cuh", "combine_routes")}
 
 
@@ -51,15 +52,16 @@ def test_only_launches_whose_kernels_wait_declare_overlap(cfg, rows):
 
 
 def _body(text: str, fn: str) -> str:
-    """The source of ``__global__`` function ``fn``: from its name to the next kernel (or the end)."""
-    start = re.search(rf"__global__[^{{;]*?\b{fn}\(", text)
+    """The source of ``__global__`` (or ``__device__``) function ``fn``: from its name to the next function (or the end)."""
+    start = re.search(rf"__(global|device)__[^{{;]*?\b{fn}\(", text)
     assert start, fn
     rest = text[start.end():]
-    nxt = re.search(r"__global__", rest)
+    nxt = re.search(r"__global__|__device__", rest)
     return rest[: nxt.start()] if nxt else rest
 
 
-@pytest.mark.parametrize("where", sorted([*OVERLAPPED.values(), ("routing/route_warp.cuh", "route_topk_warp")]))
+@pytest.mark.parametrize("where", sorted([*OVERLAPPED.values(), ("routing/route_warp.cuh", "route_topk_warp"),
+                                           ("engines/wgmma_prefill.cuh", "wg_prepare_image")]))
 def test_overlapped_kernels_wait_before_reading_earlier_outputs(where):
     path, fn = where
     body = _body((SRC / path).read_text(), fn)
@@ -69,7 +71,8 @@ def test_overlapped_kernels_wait_before_reading_earlier_outputs(where):
     # main loop; its tile lookup before the wait reads only what was complete when FC1's wait returned), y (combine)
     first_read = {"route_topk": r"l\[e\]", "route_topk_warp": r"l\[e\]", "fc1_mma": r"ids\[blockIdx\.y\]",
                   "fc2_mma_combine": r"collect_routes\(", "group_by_expert": r"topk_ids\[",
-                  "wg_prepare": r"build_tile_table\(", "fc1_wgmma": r"pf_tile_table<", "fc2_wgmma": r"wg_tile<",
+                  "wg_prepare": r"build_tile_table\(", "wg_prepare_image": r"build_tile_table\(", "fc1_body": r"pf_tile_table<",
+                  "fc2_body": r"wg_tile<",
                   "combine_routes": r"ids\[r\]"}[fn]
     assert wait < re.search(first_read, body).start(), fn
     if "pdl_release();" in body:  # release only after the wait: the next kernel may then read our inputs

@@ -158,8 +158,9 @@ def test_wgmma_narrow_tiles_and_their_blocks_per_sm():
         """(route tile, blocks an SM holds by shared memory, blocks launched)"""
         spec, p = fam.spec(cfg), dataclasses.replace(_problem(cfg, rows), sms=132)
         launch = fam.launch(spec, role, p)
-        assert launch.shared_mem >= ring_bytes(spec, role, int(fam.kernel_for(spec, role, p)[6:]))
-        return int(fam.kernel_for(spec, role, p)[6:]), SM_SMEM // (launch.shared_mem + 2048), launch.grid[0]
+        br = int(fam.kernel_for(spec, role, p)[6:].removesuffix("_pair"))
+        assert launch.shared_mem >= ring_bytes(spec, role, br)
+        return br, SM_SMEM // (launch.shared_mem + 2048), launch.grid[0]
 
     assert blocks(gpt_oss, 32 * NARROW_ROUTES, "fc1")[0] == 32 and blocks(gpt_oss, 32 * NARROW_ROUTES + 32, "fc1")[0] == 64
     br, fit, grid = blocks(gpt_oss, 512, "fc1")  # 16 routes per expert: 192 route tiles × 45 weight tiles
@@ -189,7 +190,7 @@ def test_wgmma_fc2_k_split_launch():
     def fc2(rows, sms=132):
         p = dataclasses.replace(_problem(mixtral, rows), sms=sms)
         launch, permute = fam.launch(spec, "fc2", p), fam.launch(spec, "permute", p)
-        return launch.grid[0], dict(launch.args)["KS"], dict(permute.args)["y_zero"]
+        return launch.grid[0], dict(launch.args)["KS"], dict(permute.args).get("y_zero", 0)  # (pairs: no y_zero)
 
     # 512 rows: (1024 / 128 + 8) route tiles (groups of 8) × 4096 / 256 weight tiles = 256 ≤ 2 × 132
     assert fc2(512) == (2 * 256, 2, 1024 * 4096)
@@ -206,6 +207,60 @@ def test_wgmma_fc2_k_split_launch():
         assert dict(fam.launch(fam.spec(short), "fc2", _problem(short, 512)).args)["KS"] == 1
     with knobs.scope(prefill_fc2_split="maybe"), pytest.raises(QMoEAttributeError, match="QMOE_RTC_PREFILL_FC2_SPLIT"):
         fc2(512)
+
+
+def test_wgmma_pairs_by_call():
+    """128-route tiles of 4 warpgroups run as pairs of blocks in a cluster ('auto') from PAIR_MIN_FC1_TILES FC1 weight
+    tiles a route tile where FC2 would not split K: mixtral-8x7b at 4096 tokens (112 tiles) and 1024, not at 512 (FC2
+    splits) nor qwen3-30b-a3b at 4096 (6 tiles) nor gpt-oss-120b at 512 (32-route tiles). A paired call gathers x into a
+    route-tile image (permute_image, one block per GATHER_ROWS sorted rows), launches an even number of weight tiles,
+    FC2 never splits, and FC1's output and FC2's input are images of Rp rows; the knob forces either way where the
+    module has pairs; a bad value is refused."""
+    from qmoe_rtc import knobs
+    from qmoe_rtc.errors import QMoEAttributeError
+    from qmoe_rtc.kernels.wgmma_geometry import GATHER_ROWS, PAIR_MIN_FC1_TILES, image_rows, padded, pair_kernels
+
+    fam = get_family("wgmma_prefill")
+    lay = CONFIGS[0].layout
+    mixtral = ModelConfig(hidden=4096, inter=14336, experts=8, k=2, layout=lay)
+    qwen3 = CONFIGS[0]
+    gpt_oss = ModelConfig(hidden=2880, inter=2880, experts=128, k=4, layout=dataclasses.replace(lay, block_size=32))
+    odd = ModelConfig(hidden=4096, inter=2176, experts=8, k=2, layout=lay)  # 17 FC1 weight tiles
+
+    def kernels(cfg, rows):
+        spec, p = fam.spec(cfg), dataclasses.replace(_problem(cfg, rows), sms=132)
+        return [fam.kernel_for(spec, role, p) for role in ("permute", "fc1", "fc2")]
+
+    assert kernels(mixtral, 4096) == ["permute_image", "fc1_br128_pair", "fc2_br128_pair"]
+    assert kernels(mixtral, 1024) == ["permute_image", "fc1_br128_pair", "fc2_br128_pair"]
+    assert kernels(mixtral, 512) == ["permute", "fc1_br128", "fc2_br128"]  # FC2 splits K
+    assert kernels(qwen3, 4096) == ["permute", "fc1_br128", "fc2_br128"]  # 768 / 128 = 6 < PAIR_MIN_FC1_TILES
+    assert kernels(gpt_oss, 512) == ["permute", "fc1_br32", "fc2_br32"]
+    assert kernels(gpt_oss, 4096)[1] == "fc1_br128_pair" and PAIR_MIN_FC1_TILES <= 23
+
+    spec, p = fam.spec(odd), dataclasses.replace(_problem(odd, 4096), sms=132)
+    assert pair_kernels(spec) and fam.pairs(spec, p)
+    permute, fc1, fc2 = (fam.launch(spec, role, p) for role in ("permute", "fc1", "fc2"))
+    rp = image_rows(spec, p)
+    assert rp == p.routes + 128 and dict(permute.args)["Rp"] == dict(fc1.args)["Rp"] == dict(fc2.args)["Rp"] == rp
+    assert permute.grid[0] == -(-p.routes // GATHER_ROWS) and "y_zero" not in dict(permute.args)
+    assert dict(fc1.args)["NT"] == 18 and fc1.grid[0] % 2 == 0  # 17 FC1 weight tiles, rounded up to pairs
+    assert dict(fc2.args)["NT"] == 16 and dict(fc2.args)["KS"] == 1 and fc2.grid[0] % 2 == 0
+    scratch = {**fam.scratch(spec, "permute", p), **fam.scratch(spec, "fc1", p)}
+    assert scratch["xs"].nbytes == rp * padded(4096) * 2 and scratch["act_sorted"].nbytes == rp * padded(2176) * 2
+    assert "xp" not in scratch
+
+    with knobs.scope(prefill_wg_pairs="off"):
+        assert kernels(mixtral, 4096) == ["permute", "fc1_br128", "fc2_br128"]
+    with knobs.scope(prefill_wg_pairs="on"):
+        assert kernels(qwen3, 4096)[1:] == ["fc1_br128_pair", "fc2_br128_pair"]
+        assert kernels(mixtral, 512)[1:] == ["fc1_br128_pair", "fc2_br128_pair"]
+        assert dict(fam.launch(fam.spec(mixtral), "fc2", dataclasses.replace(_problem(mixtral, 512), sms=132)).args)["KS"] == 1
+        assert kernels(gpt_oss, 512)[1] == "fc1_br32"  # no pair form of 32-route tiles
+    with knobs.scope(prefill_wg_groups=2):  # 128-route tiles on 2 warpgroups: no pair forms
+        assert not pair_kernels(fam.spec(mixtral)) and "_pair" not in kernels(mixtral, 4096)[1]
+    with knobs.scope(prefill_wg_pairs="maybe"), pytest.raises(QMoEAttributeError, match="QMOE_RTC_PREFILL_WG_PAIRS"):
+        kernels(mixtral, 4096)
 
 
 def test_wgmma_warpgroups_by_route_tile_and_layout():

@@ -88,12 +88,12 @@ def test_ws_modules_compile_with_matching_signatures(cache, layout, hidden, inte
 
 def test_gather_rows_mirror_the_device_constant():
     """The gather's grid (GATHER_ROWS sorted rows per block) covers every route only while it says what
-    the kernel writes per block (kGatherRows in engines/wgmma_ws.cuh)."""
+    the kernel writes per block (kGatherRows in engines/wg_image.cuh)."""
     import re
 
     from qmoe_rtc.jit.compiler import cuda_src_dir
 
-    text = (cuda_src_dir() / "engines" / "wgmma_ws.cuh").read_text()
+    text = (cuda_src_dir() / "engines" / "wg_image.cuh").read_text()
     assert [int(v) for v in re.findall(r"kGatherRows = (\d+);", text)] == [GATHER_ROWS]
 
 

@@ -165,9 +165,25 @@ def spec_tiles(spec: ModuleSpec) -> tuple[int, ...]:
 
 
 def image_rows(spec: ModuleSpec, problem: Problem) -> int:
-    """Rp, the rows of the ``ws`` variant's route-tile images: the routes plus the largest route tile (a
-    tile's copy reads BR rows from its first one)."""
+    """Rp, the rows of the route-tile images (the ``ws`` variant's, and the ``tiles`` variant's pairs): the routes
+    plus the largest route tile (a tile's copy reads BR rows from its first one)."""
     return problem.routes + max(spec_tiles(spec))
+
+
+#: The ``tiles`` variant's route tile whose GEMMs also run as pairs of blocks in a cluster (``fc1_br128_pair``,
+#: ``fc2_br128_pair``: cuda_src/engines/wg_mainloop.cuh), where its blocks have 4 warpgroups, from PAIR_MIN_FC1_TILES
+#: FC1 weight tiles a route tile. Measured on the H200 (session 33, the peers' script, 4096 tokens, against single
+#: blocks): mixtral-8x7b (112 FC1 weight tiles) -6.7 %, gpt-oss-120b (23) -0.3 %, ort-2048 (16) -0.4 %,
+#: qwen3-30b-a3b (6, top-8: its route-tile image costs 8 rows a token) +6 %; where FC2 splits K in two (mixtral-8x7b
+#: 512 tokens), pairs, which do not split, +2.8 %.
+PAIR_ROUTES = 128
+PAIR_MIN_FC1_TILES = 16
+
+
+def pair_kernels(spec: ModuleSpec) -> bool:
+    """Whether the spec's module has the pair forms of its PAIR_ROUTES GEMMs (``tiles`` variant, 4 warpgroups)."""
+    return variant_of(spec) == "tiles" and PAIR_ROUTES in spec_tiles(spec) and \
+        groups_of(spec, "fc1", PAIR_ROUTES) == groups_of(spec, "fc2", PAIR_ROUTES) == 4
 
 
 def tile_routes(routes: int, E: int, groups: int | None = None, have: tuple[int, ...] = ()) -> int:

@@ -69,6 +69,8 @@ from .wgmma_geometry import (
     GATHER_ROWS,
     INFLIGHT,
     MAX_STAGES,
+    PAIR_MIN_FC1_TILES,
+    PAIR_ROUTES,
     RING,
     SHRINK,
     VARIANTS,
@@ -78,6 +80,7 @@ from .wgmma_geometry import (
     image_rows,
     launch_smem,
     padded,
+    pair_kernels,
     resident,
     spec_tiles,
     tile_routes,
@@ -203,23 +206,32 @@ class WgmmaPrefillFamily(KernelFamily):
                               Ptr("xp", dt), Ptr("y", "float32"), Scalar("y_zero", "int64"), ROUTE_GROUPS_ARG,
                               Scalar("E", "int32"), Scalar("BR", "int32"), Scalar("slots", "int32"),
                               Ptr("tile_info", "int32"), Ptr("tile_rows", "int32"))))
-        for br in spec_tiles(spec):
+        pair = pair_kernels(spec)
+        if pair:  # the pairs' input: x's route-tile image xs [Hp / 64, Rp, 64] (engines/wg_image.cuh), and the tile table
+            out.append(KernelDef("permute_image", f"qmoe::wg_prepare_image<{CPP_TYPES[dt]}, {t['B1']}>",
+                                 (Ptr("x", dt), Scalar("H", "int32"), Scalar("Hp", "int32"), Scalar("Rp", "int32"),
+                                  Ptr("xs", dt), ROUTE_GROUPS_ARG, Scalar("E", "int32"), Scalar("k", "int32"),
+                                  Scalar("BR", "int32"), Scalar("slots", "int32"), Ptr("tile_info", "int32"),
+                                  Ptr("tile_rows", "int32"))))
+        # (br, suffix, kernel, FC1's input): each route tile's GEMMs, and PAIR_ROUTES's pair forms (Rp: their images' rows)
+        forms = [(br, "", "", "xp") for br in spec_tiles(spec)] + ([(PAIR_ROUTES, "_pair", "_pair", "xs")] if pair else [])
+        for br, suffix, kernel, src in forms:
             out.append(KernelDef(
-                f"fc1_br{br}",
-                f"qmoe::fc1_wgmma<{t['GATE']}, {t['T']}, {t['S']}, {t['B1']}, {t['B2']}, {t['Z1']}, {t['Z3']}, "
+                f"fc1_br{br}{suffix}",
+                f"qmoe::fc1_wgmma{kernel}<{t['GATE']}, {t['T']}, {t['S']}, {t['B1']}, {t['B2']}, {t['Z1']}, {t['Z3']}, "
                 f"{t['BLOCK']}, {t['ACT']}, {br}>",
-                (Ptr("xp", dt), ROUTE_GROUPS_ARG, Ptr("tile_info", "int32"), Ptr("tile_rows", "int32"),
-                 Scalar("E", "int32"), Scalar("k", "int32"), Scalar("H", "int32"),
-                 Scalar("Hp", "int32"), Scalar("I", "int32"), Scalar("Ip", "int32"), Scalar("NT", "int32"),
-                 Scalar("G", "int32"), fc1_weights(sdt), ACT_PARAMS_ARG, Ptr("act_sorted", dt)),
+                (Ptr(src, dt), ROUTE_GROUPS_ARG, Ptr("tile_info", "int32"), Ptr("tile_rows", "int32"),
+                 Scalar("E", "int32"), Scalar("k", "int32"), Scalar("H", "int32"), Scalar("Hp", "int32"), Scalar("I", "int32"),
+                 Scalar("Ip", "int32"), Scalar("Rp", "int32"), Scalar("NT", "int32"), Scalar("G", "int32"), fc1_weights(sdt),
+                 ACT_PARAMS_ARG, Ptr("act_sorted", dt)),
             ))
             out.append(KernelDef(
-                f"fc2_br{br}",
-                f"qmoe::fc2_wgmma<{t['T']}, {t['S']}, {t['B2']}, {t['Z2']}, {t['BLOCK']}, {br}>",
+                f"fc2_br{br}{suffix}",
+                f"qmoe::fc2_wgmma{kernel}<{t['T']}, {t['S']}, {t['B2']}, {t['Z2']}, {t['BLOCK']}, {br}>",
                 (Ptr("act_sorted", dt), ROUTE_GROUPS_ARG, Ptr("tile_info", "int32"), Ptr("tile_rows", "int32"),
-                 Scalar("E", "int32"), Scalar("H", "int32"), Scalar("I", "int32"),
-                 Scalar("Ip", "int32"), Scalar("NT", "int32"), Scalar("G", "int32"), Scalar("KS", "int32"),
-                 Scalar("SMS", "int32"), fc2_weights(sdt), Ptr("y", "float32")),
+                 Scalar("E", "int32"), Scalar("H", "int32"), Scalar("I", "int32"), Scalar("Ip", "int32"), Scalar("Rp", "int32"),
+                 Scalar("NT", "int32"), Scalar("G", "int32"), Scalar("KS", "int32"), Scalar("SMS", "int32"),
+                 fc2_weights(sdt), Ptr("y", "float32")),
             ))
         return tuple(out)
 
@@ -252,7 +264,28 @@ class WgmmaPrefillFamily(KernelFamily):
             ))
         return tuple(out)
 
+    def pairs(self, spec: ModuleSpec, problem: Problem) -> bool:
+        """Whether the call's GEMMs run as pairs of blocks in a cluster (``fc1_br128_pair`` / ``fc2_br128_pair``): the
+        two blocks of a pair compute consecutive weight tiles of one route tile and copy it once for both, each half
+        of a chunk into both blocks' shared memory (cuda_src/engines/wg_mainloop.cuh), from route-tile images (x's
+        gathered by ``permute_image``, FC1's output written as one). Only where the module has them (:func:`pair_kernels`)
+        and the call's route tile is PAIR_ROUTES; knob ``prefill_wg_pairs``: 'on' / 'off' force them there / never,
+        'auto' (the default) from PAIR_MIN_FC1_TILES FC1 weight tiles a route tile and where FC2 would not split K
+        (the measurements: kernels/wgmma_geometry.py)."""
+        mode = knobs.get("prefill_wg_pairs")
+        if mode not in ("auto", "on", "off"):
+            raise QMoEAttributeError("QMOE_RTC_PREFILL_WG_PAIRS", "one of ['auto', 'on', 'off']", repr(mode))
+        br = tile_routes(problem.routes, problem.experts, have=spec_tiles(spec))
+        if mode == "off" or not pair_kernels(spec) or br != PAIR_ROUTES:
+            return False
+        nt1 = weight_tiles(spec, "fc1", padded(problem.I), 4 * groups_of(spec, "fc1", PAIR_ROUTES))
+        return mode == "on" or (nt1 >= PAIR_MIN_FC1_TILES and self._k_split(spec, problem) == 1)
+
     def fc2_k_split(self, spec: ModuleSpec, problem: Problem) -> int:
+        """KS, the blocks the ``tiles`` variant's FC2 launches a tile: 1 for pairs (:meth:`pairs`), else :meth:`_k_split`."""
+        return 1 if self.pairs(spec, problem) else self._k_split(spec, problem)
+
+    def _k_split(self, spec: ModuleSpec, problem: Problem) -> int:
         """KS, the blocks the ``tiles`` variant's FC2 launches a tile: 2 (its halves of K, when the device
         finds they fill the last round better: fc2_splits) where FC2 has at most FC2_SPLIT_ROUNDS rounds of
         tiles (the host's bound) and FC2_SPLIT_CHUNKS chunks of K or more, else 1. Knob
@@ -271,9 +304,10 @@ class WgmmaPrefillFamily(KernelFamily):
         return 2 if mode == "on" or few else 1
 
     def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem) -> str:
+        pair = role in ("permute", "fc1", "fc2") and self.pairs(spec, problem)
         if role in ("fc1", "fc2"):
-            return f"{role}_br{tile_routes(problem.routes, problem.experts, have=spec_tiles(spec))}"
-        return role
+            return f"{role}_br{tile_routes(problem.routes, problem.experts, have=spec_tiles(spec))}" + ("_pair" if pair else "")
+        return "permute_image" if pair else role
 
     def launch(self, spec: ModuleSpec, role: str, problem: Problem) -> Launch:
         br = tile_routes(problem.routes, problem.experts, have=spec_tiles(spec))
@@ -285,6 +319,11 @@ class WgmmaPrefillFamily(KernelFamily):
             # are a prefix the kernel reads from the grouping)
             return Launch((max(1, -(-problem.routes // GATHER_ROWS)), 1, 1), (256, 1, 1), 0,
                           (("Hp", Hp), ("Rp", image_rows(spec, problem))))
+        pair = not ws and self.pairs(spec, problem)
+        if role == "permute" and pair:  # one block per GATHER_ROWS sorted rows (the tile table grid-strided)
+            return Launch((max(1, -(-problem.routes // GATHER_ROWS)), 1, 1), (256, 1, 1), 0,
+                          (("Hp", Hp), ("Rp", image_rows(spec, problem)), ("BR", br), ("slots", tile_slots(problem, br))),
+                          overlap=overlapped(spec))
         if role == "permute":  # also zeroes y when FC2 may add its halves of K into it, and writes the tile table
             y_zero = problem.routes * problem.H if self.fc2_k_split(spec, problem) == 2 else 0
             return Launch((max(1, (problem.rows * Hp // 8 + 255) // 256), 1, 1), (256, 1, 1), 0,
@@ -294,13 +333,18 @@ class WgmmaPrefillFamily(KernelFamily):
         m16 = 4 * wgs * (spec["mw"] if ws else 1)  # m16 weight tiles per block
         # FC1 covers Ip: its padding columns are written as zeros (FC2 reads them)
         nt = weight_tiles(spec, role, Ip if role == "fc1" else problem.H, m16)
+        if pair:  # a pair's blocks take weight tiles 2j, 2j + 1: where NT is odd, the last one past the outputs (its rows
+            nt += nt % 2  # clamped, nothing stored)
         smem = launch_smem(spec, role, br, tile_slots(problem, br) * nt, problem.sm_count)
+        rp = image_rows(spec, problem) if pair else 0  # the pairs' images' rows (else unused)
         if not ws and role == "fc2":  # KS blocks a tile: its halves of K (fc2_splits decides on the device)
             ks, slots = self.fc2_k_split(spec, problem), problem.sm_count * resident(spec, role, br)
-            launch = tiled_launch(problem, br, nt, 128 * wgs, smem, (("Hp", Hp), ("Ip", Ip), ("KS", ks), ("SMS", slots)))
+            launch = tiled_launch(problem, br, nt, 128 * wgs, smem,
+                                  (("Hp", Hp), ("Ip", Ip), ("Rp", rp), ("KS", ks), ("SMS", slots)))
             return replace(launch, grid=(launch.grid[0] * ks, 1, 1), overlap=overlapped(spec))
         if not ws:
-            return replace(tiled_launch(problem, br, nt, 128 * wgs, smem, (("Hp", Hp), ("Ip", Ip))), overlap=overlapped(spec))
+            launch = tiled_launch(problem, br, nt, 128 * wgs, smem, (("Hp", Hp), ("Ip", Ip), ("Rp", rp)))
+            return replace(launch, overlap=overlapped(spec))
         # persistent: one block per SM walks the tiles (at most as many blocks as tiles)
         launch = tiled_launch(problem, br, nt, 128 * (wgs + 1), smem,
                               (("Hp", Hp), ("Ip", Ip), ("Rp", image_rows(spec, problem))))
@@ -311,12 +355,15 @@ class WgmmaPrefillFamily(KernelFamily):
         ws = variant_of(spec) == "ws"
         if role == "permute" and ws:
             return {"xs": Slot(image_rows(spec, problem) * padded(problem.H) * item)}  # [Hp / 64, Rp, 64]
-        if role == "permute":  # xp [rows, Hp]; y [R, H] f32 when it zeroes it for FC2; the tile table (wg_tiles.cuh)
-            br = tile_routes(problem.routes, problem.experts, have=spec_tiles(spec))
+        pair = not ws and role in ("permute", "fc1") and self.pairs(spec, problem)
+        if role == "permute":  # the tile table (wg_tiles.cuh); xp [rows, Hp] and y [R, H] f32 (zeroed for a split FC2),
+            br = tile_routes(problem.routes, problem.experts, have=spec_tiles(spec))  # or for pairs xs [Hp / 64, Rp, 64]
             slots = tile_slots(problem, br)
-            return {"xp": Slot(problem.rows * padded(problem.H) * item), **grouped_scratch("fc2", problem, item),
-                    "tile_info": Slot(16 * slots), "tile_rows": Slot(4 * slots * br)}  # [slots] int4, [slots, BR] i32
-        if role == "fc1" and ws:
+            table = {"tile_info": Slot(16 * slots), "tile_rows": Slot(4 * slots * br)}  # [slots] int4, [slots, BR] i32
+            if pair:
+                return {"xs": Slot(image_rows(spec, problem) * padded(problem.H) * item), **table}
+            return {"xp": Slot(problem.rows * padded(problem.H) * item), **grouped_scratch("fc2", problem, item), **table}
+        if role == "fc1" and (ws or pair):
             return {"act_sorted": Slot(image_rows(spec, problem) * padded(problem.I) * item)}  # [Ip / 64, Rp, 64]
         if role == "fc1":
             return {"act_sorted": Slot(problem.routes * padded(problem.I) * item)}  # [R, Ip]

@@ -54,6 +54,13 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(u32 bar, u32 bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
 }
 
+// mbar_arrive_expect_tx when `pred` holds, without a branch (as mbar_arrive_if).
+__device__ __forceinline__ void mbar_arrive_expect_tx_if(u32 bar, u32 bytes, bool pred) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\n@p mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n}\n" ::"r"(bar),
+               "r"(bytes), "r"((u32)pred)
+               : "memory");
+}
+
 // One bulk copy (the TMA unit's 1D mode) of `bytes` (a multiple of 16; both addresses 16-byte aligned)
 // from global memory to shared memory; its bytes count down the transfer count of `bar`.
 __device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {

@@ -12,17 +12,20 @@
 namespace qmoe {
 
 // Tile `idx` of the grid: weight tile nt, and the route tile it returns, G·group + rem % G. Consecutive
-// indices take G route tiles of one weight tile, then the next weight tile (L2 reuse).
+// indices take G route tiles of one weight tile, then the next weight tile (L2 reuse). CL > 1 (clusters of CL
+// blocks, NT a multiple of CL): CL consecutive indices take CL consecutive weight tiles of one route tile, and
+// consecutive clusters G route tiles of those weight tiles, then the next CL.
+template <int CL = 1>
 __device__ __forceinline__ i32 grid_tile(i32 idx, i32 NT, i32 G, i32& nt) {
-  const i32 per = G * NT, grp = idx / per, rem = idx - grp * per;
-  nt = rem / G;
+  const i32 cl = idx / CL, per = G * (NT / CL), grp = cl / per, rem = cl - grp * per;
+  nt = rem / G * CL + (idx - cl * CL);
   return grp * G + rem % G;
 }
 // grid_tile's route tile found in the experts' ranges (false: past the last route tile).
-template <int BR>
+template <int BR, int CL = 1>
 __device__ __forceinline__ bool pf_tile_at(i32 idx, const i32* __restrict__ offsets, const i32* __restrict__ tile_offsets,
                                            i32 E, i32 NT, i32 G, i32& nt, i32& e, i32& m0, i32& m_end) {
-  return find_tile<BR>(offsets, tile_offsets, E, grid_tile(idx, NT, G, nt), e, m0, m_end);
+  return find_tile<BR>(offsets, tile_offsets, E, grid_tile<CL>(idx, NT, G, nt), e, m0, m_end);
 }
 // The tile of this block (one block per tile; pf_tile_at of blockIdx.x, in its unsigned arithmetic).
 template <int BR>

@@ -17,8 +17,16 @@
 // refilling a stage, for the warps still reading it: warps drift up to S - 1 - A chunks apart instead of
 // none. Copies (generic proxy) reach the MMAs (async proxy) by the reader's proxy fence after its wait.
 // One main loop a block (the barriers are set up at its start).
+//
+// Clusters (CL = 2, the kernels' `_pair` forms; stage barriers): the two blocks of a cluster compute consecutive weight tiles
+// of one route tile (grid_tile), which comes from a route-tile image (core/wg_order.cuh) instead of route rows:
+// each block copies one half chunk of it into both blocks' stages at once (a multicast bulk copy counted on
+// each block's `full` barrier), so the route tile crosses from L2 once for two blocks (a tenth of the time at
+// mixtral-8x7b 4096 went to those bytes, docs/performance.md). A stage is refilled once both blocks' warps are
+// done with it: each warp arrives on its own block's `empty` barrier and on the other's.
 #pragma once
 
+#include "core/cluster.cuh"
 #include "core/codes.cuh"
 #include "core/cp_async.cuh"
 #include "core/dequant.cuh"
@@ -51,9 +59,10 @@ static_assert(kWgInflight == 1 || kWgInflight == 2, "QMOE_WG_INFLIGHT must be 1 
 static_assert(QMOE_WG_RING >= 0 && QMOE_WG_RING <= 2, "QMOE_WG_RING: 0 (by the block), 1 (a block barrier a chunk), 2 (a stage's barriers)");
 // The stage barriers where a block of 4 warpgroups has its SM alone (H200, session 30, one process, the peers'
 // layer: mixtral-8x7b 4096 tokens -5.6 %, ort-2048 512 -3.2 %, qwen3-30b-a3b 4096 -1.5 %); with two blocks an
-// SM, whose second block fills the first's waits, they cost 4-15 % (gpt-oss-120b 512, mixtral 64, qwen3 512).
-template <class St>
-inline constexpr bool kWgStageBarriers = QMOE_WG_RING == 2 || (QMOE_WG_RING == 0 && St::kGroups == 4);
+// SM, whose second block fills the first's waits, they cost 4-15 % (gpt-oss-120b 512, mixtral 64, qwen3 512). Blocks
+// in clusters of CL > 1 always hand it on so.
+template <class St, int CL = 1>
+inline constexpr bool kWgStageBarriers = CL > 1 || QMOE_WG_RING == 2 || (QMOE_WG_RING == 0 && St::kGroups == 4);
 inline constexpr int kWgSmemBudget = 227 * 1024 - 1024 - 4096;  // dynamic bytes for stages (alignment slack, static)
 
 // One pipeline stage (1024-aligned, in dynamic shared memory):
@@ -91,11 +100,13 @@ template <int B, typename ScaleT, int BLOCK, bool ZPW, int BR> struct WgStage {
 // over chunks [c0, c1) of K (128 values each), for the tile's first NR routes (NR <= BR: the MMAs' N; a tile that holds no
 // more routes than NR copies and multiplies only those, acc[NR / 2 ..] stay untouched). Route row i of
 // the tile starts at src + s_row[i] (an element offset); padding rows (past the tile's routes) repeat its last route, whose extra
-// columns are never stored.
-template <typename T, int B, int BR, int NR, bool ZPW, class QA, class QB, class St>
+// columns are never stored. In clusters of CL = 2 blocks: src is the tile's first row in a route-tile image, whose half
+// chunk q starts q·half elements on (s_row unused); its rows past the tile's routes are other tiles', never stored.
+template <typename T, int B, int BR, int NR, bool ZPW, class QA, class QB, class St, int CL>
 __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const PfLaneRows<T, QA, QB, 1>& lr, i32 e,
-                                            const T* src, const u32* s_row, i32 K, i32 c0, i32 c1,
+                                            const T* src, const u32* s_row, i64 half, i32 K, i32 c0, i32 c1,
                                             float (&acc_br)[BR / 2], u8* smem, Stamps& st) {
+  static_assert(CL == 1 || CL == 2, "blocks a cluster: 1 or 2");
   constexpr int kThreads = St::kThreads;
   static_assert(NR <= BR && NR * 16 % kThreads == 0, "MMA routes: a route tile's 16-byte units spread evenly");
   float(&acc)[NR / 2] = reinterpret_cast<float(&)[NR / 2]>(acc_br);
@@ -122,8 +133,10 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
   const int u = threadIdx.x & 15, r0 = threadIdx.x >> 4;
   const u32 xoff = (u >> 3) * (BR * 128) + r0 * 128 + (((u & 7) ^ (r0 & 7)) << 4);
   u32 xrow[NQ];
+  if constexpr (CL == 1) {
 #pragma unroll
-  for (int q = 0; q < NQ; ++q) xrow[q] = s_row[r0 + q * kRowStep] + u * 8;
+    for (int q = 0; q < NQ; ++q) xrow[q] = s_row[r0 + q * kRowStep] + u * 8;
+  }
 
   // with whole chunks, the lane's segment t of its two rows (chunk c's segment 4c + t lies c · CodeRows::kChunkBytes on)
   const u8* const pa = kWhole ? lr.pa[0] + CodeRows<B>::seg(t) : lr.pa[0];
@@ -131,8 +144,10 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
 
   auto issue = [&](i32 slot, i32 c) {
     const u32 base = s0 + slot * St::kBytes;
+    if constexpr (CL == 1) {  // in clusters the route tile comes by the stage loop's multicast (x_multicast)
 #pragma unroll
-    for (int q = 0; q < NQ; ++q) cp_async(base + xoff + q * kRowStep * 128, src + (xrow[q] + c * 128), 16, true);
+      for (int q = 0; q < NQ; ++q) cp_async(base + xoff + q * kRowStep * 128, src + (xrow[q] + c * 128), 16, true);
+    }
     const u32 wbase = base + St::kXBytes + warp * St::kWarpBytes;
     const i32 k0 = c * 128 + 32 * t;
     const bool live = kWhole || k0 < K;
@@ -194,29 +209,43 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
       wgmma_wait<kWgInflight>();  // the MMA of step s - kWgInflight is done: its A buffer may be rewritten
       wgmma_hold(acc);
     }
-    if constexpr (S == 2 && !kWgStageBarriers<St>) {
+    if constexpr (S == 2 && !kWgStageBarriers<St, CL>) {
       wgmma_wait<0>();  // this stage's shared memory is refilled after the next barrier
       wgmma_hold(acc);
     }
   };
 
   constexpr int A = S >= 3 ? S - 2 : 1;  // chunks the copies run ahead
-  if constexpr (kWgStageBarriers<St>) {
+  if constexpr (kWgStageBarriers<St, CL>) {
     // full[s] at bars + 8s (every thread's copies landed), empty[s] at bars + 8(S + s) (every warp's MMAs done)
+    // In clusters full[s] also counts thread 0's arrival with the route tile's bytes, empty[s] both blocks' warps.
     __shared__ alignas(8) u64 s_bars[2 * S];
     const u32 bars = (u32)__cvta_generic_to_shared(s_bars);
     if (threadIdx.x == 0) {
 #pragma unroll
       for (int s = 0; s < S; ++s) {
-        mbar_init(bars + 8 * s, kThreads);
-        mbar_init(bars + 8 * (S + s), St::kWarps);
+        mbar_init(bars + 8 * s, kThreads + (CL > 1 ? 1 : 0));
+        mbar_init(bars + 8 * (S + s), CL * St::kWarps);
       }
+      if constexpr (CL > 1) fence_mbar_init();
     }
-    __syncthreads();
+    if constexpr (CL > 1) cluster_sync();  // both blocks' barriers set up before either copies or arrives
+    else __syncthreads();
+    const u32 rank = CL > 1 ? cluster_rank() : 0, peer_bars = CL > 1 ? cluster_map(bars, rank ^ 1) : 0;
+    // this block's half chunk of the route tile into both blocks' stage `slot` (thread 0; no branch between MMAs)
+    auto x_multicast = [&](u32 slot, i32 c) {
+      if constexpr (CL > 1) {
+        const u32 full = bars + 8 * slot;
+        mbar_arrive_expect_tx_if(full, NR * 256, threadIdx.x == 0);
+        bulk_copy_multicast_if(s0 + slot * St::kBytes + rank * (BR * 128), src + (2 * c + (i32)rank) * half, NR * 128, full,
+                               0x3, threadIdx.x == 0);
+      }
+    };
 #pragma unroll
     for (int i = 0; i < A; ++i) {
       if (i < nch) {
         issue(i, c0 + i);
+        x_multicast(i, c0 + i);
         cp_async_arrive(bars + 8 * i);
       }
     }
@@ -235,9 +264,11 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
       // this warp is done with its stage
       __syncwarp();
       mbar_arrive_if(bars + 8 * (S + pslot), lane == 0 && c >= 1);
-      if (c + A < nch) {  // into the stage of chunk c + A - S <= c - 1, once every warp released it
+      if constexpr (CL > 1) mbar_arrive_cluster_if(peer_bars + 8 * (S + pslot), lane == 1 && c >= 1);
+      if (c + A < nch) {  // into the stage of chunk c + A - S <= c - 1, once every warp (of both blocks) released it
         if (c + A >= S) mbar_wait(bars + 8 * (S + nslot), npar);
         issue(nslot, c0 + c + A);
+        x_multicast(nslot, c0 + c + A);
         cp_async_arrive(bars + 8 * nslot);
       }
       pslot = slot;
@@ -268,6 +299,9 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
   wgmma_wait<0>();
   wgmma_hold(acc);
   cp_async_wait<0>();
+  // in clusters: this block's last arrival on the other's barriers and its last copy into it are behind it (every
+  // copy it received landed); the kernel waits (cluster_wait) before it exits
+  if constexpr (CL > 1) cluster_arrive();
   st.loop_end();
 }
 
@@ -279,20 +313,20 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
 #ifndef QMOE_WG_SHRINK
 #define QMOE_WG_SHRINK 3
 #endif
-template <typename T, int B, int BR, bool ZPW, class QA, class QB, class St>
+template <typename T, int B, int BR, bool ZPW, class QA, class QB, class St, int CL>
 __device__ __forceinline__ void wg_tile(const QA& qa, const QB& qb, const PfLaneRows<T, QA, QB, 1>& lr, i32 e,
-                                        const T* src, const u32* s_row, i32 routes, i32 K, i32 c0, i32 c1,
+                                        const T* src, const u32* s_row, i64 half, i32 routes, i32 K, i32 c0, i32 c1,
                                         float (&acc)[BR / 2], u8* smem, Stamps& st) {
   static_assert(QMOE_WG_SHRINK >= 1 && QMOE_WG_SHRINK <= 3, "QMOE_WG_SHRINK: 1 (BR / 2), 2 (and BR / 4), 3 (to 16)");
   constexpr int kLeast = QMOE_WG_SHRINK == 3 && 16 * 16 % St::kThreads == 0 ? 16 : 32;  // the fewest MMA routes
   constexpr int kHalf = BR / 2 >= kLeast ? BR / 2 : BR;
   constexpr int kQuarter = QMOE_WG_SHRINK >= 2 && BR / 4 >= kLeast ? BR / 4 : kHalf;
   if (kQuarter < kHalf && routes <= kQuarter)
-    wg_mainloop<T, B, BR, kQuarter, ZPW, QA, QB, St>(qa, qb, lr, e, src, s_row, K, c0, c1, acc, smem, st);
+    wg_mainloop<T, B, BR, kQuarter, ZPW, QA, QB, St, CL>(qa, qb, lr, e, src, s_row, half, K, c0, c1, acc, smem, st);
   else if (kHalf < BR && routes <= kHalf)
-    wg_mainloop<T, B, BR, kHalf, ZPW, QA, QB, St>(qa, qb, lr, e, src, s_row, K, c0, c1, acc, smem, st);
+    wg_mainloop<T, B, BR, kHalf, ZPW, QA, QB, St, CL>(qa, qb, lr, e, src, s_row, half, K, c0, c1, acc, smem, st);
   else
-    wg_mainloop<T, B, BR, BR, ZPW, QA, QB, St>(qa, qb, lr, e, src, s_row, K, c0, c1, acc, smem, st);
+    wg_mainloop<T, B, BR, BR, ZPW, QA, QB, St, CL>(qa, qb, lr, e, src, s_row, half, K, c0, c1, acc, smem, st);
 }
 
 }  // namespace qmoe

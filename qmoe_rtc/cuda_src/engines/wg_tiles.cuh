@@ -55,14 +55,15 @@ __device__ __forceinline__ int4 ld_now4(const i32* p) {
 // rows[q] the route of tile row threadIdx.x + q·kThreads (q < ceil(BR / kThreads); rows past BR are not read,
 // rows past the tile's routes repeat its last). From kTableExperts experts from the tile table, one round of
 // loads; below, pf_tile_at's search and then the routes. False past the call's last tile (the whole block).
-template <int BR, int kThreads>
+// CL: the grid's clusters (grid_tile).
+template <int BR, int kThreads, int CL = 1>
 __device__ __forceinline__ bool pf_tile_table(i32 idx, const i32* __restrict__ sorted, const i32* __restrict__ offsets,
                                               const i32* __restrict__ tile_offsets, i32 E, i32 NT, i32 G,
                                               const i32* __restrict__ tile_info, const i32* __restrict__ tile_rows,
                                               i32& nt, i32& e, i32& m0, i32& m_end, i32 (&rows)[(BR + kThreads - 1) / kThreads]) {
   constexpr int Q = (BR + kThreads - 1) / kThreads;
   if (E < kTableExperts) {
-    if (!pf_tile_at<BR>(idx, offsets, tile_offsets, E, NT, G, nt, e, m0, m_end)) return false;
+    if (!pf_tile_at<BR, CL>(idx, offsets, tile_offsets, E, NT, G, nt, e, m0, m_end)) return false;
 #pragma unroll
     for (int q = 0; q < Q; ++q) {
       const i32 i = threadIdx.x + q * kThreads;
@@ -70,7 +71,7 @@ __device__ __forceinline__ bool pf_tile_table(i32 idx, const i32* __restrict__ s
     }
     return true;
   }
-  const i32 t = grid_tile(idx, NT, G, nt);
+  const i32 t = grid_tile<CL>(idx, NT, G, nt);
   const i32 tiles = ld_now(tile_offsets + E);
   const int4 info = ld_now4(tile_info + 4 * (i64)t);
 #pragma unroll

@@ -31,6 +31,7 @@
 #include "core/types.cuh"
 #include "core/wg_order.cuh"
 #include "engines/tile_rows.cuh"
+#include "engines/wg_image.cuh"
 #include "engines/wg_mainloop.cuh"
 #include "engines/wg_tiles.cuh"
 #include "epilogue/combine.cuh"
@@ -68,14 +69,33 @@ __global__ void __launch_bounds__(256) wg_prepare(const T* __restrict__ x, i32 r
   wg_permute_rows<T, B>(x, rows, H, Hp, xp, y, y_zero);
 }
 
+// For the kernels' `_pair` forms (clusters of two blocks), wg_prepare's work with x gathered into a route-tile image instead of permuted
+// (engines/wg_image.cuh; one block per kGatherRows sorted rows of every route) and y never zeroed (FC2 does not
+// split K there).
+template <typename T, int B>
+__global__ void __launch_bounds__(256) wg_prepare_image(const T* __restrict__ x, i32 H, i32 Hp, i32 Rp, T* __restrict__ xs,
+                                                        const RouteGroups rg, i32 E, i32 k, i32 BR, i32 slots,
+                                                        i32* __restrict__ tile_info, i32* __restrict__ tile_rows) {
+  pdl_wait();     // the grouping's outputs (and x: the call's, done before it)
+  pdl_release();  // FC1's blocks may start (they wait for this grid)
+  build_tile_table(rg, E, BR, slots, (i64)blockIdx.x * 256 + threadIdx.x, (i64)gridDim.x * 256, tile_info, tile_rows);
+  gather_image_rows<T, B>(x, rg, E, k, H, Hp, Rp, xs);
+}
+
+// act_sorted's element of natural column o of sorted row pos (of the route tile from m0): [R, Ip] rows in FC2's
+// K order, or in clusters of CL = 2 the route-tile image FC2 copies.
+template <int CL, int B2>
+__device__ __forceinline__ i64 act_index(i32 pos, i32 m0, i32 o, i32 Ip, i32 Rp) {
+  return CL > 1 ? img_index(pos, (pos - m0) & 7, wg_pos<B2>(o), Rp) : (i64)pos * Ip + wg_pos<B2>(o);
+}
+
 // FC1 (+FC3) with the activation fused: act_sorted[m, wg_pos<B2>(o)] for the tile's routes (B2: FC2's
-// bits, whose order FC2 reads), zeros for I <= o < Ip. Warp tile = 8 outputs (gated) or 16 (plain).
-template <int GATE, typename T, typename ScaleT, int B1, int B2, int Z1, int Z3, int BLOCK, int ACT, int BR>
-__global__ void __launch_bounds__(Fc1Stage<GATE, ScaleT, B1, Z1, Z3, BLOCK, BR>::kThreads,
-                                  (kFc1MinBlocks<Fc1Stage<GATE, ScaleT, B1, Z1, Z3, BLOCK, BR>, BR>))
-fc1_wgmma(const T* __restrict__ xp, const RouteGroups rg, const i32* __restrict__ tile_info, const i32* __restrict__ tile_rows,
-          i32 E, i32 k, i32 H, i32 Hp, i32 I, i32 Ip, i32 NT, i32 G, const Fc1Weights<ScaleT> wt, const ActParams ap,
-          T* __restrict__ act_sorted) {
+// bits, whose order FC2 reads), zeros for I <= o < Ip. Warp tile = 8 outputs (gated) or 16 (plain). The body of
+// fc1_wgmma (CL = 1: xp the permuted rows, Rp unused) and fc1_wgmma_pair (CL = 2: xp x's route-tile image of Rp rows).
+template <int CL, int GATE, typename T, typename ScaleT, int B1, int B2, int Z1, int Z3, int BLOCK, int ACT, int BR>
+__device__ __forceinline__ void fc1_body(const T* __restrict__ xp, const RouteGroups rg, const i32* __restrict__ tile_info,
+                                         const i32* __restrict__ tile_rows, i32 E, i32 k, i32 H, i32 Hp, i32 I, i32 Ip, i32 Rp,
+                                         i32 NT, i32 G, const Fc1Weights<ScaleT> wt, const ActParams ap, T* __restrict__ act_sorted) {
   using Rows = Fc1Rows<GATE>;
   constexpr bool kZpw = Z1 == ZP_PACKED || (GATE == GATE_FC3 && Z3 == ZP_PACKED);
   using St = Fc1Stage<GATE, ScaleT, B1, Z1, Z3, BLOCK, BR>;
@@ -88,9 +108,9 @@ fc1_wgmma(const T* __restrict__ xp, const RouteGroups rg, const i32* __restrict_
   __shared__ u32 s_row[BR];  // element offsets of the tile's route rows in xp (< 2^32: the host's bound)
   u8* smem = wg_smem<St::kStages * St::kBytes>(dyn_smem);
   i32 nt, e, m0, m_end, route[(BR + St::kThreads - 1) / St::kThreads];
-  if (!pf_tile_table<BR, St::kThreads>((i32)blockIdx.x, rg.sorted, rg.offsets, rg.tile_offsets, E, NT, G, tile_info,
-                                       tile_rows, nt, e, m0, m_end, route))
-    return;
+  if (!pf_tile_table<BR, St::kThreads, CL>((i32)blockIdx.x, rg.sorted, rg.offsets, rg.tile_offsets, E, NT, G, tile_info,
+                                           tile_rows, nt, e, m0, m_end, route))
+    return;  // in clusters both blocks (one route tile)
   const Proj<ScaleT> p1 = expert_proj(e, wt.E_routed, wt.fc1, wt.shared_fc1);
   const Proj<ScaleT>& p3 = wt.fc3;
   using Q1 = QuantParams<ScaleT, B1, BLOCK, Z1>;
@@ -109,14 +129,18 @@ fc1_wgmma(const T* __restrict__ xp, const RouteGroups rg, const i32* __restrict_
     const i32 na = Rows::gate_row(oa, I), nb = Rows::kGated ? Rows::lin_row(oa, I) : ob;
     lr.set(0, q1, p1.w, na, Rows::tile_row(na), qb, wb, nb, Rows::tile_row(nb), e);
   }
+  if constexpr (CL == 1) {
 #pragma unroll
-  for (int q = 0; q < (BR + St::kThreads - 1) / St::kThreads; ++q)
-    if (threadIdx.x + q * St::kThreads < BR) s_row[threadIdx.x + q * St::kThreads] = (u32)(route[q] / k) * (u32)Hp;
+    for (int q = 0; q < (BR + St::kThreads - 1) / St::kThreads; ++q)
+      if (threadIdx.x + q * St::kThreads < BR) s_row[threadIdx.x + q * St::kThreads] = (u32)(route[q] / k) * (u32)Hp;
+  }
   __syncthreads();
   float acc[BR / 2];
 #pragma unroll
   for (int i = 0; i < BR / 2; ++i) acc[i] = 0.0f;
-  wg_tile<T, B1, BR, kZpw, Q1, QB, St>(q1, qb, lr, e, xp, s_row, m_end - m0, H, 0, Hp / 128, acc, smem, st);
+  // in clusters xp is x's route-tile image (wg_prepare_image): the tile's rows from m0
+  wg_tile<T, B1, BR, kZpw, Q1, QB, St, CL>(q1, qb, lr, e, CL > 1 ? xp + (i64)m0 * 64 : xp, s_row, (i64)Rp * 64, m_end - m0, H, 0,
+                                       Hp / 128, acc, smem, st);
   // A thread's outputs are the same for every route of the tile: their biases are read once, here
   // (clamped rows: an output past I is stored as zero, its bias unused).
   const i32 o = o0 + g;
@@ -129,17 +153,38 @@ fc1_wgmma(const T* __restrict__ xp, const RouteGroups rg, const i32* __restrict_
       const i32 pos = m0 + 8 * jn + 2 * t + cc;
       if (pos >= m_end) continue;
       const float ha = acc[4 * jn + cc] * lr.sa[0], hb = acc[4 * jn + 2 + cc] * lr.sb[0];  // rows g, g + 8
-      T* out = act_sorted + (i64)pos * Ip;
       if constexpr (Rows::kGated) {
-        if (o < Ip) out[wg_pos<B2>(o)] = Traits<T>::from_float(o < I ? fc1_apply<ACT, GATE>(ha, hb, ba, ap) : 0.0f);
+        if (o < Ip)
+          act_sorted[act_index<CL, B2>(pos, m0, o, Ip, Rp)] = Traits<T>::from_float(o < I ? fc1_apply<ACT, GATE>(ha, hb, ba, ap) : 0.0f);
       } else {
-        if (o < Ip) out[wg_pos<B2>(o)] = Traits<T>::from_float(o < I ? fc1_apply<ACT, GATE>(ha, 0.0f, ba, ap) : 0.0f);
+        if (o < Ip)
+          act_sorted[act_index<CL, B2>(pos, m0, o, Ip, Rp)] = Traits<T>::from_float(o < I ? fc1_apply<ACT, GATE>(ha, 0.0f, ba, ap) : 0.0f);
         if (o + 8 < Ip)
-          out[wg_pos<B2>(o + 8)] = Traits<T>::from_float(o + 8 < I ? fc1_apply<ACT, GATE>(hb, 0.0f, bb, ap) : 0.0f);
+          act_sorted[act_index<CL, B2>(pos, m0, o + 8, Ip, Rp)] =
+              Traits<T>::from_float(o + 8 < I ? fc1_apply<ACT, GATE>(hb, 0.0f, bb, ap) : 0.0f);
       }
     }
   }
   st.store(0, Hp / 128);
+  if constexpr (CL > 1) cluster_wait();  // the other block is done with this one's shared memory (wg_mainloop)
+}
+template <int GATE, typename T, typename ScaleT, int B1, int B2, int Z1, int Z3, int BLOCK, int ACT, int BR>
+__global__ void __launch_bounds__(Fc1Stage<GATE, ScaleT, B1, Z1, Z3, BLOCK, BR>::kThreads,
+                                  (kFc1MinBlocks<Fc1Stage<GATE, ScaleT, B1, Z1, Z3, BLOCK, BR>, BR>))
+fc1_wgmma(const T* __restrict__ xp, const RouteGroups rg, const i32* __restrict__ tile_info, const i32* __restrict__ tile_rows,
+          i32 E, i32 k, i32 H, i32 Hp, i32 I, i32 Ip, i32 Rp, i32 NT, i32 G, const Fc1Weights<ScaleT> wt, const ActParams ap,
+          T* __restrict__ act_sorted) {
+  fc1_body<1, GATE, T, ScaleT, B1, B2, Z1, Z3, BLOCK, ACT, BR>(xp, rg, tile_info, tile_rows, E, k, H, Hp, I, Ip, Rp, NT, G, wt,
+                                                              ap, act_sorted);
+}
+template <int GATE, typename T, typename ScaleT, int B1, int B2, int Z1, int Z3, int BLOCK, int ACT, int BR>
+__global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(Fc1Stage<GATE, ScaleT, B1, Z1, Z3, BLOCK, BR>::kThreads,
+                                                            (kFc1MinBlocks<Fc1Stage<GATE, ScaleT, B1, Z1, Z3, BLOCK, BR>, BR>))
+fc1_wgmma_pair(const T* __restrict__ xs, const RouteGroups rg, const i32* __restrict__ tile_info, const i32* __restrict__ tile_rows,
+          i32 E, i32 k, i32 H, i32 Hp, i32 I, i32 Ip, i32 Rp, i32 NT, i32 G, const Fc1Weights<ScaleT> wt, const ActParams ap,
+          T* __restrict__ act_sorted) {
+  fc1_body<2, GATE, T, ScaleT, B1, B2, Z1, Z3, BLOCK, ACT, BR>(xs, rg, tile_info, tile_rows, E, k, H, Hp, I, Ip, Rp, NT, G, wt,
+                                                              ap, act_sorted);
 }
 
 // Whether FC2 splits K in two this call (KS = 2: the host launched two blocks a tile, zeroed y, and K has
@@ -155,15 +200,15 @@ __device__ __forceinline__ bool fc2_splits(i32 KS, i32 V, i32 P) {
 
 // FC2: y[route, n] = act_sorted[m] · W2[e, n] + b2[e, n] for the tile's routes (scattered by route id).
 // KS = 2: blocks 2i, 2i + 1 are tile i's halves of K; when fc2_splits, each adds its half into y (zeroed
-// by wg_prepare), the first half with the bias: y = (0 + lo·s + b) + hi·s in either order, one value.
-template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, int BR>
-__global__ void __launch_bounds__(Fc2Stage<ScaleT, B2, Z2, BLOCK, BR>::kThreads,
-                                  Fc2Stage<ScaleT, B2, Z2, BLOCK, BR>::kMinBlocks)
-fc2_wgmma(const T* __restrict__ act_sorted, const RouteGroups rg, const i32* __restrict__ tile_info,
-          const i32* __restrict__ tile_rows, i32 E, i32 H, i32 I, i32 Ip, i32 NT, i32 G, i32 KS, i32 SMS,
-          const Fc2Weights<ScaleT> wt, float* __restrict__ y) {
+// by wg_prepare), the first half with the bias: y = (0 + lo·s + b) + hi·s in either order, one value. The body of
+// fc2_wgmma (CL = 1: act_sorted [R, Ip], Rp unused) and fc2_wgmma_pair (CL = 2: KS = 1, act_sorted a route-tile image).
+template <int CL, typename T, typename ScaleT, int B2, int Z2, int BLOCK, int BR>
+__device__ __forceinline__ void fc2_body(const T* __restrict__ act_sorted, const RouteGroups rg, const i32* __restrict__ tile_info,
+                                         const i32* __restrict__ tile_rows, i32 E, i32 H, i32 I, i32 Ip, i32 Rp, i32 NT, i32 G,
+                                         i32 KS, i32 SMS, const Fc2Weights<ScaleT> wt, float* __restrict__ y) {
   using St = Fc2Stage<ScaleT, B2, Z2, BLOCK, BR>;
   constexpr bool kZpw = Z2 == ZP_PACKED;
+  if (CL > 1 && KS != 1) __trap();  // a host bug: the two blocks of a cluster would wait for each other forever
   Stamps st;
   st.start();
   extern __shared__ __align__(16) u8 dyn_smem[];
@@ -173,8 +218,8 @@ fc2_wgmma(const T* __restrict__ act_sorted, const RouteGroups rg, const i32* __r
   // whole tiles: the even blocks (only odd ones read the count here, the others' first loads are their tile's)
   if (blockIdx.x % KS && !fc2_splits(KS, rg.tile_offsets[E] * NT, SMS)) return;
   i32 nt, e, m0, m_end, route[(BR + St::kThreads - 1) / St::kThreads];
-  if (!pf_tile_table<BR, St::kThreads>((i32)blockIdx.x / KS, rg.sorted, rg.offsets, rg.tile_offsets, E, NT, G, tile_info,
-                                       tile_rows, nt, e, m0, m_end, route))
+  if (!pf_tile_table<BR, St::kThreads, CL>((i32)blockIdx.x / KS, rg.sorted, rg.offsets, rg.tile_offsets, E, NT, G, tile_info,
+                                           tile_rows, nt, e, m0, m_end, route))
     return;
   const Proj<ScaleT> p2 = expert_proj(e, wt.E_routed, wt.fc2, wt.shared_fc2);
   using Q2 = QuantParams<ScaleT, B2, BLOCK, Z2>;
@@ -203,7 +248,8 @@ fc2_wgmma(const T* __restrict__ act_sorted, const RouteGroups rg, const i32* __r
   {
     const bool split = fc2_splits(KS, rg.tile_offsets[E] * NT, SMS), half = blockIdx.x % KS;
     const i32 nch = Ip / 128, c0 = split && half ? nch / 2 : 0, c1 = split && !half ? nch / 2 : nch;
-    wg_tile<T, B2, BR, kZpw, Q2, Q2, St>(q2, q2, lr, e, act_sorted, s_row, m_end - m0, I, c0, c1, acc, smem, st);
+    wg_tile<T, B2, BR, kZpw, Q2, Q2, St, CL>(q2, q2, lr, e, CL > 1 ? act_sorted + (i64)m0 * 64 : act_sorted, s_row, (i64)Rp * 64,
+                                         m_end - m0, I, c0, c1, acc, smem, st);
   }
   // After the main loop, what is the same for the whole block is read again rather than held in
   // registers across it. A thread's rows n, n + 8 are the same for every route of the tile: their biases
@@ -231,6 +277,22 @@ fc2_wgmma(const T* __restrict__ act_sorted, const RouteGroups rg, const i32* __r
     }
   }
   st.store(1, split ? (half ? Ip / 128 - Ip / 256 : Ip / 256) : Ip / 128);
+  if constexpr (CL > 1) cluster_wait();  // the other block is done with this one's shared memory (wg_mainloop)
+}
+template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, int BR>
+__global__ void __launch_bounds__(Fc2Stage<ScaleT, B2, Z2, BLOCK, BR>::kThreads, Fc2Stage<ScaleT, B2, Z2, BLOCK, BR>::kMinBlocks)
+fc2_wgmma(const T* __restrict__ act_sorted, const RouteGroups rg, const i32* __restrict__ tile_info,
+          const i32* __restrict__ tile_rows, i32 E, i32 H, i32 I, i32 Ip, i32 Rp, i32 NT, i32 G, i32 KS, i32 SMS,
+          const Fc2Weights<ScaleT> wt, float* __restrict__ y) {
+  fc2_body<1, T, ScaleT, B2, Z2, BLOCK, BR>(act_sorted, rg, tile_info, tile_rows, E, H, I, Ip, Rp, NT, G, KS, SMS, wt, y);
+}
+template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, int BR>
+__global__ void __cluster_dims__(2, 1, 1)
+    __launch_bounds__(Fc2Stage<ScaleT, B2, Z2, BLOCK, BR>::kThreads, Fc2Stage<ScaleT, B2, Z2, BLOCK, BR>::kMinBlocks)
+fc2_wgmma_pair(const T* __restrict__ act_sorted, const RouteGroups rg, const i32* __restrict__ tile_info,
+          const i32* __restrict__ tile_rows, i32 E, i32 H, i32 I, i32 Ip, i32 Rp, i32 NT, i32 G, i32 KS, i32 SMS,
+          const Fc2Weights<ScaleT> wt, float* __restrict__ y) {
+  fc2_body<2, T, ScaleT, B2, Z2, BLOCK, BR>(act_sorted, rg, tile_info, tile_rows, E, H, I, Ip, Rp, NT, G, KS, SMS, wt, y);
 }
 
 }  // namespace qmoe
