@@ -205,7 +205,7 @@ KNOBS: dict[str, Knob] = {
         Knob("prefill_wg_pairs", "QMOE_RTC_PREFILL_WG_PAIRS", "str", "auto", False,
              "Tuning (and tests) only: whether the wgmma prefill engine runs its 128-route tiles of 4 warpgroups as "
              "pairs of blocks in a cluster, which copy the route tile once for both from a route-tile image ('on', "
-             "'off'; 'auto' = where the call has many FC1 weight tiles a route tile and FC2 does not split K)."),
+             "'off'; 'auto' = from 32 FC1 weight tiles a route tile, where FC2 does not split K)."),
         Knob("prefill_wg_shrink", "QMOE_RTC_PREFILL_WG_SHRINK", "int", 0, True,
              "Tuning only: widths the MMAs of an expert's last route tile of the wgmma prefill engine shrink to "
              "(1: half the tile; 2: half or a quarter, at least 32 routes; 3: as 2, down to 16 routes in blocks of 2 "

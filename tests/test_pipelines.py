@@ -210,12 +210,12 @@ def test_wgmma_fc2_k_split_launch():
 
 
 def test_wgmma_pairs_by_call():
-    """128-route tiles of 4 warpgroups run as pairs of blocks in a cluster ('auto') from PAIR_MIN_FC1_TILES FC1 weight
-    tiles a route tile where FC2 would not split K: mixtral-8x7b at 4096 tokens (112 tiles) and 1024, not at 512 (FC2
-    splits) nor qwen3-30b-a3b at 4096 (6 tiles) nor gpt-oss-120b at 512 (32-route tiles). A paired call gathers x into a
-    route-tile image (permute_image, one block per GATHER_ROWS sorted rows), launches an even number of weight tiles,
-    FC2 never splits, and FC1's output and FC2's input are images of Rp rows; the knob forces either way where the
-    module has pairs; a bad value is refused."""
+    """128-route tiles of 4 warpgroups run as pairs of blocks in a cluster ('auto') from PAIR_MIN_FC1_TILES FC1
+    weight tiles a route tile where FC2 would not split K: mixtral-8x7b at 4096 tokens (112 tiles) and 1024, not at
+    512 (FC2 splits) nor qwen3-30b-a3b (6 tiles) or gpt-oss-120b (23) at 4096 nor gpt-oss-120b at 512 (32-route
+    tiles). A paired call gathers x into a route-tile image (permute_image, one block per GATHER_ROWS sorted rows),
+    launches an even number of weight tiles, FC2 never splits, and FC1's output and FC2's input are images of Rp
+    rows; the knob forces either way where the module has pairs; a bad value is refused."""
     from qmoe_rtc import knobs
     from qmoe_rtc.errors import QMoEAttributeError
     from qmoe_rtc.kernels.wgmma_geometry import GATHER_ROWS, PAIR_MIN_FC1_TILES, image_rows, padded, pair_kernels
@@ -225,7 +225,7 @@ def test_wgmma_pairs_by_call():
     mixtral = ModelConfig(hidden=4096, inter=14336, experts=8, k=2, layout=lay)
     qwen3 = CONFIGS[0]
     gpt_oss = ModelConfig(hidden=2880, inter=2880, experts=128, k=4, layout=dataclasses.replace(lay, block_size=32))
-    odd = ModelConfig(hidden=4096, inter=2176, experts=8, k=2, layout=lay)  # 17 FC1 weight tiles
+    odd = ModelConfig(hidden=4096, inter=4224, experts=8, k=2, layout=lay)  # 33 FC1 weight tiles
 
     def kernels(cfg, rows):
         spec, p = fam.spec(cfg), dataclasses.replace(_problem(cfg, rows), sms=132)
@@ -236,7 +236,7 @@ def test_wgmma_pairs_by_call():
     assert kernels(mixtral, 512) == ["permute", "fc1_br128", "fc2_br128"]  # FC2 splits K
     assert kernels(qwen3, 4096) == ["permute", "fc1_br128", "fc2_br128"]  # 768 / 128 = 6 < PAIR_MIN_FC1_TILES
     assert kernels(gpt_oss, 512) == ["permute", "fc1_br32", "fc2_br32"]
-    assert kernels(gpt_oss, 4096)[1] == "fc1_br128_pair" and PAIR_MIN_FC1_TILES <= 23
+    assert kernels(gpt_oss, 4096)[1] == "fc1_br128" and PAIR_MIN_FC1_TILES > 23
 
     spec, p = fam.spec(odd), dataclasses.replace(_problem(odd, 4096), sms=132)
     assert pair_kernels(spec) and fam.pairs(spec, p)
@@ -244,10 +244,10 @@ def test_wgmma_pairs_by_call():
     rp = image_rows(spec, p)
     assert rp == p.routes + 128 and dict(permute.args)["Rp"] == dict(fc1.args)["Rp"] == dict(fc2.args)["Rp"] == rp
     assert permute.grid[0] == -(-p.routes // GATHER_ROWS) and "y_zero" not in dict(permute.args)
-    assert dict(fc1.args)["NT"] == 18 and fc1.grid[0] % 2 == 0  # 17 FC1 weight tiles, rounded up to pairs
+    assert dict(fc1.args)["NT"] == 34 and fc1.grid[0] % 2 == 0  # 33 FC1 weight tiles, rounded up to pairs
     assert dict(fc2.args)["NT"] == 16 and dict(fc2.args)["KS"] == 1 and fc2.grid[0] % 2 == 0
     scratch = {**fam.scratch(spec, "permute", p), **fam.scratch(spec, "fc1", p)}
-    assert scratch["xs"].nbytes == rp * padded(4096) * 2 and scratch["act_sorted"].nbytes == rp * padded(2176) * 2
+    assert scratch["xs"].nbytes == rp * padded(4096) * 2 and scratch["act_sorted"].nbytes == rp * padded(4224) * 2
     assert "xp" not in scratch
 
     with knobs.scope(prefill_wg_pairs="off"):
