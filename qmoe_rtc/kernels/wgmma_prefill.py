@@ -21,7 +21,10 @@ order, written in FC2's order), FC2 + bias by route id, and ``group_by_expert`` 
 ``mma_prefill``. The ``tiles`` FC2 may run a tile as two blocks, each over half of K, adding into ``y`` (zeroed
 by ``wg_prepare``), when whole tiles would leave the last round of SMs at most half busy (:meth:`WgmmaPrefillFamily.fc2_k_split`;
 the device decides per call, the same for every tile, so a route's sum does not depend on its tile).
-The route tile is chosen from the routes per expert of the call. The ``tiles`` variant's steps after the routing
+The route tile is chosen from the routes per expert of the call. The ``tiles`` variant's 128-route GEMMs on 4 warpgroups
+also come as pairs of blocks in a cluster (``fc1_br128_pair``, ``fc2_br128_pair``, with ``permute_image`` gathering x
+into a route-tile image), which copy a route tile once for both blocks; :meth:`WgmmaPrefillFamily.pairs` chooses them
+per call. The ``tiles`` variant's steps after the routing
 are launched overlapping the kernel before them (:func:`overlapped`, programmatic dependent launch).
 
 It runs on sm_90a only (the executor compiles every module for sm_90a on Hopper); on other targets the

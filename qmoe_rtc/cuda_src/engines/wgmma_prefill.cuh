@@ -20,6 +20,13 @@
 // tile and set up their rows (the grouping's and wg_prepare's outputs, complete once FC1's wait returned), then
 // wait for FC1 before their first copy of act_sorted; FC2 releases the combine after that wait.
 //
+// Pairs (the `_pair` kernels, 128-route tiles on 4 warpgroups, clusters of two; the host chooses per call): the two
+// blocks of a cluster compute weight tiles 2j and 2j + 1 of one route tile and copy it once for both
+// (engines/wg_mainloop.cuh), from route-tile images (core/wg_order.cuh) instead of rows:
+//   xs          [Hp / 64][Rp][64] T   x gathered in sorted order (wg_prepare_image), FC1's input
+//   act_sorted  [Ip / 64][Rp][64] T   FC1 out as an image, FC2's input; FC2 does not split K (KS = 1)
+// Both forms of a GEMM run one body (fc1_body, fc2_body) with CL = 1 or 2.
+//
 // The K order of xp and act_sorted: core/wg_order.cuh. The warp-specialised, persistent variant of
 // this engine: engines/wgmma_ws.cuh (the same layouts; its own gather, no tile table).
 //
