@@ -216,12 +216,12 @@ class WgmmaPrefillFamily(KernelFamily):
                                   Ptr("xs", dt), ROUTE_GROUPS_ARG, Scalar("E", "int32"), Scalar("k", "int32"),
                                   Scalar("BR", "int32"), Scalar("slots", "int32"), Ptr("tile_info", "int32"),
                                   Ptr("tile_rows", "int32"))))
-        # (br, suffix, kernel, FC1's input): each route tile's GEMMs, and PAIR_ROUTES's pair forms (Rp: their images' rows)
-        forms = [(br, "", "", "xp") for br in spec_tiles(spec)] + ([(PAIR_ROUTES, "_pair", "_pair", "xs")] if pair else [])
-        for br, suffix, kernel, src in forms:
+        # (br, suffix, FC1's input): each route tile's GEMMs, and PAIR_ROUTES's pair forms (Rp: their images' rows)
+        forms = [(br, "", "xp") for br in spec_tiles(spec)] + ([(PAIR_ROUTES, "_pair", "xs")] if pair else [])
+        for br, suffix, src in forms:
             out.append(KernelDef(
                 f"fc1_br{br}{suffix}",
-                f"qmoe::fc1_wgmma{kernel}<{t['GATE']}, {t['T']}, {t['S']}, {t['B1']}, {t['B2']}, {t['Z1']}, {t['Z3']}, "
+                f"qmoe::fc1_wgmma{suffix}<{t['GATE']}, {t['T']}, {t['S']}, {t['B1']}, {t['B2']}, {t['Z1']}, {t['Z3']}, "
                 f"{t['BLOCK']}, {t['ACT']}, {br}>",
                 (Ptr(src, dt), ROUTE_GROUPS_ARG, Ptr("tile_info", "int32"), Ptr("tile_rows", "int32"),
                  Scalar("E", "int32"), Scalar("k", "int32"), Scalar("H", "int32"), Scalar("Hp", "int32"), Scalar("I", "int32"),
@@ -230,7 +230,7 @@ class WgmmaPrefillFamily(KernelFamily):
             ))
             out.append(KernelDef(
                 f"fc2_br{br}{suffix}",
-                f"qmoe::fc2_wgmma{kernel}<{t['T']}, {t['S']}, {t['B2']}, {t['Z2']}, {t['BLOCK']}, {br}>",
+                f"qmoe::fc2_wgmma{suffix}<{t['T']}, {t['S']}, {t['B2']}, {t['Z2']}, {t['BLOCK']}, {br}>",
                 (Ptr("act_sorted", dt), ROUTE_GROUPS_ARG, Ptr("tile_info", "int32"), Ptr("tile_rows", "int32"),
                  Scalar("E", "int32"), Scalar("H", "int32"), Scalar("I", "int32"), Scalar("Ip", "int32"), Scalar("Rp", "int32"),
                  Scalar("NT", "int32"), Scalar("G", "int32"), Scalar("KS", "int32"), Scalar("SMS", "int32"),
@@ -318,15 +318,12 @@ class WgmmaPrefillFamily(KernelFamily):
         ws = variant_of(spec) == "ws"
         if role in ("group", "combine"):  # each waits for the kernel before it (core/pdl.cuh)
             return replace(group_launch(br) if role == "group" else combine_launch(problem), overlap=overlapped(spec))
-        if role == "permute" and ws:  # one block per GATHER_ROWS sorted rows (of every route: the held ones
-            # are a prefix the kernel reads from the grouping)
-            return Launch((max(1, -(-problem.routes // GATHER_ROWS)), 1, 1), (256, 1, 1), 0,
-                          (("Hp", Hp), ("Rp", image_rows(spec, problem))))
         pair = not ws and self.pairs(spec, problem)
-        if role == "permute" and pair:  # one block per GATHER_ROWS sorted rows (the tile table grid-strided)
+        if role == "permute" and (ws or pair):  # the gather into an image: one block per GATHER_ROWS sorted rows (of every
+            # route: the held ones are a prefix the kernel reads from the grouping); pairs' also writes the tile table
+            table = () if ws else (("BR", br), ("slots", tile_slots(problem, br)))
             return Launch((max(1, -(-problem.routes // GATHER_ROWS)), 1, 1), (256, 1, 1), 0,
-                          (("Hp", Hp), ("Rp", image_rows(spec, problem)), ("BR", br), ("slots", tile_slots(problem, br))),
-                          overlap=overlapped(spec))
+                          (("Hp", Hp), ("Rp", image_rows(spec, problem)), *table), overlap=overlapped(spec))
         if role == "permute":  # also zeroes y when FC2 may add its halves of K into it, and writes the tile table
             y_zero = problem.routes * problem.H if self.fc2_k_split(spec, problem) == 2 else 0
             return Launch((max(1, (problem.rows * Hp // 8 + 255) // 256), 1, 1), (256, 1, 1), 0,
