@@ -232,14 +232,19 @@ def _unpack_zero_points(xp, zp, E: int, N: int, blocks: int, bits: int, row_wise
     return vals.reshape(E, N, blocks)
 
 
-def pack_meta(xp, scales, zp, N: int, bits: int, fusion: int = 0, name: str = "scales"):
+def pack_meta(xp, scales, zp, N: int, bits: int, fusion: int = 0, name: str = "scales", row_wise: bool | None = None):
     """Meta records [E, ceil(N/16), nb, 8, R] u8 (module docstring) of one projection: ``scales`` [E, N, nb]
     or row-wise [E, N] (float16, float32, or bfloat16 stored as uint16), ``zp`` the packed zero points or
-    None; tile rows as the codes' (``fusion``: FC1's gate / linear rows, :func:`tile_rows`)."""
+    None; tile rows as the codes' (``fusion``: FC1's gate / linear rows, :func:`tile_rows`). ``row_wise``
+    is the layer's ``block_size == 0`` (its zero points then packed along N, [E, ceil(N·b/8)], also where
+    the scales come as [E, N, 1]); None: row-wise exactly when the scales are [E, N]."""
     if len(scales.shape) not in (2, 3) or scales.shape[1] != N:
         raise QMoEInputError(name, f"shape [E, {N}] or [E, {N}, nb]", f"shape {tuple(scales.shape)}")
-    E, row_wise = scales.shape[0], len(scales.shape) == 2
-    nb = 1 if row_wise else scales.shape[2]
+    E = scales.shape[0]
+    row_wise = len(scales.shape) == 2 if row_wise is None else row_wise
+    if row_wise and len(scales.shape) == 3 and scales.shape[2] != 1:
+        raise QMoEInputError(name, f"row-wise [E, {N}] or [E, {N}, 1]", f"shape {tuple(scales.shape)}")
+    nb = 1 if row_wise else scales.shape[2]  # [E, N, 1] row-wise: one block
     sb = scales.dtype.itemsize
     rec = meta_record_bytes(sb, zp is not None)
     n16 = -(-N // META_ROWS)

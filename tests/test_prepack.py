@@ -113,6 +113,24 @@ def test_meta_records_hold_each_rows_scale_and_zero_point_where_the_device_reads
                         assert back_z[e, n, j] == _zero_point(z, e, n, j, bits, row_wise)
 
 
+@pytest.mark.parametrize("bits", [3, 4, 8])
+@pytest.mark.parametrize("fusion", [0, 1])
+def test_row_wise_scales_given_as_e_n_1_pack_like_e_n(rng, bits, fusion):
+    """Row-wise scales may come as [E, N, 1] (the contract allows it); their zero points are still packed
+    along N, [E, ceil(N·b/8)]: the records are those of the same scales as [E, N] (a raw reshape error
+    on such layers before: the block-wise unpacking was chosen from the scales' rank)."""
+    w, a = random_layer(rng, E=8, H=64, I=32, k=2, bits=bits, block_size=0, zero_points=True, dtype="float16",
+                        activation_type="swiglu" if fusion else "relu", swiglu_fusion=fusion)
+    layer = describe_layer({**w, "fc1_scales": w["fc1_scales"][..., None]}, QMoEAttributes.from_kwargs(**a))
+    for p in layer.projections():
+        s, z = w[p.scale_input], w[f"{p.name}_zero_points"]
+        want = pack_meta(np, s, z, p.N, bits, fusion if p.name == "fc1" else 0)
+        got = pack_meta(np, s[..., None], z, p.N, bits, fusion if p.name == "fc1" else 0, row_wise=not p.block_size)
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(QMoEInputError, match="row-wise"):
+        pack_meta(np, np.ones((2, 16, 2), np.float16), None, 16, 4, row_wise=True)
+
+
 @pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
 @pytest.mark.parametrize("interleaved", [0, 1, 2])
 @pytest.mark.parametrize("K", [128, 160, 2880])
