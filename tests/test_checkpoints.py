@@ -16,7 +16,7 @@ from qmoe_rtc.checkpoints import Checkpoint, load_layer, moe_layers
 from qmoe_rtc.checkpoints.formats import AWQ_ORDER
 from qmoe_rtc.contract import QMoEAttributes, describe_layer
 from qmoe_rtc.errors import QMoEInputError, QMoEUnsupportedError
-from qmoe_rtc.quantize import dequantize
+from qmoe_rtc.quantize import dequantize, unpack_codes
 
 H, I, E = 128, 64, 3
 
@@ -86,7 +86,7 @@ def _write(tmp_path, method, rng, *, bits=4, group=32, sym=False, version=1, sch
              "group_size": group if group > 0 else None}
         qc = {"quant_method": method, "format": "pack-quantized",
               "config_groups": {"group_0": {"weights": w, "targets": ["Linear"]}}, "ignore": ["lm_head"]}
-    (tmp_path / "config.json").write_text(json.dumps({"num_experts_per_tok": 2, "norm_topk_prob": True,
+    (tmp_path / "config.json").write_text(json.dumps({"num_experts": E, "num_experts_per_tok": 2, "norm_topk_prob": True,
                                                       "quantization_config": qc}))
     return {n: np.stack(v) for n, v in dense.items()}, names
 
@@ -130,6 +130,28 @@ def test_awq_layers_load_losslessly(tmp_path, rng, scheme):
     assert seen == [(e + 1, E) for e in range(E)]
 
 
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_gptq_v1_zero_points_are_whole_words_less_one_per_code(tmp_path, rng, bits):
+    """GPTQ v1 (GPTQModel's default) stores the v2 zero-point words less 0x11111111 (4-bit; 0x55555555,
+    0x01010101) as 32-bit arithmetic, borrows included, and GPTQModel adds it back: zero points of 0 and of
+    2^b − 1 load exactly (a per-code +1 would read 0 as 2^b and refuse the layer)."""
+    _write(tmp_path, "gptq", rng, bits=bits, group=32, version=1)
+    p = "model.layers.1.mlp.experts.0.gate_proj"
+    z = rng.integers(0, 1 << bits, size=(H // 32, I))  # [nb, N] v2 zero points, 0 and 2^b − 1 among them
+    z[0, :4] = [0, (1 << bits) - 1, 0, 0]
+    v2 = _pack_along(z, bits, 1).view(np.uint32)  # [nb, N·b/32]
+    offset = {2: 0x55555555, 4: 0x11111111, 8: 0x01010101}[bits]
+    v1 = ((v2.astype(np.int64) - offset) % (1 << 32)).astype(np.uint32).view(np.int32)
+    from safetensors.numpy import load_file
+
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    tensors[f"{p}.qzeros"] = v1
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    layer = load_layer(tmp_path, 1)
+    got = unpack_codes(layer.weights["fc1_zero_points"][0], bits, H // 32)[:I]  # [I, nb] expert 0's gate rows
+    np.testing.assert_array_equal(got, z.T)
+
+
 def test_refusals_name_the_tensor_or_setting(tmp_path, rng):
     _write(tmp_path, "gptq", rng)
     p = "model.layers.1.mlp.experts.0.gate_proj"
@@ -140,7 +162,6 @@ def test_refusals_name_the_tensor_or_setting(tmp_path, rng):
     cases = {  # a malformed tensor each
         f"{p}.qweight": (np.zeros((3, I), np.int32), QMoEInputError, f"{p}.qweight"),
         f"{p}.g_idx": (np.arange(H, dtype=np.int32)[::-1].copy() % 2, QMoEUnsupportedError, "act-order"),
-        f"{p}.qzeros": (np.full((H // 32, I * 4 // 32), -1, np.int32), QMoEInputError, "after the v1 offset"),
         f"{p}.scales": (np.zeros((H // 32, I), np.int32), QMoEInputError, f"{p}.scales"),
     }
     for name, (bad, exc, match) in cases.items():
@@ -275,7 +296,8 @@ def _write_fp8(tmp_path, rng, block=32, shared=0):
             tensors[f"{mlp}.{n}.weight_scale_inv"] = s
     save_file(tensors, str(tmp_path / "model.safetensors"))
     qc = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [block, block]}
-    (tmp_path / "config.json").write_text(json.dumps({"num_experts_per_tok": 2, "quantization_config": qc}))
+    (tmp_path / "config.json").write_text(json.dumps({"num_experts": E, "num_experts_per_tok": 2, "norm_topk_prob": True,
+                                                      "quantization_config": qc}))
     return {n: np.stack(v) for n, v in dense.items()}, names
 
 

@@ -208,7 +208,7 @@ def _write_nvfp4(tmp_path, rng, scheme="moe_mlp", same=True, g_shape=(), shared=
     gate = "model.layers.1.mlp.gate.weight" if scheme == "moe_mlp" else "model.layers.1.block_sparse_moe.gate.weight"
     tensors[gate] = rng.standard_normal((E, H)).astype(ml_dtypes.bfloat16)
     q = qc or {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16, "ignore": ["lm_head"]}
-    cfg = {"num_experts_per_tok": 2, "norm_topk_prob": True}
+    cfg = {"num_experts": E, "num_experts_per_tok": 2, "norm_topk_prob": True}
     if hf_quant:  # older ModelOpt exports: the quantization beside config.json
         (tmp_path / "hf_quant_config.json").write_text(json.dumps({"producer": {"name": "modelopt"}, "quantization": {
             "quant_algo": "NVFP4", "group_size": 16, "exclude_modules": ["lm_head"]}}))

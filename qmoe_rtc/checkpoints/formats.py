@@ -7,9 +7,13 @@ That is the contract's own formula, so :mod:`qmoe_rtc.checkpoints.layer` only st
 GPTQ (AutoGPTQ / GPTQModel, ``quant_method: gptq``)::
 
     qweight [K·b/32, N] int32   32/b codes along K per word, code i at bits b·i
-    qzeros  [nb, N·b/32] int32  zero points packed along N the same way; checkpoint_format 'gptq' (v1)
-                                stores zero − 1, 'gptq_v2' the zero point itself
-    scales  [nb, N] float16     nb = K / group_size (1 with group_size −1)
+    qzeros  [nb, N·b/32] int32  zero points packed along N the same way; checkpoint_format 'gptq_v2'
+                                stores the zero points themselves, 'gptq' (v1, GPTQModel's default) the
+                                words of v2 less one in every code, as whole 32-bit words: v2 = v1 +
+                                0x11111111 (4-bit; 0x01010101 8-bit, 0x55555555 2-bit) modulo 2^32, carries
+                                and all -- GPTQModel's own v1 <-> v2 conversion, exact for every zero point,
+                                a zero point of 0 (stored as 0xF with a borrow from its neighbour) included
+    scales  [nb, N] float16     nb = K / group_size (1 with group_size −1); bfloat16 and float32 read too
     g_idx   [K] int32           group of each input; must be k // group_size (act-order is refused:
                                 its groups are not contiguous blocks of K)
 
@@ -21,10 +25,15 @@ AWQ (AutoAWQ GEMM, ``quant_method: awq``, ``version: gemm``), 4-bit::
 
 compressed-tensors ``pack-quantized`` (llm-compressor, ``quant_method: compressed-tensors``), int 1-8 bit::
 
-    weight_packed     [N, ceil(K·b/32)] int32   codes along K, 32/b per word, code i at bits b·i, each the
+    weight_packed     [N, ceil(K·b/32)] int32   codes along K as one little-endian bit string, code i at bit
+                                                b·i (32/b per word for b = 1, 2, 4, 8; 3-bit codes cross
+                                                words, written so from compressed-tensors 0.19 on), each the
                                                 signed value + 2^(b−1)
-    weight_scale      [N, nb] float             nb = K / group_size (1 for the channel strategy)
-    weight_zero_point [ceil(N·b/32), nb] int32  asymmetric only: packed along N, signed + 2^(b−1)
+    weight_scale      [N, nb] float             nb = K / group_size (1 for the channel strategy); float32,
+                                                float16 or bfloat16 (a bfloat16 model's scales)
+    weight_zero_point [ceil(N·b/32), nb] int32  asymmetric only: packed along N, signed + 2^(b−1); with
+                                                ``symmetric: true`` it must hold 2^(b−1) everywhere (refused
+                                                otherwise: the config and the tensor disagree)
     weight_shape      [2] int                   [N, K]
     weight_g_idx      [K] int32                 act-order, refused as for GPTQ
 
@@ -32,7 +41,9 @@ FP8 with square block scales (DeepSeek-V3, Qwen3 FP8: ``quant_method: fp8``, ``w
 
     weight            [N, K] float8_e4m3fn
     weight_scale_inv  [ceil(N/b), ceil(K/b)] float32   w = e4m3(weight) · weight_scale_inv (the contract's
-                                                       FP8 block scales, so the bytes carry over as they are)
+                                                       FP8 block scales, so the bytes carry over as they are);
+                                                       bfloat16 / float16 widened exactly, float8_e8m0fnu
+                                                       (``scale_fmt: ue8m0``) as 2^(s − 127)
 
 NVFP4 (NVIDIA ModelOpt, ``quant_method: modelopt``, ``quant_algo: NVFP4``, group_size 16)::
 
@@ -54,7 +65,7 @@ import numpy as np
 
 from .._arrays import FLOAT_DTYPES, dtype_name
 from ..errors import QMoEInputError, QMoEUnsupportedError
-from ..quantize import unpack_codes
+from ..quantize import packed_row_bytes, unpack_codes
 
 __all__ = ["AWQ_ORDER", "Quantized", "awq", "compressed", "fp8_blocks", "gptq", "nvfp4"]
 
@@ -92,10 +103,19 @@ def _unpack(words: np.ndarray, bits: int, axis: int, order=None) -> np.ndarray:
     return np.ascontiguousarray(np.moveaxis(codes, -1, axis))
 
 
+def _is_float(a) -> bool:
+    """float32, float16 or bfloat16 (ml_dtypes' bfloat16 is no NumPy float kind)."""
+    return dtype_name(a) in FLOAT_DTYPES
+
+
 def _scales(a, name: str, shape: tuple) -> np.ndarray:
-    if a.dtype.kind != "f" or tuple(a.shape) != shape:
-        raise QMoEInputError(name, f"float {list(shape)}", f"{a.dtype} {list(a.shape)}")
+    if not _is_float(a) or tuple(a.shape) != shape:
+        raise QMoEInputError(name, f"float32, float16 or bfloat16 {list(shape)}", f"{a.dtype} {list(a.shape)}")
     return np.ascontiguousarray(a.T)  # [N, nb]
+
+
+#: GPTQ v1 -> v2 zero-point words: one added to every code of a 32-bit word (module docstring)
+V1_OFFSET = {2: 0x55555555, 4: 0x11111111, 8: 0x01010101}
 
 
 def _group_count(K: int, group: int, name: str) -> int:
@@ -114,17 +134,16 @@ def gptq(get, prefix: str, bits: int, group: int, K: int, N: int, version: int =
     nb = _group_count(K, group, f"{prefix}.qweight")
     per = 32 // bits
     q = _unpack(_words(get(f"{prefix}.qweight"), f"{prefix}.qweight", (K // per, N)), bits, 0).T  # [N, K]
-    z = _unpack(_words(get(f"{prefix}.qzeros"), f"{prefix}.qzeros", (nb, N // per)), bits, 1)  # [nb, N]
+    zw = _words(get(f"{prefix}.qzeros"), f"{prefix}.qzeros", (nb, N // per))  # [nb, N·b/32] u32
+    if version == 1:  # whole-word arithmetic modulo 2^32, as GPTQModel converts v1 to v2
+        zw = (zw.astype(np.uint64) + V1_OFFSET[bits]).astype(np.uint32)
+    z = _unpack(zw, bits, 1)  # [nb, N]
     s = _scales(get(f"{prefix}.scales"), f"{prefix}.scales", (nb, N))
     g_idx = get.optional(f"{prefix}.g_idx")
     if g_idx is not None and group > 0 and not np.array_equal(np.asarray(g_idx), np.arange(K) // group):
         raise QMoEUnsupportedError(f"{prefix}.g_idx: act-order GPTQ (desc_act) puts inputs of a group apart; the "
                                    "contract's blocks are contiguous runs of K, so it cannot be loaded losslessly")
-    zeros = z.T.astype(np.int32) + (1 if version == 1 else 0)
-    if zeros.max(initial=0) >= (1 << bits):
-        raise QMoEInputError(f"{prefix}.qzeros", f"zero points below 2^{bits} after the v1 offset (+1)",
-                             f"max {int(zeros.max())}")
-    return Quantized(np.ascontiguousarray(q), s, _zeros_or_none(zeros, bits), bits, max(group, 0))
+    return Quantized(np.ascontiguousarray(q), s, _zeros_or_none(z.T, bits), bits, max(group, 0))
 
 
 def awq(get, prefix: str, bits: int, group: int, K: int, N: int) -> Quantized:
@@ -138,31 +157,39 @@ def awq(get, prefix: str, bits: int, group: int, K: int, N: int) -> Quantized:
     return Quantized(np.ascontiguousarray(q), s, _zeros_or_none(z.T, 4), 4, max(group, 0))
 
 
-def compressed(get, prefix: str, bits: int, group: int, K: int, N: int, symmetric: bool) -> Quantized:
-    """The compressed-tensors ``pack-quantized`` tensors ``prefix.weight_packed`` … of a [N, K] projection."""
-    if not 1 <= bits <= 8:
-        raise QMoEUnsupportedError(f"{prefix}.weight_packed: {bits}-bit codes (1 to 8 are packed)")
-    if bits not in (1, 2, 4, 8):
-        raise QMoEUnsupportedError(f"{prefix}.weight_packed: {bits}-bit codes (the contract's widths 1, 2, 4, 8 "
-                                   "pack whole words; 3-bit codes here straddle them)")
+def compressed(get, prefix: str, bits: int, group: int, K: int, N: int, symmetric: bool,
+               dense: bool = True) -> Quantized:
+    """The compressed-tensors ``pack-quantized`` tensors ``prefix.weight_packed`` … of a [N, K] projection;
+    ``dense``: 3-bit codes form one bit string across words (compressed-tensors 0.19 and newer)."""
+    if bits not in (1, 2, 3, 4, 8):
+        raise QMoEUnsupportedError(f"{prefix}.weight_packed: {bits}-bit codes (the contract's widths are 1, 2, 3, "
+                                   "4 and 8)")
+    if bits == 3 and not dense:
+        raise QMoEUnsupportedError(f"{prefix}.weight_packed: 3-bit codes written by a compressed-tensors older than "
+                                   "0.19 (config.json quantization_config.version), whose packing is not read")
     shape = get(f"{prefix}.weight_shape")
     if [int(v) for v in np.asarray(shape).reshape(-1)] != [N, K]:
         raise QMoEInputError(f"{prefix}.weight_shape", f"[{N}, {K}]", str(np.asarray(shape).tolist()))
     nb = _group_count(K, group, f"{prefix}.weight_packed")
-    per = 32 // bits
-    q = _unpack(_words(get(f"{prefix}.weight_packed"), f"{prefix}.weight_packed", (N, -(-K // per))), bits, 1)[:, :K]
+    q = _bit_string(_words(get(f"{prefix}.weight_packed"), f"{prefix}.weight_packed", (N, -(-K * bits // 32))),
+                    bits, K)  # [N, K]
     s = get(f"{prefix}.weight_scale")
-    if s.dtype.kind != "f" or tuple(s.shape) != (N, nb):
-        raise QMoEInputError(f"{prefix}.weight_scale", f"float [{N}, {nb}]", f"{s.dtype} {list(s.shape)}")
+    if not _is_float(s) or tuple(s.shape) != (N, nb):
+        raise QMoEInputError(f"{prefix}.weight_scale", f"float32, float16 or bfloat16 [{N}, {nb}]",
+                             f"{s.dtype} {list(s.shape)}")
     g_idx = get.optional(f"{prefix}.weight_g_idx")
     if g_idx is not None and group > 0 and not np.array_equal(np.asarray(g_idx), np.arange(K) // group):
         raise QMoEUnsupportedError(f"{prefix}.weight_g_idx: act-order puts inputs of a group apart; the contract's "
                                    "blocks are contiguous runs of K, so it cannot be loaded losslessly")
-    if symmetric:
+    zn = f"{prefix}.weight_zero_point"
+    stored = get.optional(zn) if symmetric else get(zn)
+    if stored is None:
         zeros = np.full((N, nb), 1 << (bits - 1))
-    else:
-        zw = _words(get(f"{prefix}.weight_zero_point"), f"{prefix}.weight_zero_point", (-(-N // per), nb))
-        zeros = _unpack(zw, bits, 0)[:N]
+    else:  # packed along N: [ceil(N·b/32), nb]
+        zeros = _bit_string(_words(stored, zn, (-(-N * bits // 32), nb)).T, bits, N).T  # [N, nb]
+        if symmetric and np.any(zeros != 1 << (bits - 1)):
+            raise QMoEInputError(zn, f"no zero points other than {1 << (bits - 1)} (the config says symmetric: true)",
+                                 "asymmetric zero points")
     return Quantized(np.ascontiguousarray(q), np.ascontiguousarray(s), _zeros_or_none(zeros, bits), bits, max(group, 0))
 
 
@@ -175,9 +202,16 @@ def fp8_blocks(get, prefix: str, block: int, K: int, N: int) -> Quantized:
     if np.any((q & 0x7F) == 0x7F):
         raise QMoEInputError(f"{prefix}.weight", "no NaN codes (0x7F, 0xFF)", "a NaN code")
     want = (-(-N // block), -(-K // block))
-    s = get(f"{prefix}.weight_scale_inv")
-    if s.dtype.kind != "f" or tuple(s.shape) != want:
-        raise QMoEInputError(f"{prefix}.weight_scale_inv", f"float {list(want)}", f"{s.dtype} {list(s.shape)}")
+    sn = f"{prefix}.weight_scale_inv"
+    s = get(sn)
+    if tuple(s.shape) != want or not (_is_float(s) or dtype_name(s) == "float8_e8m0fnu"):
+        raise QMoEInputError(sn, f"float32, bfloat16, float16 or float8_e8m0fnu {list(want)}", f"{s.dtype} {list(s.shape)}")
+    if dtype_name(s) == "float8_e8m0fnu":  # ue8m0 block scales: 2^(s − 127), exact in float32
+        from ..fp4 import check_fp4_scales, decode_e8m0
+
+        b = np.ascontiguousarray(s).view(np.uint8)
+        check_fp4_scales("mxfp4", b, name=sn)  # 255 is NaN
+        return Quantized(q, decode_e8m0(b).astype(np.float32), None, 8, block, square=True)
     return Quantized(q, np.ascontiguousarray(s.astype(np.float32)), None, 8, block, square=True)
 
 
@@ -206,6 +240,13 @@ def nvfp4(get, prefix: str, K: int, N: int) -> Quantized:
         raise QMoEInputError(gn, "a finite, positive global scale", str(float(g32)))
     q = unpack_codes(np.ascontiguousarray(w), 4, K)  # [N, K] e2m1 codes
     return Quantized(q, s, None, 4, 16, global_scale=np.full(N, g32, dtype=np.float32))
+
+
+def _bit_string(words: np.ndarray, bits: int, n: int) -> np.ndarray:
+    """The first ``n`` codes of each row of ``words`` (uint32 [..., w]) read as one little-endian bit string,
+    code i at bit b·i across word boundaries (compressed-tensors' dense packing; the contract's own)."""
+    raw = np.ascontiguousarray(words.astype("<u4")).view(np.uint8)  # [..., 4w]
+    return unpack_codes(np.ascontiguousarray(raw[..., : packed_row_bytes(n, bits)]), bits, n)
 
 
 def _zeros_or_none(zeros: np.ndarray, bits: int):

@@ -28,12 +28,13 @@ import numpy as np
 from .._arrays import FLOAT_DTYPES, dtype_name
 from ..errors import QMoEInputError, QMoEUnsupportedError
 from ..fp4 import check_fp4_scales
-from .layer import LoadedLayer, _check_routing
+from .layer import LoadedLayer
+from .model_config import MoeConfig
 from .source import Checkpoint
 
 __all__ = ["PREFIX", "load_gpt_oss"]
 
-#: The tensors' prefix (``{L}``: the layer).
+#: The tensors' usual prefix (``{L}``: the layer; :mod:`qmoe_rtc.checkpoints.naming` finds the actual one).
 PREFIX = "model.layers.{L}.mlp"
 #: gpt-oss's activation constant (``sigmoid(1.702 · glu)``) and default clamp.
 ALPHA, LIMIT = 1.702, 7.0
@@ -71,26 +72,25 @@ def _bias(ckpt: Checkpoint, name: str, shape: tuple):
     return np.ascontiguousarray(a)
 
 
-def load_gpt_oss(ckpt: Checkpoint, layer: int, progress=None) -> LoadedLayer:
-    """Layer ``layer`` of a gpt-oss MXFP4 checkpoint as the contract's MXFP4 experts (module docstring):
-    ``weights`` FC1/FC2 codes, scales and biases, ``router_weight`` / ``router_bias`` the router's linear
-    (None when the checkpoint lacks it). Refuses malformed tensors naming them (``QMoEInputError``) and
-    another quantization of these names (``QMoEUnsupportedError``)."""
+def load_gpt_oss(ckpt: Checkpoint, layer: int, block: str, cfg: MoeConfig, progress=None) -> LoadedLayer:
+    """Layer ``layer`` of a gpt-oss MXFP4 checkpoint (its MoE block's prefix ``block``, its routing ``cfg``
+    from config.json) as the contract's MXFP4 experts (module docstring): ``weights`` FC1/FC2 codes, scales
+    and biases, ``router_weight`` / ``router_bias`` the router's linear (None when the checkpoint lacks it).
+    Refuses malformed tensors naming them (``QMoEInputError``) and another quantization of these names
+    (``QMoEUnsupportedError``)."""
     method = ckpt.quantization.get("quant_method")
     if method not in (None, "mxfp4"):
         raise QMoEUnsupportedError(f"config.json quantization_config.quant_method {method!r} with gpt-oss's fused "
                                    "experts (experts.gate_up_proj_blocks): their MXFP4 storage (quant_method "
                                    "'mxfp4') is read")
-    p = PREFIX.format(L=layer)
-    cfg = ckpt.config
+    p = block
     w1, s1, E, N1, H = _codes(ckpt, f"{p}.experts.gate_up_proj", None, None, None)
     if N1 % 2:
         raise QMoEInputError(f"{p}.experts.gate_up_proj_blocks", "an even number 2I of rows in dim 1 (gate and "
                              "linear rows interleaved)", f"{N1} rows")
     I = N1 // 2
-    E_cfg = cfg.get("num_local_experts", cfg.get("num_experts"))
-    if E_cfg is not None and int(E_cfg) != E:
-        raise QMoEInputError(f"{p}.experts.gate_up_proj_blocks", f"{int(E_cfg)} experts in dim 0 (config.json "
+    if cfg.E != E:
+        raise QMoEInputError(f"{p}.experts.gate_up_proj_blocks", f"{cfg.E} experts in dim 0 (config.json "
                              "num_local_experts)", f"{E}")
     w2, s2, *_ = _codes(ckpt, f"{p}.experts.down_proj", E, H, I)
     weights = {"fc1_experts_weights": w1, "fc1_scales": s1,
@@ -101,16 +101,16 @@ def load_gpt_oss(ckpt: Checkpoint, layer: int, progress=None) -> LoadedLayer:
     if ckpt.has(f"{p}.router.weight"):
         rw = _bias(ckpt, f"{p}.router.weight", (E, H))
         rb = _bias(ckpt, f"{p}.router.bias", (E,)) if ckpt.has(f"{p}.router.bias") else None
-    _check_routing(cfg)
-    k = int(cfg.get("num_experts_per_tok", cfg.get("experts_per_token", 4)))
-    limit = float(cfg.get("swiglu_limit", LIMIT))
-    attrs = dict(k=k, quant_type="mxfp4", block_size=32, expert_weight_bits=4, activation_type="swiglu",
-                 swiglu_fusion=1, activation_alpha=ALPHA, activation_beta=1.0, swiglu_limit=limit,
-                 normalize_routing_weights=1)
+    limit = ckpt.config.get("swiglu_limit", LIMIT)  # gpt-oss's configs before it was a field: its constant 7
+    if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit > 0:
+        raise QMoEInputError("config.json swiglu_limit", "a positive number", repr(limit))
+    attrs = dict(k=cfg.k, quant_type="mxfp4", block_size=32, expert_weight_bits=4, activation_type="swiglu",
+                 swiglu_fusion=1, activation_alpha=ALPHA, activation_beta=1.0, swiglu_limit=float(limit),
+                 normalize_routing_weights=cfg.normalize)
     src = {f"fc1_{t}": f"{p}.experts.gate_up_proj_{n}" for t, n in (("experts_weights", "blocks"),
                                                                      ("scales", "scales"), ("experts_bias", "bias"))}
     src.update({f"fc2_{t}": f"{p}.experts.down_proj_{n}" for t, n in (("experts_weights", "blocks"),
                                                                       ("scales", "scales"), ("experts_bias", "bias"))})
     if progress is not None:  # every expert comes in the same few reads
         progress(E, E)
-    return LoadedLayer(weights, attrs, rw, src, router_bias=rb)
+    return LoadedLayer(weights, attrs, rw, src, router_bias=rb, model_type=cfg.model_type)

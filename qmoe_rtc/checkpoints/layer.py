@@ -4,14 +4,13 @@ projections into FC2, codes packed along K, scales [E, N, K/group] (row-wise: [E
 packed when they are not all 2^(b−1). NVFP4 (ModelOpt) projections also give ``fc*_global_scale``: [E]
 when every row of an expert's FC shares its ``weight_scale_2`` (gate and up equal), else [E, N] per row.
 
-Naming schemes (the expert tensors' prefix; ``{L}`` layer, ``{e}`` expert; ``router`` the gate's linear):
-
-    mixtral      model.layers.{L}.block_sparse_moe.experts.{e}.w1 / w3 / w2   router block_sparse_moe.gate
-    moe_mlp      model.layers.{L}.mlp.experts.{e}.gate_proj / up_proj / down_proj   router mlp.gate
-                 (Qwen2/3-MoE, OLMoE, DeepSeek); shared experts: mlp.shared_expert (Qwen2-MoE, with the
-                 sigmoid gate mlp.shared_expert_gate) or mlp.shared_experts (DeepSeek)
-    gpt_oss      model.layers.{L}.mlp.experts.gate_up_proj_blocks …: every expert fused in one tensor
-                 (gpt-oss MXFP4, read by :mod:`qmoe_rtc.checkpoints.gpt_oss`)   router mlp.router
+Where the tensors are: :mod:`qmoe_rtc.checkpoints.naming` (found from the names: Mixtral's
+``block_sparse_moe.experts.{e}.w1/w3/w2`` and ``…gate_proj/up_proj/down_proj`` as llm-compressor writes
+them, ``mlp.experts.{e}.gate_proj`` … of Qwen2/3-MoE, Qwen3-Next, OLMoE, DeepSeek and of Mixtral under
+transformers 5, gpt-oss's fused experts). What the routing is (E, k, the renormalisation) comes from
+``config.json`` by model type (:mod:`qmoe_rtc.checkpoints.model_config`), and the format (bits, group)
+from its ``quantization_config``: a field the layer needs and the file lacks is an error naming it, never
+a default. Every expert 0 … E−1 must be there whole.
 
 A shared MLP of intermediate size S·I (S times the routed experts' I) is split along its intermediate
 dimension into S shared experts of I each: a SwiGLU MLP is the sum of the MLPs on any split of its
@@ -22,43 +21,37 @@ Otherwise it stays one shared expert of its own size (valid for the contract and
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from .._arrays import FLOAT_DTYPES, dtype_name
 from ..errors import QMoEInputError, QMoEUnsupportedError
 from ..quantize import pack_codes
 from . import formats
+from .model_config import moe_config
+from .naming import SCHEMES, MoeNames, expert_indices, find_names
+from .naming import moe_layers as _moe_layers
 from .source import Checkpoint
 
-__all__ = ["FUSED_SCHEMES", "SCHEMES", "LoadedLayer", "load_layer", "moe_layers"]
-
-#: scheme -> (expert prefix, (gate, up, down) names, router prefix, shared-expert prefixes, shared gate prefix)
-SCHEMES = {
-    "mixtral": ("model.layers.{L}.block_sparse_moe.experts.{e}", ("w1", "w3", "w2"),
-                "model.layers.{L}.block_sparse_moe.gate", (), None),
-    "moe_mlp": ("model.layers.{L}.mlp.experts.{e}", ("gate_proj", "up_proj", "down_proj"), "model.layers.{L}.mlp.gate",
-                ("model.layers.{L}.mlp.shared_expert", "model.layers.{L}.mlp.shared_experts"),
-                "model.layers.{L}.mlp.shared_expert_gate"),
-}
-#: scheme -> the tensor that marks a layer's experts, for models storing every expert in one tensor
-FUSED_SCHEMES = {"gpt_oss": "model.layers.{L}.mlp.experts.gate_up_proj_blocks"}
+__all__ = ["SCHEMES", "LoadedLayer", "load_layer", "moe_layers"]
 
 
 @dataclass
 class LoadedLayer:
     """A layer's contract inputs: ``QMoE(**weights, **attributes)``. The scales keep their stored dtype
-    (GPTQ and AWQ: float16), which fixes the dtype the layer is called with. ``router_weight`` [E, H] (the
-    gate's linear, in its stored dtype) is left out of ``weights``: pass it as ``router_weight=`` for
-    logits computed in the layer, in the dtype you call the layer with; ``router_bias`` [E] likewise
-    (gpt-oss's router has one; None for the others)."""
+    (GPTQ: float16; a bfloat16 model's llm-compressor scales: bfloat16), which fixes the dtype the layer is
+    called with. ``router_weight`` [E, H] (the gate's linear, in its stored dtype) is left out of
+    ``weights``: pass it as ``router_weight=`` for logits computed in the layer, in the dtype you call the
+    layer with; ``router_bias`` [E] likewise (gpt-oss's router has one; None for the others).
+    ``source`` says which checkpoint tensors each input came from, ``model_type`` config.json's."""
 
     weights: dict
     attributes: dict
     router_weight: np.ndarray | None
     source: dict = field(default_factory=dict)  # contract input -> checkpoint tensors it came from
     router_bias: np.ndarray | None = None
+    model_type: str | None = None
 
 
 class _Reader:
@@ -74,83 +67,104 @@ class _Reader:
         return self.ckpt.get(name) if self.ckpt.has(name) else None
 
 
-def _marker(scheme: str) -> str:
-    """The name prefix ({L} the layer, {e} an expert) that a layer's experts of ``scheme`` start with."""
-    return FUSED_SCHEMES[scheme] if scheme in FUSED_SCHEMES else SCHEMES[scheme][0] + "."
-
-
-def _scheme(ckpt: Checkpoint, layer: int, scheme: str | None) -> str:
-    names = [*SCHEMES, *FUSED_SCHEMES]
-    if scheme is not None:
-        if scheme not in names:
-            raise QMoEInputError("scheme", f"one of {names} or None (found from the names)", repr(scheme))
-        return scheme
-    for name in names:
-        if any(n.startswith(_marker(name).format(L=layer, e=0)) for n in ckpt.names):
-            return name
-    raise QMoEInputError("checkpoint", f"MoE experts of layer {layer} named as one of {names} "
-                         "(e.g. model.layers.{L}.mlp.experts.{e}.gate_proj.qweight)", f"none in {ckpt.path}")
-
-
 def _checkpoint(path) -> Checkpoint:
     return path if isinstance(path, Checkpoint) else Checkpoint(path)
 
 
 def moe_layers(path, scheme: str | None = None) -> list[int]:
     """The layer indices whose MoE experts the checkpoint at ``path`` (or a :class:`Checkpoint`) holds."""
-    ckpt = _checkpoint(path)
-    found = set()
-    pats = [re.escape(_marker(s)).replace(r"\{L\}", r"(\d+)").replace(r"\{e\}", r"\d+")
-            for s in ([scheme] if scheme else [*SCHEMES, *FUSED_SCHEMES])]
-    for name in ckpt.names:
-        for pat in pats:
-            if m := re.match(pat, name):
-                found.add(int(m.group(1)))
-    return sorted(found)
+    return _moe_layers(_checkpoint(path).names, scheme)
+
+
+def _field(q: dict, keys: tuple, what: str, where: str = "config.json quantization_config"):
+    """The first of ``keys`` present in ``q`` (an error naming the first key when none is)."""
+    for k in keys:
+        if q.get(k) is not None:
+            return q[k]
+    raise QMoEInputError(f"{where}.{keys[0]}", what, "missing")
+
+
+def _int(v, name: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, str)) or not str(v).lstrip("-").isdigit():
+        raise QMoEInputError(name, "an integer", repr(v))
+    return int(v)
+
+
+def _version(v) -> tuple:
+    """A version string's leading numbers ('0.19.0' -> (0, 19, 0)); () when it has none."""
+    out = []
+    for part in str(v or "").split("."):
+        digits = "".join(ch for ch in part if ch.isdigit()) if part[:1].isdigit() else ""
+        if not digits:
+            break
+        out.append(int(digits))
+    return tuple(out)
 
 
 def _format(ckpt: Checkpoint) -> dict:
     """The checkpoint's format from config.json's quantization_config: method, bits, group, and GPTQ's
-    version or compressed-tensors' symmetry."""
+    version or compressed-tensors' symmetry. Bits and group must be there (no default is assumed)."""
     q = ckpt.quantization
     method = q.get("quant_method")
+    where = "config.json quantization_config"
     if method in ("modelopt", "mxfp4"):
         return _fp4_format(q)
     if method == "gptq":
-        fmt = str(q.get("checkpoint_format", "gptq")).lower()
-        return dict(method=method, bits=int(q.get("bits", 4)), group=int(q.get("group_size", 128)),
+        fmt = str(q.get("checkpoint_format", q.get("format", "gptq"))).lower()
+        if fmt not in ("gptq", "gptq_v2"):
+            raise QMoEUnsupportedError(f"{where}.checkpoint_format {fmt!r}: GPTQ's 'gptq' (v1) and 'gptq_v2' are read")
+        # act-order shows in each projection's g_idx, refused there when its groups are not contiguous
+        return dict(method=method, bits=_int(_field(q, ("bits",), "the code width"), f"{where}.bits"),
+                    group=_int(_field(q, ("group_size",), "the group size (-1: one per row)"), f"{where}.group_size"),
                     version=2 if fmt == "gptq_v2" else 1)
     if method == "awq":
         if str(q.get("version", "gemm")).lower() != "gemm":
             raise QMoEUnsupportedError(f"AWQ version {q.get('version')!r}: the GEMM packing is read")
         if not q.get("zero_point", True):
             raise QMoEUnsupportedError("AWQ without zero points (zero_point: false)")
-        return dict(method=method, bits=int(q.get("bits", q.get("w_bit", 4))),
-                    group=int(q.get("group_size", q.get("q_group_size", 128))))
+        return dict(method=method, bits=_int(_field(q, ("bits", "w_bit"), "the code width"), f"{where}.bits"),
+                    group=_int(_field(q, ("group_size", "q_group_size"), "the group size"), f"{where}.group_size"))
     if method == "compressed-tensors":
-        if q.get("format") != "pack-quantized":
-            raise QMoEUnsupportedError(f"compressed-tensors format {q.get('format')!r}: pack-quantized is read")
-        groups = list((q.get("config_groups") or {}).values())
-        args = [g.get("weights") or {} for g in groups]
-        if not args:
-            raise QMoEInputError("config.json quantization_config.config_groups", "a group with weights", "none")
-        if len({json.dumps(a, sort_keys=True) for a in args}) != 1:
-            raise QMoEUnsupportedError("compressed-tensors with several weight schemes (config_groups): one is read")
-        w = args[0]
-        if w.get("type", "int") != "int" or w.get("strategy") not in ("group", "channel") or w.get("actorder"):
-            raise QMoEUnsupportedError(f"compressed-tensors weights {w}: int codes with the group or channel "
-                                       "strategy (no act-order) are read")
-        group = int(w.get("group_size") or -1) if w["strategy"] == "group" else -1
-        return dict(method=method, bits=int(w.get("num_bits", 4)), group=group, symmetric=bool(w.get("symmetric", True)))
+        return _compressed_format(q, where)
     if method == "fp8":
         bs = q.get("weight_block_size")
         if str(q.get("fmt", "e4m3")).lower() != "e4m3" or not bs or len(bs) != 2 or bs[0] != bs[1]:
             raise QMoEUnsupportedError(f"FP8 quantization_config {q}: e4m3 with square weight_block_size [b, b] is read "
                                        "(per-tensor scales would give FC1's gate and up rows two scales)")
+        sf = q.get("scale_fmt")
+        if sf not in (None, "ue8m0", "float32", "fp32"):
+            raise QMoEUnsupportedError(f"{where}.scale_fmt {sf!r}: float or ue8m0 block scales are read")
         return dict(method=method, bits=8, group=int(bs[0]))
+    if method is None:
+        raise QMoEInputError(f"{where}.quant_method", "a quantized checkpoint (GPTQ, AWQ, compressed-tensors, FP8, "
+                             "MXFP4 or NVFP4)", "no quantization_config in config.json" if not q else "missing")
     raise QMoEUnsupportedError(f"config.json quantization_config.quant_method {method!r}: GPTQ, AWQ, "
                                "compressed-tensors (pack-quantized), FP8 block, gpt-oss MXFP4 (mxfp4) and "
                                "ModelOpt NVFP4 (modelopt) checkpoints are read")
+
+
+def _compressed_format(q: dict, where: str) -> dict:
+    """compressed-tensors ``pack-quantized``: one weight scheme of int codes, group or channel strategy."""
+    groups = [g for g in (q.get("config_groups") or {}).values() if isinstance(g, dict)]
+    kinds = {g.get("format") for g in groups if g.get("format")} or {q.get("format")}
+    if kinds != {"pack-quantized"}:
+        raise QMoEUnsupportedError(f"compressed-tensors format {sorted(map(str, kinds))}: pack-quantized is read")
+    args = [g.get("weights") or {} for g in groups]
+    if not args:
+        raise QMoEInputError(f"{where}.config_groups", "a group with weights", "none")
+    keys = ("num_bits", "type", "symmetric", "strategy", "group_size", "actorder")
+    if len({json.dumps({k: a.get(k) for k in keys}, sort_keys=True) for a in args}) != 1:
+        raise QMoEUnsupportedError("compressed-tensors with several weight schemes (config_groups): one is read")
+    w, wh = args[0], f"{where}.config_groups.weights"
+    if w.get("type", "int") != "int" or w.get("strategy") not in ("group", "channel") or w.get("actorder"):
+        raise QMoEUnsupportedError(f"compressed-tensors weights {w}: int codes with the group or channel "
+                                   "strategy (no act-order) are read")
+    group = _int(_field(w, ("group_size",), "the group size", wh), f"{wh}.group_size") if w["strategy"] == "group" else -1
+    if not isinstance(w.get("symmetric"), bool):
+        raise QMoEInputError(f"{wh}.symmetric", "true or false", repr(w.get("symmetric")) if "symmetric" in w else "missing")
+    bits = _int(_field(w, ("num_bits",), "the code width", wh), f"{wh}.num_bits")
+    return dict(method="compressed-tensors", bits=bits, group=group, symmetric=w["symmetric"],
+                dense=_version(q.get("version")) >= (0, 19))
 
 
 def _fp4_format(q: dict) -> dict:
@@ -180,7 +194,7 @@ def _projection(read, fmt: dict, prefix: str, K: int, N: int) -> formats.Quantiz
         return formats.fp8_blocks(read, prefix, fmt["group"], K, N)
     if fmt["method"] == "modelopt":
         return formats.nvfp4(read, prefix, K, N)
-    return formats.compressed(read, prefix, fmt["bits"], fmt["group"], K, N, fmt["symmetric"])
+    return formats.compressed(read, prefix, fmt["bits"], fmt["group"], K, N, fmt["symmetric"], fmt["dense"])
 
 
 def load_layer(path, layer: int, *, scheme: str | None = None, progress=None) -> LoadedLayer:
@@ -199,78 +213,71 @@ def load_layer(path, layer: int, *, scheme: str | None = None, progress=None) ->
 
 
 def _load(ckpt: Checkpoint, layer: int, scheme: str | None, progress) -> LoadedLayer:
-    scheme = _scheme(ckpt, layer, scheme)
-    if scheme == "gpt_oss":
+    names = find_names(ckpt.names, layer, scheme, str(ckpt.path))
+    cfg = moe_config(ckpt.config, where=f"{ckpt.path / 'config.json' if ckpt.path.is_dir() else 'config.json'}")
+    if names.projections is None:
         from .gpt_oss import load_gpt_oss
 
-        return load_gpt_oss(ckpt, layer, progress)
+        return load_gpt_oss(ckpt, layer, names.block, cfg, progress)
     fmt = _format(ckpt)
     if fmt["method"] == "mxfp4":
-        raise QMoEUnsupportedError(f"quant_method 'mxfp4' with per-expert projections ({scheme}): gpt-oss's fused "
-                                   "experts (mlp.experts.gate_up_proj_blocks ...) are the MXFP4 storage read")
-    bits, group = fmt["bits"], fmt["group"]
-    prefix, (gate, up, down), router, shared, shared_gate = SCHEMES[scheme]
+        raise QMoEUnsupportedError(f"quant_method 'mxfp4' with per-expert projections ({names.block}): gpt-oss's "
+                                   "fused experts (mlp.experts.gate_up_proj_blocks ...) are the MXFP4 storage read")
+    bits, group, E = fmt["bits"], fmt["group"], cfg.E
     scale = {"compressed-tensors": "weight_scale", "fp8": "weight_scale_inv", "modelopt": "weight_scale"}.get(
         fmt["method"], "scales")
-    sp = next((q.format(L=layer) for q in shared if ckpt.has(f"{q.format(L=layer)}.{gate}.{scale}")), None)
-    if sp is None and (stray := [n for n in ckpt.names if any(n.startswith(q.format(L=layer) + ".") for q in shared)]):
+    _check_experts(ckpt, names, E, scale)
+    gate = names.projections[0]
+    sp = next((q for q in names.shared if ckpt.has(f"{q}.{gate}.{scale}")), None)
+    if sp is None and (stray := [n for n in ckpt.names if any(n.startswith(q + ".") for q in names.shared)]):
         raise QMoEInputError(stray[0].rsplit(".", 2)[0] + f".{gate}.{scale}", "the shared expert's gate projection "
                              f"beside {stray[0]}", "missing")
-    E = 0
-    while ckpt.has(f"{prefix.format(L=layer, e=E)}.{gate}.{scale}"):
-        E += 1
-    if E == 0:
-        raise QMoEInputError(f"{prefix.format(L=layer, e=0)}.{gate}.{scale}", "a tensor of the checkpoint", "missing")
     read = _Reader(ckpt)
-    I, H = (_outputs(read, f"{prefix.format(L=layer, e=0)}.{n}", scale, fmt) for n in (gate, down))
+    I, H = (_outputs(read, names.expert(0, j), scale, fmt) for j in (0, 2))
     if fmt["method"] == "fp8" and I % group:
         raise QMoEUnsupportedError(f"FP8 blocks of {group} rows with I = {I}: FC1's gate and up rows would share a "
                                    "block of scales")
     fc1, fc2 = [], []
     for e in range(E):
-        p = prefix.format(L=layer, e=e)
-        g, u = (_projection(read, fmt, f"{p}.{n}", H, I) for n in (gate, up))
+        g, u = (_projection(read, fmt, names.expert(e, j), H, I) for j in (0, 1))
         fc1.append((g, u))
-        fc2.append(_projection(read, fmt, f"{p}.{down}", I, H))
+        fc2.append(_projection(read, fmt, names.expert(e, 2), I, H))
         if progress is not None:
             progress(e + 1, E)
     weights = {}
-    weights.update(_stack("fc1", [(g, u) for g, u in fc1], bits))
+    weights.update(_stack("fc1", fc1, bits))
     weights.update(_stack("fc2", [(d,) for d in fc2], bits))
     if sp is not None:
-        weights.update(_shared(read, fmt, sp, (gate, up, down), scale, H, I))
-        g = read.optional(f"{shared_gate.format(L=layer)}.weight") if shared_gate else None
+        weights.update(_shared(read, fmt, sp, names.projections, scale, H, I))
+        g = read.optional(f"{names.shared_gate}.weight")
         if g is not None:  # Linear(H, 1): [1, H] -> [H]; beside FP4's byte scales: float32
             sdt = weights["fc1_scales"].dtype
-            weights["shared_gate_weight"] = _as_if_exact(np.asarray(g).reshape(-1), sdt if sdt.kind == "f" else np.float32)
-    cfg = ckpt.config
-    _check_routing(cfg)
-    k = int(cfg.get("num_experts_per_tok", cfg.get("num_experts_per_token", 2)))
-    attrs = dict(k=k, activation_type="swiglu", swiglu_fusion=2, expert_weight_bits=bits, block_size=max(group, 0),
-                 normalize_routing_weights=int(bool(cfg.get("norm_topk_prob", scheme == "mixtral"))))
+            weights["shared_gate_weight"] = _as_if_exact(np.asarray(g).reshape(-1),
+                                                         sdt if dtype_name(sdt) in FLOAT_DTYPES else np.float32)
+    attrs = dict(k=cfg.k, activation_type="swiglu", swiglu_fusion=2, expert_weight_bits=bits, block_size=max(group, 0),
+                 normalize_routing_weights=cfg.normalize)
     if fmt["method"] in ("fp8", "modelopt"):
         attrs["quant_type"] = "fp8" if fmt["method"] == "fp8" else "nvfp4"
-    rw = read.optional(f"{router.format(L=layer)}.weight")
-    src = {"fc1_experts_weights": f"{prefix.format(L=layer, e='*')}.{{{gate},{up}}}",
-           "fc2_experts_weights": f"{prefix.format(L=layer, e='*')}.{down}"}
-    return LoadedLayer(weights, attrs, rw, src)
+    rw = next((read(f"{r}.weight") for r in names.routers if ckpt.has(f"{r}.weight")), None)
+    up, down = names.projections[1:]
+    src = {"fc1_experts_weights": f"{names.block}.experts.*.{{{gate},{up}}}",
+           "fc2_experts_weights": f"{names.block}.experts.*.{down}"}
+    return LoadedLayer(weights, attrs, rw, src, model_type=cfg.model_type)
 
 
-#: config.json routing settings the contract's routing (softmax over the experts, top k, optionally
-#: renormalised) computes, by key: a model with another value routes differently.
-ROUTING = {"scoring_func": ("softmax",), "topk_method": ("greedy",), "n_group": (None, 1), "topk_group": (None, 1),
-           "routed_scaling_factor": (None, 1, 1.0)}
-
-
-def _check_routing(cfg: dict) -> None:
-    """Refuse a model whose router the contract's softmax top-k would not reproduce (DeepSeek-V3's sigmoid
-    scores with grouped top-k and a scaling factor, say), naming the config.json key."""
-    for key, ok in ROUTING.items():
-        v = cfg.get(key)
-        if v is not None and v not in ok:
-            raise QMoEUnsupportedError(f"config.json {key} = {v!r}: the layer routes by softmax over the experts and "
-                                       f"top k ({key} {' or '.join(repr(o) for o in ok if o is not None)}), so it "
-                                       "would compute another function than this model's router")
+def _check_experts(ckpt: Checkpoint, names: MoeNames, E: int, scale: str) -> None:
+    """Every expert 0 … E−1 (E from config.json) has its three projections, and no expert past E has a
+    tensor: a missing one is named, never loaded as fewer experts."""
+    extra = sorted(e for e in expert_indices(ckpt.names, names) if e >= E)
+    if extra:
+        raise QMoEInputError(f"{names.block}.experts.{extra[0]}", f"experts 0 … {E - 1} (config.json's expert count)",
+                             f"tensors of expert {extra[0]}")
+    for e in range(E):
+        for j in range(3):
+            t = f"{names.expert(e, j)}.{scale}"
+            if not ckpt.has(t):
+                raise QMoEInputError(t, f"a tensor of the checkpoint (expert {e} of the {E} config.json names)",
+                                     f"missing from {ckpt.path}")
 
 
 def _shared(read, fmt: dict, sp: str, names: tuple, scale: str, H: int, I: int) -> dict:

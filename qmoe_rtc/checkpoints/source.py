@@ -1,7 +1,9 @@
 """A checkpoint on disk: one ``.safetensors`` file, or a folder of them (with or without
 ``model.safetensors.index.json``) beside a Hugging Face ``config.json``. Tensors are read one at a time
-through ``safetensors`` (NumPy arrays; bfloat16 through ml_dtypes), so a layer's load holds only that
-layer's tensors."""
+through ``safetensors`` (NumPy arrays; bfloat16 through ml_dtypes, imported here before the first read:
+safetensors' NumPy side knows bfloat16 only once ml_dtypes has registered it), so a layer's load holds
+only that layer's tensors. A file safetensors cannot parse (truncated, corrupt, a header past the end of
+the file) and a ``config.json`` that is not a JSON object are refused naming the file."""
 
 from __future__ import annotations
 
@@ -21,7 +23,52 @@ def _safetensors():
     except ImportError as exc:  # an optional dependency: pip install 'qmoe_rtc[checkpoints]'
         raise QMoEUnsupportedError("loading checkpoints needs the safetensors package "
                                    "(pip install safetensors, or qmoe_rtc[checkpoints])") from exc
+    import ml_dtypes  # noqa: F401  registers bfloat16 (and the float8s) with NumPy for safetensors' reader
+
     return safe_open
+
+
+def _unreadable(path: Path, exc: Exception) -> QMoEInputError:
+    """The one-line refusal of a safetensors file its reader cannot parse."""
+    why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return QMoEInputError("checkpoint", "a readable .safetensors file", f"{path}: {why}")
+
+
+def _header(path: Path) -> dict:
+    """The JSON header of safetensors file ``path`` (8-byte little-endian length, then the JSON), checked
+    to lie inside the file with every tensor's data."""
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        raw = fh.read(8)
+        n = int.from_bytes(raw, "little") if len(raw) == 8 else -1
+        if n < 2 or 8 + n > size:
+            raise QMoEInputError("checkpoint", "a .safetensors file (an 8-byte header length, then the header)",
+                                 f"{path}: a header of {n} bytes in a file of {size}")
+        try:
+            head = json.loads(fh.read(n))
+        except ValueError as exc:
+            raise _unreadable(path, exc) from None
+    if not isinstance(head, dict):
+        raise QMoEInputError("checkpoint", "a .safetensors header that is a JSON object", f"{path}")
+    end = max((int(v["data_offsets"][1]) for k, v in head.items() if k != "__metadata__" and isinstance(v, dict)
+               and "data_offsets" in v), default=0)
+    if 8 + n + end > size:
+        raise QMoEInputError("checkpoint", f"a .safetensors file of at least {8 + n + end} bytes (its header's "
+                             "tensors)", f"{path}: {size} bytes (truncated)")
+    return head
+
+
+def _json_object(path: Path) -> dict:
+    """The JSON object in ``path`` ({} when there is no such file)."""
+    if not path.is_file():
+        return {}
+    try:
+        v = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise QMoEInputError(path.name, "a JSON object", f"{path}: not JSON ({exc})") from None
+    if not isinstance(v, dict):
+        raise QMoEInputError(path.name, "a JSON object", f"{path}: a JSON {type(v).__name__}")
+    return v
 
 
 #: safetensors dtype names NumPy lacks, read through ml_dtypes by :func:`_float8`.
@@ -36,7 +83,7 @@ def _float8(path: Path, name: str):
 
     with open(path, "rb") as fh:
         n = int.from_bytes(fh.read(8), "little")
-        info = json.loads(fh.read(n))[name]
+    info = _header(path)[name]
     dtype = _FLOAT8.get(info["dtype"])
     if dtype is None:
         raise QMoEUnsupportedError(f"{name}: dtype {info['dtype']} (NumPy cannot hold it)")
@@ -61,15 +108,18 @@ class Checkpoint:
         safe_open = _safetensors()
         self._where: dict[str, Path] = {}
         for f in files:
-            with safe_open(str(f), framework="np") as h:
-                for name in h.keys():
-                    self._where[name] = f
+            _header(f)  # truncated or corrupt: one line naming the file, before safetensors' own error
+            try:
+                with safe_open(str(f), framework="np") as h:
+                    for name in h.keys():
+                        self._where[name] = f
+            except Exception as exc:  # safetensors' SafetensorError (not importable as such in every version)
+                raise _unreadable(f, exc) from None
         self._names = sorted(self._where)
         self._open: dict[Path, object] = {}  # file -> its open safe_open handle
-        cfg = folder / "config.json"
-        self.config: dict = json.loads(cfg.read_text()) if cfg.is_file() else {}
-        hf = folder / "hf_quant_config.json"  # ModelOpt's older exports: the quantization beside config.json
-        self._hf_quant: dict = json.loads(hf.read_text()) if hf.is_file() else {}
+        self.config: dict = _json_object(folder / "config.json")
+        # ModelOpt's older exports: the quantization beside config.json
+        self._hf_quant: dict = _json_object(folder / "hf_quant_config.json")
 
     @property
     def names(self) -> list[str]:
@@ -91,6 +141,8 @@ class Checkpoint:
             return h.get_tensor(name)
         except (AttributeError, TypeError):  # safetensors' NumPy side has no float8 dtype (NumPy lacks one)
             return _float8(f, name)
+        except Exception as exc:  # a tensor whose bytes cannot be read
+            raise _unreadable(f, exc) from None
 
     def close(self) -> None:
         """Close the files opened so far (a later :meth:`get` opens them again)."""
