@@ -24,20 +24,19 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import replace
 
 from . import knobs
 from ._arrays import device_of, dtype_name, is_c_contiguous, shape_str
-from .contract import INPUT_NAMES, LAYER_INPUTS, CallSpec, QMoEAttributes, check_call, check_content
+from .contract import INPUT_NAMES, LAYER_INPUTS, CallSpec, QMoEAttributes, check_call
 from .errors import CaptureError, DeviceError, QMoEInputError, QMoEUnsupportedError
-from .extensions import EXT_INPUTS, check_ext_call, shared_weights
+from .extensions import EXT_INPUTS, check_ext_call
 from .jit.driver import probe, sm_count, stream_is_capturing
 from .kernels import Problem, choose, decode_limit, get_family
+from .runtime.check import check_layer
 from .runtime.eager_graph import GraphedLaunches
 from .runtime.graph import QMoEGraph, capture_launches
 from .runtime.interop import (
     allocate_like,
-    array_meta,
     cupy,
     cupy_stream,
     current_stream,
@@ -48,7 +47,7 @@ from .runtime.interop import (
     signature,
     to_cupy,
 )
-from .runtime.layer import check_supported, describe_gpu_layer, layer_config, prepack_choice, upload_layer
+from .runtime.layer import describe_gpu_layer, layer_config, upload_layer
 from .runtime.plan import Plan, launched, load_launched
 from .runtime.scratch import ScratchPool
 from .specialize import ModelConfig
@@ -127,21 +126,9 @@ class QMoE:
             raise QMoEInputError("decode_max_routes", "None or a non-negative integer", repr(decode_max_routes))
         want = parse_device(device)
         # 1. everything that metadata can tell, before CUDA is touched: the same refusals with or without a GPU
-        metas = {n: array_meta(n, a) for n, a in weights.items()}
-        on_dev = next((m.device for m in metas.values() if m is not None and m.device is not None), None)
-        metas = {n: m if m is None or m.device is not None else replace(m, device=on_dev) for n, m in metas.items()}
         given = prepack == "given"  # codes passed tiled: checked as their contract shapes, uploaded as they are
-        g = describe_gpu_layer(metas, self.attrs, slice_args, given)
-        layer, ext = g.layer, g.ext
-        if want is not None and layer.device_id is not None and layer.device_id != want:
-            raise DeviceError(f"weights live on cuda:{layer.device_id}, device={device!r} was asked for")
-        check_supported(layer, ext, g.slice.num_experts if g.slice else 0)
-        self._tiled = prepack_choice(prepack, layer, ext, g.slice.num_experts if g.slice else 0)
-        if validate_content:  # host arrays are read where they are; device arrays through a zero-copy view
-            views = {n: a if is_host_array(a) else to_cupy(n, a, 0) for n, a in weights.items()}
-            check_content(views, layer)
-            if ext.shared is not None:  # the shared experts' tensors by their routed names
-                check_content(shared_weights(views), ext.shared)
+        checked = check_layer(weights, self.attrs, slice_args, prepack, validate_content, want, device)
+        layer, self._tiled = checked.gpu.layer, checked.tiled
         # 2. the GPU: a DeviceError saying what is missing (no driver, driver too old, no GPU)
         self.device_id = _resolve_device(want if want is not None else layer.device_id)
         cp = cupy()

@@ -246,9 +246,30 @@ def test_the_checkpoint_command_reads_every_moe_layer(tmp_path, rng, capsys):
     _write(tmp_path, "awq", rng)
     assert main(["checkpoint", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert f"layer 1: E={E} H={H} I={I} k=2 int4 block 32 zero points, router [E, H]" in out
+    assert f"layer 1: model: E={E} H={H} I={I} k=2 top-k renormalised, int4 block 32 zero points (float16 scales), " \
+           "router [E, H]" in out
     assert main(["checkpoint", str(tmp_path / "nothing")]) == 2  # a QMoEInputError: one line, exit 2
     assert "QMoEInputError" in capsys.readouterr().err
+    assert main(["checkpoint", str(tmp_path), "--scheme", "llama"]) == 2  # named, one line
+    err = capsys.readouterr().err
+    assert "scheme" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_checkpoint_command_refuses_what_qmoe_refuses(tmp_path, rng, capsys):
+    """k above the expert count (config.json) and a zero-point tensor with dirty padding: each refused
+    by the same check QMoE() runs, named per layer, exit 1."""
+    from qmoe_rtc.__main__ import main
+
+    _write(tmp_path, "awq", rng)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "num_experts_per_tok": 99}))
+    assert main(["checkpoint", str(tmp_path)]) == 1
+    assert "layer 1: refused" in capsys.readouterr().out
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "num_experts_per_tok": 2}))
+    qc = {k: v for k, v in cfg["quantization_config"].items() if k != "bits"}
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "quantization_config": qc}))
+    assert main(["checkpoint", str(tmp_path)]) == 1  # no bits: named, never 4 by default
+    assert "quantization_config.bits" in capsys.readouterr().out
 
 
 def test_an_open_checkpoint_serves_many_reads_and_closes(tmp_path, rng):

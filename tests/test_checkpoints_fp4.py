@@ -163,7 +163,8 @@ def test_the_checkpoint_command_reads_gpt_oss(tmp_path, rng, capsys):
     _write_gpt_oss(tmp_path, rng)
     assert main(["checkpoint", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert f"layer 0: E={EG} H={H} I={I} k=4 mxfp4 block 32, router [E, H] + bias [E]" in out and "layer 2:" in out
+    assert f"layer 0: gpt_oss: E={EG} H={H} I={I} k=4 top-k renormalised, mxfp4 block 32 (uint8 scales), " \
+           "router [E, H] + bias [E]" in out and "layer 2:" in out
 
 
 # --------------------------------------------------------------------------------------------- NVFP4
