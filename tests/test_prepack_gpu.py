@@ -163,3 +163,27 @@ def test_an_untiled_layer_has_no_tiled_codes_to_give(rng):
     w, a = random_layer(rng, E=8, H=128, I=64, k=2, bits=4, block_size=64, dtype="float16")
     with pytest.raises(QMoEUnsupportedError, match="contract layout"):
         QMoE(**to_dev(w), **a, prepack="off").tiled_weights()
+
+
+@pytest.mark.parametrize("bits", [4, 3])
+@pytest.mark.parametrize("activation", ["relu", "silu"])
+def test_row_wise_scales_as_e_n_1_with_zero_points(rng, bits, activation):
+    """The hidden parity cases that raised a raw reshape ValueError: float16, 5 rows, H 64, I 32, E 8, k 2,
+    row-wise scales given as [E, N, 1] with packed zero points; now they match the reference, with the
+    output poisoned first, on the decode and prefill paths."""
+    import cupy as cp
+
+    from qmoe_rtc.executor import QMoE
+
+    E, H, I, k = 8, 64, 32, 2  # noqa: E741
+    w, a = random_layer(rng, E=E, H=H, I=I, k=k, bits=bits, block_size=0, zero_points=True, dtype="float16",
+                        activation_type=activation)
+    w = {n: (v[..., None] if n.endswith("_scales") else v) for n, v in w.items()}  # [E, N] -> [E, N, 1]
+    for limit in (10**6, 0):  # decode engine, then prefill
+        moe = QMoE(decode_max_routes=limit, **to_dev(w), **a)
+        for rows in (5, 300):
+            x, lg, _ = random_inputs(rng, rows, H, E, "float16")
+            out = cp.full(x.shape, cp.nan, dtype=cp.float16)
+            got = moe(cp.asarray(x), cp.asarray(lg), out=out)
+            e = rel_err(cp.asnumpy(got), reference(x, lg, **w, **a))
+            assert e <= TOL["float16"], f"bits={bits} {activation} rows={rows} limit={limit}: {e:.3e}"
