@@ -1,21 +1,24 @@
 """QMoE nodes of an ONNX model into layers (CPU): a model with two QMoE nodes among other nodes, weights
 as initializers in external data, is read back to the same arrays and attributes, and each node's layer
 computes what onnxruntime (>= 1.32, CPU) computes for the node's inputs; weights that are not in the
-model are refused, naming the node and the input."""
+model are refused, naming the node and the input; files that are no ONNX model are refused in one line.
+(ONNX Runtime's own layouts, fp4 / nvfp4 / prepacked / INT3: tests/test_onnx_layouts.py.)"""
 
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
-from ort_oracle import run_ort_qmoe
 
-from qmoe_rtc.checkpoints.onnx_nodes import qmoe_nodes
-from qmoe_rtc.contract import INPUT_NAMES, QMoEAttributes, describe_layer
-from qmoe_rtc.errors import QMoEInputError
-from qmoe_rtc.random_layer import random_layer
-from qmoe_rtc.reference import qmoe as reference
+onnx = pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime", minversion="1.32")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from ort_oracle import run_ort_qmoe  # noqa: E402
+
+from qmoe_rtc.checkpoints.onnx_nodes import qmoe_nodes  # noqa: E402
+from qmoe_rtc.contract import INPUT_NAMES, QMoEAttributes, describe_layer  # noqa: E402
+from qmoe_rtc.errors import QMoEInputError, QMoEUnsupportedError  # noqa: E402
+from qmoe_rtc.random_layer import random_layer  # noqa: E402
+from qmoe_rtc.reference import qmoe as reference  # noqa: E402
 
 H, E = 64, 4
 LAYERS = {  # node name -> random_layer kwargs (what ONNX Runtime's CPU QMoE runs: swiglu interleaved, 2/4/8-bit;
@@ -24,9 +27,11 @@ LAYERS = {  # node name -> random_layer kwargs (what ONNX Runtime's CPU QMoE run
                  bias=True, normalize_routing_weights=1),
     "moe1": dict(I=64, k=1, bits=8, block_size=0, activation_type="gelu", normalize_routing_weights=1),
 }
+#: node-only attributes: moe1 (unfused, I = H) says its codes are raw, as its shapes cannot tell
+NODE_ATTRS = {"moe1": dict(weights_prepacked=0)}
 
 
-def _model(tmp_path, rng, weights_as_inputs=False):
+def _model(tmp_path, rng, weights_as_inputs=False, node_attrs=NODE_ATTRS):
     """x → QMoE moe0 → Add → QMoE moe1 → y, router probs from graph inputs; returns (path, layers)."""
     layers, nodes, inits, ins = {}, [], [], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, H])]
     prev = "x"
@@ -50,7 +55,7 @@ def _model(tmp_path, rng, weights_as_inputs=False):
         while names and not names[-1]:
             names.pop()
         nodes.append(helper.make_node("QMoE", [prev, f"{name}_probs", *names], [f"{name}_out"], name=name,
-                                      domain="com.microsoft", **a))
+                                      domain="com.microsoft", **a, **node_attrs.get(name, {})))
         nodes.append(helper.make_node("Add", [f"{name}_out", prev], [f"{name}_res"], name=f"{name}_add"))
         prev = f"{name}_res"
     out = helper.make_tensor_value_info(prev, TensorProto.FLOAT, [None, H])
@@ -99,3 +104,27 @@ def test_the_checkpoint_command_lists_the_nodes(tmp_path, rng, capsys):
     assert main(["checkpoint", str(path)]) == 0
     out = capsys.readouterr().out
     assert "moe0: E=4 H=64 I=32 k=2 swiglu" in out and "moe1: E=4 H=64 I=64 k=1 gelu" in out
+
+
+def test_unfused_square_layers_without_weights_prepacked_are_refused_unless_told(tmp_path, rng):
+    """moe1 (gelu, I = H) without ``weights_prepacked``: raw and CUDA-prepacked codes have the same shape."""
+    path, layers = _model(tmp_path, rng, node_attrs={})
+    with pytest.raises(QMoEUnsupportedError, match="moe1 weights_prepacked.*int_layout"):
+        qmoe_nodes(path)
+    nodes = qmoe_nodes(path, int_layout="raw")
+    np.testing.assert_array_equal(nodes[1].weights["fc1_experts_weights"], layers["moe1"][0]["fc1_experts_weights"])
+    assert nodes[0].layout == nodes[1].layout == "raw"
+
+
+@pytest.mark.parametrize("content", [b"", b"this is not an onnx model\n" * 3, bytes(range(256))])
+def test_files_that_are_no_onnx_model_are_refused_in_one_line(tmp_path, content, capsys):
+    from qmoe_rtc.__main__ import main
+
+    path = tmp_path / "model.onnx"
+    path.write_bytes(content)
+    with pytest.raises(QMoEInputError, match="model.onnx") as info:
+        qmoe_nodes(path)
+    assert "\n" not in str(info.value)
+    assert main(["checkpoint", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "QMoEInputError" in err and "model.onnx" in err, err

@@ -37,9 +37,12 @@ def main(argv=None) -> int:
     p.add_argument("--layers", type=csv(int), default=None, help="comma list of layer indices (default: every MoE layer)")
     p.add_argument("--scheme", default=None, help="mixtral, moe_mlp or gpt_oss: the projection names to read where "
                    "a layer holds two kinds (default: found from the names)")
+    p.add_argument("--int-layout", default="auto", choices=("auto", "raw", "cuda"),
+                   help=".onnx only: how 4/8-bit QMoE nodes without weights_prepacked store their codes "
+                        "(default: from their shapes)")
     a = p.parse_args(argv)
     if str(a.path).endswith(".onnx"):
-        return _onnx(a.path)
+        return _onnx(a.path, a.int_layout)
     from .layer import load_layer, moe_layers
     from .source import Checkpoint
 
@@ -95,17 +98,25 @@ def _layers(ckpt, a, load_layer, moe_layers) -> int:
     return 1 if refused else 0
 
 
-def _onnx(path) -> int:
-    from ..contract import QMoEAttributes, describe_layer
+def _onnx(path, int_layout: str = "auto") -> int:
+    from ..contract import QMoEAttributes
+    from ..runtime.check import check_layer
     from .onnx_nodes import qmoe_nodes
 
-    nodes = qmoe_nodes(path)
+    nodes = qmoe_nodes(path, int_layout=int_layout)
     if not nodes:
         print(f"{path}: no com.microsoft::QMoE nodes", file=sys.stderr)
         return 1
+    refused = 0
     for node in nodes:
-        layer = describe_layer(node.weights, QMoEAttributes.from_kwargs(**node.attributes))
+        try:  # the check QMoE() runs on the node's layer
+            attrs = QMoEAttributes.from_kwargs(**node.attributes)
+            layer = check_layer(node.weights, attrs, validate_content=True).gpu.layer
+        except QMoEError as exc:
+            print(f"{node.name}: refused: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            refused += 1
+            continue
         nbytes = sum(v.nbytes for v in node.weights.values())
         print(f"{node.name}: E={layer.E} H={layer.H} I={layer.I} k={layer.attrs.k} {layer.attrs.activation_type}, "
-              f"inputs {node.inputs}, {nbytes / 2**20:.1f} MiB")
-    return 0
+              f"{layer.attrs.quant_type} ({node.layout}), inputs {node.inputs}, {nbytes / 2**20:.1f} MiB")
+    return 1 if refused else 0
