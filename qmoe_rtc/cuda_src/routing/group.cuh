@@ -148,25 +148,44 @@ group_by_expert(const i32* __restrict__ topk_ids, i32 R, i32 E, i32 BR, i32* __r
   }
 }
 
+// An i32 read at the GPU's point of coherence (L2; relaxed, gpu scope) instead of through the SM's own caches.
+// For reads of the grouping's outputs made before a kernel's pdl_wait: PTX promises visibility of the direct
+// predecessor's writes only after the wait. The grouping (two launches back) had finished before the predecessor
+// released this grid, so its writes have reached L2; a copy in an SM's non-coherent cache has no such promise
+// (the scratch is reused call after call: it could hold an earlier call's values).
+__device__ __forceinline__ i32 ld_gpu(const i32* p) {
+  i32 v;
+  asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
+}
+// *p, or with GPU ld_gpu(p) (reads before a pdl_wait, see above).
+template <bool GPU>
+__device__ __forceinline__ i32 ld_group(const i32* p) {
+  if constexpr (GPU) return ld_gpu(p);
+  else return *p;
+}
+
 // The largest e < E with starts[e] <= v (starts nondecreasing, starts[0] <= v): the expert whose range of
 // starts (offsets: sorted positions; tile_offsets: tiles) holds v, experts with an empty range skipped.
+// GPU: ld_gpu reads (before a pdl_wait).
+template <bool GPU = false>
 __device__ __forceinline__ i32 expert_at(const i32* __restrict__ starts, i32 E, i32 v) {
   i32 lo = 0, hi = E - 1;
   while (lo < hi) {
     const i32 mid = (lo + hi + 1) >> 1;
-    if (starts[mid] <= v) lo = mid; else hi = mid - 1;
+    if (ld_group<GPU>(starts + mid) <= v) lo = mid; else hi = mid - 1;
   }
   return lo;
 }
 
-// Expert and first sorted position of tile t; false for a tile past the last one.
-template <int BR>
+// Expert and first sorted position of tile t; false for a tile past the last one. GPU: ld_gpu reads.
+template <int BR, bool GPU = false>
 __device__ __forceinline__ bool find_tile(const i32* __restrict__ offsets, const i32* __restrict__ tile_offsets, i32 E,
                                           i32 t, i32& e, i32& m0, i32& m_end) {
-  if (t >= tile_offsets[E]) return false;
-  e = expert_at(tile_offsets, E, t);
-  m0 = offsets[e] + (t - tile_offsets[e]) * BR;
-  m_end = min(m0 + BR, offsets[e + 1]);
+  if (t >= ld_group<GPU>(tile_offsets + E)) return false;
+  e = expert_at<GPU>(tile_offsets, E, t);
+  m0 = ld_group<GPU>(offsets + e) + (t - ld_group<GPU>(tile_offsets + e)) * BR;
+  m_end = min(m0 + BR, ld_group<GPU>(offsets + e + 1));
   return true;
 }
 
