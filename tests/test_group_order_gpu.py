@@ -59,3 +59,38 @@ def test_every_route_one_expert(rng):
     off, tiles, out = launch(ids, 16, 64)
     np.testing.assert_array_equal(out, np.arange(32768))
     assert off[5] == 0 and off[6] == 32768 and tiles[16] == 512
+
+
+@pytest.mark.parametrize("engine", ["mma", "wgmma"])
+def test_a_forward_groups_in_stable_order(rng, engine):
+    """Inside a planned forward of issue 23's layer (1000 rows), the grouping's ``sorted`` is the stable sort of
+    the routing's ids, the same on a second forward."""
+    import cupy as cp
+    from test_executor_gpu import to_dev
+    from test_route_order_gpu import _run_steps
+
+    from qmoe_rtc import knobs, stress
+    from qmoe_rtc.executor import QMoE
+    from qmoe_rtc.random_layer import random_inputs, random_layer
+
+    if engine == "wgmma" and cp.cuda.Device().compute_capability != "90":
+        pytest.skip("the wgmma engine needs sm_90a")
+    name, kw, E, H, I, dtype = {lay[0]: lay for lay in stress.LAYOUTS}[stress.ISSUE23_LAYOUT]
+    kw = dict(kw)
+    w, a = random_layer(rng, E=E, H=H, I=I, k=kw.pop("k"), dtype=dtype, **kw)
+    seen = []
+
+    def check(bufs, problem):
+        ids = cp.asnumpy(bufs["topk_ids"].view(cp.int32)[: problem.routes])
+        got = cp.asnumpy(bufs["sorted"].view(cp.int32)[: problem.routes])
+        np.testing.assert_array_equal(got, np.argsort(ids, kind="stable"))
+        seen.append(got)
+
+    with knobs.scope(prefill_engine=engine):
+        moe = QMoE(**to_dev(w), **a, decode_max_routes=0)
+        x0, l0, _ = random_inputs(rng, 1000, H, E, dtype)
+        x, lg = cp.asarray(x0), cp.asarray(l0)
+        for _ in range(2):
+            _run_steps(cp, moe, x, lg, cp.empty_like(x), check)
+        assert moe.engine_for(1000, dtype).pipeline.name == f"prefill-{engine}"
+    assert len(seen) == 2 and np.array_equal(seen[0], seen[1])
