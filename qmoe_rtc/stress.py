@@ -11,6 +11,7 @@ and exits 0 only when every engine ran and none differed, 1 otherwise, 2 on a us
 
     python -m qmoe_rtc stress --procs 16 --seconds 120
     python -m qmoe_rtc stress --layouts bf16-b8-row-silu --engines prefill-mma,prefill-wgmma --rows 64,1000
+    python -m qmoe_rtc stress --layouts bf16-b8-row-silu-norm --rows 1000   # issue 23's exact layer and run
 """
 
 from __future__ import annotations
@@ -25,14 +26,19 @@ from collections.abc import Sequence
 
 from .cli_args import csv, names, positive
 
-__all__ = ["ENGINES", "LAYOUTS", "aggregate", "build_parser", "cases", "main", "rows_for"]
+__all__ = ["ENGINES", "ISSUE23_LAYOUT", "LAYOUTS", "aggregate", "build_parser", "cases", "main", "rows_for"]
 
 #: (name, random_layer kwargs with k, E, H, I, activation dtype). The first is the layer of the race
-#: found under contention (issue 23); together they cover bits 1/2/3/4/8, FP8 and FP4, row-wise and block
-#: scales, zero points, GLU and plain activations, FC3, biases, float16 / bfloat16 / float32, shared
-#: experts with a gate and the router GEMM, and H / I that are not multiples of 32 (SIMT engines).
+#: found under contention (issue 23); :data:`ISSUE23_LAYOUT`, the second, is that report's exact layer
+#: (routing weights normalised too: ``--layouts bf16-b8-row-silu-norm --rows 1000`` reproduces its run,
+#: 1000 rows of bf16 H 256, I 128, E 16, k 2, int8 row-wise symmetric, silu); together they cover bits
+#: 1/2/3/4/8, FP8 and FP4, row-wise and block scales, zero points, GLU and plain activations, FC3, biases,
+#: float16 / bfloat16 / float32, shared experts with a gate and the router GEMM, and H / I that are not
+#: multiples of 32 (SIMT engines).
 LAYOUTS = (
     ("bf16-b8-row-silu", dict(bits=8, block_size=0, activation_type="silu", k=2), 16, 256, 128, "bfloat16"),
+    ("bf16-b8-row-silu-norm", dict(bits=8, block_size=0, activation_type="silu", k=2, normalize_routing_weights=1), 16,
+     256, 128, "bfloat16"),
     ("f16-b4-bs128-swiglu", dict(bits=4, block_size=128, activation_type="swiglu", k=2), 16, 256, 128, "float16"),
     ("bf16-b4-bs32-zp-swiglu2-k4", dict(bits=4, block_size=32, zero_points=True, activation_type="swiglu",
                                         swiglu_fusion=2, k=4), 16, 256, 128, "bfloat16"),
@@ -62,6 +68,10 @@ LAYOUTS = (
     ("f16-nvfp4-swiglu2", dict(format="nvfp4", block_size=16, activation_type="swiglu", swiglu_fusion=2, k=2), 8,
      256, 128, "float16"),
 )
+
+#: The name of issue 23's exact layer in :data:`LAYOUTS` (its replay / eager difference: 2 of 256000 outputs
+#: at 1000 rows, 16 processes on one GPU, prefill-wgmma and prefill-mma).
+ISSUE23_LAYOUT = "bf16-b8-row-silu-norm"
 
 #: Engines (pipelines) and how a case forces one: the path through decode_max_routes, the prefill engine
 #: through QMOE_RTC_PREFILL_ENGINE. Tensor-core layouts run the first three, the others the SIMT two.

@@ -70,7 +70,7 @@ def test_overlapped_kernels_wait_before_reading_earlier_outputs(where):
     # the routes' ids (grouping), the grouping (wg_prepare's tile table), the tile table (FC1), act_sorted (FC2's
     # main loop; its tile lookup before the wait reads only what was complete when FC1's wait returned), y (combine)
     first_read = {"route_topk": r"l\[e\]", "route_topk_warp": r"l\[e\]", "fc1_mma": r"ids\[blockIdx\.y\]",
-                  "fc2_mma_combine": r"collect_routes\(", "group_by_expert": r"topk_ids\[",
+                  "fc2_mma_combine": r"collect_routes\(", "group_by_expert": r"group_walk<",
                   "wg_prepare": r"build_tile_table\(", "wg_prepare_image": r"build_tile_table\(", "fc1_body": r"pf_tile_table<",
                   "fc2_body": r"wg_tile<",
                   "combine_routes": r"ids\[r\]"}[fn]

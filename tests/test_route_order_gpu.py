@@ -1,10 +1,11 @@
 """The prefill engines' output does not depend on the order of routes inside an expert (GPU).
 
-``group_by_expert`` places an expert's routes with atomics, so their order changes from call to call
-with the GPU's timing (under contention most of all); every route's result must depend on its own
-row only, whichever tile and position it lands in, for a graph replay to equal an eager call bitwise.
-Here the forward runs launch by launch, and between the grouping and FC1 each expert's routes are
-reversed or shuffled in place: the output must stay bitwise the same.
+``group_by_expert`` placed an expert's routes with atomics, in an order that changed from call to call
+with the GPU's timing (under contention most of all); it now sorts them stably (ascending route id,
+``tests/test_group_order*.py``), so a graph replay and an eager call group alike whatever this test finds.
+What is checked here is the stronger property: every route's result depends on its own row only,
+whichever tile and position it lands in. The forward runs launch by launch, and between the grouping
+and FC1 each expert's routes are reversed or shuffled in place: the output must stay bitwise the same.
 """
 
 import numpy as np

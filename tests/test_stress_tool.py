@@ -31,6 +31,34 @@ def test_matrix_covers_what_the_check_promises():
     assert stress.LAYOUTS[0][:1] == ("bf16-b8-row-silu",) and stress.LAYOUTS[0][2:] == (16, 256, 128, "bfloat16")
 
 
+def test_issue23_layout_is_there_and_valid():
+    """Issue 23's exact layer is a named layout: bf16, int8 row-wise symmetric (no zero points), silu, k 2,
+    E 16, H 256, I 128, routing weights normalised; the tensor-core engines run it, at 1000 rows on the
+    prefill ones, and ``--layouts`` takes its name."""
+    lay = {lay[0]: lay for lay in stress.LAYOUTS}[stress.ISSUE23_LAYOUT]
+    name, kw, E, H, I, dtype = lay
+    assert (E, H, I, dtype) == (16, 256, 128, "bfloat16")
+    assert kw == dict(bits=8, block_size=0, activation_type="silu", k=2, normalize_routing_weights=1)
+    assert len({lay[0] for lay in stress.LAYOUTS}) == len(stress.LAYOUTS)  # names are unique
+    kw = dict(kw)
+    w, a = random_layer(np.random.default_rng(0), E=E, H=H, I=I, k=kw.pop("k"), dtype=dtype, **kw)
+    attrs = QMoEAttributes.from_kwargs(**a)
+    assert attrs.normalize_routing_weights == 1 and attrs.k == 2 and attrs.activation_type == "silu"
+    assert "fc1_zero_points" not in w and "fc2_zero_points" not in w
+    cfg = stress.model_config(lay)
+    assert cfg.experts == 16 and cfg.hidden == 256 and cfg.inter == 128 and cfg.k == 2
+    selected = stress.cases([name])
+    assert {eng for _, eng in selected} == set(stress.TENSOR_CORE_ENGINES)
+    for case in selected:
+        if case[1].startswith("prefill"):
+            assert stress.rows_for(case, [1000]) == [1000] and 1000 in stress.rows_for(case)
+            p = Problem(rows=1000, E=E, H=H, I=I, k=2, dtype=dtype, arch="sm_90a")
+            with engine_scope(case[1]):
+                assert choose(cfg, p, "prefill").pipeline.name == case[1].removesuffix("-ws")
+    args = stress.build_parser().parse_args(["--layouts", name, "--rows", "1000"])
+    assert args.layouts == [name] and args.rows == [1000]
+
+
 @pytest.mark.parametrize("case", stress.cases(), ids=lambda c: f"{c[0][0]}-{c[1]}")
 def test_each_case_runs_the_engine_it_names(case):
     """What the worker forces (decode_max_routes, QMOE_RTC_PREFILL_ENGINE) picks the named pipeline at

@@ -1,5 +1,10 @@
 """What the grouped (prefill) families share: the grouping kernel, the combine kernel, the scratch of
-the grouped path, and the tile grid of the tensor-core GEMMs."""
+the grouped path, and the tile grid of the tensor-core GEMMs.
+
+The grouping (``group_by_expert``, routing/group.cuh) is a stable counting sort: ``sorted`` lists each
+expert's routes in ascending route id, the same on every launch (``np.argsort(ids, kind="stable")`` with
+ids of -1 left out), so which routes share a GEMM tile never depends on the GPU's timing and a graph replay
+computes every route exactly as an eager call does."""
 
 from __future__ import annotations
 
@@ -11,18 +16,22 @@ from ._expert import gate_of
 from .base import Problem, Slot
 
 GROUP_THREADS = 1024  # kGroupThreads
-GROUP_MAX_EXPERTS = 1023  # kGroupMaxExperts: routed + shared experts [ext]
+GROUP_MAX_EXPERTS = 1023  # kGroupMaxExperts: routed + shared experts [ext] (the kernel takes 256 a pass)
 COMBINE_THREADS = 256  # at most; a thread owns COMBINE_COLS columns of a row
 COMBINE_COLS = 8  # kCombineCols
 GROUP = 8  # route tiles launched side by side for each weight tile (L2 reuse; pf_tile in engines/tile_rows.cuh)
 
 
+#: group_by_expert (routing/group.cuh): ids [R] in; offsets / tile_offsets [E + 1] and sorted [R] out.
+GROUP_KERNEL = KernelDef("group", "qmoe::group_by_expert<>",
+                         (Ptr("topk_ids", "int32"), Scalar("R", "int32"), Scalar("E", "int32"), Scalar("BR", "int32"),
+                          Ptr("offsets", "int32"), Ptr("tile_offsets", "int32"), Ptr("sorted", "int32")))
+
+
 def group_and_combine(spec: ModuleSpec) -> tuple[KernelDef, ...]:
     """group_by_expert (routing/group.cuh) and combine_routes (epilogue/combine.cuh) for the spec's dtype."""
     return (
-        KernelDef("group", "qmoe::group_by_expert<>",
-                  (Ptr("topk_ids", "int32"), Scalar("R", "int32"), Scalar("E", "int32"), Scalar("BR", "int32"),
-                   Ptr("offsets", "int32"), Ptr("tile_offsets", "int32"), Ptr("sorted", "int32"))),
+        GROUP_KERNEL,
         KernelDef("combine", f"qmoe::combine_routes<{CPP_TYPES[spec['dtype']]}>",
                   (Ptr("y", "float32"), Ptr("topk_ids", "int32"), Ptr("topk_w", "float32"), Scalar("rows", "int32"),
                    Scalar("k", "int32"), Scalar("H", "int32"), Ptr("out", spec["dtype"]))),
@@ -30,6 +39,8 @@ def group_and_combine(spec: ModuleSpec) -> tuple[KernelDef, ...]:
 
 
 def group_launch(tile_routes: int) -> Launch:
+    """One block of GROUP_THREADS threads (static shared memory only: a 32 KB per-warp count table), route
+    tiles of ``tile_routes`` (``BR``)."""
     return Launch((1, 1, 1), (GROUP_THREADS, 1, 1), 0, (("BR", tile_routes),))
 
 

@@ -21,11 +21,11 @@ __device__ __forceinline__ i32 grid_tile(i32 idx, i32 NT, i32 G, i32& nt) {
   nt = rem / G * CL + (idx - cl * CL);
   return grp * G + rem % G;
 }
-// grid_tile's route tile found in the experts' ranges (false: past the last route tile).
-template <int BR, int CL = 1>
+// grid_tile's route tile found in the experts' ranges (false: past the last route tile). GPU: find_tile's.
+template <int BR, int CL = 1, bool GPU = false>
 __device__ __forceinline__ bool pf_tile_at(i32 idx, const i32* __restrict__ offsets, const i32* __restrict__ tile_offsets,
                                            i32 E, i32 NT, i32 G, i32& nt, i32& e, i32& m0, i32& m_end) {
-  return find_tile<BR>(offsets, tile_offsets, E, grid_tile<CL>(idx, NT, G, nt), e, m0, m_end);
+  return find_tile<BR, GPU>(offsets, tile_offsets, E, grid_tile<CL>(idx, NT, G, nt), e, m0, m_end);
 }
 // The tile of this block (one block per tile; pf_tile_at of blockIdx.x, in its unsigned arithmetic).
 template <int BR>

@@ -55,19 +55,20 @@ __device__ __forceinline__ int4 ld_now4(const i32* p) {
 // rows[q] the route of tile row threadIdx.x + q·kThreads (q < ceil(BR / kThreads); rows past BR are not read,
 // rows past the tile's routes repeat its last). From kTableExperts experts from the tile table, one round of
 // loads; below, pf_tile_at's search and then the routes. False past the call's last tile (the whole block).
-// CL: the grid's clusters (grid_tile).
-template <int BR, int kThreads, int CL = 1>
+// CL: the grid's clusters (grid_tile). GPU: the search's reads with ld_gpu too, for a caller that has not
+// passed its pdl_wait yet (FC2; the table's own reads are volatile, never from a non-coherent cache).
+template <int BR, int kThreads, int CL = 1, bool GPU = false>
 __device__ __forceinline__ bool pf_tile_table(i32 idx, const i32* __restrict__ sorted, const i32* __restrict__ offsets,
                                               const i32* __restrict__ tile_offsets, i32 E, i32 NT, i32 G,
                                               const i32* __restrict__ tile_info, const i32* __restrict__ tile_rows,
                                               i32& nt, i32& e, i32& m0, i32& m_end, i32 (&rows)[(BR + kThreads - 1) / kThreads]) {
   constexpr int Q = (BR + kThreads - 1) / kThreads;
   if (E < kTableExperts) {
-    if (!pf_tile_at<BR, CL>(idx, offsets, tile_offsets, E, NT, G, nt, e, m0, m_end)) return false;
+    if (!pf_tile_at<BR, CL, GPU>(idx, offsets, tile_offsets, E, NT, G, nt, e, m0, m_end)) return false;
 #pragma unroll
     for (int q = 0; q < Q; ++q) {
       const i32 i = threadIdx.x + q * kThreads;
-      rows[q] = i < BR ? sorted[min(m0 + i, m_end - 1)] : 0;
+      rows[q] = i < BR ? ld_group<GPU>(sorted + min(m0 + i, m_end - 1)) : 0;
     }
     return true;
   }

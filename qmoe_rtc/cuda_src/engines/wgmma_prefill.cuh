@@ -17,7 +17,8 @@
 // Launches (core/pdl.cuh): the grouping, wg_prepare, FC1, FC2 and the combine each start while the kernel before
 // them finishes and wait for it (griddepcontrol.wait) before reading what it wrote. wg_prepare and FC1 wait at
 // once; FC1 releases FC2 right after, so FC2's blocks take SMs as FC1's last round leaves them, look up their
-// tile and set up their rows (the grouping's and wg_prepare's outputs, complete once FC1's wait returned), then
+// tile and set up their rows (the grouping's and wg_prepare's outputs, complete once FC1's wait returned; read at
+// L2, not through the SM's non-coherent caches, as FC2 has not waited yet: ld_gpu in routing/group.cuh), then
 // wait for FC1 before their first copy of act_sorted; FC2 releases the combine after that wait.
 //
 // Pairs (the `_pair` kernels, 128-route tiles on 4 warpgroups, clusters of two; the host chooses per call): the two
@@ -222,10 +223,12 @@ __device__ __forceinline__ void fc2_body(const T* __restrict__ act_sorted, const
   __shared__ u32 s_row[BR];  // element offsets of the tile's rows in act_sorted (< 2^32: the host's bound)
   __shared__ i32 s_route[BR];
   u8* smem = wg_smem<St::kStages * St::kBytes>(dyn_smem);
+  // Before the wait below, the grouping's outputs (and the tile table) are read at L2 (ld_gpu, volatile
+  // table loads): the wait is what makes the predecessor's writes visible, and these come from earlier kernels.
   // whole tiles: the even blocks (only odd ones read the count here, the others' first loads are their tile's)
-  if (blockIdx.x % KS && !fc2_splits(KS, rg.tile_offsets[E] * NT, SMS)) return;
+  if (blockIdx.x % KS && !fc2_splits(KS, ld_gpu(rg.tile_offsets + E) * NT, SMS)) return;
   i32 nt, e, m0, m_end, route[(BR + St::kThreads - 1) / St::kThreads];
-  if (!pf_tile_table<BR, St::kThreads, CL>((i32)blockIdx.x / KS, rg.sorted, rg.offsets, rg.tile_offsets, E, NT, G, tile_info,
+  if (!pf_tile_table<BR, St::kThreads, CL, true>((i32)blockIdx.x / KS, rg.sorted, rg.offsets, rg.tile_offsets, E, NT, G, tile_info,
                                            tile_rows, nt, e, m0, m_end, route))
     return;
   const Proj<ScaleT> p2 = expert_proj(e, wt.E_routed, wt.fc2, wt.shared_fc2);
