@@ -4,7 +4,7 @@ the grouped path, and the tile grid of the tensor-core GEMMs."""
 from __future__ import annotations
 
 from .. import knobs
-from ..errors import QMoEAttributeError
+from ..errors import KnobError
 from ..jit import KernelDef, Launch, Ptr, Scalar
 from ..specialize import CPP_TYPES, ModuleSpec
 from ._expert import gate_of
@@ -89,5 +89,5 @@ def tuning_knob(name: str, env: str, default: int, allowed) -> int:
     """A tuning knob's value (0 or unset: ``default``), refused when not in ``allowed``."""
     n = knobs.get(name) or default
     if n not in allowed:
-        raise QMoEAttributeError(env, f"one of {list(allowed)}", str(n))
+        raise KnobError(env, f"one of {list(allowed)}", str(n))
     return n
