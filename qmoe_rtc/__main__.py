@@ -43,7 +43,24 @@ def cmd_info(args) -> int:
         print(f"kernel cache        {knobs.cache_dir()} (mode: {knobs.cache_mode()})")
     except Exception as exc:  # knobs may be mis-set; say so
         print(f"kernel cache        unavailable ({exc})")
+    print(f"knobs               {_knob_line()}")
     return 0
+
+
+def _knob_line() -> str:
+    """The QMOE_RTC_* variables set in the environment, or the first one with a value it does not take
+    (``info`` is a diagnostic: it says so instead of refusing, as the other commands do)."""
+    import os
+
+    from . import knobs
+    from .errors import KnobError
+
+    try:
+        knobs.snapshot()
+    except KnobError as exc:
+        return f"BAD: {exc}"
+    given = [f"{k.env}={os.environ[k.env]}" for k in knobs.KNOBS.values() if k.env in os.environ]
+    return ", ".join(given) if given else "none set (the defaults)"
 
 
 def _gpu_lines() -> list[str]:
@@ -206,6 +223,10 @@ def main(argv=None) -> int:
     from .errors import QMoEError
 
     try:
+        if argv and argv[0] != "info" and not {"-h", "--help"} & set(argv):
+            from . import knobs
+
+            knobs.snapshot()  # every QMOE_RTC_* variable read once: a bad one is refused before any work
         if argv and argv[0] == "warm":
             from .warm import main as warm_main
 

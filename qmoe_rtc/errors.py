@@ -4,18 +4,18 @@
 
     QMoEError
     ├── QMoEInputError          a bad input tensor or parameter (names it, expected, actual)
-    │   └── QMoEAttributeError  a bad attribute value (k, activation_type, block_size ...)
+    │   ├── QMoEAttributeError  a bad attribute value (k, activation_type, block_size ...)
+    │   └── KnobError           a QMOE_RTC_* environment variable (or knob override) has a bad value
     ├── QMoEUnsupportedError    a valid layer this build cannot run (names the limit)
     ├── DeviceError             no GPU / no driver / driver too old / array on another device
     ├── CaptureError            something not allowed inside CUDA graph capture
     ├── CompileError            NVRTC refused a generated unit (log, options, source)
-    ├── CacheError              the on-disk kernel cache
-    │   ├── CacheMissError      strict mode: a module is not on disk
-    │   ├── CacheCorruptError   an entry failed its integrity check (the cache treats it as a miss)
-    │   └── CacheLocationError  the cache directory cannot be used to store (the warm tool)
-    └── KnobError               a QMOE_RTC_* environment variable has a bad value
+    └── CacheError              the on-disk kernel cache
+        ├── CacheMissError      strict mode: a module is not on disk
+        ├── CacheCorruptError   an entry failed its integrity check (the cache treats it as a miss)
+        └── CacheLocationError  the cache directory cannot be used to store (the warm tool)
 
-``except qmoe_rtc.QMoEInputError`` catches every refusal of bad input, attributes included.
+``except qmoe_rtc.QMoEInputError`` catches every refusal of bad input, attributes and knobs included.
 Nothing in the package uses ``assert`` for runtime checks.
 """
 
@@ -132,7 +132,9 @@ class CaptureError(QMoEError, RuntimeError):
     """Something that is not allowed inside CUDA graph capture was attempted during capture."""
 
 
-class KnobError(_ExpectedActual):
-    """An environment knob (``QMOE_RTC_*``) or a knob override has a value of the wrong type."""
+class KnobError(QMoEInputError):
+    """An environment knob (``QMOE_RTC_*``) or a knob override (``knobs.scope``) has a value it does not
+    accept (a kind of bad input: ``except QMoEInputError`` catches it): ``name`` is the variable,
+    ``expected`` the values it accepts, ``actual`` the value given (qmoe_rtc/knobs.py)."""
 
     kind = "knob"

@@ -189,7 +189,7 @@ def test_split_compile_knob_options_key_and_machine_code(cache):
     assert text_sections(split.cubin) == text_sections(plain.cubin) != {}
     assert compiler.base_options("sm_90")[4:7] == ("-Xptxas", "--split-compile=0", "--split-compile=0")
     assert get_cubin(unit, "sm_90").key not in (plain.key, split.key)
-    with knobs.scope(split_compile="yes"), pytest.raises(KnobError, match="QMOE_RTC_SPLIT_COMPILE"):
+    with pytest.raises(KnobError, match="QMOE_RTC_SPLIT_COMPILE"), knobs.scope(split_compile="yes"):
         compiler.base_options("sm_90")
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from qmoe_rtc import knobs
-from qmoe_rtc.errors import QMoEAttributeError
+from qmoe_rtc.errors import KnobError
 from qmoe_rtc.kernels.base import DEFAULT_SMS
 from qmoe_rtc.kernels.mma_decode import DEEP_CHUNKS, MIN_BLOCKS, ONE_WAVE_CHUNKS, k_split
 
@@ -81,7 +81,7 @@ def test_min_blocks_knob_reaches_the_spec_and_the_geometry():
         six = fam.spec(cfg)
     assert min_blocks(six, 8) == 6 and min_blocks(six, 16) == MIN_BLOCKS[16]
     assert fam.geometry(six, "fc1", p)[0] == 4
-    with knobs.scope(mma_min_blocks=9), pytest.raises(QMoEAttributeError, match="QMOE_RTC_MMA_MIN_BLOCKS"):
+    with pytest.raises(KnobError, match="QMOE_RTC_MMA_MIN_BLOCKS"), knobs.scope(mma_min_blocks=9):
         fam.spec(cfg)
 
 

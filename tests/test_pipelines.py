@@ -180,7 +180,7 @@ def test_wgmma_fc2_k_split_launch():
     tiles and from two chunks of K, and the permute step then zeroes y [R, H] for the halves to add into;
     otherwise one block a tile and nothing zeroed. The knob forces either; a bad value is refused."""
     from qmoe_rtc import knobs
-    from qmoe_rtc.errors import QMoEAttributeError
+    from qmoe_rtc.errors import KnobError
     from qmoe_rtc.kernels.wgmma_prefill import FC2_SPLIT_ROUNDS
 
     fam = get_family("wgmma_prefill")
@@ -205,7 +205,7 @@ def test_wgmma_fc2_k_split_launch():
     short = ModelConfig(hidden=4096, inter=128, experts=8, k=2, layout=CONFIGS[0].layout)  # one chunk of K
     with knobs.scope(prefill_fc2_split="on"):
         assert dict(fam.launch(fam.spec(short), "fc2", _problem(short, 512)).args)["KS"] == 1
-    with knobs.scope(prefill_fc2_split="maybe"), pytest.raises(QMoEAttributeError, match="QMOE_RTC_PREFILL_FC2_SPLIT"):
+    with pytest.raises(KnobError, match="QMOE_RTC_PREFILL_FC2_SPLIT"), knobs.scope(prefill_fc2_split="maybe"):
         fc2(512)
 
 
@@ -217,7 +217,7 @@ def test_wgmma_pairs_by_call():
     launches an even number of weight tiles, FC2 never splits, and FC1's output and FC2's input are images of Rp
     rows; the knob forces either way where the module has pairs; a bad value is refused."""
     from qmoe_rtc import knobs
-    from qmoe_rtc.errors import QMoEAttributeError
+    from qmoe_rtc.errors import KnobError
     from qmoe_rtc.kernels.wgmma_geometry import GATHER_ROWS, PAIR_MIN_FC1_TILES, image_rows, padded, pair_kernels
 
     fam = get_family("wgmma_prefill")
@@ -259,7 +259,7 @@ def test_wgmma_pairs_by_call():
         assert kernels(gpt_oss, 512)[1] == "fc1_br32"  # no pair form of 32-route tiles
     with knobs.scope(prefill_wg_groups=2):  # 128-route tiles on 2 warpgroups: no pair forms
         assert not pair_kernels(fam.spec(mixtral)) and "_pair" not in kernels(mixtral, 4096)[1]
-    with knobs.scope(prefill_wg_pairs="maybe"), pytest.raises(QMoEAttributeError, match="QMOE_RTC_PREFILL_WG_PAIRS"):
+    with pytest.raises(KnobError, match="QMOE_RTC_PREFILL_WG_PAIRS"), knobs.scope(prefill_wg_pairs="maybe"):
         kernels(mixtral, 4096)
 
 

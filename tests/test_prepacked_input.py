@@ -196,7 +196,8 @@ def test_layers_the_engines_cannot_read_tiled_are_refused_with_the_reason(no_gpu
         qmoe_rtc.QMoE(**tw, **offset, prepack="given")
     with pytest.raises(errors.QMoEUnsupportedError, match="cannot be tiled.*zero_point_offset"):
         tiled_weights(w, **offset)
-    with knobs.scope(prepack="given"), pytest.raises(errors.QMoEAttributeError, match="not from QMOE_RTC_PREPACK"):
+    with pytest.raises(errors.KnobError, match="QMOE_RTC_PREPACK.*'auto', 'on', 'off'.*'given'"), \
+            knobs.scope(prepack="given"):
         qmoe_rtc.QMoE(**w, **a)  # 'given' says what one layer's arrays are, not a process-wide default
     assert no_gpu == []
 

@@ -11,7 +11,7 @@ from kernel_signatures import mismatches
 from side_by_side import compile_specs
 
 from qmoe_rtc import knobs
-from qmoe_rtc.errors import QMoEAttributeError
+from qmoe_rtc.errors import KnobError
 from qmoe_rtc.kernels import get_family
 from qmoe_rtc.kernels.base import Problem
 from qmoe_rtc.kernels.wgmma_geometry import GATHER_ROWS, WS_CONSUMERS, image_rows, padded, variant_of
@@ -32,9 +32,9 @@ def test_the_variant_knob_and_the_module_key():
     assert variant_of(tiles) == "tiles" and "variant" not in dict(tiles.params)  # the key it had before
     assert variant_of(ws) == "ws" and ws.name != tiles.name and ws["groups"] == WS_CONSUMERS
     assert _spec(prefill_wg_variant="ws", prefill_ws_mw=2).name != ws.name
-    with pytest.raises(QMoEAttributeError, match="QMOE_RTC_PREFILL_WG_VARIANT"):
+    with pytest.raises(KnobError, match="QMOE_RTC_PREFILL_WG_VARIANT"):
         _spec(prefill_wg_variant="warp")
-    with pytest.raises(QMoEAttributeError, match="QMOE_RTC_PREFILL_WS_MW"):
+    with pytest.raises(KnobError, match="QMOE_RTC_PREFILL_WS_MW"):
         _spec(prefill_wg_variant="ws", prefill_ws_mw=3)
     src = get_family("wgmma_prefill").source(ws)
     assert '#include "engines/wgmma_ws.cuh"' in src and "wgmma_prefill.cuh" not in src

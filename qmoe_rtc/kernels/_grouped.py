@@ -9,7 +9,7 @@ computes every route exactly as an eager call does."""
 from __future__ import annotations
 
 from .. import knobs
-from ..errors import QMoEAttributeError
+from ..errors import KnobError
 from ..jit import KernelDef, Launch, Ptr, Scalar
 from ..specialize import CPP_TYPES, ModuleSpec
 from ._expert import gate_of
@@ -100,5 +100,5 @@ def tuning_knob(name: str, env: str, default: int, allowed) -> int:
     """A tuning knob's value (0 or unset: ``default``), refused when not in ``allowed``."""
     n = knobs.get(name) or default
     if n not in allowed:
-        raise QMoEAttributeError(env, f"one of {list(allowed)}", str(n))
+        raise KnobError(env, f"one of {list(allowed)}", str(n))
     return n

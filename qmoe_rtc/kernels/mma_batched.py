@@ -16,7 +16,7 @@ which read each weight once per 16-256 routes, are faster (measured, docs/perfor
 from __future__ import annotations
 
 from .. import knobs
-from ..errors import QMoEAttributeError
+from ..errors import KnobError
 from ..jit import KernelDef, Launch, Ptr, Scalar
 from ..specialize import ModuleSpec
 from ._expert import (
@@ -92,7 +92,7 @@ def row_tiles(tiled: bool, block_size: int) -> int:
     on tiled codes)."""
     forced = tuning_knob("batched_row_tiles", "QMOE_RTC_BATCHED_ROW_TILES", 0, (0, 1, 2))
     if forced == 2 and not tiled:
-        raise QMoEAttributeError("QMOE_RTC_BATCHED_ROW_TILES", "1 for a layer in the contract layout (2 reads tiled "
+        raise KnobError("QMOE_RTC_BATCHED_ROW_TILES", "1 for a layer in the contract layout (2 reads tiled "
                                  "codes: QMoE(prepack='on'))", "2")
     return forced or (2 if tiled and (block_size == 0 or block_size >= 128) else 1)
 

@@ -10,7 +10,7 @@ however many of the rows chose it. One module holds both kernels for 8, 16 and 3
 from __future__ import annotations
 
 from .. import knobs
-from ..errors import QMoEAttributeError
+from ..errors import KnobError
 from ..jit import KernelDef, Launch, Ptr, Scalar
 from ..specialize import ModuleSpec
 from ._expert import (
@@ -48,7 +48,7 @@ PREFETCH_CHUNKS = 4  # chunks of its two rows a warp warms L2 with before the ro
 def _stages() -> int:
     n = knobs.get("mma_stages") or STAGES
     if not 2 <= n <= 8:
-        raise QMoEAttributeError("QMOE_RTC_MMA_STAGES", "2..8", str(n))
+        raise KnobError("QMOE_RTC_MMA_STAGES", "2..8", str(n))
     return n
 
 

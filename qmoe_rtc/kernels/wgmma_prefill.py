@@ -38,7 +38,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .. import knobs
-from ..errors import QMoEAttributeError
+from ..errors import KnobError
 from ..jit import KernelDef, Launch, Ptr, Scalar
 from ..specialize import CPP_TYPES, ModuleSpec
 from ._expert import (
@@ -133,7 +133,7 @@ class WgmmaPrefillFamily(KernelFamily):
         if variant == "auto":
             variant = DEFAULT_VARIANT
         if variant not in VARIANTS:
-            raise QMoEAttributeError("QMOE_RTC_PREFILL_WG_VARIANT", f"one of {['auto', *VARIANTS]}", repr(variant))
+            raise KnobError("QMOE_RTC_PREFILL_WG_VARIANT", f"one of {['auto', *VARIANTS]}", repr(variant))
         ws = {"variant": "ws", "mw": tuning_knob("prefill_ws_mw", "QMOE_RTC_PREFILL_WS_MW", WS_MW, (1, 2))} \
             if variant == "ws" else {}
         stamps = {"stamps": True} if knobs.get("prefill_wg_stamps") and not ws else {}  # diagnostics (tiles only)
@@ -277,7 +277,7 @@ class WgmmaPrefillFamily(KernelFamily):
         (the measurements: kernels/wgmma_geometry.py)."""
         mode = knobs.get("prefill_wg_pairs")
         if mode not in ("auto", "on", "off"):
-            raise QMoEAttributeError("QMOE_RTC_PREFILL_WG_PAIRS", "one of ['auto', 'on', 'off']", repr(mode))
+            raise KnobError("QMOE_RTC_PREFILL_WG_PAIRS", "one of ['auto', 'on', 'off']", repr(mode))
         br = tile_routes(problem.routes, problem.experts, have=spec_tiles(spec))
         if mode == "off" or not pair_kernels(spec) or br != PAIR_ROUTES:
             return False
@@ -296,7 +296,7 @@ class WgmmaPrefillFamily(KernelFamily):
         to the device's rule), 'auto' as described."""
         mode = knobs.get("prefill_fc2_split")
         if mode not in ("auto", "on", "off"):
-            raise QMoEAttributeError("QMOE_RTC_PREFILL_FC2_SPLIT", "one of ['auto', 'on', 'off']", repr(mode))
+            raise KnobError("QMOE_RTC_PREFILL_FC2_SPLIT", "one of ['auto', 'on', 'off']", repr(mode))
         if variant_of(spec) == "ws" or mode == "off" or padded(problem.I) < 2 * CHUNK:
             return 1
         br = tile_routes(problem.routes, problem.experts, have=spec_tiles(spec))

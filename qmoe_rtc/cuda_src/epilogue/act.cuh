@@ -2,7 +2,8 @@
 //
 //   relu, gelu (tanh form), silu, identity, relu2 = relu(x)^2            -- one input
 //   swiglu: G = min(g, limit), L = clamp(l, -limit, limit), G*sigmoid(alpha*G)*(L + beta)
-//           (limit_after = 1: min(g*sigmoid(alpha*g), limit) * (L + beta))
+//           (limit_after = 1: min(g*sigmoid(alpha*g), limit) * (L + beta)); a NaN g or l stays NaN
+//           (min_keep_nan / clamp_keep_nan), as in the reference
 //   geglu:  gelu(g) * l
 //   silu/gelu with FC3: act(fc1) * fc3                                     -- gated form
 #pragma once
@@ -27,6 +28,20 @@ enum Gate : int {
 // The IEEE expf and division cost the FC1 epilogues ~40 instructions a value.
 __device__ __forceinline__ float sigmoidf_(float x) { return __fdividef(1.0f, 1.0f + __expf(-x)); }
 
+// min(x, hi) and clamp(x, lo, hi) that keep a NaN x, as the reference's np.minimum / np.clip do (fminf / fmaxf
+// return the other operand, so a NaN became +-limit): PTX min.NaN / max.NaN (sm_80+: NaN when either operand
+// is; FMNMX.NAN, one instruction as fminf's FMNMX). The swiglu limit is never NaN (a positive number or +inf).
+__device__ __forceinline__ float min_keep_nan(float x, float hi) {
+  float r = 0.0f;
+  asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(x), "f"(hi));
+  return r;
+}
+__device__ __forceinline__ float clamp_keep_nan(float x, float lo, float hi) {
+  float r = 0.0f;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(x), "f"(lo));
+  return min_keep_nan(r, hi);
+}
+
 __device__ __forceinline__ float gelu_tanh(float x) {
   const float c = 0.7978845608028654f;  // sqrt(2/pi)
   return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
@@ -44,9 +59,9 @@ template <int ACT> __device__ __forceinline__ float act1(float x) {
 // Activation of a gated pair (g from the gate row, l from the linear row).
 template <int ACT> __device__ __forceinline__ float act_gated(float g, float l, const ActParams& p) {
   if constexpr (ACT == ACT_SWIGLU) {
-    const float L = fminf(fmaxf(l, -p.limit), p.limit);
-    if (p.limit_after) return fminf(g * sigmoidf_(p.alpha * g), p.limit) * (L + p.beta);
-    const float G = fminf(g, p.limit);
+    const float L = clamp_keep_nan(l, -p.limit, p.limit);
+    if (p.limit_after) return min_keep_nan(g * sigmoidf_(p.alpha * g), p.limit) * (L + p.beta);
+    const float G = min_keep_nan(g, p.limit);
     return G * sigmoidf_(p.alpha * G) * (L + p.beta);
   } else if constexpr (ACT == ACT_GEGLU) {
     return gelu_tanh(g) * l;
