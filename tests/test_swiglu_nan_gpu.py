@@ -5,7 +5,7 @@ equal elsewhere within the contract's tolerance. NaN enters FC1's output three w
 (every FC1 value of its routes), a NaN FC1 bias on a gate row of expert 0 (the gate value alone) and one
 on a linear row of expert 1 (the linear value alone). Outputs are poisoned first with NaN (the finite rows
 must be written) and then with a finite value (the NaN rows must be written); graph replay equals the eager
-call bitwise (NaN where NaN). The CPU side: tests/test_swiglu_nan.py."""
+call bitwise (NaN where NaN). relu likewise (max(NaN, 0) stays NaN). The CPU side: tests/test_swiglu_nan.py."""
 
 import numpy as np
 import pytest
@@ -35,6 +35,8 @@ LAYERS = [
                             activation_alpha=1.702, activation_beta=1.0), "float16"),
     ("swiglu2-limit7-after", dict(bits=4, block_size=128, activation_type="swiglu", swiglu_fusion=2, swiglu_limit=7.0,
                                   swiglu_limit_after_activation=1), "bfloat16"),
+    # relu: max(NaN, 0) is NaN too (no gate: the two biases make outputs 0 and 1 of experts 0 and 1 NaN)
+    ("relu", dict(bits=4, block_size=32, activation_type="relu"), "float16"),
 ]
 SENTINEL = 1234.5
 
@@ -66,7 +68,7 @@ def test_swiglu_nan_rows_match_the_reference(rng, name, kw, tc_dtype, engine, sc
     dtype = "float32" if simt else tc_dtype
     w, a = random_layer(rng, E=E, H=H, I=I, k=K, dtype=dtype, bias=True, **kw)
     w["fc1_experts_bias"][0, 0] = np.nan  # gate of output 0 (both orders put it first)
-    w["fc1_experts_bias"][1, 1 if a["swiglu_fusion"] == 1 else I] = np.nan  # the linear value of output 0
+    w["fc1_experts_bias"][1, I if a.get("swiglu_fusion") == 2 else 1] = np.nan  # the linear value of output 0
     with knobs.scope(**scope):
         moe = QMoE(**to_dev(w), **a, decode_max_routes=limit)
         for rows in rows_list:

@@ -36,10 +36,13 @@ __device__ __forceinline__ float min_keep_nan(float x, float hi) {
   asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(x), "f"(hi));
   return r;
 }
-__device__ __forceinline__ float clamp_keep_nan(float x, float lo, float hi) {
+__device__ __forceinline__ float max_keep_nan(float x, float lo) {
   float r = 0.0f;
   asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(x), "f"(lo));
-  return min_keep_nan(r, hi);
+  return r;
+}
+__device__ __forceinline__ float clamp_keep_nan(float x, float lo, float hi) {
+  return min_keep_nan(max_keep_nan(x, lo), hi);
 }
 
 __device__ __forceinline__ float gelu_tanh(float x) {
@@ -48,11 +51,11 @@ __device__ __forceinline__ float gelu_tanh(float x) {
 }
 
 template <int ACT> __device__ __forceinline__ float act1(float x) {
-  if constexpr (ACT == ACT_RELU) return fmaxf(x, 0.0f);
+  if constexpr (ACT == ACT_RELU) return max_keep_nan(x, 0.0f);  // NaN stays NaN, as np.maximum
   else if constexpr (ACT == ACT_GELU) return gelu_tanh(x);
   else if constexpr (ACT == ACT_SILU) return x * sigmoidf_(x);
   else if constexpr (ACT == ACT_IDENTITY) return x;
-  else if constexpr (ACT == ACT_RELU2) { const float r = fmaxf(x, 0.0f); return r * r; }
+  else if constexpr (ACT == ACT_RELU2) { const float r = max_keep_nan(x, 0.0f); return r * r; }
   else return x;  // GLU kinds are handled by act_gated
 }
 
