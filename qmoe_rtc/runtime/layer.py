@@ -220,7 +220,8 @@ def tile_codes(cp, proj: dict, layer, given: bool = False) -> dict:
         if not given:
             codes = pack(cp, codes, p.K, p.bits, fusion, f"{p.name}_experts_weights")
         if p.quant != "fp8":  # integer and FP4 codes: records (FP8's square blocks keep their layout)
-            meta = pack_meta(cp, s, z, p.N, p.bits, fusion, p.scale_input, row_wise=not p.block_size)  # [E, ceil(N/16), nb, 8, R] u8
+            # [E, ceil(N/16), nb, 8, R] u8
+            meta = pack_meta(cp, s, z, p.N, p.bits, fusion, p.scale_input, row_wise=not p.block_size)
             s, z = meta.view(s.dtype), None
         if fusion == 2 and b is not None:
             b = fusion1_order(cp, b)  # [E, 2I] f32: gate 2o, linear 2o + 1
