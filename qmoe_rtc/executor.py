@@ -30,7 +30,7 @@ from ._arrays import device_of, dtype_name, is_c_contiguous, shape_str
 from .contract import INPUT_NAMES, LAYER_INPUTS, CallSpec, QMoEAttributes, check_call
 from .errors import CaptureError, DeviceError, QMoEInputError, QMoEUnsupportedError
 from .extensions import EXT_INPUTS, check_ext_call
-from .jit.driver import probe, sm_count, stream_is_capturing
+from .jit.driver import max_smem_optin, probe, sm_count, stream_is_capturing
 from .kernels import Problem, choose, decode_limit, get_family
 from .runtime.check import check_layer
 from .runtime.eager_graph import GraphedLaunches
@@ -188,7 +188,7 @@ class QMoE:
                        router_weights_dtype=router_weights_dtype, sparse=bool(self.attrs.use_sparse_mixer),
                        arch=self._arch(), shared=x.S, shared_gate=bool(x.S and x.gate),
                        router_gemm=x.router_dtype if x.router else "", all_experts=self._all_experts,
-                       sms=sm_count(self.device_id))
+                       sms=sm_count(self.device_id), smem=max_smem_optin(self.device_id))
 
     @property
     def _all_experts(self) -> int:

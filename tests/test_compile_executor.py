@@ -255,7 +255,7 @@ def test_wgmma_stage_bytes_match_the_device_struct(groups, tiled_meta):
     smaller dynamic shared memory) for every bit width, scale size, block kind, zp mode and route tile, with
     the warpgroups forced (2, 4) or chosen by tile and layout (0: tile_groups, the device's kGroups)."""
     from qmoe_rtc.jit import compiler
-    from qmoe_rtc.kernels.wgmma_geometry import route_tiles_of, stage_bytes, stages, tile_groups
+    from qmoe_rtc.kernels.wgmma_geometry import route_tiles_of, smem_defines, stage_bytes, stages, tile_groups
 
     lines = ['#include "engines/wgmma_prefill.cuh"']
     for bits in (1, 2, 3, 4, 8):
@@ -270,7 +270,7 @@ def test_wgmma_stage_bytes_match_the_device_struct(groups, tiled_meta):
                                      f"{t}::kStages == {stages(st, 4)}, "
                                      f"\"stage_bytes({bits}, {sbytes}, {block}, {zp}, {br})\");")
     options = compiler.base_options("sm_90", (*([f"-DQMOE_WG_GROUPS={groups}"] if groups else []), "-DQMOE_WG_STAGES=4",
-                                              *TILED_META_DEFINES[tiled_meta]))
+                                              *smem_defines(False), *TILED_META_DEFINES[tiled_meta]))
     compiler.compile_unit("wg_stage_bytes_check", "\n".join(lines) + "\n", {}, "sm_90", options)
 
 
@@ -281,7 +281,14 @@ def test_wgmma_ws_stage_bytes_match_the_device_struct(mw, tiled_meta):
     kernels/wgmma_geometry.py stage_bytes / stages give its launch, for every bit width, scale size, block
     kind, zp mode and route tile."""
     from qmoe_rtc.jit import compiler
-    from qmoe_rtc.kernels.wgmma_geometry import WS_CONSUMERS, WS_SMEM_BUDGET, route_tiles_of, stage_bytes, stages
+    from qmoe_rtc.kernels.wgmma_geometry import (
+        WS_CONSUMERS,
+        WS_SMEM_BUDGET,
+        route_tiles_of,
+        smem_defines,
+        stage_bytes,
+        stages,
+    )
 
     m16 = 4 * WS_CONSUMERS * mw
     lines = ['#include "engines/wgmma_ws.cuh"', f"static_assert(qmoe::kWsTiles == {m16}, \"m16 tiles per block\");"]
@@ -296,7 +303,7 @@ def test_wgmma_ws_stage_bytes_match_the_device_struct(mw, tiled_meta):
                         lines.append(f"static_assert({t}::kBytes == {st} && {t}::kStages == {n}, "
                                      f"\"stage_bytes({bits}, {sbytes}, {block}, {zp}, {br})\");")
     options = compiler.base_options("sm_90", (f"-DQMOE_WS_CONSUMERS={WS_CONSUMERS}", f"-DQMOE_WS_MW={mw}",
-                                              "-DQMOE_WS_STAGES=4", *TILED_META_DEFINES[tiled_meta]))
+                                              "-DQMOE_WS_STAGES=4", *smem_defines(True), *TILED_META_DEFINES[tiled_meta]))
     compiler.compile_unit("ws_stage_bytes_check", "\n".join(lines) + "\n", {}, "sm_90", options)
 
 

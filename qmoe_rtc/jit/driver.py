@@ -13,7 +13,7 @@ from ..errors import DeviceError
 
 __all__ = ["CU_FUNC_ATTRIBUTE", "MIN_COMPUTE_CAPABILITY", "MIN_DRIVER_VERSION", "REQUIREMENTS", "bindings", "check",
            "current_context", "func_attribute", "get_function", "launch", "launch_config", "launch_ex", "load_cubin",
-           "probe", "programmatic_edge", "set_max_dynamic_smem", "sm_count", "stream_is_capturing"]
+           "max_smem_optin", "probe", "programmatic_edge", "set_max_dynamic_smem", "sm_count", "stream_is_capturing"]
 
 #: The oldest driver API this build runs on: CUDA 13.0, i.e. NVIDIA driver R580 or newer.
 MIN_DRIVER_VERSION = 13000
@@ -107,6 +107,16 @@ def sm_count(device_id: int) -> int:
     dev = _check(drv.cuDeviceGet(int(device_id)), f"cuDeviceGet({device_id})")
     attr = drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
     return int(_check(drv.cuDeviceGetAttribute(attr, dev), "cuDeviceGetAttribute(multiprocessor count)"))
+
+
+@functools.cache
+def max_smem_optin(device_id: int) -> int:
+    """Dynamic shared memory one block of ``device_id`` may opt in to, bytes (the engines size their rings and
+    route tiles to it: 99 KiB on sm_86 / sm_89, 163 KiB on sm_80, 227 KiB on sm_90)."""
+    drv = _drv()
+    dev = _check(drv.cuDeviceGet(int(device_id)), f"cuDeviceGet({device_id})")
+    attr = drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+    return int(_check(drv.cuDeviceGetAttribute(attr, dev), "cuDeviceGetAttribute(max shared memory per block opt-in)"))
 
 
 @functools.cache

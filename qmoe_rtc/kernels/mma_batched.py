@@ -29,7 +29,6 @@ from ._expert import (
     template_types,
     tensor_core_unsupported,
     tiled_define,
-    tiled_meta,
     tiled_spec,
 )
 from ._grouped import (
@@ -38,11 +37,20 @@ from ._grouped import (
     group_and_combine,
     group_launch,
     grouped_scratch,
-    staged_projection,
     tuning_knob,
 )
 from .base import KernelFamily, Problem, Slot, register
-from .mma_decode import MIN_BLOCKS, MIN_BLOCKS_ALLOWED, THREADS, TILE_ROUTES, WARPS, _stages, k_split, ring_bytes
+from .mma_decode import (
+    MIN_BLOCKS,
+    MIN_BLOCKS_ALLOWED,
+    THREADS,
+    TILE_ROUTES,
+    WARPS,
+    _stages,
+    k_split,
+    launch_smem,
+    smem_refusal,
+)
 
 __all__ = ["MAX_ROUTES_PER_EXPERT", "MmaBatchedFamily", "max_routes_per_expert", "per_expert", "tile_routes",
            "row_tiles"]
@@ -146,6 +154,9 @@ class MmaBatchedFamily(KernelFamily):
         forced = knobs.get("prefill_engine")
         if problem is not None and problem.rows and forced in ("mma", "wgmma"):
             return f"QMOE_RTC_PREFILL_ENGINE={forced}"
+        if problem is not None:
+            spec = self.spec(config)
+            return smem_refusal(spec, problem.smem_limit, 0, spec["row_tiles"])
         return None
 
     def slower(self, config, problem: Problem | None = None) -> str | None:
@@ -207,9 +218,7 @@ class MmaBatchedFamily(KernelFamily):
         if role == "combine":
             return combine_launch(problem)
         ks, gx = self.geometry(spec, role, problem)
-        bits, zp = staged_projection(spec, role)
-        smem = ring_bytes(bits, 4 if spec["scale_dtype"] == "float32" else 2, spec["block_size"], zp, spec["stages"],
-                          spec["row_tiles"], tiled_meta(spec))
+        smem = launch_smem(spec, role, 0, spec["row_tiles"])
         return Launch((gx, problem.experts, 1), (THREADS, 1, 1), smem, (("KS", ks),))
 
     def scratch(self, spec: ModuleSpec, role: str, problem: Problem) -> dict[str, Slot]:

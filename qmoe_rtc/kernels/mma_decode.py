@@ -4,7 +4,10 @@ Template ``cuda_src/engines/mma_decode.cuh``: ``qmoe::fc1_mma`` (FC1 [+FC3], act
 ``qmoe::fc2_mma_combine`` (FC2, routing weight and bias applied, the last block of each output tile
 adds the routes in slot order). Expert-grouped: every expert's weights are read once per call
 however many of the rows chose it. One module holds both kernels for 8, 16 and 32 routes per pass
-(``BR``, the routes a tile serves, as in every engine).
+(``BR``, the routes a tile serves, as in every engine). A block's dynamic shared memory is its four warps'
+rings of ``stages`` stages and the route lists (:func:`launch_smem`); where that passes the device's opt-in
+limit per block (tuning knobs only: three stages of any layout take at most 76 KiB with 512 routes),
+:meth:`MmaDecodeFamily.supports` refuses the device and the decode path runs the SIMT engine.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from ._expert import (
 from ._grouped import tuning_knob
 from .base import DEFAULT_SMS, KernelFamily, Problem, Slot, register
 
-__all__ = ["MmaDecodeFamily", "decode_smem_bytes", "ring_bytes", "tile_routes"]
+__all__ = ["MmaDecodeFamily", "decode_smem_bytes", "launch_smem", "ring_bytes", "smem_refusal", "tile_routes"]
 
 THREADS = 128  # kMmaThreads (4 warps)
 WARPS = 4
@@ -67,6 +70,29 @@ def decode_smem_bytes(ring: int, routes: int) -> int:
     """Dynamic shared memory of a decode launch: the four rings, then two lists of ``routes`` route ids
     (s_ids, s_list; engines/mma_decode.cuh)."""
     return ring + 8 * routes
+
+
+def launch_smem(spec: ModuleSpec, role: str, routes: int, row_tiles: int = 1) -> int:
+    """Dynamic shared memory of a ``role`` ("fc1" / "fc2") block of the spec's ring engine: the rings of the
+    projection it streams (FC1 stages FC3's zero-point word too), then, with ``routes`` > 0, the decode kernels'
+    two route lists (:func:`decode_smem_bytes`; the batched engine's kernels have none: ``routes`` 0)."""
+    scale_bytes = 4 if spec["scale_dtype"] == "float32" else 2
+    if role == "fc1":
+        bits, zp = spec["fc1_bits"], spec["fc1_zp"] == "packed" or (spec["has_fc3"] and spec["fc3_zp"] == "packed")
+    else:
+        bits, zp = spec["fc2_bits"], spec["fc2_zp"] == "packed"
+    ring = ring_bytes(bits, scale_bytes, spec["block_size"], zp, spec["stages"], row_tiles, tiled_meta(spec))
+    return decode_smem_bytes(ring, routes) if routes else ring
+
+
+def smem_refusal(spec: ModuleSpec, budget: int, routes: int = 0, row_tiles: int = 1) -> str | None:
+    """Why a ring engine's blocks (:func:`launch_smem`) do not fit ``budget`` bytes of dynamic shared memory (the
+    device's opt-in limit per block), None where both projections' do."""
+    need = max(launch_smem(spec, role, routes, row_tiles) for role in ("fc1", "fc2"))
+    if need <= budget:
+        return None
+    return (f"a block needs {need} bytes of shared memory (rings of {spec['stages']} stages: QMOE_RTC_MMA_STAGES), more "
+            f"than the device's {budget} (its opt-in limit per block)")
 
 
 def min_blocks(spec: ModuleSpec, br: int) -> int:
@@ -138,6 +164,8 @@ class MmaDecodeFamily(KernelFamily):
         why = tensor_core_unsupported(config, problem)
         if why is None and problem is not None and problem.routes > MAX_ROUTES:
             why = f"{problem.routes} routes (one block scans at most {MAX_ROUTES})"
+        if why is None and problem is not None:
+            why = smem_refusal(self.spec(config), problem.smem_limit, max(problem.routes, 1))
         return why
 
     def defines(self, spec: ModuleSpec) -> tuple[str, ...]:
@@ -187,15 +215,7 @@ class MmaDecodeFamily(KernelFamily):
 
     def launch(self, spec: ModuleSpec, role: str, problem: Problem) -> Launch:
         ks, gx = self.geometry(spec, role, problem)
-        scale_bytes = 4 if spec["scale_dtype"] == "float32" else 2
-        if role == "fc1":
-            zp = spec["fc1_zp"] == "packed" or (spec["has_fc3"] and spec["fc3_zp"] == "packed")
-            smem = ring_bytes(spec["fc1_bits"], scale_bytes, spec["block_size"], zp, spec["stages"],
-                              tiled_meta=tiled_meta(spec))
-        else:
-            smem = ring_bytes(spec["fc2_bits"], scale_bytes, spec["block_size"], spec["fc2_zp"] == "packed",
-                              spec["stages"], tiled_meta=tiled_meta(spec))
-        smem = decode_smem_bytes(smem, problem.routes)
+        smem = decode_smem_bytes(launch_smem(spec, role, 0), problem.routes)
         # overlap: FC1 waits for the ids, FC2 reads the ids and prefetches its weights, then waits for act
         pf = knobs.get("mma_prefetch_chunks") or PREFETCH_CHUNKS
         args = (("KS", ks), ("PF", pf))

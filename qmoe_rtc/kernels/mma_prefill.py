@@ -4,10 +4,15 @@ Template ``cuda_src/engines/mma_prefill.cuh``: ``qmoe::fc1_prefill`` (FC1 [+FC3]
 fused, sorted order, output in T) and ``qmoe::fc2_prefill`` (FC2 + bias, by route id); with
 ``group_by_expert`` (device-side grouping and tile list) and ``combine_routes`` (the k routes of a
 row in slot order). Route tiles of 16, 32 or 64 routes (``BR``), chosen from the routes per expert
-of the call.
+of the call and the device's shared memory: a block takes ``stages`` stages of a BR-route tile
+(:func:`ring_smem`), and where that passes the device's opt-in limit per block (99 KiB on sm_86 / sm_89:
+int8 and FP8 at 64 routes) the call takes the largest smaller tile that fits (:meth:`MmaPrefillFamily.route_tile`);
+where not even 16 routes fit (tuning knobs only), :meth:`MmaPrefillFamily.supports` refuses the device.
 """
 
 from __future__ import annotations
+
+import functools
 
 from ..jit import KernelDef, Launch, Ptr, Scalar
 from ..specialize import ModuleSpec
@@ -38,7 +43,7 @@ from ._grouped import (
 )
 from .base import KernelFamily, Problem, Slot, register
 
-__all__ = ["MmaPrefillFamily", "stage_bytes", "tile_routes"]
+__all__ = ["MmaPrefillFamily", "ring_smem", "stage_bytes", "tile_routes"]
 
 MW = 2  # kPfMW: m16 weight tiles per warp
 TILE_ROUTES = (16, 32, 64)  # BR: routes per block tile
@@ -68,6 +73,20 @@ def stage_bytes(bits: int, scale_bytes: int, block_size: int, zp_packed: bool, b
     return br * 256 + warps * warp
 
 
+def ring_smem(spec: ModuleSpec, role: str, br: int) -> int:
+    """Dynamic shared memory of a BR-route ``role`` GEMM's block: ``stages`` stages (mma_prefill.cuh pf_check_smem)."""
+    bits, zp = staged_projection(spec, role)
+    scale_bytes = 4 if spec["scale_dtype"] == "float32" else 2
+    return spec["stages"] * stage_bytes(bits, scale_bytes, spec["block_size"], zp, br, spec["warps"], tiled_meta(spec))
+
+
+@functools.lru_cache(maxsize=256)
+def fitting_tiles(spec: ModuleSpec, budget: int) -> tuple[int, ...]:
+    """The route tiles whose FC1 and FC2 blocks both fit ``budget`` bytes of dynamic shared memory (per spec and
+    device: planning asks for every launch)."""
+    return tuple(br for br in TILE_ROUTES if max(ring_smem(spec, r, br) for r in ("fc1", "fc2")) <= budget)
+
+
 @register
 class MmaPrefillFamily(KernelFamily):
     name = "mma_prefill"
@@ -91,7 +110,14 @@ class MmaPrefillFamily(KernelFamily):
     def supports(self, config, problem: Problem | None = None) -> str | None:
         if config.experts + config.shared > GROUP_MAX_EXPERTS:
             return f"{config.experts + config.shared} experts (grouping handles at most {GROUP_MAX_EXPERTS})"
-        return tensor_core_unsupported(config, problem)
+        why = tensor_core_unsupported(config, problem)
+        if why is None and problem is not None:
+            spec = self.spec(config)
+            if not fitting_tiles(spec, problem.smem_limit):
+                need = max(ring_smem(spec, r, TILE_ROUTES[0]) for r in ("fc1", "fc2"))
+                why = (f"a block of {TILE_ROUTES[0]} routes needs {need} bytes of shared memory ({spec['stages']} stages, "
+                       f"{spec['warps']} warps), more than the device's {problem.smem_limit} (its opt-in limit per block)")
+        return why
 
     def defines(self, spec: ModuleSpec) -> tuple[str, ...]:
         return (f"-DQMOE_PF_STAGES={spec['stages']}", f"-DQMOE_PF_WARPS={spec['warps']}",
@@ -118,23 +144,27 @@ class MmaPrefillFamily(KernelFamily):
             ))
         return tuple(out)
 
+    def route_tile(self, spec: ModuleSpec, problem: Problem) -> int:
+        """BR of a call: :func:`tile_routes`'s, or where its FC1 or FC2 block would pass the device's shared memory
+        (``problem.smem_limit``) the largest smaller tile that fits (:meth:`supports` refuses a device none fits)."""
+        want = tile_routes(problem.routes, problem.experts)
+        fit = [br for br in fitting_tiles(spec, problem.smem_limit) if br <= want]
+        return fit[-1] if fit else TILE_ROUTES[0]
+
     def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem) -> str:
         if role in ("fc1", "fc2"):
-            return f"{role}_br{tile_routes(problem.routes, problem.experts)}"
+            return f"{role}_br{self.route_tile(spec, problem)}"
         return role
 
     def launch(self, spec: ModuleSpec, role: str, problem: Problem) -> Launch:
-        br = tile_routes(problem.routes, problem.experts)
+        br = self.route_tile(spec, problem)
         if role == "group":
             return group_launch(br)
         if role == "combine":
             return combine_launch(problem)
-        scale_bytes = 4 if spec["scale_dtype"] == "float32" else 2
         warps = spec["warps"]
-        bits, zp = staged_projection(spec, role)
         nt = weight_tiles(spec, role, problem.I if role == "fc1" else problem.H, warps * MW)
-        smem = stage_bytes(bits, scale_bytes, spec["block_size"], zp, br, warps, tiled_meta(spec))
-        return tiled_launch(problem, br, nt, 32 * warps, spec["stages"] * smem)
+        return tiled_launch(problem, br, nt, 32 * warps, ring_smem(spec, role, br))
 
     def scratch(self, spec: ModuleSpec, role: str, problem: Problem) -> dict[str, Slot]:
         return grouped_scratch(role, problem, 2)  # act_sorted in T

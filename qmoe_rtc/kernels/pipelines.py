@@ -119,8 +119,10 @@ def _why_not(pipeline: Pipeline, config: ModelConfig, problem: Problem | None, t
 
 
 def choose(config: ModelConfig, problem: Problem | None, path: str) -> Choice:
-    """The fastest pipeline of ``path`` that runs ``config`` (at ``problem``), and why the faster ones don't."""
-    skipped, passed = [], []
+    """The fastest pipeline of ``path`` that runs ``config`` (at ``problem``), and why the faster ones don't. A
+    pipeline passed over as slower still runs the layer where none after it can (a device limit may refuse those:
+    its shared memory per block, kernels/base.py Problem.smem_limit)."""
+    skipped, passed, runnable = [], [], []
     for p in PIPELINES:
         if p.path != path:
             continue
@@ -131,8 +133,14 @@ def choose(config: ModelConfig, problem: Problem | None, path: str) -> Choice:
         slower = _why_not(p, config, problem, "slower")
         if slower is not None:
             passed.append((p.name, slower))
+            runnable.append(p)
             continue
         return Choice(p, tuple(skipped), tuple(passed))
+    if runnable:  # the faster ones it was passed over for could not run: skipped before it, as ever
+        first = runnable[0]
+        order = [p.name for p in PIPELINES]
+        faster = tuple((n, w) for n, w in skipped if order.index(n) < order.index(first.name))
+        return Choice(first, faster, tuple(passed[1:]))
     raise QMoEUnsupportedError(f"no {path} pipeline runs this layer: " + "; ".join(f"{n}: {w}" for n, w in skipped))
 
 

@@ -9,10 +9,11 @@ from .. import knobs
 from ..specialize import ModuleSpec
 from ._expert import meta_words, tiled_meta
 from ._grouped import staged_projection
-from .base import Problem
+from .base import SMEM_OPTIN, Problem
 
-__all__ = ["CHUNK", "TILE_ROUTES", "groups_of", "image_rows", "launch_smem", "padded", "resident", "ring_bytes", "route_tiles_of",
-           "spec_tiles", "stage_bytes", "stages", "tile_groups", "tile_routes", "variant_of", "wg_logical", "wg_natural"]
+__all__ = ["CHUNK", "SMEM_OPTIN_SM90", "SM_SMEM", "TILE_ROUTES", "groups_of", "image_rows", "launch_smem", "padded",
+           "resident", "ring_bytes", "route_tiles_of", "smem_defines", "spec_tiles", "stage_bytes", "stages",
+           "tile_groups", "tile_routes", "variant_of", "wg_logical", "wg_natural"]
 
 TILE_ROUTES = (32, 64, 128, 256)  # BR (with 4 warpgroups, 256 does not fit the 128 registers a thread has)
 #: A call takes 32-route tiles up to this many routes per expert (at 16, an expert holds more than 32 routes
@@ -21,15 +22,20 @@ NARROW_ROUTES = 20
 #: FC1 at 32-route tiles may take a third block an SM (its ring of four stages fits three times where its
 #: registers do) from this many rounds of two blocks an SM (:func:`launch_smem`).
 THIRD_BLOCK_ROUNDS = 4
-#: An SM's shared memory (H200, 228 KiB), from which two blocks of 2 warpgroups each take their ring, 1 KiB of
-#: alignment slack, 1 KiB the system's and ~1 KiB static (:func:`tile_groups`, :func:`resident`).
-SM_SMEM = 228 * 1024
+#: Opt-in dynamic shared memory per block of the one target this engine runs on (sm_90a: 227 KiB; the table of
+#: kernels/base.py). The rings are sized to it here and the device takes the results as defines
+#: (:func:`smem_defines`): cuda_src/engines/wg_mainloop.cuh and ws_pipeline.cuh do not restate it.
+SMEM_OPTIN_SM90 = SMEM_OPTIN[90]
+#: An SM's shared memory (H200, 228 KiB: the opt-in limit and the system's 1 KiB), from which two blocks of 2
+#: warpgroups each take their ring, 1 KiB of alignment slack, 1 KiB the system's and ~1 KiB static
+#: (:func:`tile_groups`, :func:`resident`).
+SM_SMEM = SMEM_OPTIN_SM90 + 1024
 MAX_STAGES = 4  # QMOE_WG_STAGES
 INFLIGHT = 1  # QMOE_WG_INFLIGHT: MMAs a warpgroup keeps in flight (2 measured no faster)
 RING = 0  # QMOE_WG_RING: the ring's hand-off (1: a block barrier a chunk; 2: a stage's barriers; 0: 2 on 4 warpgroups)
 SHRINK = 3  # QMOE_WG_SHRINK: widths a tail tile's MMAs shrink to (1: BR / 2; 2: BR / 2 and BR / 4; 3: down to 16 routes)
-SMEM_BUDGET = 227 * 1024 - 1024 - 4096  # kWgSmemBudget
-WS_SMEM_BUDGET = 227 * 1024 - 1024 - 3072  # kWsSmemBudget
+SMEM_BUDGET = SMEM_OPTIN_SM90 - 1024 - 4096  # kWgSmemBudget: a block's stages (alignment slack, 4 KiB static)
+WS_SMEM_BUDGET = SMEM_OPTIN_SM90 - 1024 - 3072  # kWsSmemBudget: the ws variant's (3 KiB static)
 CHUNK = 128  # K per pipeline stage; the permuted layouts pad K to a multiple of it
 #: The ``ws`` variant (engines/wgmma_ws.cuh): MMA warpgroups, m16 tiles per MMA warp, route tiles, and the
 #: registers of its copy warpgroup (kWsConsumers, kWsMW, kWsCopyRegs).
@@ -39,6 +45,14 @@ WS_TILE_ROUTES = {1: (64, 128, 256), 2: (64, 128)}  # by m16 tiles per MMA warp 
 GATHER_ROWS = 8  # kGatherRows: sorted rows per block of the ws variant's gather
 VARIANTS = ("ws", "tiles")
 DEFAULT_VARIANT = "tiles"
+
+
+def smem_defines(ws: bool) -> tuple[str, ...]:
+    """The shared memory the device's rings are sized to, as the host decides it (the ``ws`` variant: its stages'
+    budget; ``tiles``: its stages' budget and an SM's shared memory, which sets the warpgroups of a block)."""
+    if ws:
+        return (f"-DQMOE_WS_STAGE_BUDGET={WS_SMEM_BUDGET}",)
+    return (f"-DQMOE_WG_STAGE_BUDGET={SMEM_BUDGET}", f"-DQMOE_WG_SM_SMEM={SM_SMEM}")
 
 
 def variant_of(spec: ModuleSpec) -> str:

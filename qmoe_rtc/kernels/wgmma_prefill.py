@@ -76,6 +76,7 @@ from .wgmma_geometry import (
     PAIR_ROUTES,
     RING,
     SHRINK,
+    SMEM_OPTIN_SM90,
     VARIANTS,
     WS_CONSUMERS,
     WS_MW,
@@ -85,6 +86,7 @@ from .wgmma_geometry import (
     padded,
     pair_kernels,
     resident,
+    smem_defines,
     spec_tiles,
     tile_routes,
     variant_of,
@@ -150,11 +152,11 @@ class WgmmaPrefillFamily(KernelFamily):
     def defines(self, spec: ModuleSpec) -> tuple[str, ...]:
         if variant_of(spec) == "ws":
             return (f"-DQMOE_WS_CONSUMERS={spec['groups']}", f"-DQMOE_WS_MW={spec['mw']}", f"-DQMOE_WS_STAGES={spec['stages']}",
-                    f"-DQMOE_WS_INFLIGHT={spec['inflight']}", *tiled_define(spec))
+                    f"-DQMOE_WS_INFLIGHT={spec['inflight']}", *smem_defines(True), *tiled_define(spec))
         return (*((f"-DQMOE_WG_GROUPS={spec['groups']}",) if spec.get("groups") else ()), f"-DQMOE_WG_STAGES={spec['stages']}",
                 f"-DQMOE_WG_INFLIGHT={spec['inflight']}", f"-DQMOE_WG_SHRINK={spec['shrink']}",
                 f"-DQMOE_WG_FC1_BLOCKS={3 if spec['fc1_blocks'] == 3 else 2}", f"-DQMOE_WG_RING={spec['ring']}",
-                *(("-DQMOE_WG_STAMPS=1",) if spec.get("stamps") else ()),
+                *(("-DQMOE_WG_STAMPS=1",) if spec.get("stamps") else ()), *smem_defines(False),
                 *tiled_define(spec))
 
     def parts(self, spec: ModuleSpec) -> tuple[tuple[str, ...], ...]:
@@ -180,6 +182,9 @@ class WgmmaPrefillFamily(KernelFamily):
             return why
         if problem is not None and problem.arch and problem.arch not in ("sm_90", "sm_90a"):  # sm_90 builds as sm_90a
             return f"warpgroup MMA needs sm_90a (this device: {problem.arch})"
+        if problem is not None and problem.smem_limit < SMEM_OPTIN_SM90:
+            return (f"its rings are sized for {SMEM_OPTIN_SM90} bytes of shared memory a block (sm_90a), more than the "
+                    f"device's {problem.smem_limit} (its opt-in limit per block)")
         if problem is not None and problem.rows and knobs.get("prefill_engine") in ("mma", "batched"):
             return f"QMOE_RTC_PREFILL_ENGINE={knobs.get('prefill_engine')}"
         if problem is not None and max(problem.rows * padded(problem.H), problem.routes * padded(problem.I)) >= 1 << 32:

@@ -63,7 +63,13 @@ static_assert(QMOE_WG_RING >= 0 && QMOE_WG_RING <= 2, "QMOE_WG_RING: 0 (by the b
 // in clusters of CL > 1 always hand it on so.
 template <class St, int CL = 1>
 inline constexpr bool kWgStageBarriers = CL > 1 || QMOE_WG_RING == 2 || (QMOE_WG_RING == 0 && St::kGroups == 4);
-inline constexpr int kWgSmemBudget = 227 * 1024 - 1024 - 4096;  // dynamic bytes for stages (alignment slack, static)
+// Shared memory the rings are sized to, from the host (kernels/wgmma_geometry.py, from the target's opt-in limit
+// per block: kernels/base.py SMEM_OPTIN): QMOE_WG_STAGE_BUDGET dynamic bytes for a block's stages (the limit less
+// 1 KiB alignment slack and 4 KiB static), QMOE_WG_SM_SMEM an SM's shared memory (the limit and the system's 1 KiB).
+#if !defined(QMOE_WG_STAGE_BUDGET) || !defined(QMOE_WG_SM_SMEM)
+#error "QMOE_WG_STAGE_BUDGET and QMOE_WG_SM_SMEM come from the host (kernels/wgmma_prefill.py defines)"
+#endif
+inline constexpr int kWgSmemBudget = QMOE_WG_STAGE_BUDGET;
 
 // One pipeline stage (1024-aligned, in dynamic shared memory):
 //   x     [2 halves][BR][128 B]                 logical k 0..63 / 64..127 of the tile's routes,
@@ -71,7 +77,7 @@ inline constexpr int kWgSmemBudget = 227 * 1024 - 1024 - 4096;  // dynamic bytes
 //   codes [warps][2 rows][32 lanes][4·B B]      each lane's 32 codes of its two rows
 //   meta  [warps][2 rows][kWords][32] u32       their scale / zp words (block-wise scales only)
 // A block has kGroups warpgroups × 64 weight rows: 2 at 32- and 64-route tiles where four stages of 2 warpgroups
-// fit twice in an SM's 228 KiB (with 1 KiB alignment slack, 1 KiB the system's and ~1 KiB static a
+// fit twice in an SM's QMOE_WG_SM_SMEM (H200: 228 KiB; with 1 KiB alignment slack, 1 KiB the system's and ~1 KiB static a
 // block), so two blocks share it and one's first copies and epilogue overlap the other's main loop; 4
 // otherwise (an SM then holds one block: with 2 it measured 12-16 % slower at int8; tile_groups in
 // kernels/wgmma_geometry.py mirrors this). QMOE_WG_GROUPS forces 2 or 4 (with 4, 256 routes' accumulators
@@ -84,7 +90,7 @@ template <int B, typename ScaleT, int BLOCK, bool ZPW, int BR> struct WgStage {
   static constexpr int kWarpCodes = W::kCodes;
   static constexpr int kWarpBytes = W::kBytes;
   static constexpr int kBytes2 = (kXBytes + 8 * kWarpBytes + 1023) / 1024 * 1024;  // a stage of 2 warpgroups
-  static constexpr bool kShare = BR <= 64 && kWgMaxStages >= 4 && 2 * (4 * kBytes2 + 3072) <= 228 * 1024;
+  static constexpr bool kShare = BR <= 64 && kWgMaxStages >= 4 && 2 * (4 * kBytes2 + 3072) <= QMOE_WG_SM_SMEM;
   static constexpr int kGroups = QMOE_WG_GROUPS ? QMOE_WG_GROUPS : kShare ? 2 : 4;
   static constexpr int kThreads = 128 * kGroups, kWarps = 4 * kGroups;  // a warp: one m16 weight tile
   // registers for two blocks an SM (at 32 routes the rings of four stages fit three times: the host's

@@ -45,9 +45,12 @@ inline constexpr int kWsLaunchRegs = (65536 / kWsThreads) / 8 * 8 > 255 ? 248 : 
 inline constexpr int kWsCopyRegs = 56;
 inline constexpr int kWsMmaRegsRaw = (kWsLaunchRegs * kWsThreads - 128 * kWsCopyRegs) / kWsMmaThreads / 8 * 8;
 inline constexpr int kWsMmaRegs = kWsMmaRegsRaw > 240 ? 240 : kWsMmaRegsRaw;
-// dynamic bytes for the stages: 227 KB less the alignment slack and 3 KB kept for static shared memory
-// (the barriers take 16 bytes a stage)
-inline constexpr int kWsSmemBudget = 227 * 1024 - 1024 - 3072;
+// dynamic bytes for the stages, from the host (kernels/wgmma_geometry.py WS_SMEM_BUDGET): the target's opt-in limit
+// per block (227 KiB) less the alignment slack and 3 KiB kept for static shared memory (the barriers take 16 bytes a stage)
+#ifndef QMOE_WS_STAGE_BUDGET
+#error "QMOE_WS_STAGE_BUDGET comes from the host (kernels/wgmma_prefill.py defines)"
+#endif
+inline constexpr int kWsSmemBudget = QMOE_WS_STAGE_BUDGET;
 
 // One stage (1024-aligned, in dynamic shared memory):
 //   x     [2 halves][BR][128 B]               logical k 0..63 / 64..127 of the tile's routes, 128-byte
