@@ -179,11 +179,12 @@ def test_row_wise_scales_as_e_n_1_with_zero_points(rng, bits, activation):
     w, a = random_layer(rng, E=E, H=H, I=I, k=k, bits=bits, block_size=0, zero_points=True, dtype="float16",
                         activation_type=activation)
     w = {n: (v[..., None] if n.endswith("_scales") else v) for n, v in w.items()}  # [E, N] -> [E, N, 1]
-    for limit in (10**6, 0):  # decode engine, then prefill
+    for limit, rows_list in ((512, (5, 64)), (0, (5, 300))):  # decode engine (one block: 512 routes), then prefill
         moe = QMoE(decode_max_routes=limit, **to_dev(w), **a)
-        for rows in (5, 300):
+        for rows in rows_list:
             x, lg, _ = random_inputs(rng, rows, H, E, "float16")
             out = cp.full(x.shape, cp.nan, dtype=cp.float16)
             got = moe(cp.asarray(x), cp.asarray(lg), out=out)
             e = rel_err(cp.asnumpy(got), reference(x, lg, **w, **a))
             assert e <= TOL["float16"], f"bits={bits} {activation} rows={rows} limit={limit}: {e:.3e}"
+            assert moe.plan(rows, "float16").engine.startswith("decode" if limit else "prefill")
