@@ -2,8 +2,8 @@
 contiguous routes, experts a slice at a time, per-warp count rows, a scan over the warps, lanes of one
 expert grouped and ranked as the kernel's ``lanes_alike`` (ballots per key bit) and the lane mask give
 them -- places the routes exactly as a stable sort by expert (``np.argsort(ids, kind="stable")``, ids of -1
-left out), for every E up to the grouping's limit; the kernel compiles for sm_80, sm_86 and sm_90. The same check on a GPU:
-``tests/test_group_order_gpu.py``."""
+left out), for every E up to the grouping's limit; the kernel compiles for sm_80, sm_86 and sm_90. The same
+check on a GPU: ``tests/test_group_order_gpu.py``."""
 
 from __future__ import annotations
 
