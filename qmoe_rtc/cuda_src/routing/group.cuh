@@ -106,10 +106,11 @@ group_by_expert(const i32* __restrict__ topk_ids, i32 R, i32 E, i32 BR, i32* __r
   // this warp's routes: L per warp, whole steps of 32
   const i32 L = (R + kGroupThreads - 1) / kGroupThreads * 32;
   const i32 r0 = min((i32)warp * L, R), r1 = min(r0 + L, R);
+  const int nw = L ? min(kGroupWarps, (int)((R + L - 1) / L)) : 0;  // warps holding routes: only their rows are used
   i32 carry_c = 0, carry_t = 0;  // routes and tiles of the slices before (the same in every thread)
   for (i32 e0 = 0; e0 < E; e0 += kGroupSlice) {
     const i32 e1 = min(e0 + kGroupSlice, E);
-    for (int i = tid; i < kGroupWarps * kGroupSlice; i += kGroupThreads) (&table[0][0])[i] = 0;
+    for (int i = tid; i < nw * kGroupSlice; i += kGroupThreads) (&table[0][0])[i] = 0;
     __syncthreads();
     group_walk<false>(topk_ids, r0, r1, e0, e1, table[warp], sorted);  // (A) counts per warp
     __syncthreads();
@@ -119,7 +120,7 @@ group_by_expert(const i32* __restrict__ topk_ids, i32 R, i32 E, i32 BR, i32* __r
     const bool mine = tid < e1 - e0;
     i32 c = 0;
     if (mine)
-      for (int w = 0; w < kGroupWarps; ++w) c += table[w][tid];
+      for (int w = 0; w < nw; ++w) c += table[w][tid];
     const i32 t = (c + BR - 1) / BR;
     i32 sc = c, st = t;
 #pragma unroll
@@ -137,7 +138,8 @@ group_by_expert(const i32* __restrict__ topk_ids, i32 R, i32 E, i32 BR, i32* __r
     }
     __syncthreads();
     i32 base_c = carry_c + sc - c, base_t = carry_t + st - t;  // exclusive: this warp's lanes before, ...
-    for (int w = 0; w < kGroupWarps; ++w) {
+    const int sw = (e1 - e0 + 31) / 32;  // the warps owning the slice's experts (the others' totals are 0)
+    for (int w = 0; w < sw; ++w) {
       if (w < warp) {  // ... and the warps before
         base_c += warp_tot[0][w];
         base_t += warp_tot[1][w];
@@ -149,7 +151,7 @@ group_by_expert(const i32* __restrict__ topk_ids, i32 R, i32 E, i32 BR, i32* __r
       offsets[e0 + tid] = base_c;
       tile_offsets[e0 + tid] = base_t;
       i32 next = base_c;  // warp w's first position for this expert: the expert's, plus the warps before
-      for (int w = 0; w < kGroupWarps; ++w) {
+      for (int w = 0; w < nw; ++w) {
         const i32 n = table[w][tid];
         table[w][tid] = next;
         next += n;
