@@ -297,8 +297,9 @@ def test_a_router_the_contract_cannot_reproduce_is_refused(tmp_path, rng, key, v
     load_layer(tmp_path, 1)  # the values that are softmax top-k load
 
 
-def _write_fp8(tmp_path, rng, block=32, shared=0):
-    """An FP8 block-scaled checkpoint (DeepSeek-V3 / Qwen3-FP8 storage) of layer 1; the dense experts."""
+def _write_fp8(tmp_path, rng, block=32, shared=0, scales="float32"):
+    """An FP8 block-scaled checkpoint (DeepSeek-V3 / Qwen3-FP8 storage) of layer 1; the dense experts.
+    ``scales``: the dtype of weight_scale_inv (float32, bfloat16, or e8m0 with ``scale_fmt: ue8m0``)."""
     import ml_dtypes
 
     names = ("gate_proj", "up_proj", "down_proj")
@@ -310,24 +311,33 @@ def _write_fp8(tmp_path, rng, block=32, shared=0):
             q = rng.integers(0, 256, size=(N, K)).astype(np.uint8)
             q[(q & 0x7F) == 0x7F] = 0x3C  # no NaN codes
             s = (rng.random((-(-N // block), -(-K // block))) + 0.5).astype(np.float32)
+            if scales == "e8m0":  # powers of two 2^-8 .. 2^7, stored as e8m0 bytes
+                s = np.exp2(rng.integers(-8, 8, size=s.shape)).astype(np.float32)
+                stored = (np.log2(s) + 127).astype(np.uint8).view(ml_dtypes.float8_e8m0fnu)
+            else:
+                stored = s.astype(getattr(ml_dtypes, scales, scales))
+                s = stored.astype(np.float32)
             w = q.view(ml_dtypes.float8_e4m3fn)
             full = np.repeat(np.repeat(s, block, 0), block, 1)[:N, :K]
             dense.setdefault(tag + n, []).append(w.astype(np.float64) * full)
             tensors[f"{mlp}.{n}.weight"] = w
-            tensors[f"{mlp}.{n}.weight_scale_inv"] = s
+            tensors[f"{mlp}.{n}.weight_scale_inv"] = stored
     save_file(tensors, str(tmp_path / "model.safetensors"))
     qc = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [block, block]}
+    qc.update({"scale_fmt": "ue8m0"} if scales == "e8m0" else {})
     (tmp_path / "config.json").write_text(json.dumps({"num_experts": E, "num_experts_per_tok": 2, "norm_topk_prob": True,
                                                       "quantization_config": qc}))
     return {n: np.stack(v) for n, v in dense.items()}, names
 
 
-@pytest.mark.parametrize("shared", [0, 2])
-def test_fp8_block_layers_load_as_the_contracts_fp8_experts(tmp_path, rng, shared):
+@pytest.mark.parametrize("shared, scales", [(0, "float32"), (2, "float32"), (0, "bfloat16"), (2, "e8m0")])
+def test_fp8_block_layers_load_as_the_contracts_fp8_experts(tmp_path, rng, shared, scales):
+    """float32 scales (Qwen3-FP8, DeepSeek-V3), bfloat16 ones, and DeepSeek-V3.1's e8m0 (``scale_fmt:
+    ue8m0``, float8_e8m0fnu bytes): the contract's float32 FP8 block scales, exactly."""
     from qmoe_rtc.fp8 import dequantize_fp8
     from qmoe_rtc.runtime.layer import describe_gpu_layer
 
-    dense, names = _write_fp8(tmp_path, rng, shared=shared)
+    dense, names = _write_fp8(tmp_path, rng, shared=shared, scales=scales)
     layer = load_layer(tmp_path, 1)
     w, a = layer.weights, layer.attributes
     assert a["quant_type"] == "fp8" and a["block_size"] == 32 and a["expert_weight_bits"] == 8
