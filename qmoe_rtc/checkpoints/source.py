@@ -75,15 +75,15 @@ def _json_object(path: Path) -> dict:
 _FLOAT8 = {"F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "F8_E8M0": "float8_e8m0fnu"}
 
 
-def _float8(path: Path, name: str):
-    """A float8 tensor's bytes as its ml_dtypes array: the file's own header (8-byte little-endian length,
-    then JSON with each tensor's dtype, shape and data offsets, the safetensors format) locates it, since
-    safetensors' NumPy loader cannot name a float8 NumPy dtype."""
+def _float8(path: Path, name: str, header: dict):
+    """A float8 tensor's bytes as its ml_dtypes array: the file's own ``header`` (:func:`_header`: each
+    tensor's dtype, shape and data offsets, the safetensors format) locates it, since safetensors' NumPy
+    loader cannot name a float8 NumPy dtype."""
     import ml_dtypes
 
     with open(path, "rb") as fh:
         n = int.from_bytes(fh.read(8), "little")
-    info = _header(path)[name]
+    info = header[name]
     dtype = _FLOAT8.get(info["dtype"])
     if dtype is None:
         raise QMoEUnsupportedError(f"{name}: dtype {info['dtype']} (NumPy cannot hold it)")
@@ -107,8 +107,9 @@ class Checkpoint:
             raise QMoEInputError("checkpoint", "a folder with .safetensors files", f"none in {self.path}")
         safe_open = _safetensors()
         self._where: dict[str, Path] = {}
+        self._headers: dict[Path, dict] = {}  # file -> its parsed header (float8 tensors are read through it)
         for f in files:
-            _header(f)  # truncated or corrupt: one line naming the file, before safetensors' own error
+            self._headers[f] = _header(f)  # truncated or corrupt: one line naming the file, before safetensors' error
             try:
                 with safe_open(str(f), framework="np") as h:
                     for name in h.keys():
@@ -140,7 +141,7 @@ class Checkpoint:
         try:
             return h.get_tensor(name)
         except (AttributeError, TypeError):  # safetensors' NumPy side has no float8 dtype (NumPy lacks one)
-            return _float8(f, name)
+            return _float8(f, name, self._headers[f])
         except Exception as exc:  # a tensor whose bytes cannot be read
             raise _unreadable(f, exc) from None
 
