@@ -10,7 +10,7 @@ The contract routes by softmax over all E logits, then the top k, renormalised t
     gpt_oss                     softmax over the top k logits = softmax, top k, renormalised
     qwen2_moe, qwen3_moe,       softmax, top k, renormalised exactly when ``norm_topk_prob`` (required)
     qwen3_next, qwen3_vl_moe,
-    olmoe, granitemoe*, …
+    olmoe
     deepseek_v2                 as above where ``topk_method`` is greedy, ``scoring_func`` softmax and
                                 ``routed_scaling_factor`` 1 (DeepSeek-V2-Lite); else refused
     deepseek_v3, kimi_k2,       sigmoid scores with a correction bias and grouped top-k: refused
@@ -34,10 +34,9 @@ EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 #: config.json keys that hold k
 K_KEYS = ("num_experts_per_tok", "num_experts_per_token", "experts_per_token")
 #: model types whose router always renormalises the top k weights
-ALWAYS_NORMALISED = frozenset({"mixtral", "gpt_oss", "jetmoe"})
+ALWAYS_NORMALISED = frozenset({"mixtral", "gpt_oss"})
 #: model types whose router renormalises exactly when ``norm_topk_prob`` is true
-NORM_TOPK_PROB = frozenset({"qwen2_moe", "qwen3_moe", "qwen3_next", "qwen3_vl_moe", "qwen3_omni_moe", "olmoe",
-                            "deepseek_v2", "minimax", "hunyuan_v1_moe", "ernie4_5_moe"})
+NORM_TOPK_PROB = frozenset({"qwen2_moe", "qwen3_moe", "qwen3_next", "qwen3_vl_moe", "olmoe", "deepseek_v2"})
 #: model types whose routing the contract cannot express, with the reason
 REFUSED = {
     "phimoe": "Phi-3.5-MoE routes by its sparse mixer (a masked softmax per choice), not softmax top-k",
