@@ -73,3 +73,55 @@ def test_loaded_layers_with_their_router_inside(rng, name):
         want = reference(x, None, **w, **a, router_weight=rw)
         got = moe(cp.asarray(x), None)
         assert rel_err(cp.asnumpy(got), want) <= TOL[dtype], f"{name} rows={rows}"
+
+
+def _run_loaded(rng, layer, dtype, label):
+    """``layer`` as QMoE(...) at 1, 8 and 300 rows of ``dtype``: the reference with the output poisoned
+    first, and a graph replay equal to an eager call bit for bit."""
+    import cupy as cp
+
+    from qmoe_rtc.executor import QMoE
+
+    w, a = layer.weights, layer.attributes
+    E, H = w["fc1_experts_weights"].shape[0], w["fc2_experts_weights"].shape[1]
+    moe = QMoE(**w, **a)
+    for rows in (1, 8, 300):
+        x, lg, _ = random_inputs(rng, rows, H, E, dtype)
+        xd, ld = cp.asarray(x), cp.asarray(lg)
+        got = moe(xd, ld, out=cp.full(x.shape, cp.nan, dtype=xd.dtype))
+        e = rel_err(cp.asnumpy(got), reference(x, lg, **w, **a))
+        assert e <= TOL[dtype], f"{label} {dtype} rows={rows}: rel err {e:.3e} ({moe.plan(rows, dtype).engine})"
+        graph = moe.capture(xd, ld, out=cp.full(x.shape, cp.nan, dtype=xd.dtype))
+        graph.replay()
+        eager = moe(xd, ld)
+        cp.cuda.Device().synchronize()
+        assert cp.array_equal(graph.output.view(cp.uint16), eager.view(cp.uint16)), f"{label} {dtype} rows={rows}"
+
+
+@pytest.mark.parametrize("fmt, dtype", [("fp8-float32", "bfloat16"), ("fp8-e8m0", "bfloat16"), ("nvfp4", "float16"),
+                                        ("nvfp4", "bfloat16"), ("nvfp4-shared", "bfloat16")])
+def test_fp8_and_nvfp4_checkpoints_run_as_loaded(tmp_path, rng, fmt, dtype):
+    """FP8 block checkpoints (float32 and e8m0 block scales) and ModelOpt NVFP4 ones, written with each
+    format's own storage (tests/test_checkpoints*.py), loaded and run on both paths (FP8 in bfloat16: its
+    random e4m3 codes up to 448 overflow float16's outputs)."""
+    from test_checkpoints import _write_fp8
+    from test_checkpoints_fp4 import _write_nvfp4
+
+    from qmoe_rtc.checkpoints import load_layer
+
+    if fmt.startswith("fp8"):
+        _write_fp8(tmp_path, rng, scales=fmt.split("-")[1])
+    else:
+        _write_nvfp4(tmp_path, rng, shared=2 if fmt.endswith("shared") else 0)
+    _run_loaded(rng, load_layer(tmp_path, 1), dtype, fmt)
+
+
+def test_gpt_oss_mxfp4_checkpoints_run_as_loaded(tmp_path, rng):
+    """gpt-oss's fused MXFP4 experts with bfloat16 biases, loaded and run on every path."""
+    import ml_dtypes
+    from test_checkpoints_fp4 import _write_gpt_oss
+
+    from qmoe_rtc.checkpoints import load_layer
+
+    _write_gpt_oss(tmp_path, rng, dtype=ml_dtypes.bfloat16)
+    _run_loaded(rng, load_layer(tmp_path, 2), "bfloat16", "gpt-oss")
