@@ -98,7 +98,7 @@ class QMoE:
     :mod:`qmoe_rtc.distributed`).
 
     ``decode_max_routes``: rows·k up to which the decode path runs (default: the crossover measured
-    for this shape, :func:`qmoe_rtc.kernels.decode_limit`). ``prepack``: 'auto' (default: the
+    for this shape on this device, :func:`qmoe_rtc.kernels.decode_limit`). ``prepack``: 'auto' (default: the
     ``QMOE_RTC_PREPACK`` knob), 'on' / True or 'off' / False: whether the codes are converted once, on
     the GPU, into the tiled layout the tensor-core engines read (:mod:`qmoe_rtc.prepack`); 'auto' does
     when the scales or biases fix the activations to float16/bfloat16. A layer that tiles keeps no
@@ -176,7 +176,7 @@ class QMoE:
         """Routes (rows·k) up to which the decode path runs."""
         if self._decode_max_routes is not None:
             return self._decode_max_routes
-        return decode_limit(self.model_config(self.layer.dtype or "float16"))
+        return decode_limit(self.model_config(self.layer.dtype or "float16"), self._arch())
 
     def path_for(self, rows: int) -> str:
         """``"decode"`` or ``"prefill"`` for ``rows`` tokens."""

@@ -113,9 +113,10 @@ def _problem(cfg, rows, arch="sm_90a"):
 
 
 def test_prefill_engine_by_device_and_size():
-    """wgmma on sm_90a from MIN_ROUTES_PER_EXPERT routes per expert, whatever the block size (no warning
-    below: it is a measured preference); below it the batched-decode engine up to its own bound, then
-    mma.sync; mma.sync on other devices (a warning: a limit); the knob forces either."""
+    """On a device whose arch has no measured crossovers (here: unknown), wgmma from MIN_ROUTES_PER_EXPERT routes
+    per expert, whatever the block size (no warning below: it is a measured preference); below it the
+    batched-decode engine up to its own bound, then mma.sync; mma.sync on other devices (a warning: a limit);
+    the knob forces either. sm_90a's measured rule: tests/test_engine_choice.py."""
     from qmoe_rtc import knobs
     from qmoe_rtc.kernels.wgmma_prefill import MIN_ROUTES_PER_EXPERT
 
@@ -123,9 +124,10 @@ def test_prefill_engine_by_device_and_size():
     for block in (0, 32, 128):
         cfg = dataclasses.replace(tc, layout=dataclasses.replace(tc.layout, block_size=block))
         for rows in (16 * MIN_ROUTES_PER_EXPERT, 4096):
-            c = choose(cfg, _problem(cfg, rows), "prefill")
-            assert c.pipeline.name == "prefill-wgmma" and not c.skipped and not c.passed, (block, rows)
-    below = choose(tc, _problem(tc, 16 * (MIN_ROUTES_PER_EXPERT - 1)), "prefill")
+            for arch in ("", "sm_90a"):
+                c = choose(cfg, _problem(cfg, rows, arch), "prefill")
+                assert c.pipeline.name == "prefill-wgmma" and not c.skipped and not c.passed, (block, rows, arch)
+    below = choose(tc, _problem(tc, 16 * (MIN_ROUTES_PER_EXPERT - 1), ""), "prefill")
     assert below.pipeline.name != "prefill-wgmma" and f"(< {MIN_ROUTES_PER_EXPERT}:" in dict(below.passed)["prefill-wgmma"]
     small_rows = 16 * 4
     small = choose(tc, _problem(tc, small_rows), "prefill")
@@ -365,7 +367,9 @@ def test_batched_engine_by_routes_per_expert():
     mixtral = ModelConfig(hidden=4096, inter=14336, experts=8, k=2, layout=qwen3.layout)  # rows r: r / 4
     assert fam.slower(mixtral, _problem(mixtral, 48)) is None  # 12 per expert
     assert fam.slower(mixtral, _problem(mixtral, 64)) is not None
-    assert choose(mixtral, _problem(mixtral, 8), "prefill").pipeline.name == "prefill-batched"
+    # on a device of no measured crossovers; on sm_90a mixtral's large experts take wgmma (test_engine_choice.py)
+    assert choose(mixtral, _problem(mixtral, 8, ""), "prefill").pipeline.name == "prefill-batched"
+    assert choose(mixtral, _problem(mixtral, 8), "prefill").pipeline.name == "prefill-wgmma"
     tiled = dataclasses.replace(qwen3.layout, tiled=True)
     assert (row_tiles(True, 128), row_tiles(True, 0), row_tiles(True, 32), row_tiles(False, 128)) == (2, 2, 1, 1)
     qwen3_t, mixtral_t = (dataclasses.replace(c, layout=tiled) for c in (qwen3, mixtral))
@@ -378,21 +382,22 @@ def test_batched_engine_by_routes_per_expert():
     assert [tile_routes(_problem(mixtral, r)) for r in (8, 16, 17, 32, 33, 64, 512)] == [8, 8, 16, 16, 32, 32, 32]
 
 
-def test_prefill_engine_counts_only_a_slices_own_routes():
+@pytest.mark.parametrize("arch", ["", "sm_90a"])
+def test_prefill_engine_counts_only_a_slices_own_routes(arch):
     """An expert slice [ext] computes only the routes to its experts (the rest are skipped), so the
-    wgmma / mma.sync crossover counts its expected share: a slice of 64 of 128 experts sees the same
-    routes per expert as the whole layer at the same rows (counting every route would double it)."""
+    wgmma / batched crossover counts its expected share: a slice of 64 of 128 experts sees the same
+    routes per expert as the whole layer at the same rows (counting every route would double it). Unknown
+    device: MIN_ROUTES_PER_EXPERT (8) routes per expert; sm_90a: the measured 4.5 (kernels/engine_choice.py)."""
     from qmoe_rtc.kernels.wgmma_prefill import MIN_ROUTES_PER_EXPERT
 
     tc = CONFIGS[0]  # 128 experts, k 8
-    whole_rows = 16 * MIN_ROUTES_PER_EXPERT  # exactly MIN routes per expert
-    half = dataclasses.replace(_problem(tc, whole_rows - 16), E=64, all_experts=128)
-    # 64 held experts get half of the (rows - 16)·8 routes: MIN - 1 per expert, below the crossover
+    below, at = (16 * (MIN_ROUTES_PER_EXPERT - 1), 16 * MIN_ROUTES_PER_EXPERT) if not arch else (64, 80)  # 4.07 / 5.0
+    half = dataclasses.replace(_problem(tc, below, arch), E=64, all_experts=128)
     assert get_family("wgmma_prefill").slower(tc, half) is not None
-    assert get_family("wgmma_prefill").slower(tc, dataclasses.replace(half, rows=whole_rows)) is None
+    assert get_family("wgmma_prefill").slower(tc, dataclasses.replace(half, rows=at)) is None
     # the whole layer at the same rows: the same routes per expert, the same answer
-    assert get_family("wgmma_prefill").slower(tc, _problem(tc, whole_rows - 16)) is not None
-    assert get_family("wgmma_prefill").slower(tc, _problem(tc, whole_rows)) is None
+    assert get_family("wgmma_prefill").slower(tc, _problem(tc, below, arch)) is not None
+    assert get_family("wgmma_prefill").slower(tc, _problem(tc, at, arch)) is None
 
 
 def test_warm_modules_cover_both_prefill_engines():

@@ -69,27 +69,24 @@ PIPELINES: tuple[Pipeline, ...] = (
 )
 
 
-def decode_limit(config: ModelConfig) -> int:
-    """Routes (rows·k) up to which the decode path runs for this layer (the default switch), capped by
+def decode_limit(config: ModelConfig, arch: str = "") -> int:
+    """Routes (rows·k) up to which the decode path runs for this layer on ``arch`` (the default switch), capped by
     what one decode block scans (512 routes).
 
-    Tensor-core layers: up to :data:`DECODE_ROWS` tokens. Measured on the H200 with the engines on the
-    same layers (docs/performance-log.md, session 11, bf16 int4, tiled codes): at 1 token the decode engine
-    is faster than the batched-decode engine of the prefill path (qwen3-30b-a3b 29.0 vs 38.8 µs,
-    gpt-oss-120b 49.5 vs 82.7, ort-2048 24.9 vs 25.4; mixtral-8x7b 112.7 vs 111.8), at 8 tokens slower
-    on every shape (qwen3 90.5 vs 82.8, mixtral 351 vs 317, gpt-oss 211.7 vs 210.8, ort 51.0 vs 44.4).
-    Layers only the SIMT engines run keep their own switch (docs/performance-log.md, "Decode / prefill
-    crossover"): 8 tokens, 16 with experts of 32 MB or more.
+    Tensor-core layers on an arch with measured crossovers (:mod:`~qmoe_rtc.kernels.engine_choice`, sm_90): the
+    tokens its rule gives (1 token for mixtral-8x7b, 2 for ort-2048, 3 for qwen3-30b-a3b, 6 for gpt-oss-120b).
+    Elsewhere (another arch, or the arch unknown: warm tool, CPU): :data:`DECODE_ROWS` tokens, measured on the
+    H200 before the sweep (docs/performance-log.md, session 11: at 1 token the decode engine faster than the
+    batched-decode engine, at 8 tokens slower on every shape). Layers only the SIMT engines run keep their own
+    switch (docs/performance-log.md, "Decode / prefill crossover"): 8 tokens, 16 with experts of 32 MB or more.
     """
     from ._expert import tensor_core_unsupported
+    from .engine_choice import decode_tokens, expert_code_bytes
 
     if tensor_core_unsupported(config) is None:
-        return int(min(512, DECODE_ROWS * config.k))
-    lay = config.layout
-    rows1 = (2 if lay.swiglu_fusion else 1) * config.inter
-    expert_bytes = (rows1 * config.hidden * lay.fc1_bits + config.hidden * config.inter * lay.fc2_bits) / 8
-    if lay.has_fc3:
-        expert_bytes += config.inter * config.hidden * lay.fc3_bits / 8
+        tokens = decode_tokens(config, arch, get_family("wgmma_prefill").supports(config, None) is None)
+        return int(min(512, (DECODE_ROWS if tokens is None else tokens) * config.k))
+    expert_bytes = expert_code_bytes(config.hidden, config.inter, config.layout)
     rows = _SIMT_DECODE_ROWS_BIG_EXPERTS if expert_bytes >= _BIG_EXPERT_BYTES else _SIMT_DECODE_ROWS
     return int(min(512, rows * config.k))
 

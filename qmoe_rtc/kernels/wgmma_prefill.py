@@ -29,8 +29,9 @@ are launched overlapping the kernel before them (:func:`overlapped`, programmati
 
 It runs on sm_90a only (the executor compiles every module for sm_90a on Hopper); on other targets the
 module compiles to kernels that trap and :meth:`WgmmaPrefillFamily.supports` refuses the device.
-Below :data:`MIN_ROUTES_PER_EXPERT` routes per expert (8) the mma.sync engines are faster (measured, see
-docs/performance-log.md) and :meth:`WgmmaPrefillFamily.slower` says so.
+Where it is slower than the batched-decode engine, :meth:`WgmmaPrefillFamily.slower` says so: on sm_90 by the
+measured rule of :mod:`~qmoe_rtc.kernels.engine_choice` (small experts up to 4.5 routes per expert), on a device
+not known (the warm tool, CPU) below :data:`MIN_ROUTES_PER_EXPERT` routes per expert.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ from ._grouped import (
     tuning_knob,
     weight_tiles,
 )
+from .engine_choice import crossovers, wgmma_passed_for_batched
 from .base import KernelFamily, Problem, Slot, register
 from .wgmma_geometry import (
     CHUNK,
@@ -94,9 +96,9 @@ from .wgmma_geometry import (
 
 __all__ = ["MIN_ROUTES_PER_EXPERT", "WgmmaPrefillFamily"]
 
-#: Routes per expert (average over the experts that get routes) from which this engine runs: it comes
-#: first in the prefill preference (kernels/pipelines.py), and below this the batched-decode or mma.sync
-#: engine runs. Measured on the H200 with 32-route tiles (docs/performance-log.md, session 29, bf16 int4,
+#: Where the arch has no measured crossovers (kernels/engine_choice.py; sm_90 has): routes per expert (average
+#: over the experts that get routes) from which this engine runs: it comes first in the prefill preference
+#: (kernels/pipelines.py), and below this the batched-decode or mma.sync engine runs. Measured on the H200 with 32-route tiles (docs/performance-log.md, session 29, bf16 int4,
 #: against the engine the choice ran before): at 8 faster on every shape (qwen3-30b-a3b 0.96x, mixtral-8x7b
 #: 0.92x, gpt-oss-120b 0.93x, ort-2048 0.86x), at 4 slower on three (1.10-1.15x; gpt-oss 0.98x).
 MIN_ROUTES_PER_EXPERT = 8
@@ -195,6 +197,8 @@ class WgmmaPrefillFamily(KernelFamily):
     def slower(self, config, problem: Problem | None = None) -> str | None:
         if problem is None or problem.rows == 0 or knobs.get("prefill_engine") == "wgmma":
             return None
+        if crossovers(problem.arch) is not None:
+            return wgmma_passed_for_batched(problem, getattr(config, "layout", config))
         # routes that reach a held expert: an expert slice [ext] holds E of the layer's logit_count
         # experts, so it expects that share of the k routed picks (the rest are skipped); shared ones all
         routes = problem.rows * (problem.k * problem.E / problem.logit_count + problem.shared)

@@ -1,0 +1,90 @@
+"""The engine choice as measured data (CPU only): at every point of the sweep kept in kernels/engine_choice.py the
+executor's choice (path, then prefill engine) runs an engine within 2 % of the fastest measured there; the
+expected routes per expert; the rule's edges."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from qmoe_rtc.kernels import Problem, choose, decode_limit
+from qmoe_rtc.kernels.engine_choice import (
+    CROSSOVERS,
+    MEASURED,
+    MEASURED_SHAPES,
+    crossovers,
+    expected_experts,
+    routes_per_expert,
+)
+from qmoe_rtc.specialize import Layout, ModelConfig
+
+ENGINES = ("decode", "batched", "wgmma")
+
+
+def _config(name: str) -> ModelConfig:
+    H, I, E, k, bs = MEASURED_SHAPES[name]  # noqa: E741
+    return ModelConfig(hidden=H, inter=I, experts=E, k=k,
+                       layout=Layout(dtype="bfloat16", fc1_bits=4, fc2_bits=4, block_size=bs, activation="swiglu",
+                                     swiglu_fusion=2))
+
+
+def chosen(cfg: ModelConfig, rows: int, arch: str) -> str:
+    """'decode', 'batched' or 'wgmma': what a call of ``rows`` tokens runs on ``arch``."""
+    if rows * cfg.k <= decode_limit(cfg, arch):
+        return "decode"
+    problem = Problem(rows=rows, E=cfg.experts, H=cfg.hidden, I=cfg.inter, k=cfg.k, dtype=cfg.layout.dtype, arch=arch)
+    return choose(cfg, problem, "prefill").pipeline.name.split("-")[1]
+
+
+@pytest.mark.parametrize("arch", sorted(MEASURED))
+@pytest.mark.parametrize("shape", sorted(MEASURED_SHAPES))
+def test_choice_is_within_two_percent_of_the_fastest_measured(arch, shape):
+    cfg = _config(shape)
+    worst = []
+    for rows, times in MEASURED[arch][shape].items():
+        us = dict(zip(ENGINES, times))
+        best = min(t for t in times if t is not None)
+        got = us[chosen(cfg, rows, arch + "a")]
+        assert got is not None, (shape, rows, "chose an engine the sweep could not run")
+        worst.append((got / best, rows))
+    assert max(worst)[0] <= 1.02, (shape, sorted(worst)[-3:])
+
+
+def test_the_sweep_moved_the_choice_where_it_measured_faster():
+    """The points the sweep moved (H100, session 35): mixtral-8x7b from 2 tokens and gpt-oss-120b from 8 on wgmma
+    (before: decode up to 4 tokens, batched below 8 routes per expert), qwen3-30b-a3b at 4 tokens batched."""
+    assert [chosen(_config("mixtral-8x7b"), r, "sm_90a") for r in (1, 2, 4, 8, 16)] == ["decode"] + ["wgmma"] * 4
+    assert [chosen(_config("gpt-oss-120b"), r, "sm_90a") for r in (4, 8, 64)] == ["decode", "wgmma", "wgmma"]
+    assert [chosen(_config("qwen3-30b-a3b"), r, "sm_90a") for r in (2, 4, 64, 128)] == [
+        "decode", "batched", "batched", "wgmma"]
+    assert [chosen(_config("ort-2048"), r, "sm_90a") for r in (2, 4, 16, 32)] == ["decode", "batched", "batched", "wgmma"]
+    # an arch with no measured constants keeps the rule before the sweep: decode up to 4 tokens
+    assert crossovers("sm_80") is None and decode_limit(_config("mixtral-8x7b"), "sm_80") == 4 * 2
+
+
+def test_expected_routes_per_expert():
+    assert expected_experts(1, 128, 8) == pytest.approx(8.0)
+    assert expected_experts(10**6, 128, 8) == pytest.approx(128.0)
+    assert routes_per_expert(1, 8, 2) == pytest.approx(1.0)
+    assert routes_per_expert(2, 8, 2) == pytest.approx(4 / 3.5)  # 8 · (1 - (3/4)^2) experts hit
+    assert routes_per_expert(0, 8, 2) == 0.0
+    # an expert slice holding 4 of 16 experts: a token sends k·4/16 routes to it on average
+    assert routes_per_expert(1, 4, 4, logit_count=16) == pytest.approx(1.0)
+    # shared experts are hit by every token
+    assert routes_per_expert(4, 8, 2, shared=1) == pytest.approx((4 * 3) / (8 * (1 - 0.75 ** 4) + 1))
+
+
+def test_big_experts_take_wgmma_only_where_it_runs():
+    """A mixtral-sized layer the wgmma engine cannot run (here: more experts than its grouping takes) keeps the
+    small-expert decode switch (2 tokens) instead of leaving decode at 2 tokens for the batched engine."""
+    mixtral = _config("mixtral-8x7b")
+    assert decode_limit(mixtral, "sm_90a") == 1 * 2
+    many = dataclasses.replace(mixtral, experts=2048)
+    assert decode_limit(many, "sm_90a") >= 2 * 2
+
+
+def test_constants_name_their_measurement():
+    for arch, c in CROSSOVERS.items():
+        assert arch in MEASURED and "docs/perf-data/" in c.source
+        assert 1.0 < c.decode_per_expert < c.batched_per_expert
