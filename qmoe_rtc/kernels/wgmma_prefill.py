@@ -66,8 +66,8 @@ from ._grouped import (
     tuning_knob,
     weight_tiles,
 )
-from .engine_choice import crossovers, wgmma_passed_for_batched
 from .base import KernelFamily, Problem, Slot, register
+from .engine_choice import crossovers, wgmma_passed_for_batched
 from .wgmma_geometry import (
     CHUNK,
     DEFAULT_VARIANT,
@@ -98,9 +98,10 @@ __all__ = ["MIN_ROUTES_PER_EXPERT", "WgmmaPrefillFamily"]
 
 #: Where the arch has no measured crossovers (kernels/engine_choice.py; sm_90 has): routes per expert (average
 #: over the experts that get routes) from which this engine runs: it comes first in the prefill preference
-#: (kernels/pipelines.py), and below this the batched-decode or mma.sync engine runs. Measured on the H200 with 32-route tiles (docs/performance-log.md, session 29, bf16 int4,
-#: against the engine the choice ran before): at 8 faster on every shape (qwen3-30b-a3b 0.96x, mixtral-8x7b
-#: 0.92x, gpt-oss-120b 0.93x, ort-2048 0.86x), at 4 slower on three (1.10-1.15x; gpt-oss 0.98x).
+#: (kernels/pipelines.py), and below this the batched-decode or mma.sync engine runs. Measured on the H200 with
+#: 32-route tiles (docs/performance-log.md, session 29, bf16 int4, against the engine the choice ran before): at 8
+#: faster on every shape (qwen3-30b-a3b 0.96x, mixtral-8x7b 0.92x, gpt-oss-120b 0.93x, ort-2048 0.86x), at 4 slower
+#: on three (1.10-1.15x; gpt-oss 0.98x).
 MIN_ROUTES_PER_EXPERT = 8
 
 
