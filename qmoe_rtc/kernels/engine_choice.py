@@ -33,8 +33,8 @@ class Crossovers:
 
     - ``decode_per_expert``: on experts of ``big_expert_bytes`` or more, the decode path runs while the expected
       routes per expert hit stay at or under this (then the wgmma engine);
-    - ``decode_tokens_small``: on smaller experts (or where the wgmma engine does not run the layer), the decode path
-      runs up to this many tokens (then the batched engine);
+    - ``decode_tokens_small``: on smaller experts the decode path runs up to this many tokens (then the batched
+      engine);
     - ``big_expert_bytes``: from this many packed code bytes per expert the wgmma engine follows the decode path
       directly;
     - ``batched_per_expert``: below ``big_expert_bytes``, the batched engine runs up to this many routes per
@@ -138,16 +138,17 @@ def expert_code_bytes(H: int, I: int, layout) -> int:  # noqa: E741
     return n // 8
 
 
-def decode_tokens(config, arch: str, wgmma_runs: bool) -> int | None:
-    """Tokens up to which a tensor-core layer takes the decode path on ``arch`` (None: not measured there): on
-    experts of ``big_expert_bytes`` or more that the wgmma engine runs (``wgmma_runs``), while the expected routes per
-    expert stay at or under ``decode_per_expert``; else up to ``decode_tokens_small`` tokens."""
+def decode_tokens(config, arch: str, grouped_runs: bool) -> int | None:
+    """Tokens up to which a tensor-core layer takes the decode path on ``arch``: on experts of ``big_expert_bytes``
+    or more while the expected routes per expert stay at or under ``decode_per_expert``, else up to
+    ``decode_tokens_small`` tokens. None where nothing was measured: an arch without constants, or a layer the
+    grouped engines the rule hands over to (wgmma, batched) do not run (``grouped_runs`` False: more experts than
+    the grouping takes), which keeps the rule before."""
     c = crossovers(arch)
-    if c is None:
+    if c is None or not grouped_runs:
         return None
-    big = wgmma_runs and expert_code_bytes(config.hidden, config.inter, config.layout) >= c.big_expert_bytes
     L = config.all_experts or config.experts
-    if not big:
+    if expert_code_bytes(config.hidden, config.inter, config.layout) < c.big_expert_bytes:
         return c.decode_tokens_small
     rows = 1
     while rows < 512 and routes_per_expert(rows + 1, config.experts, config.k, L, config.shared) <= c.decode_per_expert:

@@ -75,7 +75,8 @@ def decode_limit(config: ModelConfig, arch: str = "") -> int:
 
     Tensor-core layers on an arch with measured crossovers (:mod:`~qmoe_rtc.kernels.engine_choice`, sm_90): the
     tokens its rule gives (1 token for mixtral-8x7b, 2 for qwen3-30b-a3b and ort-2048, 6 for gpt-oss-120b).
-    Elsewhere (another arch, or the arch unknown: warm tool, CPU): :data:`DECODE_ROWS` tokens, measured on the
+    Elsewhere (another arch, the arch unknown: warm tool, CPU; or a layer the grouped engines do not run):
+    :data:`DECODE_ROWS` tokens, measured on the
     H200 before the sweep (docs/performance-log.md, session 11: at 1 token the decode engine faster than the
     batched-decode engine, at 8 tokens slower on every shape). Layers only the SIMT engines run keep their own
     switch (docs/performance-log.md, "Decode / prefill crossover"): 8 tokens, 16 with experts of 32 MB or more.
