@@ -62,9 +62,24 @@ def test_presets_and_tokens_are_checked_before_the_gpu_is_asked(capsys):
 
     a = ab.build_parser().parse_args(["base", "--preset", "mixtral-8x7b,gpt-oss-120b", "--tokens", "1,8"])
     assert a.preset == ["mixtral-8x7b", "gpt-oss-120b"] and a.tokens == [1, 8]
-    assert crossover.build_parser().parse_args([]).tokens == [4, 8, 16, 32, 64, 128]
+    assert crossover.build_parser().parse_args([]).tokens == [1, 2, 3, 4, 6, 8, 16, 32, 64, 128, 256, 512]
     for parser, argv, says in ((ab.build_parser(), ["base", "--preset", "nope"], "unknown bench shape nope"),
                                (crossover.build_parser(), ["--tokens", "0"], "--tokens")):
         with pytest.raises(SystemExit) as e:
             parser.parse_args(argv)
         assert e.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_crossover_rows_and_the_literal_engine_choice_holds():
+    """bench crossover's point row (engines that did not run are None; the default's time over the fastest) and the
+    sweep printed as kernels/engine_choice.MEASURED's literal, which reads back as the same data."""
+    import ast
+
+    from qmoe_rtc.bench import crossover
+
+    row, best, ratio = crossover.point_row({"decode": None, "batched": 41.2, "wgmma": 45.4}, "batched")
+    assert row == (None, 41.2, 45.4) and best == "batched" and ratio == 1.0
+    assert crossover.point_row({"decode": 44.0, "batched": 41.2, "wgmma": None}, "decode")[2] == pytest.approx(44.0 / 41.2)
+    assert crossover.point_row({"decode": 44.0, "batched": 41.2, "wgmma": None}, "prefill-mma")[2] == 0.0
+    sweep = {"ort-2048": {1: (24.1, 27.5, 41.2), 512: (None, 273.6, 108.4)}}
+    assert ast.literal_eval(crossover.measured_literal(sweep)) == sweep

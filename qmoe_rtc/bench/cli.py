@@ -15,7 +15,7 @@ SUBCOMMANDS = {
     "run": ("qmoe_rtc.bench.run", "time layers (graph, eager, PyTorch) against the measured floor; the default"),
     "peers": ("qmoe_rtc.bench.peers", "run the peers benchmark script (outside this repository) on this tree"),
     "ab": ("qmoe_rtc.bench.ab", "interleaved A/B (or grid sweep) of tuning knobs in one process"),
-    "crossover": ("qmoe_rtc.bench.crossover", "decode vs prefill engine by token count: the switch point"),
+    "crossover": ("qmoe_rtc.bench.crossover", "every engine forced by token count: the sweep behind the engine choice"),
     "host": ("qmoe_rtc.bench.host", "where the host time of one eager call goes"),
     "soak": ("qmoe_rtc.bench.soak", "memory soak: does a serving loop's memory stay flat?"),
     "dense": ("qmoe_rtc.bench.dense", "cuBLAS's dense bf16 GEMMs of a preset's FLOPs, watts and clock: the bar at the cap"),
