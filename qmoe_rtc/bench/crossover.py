@@ -105,7 +105,8 @@ def main(argv=None) -> int:
             logits = cp.asarray(2 * rs.standard_normal((T, shape.E)), dtype=cp.float32)
             rows = point(timer, name, T, layers, x, logits, a.rounds, a.iters)
             times = {n: (r["median_us"] if r["engine"] == pipe else None) for (n, (_, pipe)), r in zip(ENGINES.items(), rows)}
-            chosen = SHORT.get(default.engine_for(T, a.dtype).pipeline.name, default.engine_for(T, a.dtype).pipeline.name)
+            pipeline = default.engine_for(T, a.dtype).pipeline.name
+            chosen = SHORT.get(pipeline, pipeline)
             row, best, ratio = point_row(times, chosen)
             sweep.setdefault(name, {})[T] = row
             cells = " ".join(f"{'-' if t is None else f'{t:.1f}':>9}" for t in row)
