@@ -150,12 +150,12 @@ TILED_META_DEFINES = {False: (), True: ("-DQMOE_TILED=1", "-DQMOE_TILED_META=1")
 @pytest.mark.parametrize("tiled_meta", [False, True])
 def test_mma_ring_bytes_match_the_device_struct(tiled_meta):
     """The host's dynamic shared memory size (kernels/mma_decode.py ring_bytes + the route lists,
-    decode_smem_bytes) equals the device's mma_smem_bytes (kMmaWarps·kMmaStages·MmaStage::kBytes + 8·R)
-    for every bit width, scale size, block kind, zp mode and row tiles per warp, with the contract's
-    meta words and the tiled meta records (a smaller launch would trap the kernel): checked by
-    static_asserts compiled with NVRTC."""
+    decode_smem_bytes, with and without x rings) equals the device's mma_smem_bytes (kMmaWarps·kMmaStages·
+    MmaStage::kBytes + 8·R, then the x rings) for every bit width, scale size, block kind, zp mode and row
+    tiles per warp, with the contract's meta words and the tiled meta records (a smaller launch would trap
+    the kernel): checked by static_asserts compiled with NVRTC."""
     from qmoe_rtc.jit import compiler
-    from qmoe_rtc.kernels.mma_decode import decode_smem_bytes, ring_bytes
+    from qmoe_rtc.kernels.mma_decode import decode_smem_bytes, ring_bytes, x_ring_bytes
 
     lines = ['#include "engines/mma_decode.cuh"']
     for bits in (1, 2, 3, 4, 8):
@@ -169,9 +169,13 @@ def test_mma_ring_bytes_match_the_device_struct(tiled_meta):
                                      f"\"ring_bytes({bits}, {sbytes}, {block}, {zp}, 5, {rt})\");")
                     want = ring_bytes(bits, sbytes, block, zp, 5, tiled_meta=tiled_meta)
                     stage = f"qmoe::MmaStage<{bits}, {scale_t}, {block}, {'true' if zp else 'false'}>"
-                    for R in (1, 64, 512):
+                    for R in (1, 3, 64, 512):
                         lines.append(f"static_assert(qmoe::mma_smem_bytes<{stage}>({R}) == {decode_smem_bytes(want, R)},"
                                      f" \"decode_smem_bytes({bits}, {sbytes}, {block}, {zp}, R {R})\");")
+                        for xs in (1, 3, 8):  # with the x rings of xs route lanes (engines/x_ring.cuh)
+                            have = decode_smem_bytes(want, R, x_ring_bytes(bits, 5, xs))
+                            lines.append(f"static_assert(qmoe::mma_smem_bytes<{stage}>({R}, {xs}) == {have},"
+                                         f" \"decode_smem_bytes({bits}, {sbytes}, {block}, {zp}, R {R}, xs {xs})\");")
     options = compiler.base_options("sm_90", ("-DQMOE_MMA_STAGES=5", *TILED_META_DEFINES[tiled_meta]))
     compiler.compile_unit("ring_bytes_check", "\n".join(lines) + "\n", {}, "sm_90", options)
 

@@ -128,3 +128,43 @@ def test_misaligned_input_scales_and_zero_points(rng):
         moe(xs, cp.asarray(lg), out=out)
         assert moe.plan(rows, "float16", "float32").engine == "decode-mma"
         assert rel_err(cp.asnumpy(out), reference(x, lg, **w, **a)) <= TOL["float16"]
+
+
+# (name, random_layer kwargs, E, H, I): layers whose experts get several routes at 2-8 tokens
+X_RING_LAYERS = [LAYERS[0], LAYERS[1], LAYERS[3], TENSOR_CORE_3BIT[0]]
+
+
+@pytest.mark.parametrize("prepack", [True, False], ids=["tiled", "contract"])
+@pytest.mark.parametrize("name, kw, E, H, I", X_RING_LAYERS, ids=[c[0] for c in X_RING_LAYERS])
+def test_x_ring_gives_the_bits_of_global_loads(rng, monkeypatch, name, kw, E, H, I, prepack):
+    """Activations staged in the x rings (engines/x_ring.cuh; on by default up to 8 tokens) give the same bits as
+    the kernels that load them from global memory as they compute (QMOE_RTC_MMA_X_RING=0), and the reference,
+    at 1-8 tokens with up to 8 routes an expert, in the tiled and the contract layout; outputs NaN-poisoned."""
+    import cupy as cp
+
+    from qmoe_rtc.executor import QMoE
+
+    kw = dict(kw)
+    k = kw.pop("k")
+    w, a = random_layer(rng, E=E, H=H, I=I, k=k, dtype="bfloat16", **kw)
+    inputs = [random_inputs(rng, rows, H, E, "bfloat16")[:2] for rows in (1, 2, 3, 5, 8)]
+
+    def outputs():
+        moe = QMoE(**to_dev(w), **a, prepack=prepack, decode_max_routes=512)
+        outs = []
+        for x, lg in inputs:
+            assert moe.plan(len(x), "bfloat16", "float32").engine == "decode-mma"
+            out = cp.full(x.shape, cp.nan, dtype=x.dtype)
+            moe(cp.asarray(x), cp.asarray(lg), out=out)
+            outs.append(cp.asnumpy(out))
+        return moe, outs
+
+    staged, got = outputs()
+    monkeypatch.setenv("QMOE_RTC_MMA_X_RING", "0")
+    plain, want = outputs()
+    for moe, on in ((staged, True), (plain, False)):  # the two modules: with and without the x rings
+        fc1 = next(st for st in moe.plan(1, "bfloat16", "float32").steps if st.role == "fc1")
+        assert fc1.spec["x_ring"] is (on and min(np.atleast_1d(kw["bits"])) >= 3), name
+    for (x, lg), g, p in zip(inputs, got, want):
+        assert np.array_equal(g.view(np.uint16), p.view(np.uint16)), (name, len(x))
+        assert rel_err(g, reference(x, lg, **w, **a)) <= TOL["bfloat16"], (name, len(x))

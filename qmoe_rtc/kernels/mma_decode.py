@@ -33,7 +33,8 @@ from ._expert import (
 from ._grouped import tuning_knob
 from .base import DEFAULT_SMS, KernelFamily, Problem, Slot, register
 
-__all__ = ["MmaDecodeFamily", "decode_smem_bytes", "launch_smem", "ring_bytes", "smem_refusal", "tile_routes"]
+__all__ = ["MmaDecodeFamily", "decode_smem_bytes", "launch_smem", "ring_bytes", "smem_refusal", "tile_routes",
+           "x_ring", "x_ring_bytes", "x_staged"]
 
 THREADS = 128  # kMmaThreads (4 warps)
 WARPS = 4
@@ -46,6 +47,7 @@ MIN_BLOCKS_ALLOWED = (4, 5, 6, 7, 8)  # QMOE_RTC_MMA_MIN_BLOCKS (BR 8 only: up t
 ONE_WAVE_CHUNKS = 8  # most 128-code chunks per warp the one-wave rule of k_split accepts
 DEEP_CHUNKS = 16  # fewest 128-code chunks per warp the deep-K rule of k_split leaves
 PREFETCH_CHUNKS = 4  # chunks of its two rows a warp warms L2 with before the route scan (kernel scalar PF)
+X_CHUNK_BYTES = 256  # XRing::kChunkBytes: one route lane's 128 activations of a chunk
 
 
 def _stages() -> int:
@@ -66,29 +68,57 @@ def ring_bytes(bits: int, scale_bytes: int, block_size: int, zp_packed: bool, st
     return WARPS * stages * stage
 
 
-def decode_smem_bytes(ring: int, routes: int) -> int:
+def decode_smem_bytes(ring: int, routes: int, x_rings: int = 0) -> int:
     """Dynamic shared memory of a decode launch: the four rings, then two lists of ``routes`` route ids
-    (s_ids, s_list; engines/mma_decode.cuh)."""
-    return ring + 8 * routes
+    (s_ids, s_list; engines/mma_decode.cuh), then, with ``x_rings`` bytes (the four warps' x rings:
+    :func:`x_ring_bytes`), those from the next 16-byte boundary (mma_ring.cuh mma_smem_bytes)."""
+    return (ring + 8 * routes + 15) // 16 * 16 + x_rings if x_rings else ring + 8 * routes
 
 
-def launch_smem(spec: ModuleSpec, role: str, routes: int, row_tiles: int = 1) -> int:
+def x_ring(config) -> bool:
+    """Whether the layer's decode module stages activations in x rings (``QMOE_RTC_MMA_X_RING``, on by default):
+    codes of 3 bits or more, whose stages hold at most two chunks (1- / 2-bit stages hold eight / four, whose x
+    rings would take 4 / 2 times the shared memory: 192 KiB a block at 8 tokens for 1-bit codes)."""
+    lay = getattr(config, "layout", config)
+    return bool(knobs.get("mma_x_ring")) and min(lay.fc1_bits, lay.fc2_bits) >= 3
+
+
+def x_staged(spec: ModuleSpec, rows: int) -> int:
+    """XS, the route lanes of an 8-route pass whose activations the decode kernels stage in shared memory with
+    the weights (engines/x_ring.cuh), for a call of ``rows`` tokens: ``rows`` (an expert has at most one route a
+    token) where the 8-route kernels run (up to 8 tokens) and the module stages them (``QMOE_RTC_MMA_X_RING``,
+    on by default), else 0 (passes of 16 or 32 routes load them from global memory)."""
+    return rows if spec.get("x_ring") and 0 < rows <= TILE_ROUTES[0] else 0
+
+
+def x_ring_bytes(bits: int, stages: int, xs: int) -> int:
+    """Shared memory of the four warps' x rings of a block (engines/x_ring.cuh XRing::kLaneBytes): per warp ``xs``
+    route lanes' parts of ``stages`` stages of KST chunks (as :func:`ring_bytes`'s) of 256 bytes, each part
+    padded by 32 bytes."""
+    kst = 1 if bits >= 8 else max(1, 8 // bits)
+    return WARPS * xs * (stages * kst * X_CHUNK_BYTES + 32)
+
+
+def launch_smem(spec: ModuleSpec, role: str, routes: int, row_tiles: int = 1, xs: int = 0) -> int:
     """Dynamic shared memory of a ``role`` ("fc1" / "fc2") block of the spec's ring engine: the rings of the
     projection it streams (FC1 stages FC3's zero-point word too), then, with ``routes`` > 0, the decode kernels'
-    two route lists (:func:`decode_smem_bytes`; the batched engine's kernels have none: ``routes`` 0)."""
+    two route lists and the x rings of ``xs`` route lanes (:func:`decode_smem_bytes`; the batched engine's
+    kernels have neither: ``routes`` 0)."""
     scale_bytes = 4 if spec["scale_dtype"] == "float32" else 2
     if role == "fc1":
         bits, zp = spec["fc1_bits"], spec["fc1_zp"] == "packed" or (spec["has_fc3"] and spec["fc3_zp"] == "packed")
     else:
         bits, zp = spec["fc2_bits"], spec["fc2_zp"] == "packed"
     ring = ring_bytes(bits, scale_bytes, spec["block_size"], zp, spec["stages"], row_tiles, tiled_meta(spec))
-    return decode_smem_bytes(ring, routes) if routes else ring
+    if not routes:
+        return ring
+    return decode_smem_bytes(ring, routes, x_ring_bytes(bits, spec["stages"], xs) if xs else 0)
 
 
-def smem_refusal(spec: ModuleSpec, budget: int, routes: int = 0, row_tiles: int = 1) -> str | None:
+def smem_refusal(spec: ModuleSpec, budget: int, routes: int = 0, row_tiles: int = 1, xs: int = 0) -> str | None:
     """Why a ring engine's blocks (:func:`launch_smem`) do not fit ``budget`` bytes of dynamic shared memory (the
     device's opt-in limit per block), None where both projections' do."""
-    need = max(launch_smem(spec, role, routes, row_tiles) for role in ("fc1", "fc2"))
+    need = max(launch_smem(spec, role, routes, row_tiles, xs) for role in ("fc1", "fc2"))
     if need <= budget:
         return None
     return (f"a block needs {need} bytes of shared memory (rings of {spec['stages']} stages: QMOE_RTC_MMA_STAGES), more "
@@ -155,7 +185,7 @@ class MmaDecodeFamily(KernelFamily):
                            min_blocks=tuning_knob("mma_min_blocks", "QMOE_RTC_MMA_MIN_BLOCKS", MIN_BLOCKS[8],
                                                   MIN_BLOCKS_ALLOWED),
                            roll_copies=bool(knobs.get("mma_roll_copies")),
-                           expert_flow=bool(knobs.get("mma_expert_flow")), **tiled_spec(config))
+                           expert_flow=bool(knobs.get("mma_expert_flow")), x_ring=x_ring(config), **tiled_spec(config))
 
     def specs(self, config) -> list[ModuleSpec]:
         return [] if tensor_core_unsupported(config) else [self.spec(config)]
@@ -165,13 +195,15 @@ class MmaDecodeFamily(KernelFamily):
         if why is None and problem is not None and problem.routes > MAX_ROUTES:
             why = f"{problem.routes} routes (one block scans at most {MAX_ROUTES})"
         if why is None and problem is not None:
-            why = smem_refusal(self.spec(config), problem.smem_limit, max(problem.routes, 1))
+            spec = self.spec(config)
+            why = smem_refusal(spec, problem.smem_limit, max(problem.routes, 1), xs=x_staged(spec, problem.rows))
         return why
 
     def defines(self, spec: ModuleSpec) -> tuple[str, ...]:
         return (f"-DQMOE_MMA_STAGES={spec['stages']}", f"-DQMOE_MMA_MIN_BLOCKS={spec['min_blocks']}",
                 f"-DQMOE_MMA_ROLL_COPIES={int(spec['roll_copies'])}",
-                f"-DQMOE_MMA_EXPERT_FLOW={int(spec['expert_flow'])}", *tiled_define(spec))
+                f"-DQMOE_MMA_EXPERT_FLOW={int(spec['expert_flow'])}", f"-DQMOE_MMA_X_RING={int(spec['x_ring'])}",
+                *tiled_define(spec))
 
     def kernels(self, spec: ModuleSpec) -> tuple[KernelDef, ...]:
         t = template_types(spec)
@@ -184,15 +216,15 @@ class MmaDecodeFamily(KernelFamily):
                 f"qmoe::fc1_mma<{gate}, {t['T']}, {t['S']}, {t['B1']}, {t['Z1']}, {t['Z3']}, {t['BLOCK']}, {t['ACT']}, {br}>",
                 (Ptr("x", dt), Ptr("topk_ids", "int32"), Scalar("R", "int32"), Scalar("k", "int32"),
                  Scalar("H", "int32"), Scalar("I", "int32"), Scalar("KS", "int32"), Scalar("PF", "int32"),
-                 fc1_weights(sdt), ACT_PARAMS_ARG, Ptr("act", dt), Ptr("fc1_done", "uint32")),
+                 Scalar("XS", "int32"), fc1_weights(sdt), ACT_PARAMS_ARG, Ptr("act", dt), Ptr("fc1_done", "uint32")),
             ))
             out.append(KernelDef(
                 f"fc2_br{br}",
                 f"qmoe::fc2_mma_combine<{t['T']}, {t['S']}, {t['B2']}, {t['Z2']}, {t['BLOCK']}, {br}>",
                 (Ptr("act", dt), Ptr("topk_ids", "int32"), Ptr("topk_w", "float32"), Scalar("R", "int32"),
                  Scalar("k", "int32"), Scalar("H", "int32"), Scalar("I", "int32"), Scalar("KS", "int32"),
-                 Scalar("PF", "int32"), fc2_weights(sdt), Ptr("y", "float32"), Ptr("counters", "uint32"), Ptr("out", dt),
-                 Ptr("fc1_done", "uint32"), Ptr("fc2_seen", "uint32"),
+                 Scalar("PF", "int32"), Scalar("XS", "int32"), fc2_weights(sdt), Ptr("y", "float32"),
+                 Ptr("counters", "uint32"), Ptr("out", dt), Ptr("fc1_done", "uint32"), Ptr("fc2_seen", "uint32"),
                  Scalar("FC1_TILES", "int32")),
             ))
         return tuple(out)
@@ -215,10 +247,11 @@ class MmaDecodeFamily(KernelFamily):
 
     def launch(self, spec: ModuleSpec, role: str, problem: Problem) -> Launch:
         ks, gx = self.geometry(spec, role, problem)
-        smem = decode_smem_bytes(launch_smem(spec, role, 0), problem.routes)
+        xs = x_staged(spec, problem.rows)
+        smem = launch_smem(spec, role, problem.routes, xs=xs)
         # overlap: FC1 waits for the ids, FC2 reads the ids and prefetches its weights, then waits for act
         pf = knobs.get("mma_prefetch_chunks") or PREFETCH_CHUNKS
-        args = (("KS", ks), ("PF", pf))
+        args = (("KS", ks), ("PF", pf), ("XS", xs))
         if role == "fc2":  # expert flow: an expert's FC1 blocks, which its FC2 blocks wait for
             args += (("FC1_TILES", self.geometry(spec, "fc1", problem)[1]),)
         return Launch((gx, problem.routes, 1), (THREADS, 1, 1), smem, args, overlap=True)

@@ -17,6 +17,8 @@
 #include "core/lane_meta.cuh"
 #include "core/mma_pair.cuh"
 #include "core/types.cuh"
+#include "engines/slice_reduce.cuh"
+#include "engines/x_ring.cuh"
 
 namespace qmoe {
 
@@ -75,13 +77,21 @@ template <int B> __device__ __forceinline__ void prefetch_rows(const u8* pa, con
 // Dynamic shared memory of a decode launch with R routes: kMmaWarps rings of kMmaStages stages, then
 // the block's two route lists (R ids each). The host computes the same size (kernels/mma_decode.py
 // decode_smem_bytes; a CPU test compares them); a smaller launch is a host bug: trap, never overrun.
-template <class Stage> constexpr u32 mma_smem_bytes(i32 R) {
-  return (u32)(kMmaWarps * kMmaStages * Stage::kBytes) + 8u * (u32)R;
+// With xs > 0, the warps' x rings follow (engines/x_ring.cuh), 16-byte aligned (mma_x_rings): xs route lanes'
+// parts of kMmaStages·KST chunk slots each.
+template <class Stage> using MmaXRing = XRing<kMmaStages * Stage::KST>;
+template <class Stage> constexpr u32 mma_x_rings(i32 R) {
+  return (kMmaWarps * kMmaStages * Stage::kBytes + 8u * R + 15u) & ~15u;
 }
-template <class Stage> __device__ __forceinline__ void check_ring_size(i32 R) {
+template <class Stage> constexpr u32 mma_x_ring_bytes(i32 xs) { return (u32)(xs * MmaXRing<Stage>::kLaneBytes); }
+template <class Stage> constexpr u32 mma_smem_bytes(i32 R, i32 xs = 0) {
+  return xs > 0 ? mma_x_rings<Stage>(R) + kMmaWarps * mma_x_ring_bytes<Stage>(xs)
+                : (u32)(kMmaWarps * kMmaStages * Stage::kBytes) + 8u * (u32)R;
+}
+template <class Stage> __device__ __forceinline__ void check_ring_size(i32 R, i32 xs = 0) {
   u32 have;
   asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(have));
-  if (have < mma_smem_bytes<Stage>(R)) __trap();
+  if (have < mma_smem_bytes<Stage>(R, xs)) __trap();
 }
 
 // One warp's product over its K slice (chunks ks, ks + KS, ...) for RT 16-row tiles: acc[i·N8 + g]
@@ -95,12 +105,17 @@ template <class Stage> __device__ __forceinline__ void check_ring_size(i32 R) {
 // L < 24: lane group L / 3's rows, piece L % 3) into the same shared layout, instead of each lane
 // copying its own 12 bytes as three 4-byte pieces; lanes then read codes other lanes copied (a
 // __syncwarp per stage). Needs every row's chunks 16-byte aligned (mma_rows checks).
-template <typename T, int B, int N8, int RT, bool COOP, bool COHERENT_X, bool PAIRED, class QA, class QB, typename XT>
+template <typename T, int B, int N8, int RT, bool COOP, bool COHERENT_X, bool PAIRED, bool XST, class QA, class QB,
+          typename XT>
 __device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* const (&pa)[RT], const i32 (&na)[RT],
                                               const QB& qb, const u8* const (&pb)[RT], const i32 (&nb)[RT], i32 e,
                                               const XT* const (&xrow)[N8], i32 K, i32 ks, i32 KS,
-                                              float (&acc)[RT * N8][4], u8* ring) {
+                                              float (&acc)[RT * N8][4], u8* ring, u8* xring, i32 xs) {
   static_assert(!COOP || B == 3, "shared code copies are for 3-bit codes");
+  // XST: the activations staged in the warp's x ring (engines/x_ring.cuh; the decode kernels' 8-route passes:
+  // one route group, one row tile), route lanes g < xs; the lanes past xs hold no route (an expert has at most
+  // xs routes: the caller checks)
+  constexpr bool kXst = XST && N8 == 1 && RT == 1;
   static_assert(RT == 1 || kTiled, "several row tiles per warp read the tiled layout's activation words");
   using ScaleT = typename QA::Scale;
   constexpr bool kZpw = QA::kZp == ZP_PACKED || QB::kZp == ZP_PACKED;  // = the kernel's Stage
@@ -111,6 +126,8 @@ __device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* const (&pa
   const i32 nch = (K + kMmaChunk - 1) / kMmaChunk;
   const i32 step = KS * KST;  // chunks a warp advances per stage
   const u32 ring0 = (u32)__cvta_generic_to_shared(ring);
+  using XR = XRing<kMmaStages * KST>;
+  const XR xr = XR::of(kXst ? xring : ring, kXst ? xs : 1, lane);
 
   // kFactor: one scale per row over a whole chunk (block >= 128 or row-wise): the mma sums the exact
   // (q - zp)·x of a chunk in float32 and the row scale multiplies that partial sum (fewer
@@ -175,6 +192,13 @@ __device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* const (&pa
           } else {
             LaneMeta<QA, kZpw>::issue(qa, sbase[i][0], e, na[i], j, meta, mlive, src[0][0]);
           }
+        }
+      }
+      if constexpr (kXst) {
+        if ((lane >> 2) < xs) {  // the lane's 32 activations of its route (zeros past K or without a route)
+          const bool ok = xrow[0] != nullptr && live;
+          const u8* from = ok ? reinterpret_cast<const u8*>(xrow[0] + k0) : src[0][0];
+          xr.issue<!COHERENT_X>(slot * KST + u, from, ok);
         }
       }
     }
@@ -269,14 +293,25 @@ __device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* const (&pa
       } else if constexpr (N8 == 1) {
         // one route group: each k16 step's fragment is dequantized just before its mma (ptxas gives
         // the same 94-96 registers as dequantizing all eight first)
-        u32 xw[16];
-        load_x(0, 0, xw);
         float part[4] = {0.f, 0.f, 0.f, 0.f};
+        if constexpr (kXst && kTiled) {  // staged, in pair order: each step's two words read just before its mma
 #pragma unroll
-        for (int s = 0; s < 8; ++s) {
-          u32 a[4];
-          frag(0, s, a);
-          Pair2<T>::mma(kFactor ? part : acc[0], a, D::x_pair(xw, 2 * s), D::x_pair(xw, 2 * s + 1));
+          for (int s = 0; s < 8; ++s) {
+            u32 a[4];
+            frag(0, s, a);
+            const uint2 xv = xr.step(slot * KST + u, s);
+            Pair2<T>::mma(kFactor ? part : acc[0], a, xv.x, xv.y);
+          }
+        } else {
+          u32 xw[16];
+          if constexpr (kXst) xr.read(slot * KST + u, xw);
+          else load_x(0, 0, xw);
+#pragma unroll
+          for (int s = 0; s < 8; ++s) {
+            u32 a[4];
+            frag(0, s, a);
+            Pair2<T>::mma(kFactor ? part : acc[0], a, D::x_pair(xw, 2 * s), D::x_pair(xw, 2 * s + 1));
+          }
         }
         if constexpr (kFactor) finish(0, 0, part);
       } else {
@@ -321,62 +356,37 @@ __device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* const (&pa
 // session 8).
 // COHERENT_X: the activations are read through L2 (ld.global.cg), not the read-only path: for inputs
 // another grid may still be writing while this one runs (FC2 with the expert flow).
-template <typename T, int B, int N8, int RT, bool COHERENT_X = false, bool PAIRED = false, class QA, class QB,
-          typename XT>
+template <typename T, int B, int N8, int RT, bool COHERENT_X = false, bool PAIRED = false, bool XST = false, class QA,
+          class QB, typename XT>
 __device__ __forceinline__ void mma_tiles(const QA& qa, const u8* const (&pa)[RT], const i32 (&na)[RT], const QB& qb,
                                           const u8* const (&pb)[RT], const i32 (&nb)[RT], i32 e,
                                           const XT* const (&xrow)[N8], i32 K, i32 ks, i32 KS, float (&acc)[RT * N8][4],
-                                          u8* ring) {
+                                          u8* ring, u8* xring = nullptr, i32 xs = 0) {
   if constexpr (B == 3) {
     unsigned long long bits = 0;
 #pragma unroll
     for (int i = 0; i < RT; ++i)
       bits |= reinterpret_cast<unsigned long long>(pa[i]) | reinterpret_cast<unsigned long long>(pb[i]);
     if (K % kMmaChunk == 0 && __all_sync(0xffffffffu, (bits & 15) == 0)) {
-      mma_rows_ring<T, B, N8, RT, true, COHERENT_X, PAIRED>(qa, pa, na, qb, pb, nb, e, xrow, K, ks, KS, acc, ring);
+      mma_rows_ring<T, B, N8, RT, true, COHERENT_X, PAIRED, XST>(qa, pa, na, qb, pb, nb, e, xrow, K, ks, KS, acc, ring, xring,
+                                                            xs);
       return;
     }
   }
-  mma_rows_ring<T, B, N8, RT, false, COHERENT_X, PAIRED>(qa, pa, na, qb, pb, nb, e, xrow, K, ks, KS, acc, ring);
+  mma_rows_ring<T, B, N8, RT, false, COHERENT_X, PAIRED, XST>(qa, pa, na, qb, pb, nb, e, xrow, K, ks, KS, acc, ring, xring, xs);
 }
 
-// The decode engine's form: one 16-row tile (lane rows na, nb).
-template <typename T, int B, int N8, bool COHERENT_X = false, bool PAIRED = false, class QA, class QB, typename XT>
+// The decode engine's form: one 16-row tile (lane rows na, nb); XST (one route group): the activations of the
+// first xs route lanes staged in the warp's x ring (xring) with the weights.
+template <typename T, int B, int N8, bool COHERENT_X = false, bool PAIRED = false, bool XST = false, class QA,
+          class QB, typename XT>
 __device__ __forceinline__ void mma_rows(const QA& qa, const u8* __restrict__ pa, i32 na, const QB& qb,
                                          const u8* __restrict__ pb, i32 nb, i32 e, const XT* const (&xrow)[N8],
-                                         i32 K, i32 ks, i32 KS, float (&acc)[N8][4], u8* ring) {
+                                         i32 K, i32 ks, i32 KS, float (&acc)[N8][4], u8* ring, u8* xring, i32 xs) {
   const u8* const pas[1] = {pa};
   const u8* const pbs[1] = {pb};
   const i32 nas[1] = {na}, nbs[1] = {nb};
-  mma_tiles<T, B, N8, 1, COHERENT_X, PAIRED>(qa, pas, nas, qb, pbs, nbs, e, xrow, K, ks, KS, acc, ring);
-}
-
-// Adds the KS slices' C fragments into the slice-0 warps (fixed order). Each warp's partial sums go
-// to the start of its own ring (N8·512 bytes, smaller than a ring; its copies have all landed and
-// been read when mma_rows returns), so the reduction needs no shared memory of its own.
-template <int F> __device__ __forceinline__ void reduce_slices(float (&acc)[F][4], i32 mt, i32 ks, i32 MT, i32 KS,
-                                                                u8* rings, i32 ring_bytes) {
-  if (KS == 1) return;
-  const i32 lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-  __syncwarp();  // every lane of this warp has read its ring
-  if (ks > 0) {
-    float* red = reinterpret_cast<float*>(rings + w * ring_bytes);
-#pragma unroll
-    for (int g = 0; g < F; ++g)
-#pragma unroll
-      for (int v = 0; v < 4; ++v) red[(g * 4 + v) * 32 + lane] = acc[g][v];
-  }
-  __syncthreads();
-  if (ks == 0) {
-    for (i32 s = 1; s < KS; ++s) {
-      const float* red = reinterpret_cast<const float*>(rings + (s * MT + mt) * ring_bytes);
-#pragma unroll
-      for (int g = 0; g < F; ++g)
-#pragma unroll
-        for (int v = 0; v < 4; ++v) acc[g][v] += red[(g * 4 + v) * 32 + lane];
-    }
-  }
-  __syncthreads();  // the rings are free again for the next route group
+  mma_tiles<T, B, N8, 1, COHERENT_X, PAIRED, XST>(qa, pas, nas, qb, pbs, nbs, e, xrow, K, ks, KS, acc, ring, xring, xs);
 }
 
 }  // namespace qmoe
