@@ -177,9 +177,9 @@ KNOBS: dict[str, Knob] = {
              "Tuning only: 128-code chunks of its rows a decode warp warms L2 with before the route scan (FC2: while "
              "FC1 finishes; 0 = the built-in 4); a launch scalar, not a code change."),
         Knob("mma_x_ring", "QMOE_RTC_MMA_X_RING", "bool", True, True,
-             "Tuning only: the decode kernels of up to 8 tokens stage their activations in shared memory with the "
-             "weights (engines/x_ring.cuh); 0: each warp loads them from global memory as it computes; a -D option, "
-             "hence part of the cache key."),
+             "Tuning only: the decode module holds kernels that stage the activations in shared memory with the "
+             "weights (engines/x_ring.cuh), run by calls of up to 4 tokens (kernels/mma_decode.py x_staged); 0: those "
+             "calls run the kernels that load them from global memory as they compute; in the spec, hence the key."),
         Knob("prefill_stages", "QMOE_RTC_PREFILL_STAGES", "int", 0, True,
              "Tuning only: cp.async pipeline depth of the tensor-core prefill kernels (0 = the built-in 3); "
              "a -D option, hence part of the cache key.",

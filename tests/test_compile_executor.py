@@ -84,8 +84,14 @@ EXECUTOR_FAMILIES = tuple(EXPECTED_KERNELS)
 WS_KERNELS = {"group", "combine"} | {f"{r}_br{n}" for r in ("permute", "fc1", "fc2") for n in (64, 128, 256)}
 
 
+#: the decode module's x-ring pair (layers of 3 bits or more, QMOE_RTC_MMA_X_RING on)
+X_RING_KERNELS = {"fc1_br8_xr", "fc2_br8_xr"}
+
+
 def expected_kernels(spec) -> set:
-    return WS_KERNELS if spec.get("variant") == "ws" else EXPECTED_KERNELS[spec.family]
+    if spec.get("variant") == "ws":
+        return WS_KERNELS
+    return EXPECTED_KERNELS[spec.family] | (X_RING_KERNELS if spec.get("x_ring") else set())
 
 
 #: The LAYOUTS compiled for sm_80 too (CI time): the families it builds there (route, gemv, gemm, mma_decode,
@@ -323,7 +329,7 @@ def test_expert_flow_decode_module_compiles(cache):
     assert spec["expert_flow"] is True
     for arch in ("sm_90", "sm_80"):
         mods = get_cubins(spec_unit(spec), arch)
-        assert {key for mod in mods for key in mod.lowered} == EXPECTED_KERNELS["mma_decode"], [m.lowered for m in mods]
+        assert {key for mod in mods for key in mod.lowered} == expected_kernels(spec), [m.lowered for m in mods]
 
 
 def test_cubins_are_reproducible():

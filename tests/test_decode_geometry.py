@@ -68,16 +68,18 @@ def test_one_wave_rule_counts_the_blocks_the_kernels_are_built_for():
 
 def test_min_blocks_knob_reaches_the_spec_and_the_geometry():
     from qmoe_rtc.kernels import Problem, get_family
-    from qmoe_rtc.kernels.mma_decode import min_blocks
+    from qmoe_rtc.kernels.mma_decode import X_RING_BLOCKS, min_blocks
     from qmoe_rtc.presets import PRESETS
 
     fam = get_family("mma_decode")
     cfg = PRESETS["qwen3-30b-a3b"].config(dtype="bfloat16")
     p = Problem(rows=1, E=128, H=2048, I=768, k=8, dtype="bfloat16")
-    default = fam.spec(cfg)
+    with knobs.scope(mma_x_ring=False):  # the plain 8-route kernels at 1 token (the x-ring ones are set for 4)
+        default = fam.spec(cfg)
     assert min_blocks(default, 8) == MIN_BLOCKS[8] and min_blocks(default, 32) == MIN_BLOCKS[32]
     assert fam.geometry(default, "fc1", p)[0] == 2
-    with knobs.scope(mma_min_blocks=6):
+    assert min_blocks(fam.spec(cfg), 8, xr=True) == X_RING_BLOCKS and fam.geometry(fam.spec(cfg), "fc1", p)[0] == 2
+    with knobs.scope(mma_min_blocks=6, mma_x_ring=False):
         six = fam.spec(cfg)
     assert min_blocks(six, 8) == 6 and min_blocks(six, 16) == MIN_BLOCKS[16]
     assert fam.geometry(six, "fc1", p)[0] == 4
@@ -110,7 +112,8 @@ def test_geometry_takes_the_problems_sm_count():
     from qmoe_rtc.presets import PRESETS
 
     fam = get_family("mma_decode")
-    spec = fam.spec(PRESETS["qwen3-30b-a3b"].config(dtype="bfloat16"))
+    with knobs.scope(mma_x_ring=False):  # the plain kernels' five blocks an SM (the x-ring ones': four)
+        spec = fam.spec(PRESETS["qwen3-30b-a3b"].config(dtype="bfloat16"))
     p = Problem(rows=1, E=128, H=2048, I=768, k=8, dtype="bfloat16")
     assert p.sm_count == DEFAULT_SMS == 132 and fam.geometry(spec, "fc1", p)[0] == 2  # 768 blocks > 660 resident
     from dataclasses import replace

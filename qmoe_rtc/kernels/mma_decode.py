@@ -4,7 +4,9 @@ Template ``cuda_src/engines/mma_decode.cuh``: ``qmoe::fc1_mma`` (FC1 [+FC3], act
 ``qmoe::fc2_mma_combine`` (FC2, routing weight and bias applied, the last block of each output tile
 adds the routes in slot order). Expert-grouped: every expert's weights are read once per call
 however many of the rows chose it. One module holds both kernels for 8, 16 and 32 routes per pass
-(``BR``, the routes a tile serves, as in every engine). A block's dynamic shared memory is its four warps'
+(``BR``, the routes a tile serves, as in every engine), and for calls of up to :data:`X_RING_TOKENS` tokens the
+8-route pair that stages the activations in shared memory with the weights (``fc1_br8_xr``, ``fc2_br8_xr``:
+engines/x_ring.cuh, :func:`x_staged`). A block's dynamic shared memory is its four warps'
 rings of ``stages`` stages and the route lists (:func:`launch_smem`); where that passes the device's opt-in
 limit per block (tuning knobs only: three stages of any layout take at most 76 KiB with 512 routes),
 :meth:`MmaDecodeFamily.supports` refuses the device and the decode path runs the SIMT engine.
@@ -48,6 +50,8 @@ ONE_WAVE_CHUNKS = 8  # most 128-code chunks per warp the one-wave rule of k_spli
 DEEP_CHUNKS = 16  # fewest 128-code chunks per warp the deep-K rule of k_split leaves
 PREFETCH_CHUNKS = 4  # chunks of its two rows a warp warms L2 with before the route scan (kernel scalar PF)
 X_CHUNK_BYTES = 256  # XRing::kChunkBytes: one route lane's 128 activations of a chunk
+X_RING_TOKENS = 4  # calls of up to this many tokens run the x-ring kernels (x_staged)
+X_RING_BLOCKS = 4  # kMmaXRingBlocks: resident blocks per SM the x-ring kernels' registers are set for
 
 
 def _stages() -> int:
@@ -85,10 +89,14 @@ def x_ring(config) -> bool:
 
 def x_staged(spec: ModuleSpec, rows: int) -> int:
     """XS, the route lanes of an 8-route pass whose activations the decode kernels stage in shared memory with
-    the weights (engines/x_ring.cuh), for a call of ``rows`` tokens: ``rows`` (an expert has at most one route a
-    token) where the 8-route kernels run (up to 8 tokens) and the module stages them (``QMOE_RTC_MMA_X_RING``,
-    on by default), else 0 (passes of 16 or 32 routes load them from global memory)."""
-    return rows if spec.get("x_ring") and 0 < rows <= TILE_ROUTES[0] else 0
+    the weights (the ``_xr`` kernels, engines/x_ring.cuh), for a call of ``rows`` tokens: ``rows`` (an expert has
+    at most one route a token) up to :data:`X_RING_TOKENS` tokens where the module has them
+    (``QMOE_RTC_MMA_X_RING``, on by default), else 0 (the kernels that load them from global memory).
+    Measured on the H100 in one process, graph replay, each setting in turns (docs/performance-log.md, session
+    36): at 1-4 tokens the x rings took 3-9 % off mixtral-8x7b, qwen3-30b-a3b and ort-2048 (mixtral 1 token
+    108.9 -> 101.5 us), gpt-oss-120b within 1-3 %; at 8 tokens, whose rings take 48 KiB more a block (three
+    blocks an SM instead of five), they cost 24-40 %."""
+    return rows if spec.get("x_ring") and 0 < rows <= X_RING_TOKENS else 0
 
 
 def x_ring_bytes(bits: int, stages: int, xs: int) -> int:
@@ -125,8 +133,10 @@ def smem_refusal(spec: ModuleSpec, budget: int, routes: int = 0, row_tiles: int 
             f"than the device's {budget} (its opt-in limit per block)")
 
 
-def min_blocks(spec: ModuleSpec, br: int) -> int:
-    """Resident blocks per SM the registers of the ``br``-route kernels are set for."""
+def min_blocks(spec: ModuleSpec, br: int, xr: bool = False) -> int:
+    """Resident blocks per SM the registers of the ``br``-route kernels (``xr``: the x-ring kernels) are set for."""
+    if xr:
+        return X_RING_BLOCKS
     return spec["min_blocks"] if br == 8 else MIN_BLOCKS[br]
 
 
@@ -202,25 +212,26 @@ class MmaDecodeFamily(KernelFamily):
     def defines(self, spec: ModuleSpec) -> tuple[str, ...]:
         return (f"-DQMOE_MMA_STAGES={spec['stages']}", f"-DQMOE_MMA_MIN_BLOCKS={spec['min_blocks']}",
                 f"-DQMOE_MMA_ROLL_COPIES={int(spec['roll_copies'])}",
-                f"-DQMOE_MMA_EXPERT_FLOW={int(spec['expert_flow'])}", f"-DQMOE_MMA_X_RING={int(spec['x_ring'])}",
-                *tiled_define(spec))
+                f"-DQMOE_MMA_EXPERT_FLOW={int(spec['expert_flow'])}", *tiled_define(spec))
 
     def kernels(self, spec: ModuleSpec) -> tuple[KernelDef, ...]:
         t = template_types(spec)
         dt, sdt = spec["dtype"], spec["scale_dtype"]
         gate = t["GATE"]
         out = []
-        for br in TILE_ROUTES:
+        variants = [(br, "", "") for br in TILE_ROUTES] + ([(8, "_xr", ", true")] if spec.get("x_ring") else [])
+        for br, suffix, xr in variants:
             out.append(KernelDef(
-                f"fc1_br{br}",
-                f"qmoe::fc1_mma<{gate}, {t['T']}, {t['S']}, {t['B1']}, {t['Z1']}, {t['Z3']}, {t['BLOCK']}, {t['ACT']}, {br}>",
+                f"fc1_br{br}{suffix}",
+                f"qmoe::fc1_mma<{gate}, {t['T']}, {t['S']}, {t['B1']}, {t['Z1']}, {t['Z3']}, {t['BLOCK']}, {t['ACT']}, {br}"
+                f"{xr}>",
                 (Ptr("x", dt), Ptr("topk_ids", "int32"), Scalar("R", "int32"), Scalar("k", "int32"),
                  Scalar("H", "int32"), Scalar("I", "int32"), Scalar("KS", "int32"), Scalar("PF", "int32"),
                  Scalar("XS", "int32"), fc1_weights(sdt), ACT_PARAMS_ARG, Ptr("act", dt), Ptr("fc1_done", "uint32")),
             ))
             out.append(KernelDef(
-                f"fc2_br{br}",
-                f"qmoe::fc2_mma_combine<{t['T']}, {t['S']}, {t['B2']}, {t['Z2']}, {t['BLOCK']}, {br}>",
+                f"fc2_br{br}{suffix}",
+                f"qmoe::fc2_mma_combine<{t['T']}, {t['S']}, {t['B2']}, {t['Z2']}, {t['BLOCK']}, {br}{xr}>",
                 (Ptr("act", dt), Ptr("topk_ids", "int32"), Ptr("topk_w", "float32"), Scalar("R", "int32"),
                  Scalar("k", "int32"), Scalar("H", "int32"), Scalar("I", "int32"), Scalar("KS", "int32"),
                  Scalar("PF", "int32"), Scalar("XS", "int32"), fc2_weights(sdt), Ptr("y", "float32"),
@@ -230,7 +241,7 @@ class MmaDecodeFamily(KernelFamily):
         return tuple(out)
 
     def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem) -> str:
-        return f"{role}_br{tile_routes(problem.rows)}"
+        return f"{role}_br8_xr" if x_staged(spec, problem.rows) else f"{role}_br{tile_routes(problem.rows)}"
 
     def geometry(self, spec: ModuleSpec, role: str, problem: Problem) -> tuple[int, int]:
         """(KS, grid.x) of ``role`` ("fc1" or "fc2"): K-split warps and output tiles."""
@@ -241,7 +252,7 @@ class MmaDecodeFamily(KernelFamily):
             per_tile, n_out, K = 16, problem.H, problem.I
         tiles = (n_out + per_tile - 1) // per_tile
         br = tile_routes(problem.rows)
-        ks = k_split(tiles, experts, K, br, min_blocks(spec, br), problem.sm_count)
+        ks = k_split(tiles, experts, K, br, min_blocks(spec, br, x_staged(spec, problem.rows) > 0), problem.sm_count)
         per_block = per_tile * (WARPS // ks)
         return ks, (n_out + per_block - 1) // per_block
 

@@ -48,23 +48,21 @@
 #ifndef QMOE_MMA_EXPERT_FLOW
 #define QMOE_MMA_EXPERT_FLOW 0
 #endif
-// X ring (QMOE_MMA_X_RING; the host passes 1 unless QMOE_RTC_MMA_X_RING=0): the 8-route passes stage their
-// activations in shared memory with the weights (engines/x_ring.cuh), XS route lanes (the call's tokens).
-#ifndef QMOE_MMA_X_RING
-#define QMOE_MMA_X_RING 0
-#endif
 
 namespace qmoe {
 
 inline constexpr bool kMmaExpertFlow = QMOE_MMA_EXPERT_FLOW;
-template <int N8> inline constexpr bool kMmaXRing = QMOE_MMA_X_RING && N8 == 1;
-
-// The x rings' route lanes of a pass (0 without them); an expert with more routes than XS (the call's
-// tokens) would have lanes without their activations: trap, never compute them as zeros.
-template <int N8> __device__ __forceinline__ i32 x_lanes(i32 XS, i32 routes) {
-  if constexpr (!kMmaXRing<N8>) return 0;
-  if (routes > XS || XS > 8) __trap();
-  return XS;
+// XR kernels (the `_xr` variants, calls of up to a few tokens: kernels/mma_decode.py x_staged): the 8-route pass
+// stages its activations in shared memory with the weights (engines/x_ring.cuh), XS route lanes (the call's
+// tokens); registers set for kMmaXRingBlocks blocks an SM (measured faster than 5 on the H100, session 36, and
+// with 5 the FC2 kernels spill). An expert with more routes than XS would have lanes without their activations:
+// trap, never compute them as zeros.
+inline constexpr int kMmaXRingBlocks = 4;
+template <int BR, bool XR> constexpr int mma_decode_blocks() { return XR ? kMmaXRingBlocks : mma_min_blocks<BR>(); }
+template <bool XR> __device__ __forceinline__ void check_x_lanes(i32 XS, i32 routes) {
+  if constexpr (XR) {
+    if (routes > XS || XS > 8) __trap();
+  }
 }
 
 // FC1: this block's tile of expert e is written (all threads call it).
@@ -124,17 +122,18 @@ __device__ __forceinline__ ExpertRoutes collect_routes(const i32* __restrict__ i
 }
 
 // Rows per 16-row warp tile: gated FC1 = 8 outputs (rows g: gate, g + 8: linear); else 16 outputs.
-template <int GATE, typename T, typename ScaleT, int B1, int Z1, int Z3, int BLOCK, int ACT, int BR>
-__global__ void __launch_bounds__(kMmaThreads, mma_min_blocks<BR>())
+template <int GATE, typename T, typename ScaleT, int B1, int Z1, int Z3, int BLOCK, int ACT, int BR, bool XR = false>
+__global__ void __launch_bounds__(kMmaThreads, (mma_decode_blocks<BR, XR>()))
 fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 H, i32 I, i32 KS, i32 PF, i32 XS,
         const Fc1Weights<ScaleT> wt, const ActParams ap, T* __restrict__ act, u32* __restrict__ fc1_done) {
   constexpr int N8 = BR / 8;  // n8 MMA route groups per pass
+  static_assert(!XR || N8 == 1, "x rings serve one route group");
   __shared__ i32 s_n;
   extern __shared__ __align__(16) u8 dyn_smem[];
   using Stage = MmaStage<B1, ScaleT, BLOCK, Z1 == ZP_PACKED || (GATE == GATE_FC3 && Z3 == ZP_PACKED)>;
   constexpr i32 kRing = kMmaStages * Stage::kBytes;
   static_assert(kRing >= N8 * 4 * 32 * 4, "a ring holds its warp's partial sums (reduce_slices)");
-  const i32 xs = kMmaXRing<N8> ? XS : 0;  // route lanes whose activations the x rings stage (engines/x_ring.cuh)
+  const i32 xs = XR ? XS : 0;  // route lanes whose activations the x rings stage (engines/x_ring.cuh)
   check_ring_size<Stage>(R, xs);
   i32* s_ids = reinterpret_cast<i32*>(dyn_smem + kMmaWarps * kRing);  // [R] after the rings
   i32* s_list = s_ids + R;                                             // [R]
@@ -165,7 +164,7 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
   if (R <= kMmaPrefetchRoutes) prefetch_rows<B1>(pa, pb, H, ks, KS, PF);
   const ExpertRoutes er = collect_routes(ids, R, s_ids, s_list, &s_n);
   if (er.n == 0) return;
-  x_lanes<N8>(XS, er.n);
+  check_x_lanes<XR>(XS, er.n);
 
   for (i32 p = 0; p < er.n; p += 8 * N8) {
     const T* xrow[N8];
@@ -178,9 +177,9 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
     u8* ring = dyn_smem + warp * kRing;
     u8* xring = dyn_smem + mma_x_rings<Stage>(R) + warp * mma_x_ring_bytes<Stage>(xs);
     if constexpr (GATE == GATE_FC3)
-      mma_rows<T, B1, N8, false, false, kMmaXRing<N8>>(q1, pa, na, q3, pb, nb, e, xrow, H, ks, KS, acc, ring, xring, xs);
+      mma_rows<T, B1, N8, false, false, XR>(q1, pa, na, q3, pb, nb, e, xrow, H, ks, KS, acc, ring, xring, xs);
     else  // both rows from W1
-      mma_rows<T, B1, N8, false, Rows::kPairedRows, kMmaXRing<N8>>(q1, pa, na, q1, pb, nb, e, xrow, H, ks, KS, acc, ring,
+      mma_rows<T, B1, N8, false, Rows::kPairedRows, XR>(q1, pa, na, q1, pb, nb, e, xrow, H, ks, KS, acc, ring,
                                                                     xring, xs);
     reduce_slices<N8>(acc, mt, ks, MT, KS, dyn_smem, kRing);
     if (ks == 0) {
@@ -209,8 +208,8 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
   if constexpr (kMmaExpertFlow) flow_count_fc1(fc1_done, eid);
 }
 
-template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, int BR>
-__global__ void __launch_bounds__(kMmaThreads, mma_min_blocks<BR>())
+template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, int BR, bool XR = false>
+__global__ void __launch_bounds__(kMmaThreads, (mma_decode_blocks<BR, XR>()))
 fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const float* __restrict__ topk_w, i32 R, i32 k,
                 i32 H, i32 I, i32 KS, i32 PF, i32 XS, const Fc2Weights<ScaleT> wt, float* __restrict__ y, u32* __restrict__ counters,
                 T* __restrict__ out, u32* __restrict__ fc1_done, u32* __restrict__ fc2_seen, i32 FC1_TILES) {
@@ -221,7 +220,7 @@ fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const fl
   using Stage = MmaStage<B2, ScaleT, BLOCK, Z2 == ZP_PACKED>;
   constexpr i32 kRing = kMmaStages * Stage::kBytes;
   static_assert(kRing >= N8 * 4 * 32 * 4, "a ring holds its warp's partial sums (reduce_slices)");
-  const i32 xs = kMmaXRing<N8> ? XS : 0;  // route lanes whose activations the x rings stage (engines/x_ring.cuh)
+  const i32 xs = XR ? XS : 0;  // route lanes whose activations the x rings stage (engines/x_ring.cuh)
   check_ring_size<Stage>(R, xs);
   i32* s_ids = reinterpret_cast<i32*>(dyn_smem + kMmaWarps * kRing);  // [R] after the rings
   i32* s_list = s_ids + R;                                             // [R]
@@ -246,7 +245,7 @@ fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const fl
   if constexpr (kMmaExpertFlow) {
     if (er.n > 0) flow_wait_fc1(fc1_done, fc2_seen, eid, FC1_TILES);  // this expert's act from here on
   }
-  if (er.n > 0) x_lanes<N8>(XS, er.n);
+  if (er.n > 0) check_x_lanes<XR>(XS, er.n);
   for (i32 p = 0; p < er.n; p += 8 * N8) {
     const T* xrow[N8];
 #pragma unroll
@@ -257,7 +256,7 @@ fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const fl
     float acc[N8][4] = {};
     u8* ring = dyn_smem + warp * kRing;
     u8* xring = dyn_smem + mma_x_rings<Stage>(R) + warp * mma_x_ring_bytes<Stage>(xs);
-    mma_rows<T, B2, N8, kMmaExpertFlow, true, kMmaXRing<N8>>(q2, pa, na, q2, pb, nb, e, xrow, I, ks, KS, acc, ring, xring,
+    mma_rows<T, B2, N8, kMmaExpertFlow, true, XR>(q2, pa, na, q2, pb, nb, e, xrow, I, ks, KS, acc, ring, xring,
                                                              xs);
     reduce_slices<N8>(acc, mt, ks, MT, KS, dyn_smem, kRing);
     if (ks == 0) {
