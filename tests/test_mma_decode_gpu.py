@@ -167,7 +167,7 @@ def test_x_ring_gives_the_bits_of_global_loads(rng, monkeypatch, name, kw, E, H,
     for moe, on in ((staged, True), (plain, False)):  # the kernels each ran: with and without the x rings
         for x, _ in inputs:
             fc1 = next(st for st in moe.plan(len(x), "bfloat16", "float32").steps if st.role == "fc1")
-            kernel = fc1.kernel.kdef.name
+            kernel = fc1.kernel.kdef.key
             assert kernel.endswith("_xr") == (on and len(x) <= X_RING_TOKENS), (name, len(x), kernel)
     for (x, lg), g, p in zip(inputs, got, want):
         assert np.array_equal(g.view(np.uint16), p.view(np.uint16)), (name, len(x))

@@ -295,17 +295,24 @@ __device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* const (&pa
         // the same 94-96 registers as dequantizing all eight first)
         float part[4] = {0.f, 0.f, 0.f, 0.f};
         if constexpr (kXst && kTiled) {  // staged, in pair order: each step's two words read just before its mma
+          const bool xl = (lane >> 2) < xs;  // lanes past xs: no route, no copy; zeros (never another lane's copy)
 #pragma unroll
           for (int s = 0; s < 8; ++s) {
             u32 a[4];
             frag(0, s, a);
-            const uint2 xv = xr.step(slot * KST + u, s);
+            const uint2 xv = xl ? xr.step(slot * KST + u, s) : make_uint2(0u, 0u);
             Pair2<T>::mma(kFactor ? part : acc[0], a, xv.x, xv.y);
           }
         } else {
           u32 xw[16];
-          if constexpr (kXst) xr.read(slot * KST + u, xw);
-          else load_x(0, 0, xw);
+          if constexpr (kXst) {
+            if ((lane >> 2) < xs) xr.read(slot * KST + u, xw);
+            else
+#pragma unroll
+              for (int v = 0; v < 16; ++v) xw[v] = 0u;
+          } else {
+            load_x(0, 0, xw);
+          }
 #pragma unroll
           for (int s = 0; s < 8; ++s) {
             u32 a[4];

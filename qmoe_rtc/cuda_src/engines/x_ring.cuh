@@ -7,10 +7,9 @@
 // (a token's k routes name k different experts). A warp's x ring, SLOTS = S·KST chunk slots of its ring:
 //   x [xs route lanes][SLOTS][4 lanes t][64 bytes] T, each route lane's part padded by 32 bytes
 // lane (g, t) copies its 32 activations of chunk c (codes c·128 + 32t …, 64 bytes) as four 16-byte pieces.
-// No address depends on xs: a lane's part starts at min(g, xs − 1)·kLaneBytes + 64t. Lanes past xs copy
-// nothing and read lane xs − 1's activations: their route group columns hold no route (never stored).
-// Each lane reads only what it (or, past xs, a lane of its column) copied, so no barrier. Zero-filled past K
-// or without a route. The host sizes it (kernels/mma_decode.py x_ring_bytes).
+// No address depends on xs: a lane's part starts at g·kLaneBytes + 64t. Lanes past xs hold no route: they copy
+// and read nothing (zeros). Each lane reads only what it copied, so no barrier. Zero-filled past K or
+// without a route. The host sizes it (kernels/mma_decode.py x_ring_bytes).
 #pragma once
 
 #include "core/types.cuh"
