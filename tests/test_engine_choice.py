@@ -43,8 +43,11 @@ def chosen(cfg: ModelConfig, rows: int, arch: str) -> str:
 def test_choice_is_within_three_percent_of_the_fastest_measured(arch, shape):
     cfg = _config(shape)
     worst, missed = [], set()
+    newest = {rows: times for sweep in MEASURED[arch] for rows, times in sweep[shape].items()}  # later sweeps win
     for sweep in MEASURED[arch]:
         for rows, times in sweep[shape].items():
+            if times is not newest[rows]:  # measured again after an engine changed: judged by the newer sweep
+                continue
             us = dict(zip(ENGINES, times))
             best = min(t for t in times if t is not None)
             got = us[chosen(cfg, rows, arch + "a")]
@@ -58,9 +61,10 @@ def test_choice_is_within_three_percent_of_the_fastest_measured(arch, shape):
 
 
 def test_the_sweep_moved_the_choice_where_it_measured_faster():
-    """The points the sweeps moved (H100, session 35): mixtral-8x7b from 2 tokens and gpt-oss-120b from 7 on wgmma
-    (before: decode up to 4 tokens, batched below 8 routes per expert), qwen3-30b-a3b and ort-2048 batched from 3."""
-    assert [chosen(_config("mixtral-8x7b"), r, "sm_90a") for r in (1, 2, 4, 8, 16)] == ["decode"] + ["wgmma"] * 4
+    """The points the sweeps moved (H100, session 35): mixtral-8x7b from 3 tokens (session 36, with the x rings:
+    from 2 in session 35) and gpt-oss-120b from 7 on wgmma (before: decode up to 4 tokens, batched below 8 routes per
+    expert), qwen3-30b-a3b and ort-2048 batched from 3."""
+    assert [chosen(_config("mixtral-8x7b"), r, "sm_90a") for r in (1, 2, 3, 4, 8, 16)] == ["decode"] * 2 + ["wgmma"] * 4
     assert [chosen(_config("gpt-oss-120b"), r, "sm_90a") for r in (4, 6, 7, 64)] == ["decode", "decode", "wgmma", "wgmma"]
     assert [chosen(_config("qwen3-30b-a3b"), r, "sm_90a") for r in (2, 3, 64, 72)] == [
         "decode", "batched", "batched", "wgmma"]
@@ -85,7 +89,7 @@ def test_layers_the_grouped_engines_do_not_run_keep_the_rule_before():
     """A layer of more experts than the grouping takes (the wgmma and batched engines refuse it): its prefill path
     is a slower engine, so the decode path keeps its reach of before (4 tokens) instead of the measured 1 or 2."""
     mixtral = _config("mixtral-8x7b")
-    assert decode_limit(mixtral, "sm_90a") == 1 * 2
+    assert decode_limit(mixtral, "sm_90a") == 2 * 2
     many = dataclasses.replace(mixtral, experts=2048)
     assert decode_limit(many, "sm_90a") == 4 * 2 == decode_limit(many)
     assert decode_limit(dataclasses.replace(_config("ort-2048"), experts=2048), "sm_90a") == 4 * 2
