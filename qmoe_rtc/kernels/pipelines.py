@@ -74,7 +74,7 @@ def decode_limit(config: ModelConfig, arch: str = "") -> int:
     what one decode block scans (512 routes).
 
     Tensor-core layers on an arch with measured crossovers (:mod:`~qmoe_rtc.kernels.engine_choice`, sm_90): the
-    tokens its rule gives (1 token for mixtral-8x7b, 2 for qwen3-30b-a3b and ort-2048, 6 for gpt-oss-120b).
+    tokens its rule gives (2 for mixtral-8x7b, qwen3-30b-a3b and ort-2048, 6 for gpt-oss-120b).
     Elsewhere (another arch, the arch unknown: warm tool, CPU; or a layer the grouped engines do not run):
     :data:`DECODE_ROWS` tokens, measured on the
     H200 before the sweep (docs/performance-log.md, session 11: at 1 token the decode engine faster than the
