@@ -8,6 +8,7 @@ import dataclasses
 
 import pytest
 
+from qmoe_rtc import knobs
 from qmoe_rtc.kernels import Problem, choose, decode_limit
 from qmoe_rtc.kernels.engine_choice import (
     CROSSOVERS,
@@ -65,6 +66,8 @@ def test_the_sweep_moved_the_choice_where_it_measured_faster():
     from 2 in session 35) and gpt-oss-120b from 7 on wgmma (before: decode up to 4 tokens, batched below 8 routes per
     expert), qwen3-30b-a3b and ort-2048 batched from 3."""
     assert [chosen(_config("mixtral-8x7b"), r, "sm_90a") for r in (1, 2, 3, 4, 8, 16)] == ["decode"] * 2 + ["wgmma"] * 4
+    with knobs.scope(mma_x_ring=False):  # without the x rings, decode at 2 tokens measured slower (session 35)
+        assert [chosen(_config("mixtral-8x7b"), r, "sm_90a") for r in (1, 2)] == ["decode", "wgmma"]
     assert [chosen(_config("gpt-oss-120b"), r, "sm_90a") for r in (4, 6, 7, 64)] == ["decode", "decode", "wgmma", "wgmma"]
     assert [chosen(_config("qwen3-30b-a3b"), r, "sm_90a") for r in (2, 3, 64, 72)] == [
         "decode", "batched", "batched", "wgmma"]

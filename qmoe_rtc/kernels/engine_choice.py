@@ -167,11 +167,13 @@ def decode_tokens(config, arch: str, grouped_runs: bool) -> int | None:
     L = config.all_experts or config.experts
     if expert_code_bytes(config.hidden, config.inter, config.layout) < c.big_expert_bytes:
         return c.decode_tokens_small
-    from .mma_decode import X_RING_TOKENS
+    from .mma_decode import X_RING_TOKENS, x_ring
+
+    x_tokens = X_RING_TOKENS if x_ring(config) else 0  # calls the decode kernels serve with their x rings
 
     def decodes(rows: int) -> bool:
         rpe = routes_per_expert(rows, config.experts, config.k, L, config.shared)
-        return rpe <= c.decode_per_expert or (rows <= X_RING_TOKENS and rpe <= c.x_ring_per_expert)
+        return rpe <= c.decode_per_expert or (rows <= x_tokens and rpe <= c.x_ring_per_expert)
 
     rows = 1
     while rows < 512 and decodes(rows + 1):

@@ -179,8 +179,8 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
     if constexpr (GATE == GATE_FC3)
       mma_rows<T, B1, N8, false, false, XR>(q1, pa, na, q3, pb, nb, e, xrow, H, ks, KS, acc, ring, xring, xs);
     else  // both rows from W1
-      mma_rows<T, B1, N8, false, Rows::kPairedRows, XR>(q1, pa, na, q1, pb, nb, e, xrow, H, ks, KS, acc, ring,
-                                                                    xring, xs);
+      mma_rows<T, B1, N8, false, Rows::kPairedRows, XR>(q1, pa, na, q1, pb, nb, e, xrow, H, ks, KS, acc, ring, xring,
+                                                        xs);
     reduce_slices<N8>(acc, mt, ks, MT, KS, dyn_smem, kRing);
     if (ks == 0) {
 #pragma unroll
@@ -211,8 +211,8 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
 template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, int BR, bool XR = false>
 __global__ void __launch_bounds__(kMmaThreads, (mma_decode_blocks<BR, XR>()))
 fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const float* __restrict__ topk_w, i32 R, i32 k,
-                i32 H, i32 I, i32 KS, i32 PF, i32 XS, const Fc2Weights<ScaleT> wt, float* __restrict__ y, u32* __restrict__ counters,
-                T* __restrict__ out, u32* __restrict__ fc1_done, u32* __restrict__ fc2_seen, i32 FC1_TILES) {
+                i32 H, i32 I, i32 KS, i32 PF, i32 XS, const Fc2Weights<ScaleT> wt, float* __restrict__ y,
+                u32* __restrict__ counters, T* __restrict__ out, u32* __restrict__ fc1_done, u32* __restrict__ fc2_seen, i32 FC1_TILES) {
   constexpr int N8 = BR / 8;  // n8 MMA route groups per pass
   __shared__ i32 s_n;
   __shared__ bool s_last;
@@ -256,8 +256,7 @@ fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const fl
     float acc[N8][4] = {};
     u8* ring = dyn_smem + warp * kRing;
     u8* xring = dyn_smem + mma_x_rings<Stage>(R) + warp * mma_x_ring_bytes<Stage>(xs);
-    mma_rows<T, B2, N8, kMmaExpertFlow, true, XR>(q2, pa, na, q2, pb, nb, e, xrow, I, ks, KS, acc, ring, xring,
-                                                             xs);
+    mma_rows<T, B2, N8, kMmaExpertFlow, true, XR>(q2, pa, na, q2, pb, nb, e, xrow, I, ks, KS, acc, ring, xring, xs);
     reduce_slices<N8>(acc, mt, ks, MT, KS, dyn_smem, kRing);
     if (ks == 0) {
 #pragma unroll

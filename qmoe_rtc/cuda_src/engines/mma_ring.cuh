@@ -116,6 +116,7 @@ __device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* const (&pa
   // one route group, one row tile), route lanes g < xs; the lanes past xs hold no route (an expert has at most
   // xs routes: the caller checks)
   constexpr bool kXst = XST && N8 == 1 && RT == 1;
+  static_assert(!kXst || sizeof(XT) == 2, "x rings hold 2-byte activations (XRing::kChunkBytes)");
   static_assert(RT == 1 || kTiled, "several row tiles per warp read the tiled layout's activation words");
   using ScaleT = typename QA::Scale;
   constexpr bool kZpw = QA::kZp == ZP_PACKED || QB::kZp == ZP_PACKED;  // = the kernel's Stage
@@ -375,12 +376,13 @@ __device__ __forceinline__ void mma_tiles(const QA& qa, const u8* const (&pa)[RT
     for (int i = 0; i < RT; ++i)
       bits |= reinterpret_cast<unsigned long long>(pa[i]) | reinterpret_cast<unsigned long long>(pb[i]);
     if (K % kMmaChunk == 0 && __all_sync(0xffffffffu, (bits & 15) == 0)) {
-      mma_rows_ring<T, B, N8, RT, true, COHERENT_X, PAIRED, XST>(qa, pa, na, qb, pb, nb, e, xrow, K, ks, KS, acc, ring, xring,
-                                                            xs);
+      mma_rows_ring<T, B, N8, RT, true, COHERENT_X, PAIRED, XST>(qa, pa, na, qb, pb, nb, e, xrow, K, ks, KS, acc, ring,
+                                                                 xring, xs);
       return;
     }
   }
-  mma_rows_ring<T, B, N8, RT, false, COHERENT_X, PAIRED, XST>(qa, pa, na, qb, pb, nb, e, xrow, K, ks, KS, acc, ring, xring, xs);
+  mma_rows_ring<T, B, N8, RT, false, COHERENT_X, PAIRED, XST>(qa, pa, na, qb, pb, nb, e, xrow, K, ks, KS, acc, ring,
+                                                              xring, xs);
 }
 
 // The decode engine's form: one 16-row tile (lane rows na, nb); XST (one route group): the activations of the

@@ -2,14 +2,15 @@
 // cp.async groups as its weights (engines/mma_ring.cuh), so the product of a chunk never waits on a global
 // load of its activations: they arrive with the chunk's codes, S - 1 stages ahead.
 //
-// Used by the decode kernels' 8-route passes (one route group, one row tile; QMOE_MMA_X_RING) for the first
-// `xs` route lanes g = lane / 4: the host passes xs = the call's tokens, the most routes an expert can have
-// (a token's k routes name k different experts). A warp's x ring, SLOTS = S·KST chunk slots of its ring:
+// Used by the decode kernels' x-ring pair (fc1_br8_xr / fc2_br8_xr: one route group, one row tile; calls of up to
+// kernels/mma_decode.py X_RING_TOKENS tokens) for the first `xs` route lanes g = lane / 4: the host passes xs = the
+// call's tokens, the most routes an expert can have (a token's k routes name k different experts; the kernels trap
+// on more). A warp's x ring, SLOTS = S·KST chunk slots of its ring, 2-byte activations:
 //   x [xs route lanes][SLOTS][4 lanes t][64 bytes] T, each route lane's part padded by 32 bytes
 // lane (g, t) copies its 32 activations of chunk c (codes c·128 + 32t …, 64 bytes) as four 16-byte pieces.
-// No address depends on xs: a lane's part starts at g·kLaneBytes + 64t. Lanes past xs hold no route: they copy
-// and read nothing (zeros). Each lane reads only what it copied, so no barrier. Zero-filled past K or
-// without a route. The host sizes it (kernels/mma_decode.py x_ring_bytes).
+// No address depends on xs: a lane's part starts at g·kLaneBytes + 64t (g clamped to xs − 1, inside the ring).
+// Lanes past xs hold no route: they copy and read nothing (zeros). Each lane reads only what it copied, so no
+// barrier. Zero-filled past K or without a route. The host sizes it (kernels/mma_decode.py x_ring_bytes).
 #pragma once
 
 #include "core/types.cuh"
@@ -17,7 +18,7 @@
 namespace qmoe {
 
 template <int SLOTS> struct XRing {
-  static constexpr int kChunkBytes = 256;                   // 128 activations of 2 bytes of one route lane
+  static constexpr int kChunkBytes = 256;                      // 128 activations of 2 bytes of one route lane
   static constexpr int kLaneBytes = SLOTS * kChunkBytes + 32;  // a route lane's part (+32: banks of the next)
   u32 base;  // shared address of the lane's part, chunk slot 0
   static __device__ __forceinline__ XRing of(const u8* ring, i32 xs, i32 lane) {
@@ -31,15 +32,18 @@ template <int SLOTS> struct XRing {
     const u32 dst = base + (u32)chunk_slot * kChunkBytes;
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      if constexpr (L1) asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(dst + 16 * q), "l"(from + 16 * q), "r"(n));
-      else asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst + 16 * q), "l"(from + 16 * q), "r"(n));
+      if constexpr (L1)
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(dst + 16 * q), "l"(from + 16 * q), "r"(n));
+      else
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst + 16 * q), "l"(from + 16 * q), "r"(n));
     }
   }
   // Words 2s and 2s + 1 of the lane's 16 (k16 step s in the tiled layout's pair order, MmaDeq::x_pair): one
   // 8-byte load just before the step's mma.
   __device__ __forceinline__ uint2 step(i32 chunk_slot, int s) const {
     uint2 v;
-    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(base + (u32)chunk_slot * kChunkBytes + 8 * s));
+    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];"
+                 : "=r"(v.x), "=r"(v.y) : "r"(base + (u32)chunk_slot * kChunkBytes + 8 * s));
     return v;
   }
   // All 16 words (the contract layout's pairs take any two of them).
@@ -48,7 +52,8 @@ template <int SLOTS> struct XRing {
 #pragma unroll
     for (int q = 0; q < 4; ++q)
       asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                   : "=r"(xw[4 * q]), "=r"(xw[4 * q + 1]), "=r"(xw[4 * q + 2]), "=r"(xw[4 * q + 3]) : "r"(src + 16 * q));
+                   : "=r"(xw[4 * q]), "=r"(xw[4 * q + 1]), "=r"(xw[4 * q + 2]), "=r"(xw[4 * q + 3])
+                   : "r"(src + 16 * q));
   }
 };
 
