@@ -112,9 +112,8 @@ __device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* const (&pa
                                               const XT* const (&xrow)[N8], i32 K, i32 ks, i32 KS,
                                               float (&acc)[RT * N8][4], u8* ring, u8* xring, i32 xs) {
   static_assert(!COOP || B == 3, "shared code copies are for 3-bit codes");
-  // XST: the activations staged in the warp's x ring (engines/x_ring.cuh; the decode kernels' 8-route passes:
-  // one route group, one row tile), route lanes g < xs; the lanes past xs hold no route (an expert has at most
-  // xs routes: the caller checks)
+  // XST: the activations of route lanes g < xs staged in the warp's x ring (engines/x_ring.cuh; one route group,
+  // one row tile); lanes past xs hold no route (an expert has at most xs routes: the caller checks)
   constexpr bool kXst = XST && N8 == 1 && RT == 1;
   static_assert(!kXst || sizeof(XT) == 2, "x rings hold 2-byte activations (XRing::kChunkBytes)");
   static_assert(RT == 1 || kTiled, "several row tiles per warp read the tiled layout's activation words");
@@ -301,7 +300,7 @@ __device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* const (&pa
           for (int s = 0; s < 8; ++s) {
             u32 a[4];
             frag(0, s, a);
-            const uint2 xv = xl ? xr.step(slot * KST + u, s) : make_uint2(0u, 0u);
+            const uint2 xv = xr.step(slot * KST + u, s, xl);
             Pair2<T>::mma(kFactor ? part : acc[0], a, xv.x, xv.y);
           }
         } else {

@@ -39,11 +39,12 @@ template <int SLOTS> struct XRing {
     }
   }
   // Words 2s and 2s + 1 of the lane's 16 (k16 step s in the tiled layout's pair order, MmaDeq::x_pair): one
-  // 8-byte load just before the step's mma.
-  __device__ __forceinline__ uint2 step(i32 chunk_slot, int s) const {
-    uint2 v;
-    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];"
-                 : "=r"(v.x), "=r"(v.y) : "r"(base + (u32)chunk_slot * kChunkBytes + 8 * s));
+  // 8-byte load just before the step's mma; zeros on a lane without a route (live false).
+  __device__ __forceinline__ uint2 step(i32 chunk_slot, int s, bool live) const {
+    uint2 v = make_uint2(0u, 0u);
+    if (live)
+      asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];"
+                   : "=r"(v.x), "=r"(v.y) : "r"(base + (u32)chunk_slot * kChunkBytes + 8 * s));
     return v;
   }
   // All 16 words (the contract layout's pairs take any two of them).
