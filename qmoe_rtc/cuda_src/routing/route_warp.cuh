@@ -34,13 +34,15 @@ __device__ __forceinline__ float key_value(u32 key) {
   return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
 }
 
-__device__ __forceinline__ u64 warp_max_u64(u64 v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const u64 w = __shfl_xor_sync(0xffffffffu, v, o);
-    v = w > v ? w : v;
-  }
-  return v;
+// The warp's largest composite (order_key << 32 | 0xFFFF - e; 0: none): two redux.sync max (sm_80+) over its
+// halves, the key then the index among the lanes that hold that key -- the 64-bit max in two instructions instead of
+// five rounds of two shuffles each. The same picks bit for bit; the k rounds are on the decode forward's critical path
+// (FC1 waits for these ids): 0.4-1.1 us off a 1-2 token forward on the H200 (qwen3-30b-a3b 1 token 26.5 -> 25.6 us;
+// docs/performance-log.md).
+__device__ __forceinline__ u64 warp_max_composite(u64 v) {
+  const u32 key = __reduce_max_sync(0xffffffffu, (u32)(v >> 32));
+  const u32 low = __reduce_max_sync(0xffffffffu, (u32)(v >> 32) == key ? (u32)v : 0u);
+  return ((u64)key << 32) | low;
 }
 
 template <typename LT, typename WT, bool HAS_RW>
@@ -83,7 +85,7 @@ route_topk_warp(const LT* __restrict__ logits, const WT* __restrict__ router_wei
     u64 best = 0;
 #pragma unroll
     for (int j = 0; j < kRouteWarpPerLane; ++j) best = c[j] > best ? c[j] : best;
-    best = warp_max_u64(best);
+    best = warp_max_composite(best);
 #pragma unroll
     for (int j = 0; j < kRouteWarpPerLane; ++j)
       if (c[j] == best) c[j] = 0;  // composites are unique: only the winner's matches
