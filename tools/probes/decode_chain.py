@@ -36,7 +36,7 @@ def main() -> None:
         calls.append((T, x, logits))
     cp.cuda.get_current_stream().synchronize()
     cp.cuda.profiler.start()
-    for T, x, logits in calls:
+    for _T, x, logits in calls:
         for _ in range(a.repeat):
             moe(x, logits)
     cp.cuda.get_current_stream().synchronize()
