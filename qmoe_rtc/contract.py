@@ -15,11 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._arrays import FLOAT_DTYPES, device_of, dtype_name, is_c_contiguous, is_cupy, shape_str
+from ._arrays import FLOAT_DTYPES, device_of, dtype_name, is_cupy, shape_str
 from .attributes import QMoEAttributes
+from .bit_codes import packed_row_bytes, unpack_codes
+from .contract_float import fp4_projection, fp8_projection
 from .errors import DeviceError, QMoEAttributeError, QMoEInputError
 from .fp4 import FP4_BLOCK
-from .quantize import packed_row_bytes, unpack_codes
+from .projection import ProjectionSpec, require
 from .specialize.vocab import ACTIVATIONS, GATEABLE_ACTIVATIONS, GLU_ACTIVATIONS
 
 __all__ = [
@@ -62,41 +64,6 @@ WEIGHT_INPUTS = INPUT_NAMES[2:14]
 GLOBAL_SCALE_INPUTS = ("fc1_global_scale", "fc2_global_scale")
 #: Every routed-expert input :func:`describe_layer` reads.
 LAYER_INPUTS = WEIGHT_INPUTS + GLOBAL_SCALE_INPUTS
-
-@dataclass(frozen=True)
-class ProjectionSpec:
-    """One projection (fc1, fc2 or fc3) of all experts: a matrix ``[N, K]`` per expert."""
-
-    name: str  #: "fc1" | "fc2" | "fc3"
-    bits: int
-    N: int  #: output features
-    K: int  #: input features
-    block_size: int  #: 0 = row-wise
-    row_bytes: int  #: ceil(K·b/8)
-    scale_dtype: str  #: as given; FP4: float32, the form the device holds (qmoe_rtc.fp4.engine_scales)
-    #: "none" (zp = 2^(b−1)) | "packed" (zero-point tensor) | "offset" (zero_point_offset) | "fp8" (e4m3fn, no zp)
-    #: | "fp4" (e2m1, no zp)
-    zp_mode: str
-    has_bias: bool
-    bias_dtype: str | None
-    #: "int" (b-bit codes) | "fp8" (float8e4m3fn codes [E, N, K]) | "mxfp4" | "nvfp4" (e2m1 codes [E, N, K/2])
-    quant: str = "int"
-
-    @property
-    def scale_input(self) -> str:
-        """The input holding this projection's scales (``fc1_global_scale`` for FP8 with block_size 0)."""
-        return f"{self.name}_global_scale" if self.quant == "fp8" and not self.block_size else f"{self.name}_scales"
-
-    @property
-    def n_blocks(self) -> int:
-        """Scales per row (1 when row-wise)."""
-        return self.K // self.block_size if self.block_size else 1
-
-    @property
-    def zp_row_bytes(self) -> int:
-        """Bytes of packed zero points per row (block-wise) or per expert (row-wise)."""
-        return packed_row_bytes(self.n_blocks, self.bits) if self.block_size else packed_row_bytes(self.N, self.bits)
-
 
 @dataclass(frozen=True)
 class LayerSpec:
@@ -142,22 +109,6 @@ def _device_of(a):
     return device_of(a)
 
 
-def _require(name, a, *, rank=None, shape=None, dtypes=None, where=""):
-    if a is None:
-        raise QMoEInputError(name, "an array", "None", where or None)
-    if not hasattr(a, "shape") or not hasattr(a, "dtype"):
-        raise QMoEInputError(name, "a NumPy or CuPy array", type(a).__name__)
-    if rank is not None and len(a.shape) not in (rank if isinstance(rank, tuple) else (rank,)):
-        want = " or ".join(str(r) for r in (rank if isinstance(rank, tuple) else (rank,)))
-        raise QMoEInputError(name, f"rank {want}", f"shape {shape_str(a.shape)}", where or None)
-    if shape is not None and tuple(int(d) for d in a.shape) != tuple(shape):
-        raise QMoEInputError(name, f"shape {shape_str(shape)}", f"shape {shape_str(a.shape)}", where or None)
-    if dtypes is not None and dtype_name(a) not in dtypes:
-        raise QMoEInputError(name, f"dtype in {tuple(dtypes)}", f"dtype {dtype_name(a)}", where or None)
-    if not is_c_contiguous(a):
-        raise QMoEInputError(name, "a C-contiguous array", "a non-contiguous view", "call .copy() or ascontiguousarray")
-
-
 def _infer_dtype(tensors) -> str | None:
     """The activation dtype implied by non-float32 scales/biases, refusing a mix of two."""
     seen = {}
@@ -200,8 +151,8 @@ def describe_layer(weights: dict, attrs: QMoEAttributes, routed_experts: int | N
 
     fp8 = attrs.quant_type == "fp8"
     code_dtypes = ("uint8", "float8_e4m3fn") if fp8 else ("uint8",)
-    _require("fc1_experts_weights", w["fc1_experts_weights"], rank=3, dtypes=code_dtypes)
-    _require("fc2_experts_weights", w["fc2_experts_weights"], rank=3, dtypes=code_dtypes)
+    require("fc1_experts_weights", w["fc1_experts_weights"], rank=3, dtypes=code_dtypes)
+    require("fc2_experts_weights", w["fc2_experts_weights"], rank=3, dtypes=code_dtypes)
     E = int(w["fc1_experts_weights"].shape[0])
     if E < 1:  # what one build can run (E <= 512 ...) is the executor's check: QMoEUnsupportedError
         raise QMoEInputError("fc1_experts_weights", "at least 1 expert (dim 0)", f"E = {E}")
@@ -256,31 +207,29 @@ def describe_layer(weights: dict, attrs: QMoEAttributes, routed_experts: int | N
 
     def projection(p, N, K):
         if fp8 or qt in FP4_BLOCK:  # float codes: their own shapes and scales (qmoe_rtc/contract_float.py)
-            from .contract_float import fp4_projection, fp8_projection
-
             return (fp8_projection if fp8 else fp4_projection)(w, attrs, p, E, N, K)
         bits = attrs.bits(p)
         wn, sn, bn, zn = f"{p}_experts_weights", f"{p}_scales", f"{p}_experts_bias", f"{p}_zero_points"
         rb = packed_row_bytes(K, bits)
-        _require(wn, w[wn], shape=(E, N, rb), dtypes=("uint8",),
+        require(wn, w[wn], shape=(E, N, rb), dtypes=("uint8",),
                  where=f"[E, N, ceil(K·b/8)] with N={N}, K={K}, b={bits}")
         bs = attrs.block_size
         if bs and K % bs:
             raise QMoEAttributeError("block_size", f"a divisor of {p}'s K = {K}", str(bs))
-        _require(sn, w[sn], rank=(2, 3), dtypes=FLOAT_DTYPES)
+        require(sn, w[sn], rank=(2, 3), dtypes=FLOAT_DTYPES)
         s = w[sn]
         if bs:
-            _require(sn, s, shape=(E, N, K // bs), where=f"block-wise [E, N, K/block_size] with block_size={bs}")
+            require(sn, s, shape=(E, N, K // bs), where=f"block-wise [E, N, K/block_size] with block_size={bs}")
         elif tuple(s.shape) not in ((E, N), (E, N, 1)):
             raise QMoEInputError(sn, f"shape {shape_str((E, N))} (row-wise, block_size=0) or {shape_str((E, N, 1))}",
                                  f"shape {shape_str(s.shape)}")
         if w[bn] is not None:
-            _require(bn, w[bn], shape=(E, N), dtypes=FLOAT_DTYPES)
+            require(bn, w[bn], shape=(E, N), dtypes=FLOAT_DTYPES)
         zp_mode = "none"
         if w[zn] is not None:
             nb = K // bs if bs else 1
             zshape = (E, N, packed_row_bytes(nb, bits)) if bs else (E, packed_row_bytes(N, bits))
-            _require(zn, w[zn], shape=zshape, dtypes=("uint8",),
+            require(zn, w[zn], shape=zshape, dtypes=("uint8",),
                      where="block-wise [E, N, ceil(nb·b/8)]" if bs else "row-wise [E, ceil(N·b/8)]")
             zp_mode = "packed"
         elif attrs.zero_point_offset is not None:
@@ -302,7 +251,7 @@ def describe_layer(weights: dict, attrs: QMoEAttributes, routed_experts: int | N
 
 def check_call(layer: LayerSpec, input, router_probs, router_weights=None) -> CallSpec:
     """Validate the per-call inputs (``input``, ``router_probs``, ``router_weights``) against a layer."""
-    _require("input", input, rank=(2, 3), dtypes=FLOAT_DTYPES)
+    require("input", input, rank=(2, 3), dtypes=FLOAT_DTYPES)
     T = dtype_name(input)
     if layer.dtype is not None and T != layer.dtype:
         raise QMoEInputError("input", f"dtype {layer.dtype} (the dtype of the layer's scales/biases)", f"dtype {T}")
@@ -313,14 +262,14 @@ def check_call(layer: LayerSpec, input, router_probs, router_weights=None) -> Ca
     rows = 1
     for d in input.shape[:-1]:
         rows *= int(d)
-    _require("router_probs", router_probs, shape=(rows, layer.E), dtypes=("float32", T),
+    require("router_probs", router_probs, shape=(rows, layer.E), dtypes=("float32", T),
              where="[rows, E] logits, rows = B·S for 3-D input")
     rw_dtype = None
     if router_weights is not None:
         if layer.attrs.use_sparse_mixer:
             raise QMoEInputError("router_weights", "None with use_sparse_mixer=1 (the sparse mixer computes its "
                                  "own weights)", "an array")
-        _require("router_weights", router_weights, shape=(rows, layer.E), dtypes=("float32", T))
+        require("router_weights", router_weights, shape=(rows, layer.E), dtypes=("float32", T))
         rw_dtype = dtype_name(router_weights)
     want_dev = layer.device_id
     for n, a in (("input", input), ("router_probs", router_probs), ("router_weights", router_weights)):

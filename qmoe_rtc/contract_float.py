@@ -6,8 +6,8 @@ each projection of such a layer; every refusal names the input, the expected and
 from __future__ import annotations
 
 from ._arrays import FLOAT_DTYPES, dtype_name, shape_str
-from .contract import ProjectionSpec, _require
 from .errors import QMoEInputError
+from .projection import ProjectionSpec, require
 
 __all__ = ["fp4_projection", "fp8_projection"]
 
@@ -18,22 +18,22 @@ def fp8_projection(w, attrs, p, E, N, K) -> ProjectionSpec:
     from .fp8 import fp8_scale_shape
 
     wn, bn, zn, bs = f"{p}_experts_weights", f"{p}_experts_bias", f"{p}_zero_points", attrs.block_size
-    _require(wn, w[wn], shape=(E, N, K), dtypes=("uint8", "float8_e4m3fn"),
+    require(wn, w[wn], shape=(E, N, K), dtypes=("uint8", "float8_e4m3fn"),
              where=f"[E, N, K] float8e4m3fn codes with N={N}, K={K}")
     if w[zn] is not None:
         raise QMoEInputError(zn, "absent with quant_type='fp8' (e4m3fn has no zero point)", "an array")
     if bs > 0:
         sn = f"{p}_scales"
-        _require(sn, w[sn], shape=fp8_scale_shape(E, N, K, bs), dtypes=FLOAT_DTYPES,
+        require(sn, w[sn], shape=fp8_scale_shape(E, N, K, bs), dtypes=FLOAT_DTYPES,
                  where=f"square FP8 block scales [E, ceil(N/bs), ceil(K/bs)] with block_size={bs}")
     else:
         if w[f"{p}_scales"] is not None:
             raise QMoEInputError(f"{p}_scales", f"absent with quant_type='fp8' and block_size 0 (the scale is "
                                  f"{p}_global_scale)", "an array")
         sn = f"{p}_global_scale"
-        _require(sn, w[sn], shape=(E,), dtypes=("float32",), where="the per-expert FP8 scale [E], float32")
+        require(sn, w[sn], shape=(E,), dtypes=("float32",), where="the per-expert FP8 scale [E], float32")
     if w[bn] is not None:
-        _require(bn, w[bn], shape=(E, N), dtypes=FLOAT_DTYPES)
+        require(bn, w[bn], shape=(E, N), dtypes=FLOAT_DTYPES)
     return ProjectionSpec(name=p, bits=8, N=N, K=K, block_size=max(bs, 0), row_bytes=K, scale_dtype=dtype_name(w[sn]),
                           zp_mode="fp8", has_bias=w[bn] is not None,
                           bias_dtype=dtype_name(w[bn]) if w[bn] is not None else None, quant="fp8")
@@ -47,21 +47,21 @@ def fp4_projection(w, attrs, p, E, N, K) -> ProjectionSpec:
     wn, sn, bn, zn = f"{p}_experts_weights", f"{p}_scales", f"{p}_experts_bias", f"{p}_zero_points"
     if K % bs:
         raise QMoEInputError(wn, f"K a multiple of {bs} ({qt} scale blocks of {bs} codes along K)", f"{p}'s K = {K}")
-    _require(wn, w[wn], shape=(E, N, K // 2), dtypes=("uint8",),
+    require(wn, w[wn], shape=(E, N, K // 2), dtypes=("uint8",),
              where=f"[E, N, K/2] e2m1 codes, two per byte, with N={N}, K={K}")
     if w[zn] is not None:
         raise QMoEInputError(zn, f"absent with quant_type='{qt}' (e2m1 has no zero point)", "an array")
     sdt = ("uint8", "float8_e8m0fnu") if qt == "mxfp4" else ("uint8", "float8_e4m3fn")
-    _require(sn, w[sn], shape=(E, N, K // bs), dtypes=sdt,
+    require(sn, w[sn], shape=(E, N, K // bs), dtypes=sdt,
              where=f"{qt} block scales [E, N, K/{bs}] ({'e8m0' if qt == 'mxfp4' else 'e4m3fn'} bytes)")
     if qt == "nvfp4":
         gn = f"{p}_global_scale"
-        _require(gn, w[gn], rank=(1, 2), dtypes=("float32",), where="the NVFP4 global scale, float32")
+        require(gn, w[gn], rank=(1, 2), dtypes=("float32",), where="the NVFP4 global scale, float32")
         if tuple(w[gn].shape) not in ((E,), (E, N)):
             raise QMoEInputError(gn, f"shape {shape_str((E,))} (per expert) or {shape_str((E, N))} (per row)",
                                  f"shape {shape_str(w[gn].shape)}")
     if w[bn] is not None:
-        _require(bn, w[bn], shape=(E, N), dtypes=FLOAT_DTYPES)
+        require(bn, w[bn], shape=(E, N), dtypes=FLOAT_DTYPES)
     return ProjectionSpec(name=p, bits=4, N=N, K=K, block_size=bs, row_bytes=K // 2, scale_dtype="float32",
                           zp_mode="fp4", has_bias=w[bn] is not None,
                           bias_dtype=dtype_name(w[bn]) if w[bn] is not None else None, quant=qt)

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 from ._arrays import FLOAT_DTYPES, ArrayMeta, device_of, dtype_name, shape_str
 from .attributes import QMoEAttributes
-from .contract import LayerSpec, _infer_dtype, _require, check_call, describe_layer
+from .contract import LayerSpec, _infer_dtype, check_call, describe_layer
 from .errors import DeviceError, QMoEAttributeError, QMoEInputError
+from .projection import require
 from .specialize.vocab import GLU_ACTIVATIONS
 
 __all__ = ["SHARED_INPUTS", "EXT_INPUTS", "ExtensionSpec", "describe_extensions", "check_ext_call", "shared_weights"]
@@ -122,15 +123,15 @@ def describe_extensions(inputs: dict, attrs: QMoEAttributes, layer: LayerSpec) -
                 raise QMoEAttributeError(n, "unset when there are no shared experts", str(getattr(attrs, n)))
     shared = _describe_shared(x, attrs, layer) if has_shared else None
     if x["shared_gate_weight"] is not None:
-        _require("shared_gate_weight", x["shared_gate_weight"], shape=(layer.H,), dtypes=FLOAT_DTYPES,
+        require("shared_gate_weight", x["shared_gate_weight"], shape=(layer.H,), dtypes=FLOAT_DTYPES,
                  where="[H]: the shared experts' sum is scaled by sigmoid(x·g)")
     if x["router_weight"] is not None:
-        _require("router_weight", x["router_weight"], shape=(layer.E, layer.H), dtypes=FLOAT_DTYPES,
+        require("router_weight", x["router_weight"], shape=(layer.E, layer.H), dtypes=FLOAT_DTYPES,
                  where="[E, H]: logits = x·router_weightᵀ + router_bias")
     if x["router_bias"] is not None:
         if x["router_weight"] is None:
             raise QMoEInputError("router_bias", "absent when router_weight is absent", "an array")
-        _require("router_bias", x["router_bias"], shape=(layer.E,), dtypes=FLOAT_DTYPES)
+        require("router_bias", x["router_bias"], shape=(layer.E,), dtypes=FLOAT_DTYPES)
     implied = {"the layer's scales/biases": ArrayMeta((), layer.dtype, True, None)} if layer.dtype else {}
     if shared is not None and shared.dtype:
         implied["shared_fc1_scales"] = ArrayMeta((), shared.dtype, True, None)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._arrays import array_module, dtype_name, is_cupy, shape_str
+from .bit_codes import pack_codes, unpack_codes
 from .errors import QMoEInputError
 
 __all__ = ["E2M1_MAX", "FP4_BLOCK", "FP4_FORMATS", "decode_e2m1", "encode_e2m1", "decode_e8m0", "fp4_scale_shape",
@@ -127,8 +128,6 @@ def check_fp4_scales(quant: str, scales, global_scale=None, name: str = "scales"
 def dequantize_fp4(quant: str, packed, scales, global_scale=None) -> np.ndarray:
     """float32 ``[E, N, K]`` of FP4 experts: codes uint8 ``[E, N, K/2]``, scales ``[E, N, K/block]``
     (and NVFP4's global scale ``[E]`` or ``[E, N]``), by the formulas of the module docstring."""
-    from .quantize import unpack_codes
-
     if quant not in FP4_BLOCK:
         raise QMoEInputError("quant", f"one of {FP4_FORMATS}", repr(quant))
     q = np.asarray(packed)
@@ -153,7 +152,6 @@ def quantize_fp4(weights, quant: str):
     stored. Non-finite weights are refused.
     """
     from .fp8 import encode_e4m3fn
-    from .quantize import pack_codes
 
     xp = array_module(weights)
     w = xp.asarray(weights).astype(xp.float32)

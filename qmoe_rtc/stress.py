@@ -305,6 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .stress_gpu import run_worker
 
         args.cases = selected
+        args.rows_of = {(case[0][0], case[1]): rows_for(case, args.rows) for case in selected}
         args.index, args.seed = args.worker, args.seed + args.worker
         return run_worker(args)
     if args.precompile:

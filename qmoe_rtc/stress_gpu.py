@@ -296,10 +296,9 @@ def check_layer(arr, rng, case, rows_list, stats: Stats, opts) -> None:
 def run_worker(opts) -> int:
     """One stress worker: random layers until ``opts.seconds`` have passed (or ``opts.layers`` layers are
     checked), the engines in turn (worker i starts at engine i), a random layout of each; prints JSON
-    lines (failures as they happen, then a summary with the per-engine counts)."""
+    lines (failures as they happen, then a summary with the per-engine counts). ``opts.rows_of``: the row counts
+    each case draws from, by (layout name, engine) (:func:`qmoe_rtc.stress.rows_for`)."""
     import cupy as cp
-
-    from .stress import rows_for
 
     rng = np.random.default_rng(opts.seed)
     np.random.seed(opts.seed % (2**32))
@@ -316,7 +315,7 @@ def run_worker(opts) -> int:
         pool = by_engine[engines[i % len(engines)]]
         case = pool[int(rng.integers(len(pool)))]
         i, done = i + 1, done + 1
-        rows_list = [int(r) for r in rng.choice(rows_for(case, opts.rows), size=opts.rows_per_layer)]
+        rows_list = [int(r) for r in rng.choice(opts.rows_of[case[0][0], case[1]], size=opts.rows_per_layer)]
         try:
             check_layer(arr, rng, case, rows_list, stats, opts)
         except Exception as exc:  # reported and counted: a crash is a failure of the check too

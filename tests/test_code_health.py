@@ -1,5 +1,5 @@
 """Code health, checked in CI from the source: the layers point down only (a function-local import
-counts), source files stay near 400 lines, the linter passes, every knob is documented, the device
+counts), no import circles, source files stay near 400 lines, the linter passes, every knob is documented, the device
 headers' namespace-scope constants are ``inline constexpr`` (reproducible cubins)."""
 
 from __future__ import annotations
@@ -116,3 +116,57 @@ def test_no_engine_includes_another():
     bad = [f"{p.name} includes {m}" for p in sorted(engines.glob("*.cuh")) if p.name in has_kernels
            for m in re.findall(r'#include "engines/([\w.]+)"', p.read_text()) if m in has_kernels]
     assert len(has_kernels) >= 6 and not bad, (sorted(has_kernels), bad)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the package modules it imports (anywhere: function-local imports count); a package's
+    ``__init__`` (a re-export hub that imports its submodules lazily) is neither a source nor a target."""
+    files = {_module_name(p): p for p in PKG.rglob("*.py")}
+    modules = {n for n in files if not n.endswith(".__init__")}
+    graph = {}
+    for name in modules:
+        seen = imported_modules(files[name].read_text(), name)
+        graph[name] = {m for m in seen if m in modules and m != name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circles():
+    """No two modules of the package import each other, directly or through others, not even by a
+    function-local import (which only hides a circle)."""
+    assert not _cycles(_import_graph()), _cycles(_import_graph())
+
+
+def test_the_circle_check_can_fail():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []

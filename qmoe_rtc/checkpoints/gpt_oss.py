@@ -28,7 +28,7 @@ import numpy as np
 from .._arrays import FLOAT_DTYPES, dtype_name
 from ..errors import QMoEInputError, QMoEUnsupportedError
 from ..fp4 import check_fp4_scales
-from .layer import LoadedLayer
+from .loaded import LoadedLayer
 from .model_config import MoeConfig
 from .source import Checkpoint
 

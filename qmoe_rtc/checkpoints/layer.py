@@ -21,37 +21,21 @@ Otherwise it stays one shared expert of its own size (valid for the contract and
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from .._arrays import FLOAT_DTYPES, dtype_name
+from ..bit_codes import pack_codes
 from ..errors import QMoEInputError, QMoEUnsupportedError
-from ..quantize import pack_codes
 from . import formats
+from .gpt_oss import load_gpt_oss
+from .loaded import LoadedLayer
 from .model_config import moe_config
 from .naming import SCHEMES, MoeNames, expert_indices, find_names
 from .naming import moe_layers as _moe_layers
 from .source import Checkpoint
 
 __all__ = ["SCHEMES", "LoadedLayer", "load_layer", "moe_layers"]
-
-
-@dataclass
-class LoadedLayer:
-    """A layer's contract inputs: ``QMoE(**weights, **attributes)``. The scales keep their stored dtype
-    (GPTQ: float16; a bfloat16 model's llm-compressor scales: bfloat16), which fixes the dtype the layer is
-    called with. ``router_weight`` [E, H] (the gate's linear, in its stored dtype) is left out of
-    ``weights``: pass it as ``router_weight=`` for logits computed in the layer, in the dtype you call the
-    layer with; ``router_bias`` [E] likewise (gpt-oss's router has one; None for the others).
-    ``source`` says which checkpoint tensors each input came from, ``model_type`` config.json's."""
-
-    weights: dict
-    attributes: dict
-    router_weight: np.ndarray | None
-    source: dict = field(default_factory=dict)  # contract input -> checkpoint tensors it came from
-    router_bias: np.ndarray | None = None
-    model_type: str | None = None
 
 
 class _Reader:
@@ -216,8 +200,6 @@ def _load(ckpt: Checkpoint, layer: int, scheme: str | None, progress) -> LoadedL
     names = find_names(ckpt.names, layer, scheme, str(ckpt.path))
     cfg = moe_config(ckpt.config, where=f"{ckpt.path / 'config.json' if ckpt.path.is_dir() else 'config.json'}")
     if names.projections is None:
-        from .gpt_oss import load_gpt_oss
-
         return load_gpt_oss(ckpt, layer, names.block, cfg, progress)
     fmt = _format(ckpt)
     if fmt["method"] == "mxfp4":

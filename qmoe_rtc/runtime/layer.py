@@ -17,9 +17,9 @@ from ..contract import LAYER_INPUTS, describe_layer
 from ..errors import QMoEAttributeError, QMoEInputError, QMoEUnsupportedError
 from ..extensions import EXT_INPUTS, describe_extensions
 from ..kernels import choose
-from ..prepacked import contract_metas, given_hint
 from ..slices import describe_slice
 from ..specialize import Layout, ModelConfig
+from .given_codes import contract_metas, given_hint
 from .tensors import layer_scale_dtype, layer_table, upload_extras, upload_projections
 
 __all__ = ["PREPACK_SETTINGS", "GpuLayer", "check_supported", "describe_gpu_layer", "executor_config", "layer_config",
@@ -44,7 +44,7 @@ def describe_gpu_layer(arrays: dict, attrs, slice_args: dict, given: bool = Fals
     """Validate a layer's arrays (or their metadata) by input name, its extensions and its expert slice
     (``slice_args``: ``expert_range`` / ``expert_map`` / ``num_experts``, :mod:`qmoe_rtc.slices`).
     ``given``: the code tensors are tiled (``prepack='given'``), checked as their contract shapes
-    (:func:`qmoe_rtc.prepacked.contract_metas`); else tiled ones are refused."""
+    (:func:`qmoe_rtc.runtime.given_codes.contract_metas`); else tiled ones are refused."""
     arrays = contract_metas(arrays, attrs, given)
     if not given:
         return _describe(arrays, attrs, slice_args)

@@ -1,0 +1,26 @@
+"""What a checkpoint loader returns for one layer (:class:`LoadedLayer`): every loader of this package builds one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["LoadedLayer"]
+
+
+@dataclass
+class LoadedLayer:
+    """A layer's contract inputs: ``QMoE(**weights, **attributes)``. The scales keep their stored dtype
+    (GPTQ: float16; a bfloat16 model's llm-compressor scales: bfloat16), which fixes the dtype the layer is
+    called with. ``router_weight`` [E, H] (the gate's linear, in its stored dtype) is left out of
+    ``weights``: pass it as ``router_weight=`` for logits computed in the layer, in the dtype you call the
+    layer with; ``router_bias`` [E] likewise (gpt-oss's router has one; None for the others).
+    ``source`` says which checkpoint tensors each input came from, ``model_type`` config.json's."""
+
+    weights: dict
+    attributes: dict
+    router_weight: np.ndarray | None
+    source: dict = field(default_factory=dict)  # contract input -> checkpoint tensors it came from
+    router_bias: np.ndarray | None = None
+    model_type: str | None = None
