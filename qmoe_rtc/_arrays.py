@@ -6,9 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .specialize.vocab import DTYPES as FLOAT_DTYPES
-
-__all__ = ["FLOAT_DTYPES", "ArrayMeta", "array_module", "device_of", "dtype_name", "is_c_contiguous", "is_cupy",
+__all__ = ["ArrayMeta", "array_module", "device_of", "dtype_name", "is_c_contiguous", "is_cupy",
            "is_torch", "np_dtype", "shape_str"]
 
 

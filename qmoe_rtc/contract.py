@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._arrays import FLOAT_DTYPES, device_of, dtype_name, is_cupy, shape_str
+from ._arrays import device_of, dtype_name, is_cupy, shape_str
 from .attributes import QMoEAttributes
 from .bit_codes import packed_row_bytes, unpack_codes
 from .contract_float import fp4_projection, fp8_projection
@@ -23,6 +23,7 @@ from .errors import DeviceError, QMoEAttributeError, QMoEInputError
 from .fp4 import FP4_BLOCK
 from .projection import ProjectionSpec, require
 from .specialize.vocab import ACTIVATIONS, GATEABLE_ACTIVATIONS, GLU_ACTIVATIONS
+from .specialize.vocab import DTYPES as FLOAT_DTYPES
 
 __all__ = [
     "ACTIVATIONS",

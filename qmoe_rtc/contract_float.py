@@ -5,9 +5,10 @@ each projection of such a layer; every refusal names the input, the expected and
 
 from __future__ import annotations
 
-from ._arrays import FLOAT_DTYPES, dtype_name, shape_str
+from ._arrays import dtype_name, shape_str
 from .errors import QMoEInputError
 from .projection import ProjectionSpec, require
+from .specialize.vocab import DTYPES as FLOAT_DTYPES
 
 __all__ = ["fp4_projection", "fp8_projection"]
 

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._arrays import FLOAT_DTYPES, dtype_name, np_dtype, shape_str
+from ._arrays import dtype_name, np_dtype, shape_str
 from .errors import QMoEInputError
+from .specialize.vocab import DTYPES as FLOAT_DTYPES
 
 __all__ = ["E4M3_MAX", "NAN_CODES", "decode_e4m3fn", "encode_e4m3fn", "fp8_scale_shape", "quantize_fp8",
            "dequantize_fp8", "as_codes"]

@@ -19,10 +19,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._arrays import FLOAT_DTYPES, array_module, dtype_name, np_dtype, shape_str
+from ._arrays import array_module, dtype_name, np_dtype, shape_str
 from .bit_codes import _check_bits, pack_codes, packed_row_bytes, unpack_codes, unpack_zero_points
 from .errors import QMoEInputError
 from .specialize.vocab import BITS
+from .specialize.vocab import DTYPES as FLOAT_DTYPES
 
 __all__ = [
     "SUPPORTED_BITS",

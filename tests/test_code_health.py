@@ -170,3 +170,26 @@ def test_no_import_circles():
 def test_the_circle_check_can_fail():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+@pytest.mark.parametrize("layer", sorted(FORBIDDEN))
+def test_layers_point_down_through_other_modules_too(layer):
+    """What a layer imports does not import a forbidden module either, however many modules lie between
+    (``jit`` → ``_arrays`` → ``specialize`` was such a leak): each path found is printed."""
+    graph = _import_graph()
+    bad = []
+    for start in sorted(m for m in graph if m.startswith(f"qmoe_rtc.{layer}.")):
+        parent, todo = {start: None}, [start]
+        while todo:
+            v = todo.pop()
+            for w in sorted(graph[v]):
+                if w not in parent:
+                    parent[w] = v
+                    todo.append(w)
+        for w in parent:
+            if any(w == f or w.startswith(f + ".") for f in FORBIDDEN[layer]):
+                path = [w]
+                while parent[path[-1]] is not None:
+                    path.append(parent[path[-1]])
+                bad.append(" -> ".join(reversed(path)))
+    assert not bad, "\n".join(sorted(bad))

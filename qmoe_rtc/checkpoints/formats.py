@@ -63,9 +63,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._arrays import FLOAT_DTYPES, dtype_name
+from .._arrays import dtype_name
 from ..errors import QMoEInputError, QMoEUnsupportedError
 from ..quantize import packed_row_bytes, unpack_codes
+from ..specialize.vocab import DTYPES as FLOAT_DTYPES
 
 __all__ = ["AWQ_ORDER", "Quantized", "awq", "compressed", "fp8_blocks", "gptq", "nvfp4"]
 

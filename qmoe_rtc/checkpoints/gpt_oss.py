@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._arrays import FLOAT_DTYPES, dtype_name
+from .._arrays import dtype_name
 from ..errors import QMoEInputError, QMoEUnsupportedError
 from ..fp4 import check_fp4_scales
+from ..specialize.vocab import DTYPES as FLOAT_DTYPES
 from .loaded import LoadedLayer
 from .model_config import MoeConfig
 from .source import Checkpoint

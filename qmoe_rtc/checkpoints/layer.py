@@ -24,9 +24,10 @@ import json
 
 import numpy as np
 
-from .._arrays import FLOAT_DTYPES, dtype_name
+from .._arrays import dtype_name
 from ..bit_codes import pack_codes
 from ..errors import QMoEInputError, QMoEUnsupportedError
+from ..specialize.vocab import DTYPES as FLOAT_DTYPES
 from . import formats
 from .gpt_oss import load_gpt_oss
 from .loaded import LoadedLayer
