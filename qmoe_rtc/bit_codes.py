@@ -16,10 +16,11 @@ from ._arrays import array_module, shape_str
 from .errors import QMoEInputError
 from .specialize.vocab import BITS
 
-__all__ = ["pack_codes", "packed_row_bytes", "unpack_codes", "unpack_zero_points"]
+__all__ = ["check_bits", "pack_codes", "packed_row_bytes", "unpack_codes", "unpack_zero_points"]
 
 
-def _check_bits(bits, name="bits"):
+def check_bits(bits, name="bits") -> int:
+    """``bits`` as an int when it is a code width of the contract (1, 2, 3, 4, 8), else a QMoEInputError naming ``name``."""
     if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or int(bits) not in BITS:
         raise QMoEInputError(name, f"one of {BITS}", repr(bits))
     return int(bits)
@@ -37,7 +38,7 @@ def _group(bits: int) -> tuple[int, int]:
 
 def pack_codes(codes, bits: int):
     """Pack integer codes ``[..., K]`` (each < 2^bits) into uint8 ``[..., ceil(K·b/8)]``, LSB first."""
-    bits = _check_bits(bits)
+    bits = check_bits(bits)
     xp = array_module(codes)
     codes = xp.asarray(codes)
     K = codes.shape[-1]
@@ -62,7 +63,7 @@ def pack_codes(codes, bits: int):
 
 def unpack_codes(packed, bits: int, K: int):
     """Unpack uint8 ``[..., ceil(K·b/8)]`` into codes uint8 ``[..., K]`` (the inverse of :func:`pack_codes`)."""
-    bits = _check_bits(bits)
+    bits = check_bits(bits)
     xp = array_module(packed)
     packed = xp.asarray(packed)
     K = int(K)

@@ -20,7 +20,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ._arrays import array_module, dtype_name, np_dtype, shape_str
-from .bit_codes import _check_bits, pack_codes, packed_row_bytes, unpack_codes, unpack_zero_points
+from .bit_codes import check_bits, pack_codes, packed_row_bytes, unpack_codes, unpack_zero_points
 from .errors import QMoEInputError
 from .specialize.vocab import BITS
 from .specialize.vocab import DTYPES as FLOAT_DTYPES
@@ -109,7 +109,7 @@ def quantize(weights, bits: int | None = None, block_size: int = 0, symmetric: b
     if format not in ("int", "fp8_e4m3", *FP4_BLOCK):
         raise QMoEInputError("format", f"one of {('int', 'fp8_e4m3', *FP4_BLOCK)}", repr(format))
     if format == "int":
-        bits = _check_bits(bits)
+        bits = check_bits(bits)
     elif bits is not None and (isinstance(bits, bool) or bits != (8 if format == "fp8_e4m3" else 4)):
         raise QMoEInputError("bits", f"None or {8 if format == 'fp8_e4m3' else 4} with format={format!r}", repr(bits))
     xp = array_module(weights)
@@ -231,7 +231,7 @@ def dequantize(packed, scales, bits: int, block_size: int = 0, zero_points=None,
     ones; pass it when a row-wise row has padding bits (e.g. 3-bit with K not a multiple of 8).
     ``zero_points`` (packed uint8) wins over ``zero_point_offset``; with neither, zp = 2^(b−1).
     """
-    bits = _check_bits(bits)
+    bits = check_bits(bits)
     xp = array_module(packed)
     packed = xp.asarray(packed)
     scales = xp.asarray(scales)
