@@ -48,10 +48,8 @@ def cmd_info(args) -> int:
 
 
 def _knob_line() -> str:
-    """The QMOE_RTC_* variables set in the environment, or the first one with a value it does not take
-    (``info`` is a diagnostic: it says so instead of refusing, as the other commands do)."""
-    import os
-
+    """The knobs set in the environment (QMOE_RTC_* variables, QMOE_RTC_TUNE's items), or the first one with a value
+    it does not take (``info`` is a diagnostic: it says so instead of refusing, as the other commands do)."""
     from . import knobs
     from .errors import KnobError
 
@@ -59,7 +57,7 @@ def _knob_line() -> str:
         knobs.snapshot()
     except KnobError as exc:
         return f"BAD: {exc}"
-    given = [f"{k.env}={os.environ[k.env]}" for k in knobs.KNOBS.values() if k.env in os.environ]
+    given = [f"{name}={value}" for name, value in knobs.given().items()]
     return ", ".join(given) if given else "none set (the defaults)"
 
 

@@ -1,8 +1,22 @@
-"""Every environment knob of qmoe_rtc, declared once, typed, and read lazily.
+"""Every knob of qmoe_rtc, declared once, typed, and read lazily (never at import).
 
-Knobs are read when used (never at import). Each is classed as cache-invalidating or neutral: an
-invalidating knob changes the generated code or the compiler options and therefore reaches the
-cache key through those options (e.g. ``lineinfo`` adds ``-lineinfo``).
+Two kinds of knob:
+
+- **Operational** knobs, each its own environment variable (``QMOE_RTC_CACHE_DIR``, ``QMOE_RTC_STRICT``,
+  ``QMOE_RTC_PDL``, ...): where the cache lives, strictness, logging, launch modes, the prepack default. Ten of them.
+- **Tuning** knobs (ring depths, register budgets, forced engines and tiles, compile modes, diagnostics), all
+  set through one variable, ``QMOE_RTC_TUNE``, as comma-separated ``name=value`` pairs::
+
+      QMOE_RTC_TUNE="mma_stages=4,prefill_engine=wgmma" python -m qmoe_rtc bench ...
+
+  Their built-in values are the measured choices; a tuning knob is for experiments (``bench ab``) and for
+  working around a device the tables were not measured on, never needed to serve.
+
+A knob that changes the generated code or the compiler options reaches the cache key through them (the key
+hashes the translation unit and the options), so no knob needs its own invalidation. The variables of knobs
+that were retired (the per-knob tuning variables before ``QMOE_RTC_TUNE``, knobs removed because they changed
+nothing) are refused when a knob is read, naming what replaces them: a setting that is silently ignored would
+be a surprise.
 
 Tests (and the warm tool's worker processes) override knobs with :func:`scope` / :func:`apply`
 instead of touching ``os.environ``::
@@ -14,264 +28,38 @@ instead of touching ``os.environ``::
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .errors import KnobError
+from .knob_table import KNOBS, TUNE_ENV, Knob
 
 __all__ = [
     "Knob",
     "KNOBS",
+    "RETIRED",
+    "TUNE_ENV",
     "get",
     "scope",
     "snapshot",
     "apply",
     "cache_dir",
     "cache_mode",
+    "given",
+    "label",
 ]
 
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off", ""})
-
-
-@dataclass(frozen=True)
-class Knob:
-    """One environment knob: ``env`` variable, value ``kind`` ('bool' | 'int' | 'path' | 'str'). Every
-    int knob counts something, 0 meaning the built-in choice: negative values are refused. ``allowed``,
-    where given, is every value the knob accepts (a str knob's words; an int knob's values, 0 among
-    them): anything else is refused when the knob is read, naming the variable, the values it accepts
-    and the value given (:class:`~qmoe_rtc.errors.KnobError`). Its consumer may refuse more where the
-    value depends on the layer (e.g. a route tile one engine has and another has not)."""
-
-    name: str
-    env: str
-    kind: str
-    default: Any
-    invalidates_cache: bool
-    doc: str
-    allowed: tuple | None = None
-
-    def accepts(self) -> str:
-        """What the knob accepts, in words (the ``expected`` of its :class:`KnobError`)."""
-        if self.kind == "bool":
-            return "one of 1/0/true/false/yes/no/on/off"
-        if self.allowed is not None:
-            return f"one of {list(self.allowed)}" + (" (0: the built-in choice)" if self.kind == "int" else "")
-        if self.kind == "int":
-            return "an integer >= 0"
-        return f"a {self.kind}"
-
-    def _check(self, value: Any, given: str) -> Any:
-        if (self.kind == "int" and value < 0) or (self.allowed is not None and value not in self.allowed):
-            raise KnobError(self.env, self.accepts(), given)
-        return value
-
-    def parse(self, raw: str) -> Any:
-        """The value of the environment variable's text ``raw``; :class:`KnobError` when the knob does not
-        accept it."""
-        if self.kind == "bool":
-            v = raw.strip().lower()
-            if v in _TRUE:
-                return True
-            if v in _FALSE:
-                return False
-            raise KnobError(self.env, self.accepts(), repr(raw))
-        if self.kind == "int":
-            try:
-                n = int(raw.strip())
-            except ValueError:
-                raise KnobError(self.env, self.accepts(), repr(raw)) from None
-            return self._check(n, repr(raw))
-        if self.kind == "path":
-            return Path(raw).expanduser() if raw.strip() else None
-        return self._check(raw, repr(raw))
-
-    def coerce(self, value: Any) -> Any:
-        """Type-check an override value (a string is parsed like the environment variable) and refuse one
-        the knob does not accept, as :meth:`parse` does."""
-        if isinstance(value, str) and self.kind != "str":
-            return self.parse(value)
-        if value is None:
-            return None
-        if self.kind == "bool" and isinstance(value, bool):
-            return value
-        if self.kind == "int" and isinstance(value, int) and not isinstance(value, bool):
-            return self._check(value, repr(value))
-        if self.kind == "path" and isinstance(value, os.PathLike):
-            return Path(value)
-        if self.kind == "str" and isinstance(value, str):
-            return self._check(value, repr(value))
-        raise KnobError(self.name, f"a {self.kind}", f"{type(value).__name__} {value!r}")
-
-
-#: The values of the knobs that take a few (0: the built-in choice), as their consumers accept them
-#: (tests/test_knobs.py checks these against the consumers' own constants).
-_ON_OFF = ("auto", "on", "off")
-_STAGES_2_6 = (0, 2, 3, 4, 5, 6)
-
-KNOBS: dict[str, Knob] = {
-    k.name: k
-    for k in (
-        Knob("cache_dir", "QMOE_RTC_CACHE_DIR", "path", None, False,
-             "On-disk kernel cache directory (default: $XDG_CACHE_HOME/qmoe_rtc or ~/.cache/qmoe_rtc)."),
-        Knob("no_disk_cache", "QMOE_RTC_NO_DISK_CACHE", "bool", False, False,
-             "Memory-only mode: never read or write the on-disk cache."),
-        Knob("strict", "QMOE_RTC_STRICT", "bool", False, False,
-             "Strict mode: raise CacheMissError instead of compiling a module that is not on disk."),
-        Knob("debug", "QMOE_RTC_DEBUG", "bool", False, False,
-             "Log every compile (options, generated source, NVRTC log) at INFO instead of DEBUG."),
-        Knob("dump", "QMOE_RTC_DUMP", "bool", False, False,
-             "Write the generated .cu, the NVRTC log and a PTX listing next to each new cache entry "
-             "(the entry itself is the raw .cubin: `cuobjdump -sass` it)."),
-        Knob("lineinfo", "QMOE_RTC_LINEINFO", "bool", False, True,
-             "Compile with -lineinfo (for profilers); changes the options, hence the cache key."),
-        Knob("split_compile", "QMOE_RTC_SPLIT_COMPILE", "str", "all", True,
-             "'all' (default): the NVVM optimiser and ptxas both work on a module's kernels in parallel "
-             "(--split-compile=0 and -Xptxas --split-compile=0); 'ptxas': ptxas only (machine code as 'off'); "
-             "'off': one thread. Cold, on the 16-core H200 host, an engine module took 0.9-1.7 s 'all', "
-             "1.2-2.8 s 'ptxas', 1.5-4.1 s 'off'; 'all' changes some kernels' code, measured the same speed "
-             "(docs/performance-log.md, session 23). In the options, hence the key.",
-             allowed=("all", "ptxas", "off")),
-        Knob("compile_parts", "QMOE_RTC_COMPILE_PARTS", "bool", True, True,
-             "Build each tensor-core module as several NVRTC programs, one per GEMM kernel and one for the rest, "
-             "compiled side by side and loaded as one module (default 1): a cold module then takes about as long as "
-             "its largest kernel. 0: one program a module. In the unit's parts, hence the key."),
-        Knob("eager_graphs", "QMOE_RTC_EAGER_GRAPHS", "bool", True, False,
-             "Launch an eager call's kernels as one CUDA graph (one driver launch per call instead of one per "
-             "kernel; read when a layer is built). 0: plain launches."),
-        Knob("pdl", "QMOE_RTC_PDL", "bool", True, False,
-             "Programmatic dependent launch on sm_90+: a forward's kernels that declare it start while the previous "
-             "one finishes (read when a plan is bound to its scratch). 0: every launch waits for the previous one."),
-        Knob("jobs", "QMOE_RTC_JOBS", "int", 0, False,
-             "Worker processes of the warm tool (0 = number of CPUs)."),
-        Knob("mma_stages", "QMOE_RTC_MMA_STAGES", "int", 0, True,
-             "Tuning only: cp.async ring depth of the tensor-core decode kernels (0 = the built-in 3); "
-             "a -D option, hence part of the cache key.",
-             allowed=(0, 2, 3, 4, 5, 6, 7, 8)),
-        Knob("mma_min_blocks", "QMOE_RTC_MMA_MIN_BLOCKS", "int", 0, True,
-             "Tuning only: resident blocks per SM the registers of the decode kernels for up to 8 tokens are set for "
-             "(4..8, 0 = the built-in 5; with 3 stages at most 7 fit in shared memory); a -D option, hence part of "
-             "the cache key.",
-             allowed=(0, 4, 5, 6, 7, 8)),
-        Knob("mma_roll_copies", "QMOE_RTC_MMA_ROLL_COPIES", "bool", False, True,
-             "Tuning only: the decode ring's copy loop rolled for every bit width (always for 1/2-bit codes and "
-             "scale blocks below 128); fewer registers, block 128 measured within noise; a -D option, hence "
-             "part of the cache key."),
-        Knob("mma_expert_flow", "QMOE_RTC_MMA_EXPERT_FLOW", "bool", True, True,
-             "Tuning only: the decode FC2 blocks of an expert start when that expert's FC1 blocks have counted "
-             "themselves done, instead of waiting for the whole FC1 grid (on: 1.6-3.2 % faster at 1 token on "
-             "mixtral, gpt-oss, ort, +0.7 % qwen3; 8 tokens within 2 %); 0: the whole-grid wait; a -D "
-             "option, hence part of the cache key."),
-        Knob("mma_target_warps", "QMOE_RTC_MMA_TARGET_WARPS", "int", 0, False,
-             "Tuning only: warps the decode K-split aims for (0 = 24 per SM of the device: 3168 on an H200)."),
-        Knob("mma_one_wave", "QMOE_RTC_MMA_ONE_WAVE", "bool", True, False,
-             "Tuning only: the decode K-split's one-wave rule (kernels/mma_decode.py k_split); 0: the warp target alone."),
-        Knob("mma_deep_split", "QMOE_RTC_MMA_DEEP_SPLIT", "bool", True, False,
-             "Tuning only: the decode K-split's deep-K rule (kernels/mma_decode.py k_split: a grid of one to two "
-             "waves over a long K splits twice as deep); 0: without it. A launch scalar, not a code change."),
-        Knob("mma_prefetch_chunks", "QMOE_RTC_MMA_PREFETCH_CHUNKS", "int", 0, False,
-             "Tuning only: 128-code chunks of its rows a decode warp warms L2 with before the route scan (FC2: while "
-             "FC1 finishes; 0 = the built-in 4); a launch scalar, not a code change."),
-        Knob("mma_x_ring", "QMOE_RTC_MMA_X_RING", "bool", True, True,
-             "Tuning only: the decode module holds kernels that stage the activations in shared memory with the "
-             "weights (engines/x_ring.cuh), run by calls of up to 4 tokens (kernels/mma_decode.py x_staged); 0: those "
-             "calls run the kernels that load them from global memory as they compute; in the spec, hence the key."),
-        Knob("prefill_stages", "QMOE_RTC_PREFILL_STAGES", "int", 0, True,
-             "Tuning only: cp.async pipeline depth of the tensor-core prefill kernels (0 = the built-in 3); "
-             "a -D option, hence part of the cache key.",
-             allowed=_STAGES_2_6),
-        Knob("prefill_warps", "QMOE_RTC_PREFILL_WARPS", "int", 0, True,
-             "Tuning only: warps per prefill block, 4 or 8 (0 = the built-in); a -D option, part of the key.",
-             allowed=(0, 4, 8)),
-        Knob("prefill_min_blocks", "QMOE_RTC_PREFILL_MIN_BLOCKS", "int", 0, True,
-             "Tuning only: blocks per SM the prefill kernels' register budget is set for (1-4; 0 = the built-in); "
-             "a -D option, part of the key.",
-             allowed=(0, 1, 2, 3, 4)),
-        Knob("prefill_group", "QMOE_RTC_PREFILL_GROUP", "int", 0, False,
-             "Tuning only: route tiles the prefill grid launches side by side per weight tile (0 = the built-in 8)."),
-        Knob("prefill_fc2_split", "QMOE_RTC_PREFILL_FC2_SPLIT", "str", "auto", False,
-             "Tuning (and tests) only: whether the wgmma prefill FC2 may split K in two over two blocks a tile ('on', "
-             "'off'; 'auto' = up to a few rounds of tiles per SM). Where it may, the device splits when the halves "
-             "fill the last round better.",
-             allowed=_ON_OFF),
-        Knob("prefill_wg_overlap", "QMOE_RTC_PREFILL_WG_OVERLAP", "bool", True, False,
-             "Tuning only: the wgmma prefill steps after the routing (grouping, permute, FC1, FC2, combine) launched "
-             "overlapping the kernel before them (programmatic dependent launch, sm_90+, with QMOE_RTC_PDL on); 0: each "
-             "waits for the one before."),
-        Knob("prefill_route_tile", "QMOE_RTC_PREFILL_ROUTE_TILE", "int", 0, False,
-             "Tuning only: force the prefill route tile (16, 32 or 64 routes for mma.sync, 32, 64, 128 or 256 for "
-             "wgmma; 0 = chosen from the routes per expert).",
-             allowed=(0, 16, 32, 64, 128, 256)),
-        Knob("prefill_engine", "QMOE_RTC_PREFILL_ENGINE", "str", "auto", False,
-             "Tuning only: 'batched' runs the batched-decode engine at every size, 'wgmma' the Hopper prefill "
-             "engine at every size it supports, 'mma' the mma.sync tile engine (neither of the others); "
-             "'auto' (default) picks by the routes per expert.",
-             allowed=("auto", "batched", "wgmma", "mma")),
-        Knob("batched_route_tile", "QMOE_RTC_BATCHED_ROUTE_TILE", "int", 0, False,
-             "Tuning only: routes the batched-decode engine serves per pass over the weights (8, 16 or 32; "
-             "0 = from the routes per expert).",
-             allowed=(0, 8, 16, 32)),
-        Knob("batched_row_tiles", "QMOE_RTC_BATCHED_ROW_TILES", "int", 0, True,
-             "Tuning only: 16-row tiles per warp of the batched-decode engine (1 or 2; 0 = 2 on tiled codes with "
-             "a scale per 128-code chunk, else 1; contract codes take only 1); a -D option, part of the key.",
-             allowed=(0, 1, 2)),
-        Knob("prepack", "QMOE_RTC_PREPACK", "str", "auto", False,
-             "The default of QMoE(prepack=...): 'auto' tiles the codes for the tensor-core engines when the layer's "
-             "scales or biases say its activations are float16/bfloat16; 'on' always (float32 calls refused); 'off' "
-             "keeps the contract layout (qmoe_rtc/prepack.py).",
-             allowed=_ON_OFF),
-        Knob("prefill_wg_groups", "QMOE_RTC_PREFILL_WG_GROUPS", "int", 0, True,
-             "Tuning only: warpgroups per block of the wgmma prefill engine (2 or 4 for every route tile; 0 = by route "
-             "tile and layout: 2 at 64 routes where two such blocks' rings fit an SM, else 4); a -D option, part of "
-             "the key.",
-             allowed=(0, 2, 4)),
-        Knob("prefill_wg_stages", "QMOE_RTC_PREFILL_WG_STAGES", "int", 0, True,
-             "Tuning only: most pipeline stages of the wgmma prefill engine (2-6, fewer when they do not fit; "
-             "0 = the built-in 4); a -D option, part of the key.",
-             allowed=_STAGES_2_6),
-        Knob("prefill_wg_fc1_blocks", "QMOE_RTC_PREFILL_WG_FC1_BLOCKS", "int", 0, True,
-             "Tuning only: blocks of the wgmma prefill engine's FC1 an SM holds at 32-route tiles (2; 3 with its "
-             "registers set for three; 0 = a third block from four rounds of blocks where its registers allow, else "
-             "2); a -D option, part of the key.",
-             allowed=(0, 2, 3)),
-        Knob("prefill_wg_inflight", "QMOE_RTC_PREFILL_WG_INFLIGHT", "int", 0, True,
-             "Tuning only: MMAs a warpgroup of the wgmma prefill engine keeps in flight (1 or 2; 0 = the built-in 1); "
-             "a -D option, part of the key.",
-             allowed=(0, 1, 2)),
-        Knob("prefill_wg_ring", "QMOE_RTC_PREFILL_WG_RING", "int", 0, True,
-             "Tuning only: the wgmma prefill engine's ring hand-off (1: a block barrier a chunk; 2: barriers with "
-             "phases a stage, so warps drift apart; 0 = 2 where a block has 4 warpgroups, its SM alone, else 1); a -D "
-             "option, part of the key.",
-             allowed=(0, 1, 2)),
-        Knob("prefill_wg_pairs", "QMOE_RTC_PREFILL_WG_PAIRS", "str", "auto", False,
-             "Tuning (and tests) only: whether the wgmma prefill engine runs its 128-route tiles of 4 warpgroups as "
-             "pairs of blocks in a cluster, which copy the route tile once for both from a route-tile image ('on', "
-             "'off'; 'auto' = from 32 FC1 weight tiles a route tile, where FC2 does not split K).",
-             allowed=_ON_OFF),
-        Knob("prefill_wg_shrink", "QMOE_RTC_PREFILL_WG_SHRINK", "int", 0, True,
-             "Tuning only: widths the MMAs of an expert's last route tile of the wgmma prefill engine shrink to "
-             "(1: half the tile; 2: half or a quarter, at least 32 routes; 3: as 2, down to 16 routes in blocks of 2 "
-             "warpgroups; 0 = the built-in 3). Each width is a copy of the main loop in the kernel (compile time); 1 "
-             "measured up to 4 % slower, no faster to compile on the H200 host (docs/performance-log.md, session 24); "
-             "2 measured 3.5 % slower at gpt-oss-120b 512 tokens than 3 (session 27). A -D option, part of the key.",
-             allowed=(0, 1, 2, 3)),
-        Knob("prefill_ws_mw", "QMOE_RTC_PREFILL_WS_MW", "int", 0, True,
-             "Tuning only: m16 weight tiles per MMA warp of the warp-specialised wgmma kernels (1: route tiles up to "
-             "256; 2: up to 128; 0 = the built-in 1); a -D option, part of the key.",
-             allowed=(0, 1, 2)),
-        Knob("prefill_wg_stamps", "QMOE_RTC_PREFILL_WG_STAMPS", "bool", False, True,
-             "Diagnostics only: the one-block-per-tile wgmma prefill kernels record per block where their time goes "
-             "(core/stamps.cuh; read by tools/wg_stamps.py); a -D option, part of the key."),
-        Knob("prefill_wg_variant", "QMOE_RTC_PREFILL_WG_VARIANT", "str", "auto", True,
-             "Tuning only: which kernels the wgmma prefill engine runs: 'ws' the warp-specialised persistent ones "
-             "(engines/wgmma_ws.cuh), 'tiles' one block per tile (engines/wgmma_prefill.cuh); 'auto' = the "
-             "built-in choice. Part of the module key.",
-             allowed=("auto", "tiles", "ws")),
-    )
+#: Variables no longer read -> what replaces them. Set, they are refused when any knob is read (a setting silently
+#: ignored would be a surprise): the per-knob tuning variables (now ``QMOE_RTC_TUNE``) and knobs removed because
+#: they changed nothing (their measurements stay in docs/performance-log.md).
+RETIRED: dict[str, str] = {
+    **{f"QMOE_RTC_{k.name.upper()}": f"{TUNE_ENV}={k.name}=<value>" for k in KNOBS.values() if k.tuning},
+    "QMOE_RTC_MMA_ROLL_COPIES": "nothing: the knob was removed (the rolled copy loop measured within noise of the "
+                                "unrolled one; the narrow codes that need it roll it always)",
 }
 
 _lock = threading.Lock()
@@ -285,14 +73,59 @@ def _knob(name: str) -> Knob:
         raise KnobError(name, f"one of {sorted(KNOBS)}", repr(name)) from None
 
 
+def _refuse_retired() -> None:
+    for var, instead in RETIRED.items():
+        if var in os.environ:
+            raise KnobError(var, f"unset: it is no longer read (set {instead} instead)", repr(os.environ[var]))
+
+
+@functools.lru_cache(maxsize=16)
+def _tuned(raw: str) -> dict[str, Any]:
+    """``QMOE_RTC_TUNE``'s text -> {knob name: value}; a malformed item, a name that is not a tuning knob, a name
+    given twice or a value the knob does not take is a :class:`KnobError`."""
+    out: dict[str, Any] = {}
+    names = sorted(k.name for k in KNOBS.values() if k.tuning)
+    for item in raw.split(","):
+        if not item.strip():
+            continue
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        knob = KNOBS.get(name)
+        if not sep or knob is None or not knob.tuning or name in out:
+            why = (f"its own variable {knob.var}" if knob is not None and not knob.tuning else
+                   "each name once" if name in out else f"name=value pairs, a name among {names}")
+            raise KnobError(TUNE_ENV, why, repr(item))
+        out[name] = knob.parse(value)
+    return out
+
+
+def given() -> dict[str, str]:
+    """The knob settings found in the environment, as text: {variable or ``QMOE_RTC_TUNE[name]``: value}."""
+    out = {k.var: os.environ[k.var] for k in KNOBS.values() if k.var and k.var in os.environ}
+    for item in os.environ.get(TUNE_ENV, "").split(","):
+        name, sep, value = item.partition("=")
+        if item.strip():
+            out[f"{TUNE_ENV}[{name.strip()}]"] = value if sep else "?"
+    return out
+
+
+def label(name: str) -> str:
+    """Where knob ``name`` is set, as errors name it (:attr:`Knob.env`)."""
+    return _knob(name).env
+
+
 def get(name: str) -> Any:
-    """Current value of a knob: innermost override, else the environment, else the default."""
+    """Current value of a knob: innermost override, else the environment (its variable, or ``QMOE_RTC_TUNE`` for a
+    tuning knob), else the default. A retired variable set in the environment is refused first."""
     knob = _knob(name)
     with _lock:
         for layer in reversed(_overrides):
             if name in layer:
                 return layer[name]
-    raw = os.environ.get(knob.env)
+    _refuse_retired()
+    if knob.tuning:
+        return _tuned(os.environ.get(TUNE_ENV, "")).get(name, knob.default)
+    raw = os.environ.get(knob.var)
     if raw is None:
         return knob.default
     return knob.parse(raw)

@@ -74,7 +74,7 @@ LAYOUTS = (
 ISSUE23_LAYOUT = "bf16-b8-row-silu-norm"
 
 #: Engines (pipelines) and how a case forces one: the path through decode_max_routes, the prefill engine
-#: through QMOE_RTC_PREFILL_ENGINE. Tensor-core layouts run the first three, the others the SIMT two.
+#: through the tuning knob prefill_engine. Tensor-core layouts run the first three, the others the SIMT two.
 #: ``prefill-wgmma-ws``: the wgmma engine's warp-specialised variant (QMOE_RTC_PREFILL_WG_VARIANT=ws).
 TENSOR_CORE_ENGINES = ("decode-mma", "prefill-batched", "prefill-mma", "prefill-wgmma", "prefill-wgmma-ws")
 SIMT_ENGINES = ("decode-gemv", "prefill-simt")

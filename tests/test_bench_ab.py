@@ -18,12 +18,12 @@ def test_settings_take_knob_names_and_variables_typed():
     parse = ab.parse_setting
     assert parse("base") == {}
     assert parse("mma_expert_flow=0") == {"mma_expert_flow": False}
-    assert parse("QMOE_RTC_MMA_TARGET_WARPS=6336,mma_deep_split=off") == {"mma_target_warps": 6336,
-                                                                          "mma_deep_split": False}
+    assert parse("mma_target_warps=6336,mma_deep_split=off,QMOE_RTC_PDL=0") == {"mma_target_warps": 6336,
+                                                                                "mma_deep_split": False, "pdl": False}
     assert parse("decode_max_routes=0") == {"decode_max_routes": 0}
 
 
-@pytest.mark.parametrize("bad", ["mma_expert_flow", "no_such_knob=1", "QMOE_RTC_NOPE=1"])
+@pytest.mark.parametrize("bad", ["mma_expert_flow", "no_such_knob=1", "QMOE_RTC_NOPE=1", "QMOE_RTC_MMA_TARGET_WARPS=1"])
 def test_a_setting_that_names_no_knob_is_refused(bad):
     with pytest.raises(SystemExit, match="not name=value with a knob"):
         ab.parse_setting(bad)
@@ -32,7 +32,7 @@ def test_a_setting_that_names_no_knob_is_refused(bad):
 def test_a_bad_value_is_the_knobs_own_error():
     from qmoe_rtc.errors import KnobError
 
-    with pytest.raises(KnobError, match="QMOE_RTC_MMA_TARGET_WARPS"):
+    with pytest.raises(KnobError, match=r"QMOE_RTC_TUNE\[mma_target_warps\]"):
         ab.parse_setting("mma_target_warps=-1")
 
 

@@ -168,7 +168,7 @@ def test_wgmma_probe_compiles_its_heaviest_variant():
 
 
 def test_split_compile_knob_options_key_and_machine_code(cache):
-    """QMOE_RTC_SPLIT_COMPILE: its options reach the key; 'all' is the default; 'ptxas' leaves every
+    """Tuning knob split_compile: its options reach the key; 'all' is the default; 'ptxas' leaves every
     kernel's machine code as 'off' has it (ptxas only compiles the kernels side by side); a value it cannot
     take is refused by name."""
     from qmoe_rtc import knobs
@@ -189,7 +189,7 @@ def test_split_compile_knob_options_key_and_machine_code(cache):
     assert text_sections(split.cubin) == text_sections(plain.cubin) != {}
     assert compiler.base_options("sm_90")[4:7] == ("-Xptxas", "--split-compile=0", "--split-compile=0")
     assert get_cubin(unit, "sm_90").key not in (plain.key, split.key)
-    with pytest.raises(KnobError, match="QMOE_RTC_SPLIT_COMPILE"), knobs.scope(split_compile="yes"):
+    with pytest.raises(KnobError, match=r"QMOE_RTC_TUNE\[split_compile\]"), knobs.scope(split_compile="yes"):
         compiler.base_options("sm_90")
 
 

@@ -84,7 +84,7 @@ EXECUTOR_FAMILIES = tuple(EXPECTED_KERNELS)
 WS_KERNELS = {"group", "combine"} | {f"{r}_br{n}" for r in ("permute", "fc1", "fc2") for n in (64, 128, 256)}
 
 
-#: the decode module's x-ring pair (layers of 3 bits or more, QMOE_RTC_MMA_X_RING on)
+#: the decode module's x-ring pair (layers of 3 bits or more, tuning knob mma_x_ring on)
 X_RING_KERNELS = {"fc1_br8_xr", "fc2_br8_xr"}
 
 
@@ -318,7 +318,7 @@ def test_wgmma_ws_stage_bytes_match_the_device_struct(mw, tiled_meta):
 
 
 def test_expert_flow_decode_module_compiles(cache):
-    """QMOE_RTC_MMA_EXPERT_FLOW's decode module (per-expert FC1 counters, FC2 waiting on them) compiles
+    """The tuning knob mma_expert_flow's decode module (per-expert FC1 counters, FC2 waiting on them) compiles
     for sm_90 (where launches overlap) and sm_80 (where they do not: the counters are then full when FC2
     starts), with every kernel."""
     from qmoe_rtc import knobs
@@ -336,7 +336,7 @@ def test_cubins_are_reproducible():
     """The same unit compiled twice (no cache) gives the same cubin bytes, a tensor-core module and the
     routing one: what lets a refactor of the device code be checked on the CPU (byte-identical cubins).
     Namespace-scope constants with internal linkage broke this (test_code_health.py). Byte identity holds
-    with ptxas alone splitting the work (``QMOE_RTC_SPLIT_COMPILE=ptxas``: compare refactors with it); with
+    with ptxas alone splitting the work (tuning knob ``split_compile=ptxas``: compare refactors with it); with
     the default 'all' the NVVM partitions may order the symbols and global data differently from one
     compile to the next, and each kernel's machine code (its .text section) is still the same."""
     from cubin_sections import text_sections

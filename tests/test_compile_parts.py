@@ -177,7 +177,7 @@ def test_each_kernel_has_the_machine_code_of_the_whole_module(cache):
     code; a GEMM alone in its program gets the code of the unsplit compile again, but for FC1 of interleaved
     gate / linear tile rows at 32 routes (SMALL's swiglu_fusion=2 codes are tiled so) and FC1's pair form at 128
     routes, whose code NVVM's split changes even alone: another schedule (docs/runtime-compilation.md,
-    QMOE_RTC_COMPILE_PARTS)."""
+    tuning knob compile_parts)."""
     unit = spec_unit(get_family("wgmma_prefill").spec(SMALL))
     assert len(unit.pieces()) >= 3
     solo = [p[0] for p in unit.parts if len(p) == 1]

@@ -60,7 +60,7 @@ def test_one_wave_rule_counts_the_route_tiles_resident_blocks():
 
 
 def test_one_wave_rule_counts_the_blocks_the_kernels_are_built_for():
-    """With QMOE_RTC_MMA_MIN_BLOCKS the 8-route kernels are built for more blocks per SM; the split rule
+    """With the tuning knob mma_min_blocks the 8-route kernels are built for more blocks per SM; the split rule
     counts those (qwen3-30b FC1 at 1 token: 768 blocks fit 132 x 6 at once, so split 4 stays)."""
     assert k_split(96, 8, 2048, 8, per_sm=5) == k_split(96, 8, 2048, 8) == 2
     assert k_split(96, 8, 2048, 8, per_sm=6) == 4
@@ -83,7 +83,7 @@ def test_min_blocks_knob_reaches_the_spec_and_the_geometry():
         six = fam.spec(cfg)
     assert min_blocks(six, 8) == 6 and min_blocks(six, 16) == MIN_BLOCKS[16]
     assert fam.geometry(six, "fc1", p)[0] == 4
-    with pytest.raises(KnobError, match="QMOE_RTC_MMA_MIN_BLOCKS"), knobs.scope(mma_min_blocks=9):
+    with pytest.raises(KnobError, match=r"QMOE_RTC_TUNE\[mma_min_blocks\]"), knobs.scope(mma_min_blocks=9):
         fam.spec(cfg)
 
 

@@ -1,4 +1,4 @@
-"""The decode engine with and without the expert flow (QMOE_RTC_MMA_EXPERT_FLOW, on by default: FC2's
+"""The decode engine with and without the expert flow (tuning knob mma_expert_flow, on by default: FC2's
 blocks of an expert wait for that expert's FC1 blocks, counted in scratch, instead of the whole FC1
 grid; off: the whole-grid wait) vs the float64 reference on the GPU: poisoned outputs, every row count
 of the decode path, the counters back at zero after every call (a count left over would let the next

@@ -43,7 +43,7 @@ LAYERS = [
 ]
 DECODE_ROWS = (1, 2, 8)
 PREFILL_ROWS = (64, 512, 4096)
-# engine -> (QMoE decode_max_routes, QMOE_RTC_PREFILL_ENGINE, rows)
+# engine -> (QMoE decode_max_routes, tuning knob prefill_engine, rows)
 ENGINES = {
     "decode-mma": (512, "auto", DECODE_ROWS),
     "prefill-mma": (0, "mma", PREFILL_ROWS),

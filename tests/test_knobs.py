@@ -1,12 +1,14 @@
-"""Every QMOE_RTC_* knob refuses a value it does not accept when it is read (CPU): a typed
-:class:`~qmoe_rtc.errors.KnobError` (a ``QMoEInputError``) whose one-line message names the variable,
-the values it accepts and the value given; every default and every accepted value is taken, from the
-environment and from ``knobs.scope``; the knobs' accepted sets agree with what their consumers accept;
-the command line refuses a bad knob in one line before any work."""
+"""Every knob refuses a value it does not accept when it is read (CPU): a typed
+:class:`~qmoe_rtc.errors.KnobError` (a ``QMoEInputError``) whose one-line message names where it was set (its
+``QMOE_RTC_*`` variable, or ``QMOE_RTC_TUNE[name]``), the values it accepts and the value given; every default and
+every accepted value is taken, from the environment and from ``knobs.scope``; a malformed ``QMOE_RTC_TUNE`` and a
+retired variable are refused, naming what to write instead; the knobs' accepted sets agree with what their
+consumers accept; the command line refuses a bad knob in one line before any work."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -38,6 +40,21 @@ def _env_text(knob, value) -> str:
     return ("1" if value else "0") if knob.kind == "bool" else str(value)
 
 
+def _setenv(monkeypatch, knob, raw: str) -> None:
+    """Set ``knob`` to the text ``raw`` where a user would: its variable, or its item of QMOE_RTC_TUNE."""
+    if knob.tuning:
+        monkeypatch.setenv(knobs.TUNE_ENV, f"{knob.name}={raw}")
+    else:
+        monkeypatch.setenv(knob.var, raw)
+
+
+def test_ten_operational_variables_and_one_for_tuning():
+    """The environment a user reads about: ten operational variables, every other knob in QMOE_RTC_TUNE."""
+    public = sorted(k.var for k in KNOBS.values() if not k.tuning)
+    assert len(public) == 10 and all(v.startswith("QMOE_RTC_") for v in public), public
+    assert knobs.TUNE_ENV not in public and all(k.env == f"QMOE_RTC_TUNE[{k.name}]" for k in KNOBS.values() if k.tuning)
+
+
 def test_every_int_and_str_knob_but_the_counts_declares_its_values():
     counts = {"jobs", "mma_target_warps", "mma_prefetch_chunks", "prefill_group"}  # any count >= 0
     assert {k.name for k in KNOBS.values() if k.kind in ("int", "str") and k.allowed is None} == counts
@@ -49,7 +66,7 @@ def test_every_int_and_str_knob_but_the_counts_declares_its_values():
 @pytest.mark.parametrize("knob", CHECKED, ids=lambda k: k.env)
 def test_a_bad_value_in_the_environment_is_refused_naming_the_variable(monkeypatch, knob):
     for raw in _bad_values(knob):
-        monkeypatch.setenv(knob.env, raw)
+        _setenv(monkeypatch, knob, raw)
         with pytest.raises(KnobError) as info:
             knobs.get(knob.name)
         e = info.value
@@ -63,30 +80,30 @@ def test_a_bad_value_in_the_environment_is_refused_naming_the_variable(monkeypat
 @pytest.mark.parametrize("knob", CHECKED, ids=lambda k: k.env)
 def test_a_bad_override_is_refused_when_the_scope_opens(knob):
     bad = {"bool": 3, "int": -1, "str": "fast"}[knob.kind]
-    with pytest.raises(KnobError, match=knob.env if knob.kind != "bool" else knob.name):
+    with pytest.raises(KnobError, match=re.escape(knob.env if knob.kind != "bool" else knob.name)):
         with knobs.scope(**{knob.name: bad}):
             pass
     if knob.allowed is not None and knob.kind == "int":
-        with pytest.raises(KnobError, match=knob.env):
+        with pytest.raises(KnobError, match=re.escape(knob.env)):
             with knobs.scope(**{knob.name: max(knob.allowed) + 1}):
                 pass
 
 
 @pytest.mark.parametrize("knob", list(KNOBS.values()), ids=lambda k: k.env)
 def test_the_default_and_every_accepted_value_are_taken(monkeypatch, tmp_path, knob):
-    monkeypatch.delenv(knob.env, raising=False)
+    monkeypatch.delenv(knob.var or knobs.TUNE_ENV, raising=False)
     assert knobs.get(knob.name) == knob.default
     if knob.kind == "path":
-        monkeypatch.setenv(knob.env, str(tmp_path))
+        monkeypatch.setenv(knob.var, str(tmp_path))
         assert knobs.get(knob.name) == tmp_path
         return
     values = {"bool": (False, True), "int": (0, 1, 64)}.get(knob.kind, ()) if knob.allowed is None else knob.allowed
     for v in {knob.default, *values}:
-        monkeypatch.setenv(knob.env, _env_text(knob, v))
+        _setenv(monkeypatch, knob, _env_text(knob, v))
         assert knobs.get(knob.name) == v
         with knobs.scope(**{knob.name: v}):
             assert knobs.get(knob.name) == v
-    monkeypatch.setenv(knob.env, _env_text(knob, knob.default))
+    _setenv(monkeypatch, knob, _env_text(knob, knob.default))
     assert knobs.snapshot()[knob.name] == knob.default
 
 
@@ -136,28 +153,72 @@ def test_a_value_the_engine_cannot_use_is_refused_by_the_engine_naming_the_varia
     tiles for contract-layout codes."""
     from qmoe_rtc.kernels import mma_batched, mma_prefill
 
-    with knobs.scope(prefill_route_tile=128), pytest.raises(KnobError, match="QMOE_RTC_PREFILL_ROUTE_TILE.*128"):
+    with knobs.scope(prefill_route_tile=128), pytest.raises(KnobError, match=r"QMOE_RTC_TUNE\[prefill_route_tile\].*128"):
         mma_prefill.tile_routes(4096, 8)
-    with knobs.scope(batched_row_tiles=2), pytest.raises(KnobError, match="QMOE_RTC_BATCHED_ROW_TILES"):
+    with knobs.scope(batched_row_tiles=2), pytest.raises(KnobError, match=re.escape("QMOE_RTC_TUNE[batched_row_tiles]")):
         mma_batched.row_tiles(False, 128)
     with knobs.scope(batched_row_tiles=2):
         assert mma_batched.row_tiles(True, 128) == 2
 
 
-@pytest.mark.parametrize("var, value", [("QMOE_RTC_PREFILL_ENGINE", "fast"), ("QMOE_RTC_PREFILL_STAGES", "9"),
-                                        ("QMOE_RTC_PREPACK", "given")])
-def test_the_command_line_refuses_a_bad_knob_in_one_line(tmp_path, var, value):
+@pytest.mark.parametrize("var, value, knob", [("QMOE_RTC_TUNE", "prefill_engine=fast", "prefill_engine"),
+                                              ("QMOE_RTC_TUNE", "prefill_stages=9", "prefill_stages"),
+                                              ("QMOE_RTC_PREPACK", "given", "prepack")])
+def test_the_command_line_refuses_a_bad_knob_in_one_line(tmp_path, var, value, knob):
     env = {k: v for k, v in os.environ.items() if not k.startswith("QMOE_RTC_")}
     env.update(PYTHONPATH=str(REPO), QMOE_RTC_CACHE_DIR=str(tmp_path), **{var: value})
     r = subprocess.run([sys.executable, "-m", "qmoe_rtc", "demo", "--tokens", "1"], capture_output=True, text=True,
                        env=env, timeout=120, cwd=REPO)
     lines = r.stderr.strip().splitlines()
+    where, given = KNOBS[knob].env, value.rpartition("=")[2] if var == knobs.TUNE_ENV else value
     assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
-    assert var in lines[0] and repr(value) in lines[0] and KNOBS_BY_ENV[var].accepts() in lines[0], lines[0]
+    assert where in lines[0] and repr(given) in lines[0] and KNOBS[knob].accepts() in lines[0], lines[0]
     assert r.stdout == ""  # refused before any work
     info = subprocess.run([sys.executable, "-m", "qmoe_rtc", "info"], capture_output=True, text=True, env=env,
                           timeout=120, cwd=REPO)
-    assert info.returncode == 0 and f"BAD: knob '{var}'" in info.stdout  # the diagnostic says so, and runs
+    assert info.returncode == 0 and f"BAD: knob '{where}'" in info.stdout  # the diagnostic says so, and runs
 
 
-KNOBS_BY_ENV = {k.env: k for k in KNOBS.values()}
+@pytest.mark.parametrize("text, expected", [
+    ("prefill_stages", "name=value pairs"),                # no value
+    ("prefill_stagez=4", "name=value pairs"),              # not a knob
+    ("pdl=0", "its own variable QMOE_RTC_PDL"),            # an operational knob
+    ("mma_stages=4,mma_stages=5", "each name once"),
+])
+def test_a_malformed_tune_variable_is_refused_naming_the_item(monkeypatch, text, expected):
+    monkeypatch.setenv(knobs.TUNE_ENV, text)
+    with pytest.raises(KnobError) as info:
+        knobs.get("mma_stages")
+    e = info.value
+    assert e.name == knobs.TUNE_ENV and expected in e.expected and repr(text.split(",")[-1]) == e.actual, str(e)
+    if "pairs" in expected:
+        assert "prefill_stages" in e.expected and "pdl" not in e.expected  # the tuning knobs' names, listed
+
+
+def test_tune_items_are_read_with_blanks_around_names_and_empty_items_skipped(monkeypatch):
+    monkeypatch.setenv(knobs.TUNE_ENV, " mma_stages=4 ,, prefill_engine=wgmma,")
+    assert knobs.get("mma_stages") == 4 and knobs.get("prefill_engine") == "wgmma" and knobs.get("prefill_group") == 0
+    tuned = {k: v for k, v in knobs.given().items() if k.startswith("QMOE_RTC_TUNE")}
+    assert tuned == {"QMOE_RTC_TUNE[mma_stages]": "4 ", "QMOE_RTC_TUNE[prefill_engine]": "wgmma"}
+
+
+@pytest.mark.parametrize("var", ["QMOE_RTC_MMA_STAGES", "QMOE_RTC_PREFILL_ENGINE", "QMOE_RTC_MMA_ROLL_COPIES"])
+def test_a_retired_variable_is_refused_naming_what_replaces_it(monkeypatch, var):
+    """The per-knob tuning variables and removed knobs are not silently ignored: reading any knob refuses them."""
+    monkeypatch.setenv(var, "1")
+    with pytest.raises(KnobError) as info:
+        knobs.get("pdl")
+    e = info.value
+    assert e.name == var and e.actual == "'1'" and knobs.RETIRED[var] in e.expected, str(e)
+    if var != "QMOE_RTC_MMA_ROLL_COPIES":
+        assert f"QMOE_RTC_TUNE={var[len('QMOE_RTC_'):].lower()}=" in e.expected
+    with knobs.scope(pdl=False):  # an override is the caller's word: no environment read
+        assert knobs.get("pdl") is False
+
+
+def test_bench_ab_settings_take_knob_names_and_operational_variables():
+    from qmoe_rtc.bench.ab import parse_setting
+
+    assert parse_setting("mma_stages=4,QMOE_RTC_PDL=0") == {"mma_stages": 4, "pdl": False}
+    with pytest.raises(SystemExit, match="QMOE_RTC_MMA_STAGES"):
+        parse_setting("QMOE_RTC_MMA_STAGES=4")

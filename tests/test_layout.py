@@ -181,8 +181,7 @@ def test_stage_knobs_change_the_spec_and_the_unit_key(family, knob, field):
     assert cache_key(four, "sm_90") != cache_key(default, "sm_90")
 
 
-@pytest.mark.parametrize("knob, field, default_value", [("mma_roll_copies", "roll_copies", False),
-                                                        ("mma_expert_flow", "expert_flow", True)])
+@pytest.mark.parametrize("knob, field, default_value", [("mma_expert_flow", "expert_flow", True)])
 def test_decode_bool_knobs_change_the_spec_and_the_unit_key(knob, field, default_value):
     fam = get_family("mma_decode")
     default = fam.spec(config(BASE))

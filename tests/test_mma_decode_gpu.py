@@ -139,7 +139,7 @@ X_RING_LAYERS = [LAYERS[0], LAYERS[1], LAYERS[3], TENSOR_CORE_3BIT[0]]
 @pytest.mark.parametrize("name, kw, E, H, I", X_RING_LAYERS, ids=[c[0] for c in X_RING_LAYERS])
 def test_x_ring_gives_the_bits_of_global_loads(rng, monkeypatch, name, kw, E, H, I, prepack):
     """Activations staged in the x rings (engines/x_ring.cuh; the ``_xr`` kernels, up to 4 tokens) give the same
-    bits as the kernels that load them from global memory as they compute (QMOE_RTC_MMA_X_RING=0), and the
+    bits as the kernels that load them from global memory as they compute (QMOE_RTC_TUNE=mma_x_ring=0), and the
     reference, at 1-4 tokens with up to 4 routes an expert (5 and 8 tokens: the plain kernels either way), in the
     tiled and the contract layout; outputs NaN-poisoned."""
     import cupy as cp
@@ -162,7 +162,7 @@ def test_x_ring_gives_the_bits_of_global_loads(rng, monkeypatch, name, kw, E, H,
         return moe, outs
 
     staged, got = outputs()
-    monkeypatch.setenv("QMOE_RTC_MMA_X_RING", "0")
+    monkeypatch.setenv("QMOE_RTC_TUNE", "mma_x_ring=0")
     plain, want = outputs()
     for moe, on in ((staged, True), (plain, False)):  # the kernels each ran: with and without the x rings
         for x, _ in inputs:

@@ -214,7 +214,7 @@ def test_wgmma_fc2_split_k_halves(rng, bias):
 
 @pytest.mark.parametrize("rows, E", [(200, 32), (400, 32), (2100, 8)])
 def test_wgmma_tail_tile_widths(rng, rows, E):
-    """QMOE_RTC_PREFILL_WG_SHRINK 1 (tail tiles' MMAs at half or the whole tile), 2 (also a quarter, at least
+    """Tuning knob prefill_wg_shrink 1 (tail tiles' MMAs at half or the whole tile), 2 (also a quarter, at least
     32 routes) and 3 (down to 16 routes at 2 warpgroups a block): each meets the reference with every element
     written, replay equals eager bitwise, and all give the same output (a route's sums do not depend on the
     width of the MMA that computes them). 200 / 400 rows on 32 experts: 32- / 64-route tiles on 2 warpgroups,
@@ -310,7 +310,7 @@ PAIRS = [(2100, 8, 2176, dict(bits=4, block_size=128, activation_type="swiglu", 
 
 @pytest.mark.parametrize("rows, E, I, kw", PAIRS, ids=[f"{r}-{e}-{i}" for r, e, i, _ in PAIRS])
 def test_wgmma_pairs_agree_with_single_blocks(rng, rows, E, I, kw):  # noqa: E741
-    """128-route tiles as pairs of blocks in a cluster (QMOE_RTC_PREFILL_WG_PAIRS=on: the route tile copied once
+    """128-route tiles as pairs of blocks in a cluster (tuning knob prefill_wg_pairs=on: the route tile copied once
     for both from a route-tile image, FC1 writing one) and as single blocks: each meets the reference with every
     element written, replay equals eager bitwise, and both give the same output (the same MMAs in the same
     order; FC2 unsplit in both)."""

@@ -207,7 +207,7 @@ def test_wgmma_fc2_k_split_launch():
     short = ModelConfig(hidden=4096, inter=128, experts=8, k=2, layout=CONFIGS[0].layout)  # one chunk of K
     with knobs.scope(prefill_fc2_split="on"):
         assert dict(fam.launch(fam.spec(short), "fc2", _problem(short, 512)).args)["KS"] == 1
-    with pytest.raises(KnobError, match="QMOE_RTC_PREFILL_FC2_SPLIT"), knobs.scope(prefill_fc2_split="maybe"):
+    with pytest.raises(KnobError, match=r"QMOE_RTC_TUNE\[prefill_fc2_split\]"), knobs.scope(prefill_fc2_split="maybe"):
         fc2(512)
 
 
@@ -261,7 +261,7 @@ def test_wgmma_pairs_by_call():
         assert kernels(gpt_oss, 512)[1] == "fc1_br32"  # no pair form of 32-route tiles
     with knobs.scope(prefill_wg_groups=2):  # 128-route tiles on 2 warpgroups: no pair forms
         assert not pair_kernels(fam.spec(mixtral)) and "_pair" not in kernels(mixtral, 4096)[1]
-    with pytest.raises(KnobError, match="QMOE_RTC_PREFILL_WG_PAIRS"), knobs.scope(prefill_wg_pairs="maybe"):
+    with pytest.raises(KnobError, match=r"QMOE_RTC_TUNE\[prefill_wg_pairs\]"), knobs.scope(prefill_wg_pairs="maybe"):
         kernels(mixtral, 4096)
 
 

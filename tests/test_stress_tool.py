@@ -61,7 +61,7 @@ def test_issue23_layout_is_there_and_valid():
 
 @pytest.mark.parametrize("case", stress.cases(), ids=lambda c: f"{c[0][0]}-{c[1]}")
 def test_each_case_runs_the_engine_it_names(case):
-    """What the worker forces (decode_max_routes, QMOE_RTC_PREFILL_ENGINE) picks the named pipeline at
+    """What the worker forces (decode_max_routes, tuning knob prefill_engine) picks the named pipeline at
     every row count it draws, on an sm_90a device."""
     (name, kw, E, H, I, dtype), engine = case
     kw = dict(kw)

@@ -81,7 +81,7 @@ fi
 if has ab; then  # both prefill engines forced, same shapes: the crossover between them (and decode)
   for eng in mma wgmma; do
     stamp "ab $eng"
-    QMOE_RTC_PREFILL_ENGINE=$eng timeout "${AB_TIMEOUT:-150}" python3 -m qmoe_rtc bench run --preset "${AB_PRESETS:-all}" \
+    QMOE_RTC_TUNE=prefill_engine=$eng timeout "${AB_TIMEOUT:-150}" python3 -m qmoe_rtc bench run --preset "${AB_PRESETS:-all}" \
       --dtype bfloat16 --tokens "${AB_TOKENS:-16,32,64,128,256}" --iters 50 --no-torch --no-eager --check-rows 8 \
       --decode-max-routes 0 --json "$OUT/ab_$eng.json" 2>&1 | tee "$OUT/ab_$eng.txt" | grep -E "^(qwen3|mixtral|gpt|ort)"
   done

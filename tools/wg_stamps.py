@@ -1,6 +1,6 @@
 """Where the one-block-per-tile wgmma prefill kernels spend a block's time (core/stamps.cuh), on the GPU.
 
-Builds a bench shape's random int layer, compiles the engine with ``QMOE_RTC_PREFILL_WG_STAMPS=1``, runs
+Builds a bench shape's random int layer, compiles the engine with the tuning knob ``prefill_wg_stamps`` on, runs
 one call to warm up and one measured call, and prints per kernel (FC1, FC2): blocks, chunks per tile, and
 thread 0's cycles split into prologue (entry to main loop), main loop per chunk (waiting for copies and
 the chunk barrier / the rest) and epilogue, then the kernel's span and how full the SMs were (the sum of
@@ -13,7 +13,6 @@ with a build without them, not with this one.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import numpy as np
@@ -64,8 +63,6 @@ def main(argv=None) -> int:
     p.add_argument("--bits", type=int, default=4)
     p.add_argument("--knob", action="append", default=[], help="NAME=VALUE (a qmoe_rtc knob, e.g. prefill_group=4)")
     args = p.parse_args(argv)
-    os.environ["QMOE_RTC_PREFILL_WG_STAMPS"] = "1"
-    os.environ.setdefault("QMOE_RTC_PREFILL_ENGINE", "wgmma")
     import cupy as cp
 
     from qmoe_rtc import knobs
@@ -74,7 +71,7 @@ def main(argv=None) -> int:
     from qmoe_rtc.executor import QMoE
     from qmoe_rtc.extensions import EXT_INPUTS
 
-    over = {}
+    over = {"prefill_wg_stamps": True, "prefill_engine": "wgmma"}  # --knob prefill_engine=... for another engine
     for kv in args.knob:
         k, _, v = kv.partition("=")
         over[k] = knobs.KNOBS[k].parse(v)

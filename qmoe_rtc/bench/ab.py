@@ -5,7 +5,7 @@ A separate bench process per setting sees ~3 % between runs of the same code; th
 smaller than that.
 
     python -m qmoe_rtc bench ab --preset mixtral-8x7b,gpt-oss-120b --tokens 1,8 \
-        mma_expert_flow=0 mma_expert_flow=1 QMOE_RTC_MMA_TARGET_WARPS=6336
+        mma_expert_flow=0 mma_expert_flow=1 mma_target_warps=6336
     python -m qmoe_rtc bench ab --preset mixtral-8x7b --tokens 4096 --grid decode_max_routes=0 \
         --grid prefill_wg_stages=3,4 --grid prefill_route_tile=128,256
     python -m qmoe_rtc bench ab --preset mixtral-8x7b --tokens 4096 --codes uniform --swiglu-fusion 2 base
@@ -14,7 +14,7 @@ The layer is the benchmark's (``bench``: Gaussian weights quantized, FC1 interle
 --swiglu-fusion 2`` builds it as the peers' benchmark does, which matters where the GPU runs at its power
 limit (mixtral-8x7b at 4096 tokens).
 
-A setting is ``name=value[,name=value]`` with knob names or their environment variables (or
+A setting is ``name=value[,name=value]`` with knob names (an operational knob's variable too) (or
 ``decode_max_routes``, a QMoE() argument); ``base`` is the built-in defaults. ``--grid name=v1,v2``
 (repeatable) adds one setting per combination of the grids' values (a sweep; ``decode_max_routes=0``
 in a grid keeps every setting on the prefill path). Prints per point and setting the engine, the
@@ -39,13 +39,13 @@ LAYER_ARGS = {"decode_max_routes": int}
 
 
 def parse_setting(text: str) -> dict:
-    """``name=value[,name=value]`` (knob names or environment variables, or :data:`LAYER_ARGS`) → overrides;
+    """``name=value[,name=value]`` (knob names, an operational knob's variable, or :data:`LAYER_ARGS`) → overrides;
     ``base`` → {}."""
     from .. import knobs
 
     if text == "base":
         return {}
-    by_env = {k.env: k.name for k in knobs.KNOBS.values()}
+    by_env = {k.var: k.name for k in knobs.KNOBS.values() if k.var}
     out = {}
     for item in text.split(","):
         name, sep, value = item.partition("=")

@@ -180,7 +180,7 @@ def cuda_include_dir() -> Path:
     raise CompileError("<setup>", "CUDA headers (cuda_fp16.h) not found; tried: " + ", ".join(tried))
 
 
-#: QMOE_RTC_SPLIT_COMPILE -> the NVRTC options it adds (0: as many threads as the machine has)
+#: Tuning knob split_compile -> the NVRTC options it adds (0: as many threads as the machine has)
 SPLIT_COMPILE_OPTIONS = {"off": (), "ptxas": ("-Xptxas", "--split-compile=0"),
                          "all": ("-Xptxas", "--split-compile=0", "--split-compile=0")}
 
@@ -192,7 +192,7 @@ def base_options(arch: str, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
         opts.append("-lineinfo")
     split = knobs.get("split_compile")
     if split not in SPLIT_COMPILE_OPTIONS:
-        raise KnobError("QMOE_RTC_SPLIT_COMPILE", f"one of {sorted(SPLIT_COMPILE_OPTIONS)}", repr(split))
+        raise KnobError(knobs.label("split_compile"), f"one of {sorted(SPLIT_COMPILE_OPTIONS)}", repr(split))
     opts += SPLIT_COMPILE_OPTIONS[split]
     opts += list(extra)
     opts += [f"-I{cuda_src_dir()}", f"-I{cuda_include_dir()}"]

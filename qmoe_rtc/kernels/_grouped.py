@@ -96,9 +96,9 @@ def tiled_launch(problem: Problem, route_tile: int, nt: int, threads: int, smem:
     return Launch((tile_slots(problem, route_tile) * nt, 1, 1), (threads, 1, 1), smem, (("NT", nt), ("G", group), *extra))
 
 
-def tuning_knob(name: str, env: str, default: int, allowed) -> int:
+def tuning_knob(name: str, default: int, allowed) -> int:
     """A tuning knob's value (0 or unset: ``default``), refused when not in ``allowed``."""
     n = knobs.get(name) or default
     if n not in allowed:
-        raise KnobError(env, f"one of {list(allowed)}", str(n))
+        raise KnobError(knobs.label(name), f"one of {list(allowed)}", str(n))
     return n

@@ -179,7 +179,7 @@ class KernelFamily:
         """The kernel keys of each NVRTC program the module is built from (:attr:`solo`: each such kernel
         alone, then the others together; () when that makes one program, or with knob ``compile_parts``
         0). Only the grouping changes: NVRTC instantiates the kernels a program names, ptxas compiles each
-        kernel alone (NVVM's split, ``QMOE_RTC_SPLIT_COMPILE=all``, partitions a program's kernels: a kernel
+        kernel alone (NVVM's split, tuning knob ``split_compile`` ``all``, partitions a program's kernels: a kernel
         alone gets the unsplit code)."""
         if not self.solo or not knobs.get("compile_parts"):
             return ()

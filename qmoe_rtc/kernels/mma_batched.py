@@ -82,7 +82,7 @@ def tile_routes(problem: Problem) -> int:
     average 2 to 64 routes per expert: the rule picks the fastest BR at all 18 points but one (ort-2048
     at 16 per expert: BR 32 81.3 µs, BR 16 76.4); BR sized to the average itself (the first rule) lost
     17-21 % at 8 and 16 per expert, where skewed experts took a second pass."""
-    forced = tuning_knob("batched_route_tile", "QMOE_RTC_BATCHED_ROUTE_TILE", 0, (0, *TILE_ROUTES))
+    forced = tuning_knob("batched_route_tile", 0, (0, *TILE_ROUTES))
     if forced:
         return forced
     avg = per_expert(problem)
@@ -98,9 +98,9 @@ def row_tiles(tiled: bool, block_size: int) -> int:
     mixtral-8x7b 8 / 32 / 64 tokens −2 / −12 / −18 %, qwen3-30b-a3b −1 / −4 / −5 %, ort-2048 −4 / +4 /
     −8 %; gpt-oss-120b (blocks of 32) +8 / +5 / +3 %. Knob ``batched_row_tiles`` forces 1 or 2 (2 only
     on tiled codes)."""
-    forced = tuning_knob("batched_row_tiles", "QMOE_RTC_BATCHED_ROW_TILES", 0, (0, 1, 2))
+    forced = tuning_knob("batched_row_tiles", 0, (0, 1, 2))
     if forced == 2 and not tiled:
-        raise KnobError("QMOE_RTC_BATCHED_ROW_TILES", "1 for a layer in the contract layout (2 reads tiled "
+        raise KnobError(knobs.label("batched_row_tiles"), "1 for a layer in the contract layout (2 reads tiled "
                                  "codes: QMoE(prepack='on'))", "2")
     return forced or (2 if tiled and (block_size == 0 or block_size >= 128) else 1)
 
@@ -138,9 +138,8 @@ class MmaBatchedFamily(KernelFamily):
         tiled = tiled_spec(config)
         rt = row_tiles(bool(tiled), getattr(config, "layout", config).block_size)
         return expert_spec(self.name, config, stages=_stages(), row_tiles=rt,
-                           min_blocks=tuning_knob("mma_min_blocks", "QMOE_RTC_MMA_MIN_BLOCKS", MIN_BLOCKS[8],
-                                                  MIN_BLOCKS_ALLOWED),
-                           roll_copies=bool(knobs.get("mma_roll_copies")), **tiled)
+                           min_blocks=tuning_knob("mma_min_blocks", MIN_BLOCKS[8],
+                                                  MIN_BLOCKS_ALLOWED), **tiled)
 
     def specs(self, config) -> list[ModuleSpec]:
         return [] if self.supports(config) else [self.spec(config)]
@@ -153,7 +152,7 @@ class MmaBatchedFamily(KernelFamily):
             return why
         forced = knobs.get("prefill_engine")
         if problem is not None and problem.rows and forced in ("mma", "wgmma"):
-            return f"QMOE_RTC_PREFILL_ENGINE={forced}"
+            return f"QMOE_RTC_TUNE=prefill_engine={forced}"
         if problem is not None:
             spec = self.spec(config)
             return smem_refusal(spec, problem.smem_limit, 0, spec["row_tiles"])
@@ -170,7 +169,7 @@ class MmaBatchedFamily(KernelFamily):
 
     def defines(self, spec: ModuleSpec) -> tuple[str, ...]:
         return (f"-DQMOE_MMA_STAGES={spec['stages']}", f"-DQMOE_MMA_MIN_BLOCKS={spec['min_blocks']}",
-                f"-DQMOE_MMA_ROLL_COPIES={int(spec['roll_copies'])}", f"-DQMOE_BATCHED_RT={spec['row_tiles']}",
+                f"-DQMOE_BATCHED_RT={spec['row_tiles']}",
                 *tiled_define(spec))
 
     def kernels(self, spec: ModuleSpec) -> tuple[KernelDef, ...]:

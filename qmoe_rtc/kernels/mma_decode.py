@@ -45,7 +45,7 @@ TILE_ROUTES = (8, 16, 32)  # BR: routes served per pass over an expert's weights
 TARGET_WARPS_PER_SM = 24  # the K split aims for enough warps for every SM to keep ~24 in flight
 STAGES = 3  # kMmaStages: cp.async ring depth per warp
 MIN_BLOCKS = {8: 5, 16: 4, 32: 3}  # mma_min_blocks<BR>: resident blocks per SM the registers are set for
-MIN_BLOCKS_ALLOWED = (4, 5, 6, 7, 8)  # QMOE_RTC_MMA_MIN_BLOCKS (BR 8 only: up to 8 tokens)
+MIN_BLOCKS_ALLOWED = (4, 5, 6, 7, 8)  # tuning knob mma_min_blocks (BR 8 only: up to 8 tokens)
 ONE_WAVE_CHUNKS = 8  # most 128-code chunks per warp the one-wave rule of k_split accepts
 DEEP_CHUNKS = 16  # fewest 128-code chunks per warp the deep-K rule of k_split leaves
 PREFETCH_CHUNKS = 4  # chunks of its two rows a warp warms L2 with before the route scan (kernel scalar PF)
@@ -57,7 +57,7 @@ X_RING_BLOCKS = 4  # kMmaXRingBlocks: resident blocks per SM the x-ring kernels'
 def _stages() -> int:
     n = knobs.get("mma_stages") or STAGES
     if not 2 <= n <= 8:
-        raise KnobError("QMOE_RTC_MMA_STAGES", "2..8", str(n))
+        raise KnobError(knobs.label("mma_stages"), "2..8", str(n))
     return n
 
 
@@ -80,7 +80,7 @@ def decode_smem_bytes(ring: int, routes: int, x_rings: int = 0) -> int:
 
 
 def x_ring(config) -> bool:
-    """Whether the layer's decode module stages activations in x rings (``QMOE_RTC_MMA_X_RING``, on by default):
+    """Whether the layer's decode module stages activations in x rings (tuning knob ``mma_x_ring``, on by default):
     codes of 3 bits or more, whose stages hold at most two chunks (1- / 2-bit stages hold eight / four, whose x
     rings would take 4 / 2 times the shared memory: 192 KiB a block at 8 tokens for 1-bit codes)."""
     lay = getattr(config, "layout", config)
@@ -91,7 +91,7 @@ def x_staged(spec: ModuleSpec, rows: int) -> int:
     """XS, the route lanes of an 8-route pass whose activations the decode kernels stage in shared memory with
     the weights (the ``_xr`` kernels, engines/x_ring.cuh), for a call of ``rows`` tokens: ``rows`` (an expert has
     at most one route a token) up to :data:`X_RING_TOKENS` tokens where the module has them
-    (``QMOE_RTC_MMA_X_RING``, on by default), else 0 (the kernels that load them from global memory).
+    (tuning knob ``mma_x_ring``, on by default), else 0 (the kernels that load them from global memory).
     Measured on the H100 in one process, graph replay, each setting in turns (docs/performance-log.md, session
     36): at 1-4 tokens the x rings took 3-9 % off mixtral-8x7b, qwen3-30b-a3b and ort-2048 (mixtral 1 token
     108.9 -> 101.5 us), gpt-oss-120b within 1-3 %; at 8 tokens, whose rings take 48 KiB more a block (three
@@ -129,7 +129,7 @@ def smem_refusal(spec: ModuleSpec, budget: int, routes: int = 0, row_tiles: int 
     need = max(launch_smem(spec, role, routes, row_tiles, xs) for role in ("fc1", "fc2"))
     if need <= budget:
         return None
-    return (f"a block needs {need} bytes of shared memory (rings of {spec['stages']} stages: QMOE_RTC_MMA_STAGES), more "
+    return (f"a block needs {need} bytes of shared memory (rings of {spec['stages']} stages: QMOE_RTC_TUNE=mma_stages), more "
             f"than the device's {budget} (its opt-in limit per block)")
 
 
@@ -192,9 +192,8 @@ class MmaDecodeFamily(KernelFamily):
         (tuning knobs, read here once per spec, so the module key, the launch's shared memory and the
         K split always agree)."""
         return expert_spec(self.name, config, stages=_stages(),
-                           min_blocks=tuning_knob("mma_min_blocks", "QMOE_RTC_MMA_MIN_BLOCKS", MIN_BLOCKS[8],
+                           min_blocks=tuning_knob("mma_min_blocks", MIN_BLOCKS[8],
                                                   MIN_BLOCKS_ALLOWED),
-                           roll_copies=bool(knobs.get("mma_roll_copies")),
                            expert_flow=bool(knobs.get("mma_expert_flow")), x_ring=x_ring(config), **tiled_spec(config))
 
     def specs(self, config) -> list[ModuleSpec]:
@@ -211,7 +210,6 @@ class MmaDecodeFamily(KernelFamily):
 
     def defines(self, spec: ModuleSpec) -> tuple[str, ...]:
         return (f"-DQMOE_MMA_STAGES={spec['stages']}", f"-DQMOE_MMA_MIN_BLOCKS={spec['min_blocks']}",
-                f"-DQMOE_MMA_ROLL_COPIES={int(spec['roll_copies'])}",
                 f"-DQMOE_MMA_EXPERT_FLOW={int(spec['expert_flow'])}", *tiled_define(spec))
 
     def kernels(self, spec: ModuleSpec) -> tuple[KernelDef, ...]:

@@ -56,7 +56,7 @@ MIN_BLOCKS = 2  # kPfMinBlocks: blocks per SM the register budget is set for
 def tile_routes(routes: int, E: int) -> int:
     """BR for a call: the smallest route tile (16, 32, 64 routes) that the average expert fills
     (knob ``prefill_route_tile`` forces one, for tuning)."""
-    forced = tuning_knob("prefill_route_tile", "QMOE_RTC_PREFILL_ROUTE_TILE", 0, (0, *TILE_ROUTES))
+    forced = tuning_knob("prefill_route_tile", 0, (0, *TILE_ROUTES))
     if forced:
         return forced
     per_expert = routes / max(1, min(E, routes))
@@ -98,9 +98,9 @@ class MmaPrefillFamily(KernelFamily):
         """The layout's fields plus the pipeline depth and warps per block (tuning knobs, read here once
         per spec, so the module key and the launch geometry always agree)."""
         return expert_spec(self.name, config,
-                           stages=tuning_knob("prefill_stages", "QMOE_RTC_PREFILL_STAGES", STAGES, range(2, 7)),
-                           warps=tuning_knob("prefill_warps", "QMOE_RTC_PREFILL_WARPS", WARPS, (4, 8)),
-                           min_blocks=tuning_knob("prefill_min_blocks", "QMOE_RTC_PREFILL_MIN_BLOCKS", MIN_BLOCKS,
+                           stages=tuning_knob("prefill_stages", STAGES, range(2, 7)),
+                           warps=tuning_knob("prefill_warps", WARPS, (4, 8)),
+                           min_blocks=tuning_knob("prefill_min_blocks", MIN_BLOCKS,
                                                   (1, 2, 3, 4)),
                            **tiled_spec(config))
 

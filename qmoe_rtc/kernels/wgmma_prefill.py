@@ -138,18 +138,18 @@ class WgmmaPrefillFamily(KernelFamily):
         if variant == "auto":
             variant = DEFAULT_VARIANT
         if variant not in VARIANTS:
-            raise KnobError("QMOE_RTC_PREFILL_WG_VARIANT", f"one of {['auto', *VARIANTS]}", repr(variant))
-        ws = {"variant": "ws", "mw": tuning_knob("prefill_ws_mw", "QMOE_RTC_PREFILL_WS_MW", WS_MW, (1, 2))} \
+            raise KnobError(knobs.label("prefill_wg_variant"), f"one of {['auto', *VARIANTS]}", repr(variant))
+        ws = {"variant": "ws", "mw": tuning_knob("prefill_ws_mw", WS_MW, (1, 2))} \
             if variant == "ws" else {}
         stamps = {"stamps": True} if knobs.get("prefill_wg_stamps") and not ws else {}  # diagnostics (tiles only)
         shrink = {} if ws else {
-            "shrink": tuning_knob("prefill_wg_shrink", "QMOE_RTC_PREFILL_WG_SHRINK", SHRINK, (1, 2, 3)),
-            "fc1_blocks": tuning_knob("prefill_wg_fc1_blocks", "QMOE_RTC_PREFILL_WG_FC1_BLOCKS", 0, (0, 2, 3)),
-            "ring": tuning_knob("prefill_wg_ring", "QMOE_RTC_PREFILL_WG_RING", RING, (0, 1, 2))}
-        groups = WS_CONSUMERS if ws else tuning_knob("prefill_wg_groups", "QMOE_RTC_PREFILL_WG_GROUPS", 0, (0, 2, 4))
+            "shrink": tuning_knob("prefill_wg_shrink", SHRINK, (1, 2, 3)),
+            "fc1_blocks": tuning_knob("prefill_wg_fc1_blocks", 0, (0, 2, 3)),
+            "ring": tuning_knob("prefill_wg_ring", RING, (0, 1, 2))}
+        groups = WS_CONSUMERS if ws else tuning_knob("prefill_wg_groups", 0, (0, 2, 4))
         return expert_spec(self.name, config, **({"groups": groups} if groups else {}),  # none: tile_groups
-                           stages=tuning_knob("prefill_wg_stages", "QMOE_RTC_PREFILL_WG_STAGES", MAX_STAGES, range(2, 7)),
-                           inflight=tuning_knob("prefill_wg_inflight", "QMOE_RTC_PREFILL_WG_INFLIGHT", INFLIGHT, (1, 2)),
+                           stages=tuning_knob("prefill_wg_stages", MAX_STAGES, range(2, 7)),
+                           inflight=tuning_knob("prefill_wg_inflight", INFLIGHT, (1, 2)),
                            **ws, **stamps, **shrink, **tiled_spec(config))
 
     def defines(self, spec: ModuleSpec) -> tuple[str, ...]:
@@ -163,7 +163,7 @@ class WgmmaPrefillFamily(KernelFamily):
                 *tiled_define(spec))
 
     def parts(self, spec: ModuleSpec) -> tuple[tuple[str, ...], ...]:
-        """As :attr:`solo` says, except the stamped build (QMOE_RTC_PREFILL_WG_STAMPS): one program, so its one
+        """As :attr:`solo` says, except the stamped build (tuning knob ``prefill_wg_stamps``): one program, so its one
         stamps table holds both GEMMs' (tools/wg_stamps.py reads it)."""
         return () if spec.get("stamps") else super().parts(spec)
 
@@ -189,7 +189,7 @@ class WgmmaPrefillFamily(KernelFamily):
             return (f"its rings are sized for {SMEM_OPTIN_SM90} bytes of shared memory a block (sm_90a), more than the "
                     f"device's {problem.smem_limit} (its opt-in limit per block)")
         if problem is not None and problem.rows and knobs.get("prefill_engine") in ("mma", "batched"):
-            return f"QMOE_RTC_PREFILL_ENGINE={knobs.get('prefill_engine')}"
+            return f"QMOE_RTC_TUNE=prefill_engine={knobs.get('prefill_engine')}"
         if problem is not None and max(problem.rows * padded(problem.H), problem.routes * padded(problem.I)) >= 1 << 32:
             return (f"{problem.rows} rows × {padded(problem.H)} or {problem.routes} routes × {padded(problem.I)} values "
                     "reach 2^32 (a route tile's rows are 32-bit offsets)")
@@ -287,7 +287,7 @@ class WgmmaPrefillFamily(KernelFamily):
         (the measurements: kernels/wgmma_geometry.py)."""
         mode = knobs.get("prefill_wg_pairs")
         if mode not in ("auto", "on", "off"):
-            raise KnobError("QMOE_RTC_PREFILL_WG_PAIRS", "one of ['auto', 'on', 'off']", repr(mode))
+            raise KnobError(knobs.label("prefill_wg_pairs"), "one of ['auto', 'on', 'off']", repr(mode))
         br = tile_routes(problem.routes, problem.experts, have=spec_tiles(spec))
         if mode == "off" or not pair_kernels(spec) or br != PAIR_ROUTES:
             return False
@@ -306,7 +306,7 @@ class WgmmaPrefillFamily(KernelFamily):
         to the device's rule), 'auto' as described."""
         mode = knobs.get("prefill_fc2_split")
         if mode not in ("auto", "on", "off"):
-            raise KnobError("QMOE_RTC_PREFILL_FC2_SPLIT", "one of ['auto', 'on', 'off']", repr(mode))
+            raise KnobError(knobs.label("prefill_fc2_split"), "one of ['auto', 'on', 'off']", repr(mode))
         if variant_of(spec) == "ws" or mode == "off" or padded(problem.I) < 2 * CHUNK:
             return 1
         br = tile_routes(problem.routes, problem.experts, have=spec_tiles(spec))

@@ -33,9 +33,6 @@ inline constexpr int kMmaPrefetchRoutes = 64;  // up to this many routes, blocks
 #define QMOE_MMA_STAGES 3
 #endif
 inline constexpr int kMmaStages = QMOE_MMA_STAGES;
-#ifndef QMOE_MMA_ROLL_COPIES
-#define QMOE_MMA_ROLL_COPIES 0
-#endif
 // Blocks per SM the register budget is set for (more routes per pass need more accumulators); passes
 // of BR 8 routes (up to 8 tokens) take QMOE_MMA_MIN_BLOCKS.
 #ifndef QMOE_MMA_MIN_BLOCKS
@@ -160,11 +157,10 @@ __device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* const (&pa
     // a rolled loop for narrow codes (KST 4 / 8 chunks a stage: unrolled, the chunks' hoisted
     // addresses made the kernels spill, int2 ~50 bytes, int1 ~450; rolled: none, ~80 registers), for
     // scale blocks below a chunk (more meta words per chunk; gpt-oss-120b int4 block 32 measured
-    // 58.7 -> 55.0 us at 1 token on the H200, docs/performance-log.md session 8), and for every width with
-    // QMOE_MMA_ROLL_COPIES (int4 FC1 96 -> 72 registers; block 128 measured within noise, +-0.7 us);
-    // COOP: rolled, its FC2 spilled 8 bytes unrolled (NVRTC 13.5); packed zero points (kZpw): rolled,
+    // 58.7 -> 55.0 us at 1 token on the H200, docs/performance-log.md session 8); rolled for every width it
+    // measured within noise at block 128 (int4 FC1 96 -> 72 registers); COOP: rolled, its FC2 spilled 8 bytes unrolled (NVRTC 13.5); packed zero points (kZpw): rolled,
     // block 128 spilled 24-140 bytes unrolled (mixtral int4 163.9 us vs 126 without zero points)
-#pragma unroll(QMOE_MMA_ROLL_COPIES || KST > 2 || !kFactor || COOP || kZpw ? 1 : KST)
+#pragma unroll(KST > 2 || !kFactor || COOP || kZpw ? 1 : KST)
     for (int u = 0; u < KST; ++u) {
       const i32 c = c0 + u * KS, k0 = c * kMmaChunk + 32 * t;
       if (c >= nch) break;  // warp-uniform
