@@ -246,17 +246,8 @@ KNOBS: dict[str, Knob] = {
              "measured up to 4 % slower, no faster to compile on the H200 host (docs/performance-log.md, session 24); "
              "2 measured 3.5 % slower at gpt-oss-120b 512 tokens than 3 (session 27). A -D option, part of the key.",
              allowed=(0, 1, 2, 3)),
-        Knob("prefill_ws_mw", None, "int", 0,
-             "Tuning only: m16 weight tiles per MMA warp of the warp-specialised wgmma kernels (1: route tiles up to "
-             "256; 2: up to 128; 0 = the built-in 1); a -D option, part of the key.",
-             allowed=(0, 1, 2)),
         Knob("prefill_wg_stamps", None, "bool", False,
              "Diagnostics only: the one-block-per-tile wgmma prefill kernels record per block where their time goes "
              "(core/stamps.cuh; read by tools/wg_stamps.py); a -D option, part of the key."),
-        Knob("prefill_wg_variant", None, "str", "auto",
-             "Tuning only: which kernels the wgmma prefill engine runs: 'ws' the warp-specialised persistent ones "
-             "(engines/wgmma_ws.cuh), 'tiles' one block per tile (engines/wgmma_prefill.cuh); 'auto' = the "
-             "built-in choice. Part of the module key.",
-             allowed=("auto", "tiles", "ws")),
     )
 }

@@ -60,6 +60,8 @@ RETIRED: dict[str, str] = {
     **{f"QMOE_RTC_{k.name.upper()}": f"{TUNE_ENV}={k.name}=<value>" for k in KNOBS.values() if k.tuning},
     "QMOE_RTC_MMA_ROLL_COPIES": "nothing: the knob was removed (the rolled copy loop measured within noise of the "
                                 "unrolled one; the narrow codes that need it roll it always)",
+    **{var: "nothing: the knob was removed with the wgmma engine's warp-specialised variant (measured 0.98-1.5x the "
+            "time of the kernels that remain)" for var in ("QMOE_RTC_PREFILL_WG_VARIANT", "QMOE_RTC_PREFILL_WS_MW")},
 }
 
 _lock = threading.Lock()

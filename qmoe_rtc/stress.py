@@ -74,9 +74,8 @@ LAYOUTS = (
 ISSUE23_LAYOUT = "bf16-b8-row-silu-norm"
 
 #: Engines (pipelines) and how a case forces one: the path through decode_max_routes, the prefill engine
-#: through the tuning knob prefill_engine. Tensor-core layouts run the first three, the others the SIMT two.
-#: ``prefill-wgmma-ws``: the wgmma engine's warp-specialised variant (QMOE_RTC_PREFILL_WG_VARIANT=ws).
-TENSOR_CORE_ENGINES = ("decode-mma", "prefill-batched", "prefill-mma", "prefill-wgmma", "prefill-wgmma-ws")
+#: through the tuning knob prefill_engine. Tensor-core layouts run the first four, the others the SIMT two.
+TENSOR_CORE_ENGINES = ("decode-mma", "prefill-batched", "prefill-mma", "prefill-wgmma")
 SIMT_ENGINES = ("decode-gemv", "prefill-simt")
 ENGINES = TENSOR_CORE_ENGINES + SIMT_ENGINES
 
@@ -215,16 +214,10 @@ def _hog(seconds: float) -> int:
 
 def modules(selected: list, arch: str) -> list:
     """(module spec, arch) pairs of every module the cases can load on ``arch`` (GPU-free)."""
-    from . import knobs
     from .warm import plan
 
     layouts = {lay[0]: lay for lay, _ in selected}
-    todo = plan([model_config(lay) for lay in layouts.values()], [arch])
-    ws = {lay[0]: lay for lay, eng in selected if eng.endswith("-ws")}
-    if ws:  # the warp-specialised wgmma variant's modules too
-        with knobs.scope(prefill_wg_variant="ws"):
-            todo += [m for m in plan([model_config(lay) for lay in ws.values()], [arch]) if m not in todo]
-    return todo
+    return plan([model_config(lay) for lay in layouts.values()], [arch])
 
 
 def _precompile(selected: list) -> None:

@@ -216,22 +216,17 @@ def _forward_pair(arr, moe, replay, x, lg, og, oe, smem, diagnose):
 
 def engine_scope(engine: str):
     """The knob scope that makes the prefill path run ``engine`` ('prefill-batched' / 'prefill-mma' /
-    'prefill-wgmma', 'prefill-wgmma-ws': its warp-specialised variant)."""
+    'prefill-wgmma')."""
     from . import knobs
 
     path, _, kind = engine.partition("-")
-    kind, _, variant = kind.partition("-")
-    return knobs.scope(prefill_engine=kind if path == "prefill" and kind in ("batched", "mma", "wgmma") else "auto",
-                       prefill_wg_variant=variant or "auto")
+    return knobs.scope(prefill_engine=kind if path == "prefill" and kind in ("batched", "mma", "wgmma") else "auto")
 
 
 def ran_engine(moe, rows: int, dtype: str) -> str:
-    """The engine a call of ``moe`` runs, as :data:`qmoe_rtc.stress.ENGINES` names it: the pipeline, with
-    '-ws' when the wgmma engine runs its warp-specialised variant (call inside :func:`engine_scope`)."""
-    from . import knobs
-
-    name = moe.engine_for(rows, dtype).pipeline.name
-    return name + "-ws" if name == "prefill-wgmma" and knobs.get("prefill_wg_variant") == "ws" else name
+    """The engine a call of ``moe`` runs, as :data:`qmoe_rtc.stress.ENGINES` names it: the pipeline (call inside
+    :func:`engine_scope`)."""
+    return moe.engine_for(rows, dtype).pipeline.name
 
 
 def build_layer(cp, rng, case, dev=None):

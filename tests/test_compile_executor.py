@@ -80,8 +80,6 @@ EXPECTED_KERNELS = {
     "wgmma_prefill": {"group", "permute", "combine"} | {f"fc{i}_br{n}" for i in (1, 2) for n in (64, 128)},  # 4 warpgroups
 }
 EXECUTOR_FAMILIES = tuple(EXPECTED_KERNELS)
-#: the wgmma engine's warp-specialised variant (one m16 tile per MMA warp): a gather per route tile too
-WS_KERNELS = {"group", "combine"} | {f"{r}_br{n}" for r in ("permute", "fc1", "fc2") for n in (64, 128, 256)}
 
 
 #: the decode module's x-ring pair (layers of 3 bits or more, tuning knob mma_x_ring on)
@@ -89,8 +87,6 @@ X_RING_KERNELS = {"fc1_br8_xr", "fc2_br8_xr"}
 
 
 def expected_kernels(spec) -> set:
-    if spec.get("variant") == "ws":
-        return WS_KERNELS
     return EXPECTED_KERNELS[spec.family] | (X_RING_KERNELS if spec.get("x_ring") else set())
 
 
@@ -280,41 +276,8 @@ def test_wgmma_stage_bytes_match_the_device_struct(groups, tiled_meta):
                                      f"{t}::kStages == {stages(st, 4)}, "
                                      f"\"stage_bytes({bits}, {sbytes}, {block}, {zp}, {br})\");")
     options = compiler.base_options("sm_90", (*([f"-DQMOE_WG_GROUPS={groups}"] if groups else []), "-DQMOE_WG_STAGES=4",
-                                              *smem_defines(False), *TILED_META_DEFINES[tiled_meta]))
+                                              *smem_defines(), *TILED_META_DEFINES[tiled_meta]))
     compiler.compile_unit("wg_stage_bytes_check", "\n".join(lines) + "\n", {}, "sm_90", options)
-
-
-@pytest.mark.parametrize("tiled_meta", [False, True])
-@pytest.mark.parametrize("mw", [1, 2])
-def test_wgmma_ws_stage_bytes_match_the_device_struct(mw, tiled_meta):
-    """The ``ws`` variant's stages (WsStage: 16 m16 weight tiles per block) have the bytes and count
-    kernels/wgmma_geometry.py stage_bytes / stages give its launch, for every bit width, scale size, block
-    kind, zp mode and route tile."""
-    from qmoe_rtc.jit import compiler
-    from qmoe_rtc.kernels.wgmma_geometry import (
-        WS_CONSUMERS,
-        WS_SMEM_BUDGET,
-        route_tiles_of,
-        smem_defines,
-        stage_bytes,
-        stages,
-    )
-
-    m16 = 4 * WS_CONSUMERS * mw
-    lines = ['#include "engines/wgmma_ws.cuh"', f"static_assert(qmoe::kWsTiles == {m16}, \"m16 tiles per block\");"]
-    for bits in (1, 2, 3, 4, 8):
-        for scale_t, sbytes in (("__half", 2), ("float", 4)):
-            for block in (0, 16, 32, 128):
-                for zp in (False, True):
-                    for br in route_tiles_of(WS_CONSUMERS, "ws", mw):
-                        st = stage_bytes(bits, sbytes, block, zp, br, WS_CONSUMERS, tiled_meta, m16)
-                        t = f"qmoe::WsStage<{bits}, {scale_t}, {block}, {'true' if zp else 'false'}, {br}>"
-                        n = stages(st, 4, WS_SMEM_BUDGET)
-                        lines.append(f"static_assert({t}::kBytes == {st} && {t}::kStages == {n}, "
-                                     f"\"stage_bytes({bits}, {sbytes}, {block}, {zp}, {br})\");")
-    options = compiler.base_options("sm_90", (f"-DQMOE_WS_CONSUMERS={WS_CONSUMERS}", f"-DQMOE_WS_MW={mw}",
-                                              "-DQMOE_WS_STAGES=4", *smem_defines(True), *TILED_META_DEFINES[tiled_meta]))
-    compiler.compile_unit("ws_stage_bytes_check", "\n".join(lines) + "\n", {}, "sm_90", options)
 
 
 def test_expert_flow_decode_module_compiles(cache):

@@ -86,16 +86,11 @@ COMPILE = [
 @pytest.mark.parametrize("layout, hidden, inter", COMPILE, ids=[c[0].name for c in COMPILE])
 def test_fp4_modules_compile(cache, layout, hidden, inter):
     """Every module an FP4 layer loads on sm_90 compiles (and the float32 SIMT engines' and the dequant
-    kernel's for the contract layout); the tiled layout also builds the warp-specialised wgmma variant."""
-    from qmoe_rtc import knobs
-
+    kernel's for the contract layout)."""
     cfg = config(layout, hidden, inter)
     specs = list(modules_for(cfg, arch="sm_90"))
     assert {s.family for s in specs} >= {"mma_decode", "mma_prefill", "wgmma_prefill"}
-    if layout.tiled:
-        with knobs.scope(prefill_wg_variant="ws"):
-            specs += get_family("wgmma_prefill").specs(cfg)
-    else:
+    if not layout.tiled:
         f32 = config(dataclasses.replace(layout, dtype="float32"), hidden, inter)
         specs += [s for f in ("gemv", "gemm") for s in get_family(f).specs(f32)] + get_family("dequant").specs(cfg)
     for spec, mod in zip(specs, compile_specs([(s, "sm_90") for s in specs])):

@@ -1,7 +1,7 @@
 """FP4 experts [ext] (MXFP4, NVFP4) on the GPU engines vs the float64 reference (skipped without a GPU).
 
 The whole layer ``QMoE(quant_type="mxfp4" | "nvfp4", ...)`` on fresh random data: float16 / bfloat16 on
-every tensor-core engine (decode mma.sync, prefill mma.sync, prefill wgmma in both variants on sm_90),
+every tensor-core engine (decode mma.sync, prefill mma.sync, prefill wgmma on sm_90),
 float32 on the SIMT engines. FP4 layers hold their codes tiled (the tensor-core layout) by default; the
 ``-contract`` layers are built with ``prepack="off"`` and keep the contract layout. Outputs are NaN-poisoned before each call; a
 graph replay must equal the eager call bitwise. Every e2m1 code and extreme e8m0 scales go through the
@@ -30,14 +30,13 @@ LAYERS = [
      8, 256, 96),
     ("nvfp4-gelu-contract", dict(format="nvfp4", activation_type="gelu", k=2), 8, 128, 64),
 ]
-#: tools/precompile.py builds the modules of both wgmma variants, tiled and in the contract layout
-PRECOMPILE_KNOBS = [{}, {"prefill_wg_variant": "ws"}, {"prepack": "off"}, {"prepack": "off", "prefill_wg_variant": "ws"}]
-# engine -> (QMoE decode_max_routes, QMOE_RTC_PREFILL_ENGINE, QMOE_RTC_PREFILL_WG_VARIANT, rows)
+#: tools/precompile.py builds the modules tiled and in the contract layout
+PRECOMPILE_KNOBS = [{}, {"prepack": "off"}]
+# engine -> (QMoE decode_max_routes, tuning knob prefill_engine, rows)
 ENGINES = {
-    "decode-mma": (512, "auto", "auto", (1, 2, 8)),
-    "prefill-mma": (0, "mma", "auto", (64, 512)),
-    "prefill-wgmma": (0, "wgmma", "tiles", (512, 4096)),
-    "prefill-wgmma-ws": (0, "wgmma", "ws", (512, 4096)),
+    "decode-mma": (512, "auto", (1, 2, 8)),
+    "prefill-mma": (0, "mma", (64, 512)),
+    "prefill-wgmma": (0, "wgmma", (512, 4096)),
 }
 
 
@@ -47,9 +46,9 @@ def engine(request):
 
     if request.param.startswith("prefill-wgmma") and cp.cuda.Device().compute_capability != "90":
         pytest.skip("the wgmma prefill engine needs an sm_90 GPU")
-    limit, kind, variant, rows = ENGINES[request.param]
-    with knobs.scope(prefill_engine=kind, prefill_wg_variant=variant):
-        yield request.param.removesuffix("-ws"), limit, rows
+    limit, kind, rows = ENGINES[request.param]
+    with knobs.scope(prefill_engine=kind):
+        yield request.param, limit, rows
 
 
 def _layer(rng, kw, E, H, I, dtype):

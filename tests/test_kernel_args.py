@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from qmoe_rtc import knobs
 from qmoe_rtc.jit import KernelDef, Ptr, Scalar, Struct
 from qmoe_rtc.kernels import get_family
 from qmoe_rtc.kernels.base import family_names
@@ -189,8 +188,8 @@ def param_mismatches(kd, decl: list[tuple[str, str]]) -> list[str]:
 
 
 def all_kernel_defs():
-    """Every family's kernels over layouts that reach each engine and variant (router GEMM, shared experts,
-    the warp-specialised wgmma variant)."""
+    """Every family's kernels over layouts that reach each engine and variant (router GEMM, shared experts, tiled
+    codes)."""
     cfgs = [ModelConfig(hidden=256, inter=128, experts=8, k=2, layout=lay, shared=1) for lay in LAYOUTS.values()]
     cfgs.append(ModelConfig(hidden=256, inter=128, experts=8, k=2, layout=LAYOUTS["bf16-int4-swiglu"],
                             router_gemm="bfloat16"))
@@ -203,9 +202,6 @@ def all_kernel_defs():
             fam = get_family(name)
             if fam.supports(cfg) is None:
                 out += [kd for spec in fam.specs(cfg) for kd in fam.kernels(spec)]
-    with knobs.scope(prefill_wg_variant="ws"):
-        fam = get_family("wgmma_prefill")
-        out += [kd for spec in fam.specs(tiled) for kd in fam.kernels(spec)]
     return out
 
 
@@ -213,7 +209,8 @@ def test_every_kernels_parameters_match_its_specs_by_name():
     decls = declared_kernels()
     kds = all_kernel_defs()
     names = {kd.name_expr.split("<")[0].split("::")[-1] for kd in kds}
-    assert {"route_topk", "route_topk_warp", "fc1_prefill", "fc2_wgws", "ws_gather", "dequant_expert", "combine_routes"} <= names
+    assert {"route_topk", "route_topk_warp", "fc1_prefill", "fc2_wgmma", "wg_prepare_image", "dequant_expert",
+            "combine_routes"} <= names
     assert any(n.startswith("router_") or "logits" in n for n in names), sorted(names)  # the router GEMM
     bad = []
     for kd in kds:

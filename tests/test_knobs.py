@@ -116,7 +116,6 @@ def test_the_accepted_sets_are_the_consumers():
 
     a = {k.name: k.allowed for k in KNOBS.values()}
     assert set(a["split_compile"]) == set(SPLIT_COMPILE_OPTIONS)
-    assert set(a["prefill_wg_variant"]) == {"auto", *wgmma_geometry.VARIANTS}
     assert set(a["prepack"]) == set(PREPACK_SETTINGS) - {"given"}  # 'given' is QMoE(prepack=...)'s alone
     assert a["mma_min_blocks"] == (0, *mma_decode.MIN_BLOCKS_ALLOWED)
     assert a["batched_route_tile"] == (0, *mma_decode.TILE_ROUTES)
@@ -128,7 +127,7 @@ TUNED = {  # family -> the knobs its spec() reads, with a layer of tiled codes (
     "mma_batched": ("mma_stages", "mma_min_blocks", "batched_row_tiles"),
     "mma_prefill": ("prefill_stages", "prefill_warps", "prefill_min_blocks"),
     "wgmma_prefill": ("prefill_wg_groups", "prefill_wg_stages", "prefill_wg_fc1_blocks", "prefill_wg_inflight",
-                      "prefill_wg_ring", "prefill_wg_shrink", "prefill_ws_mw", "prefill_wg_variant"),
+                      "prefill_wg_ring", "prefill_wg_shrink"),
 }
 
 
@@ -144,7 +143,7 @@ def test_every_accepted_value_builds_a_spec(family):
     fam = get_family(family)
     for name in TUNED[family]:
         for v in KNOBS[name].allowed:
-            with knobs.scope(**{name: v}, **({"prefill_wg_variant": "ws"} if name == "prefill_ws_mw" else {})):
+            with knobs.scope(**{name: v}):
                 fam.spec(cfg)
 
 
@@ -202,7 +201,8 @@ def test_tune_items_are_read_with_blanks_around_names_and_empty_items_skipped(mo
     assert tuned == {"QMOE_RTC_TUNE[mma_stages]": "4 ", "QMOE_RTC_TUNE[prefill_engine]": "wgmma"}
 
 
-@pytest.mark.parametrize("var", ["QMOE_RTC_MMA_STAGES", "QMOE_RTC_PREFILL_ENGINE", "QMOE_RTC_MMA_ROLL_COPIES"])
+@pytest.mark.parametrize("var", ["QMOE_RTC_MMA_STAGES", "QMOE_RTC_PREFILL_ENGINE", "QMOE_RTC_MMA_ROLL_COPIES",
+                                 "QMOE_RTC_PREFILL_WG_VARIANT"])
 def test_a_retired_variable_is_refused_naming_what_replaces_it(monkeypatch, var):
     """The per-knob tuning variables and removed knobs are not silently ignored: reading any knob refuses them."""
     monkeypatch.setenv(var, "1")
@@ -210,7 +210,7 @@ def test_a_retired_variable_is_refused_naming_what_replaces_it(monkeypatch, var)
         knobs.get("pdl")
     e = info.value
     assert e.name == var and e.actual == "'1'" and knobs.RETIRED[var] in e.expected, str(e)
-    if var != "QMOE_RTC_MMA_ROLL_COPIES":
+    if "removed" not in knobs.RETIRED[var]:
         assert f"QMOE_RTC_TUNE={var[len('QMOE_RTC_'):].lower()}=" in e.expected
     with knobs.scope(pdl=False):  # an override is the caller's word: no environment read
         assert knobs.get("pdl") is False

@@ -1,9 +1,8 @@
 """The tensor-core prefill-path engines (families ``mma_batched``, ``mma_prefill`` and, on sm_90a,
 ``wgmma_prefill``) vs the float64 reference on the GPU.
 
-Each test runs on every engine, and on the wgmma engine's two variants (one block per tile; warp-specialised
-and persistent). Covers bit widths 1/2/4/8 and mixed, block sizes 0/16/32/64/128, zero points, every gate source and
-activation, biases, float16/bfloat16, K not a multiple of 128, every route tile (16/32/64 routes for mma.sync,
+Each test runs on every engine. Covers bit widths 1/2/4/8 and mixed, block sizes 0/16/32/64/128, zero points, every
+gate source and activation, biases, float16/bfloat16, K not a multiple of 128, every route tile (16/32/64 routes for mma.sync,
 32/64/128/256 for wgmma), padded tiles, experts with no routes, and 64 … 4096 rows. Outputs are NaN-poisoned first;
 graph replay must equal the eager call bitwise.
 """
@@ -18,21 +17,18 @@ from qmoe_rtc.reference import qmoe as reference
 
 pytestmark = pytest.mark.gpu
 
-ENGINES = ["batched", "mma", "wgmma", "wgmma-ws"]
-#: tools/precompile.py builds the modules of both wgmma variants (the default 'tiles' and 'ws')
-PRECOMPILE_KNOBS = [{}, {"prefill_wg_variant": "ws"}]
+ENGINES = ["batched", "mma", "wgmma"]
 
 
 @pytest.fixture(params=ENGINES)
 def engine(request):
-    """Each test once per prefill engine (QMOE_RTC_PREFILL_ENGINE forces it; ``wgmma-ws``: the wgmma
-    engine's warp-specialised variant, QMOE_RTC_PREFILL_WG_VARIANT=ws); wgmma needs sm_90a."""
+    """Each test once per prefill engine (the tuning knob prefill_engine forces it); wgmma needs sm_90a."""
     import cupy as cp
 
-    kind, _, variant = request.param.partition("-")
+    kind = request.param
     if kind == "wgmma" and cp.cuda.Device().compute_capability != "90":
         pytest.skip("the wgmma prefill engine needs an sm_90 GPU")
-    with knobs.scope(prefill_engine=kind, prefill_wg_variant=variant or "auto"):
+    with knobs.scope(prefill_engine=kind):
         yield "prefill-" + kind
 
 # (name, random_layer kwargs, E, H, I)

@@ -321,10 +321,10 @@ def test_wgmma_tile_table_covers_the_grid(rows):
 
 
 def test_wgmma_overlapped_launches():
-    """The tiles variant launches every step after the routing overlapping the kernel before it (each waits for it
+    """The wgmma engine launches every step after the routing overlapping the kernel before it (each waits for it
     before reading its output; FC2 reads the grouping's and wg_prepare's outputs before its wait, complete once FC1's
-    wait returned, and FC1 releases FC2 only after it); knob prefill_wg_overlap=0 and the ws variant (whose kernels
-    do not wait) launch all of them the ordinary way."""
+    wait returned, and FC1 releases FC2 only after it); knob prefill_wg_overlap=0 launches all of them the ordinary
+    way."""
     from qmoe_rtc import knobs
 
     fam = get_family("wgmma_prefill")
@@ -339,7 +339,6 @@ def test_wgmma_overlapped_launches():
 
     assert all(overlaps())
     assert not any(overlaps(prefill_wg_overlap=False))
-    assert not any(overlaps(prefill_wg_variant="ws"))
 
 
 def test_wgmma_refuses_past_32_bit_row_offsets():

@@ -26,7 +26,7 @@ def test_matrix_covers_what_the_check_promises():
     assert {lay[5] for lay in stress.LAYOUTS} == {"float16", "bfloat16", "float32"}
     assert any(kw.get("shared") and kw.get("router_gemm") for kw in kws)
     assert {eng for _, eng in stress.cases()} == set(stress.ENGINES)
-    assert not {"prefill-wgmma", "prefill-wgmma-ws"} & {eng for _, eng in stress.cases(wgmma=False)}
+    assert "prefill-wgmma" not in {eng for _, eng in stress.cases(wgmma=False)}
     # the layer of the race found under contention comes first
     assert stress.LAYOUTS[0][:1] == ("bf16-b8-row-silu",) and stress.LAYOUTS[0][2:] == (16, 256, 128, "bfloat16")
 
@@ -54,7 +54,7 @@ def test_issue23_layout_is_there_and_valid():
             assert stress.rows_for(case, [1000]) == [1000] and 1000 in stress.rows_for(case)
             p = Problem(rows=1000, E=E, H=H, I=I, k=2, dtype=dtype, arch="sm_90a")
             with engine_scope(case[1]):
-                assert choose(cfg, p, "prefill").pipeline.name == case[1].removesuffix("-ws")
+                assert choose(cfg, p, "prefill").pipeline.name == case[1]
     args = stress.build_parser().parse_args(["--layouts", name, "--rows", "1000"])
     assert args.layouts == [name] and args.rows == [1000]
 
@@ -74,25 +74,19 @@ def test_each_case_runs_the_engine_it_names(case):
         p = Problem(rows=rows, E=E, H=H, I=I, k=k, dtype=dtype, arch="sm_90a", shared=g.ext.S,
                     shared_gate=bool(g.ext.S and g.ext.gate), router_gemm=g.ext.router_dtype if g.ext.router else "")
         with engine_scope(engine):
-            assert choose(cfg, p, path).pipeline.name == engine.removesuffix("-ws"), rows
+            assert choose(cfg, p, path).pipeline.name == engine, rows
 
 
-def test_the_ws_variant_is_an_engine_of_its_own():
-    """prefill-wgmma-ws forces the wgmma engine's warp-specialised variant, is reported under its own name,
-    and its modules are precompiled with the others."""
+def test_the_wgmma_engine_is_forced_and_reported_by_its_pipeline_name():
+    """prefill-wgmma forces the wgmma engine, is reported under the pipeline's name, and its modules are among those
+    precompiled."""
     from types import SimpleNamespace
 
     moe = SimpleNamespace(engine_for=lambda rows, dtype: SimpleNamespace(pipeline=SimpleNamespace(name="prefill-wgmma")))
-    with engine_scope("prefill-wgmma-ws"):
-        assert knobs.get("prefill_engine") == "wgmma" and knobs.get("prefill_wg_variant") == "ws"
-        assert ran_engine(moe, 64, "bfloat16") == "prefill-wgmma-ws"
     with engine_scope("prefill-wgmma"):
-        assert knobs.get("prefill_wg_variant") == "auto" and ran_engine(moe, 64, "bfloat16") == "prefill-wgmma"
-    ws = stress.cases(engines=["prefill-wgmma-ws"])
-    names = {s.name for s, _ in stress.modules(ws, "sm_90a")}
-    assert any("variantws" in n for n in names) and any(n.startswith("wgmma_prefill") and "variantws" not in n
-                                                          for n in names)
-
+        assert knobs.get("prefill_engine") == "wgmma" and ran_engine(moe, 64, "bfloat16") == "prefill-wgmma"
+    names = {s.name for s, _ in stress.modules(stress.cases(engines=["prefill-wgmma"]), "sm_90a")}
+    assert any(n.startswith("wgmma_prefill") for n in names)
 
 def test_decode_rows_stay_within_the_decode_engine():
     for case in stress.cases(engines=["decode-mma", "decode-gemv"]):

@@ -1,9 +1,8 @@
 """Small forwards through every engine, for compute-sanitizer (memcheck / racecheck / synccheck /
 initcheck) to watch: each layout of the stress check (``qmoe_rtc.stress.LAYOUTS``: every bit width and
 FP8, row / block scales, zero points, GLU and plain activations, FC3, shared experts, the router GEMM,
-float16 / bfloat16 / float32) on each engine it runs (decode-mma, prefill-mma, prefill-wgmma and its
-warp-specialised variant prefill-wgmma-ws on sm_90,
-decode-gemv, prefill-simt), one decode-sized and one prefill-sized call, checked against the float64
+float16 / bfloat16 / float32) on each engine it runs (decode-mma, prefill-batched, prefill-mma, prefill-wgmma on
+sm_90, decode-gemv, prefill-simt), one decode-sized and one prefill-sized call, checked against the float64
 reference.
 
     compute-sanitizer --tool racecheck python tools/sanitize_case.py [--layouts a,b] [--engines e,f] [--rows 3,70]

@@ -1,5 +1,5 @@
 """Block geometry of the wgmma prefill engine (kernels/wgmma_prefill.py), mirrors of the device's
-constants in ``cuda_src/engines/wg_mainloop.cuh`` / ``wgmma_ws.cuh`` and ``core/wg_order.cuh``: the K order
+constants in ``cuda_src/engines/wg_mainloop.cuh`` and ``core/wg_order.cuh``: the K order
 of a chunk, the bytes of a pipeline stage and the ring, warpgroups per block, the route tile of a call.
 CPU tests compile the device structs against these (tests/test_compile_executor.py)."""
 
@@ -13,7 +13,7 @@ from .base import SMEM_OPTIN, Problem
 
 __all__ = ["CHUNK", "SMEM_OPTIN_SM90", "SM_SMEM", "TILE_ROUTES", "groups_of", "image_rows", "launch_smem", "padded",
            "resident", "ring_bytes", "route_tiles_of", "smem_defines", "spec_tiles", "stage_bytes", "stages",
-           "tile_groups", "tile_routes", "variant_of", "wg_logical", "wg_natural"]
+           "tile_groups", "tile_routes", "wg_logical", "wg_natural"]
 
 TILE_ROUTES = (32, 64, 128, 256)  # BR (with 4 warpgroups, 256 does not fit the 128 registers a thread has)
 #: A call takes 32-route tiles up to this many routes per expert (at 16, an expert holds more than 32 routes
@@ -24,7 +24,7 @@ NARROW_ROUTES = 20
 THIRD_BLOCK_ROUNDS = 4
 #: Opt-in dynamic shared memory per block of the one target this engine runs on (sm_90a: 227 KiB; the table of
 #: kernels/base.py). The rings are sized to it here and the device takes the results as defines
-#: (:func:`smem_defines`): cuda_src/engines/wg_mainloop.cuh and ws_pipeline.cuh do not restate it.
+#: (:func:`smem_defines`): cuda_src/engines/wg_mainloop.cuh does not restate it.
 SMEM_OPTIN_SM90 = SMEM_OPTIN[90]
 #: An SM's shared memory (H200, 228 KiB: the opt-in limit and the system's 1 KiB), from which two blocks of 2
 #: warpgroups each take their ring, 1 KiB of alignment slack, 1 KiB the system's and ~1 KiB static
@@ -35,29 +35,14 @@ INFLIGHT = 1  # QMOE_WG_INFLIGHT: MMAs a warpgroup keeps in flight (2 measured n
 RING = 0  # QMOE_WG_RING: the ring's hand-off (1: a block barrier a chunk; 2: a stage's barriers; 0: 2 on 4 warpgroups)
 SHRINK = 3  # QMOE_WG_SHRINK: widths a tail tile's MMAs shrink to (1: BR / 2; 2: BR / 2 and BR / 4; 3: down to 16 routes)
 SMEM_BUDGET = SMEM_OPTIN_SM90 - 1024 - 4096  # kWgSmemBudget: a block's stages (alignment slack, 4 KiB static)
-WS_SMEM_BUDGET = SMEM_OPTIN_SM90 - 1024 - 3072  # kWsSmemBudget: the ws variant's (3 KiB static)
 CHUNK = 128  # K per pipeline stage; the permuted layouts pad K to a multiple of it
-#: The ``ws`` variant (engines/wgmma_ws.cuh): MMA warpgroups, m16 tiles per MMA warp, route tiles, and the
-#: registers of its copy warpgroup (kWsConsumers, kWsMW, kWsCopyRegs).
-WS_CONSUMERS = 2
-WS_MW = 1
-WS_TILE_ROUTES = {1: (64, 128, 256), 2: (64, 128)}  # by m16 tiles per MMA warp (accumulators: MW·BR/2)
-GATHER_ROWS = 8  # kGatherRows: sorted rows per block of the ws variant's gather
-VARIANTS = ("ws", "tiles")
-DEFAULT_VARIANT = "tiles"
+GATHER_ROWS = 8  # kGatherRows: sorted rows per block of the gather into a route-tile image (engines/wg_image.cuh)
 
 
-def smem_defines(ws: bool) -> tuple[str, ...]:
-    """The shared memory the device's rings are sized to, as the host decides it (the ``ws`` variant: its stages'
-    budget; ``tiles``: its stages' budget and an SM's shared memory, which sets the warpgroups of a block)."""
-    if ws:
-        return (f"-DQMOE_WS_STAGE_BUDGET={WS_SMEM_BUDGET}",)
+def smem_defines() -> tuple[str, ...]:
+    """The shared memory the device's rings are sized to, as the host decides it: the stages' budget and an SM's
+    shared memory, which sets the warpgroups of a block."""
     return (f"-DQMOE_WG_STAGE_BUDGET={SMEM_BUDGET}", f"-DQMOE_WG_SM_SMEM={SM_SMEM}")
-
-
-def variant_of(spec: ModuleSpec) -> str:
-    """The spec's kernels: 'ws' or 'tiles' (kernels/wgmma_prefill.py says what each is)."""
-    return spec.get("variant") or "tiles"
 
 
 def padded(K: int) -> int:
@@ -92,17 +77,16 @@ def wg_logical(n: int, bits: int, tiled: bool = False) -> int:
 
 
 def stage_bytes(bits: int, scale_bytes: int, block_size: int, zp_packed: bool, br: int, groups: int,
-                tiled_meta: bool = False, m16_tiles: int = 0) -> int:
-    """One pipeline stage (wg_mainloop.cuh WgStage; wgmma_ws.cuh WsStage with ``m16_tiles`` weight tiles
-    per block), rounded to 1024 bytes: the route tile, then each m16 weight tile's codes and meta."""
+                tiled_meta: bool = False) -> int:
+    """One pipeline stage (wg_mainloop.cuh WgStage), rounded to 1024 bytes: the route tile, then each m16 weight
+    tile's codes and meta (4 a warpgroup)."""
     words = meta_words(bits, scale_bytes, block_size, zp_packed, tiled_meta) if block_size else 0
-    raw = br * 256 + (m16_tiles or 4 * groups) * (2 * 32 * 4 * bits + 2 * words * 128)
+    raw = br * 256 + 4 * groups * (2 * 32 * 4 * bits + 2 * words * 128)
     return (raw + 1023) // 1024 * 1024
 
 
 def stages(stage: int, max_stages: int = MAX_STAGES, budget: int = SMEM_BUDGET) -> int:
-    """Stages of the ring (WgStage::kStages; WsStage::kStages with ``budget`` WS_SMEM_BUDGET): as many as
-    fit, at most ``max_stages``."""
+    """Stages of the ring (WgStage::kStages): as many as fit ``budget``, at most ``max_stages``."""
     return min(max_stages, budget // stage)
 
 
@@ -127,16 +111,14 @@ def _staged(spec: ModuleSpec, role: str) -> tuple:
 
 def groups_of(spec: ModuleSpec, role: str, br: int) -> int:
     """Warpgroups per block of the spec's BR-route ``role`` GEMM (knob prefill_wg_groups, else
-    :func:`tile_groups`; the ``ws`` variant: its MMA warpgroups)."""
+    :func:`tile_groups`)."""
     return spec.get("groups") or tile_groups(*_staged(spec, role), br, tiled_meta(spec), spec["stages"])
 
 
 def ring_bytes(spec: ModuleSpec, role: str, br: int) -> int:
     """Dynamic shared memory of a BR-route GEMM's launch: its ring of stages, 1024 bytes of alignment slack."""
-    ws = variant_of(spec) == "ws"
-    groups = groups_of(spec, role, br)
-    st = stage_bytes(*_staged(spec, role), br, groups, tiled_meta(spec), 4 * groups * spec["mw"] if ws else 0)
-    return stages(st, spec["stages"], WS_SMEM_BUDGET if ws else SMEM_BUDGET) * st + 1024
+    st = stage_bytes(*_staged(spec, role), br, groups_of(spec, role, br), tiled_meta(spec))
+    return stages(st, spec["stages"]) * st + 1024
 
 
 def launch_smem(spec: ModuleSpec, role: str, br: int, blocks: int, sms: int) -> int:
@@ -148,8 +130,6 @@ def launch_smem(spec: ModuleSpec, role: str, br: int, blocks: int, sms: int) -> 
     faster on gpt-oss-120b, qwen3-30b-a3b and mixtral-8x7b at 8-16 routes per expert, 11 % slower on ort-2048
     with one round of FC1 blocks; a third FC2 block slower (H200, session 29)."""
     ring = ring_bytes(spec, role, br)
-    if variant_of(spec) == "ws":
-        return ring
     n = resident(spec, role, br)
     if role == "fc1" and br <= 32 and n == 2:
         third = spec["fc1_blocks"]  # 0: by the grid
@@ -159,32 +139,29 @@ def launch_smem(spec: ModuleSpec, role: str, br: int, blocks: int, sms: int) -> 
 
 
 def resident(spec: ModuleSpec, role: str, br: int) -> int:
-    """Blocks of a ``tiles`` GEMM an SM holds: two of 2 warpgroups at 32 or 64 routes (kMinBlocks) where their
+    """Blocks of a GEMM an SM holds: two of 2 warpgroups at 32 or 64 routes (kMinBlocks) where their
     rings fit twice, else one (FC1's third block at 32 routes: :func:`launch_smem`)."""
     two = groups_of(spec, role, br) == 2 and br <= 64 and 2 * (ring_bytes(spec, role, br) + 2048) <= SM_SMEM
     return 2 if two else 1
 
 
-def route_tiles_of(groups: int | None, variant: str = "tiles", mw: int = WS_MW) -> tuple[int, ...]:
-    """The route tiles a module with ``groups`` warpgroups per block has (None: by tile, :func:`tile_groups`;
-    the ``ws`` variant: by its m16 tiles per MMA warp ``mw``)."""
-    if variant == "ws":
-        return WS_TILE_ROUTES[mw]
+def route_tiles_of(groups: int | None) -> tuple[int, ...]:
+    """The route tiles a module with ``groups`` warpgroups per block has (None: by tile, :func:`tile_groups`)."""
     return TILE_ROUTES if groups == 2 else TILE_ROUTES[:3]
 
 
 def spec_tiles(spec: ModuleSpec) -> tuple[int, ...]:
     """The route tiles the spec's module has."""
-    return route_tiles_of(spec.get("groups"), variant_of(spec), spec.get("mw") or WS_MW)
+    return route_tiles_of(spec.get("groups"))
 
 
 def image_rows(spec: ModuleSpec, problem: Problem) -> int:
-    """Rp, the rows of the route-tile images (the ``ws`` variant's, and the ``tiles`` variant's pairs): the routes
-    plus the largest route tile (a tile's copy reads BR rows from its first one)."""
+    """Rp, the rows of the route-tile images (of the pairs): the routes plus the largest route tile (a tile's copy
+    reads BR rows from its first one)."""
     return problem.routes + max(spec_tiles(spec))
 
 
-#: The ``tiles`` variant's route tile whose GEMMs also run as pairs of blocks in a cluster (``fc1_br128_pair``,
+#: The route tile whose GEMMs also run as pairs of blocks in a cluster (``fc1_br128_pair``,
 #: ``fc2_br128_pair``: cuda_src/engines/wg_mainloop.cuh), where its blocks have 4 warpgroups, from PAIR_MIN_FC1_TILES
 #: FC1 weight tiles a route tile (and where FC2 would not split K). Measured on the H200 (session 33, the peers'
 #: script, 4096 tokens, against single blocks, two calls on two machines): mixtral-8x7b (112 FC1 weight tiles)
@@ -196,14 +173,14 @@ PAIR_MIN_FC1_TILES = 32
 
 
 def pair_kernels(spec: ModuleSpec) -> bool:
-    """Whether the spec's module has the pair forms of its PAIR_ROUTES GEMMs (``tiles`` variant, 4 warpgroups)."""
-    return variant_of(spec) == "tiles" and PAIR_ROUTES in spec_tiles(spec) and \
+    """Whether the spec's module has the pair forms of its PAIR_ROUTES GEMMs (4 warpgroups)."""
+    return PAIR_ROUTES in spec_tiles(spec) and \
         groups_of(spec, "fc1", PAIR_ROUTES) == groups_of(spec, "fc2", PAIR_ROUTES) == 4
 
 
 def tile_routes(routes: int, E: int, groups: int | None = None, have: tuple[int, ...] = ()) -> int:
-    """BR for a call: the route tile the average expert fills best among ``have`` (default: the ``tiles``
-    variant's with ``groups`` warpgroups; knob ``prefill_route_tile`` forces one of them, for tuning)."""
+    """BR for a call: the route tile the average expert fills best among ``have`` (default: those of a module
+    with ``groups`` warpgroups; knob ``prefill_route_tile`` forces one of them, for tuning)."""
     have = have or route_tiles_of(groups)
     forced = knobs.get("prefill_route_tile") or 0
     if forced in have:

@@ -1,30 +1,24 @@
 """Kernel family ``wgmma_prefill``: the Hopper (sm_90a) prefill engine, warpgroup MMAs with the weights
 dequantized exactly in registers (float16/bfloat16, 1/2/3/4/8-bit weights).
 
-Two variants of the same GEMMs (knob ``prefill_wg_variant``, part of the module spec):
+One block per tile (``cuda_src/engines/wgmma_prefill.cuh``): ``qmoe::fc1_wgmma`` / ``qmoe::fc2_wgmma``, every warp
+both copies and computes. Route tiles of 64 routes, on 2 warpgroups where two such blocks fit an SM
+(``wgmma_geometry.tile_groups``), or 128 on 4 (256 too when ``prefill_wg_groups`` forces 2). The block geometry
+(stages, warpgroups, route tiles) is in ``kernels/wgmma_geometry.py``. (A warp-specialised, persistent variant, a copy
+warpgroup feeding two MMA warpgroups, measured 0.98-1.02x of these kernels at mixtral-8x7b 4096 tokens and 1.2-1.5x
+slower elsewhere; it was removed, its numbers stay in docs/performance-log.md.)
 
-- ``ws`` (``cuda_src/engines/wgmma_ws.cuh``): warp-specialised and persistent, ``qmoe::fc1_wgws`` /
-  ``qmoe::fc2_wgws``: one block per SM walks the tile list; a copy warpgroup fills a ring of stages
-  (mbarriers, the route tile by bulk copies from a route-tile image that ``qmoe::ws_gather`` and FC1
-  write), two MMA warpgroups consume it: 128 weight rows × 64/128/256 routes per block with one m16
-  tile per MMA warp (the default), 256 rows × 64/128 with two (knob ``prefill_ws_mw``). Opt-in: it
-  measured slower than ``tiles`` except at the largest prefills (docs/performance-log.md, session 14).
-- ``tiles`` (``cuda_src/engines/wgmma_prefill.cuh``): one block per tile, ``qmoe::fc1_wgmma`` /
-  ``qmoe::fc2_wgmma``, every warp both copies and computes. Route tiles of 64 routes, on 2 warpgroups where
-  two such blocks fit an SM (``wgmma_geometry.tile_groups``), or 128 on 4 (256 too when ``prefill_wg_groups``
-  forces 2). The block geometry (stages, warpgroups, route tiles) is in ``kernels/wgmma_geometry.py``.
-
-Both permute the input's K chunks into the order the MMA's shared-memory operand needs
-(``core/wg_order.cuh``; ``tiles``: ``qmoe::wg_prepare``, which from 32 experts also writes the tile table its
+The engine permutes the input's K chunks into the order the MMA's shared-memory operand needs
+(``core/wg_order.cuh``: ``qmoe::wg_prepare``, which from 32 experts also writes the tile table its
 GEMMs read in one round of loads, ``engines/wg_tiles.cuh``), run FC1 [+FC3] with the activation fused (sorted
 order, written in FC2's order), FC2 + bias by route id, and ``group_by_expert`` / ``combine_routes`` as in
-``mma_prefill``. The ``tiles`` FC2 may run a tile as two blocks, each over half of K, adding into ``y`` (zeroed
+``mma_prefill``. FC2 may run a tile as two blocks, each over half of K, adding into ``y`` (zeroed
 by ``wg_prepare``), when whole tiles would leave the last round of SMs at most half busy (:meth:`WgmmaPrefillFamily.fc2_k_split`;
 the device decides per call, the same for every tile, so a route's sum does not depend on its tile).
-The route tile is chosen from the routes per expert of the call. The ``tiles`` variant's 128-route GEMMs on 4 warpgroups
+The route tile is chosen from the routes per expert of the call. The 128-route GEMMs on 4 warpgroups
 also come as pairs of blocks in a cluster (``fc1_br128_pair``, ``fc2_br128_pair``, with ``permute_image`` gathering x
 into a route-tile image), which copy a route tile once for both blocks; :meth:`WgmmaPrefillFamily.pairs` chooses them
-per call. The ``tiles`` variant's steps after the routing
+per call. The steps after the routing
 are launched overlapping the kernel before them (:func:`overlapped`, programmatic dependent launch).
 
 It runs on sm_90a only (the executor compiles every module for sm_90a on Hopper); on other targets the
@@ -70,7 +64,6 @@ from .base import KernelFamily, Problem, Slot, register
 from .engine_choice import crossovers, wgmma_passed_for_batched
 from .wgmma_geometry import (
     CHUNK,
-    DEFAULT_VARIANT,
     GATHER_ROWS,
     INFLIGHT,
     MAX_STAGES,
@@ -79,9 +72,6 @@ from .wgmma_geometry import (
     RING,
     SHRINK,
     SMEM_OPTIN_SM90,
-    VARIANTS,
-    WS_CONSUMERS,
-    WS_MW,
     groups_of,
     image_rows,
     launch_smem,
@@ -91,7 +81,6 @@ from .wgmma_geometry import (
     smem_defines,
     spec_tiles,
     tile_routes,
-    variant_of,
 )
 
 __all__ = ["MIN_ROUTES_PER_EXPERT", "WgmmaPrefillFamily"]
@@ -106,12 +95,12 @@ MIN_ROUTES_PER_EXPERT = 8
 
 
 def overlapped(spec: ModuleSpec) -> bool:
-    """Whether the ``tiles`` variant's steps after the routing (grouping, wg_prepare, FC1, FC2, combine) are launched
+    """Whether the steps after the routing (grouping, wg_prepare, FC1, FC2, combine) are launched
     overlapping the kernel before them (programmatic dependent launch, where the plan allows it:
     :func:`qmoe_rtc.runtime.plan.overlap_allowed`): each starts while the one before finishes and waits for it
     before reading its output; FC2's blocks find their tile and set up their rows under FC1's last round
-    (cuda_src/engines/wgmma_prefill.cuh). Knob ``prefill_wg_overlap``; the ``ws`` variant's kernels do not wait."""
-    return variant_of(spec) != "ws" and bool(knobs.get("prefill_wg_overlap"))
+    (cuda_src/engines/wgmma_prefill.cuh). Knob ``prefill_wg_overlap``."""
+    return bool(knobs.get("prefill_wg_overlap"))
 
 
 #: FC2 may split K in two (fc2_wgmma, KS = 2; the device decides, fc2_splits) up to this many tiles per
@@ -132,47 +121,28 @@ class WgmmaPrefillFamily(KernelFamily):
     conditional = True  # sm_90a only, and only from MIN_ROUTES_PER_EXPERT routes per expert
 
     def spec(self, config) -> ModuleSpec:
-        """The layout's fields plus the variant, warpgroups per block and the ring's depth (tuning knobs,
-        read here once per spec, so the module key and the launch geometry always agree)."""
-        variant = knobs.get("prefill_wg_variant")
-        if variant == "auto":
-            variant = DEFAULT_VARIANT
-        if variant not in VARIANTS:
-            raise KnobError(knobs.label("prefill_wg_variant"), f"one of {['auto', *VARIANTS]}", repr(variant))
-        ws = {"variant": "ws", "mw": tuning_knob("prefill_ws_mw", WS_MW, (1, 2))} \
-            if variant == "ws" else {}
-        stamps = {"stamps": True} if knobs.get("prefill_wg_stamps") and not ws else {}  # diagnostics (tiles only)
-        shrink = {} if ws else {
-            "shrink": tuning_knob("prefill_wg_shrink", SHRINK, (1, 2, 3)),
-            "fc1_blocks": tuning_knob("prefill_wg_fc1_blocks", 0, (0, 2, 3)),
-            "ring": tuning_knob("prefill_wg_ring", RING, (0, 1, 2))}
-        groups = WS_CONSUMERS if ws else tuning_knob("prefill_wg_groups", 0, (0, 2, 4))
+        """The layout's fields plus warpgroups per block, the ring's depth and hand-off, the tail tiles' widths (tuning
+        knobs, read here once per spec, so the module key and the launch geometry always agree)."""
+        stamps = {"stamps": True} if knobs.get("prefill_wg_stamps") else {}  # diagnostics
+        groups = tuning_knob("prefill_wg_groups", 0, (0, 2, 4))
         return expert_spec(self.name, config, **({"groups": groups} if groups else {}),  # none: tile_groups
                            stages=tuning_knob("prefill_wg_stages", MAX_STAGES, range(2, 7)),
-                           inflight=tuning_knob("prefill_wg_inflight", INFLIGHT, (1, 2)),
-                           **ws, **stamps, **shrink, **tiled_spec(config))
+                           inflight=tuning_knob("prefill_wg_inflight", INFLIGHT, (1, 2)), **stamps,
+                           shrink=tuning_knob("prefill_wg_shrink", SHRINK, (1, 2, 3)),
+                           fc1_blocks=tuning_knob("prefill_wg_fc1_blocks", 0, (0, 2, 3)),
+                           ring=tuning_knob("prefill_wg_ring", RING, (0, 1, 2)), **tiled_spec(config))
 
     def defines(self, spec: ModuleSpec) -> tuple[str, ...]:
-        if variant_of(spec) == "ws":
-            return (f"-DQMOE_WS_CONSUMERS={spec['groups']}", f"-DQMOE_WS_MW={spec['mw']}", f"-DQMOE_WS_STAGES={spec['stages']}",
-                    f"-DQMOE_WS_INFLIGHT={spec['inflight']}", *smem_defines(True), *tiled_define(spec))
         return (*((f"-DQMOE_WG_GROUPS={spec['groups']}",) if spec.get("groups") else ()), f"-DQMOE_WG_STAGES={spec['stages']}",
                 f"-DQMOE_WG_INFLIGHT={spec['inflight']}", f"-DQMOE_WG_SHRINK={spec['shrink']}",
                 f"-DQMOE_WG_FC1_BLOCKS={3 if spec['fc1_blocks'] == 3 else 2}", f"-DQMOE_WG_RING={spec['ring']}",
-                *(("-DQMOE_WG_STAMPS=1",) if spec.get("stamps") else ()), *smem_defines(False),
+                *(("-DQMOE_WG_STAMPS=1",) if spec.get("stamps") else ()), *smem_defines(),
                 *tiled_define(spec))
 
     def parts(self, spec: ModuleSpec) -> tuple[tuple[str, ...], ...]:
         """As :attr:`solo` says, except the stamped build (tuning knob ``prefill_wg_stamps``): one program, so its one
         stamps table holds both GEMMs' (tools/wg_stamps.py reads it)."""
         return () if spec.get("stamps") else super().parts(spec)
-
-    def source(self, spec: ModuleSpec) -> str:
-        """The unit includes the variant's template (``header`` names the default one)."""
-        src = super().source(spec)
-        if variant_of(spec) == "ws":
-            src = src.replace(f'#include "{self.header}"', '#include "engines/wgmma_ws.cuh"')
-        return src
 
     def specs(self, config) -> list[ModuleSpec]:
         return [] if self.supports(config) else [self.spec(config)]
@@ -209,8 +179,6 @@ class WgmmaPrefillFamily(KernelFamily):
         return None
 
     def kernels(self, spec: ModuleSpec) -> tuple[KernelDef, ...]:
-        if variant_of(spec) == "ws":
-            return self._ws_kernels(spec)
         t = template_types(spec)
         dt, sdt = spec["dtype"], spec["scale_dtype"]
         out = list(group_and_combine(spec))
@@ -248,35 +216,6 @@ class WgmmaPrefillFamily(KernelFamily):
             ))
         return tuple(out)
 
-    def _ws_kernels(self, spec: ModuleSpec) -> tuple[KernelDef, ...]:
-        """The ``ws`` variant: the gather into the route-tile image ``xs`` (one per module: a row's swizzle does
-        not depend on the route tile), then per route tile BR the two GEMMs (their activations are images of
-        Rp rows: engines/wgmma_ws.cuh)."""
-        t = template_types(spec)
-        dt, sdt = spec["dtype"], spec["scale_dtype"]
-        out = list(group_and_combine(spec))
-        out.append(KernelDef(
-            "permute", f"qmoe::ws_gather<{CPP_TYPES[dt]}, {t['B1']}>",
-            (Ptr("x", dt), ROUTE_GROUPS_ARG, Scalar("E", "int32"), Scalar("k", "int32"), Scalar("H", "int32"),
-             Scalar("Hp", "int32"), Scalar("Rp", "int32"), Ptr("xs", dt))))
-        for br in spec_tiles(spec):
-            out.append(KernelDef(
-                f"fc1_br{br}",
-                f"qmoe::fc1_wgws<{t['GATE']}, {t['T']}, {t['S']}, {t['B1']}, {t['B2']}, {t['Z1']}, {t['Z3']}, "
-                f"{t['BLOCK']}, {t['ACT']}, {br}>",
-                (Ptr("xs", dt), ROUTE_GROUPS_ARG, Scalar("E", "int32"), Scalar("H", "int32"), Scalar("Hp", "int32"),
-                 Scalar("I", "int32"), Scalar("Ip", "int32"), Scalar("Rp", "int32"), Scalar("NT", "int32"),
-                 Scalar("G", "int32"), fc1_weights(sdt), ACT_PARAMS_ARG, Ptr("act_sorted", dt)),
-            ))
-            out.append(KernelDef(
-                f"fc2_br{br}",
-                f"qmoe::fc2_wgws<{t['T']}, {t['S']}, {t['B2']}, {t['Z2']}, {t['BLOCK']}, {br}>",
-                (Ptr("act_sorted", dt), ROUTE_GROUPS_ARG, Scalar("E", "int32"), Scalar("H", "int32"), Scalar("I", "int32"),
-                 Scalar("Ip", "int32"), Scalar("Rp", "int32"), Scalar("NT", "int32"), Scalar("G", "int32"),
-                 fc2_weights(sdt), Ptr("y", "float32")),
-            ))
-        return tuple(out)
-
     def pairs(self, spec: ModuleSpec, problem: Problem) -> bool:
         """Whether the call's GEMMs run as pairs of blocks in a cluster (``fc1_br128_pair`` / ``fc2_br128_pair``): the
         two blocks of a pair compute consecutive weight tiles of one route tile and copy it once for both, each half
@@ -295,11 +234,11 @@ class WgmmaPrefillFamily(KernelFamily):
         return mode == "on" or (nt1 >= PAIR_MIN_FC1_TILES and self._k_split(spec, problem) == 1)
 
     def fc2_k_split(self, spec: ModuleSpec, problem: Problem) -> int:
-        """KS, the blocks the ``tiles`` variant's FC2 launches a tile: 1 for pairs (:meth:`pairs`), else :meth:`_k_split`."""
+        """KS, the blocks FC2 launches a tile: 1 for pairs (:meth:`pairs`), else :meth:`_k_split`."""
         return 1 if self.pairs(spec, problem) else self._k_split(spec, problem)
 
     def _k_split(self, spec: ModuleSpec, problem: Problem) -> int:
-        """KS, the blocks the ``tiles`` variant's FC2 launches a tile: 2 (its halves of K, when the device
+        """KS, the blocks FC2 launches a tile: 2 (its halves of K, when the device
         finds they fill the last round better: fc2_splits) where FC2 has at most FC2_SPLIT_ROUNDS rounds of
         tiles (the host's bound) and FC2_SPLIT_CHUNKS chunks of K or more, else 1. Knob
         ``prefill_fc2_split``: 'on' / 'off' force 2 (from two chunks of K) / 1 ('on' still leaves the choice
@@ -307,7 +246,7 @@ class WgmmaPrefillFamily(KernelFamily):
         mode = knobs.get("prefill_fc2_split")
         if mode not in ("auto", "on", "off"):
             raise KnobError(knobs.label("prefill_fc2_split"), "one of ['auto', 'on', 'off']", repr(mode))
-        if variant_of(spec) == "ws" or mode == "off" or padded(problem.I) < 2 * CHUNK:
+        if mode == "off" or padded(problem.I) < 2 * CHUNK:
             return 1
         br = tile_routes(problem.routes, problem.experts, have=spec_tiles(spec))
         m16 = 4 * groups_of(spec, "fc2", br)  # m16 weight tiles per block
@@ -325,47 +264,38 @@ class WgmmaPrefillFamily(KernelFamily):
     def launch(self, spec: ModuleSpec, role: str, problem: Problem) -> Launch:
         br = tile_routes(problem.routes, problem.experts, have=spec_tiles(spec))
         Hp, Ip = padded(problem.H), padded(problem.I)
-        ws = variant_of(spec) == "ws"
         if role in ("group", "combine"):  # each waits for the kernel before it (core/pdl.cuh)
             return replace(group_launch(br) if role == "group" else combine_launch(problem), overlap=overlapped(spec))
-        pair = not ws and self.pairs(spec, problem)
-        if role == "permute" and (ws or pair):  # the gather into an image: one block per GATHER_ROWS sorted rows (of every
-            # route: the held ones are a prefix the kernel reads from the grouping); pairs' also writes the tile table
-            table = () if ws else (("BR", br), ("slots", tile_slots(problem, br)))
+        pair = self.pairs(spec, problem)
+        if role == "permute" and pair:  # the gather into an image: one block per GATHER_ROWS sorted rows (of every
+            # route: the held ones are a prefix the kernel reads from the grouping); it also writes the tile table
             return Launch((max(1, -(-problem.routes // GATHER_ROWS)), 1, 1), (256, 1, 1), 0,
-                          (("Hp", Hp), ("Rp", image_rows(spec, problem)), *table), overlap=overlapped(spec))
+                          (("Hp", Hp), ("Rp", image_rows(spec, problem)), ("BR", br), ("slots", tile_slots(problem, br))),
+                          overlap=overlapped(spec))
         if role == "permute":  # also zeroes y when FC2 may add its halves of K into it, and writes the tile table
             y_zero = problem.routes * problem.H if self.fc2_k_split(spec, problem) == 2 else 0
             return Launch((max(1, (problem.rows * Hp // 8 + 255) // 256), 1, 1), (256, 1, 1), 0,
                           (("Hp", Hp), ("y_zero", y_zero), ("BR", br), ("slots", tile_slots(problem, br))),
                           overlap=overlapped(spec))
         wgs = groups_of(spec, role, br)
-        m16 = 4 * wgs * (spec["mw"] if ws else 1)  # m16 weight tiles per block
+        m16 = 4 * wgs  # m16 weight tiles per block
         # FC1 covers Ip: its padding columns are written as zeros (FC2 reads them)
         nt = weight_tiles(spec, role, Ip if role == "fc1" else problem.H, m16)
         if pair:  # a pair's blocks take weight tiles 2j, 2j + 1: where NT is odd, the last one past the outputs (its rows
             nt += nt % 2  # clamped, nothing stored)
         smem = launch_smem(spec, role, br, tile_slots(problem, br) * nt, problem.sm_count)
         rp = image_rows(spec, problem) if pair else 0  # the pairs' images' rows (else unused)
-        if not ws and role == "fc2":  # KS blocks a tile: its halves of K (fc2_splits decides on the device)
+        if role == "fc2":  # KS blocks a tile: its halves of K (fc2_splits decides on the device)
             ks, slots = self.fc2_k_split(spec, problem), problem.sm_count * resident(spec, role, br)
             launch = tiled_launch(problem, br, nt, 128 * wgs, smem,
                                   (("Hp", Hp), ("Ip", Ip), ("Rp", rp), ("KS", ks), ("SMS", slots)))
             return replace(launch, grid=(launch.grid[0] * ks, 1, 1), overlap=overlapped(spec))
-        if not ws:
-            launch = tiled_launch(problem, br, nt, 128 * wgs, smem, (("Hp", Hp), ("Ip", Ip), ("Rp", rp)))
-            return replace(launch, overlap=overlapped(spec))
-        # persistent: one block per SM walks the tiles (at most as many blocks as tiles)
-        launch = tiled_launch(problem, br, nt, 128 * (wgs + 1), smem,
-                              (("Hp", Hp), ("Ip", Ip), ("Rp", image_rows(spec, problem))))
-        return replace(launch, grid=(min(launch.grid[0], problem.sm_count), 1, 1))
+        launch = tiled_launch(problem, br, nt, 128 * wgs, smem, (("Hp", Hp), ("Ip", Ip), ("Rp", rp)))
+        return replace(launch, overlap=overlapped(spec))
 
     def scratch(self, spec: ModuleSpec, role: str, problem: Problem) -> dict[str, Slot]:
         item = 2  # T is float16 / bfloat16
-        ws = variant_of(spec) == "ws"
-        if role == "permute" and ws:
-            return {"xs": Slot(image_rows(spec, problem) * padded(problem.H) * item)}  # [Hp / 64, Rp, 64]
-        pair = not ws and role in ("permute", "fc1") and self.pairs(spec, problem)
+        pair = role in ("permute", "fc1") and self.pairs(spec, problem)
         if role == "permute":  # the tile table (wg_tiles.cuh); xp [rows, Hp] and y [R, H] f32 (zeroed for a split FC2),
             br = tile_routes(problem.routes, problem.experts, have=spec_tiles(spec))  # or for pairs xs [Hp / 64, Rp, 64]
             slots = tile_slots(problem, br)
@@ -373,7 +303,7 @@ class WgmmaPrefillFamily(KernelFamily):
             if pair:
                 return {"xs": Slot(image_rows(spec, problem) * padded(problem.H) * item), **table}
             return {"xp": Slot(problem.rows * padded(problem.H) * item), **grouped_scratch("fc2", problem, item), **table}
-        if role == "fc1" and (ws or pair):
+        if role == "fc1" and pair:
             return {"act_sorted": Slot(image_rows(spec, problem) * padded(problem.I) * item)}  # [Ip / 64, Rp, 64]
         if role == "fc1":
             return {"act_sorted": Slot(problem.routes * padded(problem.I) * item)}  # [R, Ip]

@@ -1,5 +1,5 @@
-// core/mbarrier.cuh: shared-memory barriers with phases (sm_90), the hand-off between a block's copy
-// warps and its MMA warps (engines/wgmma_ws.cuh).
+// core/mbarrier.cuh: shared-memory barriers with phases (sm_90), the hand-off of a ring's stages between the
+// warps that fill them and the warps that read them (engines/wg_mainloop.cuh).
 //
 // A barrier counts arrivals; when the count set at init is reached its phase completes and the next
 // one begins. mbar_wait(b, parity) returns once the phase with that parity has completed: waiting for

@@ -11,7 +11,7 @@
 // k = wg_natural<B>(l). Both operands agree on every product, so the dot products are unchanged.
 // The host mirror (tests): qmoe_rtc/kernels/wgmma_geometry.py wg_natural / wg_logical.
 //
-// Route-tile images (the warp-specialised kernels, engines/wgmma_ws.cuh): rows in sorted route order,
+// Route-tile images (the wgmma kernels in clusters, engines/wgmma_prefill.cuh): rows in sorted route order,
 // laid out as the shared-memory operand so one bulk copy brings a tile's half chunk:
 //   img [Kp / 64][Rp][64] T    half q = logical k 64q .. 64q + 63 of sorted row p, its 16-byte unit u
 //                              stored at unit u ^ ((p - m0) & 7), m0 the first row of p's route tile

@@ -1,5 +1,5 @@
 // engines/lane_tiles.cuh: the weight operand of the tensor-core tile engines' main loops
-// (engines/mma_prefill.cuh, engines/wgmma_prefill.cuh, engines/ws_pipeline.cuh) -- one m16 weight tile
+// (engines/mma_prefill.cuh, engines/wgmma_prefill.cuh) -- one m16 weight tile
 // as a warp stages it for a 128-code chunk of K and decodes it into mma A fragments.
 //
 // A lane (g, t) owns 32 consecutive codes of rows g and g + 8 of the tile (core/mma_pair.cuh) and the
@@ -9,7 +9,7 @@
 //                                         row-wise scales are read once, before the loop)
 // Where the codes and meta regions of a warp's (or a block's) tiles sit is the engine's stage layout:
 // the callers compute the lane's addresses. Every stage layout sizes its tiles with LaneTileBytes;
-// mma_prefill and ws_pipeline read their tiles back with lane_tile_load. Left in place, because a
+// mma_prefill reads its tiles back with lane_tile_load. Left in place, because a
 // shared version changed the generated code (SASS compared module by module, session 16) and no GPU
 // run has measured the change: the copies (cp.async) of mma_prefill and wgmma_prefill, and
 // wgmma_prefill's read-back, interleaved with its wgmma fences.

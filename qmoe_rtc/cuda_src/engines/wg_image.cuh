@@ -1,6 +1,5 @@
 // engines/wg_image.cuh: x gathered into a route-tile image (core/wg_order.cuh), the activations of the
-// kernels that copy a route tile in bulk: the warp-specialised variant (engines/wgmma_ws.cuh, ws_gather) and
-// the tile kernels in clusters (engines/wgmma_prefill.cuh, wg_prepare_image).
+// kernels that copy a route tile in bulk: the tile kernels in clusters (engines/wgmma_prefill.cuh, wg_prepare_image).
 #pragma once
 
 #include "core/types.cuh"

@@ -28,8 +28,7 @@
 //   act_sorted  [Ip / 64][Rp][64] T   FC1 out as an image, FC2's input; FC2 does not split K (KS = 1)
 // Both forms of a GEMM run one body (fc1_body, fc2_body) with CL = 1 or 2.
 //
-// The K order of xp and act_sorted: core/wg_order.cuh. The warp-specialised, persistent variant of
-// this engine: engines/wgmma_ws.cuh (the same layouts; its own gather, no tile table).
+// The K order of xp and act_sorted: core/wg_order.cuh.
 //
 // Block and main loop: engines/wg_mainloop.cuh.
 #pragma once
