@@ -125,7 +125,7 @@ KNOBS: dict[str, Knob] = {
              "(--split-compile=0 and -Xptxas --split-compile=0); 'ptxas': ptxas only (machine code as 'off'); "
              "'off': one thread. Cold, on the 16-core H200 host, an engine module took 0.9-1.7 s 'all', "
              "1.2-2.8 s 'ptxas', 1.5-4.1 s 'off'; 'all' changes some kernels' code, measured the same speed "
-             "(docs/performance-log.md, session 23). In the options, hence the key.",
+             "(docs/performance-log.md). In the options, hence the key.",
              allowed=("all", "ptxas", "off")),
         Knob("compile_parts", None, "bool", True,
              "Build each tensor-core module as several NVRTC programs, one per GEMM kernel and one for the rest, "
@@ -243,8 +243,8 @@ KNOBS: dict[str, Knob] = {
              "Tuning only: widths the MMAs of an expert's last route tile of the wgmma prefill engine shrink to "
              "(1: half the tile; 2: half or a quarter, at least 32 routes; 3: as 2, down to 16 routes in blocks of 2 "
              "warpgroups; 0 = the built-in 3). Each width is a copy of the main loop in the kernel (compile time); 1 "
-             "measured up to 4 % slower, no faster to compile on the H200 host (docs/performance-log.md, session 24); "
-             "2 measured 3.5 % slower at gpt-oss-120b 512 tokens than 3 (session 27). A -D option, part of the key.",
+             "measured up to 4 % slower, no faster to compile on the H200 host (docs/performance-log.md); "
+             "2 measured 3.5 % slower at gpt-oss-120b 512 tokens than 3. A -D option, part of the key.",
              allowed=(0, 1, 2, 3)),
         Knob("prefill_wg_stamps", None, "bool", False,
              "Diagnostics only: the one-block-per-tile wgmma prefill kernels record per block where their time goes "

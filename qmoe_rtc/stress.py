@@ -11,7 +11,7 @@ and exits 0 only when every engine ran and none differed, 1 otherwise, 2 on a us
 
     python -m qmoe_rtc stress --procs 16 --seconds 120
     python -m qmoe_rtc stress --layouts bf16-b8-row-silu --engines prefill-mma,prefill-wgmma --rows 64,1000
-    python -m qmoe_rtc stress --layouts bf16-b8-row-silu-norm --rows 1000   # issue 23's exact layer and run
+    python -m qmoe_rtc stress --layouts bf16-b8-row-silu-norm --rows 1000   # the contention race's exact layer and run
 """
 
 from __future__ import annotations
@@ -26,10 +26,11 @@ from collections.abc import Sequence
 
 from .cli_args import csv, names, positive
 
-__all__ = ["ENGINES", "ISSUE23_LAYOUT", "LAYOUTS", "aggregate", "build_parser", "cases", "main", "rows_for"]
+__all__ = ["ENGINES", "RACE_LAYOUT", "LAYOUTS", "aggregate", "build_parser", "cases", "main", "rows_for"]
 
 #: (name, random_layer kwargs with k, E, H, I, activation dtype). The first is the layer of the race
-#: found under contention (issue 23); :data:`ISSUE23_LAYOUT`, the second, is that report's exact layer
+#: found under contention (graph replays that differed from eager calls); :data:`RACE_LAYOUT`, the second, is that
+#: report's exact layer
 #: (routing weights normalised too: ``--layouts bf16-b8-row-silu-norm --rows 1000`` reproduces its run,
 #: 1000 rows of bf16 H 256, I 128, E 16, k 2, int8 row-wise symmetric, silu); together they cover bits
 #: 1/2/3/4/8, FP8 and FP4, row-wise and block scales, zero points, GLU and plain activations, FC3, biases,
@@ -69,9 +70,9 @@ LAYOUTS = (
      256, 128, "float16"),
 )
 
-#: The name of issue 23's exact layer in :data:`LAYOUTS` (its replay / eager difference: 2 of 256000 outputs
+#: The name of the contention race's exact layer in :data:`LAYOUTS` (its replay / eager difference: 2 of 256000 outputs
 #: at 1000 rows, 16 processes on one GPU, prefill-wgmma and prefill-mma).
-ISSUE23_LAYOUT = "bf16-b8-row-silu-norm"
+RACE_LAYOUT = "bf16-b8-row-silu-norm"
 
 #: Engines (pipelines) and how a case forces one: the path through decode_max_routes, the prefill engine
 #: through the tuning knob prefill_engine. Tensor-core layouts run the first four, the others the SIMT two.

@@ -195,3 +195,26 @@ def test_layers_point_down_through_other_modules_too(layer):
                     path.append(parent[path[-1]])
                 bad.append(" -> ".join(reversed(path)))
     assert not bad, "\n".join(sorted(bad))
+
+
+CITATION = r"\b[Ss]essions? \d+|\b[Ii]ssues? \d+"
+
+
+def _citations(text: str) -> list[str]:
+    import re
+
+    return re.findall(CITATION, text)
+
+
+def test_package_code_cites_measurements_not_sessions_or_issues():
+    """A comment or docstring says what was measured and where its numbers are (docs/performance-log.md), not which
+    work session or issue it came from: those numbers mean nothing to a reader of the code."""
+    found = [f"{p.relative_to(REPO)}: {c}" for p in sorted(PKG.rglob("*")) if p.suffix in (".py", ".cuh")
+             for c in _citations(p.read_text())]
+    assert not found, found
+
+
+def test_the_citation_check_can_fail():
+    assert _citations("measured on the H200 (session 29)") == ["session 29"]
+    assert _citations("issue 23's layer; sessions 11 and 12") == ["issue 23", "sessions 11"]
+    assert _citations("2026-12-06-s35-call2 (a file name), 4 sessions") == []

@@ -75,7 +75,7 @@ def test_a_forward_groups_in_stable_order(rng, engine):
 
     if engine == "wgmma" and cp.cuda.Device().compute_capability != "90":
         pytest.skip("the wgmma engine needs sm_90a")
-    name, kw, E, H, I, dtype = {lay[0]: lay for lay in stress.LAYOUTS}[stress.ISSUE23_LAYOUT]
+    name, kw, E, H, I, dtype = {lay[0]: lay for lay in stress.LAYOUTS}[stress.RACE_LAYOUT]
     kw = dict(kw)
     w, a = random_layer(rng, E=E, H=H, I=I, k=kw.pop("k"), dtype=dtype, **kw)
     seen = []

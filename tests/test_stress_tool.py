@@ -35,7 +35,7 @@ def test_issue23_layout_is_there_and_valid():
     """Issue 23's exact layer is a named layout: bf16, int8 row-wise symmetric (no zero points), silu, k 2,
     E 16, H 256, I 128, routing weights normalised; the tensor-core engines run it, at 1000 rows on the
     prefill ones, and ``--layouts`` takes its name."""
-    lay = {lay[0]: lay for lay in stress.LAYOUTS}[stress.ISSUE23_LAYOUT]
+    lay = {lay[0]: lay for lay in stress.LAYOUTS}[stress.RACE_LAYOUT]
     name, kw, E, H, I, dtype = lay
     assert (E, H, I, dtype) == (16, 256, 128, "bfloat16")
     assert kw == dict(bits=8, block_size=0, activation_type="silu", k=2, normalize_routing_weights=1)

@@ -7,7 +7,7 @@ every route with one expert's weights (``whole``). Each is one CUDA graph replay
 flushed (a 256 MiB write) before every sample, the median of CUDA-event times printed with its TFLOP/s, the
 mean watts (NVML's energy counter over the turn), the median SM clock and the share of polls at the power cap
 (qmoe_rtc.bench.power). Where a layer runs at the GPU's power limit this is the bar a quantized engine's time
-stands beside (docs/performance.md, session 32).
+stands beside (docs/performance.md).
 
     python -m qmoe_rtc bench dense --preset mixtral-8x7b --tokens 4096
 """

@@ -28,7 +28,7 @@ def build_layer(cp, rs, shape: Shape, dtype: str, bits, block_size: int, zero_po
     bit width's range and their scales as (U(0, 1) + 0.5) / (std of those codes · sqrt(K)), as the peers'
     benchmark draws them, in place of Gaussian weights quantized (whose codes crowd the middle of the range).
     The GEMMs' time depends on it where the GPU runs at its power limit (mixtral-8x7b at 4096 tokens: 3.5 %
-    slower with uniform codes, H200, docs/performance-log.md session 28). ``swiglu_fusion``: 1 (FC1 rows gate
+    slower with uniform codes, H200, docs/performance-log.md). ``swiglu_fusion``: 1 (FC1 rows gate
     and linear interleaved) or 2 ([gate | linear] halves, the peers' benchmark's)."""
     from ..random_layer import random_layer
 

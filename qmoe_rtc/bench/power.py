@@ -2,7 +2,7 @@
 
 Where a layer runs the GPU at its power limit (mixtral-8x7b at 4096 tokens on an H200, 700 W), the clock
 the GPU holds depends on the work's power, so a kernel that is faster per cycle can draw the clock down
-and gain less than its cycles say (docs/performance-log.md, session 31). :class:`PowerMeter` measures a
+and gain less than its cycles say (docs/performance-log.md). :class:`PowerMeter` measures a
 turn of samples: the energy counter over the turn (mean watts), and a thread polling the SM clock, the
 power and the throttle reasons every ``period_s`` (median MHz, the share of polls at the power cap).
 

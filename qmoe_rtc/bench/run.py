@@ -36,7 +36,7 @@ and their FLOPs. Target: full_us <= 1.15·(routed_us + (shared + router bytes) /
 1 byte per weight + scales in the floor. ``--bits mxfp4`` / ``nvfp4``: FP4 e2m1 experts in that format;
 a nibble per weight + a byte per block in the floor (the engines hold float32 block scales).
 Per (shape, dtype), against ``--bits 8`` of the same run: FP8 %floor at 1 token >= 80 % of int8's, FP8
-time at 4096 tokens <= 1.2× int8's. Decode (issue 13, default shapes, int4): %floor at 1-8 tokens vs the
+time at 4096 tokens <= 1.2× int8's. Decode (default shapes, int4): %floor at 1-8 tokens vs the
 shape's target, int2 <= 0.65× int4 at 1 token on mixtral and gpt-oss (``bench/targets.py``). Targets print
 PASS / MISS and go to the JSON's ``targets``; a MISS does not fail the run.
 

@@ -1,6 +1,6 @@
-"""The issues' speed targets, from the benchmark's points (GPU-free): the full layer with shared experts
-and the router GEMM against the routed layer (issue 12), FP8 against int8 (issue 12), and decode at 1-8
-tokens against the bytes floor, int2 against int4 (issue 13). Each target is a dict with ``ok`` True
+"""The project's speed targets, from the benchmark's points (GPU-free): the full layer with shared experts
+and the router GEMM against the routed layer, FP8 against int8, and decode at 1-8 tokens against the bytes
+floor, int2 against int4. Each target is a dict with ``ok`` True
 (PASS), False (MISS) or None (not measured in this run); a MISS does not fail the run."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ EXT_FACTOR = 1.15
 #: FP8 targets: decode at FP8_DECODE_T tokens >= FP8_DECODE_SHARE of int8's %floor; prefill at
 #: FP8_PREFILL_T tokens <= FP8_PREFILL_FACTOR x int8's time (same shape, dtype and run).
 FP8_DECODE_T, FP8_DECODE_SHARE, FP8_PREFILL_T, FP8_PREFILL_FACTOR = 1, 0.8, 4096, 1.2
-#: Decode targets (issue 13): % of the bytes floor at DECODE_T tokens, int4 at the shape's block size.
+#: Decode targets: % of the bytes floor at DECODE_T tokens, int4 at the shape's block size.
 DECODE_PCT = {"mixtral-8x7b": 60.0, "gpt-oss-120b": 45.0, "qwen3-30b-a3b": 35.0, "ort-2048": 35.0}
 DECODE_T = (1, 2, 4, 8)
 #: int2 at 1 token <= INT2_FACTOR x int4's time, on these shapes.
@@ -100,7 +100,7 @@ def _routed(points, T: int, bits: tuple, block_size: int):
 
 
 def decode_targets(points) -> list[dict]:
-    """Issue 13's targets of one (shape, dtype) from its points: int4 (the shape's block size) at each of
+    """The decode targets of one (shape, dtype) from its points: int4 (the shape's block size) at each of
     DECODE_T tokens >= DECODE_PCT % of the bytes floor, and on INT2_SHAPES int2 at 1 token <= INT2_FACTOR
     x int4. Only the points this run measured give targets (none for other shapes)."""
     if not points or points[0]["shape"] not in DECODE_PCT:

@@ -64,22 +64,22 @@ class Crossovers:
 #: - batched_per_expert 4.5: ort-2048 at 16 tokens (4.04) batched 4 % ahead, qwen3-30b-a3b at 64 (4.07) a tie
 #:   (0.8 %), both engines' next points (8.0 / 8.1 routes per expert) wgmma 15 % / 8 % ahead; nothing was
 #:   measured between.
-#: - x_ring_per_expert 1.2 (session 36, call 2, the decode kernels with x rings at 1-4 tokens): mixtral-8x7b at 2
+#: - x_ring_per_expert 1.2 (the decode kernels with x rings at 1-4 tokens): mixtral-8x7b at 2
 #:   tokens (1.14) decodes 3.8 % faster than wgmma (142.2 µs against 147.8), at 3 (1.30) batched is 6 % faster
 #:   than decode (201.8 against 214.0); nothing was measured between.
 #: The one point measured off the rule by more than 3 %: mixtral-8x7b at 3 tokens (call 4: batched 202.6 µs, wgmma
-#: 226.2, decode 225.1; session 36: batched 201.8, wgmma 225.4), where the rule runs wgmma (:data:`KNOWN_MISSES`).
+#: 226.2, decode 225.1; with the x rings: batched 201.8, wgmma 225.4), where the rule runs wgmma (:data:`KNOWN_MISSES`).
 CROSSOVERS: dict[str, Crossovers] = {
     "sm_90": Crossovers(decode_per_expert=1.09, decode_tokens_small=2, big_expert_bytes=9 << 20,
                         batched_per_expert=4.5, x_ring_per_expert=1.2,
-                        source="session 35, calls 2 and 4, session 36, call 2: H100 80GB HBM3, "
-                               "docs/perf-data/2026-12-06-s35-call{2,4}-*, docs/perf-data/2026-12-06-s36-call2-*"),
+                        source="H100 80GB HBM3 sweeps of 2026-12-06: docs/perf-data/2026-12-06-s35-call{2,4}-*, "
+                               "docs/perf-data/2026-12-06-s36-call2-*"),
 }
 
 #: The sweeps behind :data:`CROSSOVERS` per arch: {bench shape: {tokens: (decode-mma, prefill-batched, prefill-wgmma)
 #: µs}}, each sweep one process, oldest first; None where the decode engine cannot run (more than 512 routes). A
-#: point measured again is judged by its newest sweep (an engine changed in between: session 36's x rings at 1-4
-#: tokens). Shapes as in the benchmark (``qmoe_rtc.bench.report.BENCH_SHAPES``): (H, I, E, k, block size).
+#: point measured again is judged by its newest sweep (an engine changed in between: the decode kernels' x rings at
+#: 1-4 tokens). Shapes as in the benchmark (``qmoe_rtc.bench.report.BENCH_SHAPES``): (H, I, E, k, block size).
 MEASURED_SHAPES = {"qwen3-30b-a3b": (2048, 768, 128, 8, 128), "mixtral-8x7b": (4096, 14336, 8, 2, 128),
                    "gpt-oss-120b": (2880, 2880, 128, 4, 32), "ort-2048": (2048, 2048, 8, 2, 128)}
 MEASURED: dict[str, tuple[dict[str, dict[int, tuple]], ...]] = {
@@ -108,7 +108,7 @@ MEASURED: dict[str, tuple[dict[str, dict[int, tuple]], ...]] = {
                           6: (163.6, 169.1, 166.4), 8: (177.5, 178.2, 169.7)},
          "ort-2048": {1: (24.1, 27.5, 41.2), 2: (31.4, 34.4, 42.4), 3: (37.8, 37.8, 43.8), 4: (44.0, 41.2, 45.4),
                       6: (45.8, 40.9, 44.8), 8: (53.8, 45.8, 48.0)}},
-        # session 36, call 2: 1-4 tokens with the decode kernels' x rings, 2 rounds of 10 samples
+        # 1-4 tokens with the decode kernels' x rings, 2 rounds of 10 samples
         # (docs/perf-data/2026-12-06-s36-call2-crossover.txt)
         {"qwen3-30b-a3b": {1: (28.6, 36.0, 39.3), 2: (43.7, 44.4, 43.2), 3: (57.4, 52.4, 53.9), 4: (64.7, 62.3, 66.5)},
          "mixtral-8x7b": {1: (100.8, 135.0, 138.0), 2: (142.2, 150.4, 147.8), 3: (214.0, 201.8, 225.4),

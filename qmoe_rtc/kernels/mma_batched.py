@@ -58,10 +58,10 @@ __all__ = ["MAX_ROUTES_PER_EXPERT", "MmaBatchedFamily", "max_routes_per_expert",
 #: Routes per expert (average over the experts that get routes) up to which this engine runs, by row
 #: tiles per warp, for layers whose routes reach up to FEW_EXPERTS experts / more; above it the tile
 #: engines (mma_prefill, wgmma_prefill) are faster. Measured on the H200, bf16 int4 (docs/performance-log.md).
-#: One row tile (session 11): at 8 routes per expert this engine beat them on mixtral-8x7b (469 µs vs
+#: One row tile: at 8 routes per expert this engine beat them on mixtral-8x7b (469 µs vs
 #: mma.sync 551) and ort-2048 (52.7 vs 64.2), lost on qwen3-30b-a3b (223 vs 214) and gpt-oss-120b (990
 #: vs 914; 128 experts: the tile engines' grids are full there); at 16 the tile engines won on every
-#: shape (by 7-16 %). Two row tiles (session 12): at 16 mixtral-8x7b 592.5 vs wgmma 649.6, ort-2048 76.6
+#: shape (by 7-16 %). Two row tiles: at 16 mixtral-8x7b 592.5 vs wgmma 649.6, ort-2048 76.6
 #: vs 74.0; at 8 qwen3-30b-a3b 186.6 vs mma.sync 191.4; at 32 (mixtral, ort) and 16 (qwen3) the tile
 #: engines won by 8-51 %.
 MAX_ROUTES_PER_EXPERT = {1: 12, 2: 16}
@@ -78,7 +78,7 @@ def per_expert(problem: Problem) -> float:
 def tile_routes(problem: Problem) -> int:
     """BR: the fewest routes per pass (8, 16, 32) that hold twice the average expert's routes, so that
     most experts take one pass over their weights (an expert with more routes takes more); knob
-    ``batched_route_tile`` forces one. Measured on the H200 (bf16 int4, session 11), every shape at
+    ``batched_route_tile`` forces one. Measured on the H200 (bf16 int4), every shape at
     average 2 to 64 routes per expert: the rule picks the fastest BR at all 18 points but one (ort-2048
     at 16 per expert: BR 32 81.3 µs, BR 16 76.4); BR sized to the average itself (the first rule) lost
     17-21 % at 8 and 16 per expert, where skewed experts took a second pass."""
@@ -94,7 +94,7 @@ def row_tiles(tiled: bool, block_size: int) -> int:
     size 0 or ≥ 128), where a half chunk's activations are 8 consecutive words of x that both tiles' MMAs
     read (half the activation loads per weight byte, two independent MMA chains per warp); else 1 --
     contract codes permute x per tile, and smaller blocks scale every pair (twice the coefficient
-    registers). Measured on the H200 (bf16 int4, session 12, batched engine forced, RT 1 → 2):
+    registers). Measured on the H200 (bf16 int4, batched engine forced, RT 1 → 2):
     mixtral-8x7b 8 / 32 / 64 tokens −2 / −12 / −18 %, qwen3-30b-a3b −1 / −4 / −5 %, ort-2048 −4 / +4 /
     −8 %; gpt-oss-120b (blocks of 32) +8 / +5 / +3 %. Knob ``batched_row_tiles`` forces 1 or 2 (2 only
     on tiled codes)."""

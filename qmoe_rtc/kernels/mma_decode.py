@@ -152,13 +152,13 @@ def k_split(tiles: int, experts: int, K: int, br: int = 8, per_sm: int | None = 
     at once (``sms`` SMs × ``per_sm``,
     the blocks per SM of the ``br``-route kernels, default ``MIN_BLOCKS[br]``) and half of it fits them in
     one wave with at most ``ONE_WAVE_CHUNKS`` chunks per warp, half it is. Measured on the H200 in one
-    process (docs/performance-log.md, session 6):
+    process (docs/performance-log.md):
     qwen3-30b-a3b's FC1 at 1 token (768 blocks for 660 resident, or 384) took the layer 34.4 → 31.1 µs,
     while halving where the half still spills or runs long chunks lost (gpt-oss-120b 56.5 → 57.9 / 65.8).
     Last the deep-K rule (8 routes per pass only, where it was measured): a grid of one to two waves
     whose K is long enough that twice the split still leaves every warp ``DEEP_CHUNKS`` chunks splits
     twice as deep -- twice the warps over the same bytes, the second wave no longer mostly idle.
-    Measured on the H200 in one process, layers timed in turns (session 9): mixtral-8x7b FC1 at 1 token
+    Measured on the H200 in one process, layers timed in turns: mixtral-8x7b FC1 at 1 token
     (896 blocks, 32 chunks) 126.1 → 121.6 µs, its FC2 at 8 tokens (1024 blocks, 112 chunks) 375.2 →
     366.6; the short-K grids it leaves alone measured slower split deeper (ort-2048 FC1 at 8 tokens,
     16 chunks: +2.2 %, qwen3-30b-a3b FC1 at 8 tokens, 2.3 waves: +3.4 %)."""

@@ -77,7 +77,7 @@ def decode_limit(config: ModelConfig, arch: str = "") -> int:
     tokens its rule gives (2 for mixtral-8x7b, qwen3-30b-a3b and ort-2048, 6 for gpt-oss-120b).
     Elsewhere (another arch, the arch unknown: warm tool, CPU; or a layer the grouped engines do not run):
     :data:`DECODE_ROWS` tokens, measured on the
-    H200 before the sweep (docs/performance-log.md, session 11: at 1 token the decode engine faster than the
+    H200 before the sweep (docs/performance-log.md: at 1 token the decode engine faster than the
     batched-decode engine, at 8 tokens slower on every shape). Layers only the SIMT engines run keep their own
     switch (docs/performance-log.md, "Decode / prefill crossover"): 8 tokens, 16 with experts of 32 MB or more.
     """

@@ -94,7 +94,7 @@ def tile_groups(bits: int, scale_bytes: int, block_size: int, zp_packed: bool, b
                 max_stages: int = MAX_STAGES) -> int:
     """Warpgroups per block of a ``tiles`` GEMM by default (WgStage::kGroups): 2 at 64-route tiles where four
     stages of 2 warpgroups fit twice in an SM, so two blocks share it and one's first copies and epilogue
-    overlap the other's main loop (H200, session 26, against 4: int4 gpt-oss-120b at 512 / 1024 tokens
+    overlap the other's main loop (H200, against 4: int4 gpt-oss-120b at 512 / 1024 tokens
     -9.4 / -6.6 %, qwen3-30b-a3b -4.0 / -4.2 %), else 4 (int8, whose ring fits once: 2 measured 12-16 %
     slower)."""
     if br > 64 or max_stages < 4:
@@ -128,7 +128,7 @@ def launch_smem(spec: ModuleSpec, role: str, br: int, blocks: int, sms: int) -> 
     ``prefill_wg_fc1_blocks``): its ring of four stages fits three times an SM, and where ptxas gave it at most
     80 registers (cuda_src/engines/wgmma_prefill.cuh kFc1MinBlocks) a third block starts. It measured 4-5 %
     faster on gpt-oss-120b, qwen3-30b-a3b and mixtral-8x7b at 8-16 routes per expert, 11 % slower on ort-2048
-    with one round of FC1 blocks; a third FC2 block slower (H200, session 29)."""
+    with one round of FC1 blocks; a third FC2 block slower (H200)."""
     ring = ring_bytes(spec, role, br)
     n = resident(spec, role, br)
     if role == "fc1" and br <= 32 and n == 2:
@@ -163,7 +163,7 @@ def image_rows(spec: ModuleSpec, problem: Problem) -> int:
 
 #: The route tile whose GEMMs also run as pairs of blocks in a cluster (``fc1_br128_pair``,
 #: ``fc2_br128_pair``: cuda_src/engines/wg_mainloop.cuh), where its blocks have 4 warpgroups, from PAIR_MIN_FC1_TILES
-#: FC1 weight tiles a route tile (and where FC2 would not split K). Measured on the H200 (session 33, the peers'
+#: FC1 weight tiles a route tile (and where FC2 would not split K). Measured on the H200 (the peers'
 #: script, 4096 tokens, against single blocks, two calls on two machines): mixtral-8x7b (112 FC1 weight tiles)
 #: -6.7 / -5.7 %; gpt-oss-120b (23) -0.3 / +2.6 % and ort-2048 (16) -0.4 / -0.7 %, within the runs' noise;
 #: qwen3-30b-a3b (6, top-8: its route-tile image costs 8 rows a token) +6 %; mixtral-8x7b at 512 tokens, where FC2

@@ -88,7 +88,7 @@ __all__ = ["MIN_ROUTES_PER_EXPERT", "WgmmaPrefillFamily"]
 #: Where the arch has no measured crossovers (kernels/engine_choice.py; sm_90 has): routes per expert (average
 #: over the experts that get routes) from which this engine runs: it comes first in the prefill preference
 #: (kernels/pipelines.py), and below this the batched-decode or mma.sync engine runs. Measured on the H200 with
-#: 32-route tiles (docs/performance-log.md, session 29, bf16 int4, against the engine the choice ran before): at 8
+#: 32-route tiles (docs/performance-log.md, bf16 int4, against the engine the choice ran before): at 8
 #: faster on every shape (qwen3-30b-a3b 0.96x, mixtral-8x7b 0.92x, gpt-oss-120b 0.93x, ort-2048 0.86x), at 4 slower
 #: on three (1.10-1.15x; gpt-oss 0.98x).
 MIN_ROUTES_PER_EXPERT = 8
@@ -105,7 +105,7 @@ def overlapped(spec: ModuleSpec) -> bool:
 
 #: FC2 may split K in two (fc2_wgmma, KS = 2; the device decides, fc2_splits) up to this many tiles per
 #: block slot (SMs × the blocks an SM holds: the host's bound on the tiles) and from FC2_SPLIT_CHUNKS chunks
-#: of K: past two rounds the device would not split (measured, docs/performance-log.md session 22) and
+#: of K: past two rounds the device would not split (measured, docs/performance-log.md) and
 #: zeroing y would be wasted; on a shorter K a split tile's second prologue and epilogue cost more than the
 #: idle SMs (ort-2048, 16 chunks).
 FC2_SPLIT_ROUNDS = 2

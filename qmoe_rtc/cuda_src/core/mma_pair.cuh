@@ -26,7 +26,7 @@
 namespace qmoe {
 
 // (x & mask) | bits in one LOP3. Written in C, the two constants cannot both be immediates of one LOP3
-// and ptxas emits two (H200 ncu, session 21: two LOP3 a pair in fc1_wgmma's loop, the ALU pipe the
+// and ptxas emits two (H200 ncu: two LOP3 a pair in fc1_wgmma's loop, the ALU pipe the
 // busiest); held in registers, they feed one three-input LOP3 (0xEA = a & b | c).
 __device__ __forceinline__ u32 and_or(u32 x, u32 mask, u32 bits) {
   u32 d;

@@ -10,7 +10,7 @@
 // Where the codes and meta regions of a warp's (or a block's) tiles sit is the engine's stage layout:
 // the callers compute the lane's addresses. Every stage layout sizes its tiles with LaneTileBytes;
 // mma_prefill reads its tiles back with lane_tile_load. Left in place, because a
-// shared version changed the generated code (SASS compared module by module, session 16) and no GPU
+// shared version changed the generated code (SASS compared module by module) and no GPU
 // run has measured the change: the copies (cp.async) of mma_prefill and wgmma_prefill, and
 // wgmma_prefill's read-back, interleaved with its wgmma fences.
 #pragma once

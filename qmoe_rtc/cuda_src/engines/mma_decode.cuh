@@ -39,7 +39,7 @@
 
 // Expert flow (QMOE_MMA_EXPERT_FLOW; the host passes 1 unless QMOE_RTC_MMA_EXPERT_FLOW=0): FC2's blocks
 // of expert e wait only for e's FC1 blocks instead of the whole FC1 grid (griddepcontrol.wait), 1.6-3.2 %
-// faster at 1 token on the H200 (docs/performance-log.md session 9). Each FC1 block that computed tile x of
+// faster at 1 token on the H200 (docs/performance-log.md). Each FC1 block that computed tile x of
 // expert e counts itself in fc1_done[e] after its act stores (threadfence + atomicAdd); an FC2 block of
 // e spins (acquire) until fc1_done[e] == FC1_TILES, FC1's grid.x, then counts itself in fc2_seen[e];
 // the last of e's FC2 blocks zeroes both (every FC2 block of e has passed by then, and FC1 of the next
@@ -54,7 +54,7 @@ namespace qmoe {
 inline constexpr bool kMmaExpertFlow = QMOE_MMA_EXPERT_FLOW;
 // XR kernels (the `_xr` variants, calls of up to a few tokens: kernels/mma_decode.py x_staged): the 8-route pass
 // stages its activations in shared memory with the weights (engines/x_ring.cuh), XS route lanes (the call's
-// tokens); registers set for kMmaXRingBlocks blocks an SM (measured faster than 5 on the H100, session 36, and
+// tokens); registers set for kMmaXRingBlocks blocks an SM (measured faster than 5 on the H100, and
 // with 5 the FC2 kernels spill). An expert with more routes than XS would have lanes without their activations:
 // trap, never compute them as zeros.
 inline constexpr int kMmaXRingBlocks = 4;

@@ -157,7 +157,7 @@ __device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* const (&pa
     // a rolled loop for narrow codes (KST 4 / 8 chunks a stage: unrolled, the chunks' hoisted
     // addresses made the kernels spill, int2 ~50 bytes, int1 ~450; rolled: none, ~80 registers), for
     // scale blocks below a chunk (more meta words per chunk; gpt-oss-120b int4 block 32 measured
-    // 58.7 -> 55.0 us at 1 token on the H200, docs/performance-log.md session 8); rolled for every width it
+    // 58.7 -> 55.0 us at 1 token on the H200, docs/performance-log.md); rolled for every width it
     // measured within noise at block 128 (int4 FC1 96 -> 72 registers); COOP: rolled, its FC2 spilled 8 bytes unrolled (NVRTC 13.5); packed zero points (kZpw): rolled,
     // block 128 spilled 24-140 bytes unrolled (mixtral int4 163.9 us vs 126 without zero points)
 #pragma unroll(KST > 2 || !kFactor || COOP || kZpw ? 1 : KST)
@@ -355,8 +355,8 @@ __device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* const (&pa
 
 // One warp's product over its K slice for RT row tiles (mma_rows_ring); 3-bit codes whose row chunks
 // are all 16-byte aligned (K % 128 == 0, 16-byte aligned rows: warp-uniform) take the shared 16-byte
-// copies (measured on the H200, mixtral-8x7b int3 at 1 token: 151.2 -> 138.8 us; docs/performance-log.md
-// session 8).
+// copies (measured on the H200, mixtral-8x7b int3 at 1 token: 151.2 -> 138.8 us;
+// docs/performance-log.md).
 // COHERENT_X: the activations are read through L2 (ld.global.cg), not the read-only path: for inputs
 // another grid may still be writing while this one runs (FC2 with the expert flow).
 template <typename T, int B, int N8, int RT, bool COHERENT_X = false, bool PAIRED = false, bool XST = false, class QA,

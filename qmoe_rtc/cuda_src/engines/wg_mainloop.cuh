@@ -57,7 +57,7 @@ static_assert(kWgInflight == 1 || kWgInflight == 2, "QMOE_WG_INFLIGHT must be 1 
 #define QMOE_WG_RING 0
 #endif
 static_assert(QMOE_WG_RING >= 0 && QMOE_WG_RING <= 2, "QMOE_WG_RING: 0 (by the block), 1 (a block barrier a chunk), 2 (a stage's barriers)");
-// The stage barriers where a block of 4 warpgroups has its SM alone (H200, session 30, one process, the peers'
+// The stage barriers where a block of 4 warpgroups has its SM alone (H200, one process, the peers'
 // layer: mixtral-8x7b 4096 tokens -5.6 %, ort-2048 512 -3.2 %, qwen3-30b-a3b 4096 -1.5 %); with two blocks an
 // SM, whose second block fills the first's waits, they cost 4-15 % (gpt-oss-120b 512, mixtral 64, qwen3 512). Blocks
 // in clusters of CL > 1 always hand it on so.
@@ -314,8 +314,8 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
 // The main loop with the fewest MMA routes that hold the tile's `routes`: BR, BR / 2 or BR / 4 (BR / 4 from
 // QMOE_WG_SHRINK 2; at least 32 routes, 16 with 3 where a block has 256 threads). An expert's last route tile
 // is rarely full (at a few hundred tokens nearly empty). Each width is a copy of the main loop (compile time);
-// without BR / 4 the layer measured up to 4 % slower (docs/performance-log.md, session 24); 16 routes took
-// 3.5-4.5 % off gpt-oss-120b at 512 tokens, ~16 routes an expert (session 27).
+// without BR / 4 the layer measured up to 4 % slower (docs/performance-log.md); 16 routes took
+// 3.5-4.5 % off gpt-oss-120b at 512 tokens, ~16 routes an expert.
 #ifndef QMOE_WG_SHRINK
 #define QMOE_WG_SHRINK 3
 #endif

@@ -17,7 +17,7 @@ namespace qmoe {
 // reads, and entries past the tiles are never used. The wgmma prefill FC kernels read their tile's entry in one
 // round of loads, instead of a binary search over the experts' tile ranges and then the tile's routes (log2(E)
 // + 3 loads in a row before a tile's first copies: 5.3k cycles from entry to the main loop at 128 experts on the
-// H200, session 27's stamps). Measured against the search (a process a tree, two rounds): -1.1 to -1.5 % at
+// H200, by clock stamps in the kernel). Measured against the search (a process a tree, two rounds): -1.1 to -1.5 % at
 // gpt-oss-120b and -1.7 % at qwen3-30b-a3b 512 tokens (128 experts), -0.5 to -0.9 % at 4096; +2.3 to +2.4 % at
 // mixtral-8x7b and ort-2048 512 tokens (8 experts, a search of 3 loads; a block-wide search lost as much there,
 // cause not found), so those keep the search.

@@ -56,8 +56,8 @@ using Fc2Stage = WgStage<B2, ScaleT, BLOCK, Z2 == ZP_PACKED, BR>;
 // FC1's launch bounds: at 32-route tiles (2 warpgroups, two blocks an SM) registers for QMOE_WG_FC1_BLOCKS
 // blocks. A ring of four stages fits three times an SM, so where ptxas gives FC1 at most 80 registers a
 // thread anyway a third block can start (the host's launch decides: kernels/wgmma_geometry.py launch_smem);
-// setting them for three (QMOE_WG_FC1_BLOCKS=3, at most 80) measured the third block's gain away (H200,
-// session 29: gpt-oss-120b 512 tokens, 76 registers, 726.8 µs against 693.6 with 80 and a third block).
+// setting them for three (QMOE_WG_FC1_BLOCKS=3, at most 80) measured the third block's gain away (H200:
+// gpt-oss-120b 512 tokens, 76 registers, 726.8 µs against 693.6 with 80 and a third block).
 #ifndef QMOE_WG_FC1_BLOCKS
 #define QMOE_WG_FC1_BLOCKS 2
 #endif
@@ -196,7 +196,7 @@ fc1_wgmma_pair(const T* __restrict__ xs, const RouteGroups rg, const i32* __rest
 
 // Whether FC2 splits K in two this call (KS = 2: the host launched two blocks a tile, zeroed y, and K has
 // 32 chunks or more): when V tiles on P SMs leave the last round of whole tiles at most half full, so
-// that halves take an odd number of half rounds, and at most three (measured on the H200, session 22:
+// that halves take an odd number of half rounds, and at most three (measured on the H200:
 // mixtral-8x7b at 512 tokens, V = 1.45 P, -7.8 %; at 1024, 2.4 P, +1.3 %; ort-2048 at 1024 / 2048
 // tokens, 16 chunks, +3 % / +10 %). The same for every tile of the call, so a route's sum has the same
 // form whichever tile it lands in.

@@ -7,7 +7,7 @@
 //   sorted       [R]      i32   (out) route ids in expert order, ascending inside each expert: a stable counting
 //                                sort, the same on every launch. Which routes share a tile (and so how a route's
 //                                sums are formed) must not depend on timing: graph replays equal eager calls
-//                                bitwise only then (issue 23; atomics placed routes in arrival order before).
+//                                bitwise only then (atomics, which placed routes in arrival order, once did not).
 //
 // Launch: one block of kGroupThreads threads, no dynamic shared memory. Any E (the families keep E at most
 // kGroupMaxExperts, shared experts [ext] counted); experts are taken kGroupSlice at a time.
