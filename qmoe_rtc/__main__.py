@@ -95,7 +95,9 @@ def _overlap_note(cc: int) -> str:
         on = overlap_allowed(f"sm_{cc}")
     except Exception as exc:  # a mis-set knob: say so, info is a diagnostic
         return f", overlapped launches unknown ({exc})"
-    return f", overlapped launches {'on' if on else 'off'}" + ("" if cc >= 90 else " (sm_90+ only)")
+    from .kernels.arch import ArchSpec
+
+    return f", overlapped launches {'on' if on else 'off'}" + ("" if ArchSpec(f"sm_{cc}").pdl else " (sm_90+ only)")
 
 
 def _gpu_present() -> bool:

@@ -288,9 +288,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .jit.driver import probe
 
     probe(0)  # no driver, driver too old, no GPU: one line (a DeviceError) before CuPy is asked
-    import cupy as cp
+    from .jit import default_arch
+    from .kernels.arch import ArchSpec
 
-    wgmma = cp.cuda.Device().compute_capability == "90"
+    wgmma = ArchSpec(default_arch()).warpgroup_mma
     selected = cases(args.layouts, args.engines, wgmma)
     if not selected:
         print("stress: no case matches --layouts / --engines on this GPU", file=sys.stderr)

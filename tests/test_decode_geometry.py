@@ -9,7 +9,7 @@ import pytest
 
 from qmoe_rtc import knobs
 from qmoe_rtc.errors import KnobError
-from qmoe_rtc.kernels.base import DEFAULT_SMS
+from qmoe_rtc.kernels.arch import DEFAULT_SMS
 from qmoe_rtc.kernels.mma_decode import DEEP_CHUNKS, MIN_BLOCKS, ONE_WAVE_CHUNKS, k_split
 
 

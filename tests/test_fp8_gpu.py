@@ -22,7 +22,7 @@ from qmoe_rtc.reference import qmoe as reference
 
 pytestmark = pytest.mark.gpu
 
-FP8_MIN_CC = 89  # the tensor-core engines' e4m3 conversion (kernels/_expert.py FP8_MIN_SM)
+FP8_MIN_CC = 89  # the tensor-core engines' e4m3 conversion (kernels/arch.py FP8_MIN_CC)
 
 
 def _cc() -> int:

@@ -13,8 +13,14 @@ import pytest
 from qmoe_rtc import knobs
 from qmoe_rtc.errors import CompileError, QMoEAttributeError, QMoEUnsupportedError
 from qmoe_rtc.kernels import Problem, choose, decode_limit, get_family
-from qmoe_rtc.kernels.base import DEFAULT_SMEM, smem_optin
+from qmoe_rtc.kernels.arch import DEFAULT_SMEM, ArchSpec
 from qmoe_rtc.specialize import Layout, ModelConfig
+
+
+def smem_optin(arch: str) -> int:
+    """The budget a problem on target ``arch`` plans for (kernels/arch.py)."""
+    return ArchSpec(arch).smem_limit
+
 
 #: (target, its opt-in dynamic shared memory per block): the budgets the test plans for.
 TARGETS = (("sm_86", 99 * 1024), ("sm_89", 99 * 1024), ("sm_80", 163 * 1024), ("sm_90a", 227 * 1024))

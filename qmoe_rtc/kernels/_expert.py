@@ -4,11 +4,10 @@ of the tensor-core engines."""
 
 from __future__ import annotations
 
-import re
-
 from ..jit import Ptr, Scalar, Struct
 from ..prepack import fc1_fusion
 from ..specialize import CPP_ACT, CPP_GATE, CPP_TYPES, CPP_ZP, ModelConfig, ModuleSpec
+from .arch import FP8_MIN_CC
 
 #: Layout fields that shape the expert kernels.
 EXPERT_FIELDS = ("dtype", "scale_dtype", "fc1_bits", "fc2_bits", "fc3_bits", "block_size", "fc1_zp", "fc2_zp",
@@ -122,16 +121,6 @@ def meta_words(bits: int, scale_bytes: int, block_size: int, zp_packed: bool, ti
     return scale + ((2 if bits == 3 else 1) if zp_packed else 0)
 
 
-#: The first compute capability with the e4m3 -> f16 conversion the tensor-core engines decode FP8 with.
-FP8_MIN_SM = 89
-
-
-def _sm(arch: str) -> int | None:
-    """The compute capability of a target ('sm_90a' -> 90), None when unknown ('')."""
-    m = re.fullmatch(r"sm_(\d+)[a-z]?", arch or "")
-    return int(m.group(1)) if m else None
-
-
 def tensor_core_unsupported(config: ModelConfig, problem=None) -> str | None:
     """Why the tensor-core engines (mma_decode, mma_prefill, wgmma_prefill) cannot run ``config`` (None: they
     can). With a ``problem`` whose ``arch`` is known, FP8 weights also need sm_89+ (an unknown arch, as in
@@ -150,8 +139,7 @@ def tensor_core_unsupported(config: ModelConfig, problem=None) -> str | None:
     if not layout.aligned:
         hidden, inter = getattr(config, "hidden", "?"), getattr(config, "inter", "?")
         return f"hidden_size {hidden} / inter_size {inter} not multiples of 32"
-    sm = _sm(getattr(problem, "arch", ""))
-    if "fp8" in [layout.zp(p) for p in layout.projections] and sm is not None and sm < FP8_MIN_SM:
-        return (f"FP8 (e4m3fn) weights need sm_{FP8_MIN_SM}+ for the tensor-core engines' e4m3 conversion "
+    if "fp8" in [layout.zp(p) for p in layout.projections] and problem is not None and not problem.device.fp8_mma:
+        return (f"FP8 (e4m3fn) weights need sm_{FP8_MIN_CC}+ for the tensor-core engines' e4m3 conversion "
                 f"(this device: {problem.arch}); the SIMT engines decode them in software")
     return None

@@ -16,35 +16,10 @@ from .. import knobs
 from ..errors import QMoEUnsupportedError
 from ..jit import CompileUnit, KernelDef, Launch
 from ..specialize import ModelConfig, ModuleSpec
+from .arch import ArchSpec
 
-__all__ = ["BUILTIN_FAMILIES", "DEFAULT_SMS", "DEFAULT_SMEM", "SMEM_OPTIN", "KernelFamily", "Problem", "Slot", "family_names",
-           "get_family", "register", "smem_optin", "spec_unit", "unregister"]
-
-
-#: Multiprocessors assumed when a problem does not know its device (an H200's 132, where the geometry
-#: rules were measured); never used for a launch on a GPU, whose own count the executor reads.
-DEFAULT_SMS = 132
-
-#: Dynamic shared memory one block may opt in to (``cudaDevAttrMaxSharedMemoryPerBlockOptin``), by compute
-#: capability, from the CUDA C++ Programming Guide's compute-capability tables: 8.0 / 8.7 (A100, Orin) 163 KiB,
-#: 8.6 / 8.9 (A10, A40, L4, L40, RTX 30 / 40) 99 KiB, 9.0 / 10.x (H100, H200, B200) 227 KiB, 12.x (RTX 50) 99 KiB.
-#: Planning takes the device's own value (the executor reads the attribute); this table serves compiles without
-#: a GPU (``--arch``, the warm tool, CPU tests).
-SMEM_OPTIN = {80: 163 * 1024, 86: 99 * 1024, 87: 163 * 1024, 89: 99 * 1024, 90: 227 * 1024, 100: 227 * 1024,
-              103: 227 * 1024, 120: 99 * 1024, 121: 99 * 1024}
-#: The budget of a problem whose device is unknown (arch ''): an H200's, where the geometry rules were measured.
-DEFAULT_SMEM = SMEM_OPTIN[90]
-#: The budget of a target the table does not list: the smallest listed (a launch that fits it fits them all).
-_SMALLEST_SMEM = min(SMEM_OPTIN.values())
-
-
-def smem_optin(arch: str) -> int:
-    """The opt-in dynamic shared memory per block of target ``arch`` ('sm_86', 'sm_90a' ...; '': unknown, then
-    :data:`DEFAULT_SMEM`), from :data:`SMEM_OPTIN` (a target it does not list: the smallest value listed)."""
-    if not arch:
-        return DEFAULT_SMEM
-    digits = "".join(c for c in arch.removeprefix("sm_") if c.isdigit())
-    return SMEM_OPTIN.get(int(digits), _SMALLEST_SMEM) if digits else _SMALLEST_SMEM
+__all__ = ["BUILTIN_FAMILIES", "KernelFamily", "Problem", "Slot", "family_names", "get_family", "register", "spec_unit",
+           "unregister"]
 
 
 @dataclass(frozen=True)
@@ -78,16 +53,21 @@ class Problem:
     smem: int = 0  # the device's opt-in dynamic shared memory per block, bytes (0 when unknown: see smem_limit)
 
     @property
+    def device(self) -> ArchSpec:
+        """The device the call runs on (kernels/arch.py): its target, SMs and shared memory."""
+        return ArchSpec(self.arch, self.sms, self.smem)
+
+    @property
     def sm_count(self) -> int:
         """Multiprocessors the launch-geometry rules size grids for: the device's (the executor reads it
-        from the GPU), else :data:`DEFAULT_SMS`."""
-        return self.sms or DEFAULT_SMS
+        from the GPU), else :data:`~qmoe_rtc.kernels.arch.DEFAULT_SMS`."""
+        return self.device.sm_count
 
     @property
     def smem_limit(self) -> int:
         """Dynamic shared memory a launch of this problem may ask a block for: the device's opt-in limit (the
-        executor reads it from the GPU), else the arch's (:func:`smem_optin`; arch '': :data:`DEFAULT_SMEM`)."""
-        return self.smem or smem_optin(self.arch)
+        executor reads it from the GPU), else the arch's (:attr:`ArchSpec.smem_limit`)."""
+        return self.device.smem_limit
 
     @property
     def logit_count(self) -> int:

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .arch import ArchSpec
+
 __all__ = ["CROSSOVERS", "KNOWN_MISSES", "MEASURED", "MEASURED_SHAPES", "Crossovers", "crossovers", "decode_tokens",
            "expected_experts", "expert_code_bytes", "routes_per_expert", "wgmma_passed_for_batched"]
 
@@ -126,7 +128,7 @@ KNOWN_MISSES: dict[tuple[str, str, int], str] = {
 
 def crossovers(arch: str) -> Crossovers | None:
     """The measured constants of ``arch`` ('sm_90a' reads 'sm_90'), None where none were measured."""
-    return CROSSOVERS.get(arch[:-1] if arch.endswith("a") else arch) if arch else None
+    return CROSSOVERS.get(ArchSpec(arch).family)
 
 
 def expected_experts(rows: int, E: int, k: int, logit_count: int = 0) -> float:

@@ -33,7 +33,8 @@ from ._expert import (
     tiled_spec,
 )
 from ._grouped import tuning_knob
-from .base import DEFAULT_SMS, KernelFamily, Problem, Slot, register
+from .arch import DEFAULT_SMS
+from .base import KernelFamily, Problem, Slot, register
 
 __all__ = ["MmaDecodeFamily", "decode_smem_bytes", "launch_smem", "ring_bytes", "smem_refusal", "tile_routes",
            "x_ring", "x_ring_bytes", "x_staged"]

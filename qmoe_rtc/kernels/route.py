@@ -22,7 +22,8 @@ from __future__ import annotations
 from ..errors import QMoEUnsupportedError
 from ..jit import KernelDef, Launch, Ptr, Scalar
 from ..specialize import CPP_TYPES, ModuleSpec
-from .base import DEFAULT_SMS, KernelFamily, Problem, Slot, register
+from .arch import DEFAULT_SMS
+from .base import KernelFamily, Problem, Slot, register
 
 THREADS = 128  # kRouteThreads
 WARP_HEADER = "routing/route_warp.cuh"

@@ -9,7 +9,8 @@ from .. import knobs
 from ..specialize import ModuleSpec
 from ._expert import meta_words, tiled_meta
 from ._grouped import staged_projection
-from .base import SMEM_OPTIN, Problem
+from .arch import SMEM_OPTIN
+from .base import Problem
 
 __all__ = ["CHUNK", "SMEM_OPTIN_SM90", "SM_SMEM", "TILE_ROUTES", "groups_of", "image_rows", "launch_smem", "padded",
            "resident", "ring_bytes", "route_tiles_of", "smem_defines", "spec_tiles", "stage_bytes", "stages",
@@ -23,7 +24,7 @@ NARROW_ROUTES = 20
 #: registers do) from this many rounds of two blocks an SM (:func:`launch_smem`).
 THIRD_BLOCK_ROUNDS = 4
 #: Opt-in dynamic shared memory per block of the one target this engine runs on (sm_90a: 227 KiB; the table of
-#: kernels/base.py). The rings are sized to it here and the device takes the results as defines
+#: kernels/arch.py). The rings are sized to it here and the device takes the results as defines
 #: (:func:`smem_defines`): cuda_src/engines/wg_mainloop.cuh does not restate it.
 SMEM_OPTIN_SM90 = SMEM_OPTIN[90]
 #: An SM's shared memory (H200, 228 KiB: the opt-in limit and the system's 1 KiB), from which two blocks of 2

@@ -153,7 +153,7 @@ class WgmmaPrefillFamily(KernelFamily):
         why = tensor_core_unsupported(config, problem)
         if why:
             return why
-        if problem is not None and problem.arch and problem.arch not in ("sm_90", "sm_90a"):  # sm_90 builds as sm_90a
+        if problem is not None and not problem.device.warpgroup_mma:  # sm_90 builds as sm_90a
             return f"warpgroup MMA needs sm_90a (this device: {problem.arch})"
         if problem is not None and problem.smem_limit < SMEM_OPTIN_SM90:
             return (f"its rings are sized for {SMEM_OPTIN_SM90} bytes of shared memory a block (sm_90a), more than the "

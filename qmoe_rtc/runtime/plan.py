@@ -17,6 +17,7 @@ from ..errors import DeviceError
 from ..jit import Kernel, Launch, LoadedModule, driver, load_modules
 from ..jit.driver import _drv
 from ..kernels import Pipeline, Problem, Slot, get_family
+from ..kernels.arch import ArchSpec
 from ..specialize import ModuleSpec
 
 __all__ = ["PER_CALL", "BoundLaunches", "Plan", "PlanStep", "launched", "load_launched", "overlap_allowed",
@@ -29,8 +30,7 @@ PER_CALL = ("x", "logits", "router_weights", "out")
 def overlap_allowed(arch: str) -> bool:
     """Whether launches that declare ``overlap`` run overlapped (programmatic dependent launch) on a
     device compiled for ``arch`` ('sm_90a' ...): sm_90 and newer, unless the ``pdl`` knob is off."""
-    digits = "".join(c for c in arch.removeprefix("sm_") if c.isdigit())
-    return bool(digits) and int(digits) >= 90 and bool(knobs.get("pdl"))
+    return ArchSpec(arch).pdl and bool(knobs.get("pdl"))
 
 
 def problem_scalars(p: Problem) -> dict:
