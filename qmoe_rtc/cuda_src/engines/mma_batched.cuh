@@ -114,16 +114,9 @@ fc1_batched(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* 
         for (int c = 0; c < 2; ++c) {
           const i32 pos = p + 8 * gg + 2 * t + c;
           if (pos >= m1) continue;
-          const float ha = acc[i * N8 + gg][c], hb = acc[i * N8 + gg][2 + c];  // rows g, g + 8
           T* out = act_sorted + (i64)pos * I;
-          if constexpr (kGated) {
-            const i32 o = oi + g;
-            if (o < I) out[o] = Traits<T>::from_float(fc1_activation<ACT, GATE>(ha, hb, p1.bias, p3.bias, e, o, I, ap));
-          } else {
-            if (oi + g < I) out[oi + g] = Traits<T>::from_float(fc1_activation<ACT, GATE>(ha, 0.0f, p1.bias, p3.bias, e, oi + g, I, ap));
-            if (oi + g + 8 < I)
-              out[oi + g + 8] = Traits<T>::from_float(fc1_activation<ACT, GATE>(hb, 0.0f, p1.bias, p3.bias, e, oi + g + 8, I, ap));
-          }
+          fc1_store_lane<ACT, GATE, T>(acc[i * N8 + gg][c], acc[i * N8 + gg][2 + c], oi, g, I, p1.bias, p3.bias, e,
+                                       ap, [&](i32 o, T v) { out[o] = v; });  // rows g, g + 8
         }
       }
     }

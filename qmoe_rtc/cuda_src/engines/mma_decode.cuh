@@ -195,17 +195,8 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
           const i32 j = p + 8 * gg + 2 * t + c;
           if (j >= er.n) continue;
           const i64 r = s_list[j];
-          const float ha = acc[gg][c], hb = acc[gg][2 + c];  // rows g, g + 8
-          if constexpr (kGated) {
-            const i32 o = o0 + g;
-            if (o < I) act[r * I + o] = Traits<T>::from_float(fc1_activation<ACT, GATE>(ha, hb, p1.bias, p3.bias, e, o, I, ap));
-          } else {
-            if (o0 + g < I)
-              act[r * I + o0 + g] = Traits<T>::from_float(fc1_activation<ACT, GATE>(ha, 0.0f, p1.bias, p3.bias, e, o0 + g, I, ap));
-            if (o0 + g + 8 < I)
-              act[r * I + o0 + g + 8] =
-                  Traits<T>::from_float(fc1_activation<ACT, GATE>(hb, 0.0f, p1.bias, p3.bias, e, o0 + g + 8, I, ap));
-          }
+          fc1_store_lane<ACT, GATE, T>(acc[gg][c], acc[gg][2 + c], o0, g, I, p1.bias, p3.bias, e, ap,  // rows g, g + 8
+                                       [&](i32 o, T v) { act[r * I + o] = v; });
         }
       }
     }
