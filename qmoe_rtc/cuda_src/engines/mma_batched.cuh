@@ -115,8 +115,10 @@ fc1_batched(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* 
           const i32 pos = p + 8 * gg + 2 * t + c;
           if (pos >= m1) continue;
           T* out = act_sorted + (i64)pos * I;
-          fc1_store_lane<ACT, GATE, T>(acc[i * N8 + gg][c], acc[i * N8 + gg][2 + c], oi, g, I, p1.bias, p3.bias, e,
-                                       ap, [&](i32 o, T v) { out[o] = v; });  // rows g, g + 8
+          const i32 o = oi + g;
+          fc1_store_lane<ACT, GATE, T>(acc[i * N8 + gg][c], acc[i * N8 + gg][2 + c], o, I, I,  // rows g, g + 8
+                                       [&](int h) { return fc1_bias<GATE>(p1.bias, p3.bias, e, o + 8 * h, I); }, ap,
+                                       [&](i32 n, T v) { out[n] = v; });
         }
       }
     }

@@ -195,8 +195,10 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
           const i32 j = p + 8 * gg + 2 * t + c;
           if (j >= er.n) continue;
           const i64 r = s_list[j];
-          fc1_store_lane<ACT, GATE, T>(acc[gg][c], acc[gg][2 + c], o0, g, I, p1.bias, p3.bias, e, ap,  // rows g, g + 8
-                                       [&](i32 o, T v) { act[r * I + o] = v; });
+          const i32 o = o0 + g;
+          fc1_store_lane<ACT, GATE, T>(acc[gg][c], acc[gg][2 + c], o, I, I,  // rows g, g + 8
+                                       [&](int h) { return fc1_bias<GATE>(p1.bias, p3.bias, e, o + 8 * h, I); }, ap,
+                                       [&](i32 n, T v) { act[r * I + n] = v; });
         }
       }
     }

@@ -245,15 +245,9 @@ fc1_prefill(const T* __restrict__ x, const RouteGroups rg, i32 E, i32 k, i32 H, 
       for (int cc = 0; cc < 2; ++cc) {
         const i32 pos = m0 + 8 * jn + 2 * t + cc;
         if (pos >= m_end) continue;
-        const float ha = acc[m][jn][cc] * lr.sa[m], hb = acc[m][jn][2 + cc] * lr.sb[m];  // rows g, g + 8
         T* out = act_sorted + (i64)pos * I;
-        const i32 o = o0[m] + g;
-        if constexpr (Rows::kGated) {
-          if (o < I) out[o] = Traits<T>::from_float(fc1_apply<ACT, GATE>(ha, hb, ba[m], ap));
-        } else {
-          if (o < I) out[o] = Traits<T>::from_float(fc1_apply<ACT, GATE>(ha, 0.0f, ba[m], ap));
-          if (o + 8 < I) out[o + 8] = Traits<T>::from_float(fc1_apply<ACT, GATE>(hb, 0.0f, bb[m], ap));
-        }
+        fc1_store_lane<ACT, GATE, T>(acc[m][jn][cc] * lr.sa[m], acc[m][jn][2 + cc] * lr.sb[m], o0[m] + g, I, I,  // rows g, g + 8
+                                     [&](int h) { return h ? bb[m] : ba[m]; }, ap, [&](i32 n, T v) { out[n] = v; });
       }
     }
   }

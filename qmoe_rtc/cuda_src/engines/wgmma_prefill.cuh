@@ -159,17 +159,9 @@ __device__ __forceinline__ void fc1_body(const T* __restrict__ xp, const RouteGr
     for (int cc = 0; cc < 2; ++cc) {
       const i32 pos = m0 + 8 * jn + 2 * t + cc;
       if (pos >= m_end) continue;
-      const float ha = acc[4 * jn + cc] * lr.sa[0], hb = acc[4 * jn + 2 + cc] * lr.sb[0];  // rows g, g + 8
-      if constexpr (Rows::kGated) {
-        if (o < Ip)
-          act_sorted[act_index<CL, B2>(pos, m0, o, Ip, Rp)] = Traits<T>::from_float(o < I ? fc1_apply<ACT, GATE>(ha, hb, ba, ap) : 0.0f);
-      } else {
-        if (o < Ip)
-          act_sorted[act_index<CL, B2>(pos, m0, o, Ip, Rp)] = Traits<T>::from_float(o < I ? fc1_apply<ACT, GATE>(ha, 0.0f, ba, ap) : 0.0f);
-        if (o + 8 < Ip)
-          act_sorted[act_index<CL, B2>(pos, m0, o + 8, Ip, Rp)] =
-              Traits<T>::from_float(o + 8 < I ? fc1_apply<ACT, GATE>(hb, 0.0f, bb, ap) : 0.0f);
-      }
+      fc1_store_lane<ACT, GATE, T>(acc[4 * jn + cc] * lr.sa[0], acc[4 * jn + 2 + cc] * lr.sb[0], o, I, Ip,  // rows g, g + 8
+                                   [&](int h) { return h ? bb : ba; }, ap,
+                                   [&](i32 n, T v) { act_sorted[act_index<CL, B2>(pos, m0, n, Ip, Rp)] = v; });
     }
   }
   st.store(0, Hp / 128);

@@ -73,20 +73,20 @@ __device__ __forceinline__ float fc1_activation(float h, float lin, const float*
   return fc1_apply<ACT, GATE>(h, lin, fc1_bias<GATE>(b1, b3, e, o, I), ap);
 }
 
-// A lane's FC1 outputs of one route from its C-fragment pair (rows g and g + 8 of a 16-row weight tile whose first
-// output is o0), each rounded to T and handed to store(o, value) for o < I: gated rows (gate, linear) give output
-// o0 + g from (ha, hb), plain rows outputs o0 + g from ha and o0 + g + 8 from hb. Where output o of the route goes is
-// the caller's (store: its layout's index).
-template <int ACT, int GATE, typename T, class Store>
-__device__ __forceinline__ void fc1_store_lane(float ha, float hb, i32 o0, i32 g, i32 I, const float* __restrict__ b1,
-                                               const float* __restrict__ b3, i32 e, const ActParams& ap, Store&& store) {
+// The FC1 epilogue of every tensor-core engine: a lane's outputs of one route from its C-fragment pair (rows g and
+// g + 8 of a 16-row weight tile), each rounded to T and handed to store(o, value). Gated rows (gate, linear) give
+// output o from (ha, hb); plain rows give outputs o from ha and o + 8 from hb. Outputs from `limit` on are not stored,
+// those from I to `limit` (padding columns a later GEMM reads) are stored as zeros. bias(h) is the biases of the
+// lane's output h (0: o, 1: o + 8; fetched there, or the caller's, read once for every route of a tile); where output
+// o of the route goes is the caller's (store: its layout's index).
+template <int ACT, int GATE, typename T, class Bias, class Store>
+__device__ __forceinline__ void fc1_store_lane(float ha, float hb, i32 o, i32 I, i32 limit, Bias&& bias,
+                                               const ActParams& ap, Store&& store) {
   if constexpr (Fc1Rows<GATE>::kGated) {
-    const i32 o = o0 + g;
-    if (o < I) store(o, Traits<T>::from_float(fc1_activation<ACT, GATE>(ha, hb, b1, b3, e, o, I, ap)));
+    if (o < limit) store(o, Traits<T>::from_float(o < I ? fc1_apply<ACT, GATE>(ha, hb, bias(0), ap) : 0.0f));
   } else {
-    if (o0 + g < I) store(o0 + g, Traits<T>::from_float(fc1_activation<ACT, GATE>(ha, 0.0f, b1, b3, e, o0 + g, I, ap)));
-    if (o0 + g + 8 < I)
-      store(o0 + g + 8, Traits<T>::from_float(fc1_activation<ACT, GATE>(hb, 0.0f, b1, b3, e, o0 + g + 8, I, ap)));
+    if (o < limit) store(o, Traits<T>::from_float(o < I ? fc1_apply<ACT, GATE>(ha, 0.0f, bias(0), ap) : 0.0f));
+    if (o + 8 < limit) store(o + 8, Traits<T>::from_float(o + 8 < I ? fc1_apply<ACT, GATE>(hb, 0.0f, bias(1), ap) : 0.0f));
   }
 }
 
