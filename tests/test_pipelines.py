@@ -447,3 +447,22 @@ def test_wgmma_k_order_on_tiled_codes(bits):
                 pair = 2 * s + half
                 assert nat[16 * s + 8 * half + 2 * t: 16 * s + 8 * half + 2 * t + 2] == [32 * t + 2 * pair,
                                                                                       32 * t + 2 * pair + 1]
+
+
+def test_the_readme_engine_table_is_the_one_pipelines_give():
+    """README.md's engine table is generated from PIPELINES (tools/engine_table.py --write): one source, so a pipeline
+    added or changed shows in the table or fails here."""
+    import importlib.util
+    from pathlib import Path
+
+    from qmoe_rtc.kernels.pipelines import PIPELINES, engine_table
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("engine_table", root / "tools" / "engine_table.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    readme = (root / "README.md").read_text()
+    table = engine_table()
+    assert tool.BEGIN + table + tool.END in readme
+    assert tool.readme_with_table(readme, table) == readme
+    assert all(f"`{p.name}`" in table and p.engine and p.takes for p in PIPELINES)

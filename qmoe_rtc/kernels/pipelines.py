@@ -14,7 +14,8 @@ from ..errors import QMoEAttributeError, QMoEUnsupportedError
 from ..specialize import ModelConfig, ModuleSpec
 from .base import Problem, get_family
 
-__all__ = ["DECODE_ROWS", "PIPELINES", "Choice", "Pipeline", "Step", "choose", "decode_limit", "modules_for"]
+__all__ = ["DECODE_ROWS", "PIPELINES", "Choice", "Pipeline", "Step", "choose", "decode_limit", "engine_table",
+           "modules_for"]
 
 
 @dataclass(frozen=True)
@@ -32,9 +33,14 @@ class Step:
 
 @dataclass(frozen=True)
 class Pipeline:
+    """A path's engine: its ``steps`` in launch order, what computes its GEMMs (``engine``) and the layers and calls it
+    takes (``takes``), the words of the engine table (:func:`engine_table`)."""
+
     name: str
     path: str  # "decode" | "prefill"
     steps: tuple[Step, ...]
+    engine: str = ""
+    takes: str = ""
 
     @property
     def families(self) -> tuple[str, ...]:
@@ -53,20 +59,47 @@ def _steps(*pairs: tuple[str, str]) -> tuple[Step, ...]:
     return _ROUTING + tuple(Step(f, r) for f, r in pairs)
 
 
+_TENSOR_CORES = "float16/bfloat16, 1/2/3/4/8-bit and FP8 (FP8 on sm_89+), H and I multiples of 32"
+
 #: Per path, fastest first: the first pipeline whose families all support the layer runs.
 PIPELINES: tuple[Pipeline, ...] = (
-    Pipeline("decode-mma", "decode", _steps(("mma_decode", "fc1"), ("mma_decode", "fc2"))),
-    Pipeline("decode-gemv", "decode", _steps(("gemv", "fc1"), ("gemv", "fc2"))),
+    Pipeline("decode-mma", "decode", _steps(("mma_decode", "fc1"), ("mma_decode", "fc2")),
+             "tensor cores (mma.sync), FC1 with the activation fused, FC2 with the combine", _TENSOR_CORES),
+    Pipeline("decode-gemv", "decode", _steps(("gemv", "fc1"), ("gemv", "fc2")), "SIMT, FC2 with the combine",
+             "everything else"),
     Pipeline("prefill-wgmma", "prefill", _steps(("wgmma_prefill", "group"), ("wgmma_prefill", "permute"),
                                                 ("wgmma_prefill", "fc1"), ("wgmma_prefill", "fc2"),
-                                                ("wgmma_prefill", "combine"))),
+                                                ("wgmma_prefill", "combine")), "Hopper warpgroup MMA",
+             "as decode-mma, on sm_90a: after the decode path on experts of 9 MiB or more, from 4.5 routes per expert "
+             "below (`kernels/engine_choice.py`)"),
     Pipeline("prefill-batched", "prefill", _steps(("mma_batched", "group"), ("mma_batched", "fc1"),
-                                                  ("mma_batched", "fc2"), ("mma_batched", "combine"))),
+                                                  ("mma_batched", "fc2"), ("mma_batched", "combine")),
+             "the decode engine's weight stream over grouped routes (batched decode)",
+             "as decode-mma, up to 8 routes per expert (16 when the routes reach at most 32 experts; 6 / 12 on untiled "
+             "codes or scale blocks below 128); on sm_90a where wgmma is slower"),
     Pipeline("prefill-mma", "prefill", _steps(("mma_prefill", "group"), ("mma_prefill", "fc1"),
-                                              ("mma_prefill", "fc2"), ("mma_prefill", "combine"))),
+                                              ("mma_prefill", "fc2"), ("mma_prefill", "combine")),
+             "tensor cores (mma.sync)", "as decode-mma (int8 / FP8 in 32-route tiles where 64 do not fit the GPU's "
+             "shared memory: sm_86 / sm_89)"),
     Pipeline("prefill-simt", "prefill", _steps(("gemm", "group"), ("gemm", "fc1"), ("gemm", "fc2"),
-                                               ("gemm", "combine"))),
+                                               ("gemm", "combine")), "SIMT",
+             "everything else (float32, `zero_point_offset`, FP8 below sm_89, H or I not multiples of 32)"),
 )
+
+#: How the engine table names a step's role.
+_ROLE_WORDS = {"route": "route", "group": "group", "permute": "permute", "fc1": "FC1", "fc2": "FC2",
+               "combine": "combine"}
+
+
+def engine_table() -> str:
+    """The engine table of README.md ("Which kernels run"), as Markdown, from :data:`PIPELINES` (a CPU test checks
+    that the README holds this text): path, pipeline, its launches and engine, what it takes. The router GEMM, a
+    conditional first step, is left out (the README says so)."""
+    rows = ["| path | pipeline | kernels | takes |", "|---|---|---|---|"]
+    for p in PIPELINES:
+        launches = " → ".join(_ROLE_WORDS[s.role] for s in p.steps if not s.when)
+        rows.append(f"| {p.path} | `{p.name}` | {launches}; {p.engine} | {p.takes} |")
+    return "\n".join(rows) + "\n"
 
 
 def decode_limit(config: ModelConfig, arch: str = "") -> int:
