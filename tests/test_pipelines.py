@@ -466,3 +466,28 @@ def test_the_readme_engine_table_is_the_one_pipelines_give():
     assert tool.BEGIN + table + tool.END in readme
     assert tool.readme_with_table(readme, table) == readme
     assert all(f"`{p.name}`" in table and p.engine and p.takes for p in PIPELINES)
+
+
+@pytest.mark.parametrize("rows", [64, 512, 4096])
+def test_a_plan_makes_each_familys_call_choices_once(monkeypatch, rows):
+    """launched() (and Plan.build, the same way) asks each family's configure once per call and hands the result to
+    kernel_for / launch / scratch, which give with it what they give computing it themselves."""
+    from qmoe_rtc.kernels.wgmma_prefill import WgmmaPrefillFamily
+    from qmoe_rtc.runtime.plan import launched
+
+    fam = get_family("wgmma_prefill")
+    mixtral = ModelConfig(hidden=4096, inter=14336, experts=8, k=2, layout=CONFIGS[0].layout)
+    p = dataclasses.replace(_problem(mixtral, rows), sms=132, arch="sm_90a")
+    pipeline = next(pl for pl in PIPELINES if pl.name == "prefill-wgmma")
+    specs = {f: get_family(f).spec(mixtral) for f in pipeline.families}
+    counted = []
+    real = WgmmaPrefillFamily.configure
+    monkeypatch.setattr(WgmmaPrefillFamily, "configure", lambda self, s, q: counted.append(1) or real(self, s, q))
+    keys = launched(pipeline, specs, mixtral, p)
+    assert len(counted) == 1 and keys[specs["wgmma_prefill"]]
+    spec = specs["wgmma_prefill"]
+    call = real(fam, spec, p)
+    for role in ("group", "permute", "fc1", "fc2", "combine"):
+        assert fam.kernel_for(spec, role, p, call) == fam.kernel_for(spec, role, p)
+        assert fam.launch(spec, role, p, call) == fam.launch(spec, role, p)
+        assert fam.scratch(spec, role, p, call) == fam.scratch(spec, role, p)

@@ -176,14 +176,21 @@ class KernelFamily:
                            parts=self.parts(spec))
 
     # -- pipeline steps --------------------------------------------------------------------
-    def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem) -> str:
+    def configure(self, spec: ModuleSpec, problem: Problem):
+        """The family's choices for one call (route tile, splits, pairs ...), made once per plan: a frozen value the
+        plan hands to :meth:`kernel_for`, :meth:`launch` and :meth:`scratch` as ``call``, so they read one decision
+        instead of each making it again; None where the family has none to share. Each of those methods computes it
+        when given none (tests call them one at a time)."""
+        return None
+
+    def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem, call=None) -> str:
         """The kernel key that does ``role`` for ``problem``."""
         return role
 
-    def launch(self, spec: ModuleSpec, role: str, problem: Problem) -> Launch:
+    def launch(self, spec: ModuleSpec, role: str, problem: Problem, call=None) -> Launch:
         raise NotImplementedError(f"kernel family {self.name!r} has no step {role!r}")
 
-    def scratch(self, spec: ModuleSpec, role: str, problem: Problem) -> dict[str, Slot]:
+    def scratch(self, spec: ModuleSpec, role: str, problem: Problem, call=None) -> dict[str, Slot]:
         """Scratch buffers (by argument name) the step reads or writes."""
         return {}
 

@@ -75,12 +75,12 @@ class GemmFamily(KernelFamily):
             ))
         return tuple(out)
 
-    def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem) -> str:
+    def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem, call=None) -> str:
         if role in ("fc1", "fc2"):
             return f"{role}_br{tile_routes(problem.routes, problem.experts)}"
         return role
 
-    def launch(self, spec: ModuleSpec, role: str, problem: Problem) -> Launch:
+    def launch(self, spec: ModuleSpec, role: str, problem: Problem, call=None) -> Launch:
         br = tile_routes(problem.routes, problem.experts)
         if role == "group":
             return group_launch(br)
@@ -91,5 +91,5 @@ class GemmFamily(KernelFamily):
         cols = (2 * problem.I if gated else problem.I) if role == "fc1" else problem.H
         return Launch((tiles, (cols + BW - 1) // BW, 1), (THREADS, 1, 1), 0)
 
-    def scratch(self, spec: ModuleSpec, role: str, problem: Problem) -> dict[str, Slot]:
+    def scratch(self, spec: ModuleSpec, role: str, problem: Problem, call=None) -> dict[str, Slot]:
         return grouped_scratch(role, problem, 4)  # act_sorted in float32

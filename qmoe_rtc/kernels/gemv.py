@@ -65,14 +65,14 @@ class GemvFamily(KernelFamily):
         )
         return (fc1, fc2)
 
-    def launch(self, spec: ModuleSpec, role: str, problem: Problem) -> Launch:
+    def launch(self, spec: ModuleSpec, role: str, problem: Problem, call=None) -> Launch:
         if role == "fc1":
             gated = spec["swiglu_fusion"] != 0 or spec["has_fc3"]
             per_block = FC1_ROWS // 2 if gated else FC1_ROWS  # outputs per block
             return Launch((problem.routes, (problem.I + per_block - 1) // per_block, 1), (THREADS, 1, 1), 0)
         return Launch((problem.rows, (problem.H + FC2_ROWS - 1) // FC2_ROWS, 1), (THREADS, 1, 1), 0)
 
-    def scratch(self, spec: ModuleSpec, role: str, problem: Problem) -> dict[str, Slot]:
+    def scratch(self, spec: ModuleSpec, role: str, problem: Problem, call=None) -> dict[str, Slot]:
         itemsize = 4 if spec["dtype"] == "float32" else 2
         return {"act": Slot(problem.routes * problem.I * itemsize)} if role == "fc1" else {}  # [R, I] T
 

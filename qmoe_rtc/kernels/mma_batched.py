@@ -193,7 +193,7 @@ class MmaBatchedFamily(KernelFamily):
             ))
         return tuple(out)
 
-    def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem) -> str:
+    def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem, call=None) -> str:
         return f"{role}_br{tile_routes(problem)}" if role in ("fc1", "fc2") else role
 
     def geometry(self, spec: ModuleSpec, role: str, problem: Problem) -> tuple[int, int]:
@@ -211,7 +211,7 @@ class MmaBatchedFamily(KernelFamily):
         per_block = per_tile * (WARPS // ks)
         return ks, (n_out + per_block - 1) // per_block
 
-    def launch(self, spec: ModuleSpec, role: str, problem: Problem) -> Launch:
+    def launch(self, spec: ModuleSpec, role: str, problem: Problem, call=None) -> Launch:
         if role == "group":
             return group_launch(8)
         if role == "combine":
@@ -220,5 +220,5 @@ class MmaBatchedFamily(KernelFamily):
         smem = launch_smem(spec, role, 0, spec["row_tiles"])
         return Launch((gx, problem.experts, 1), (THREADS, 1, 1), smem, (("KS", ks),))
 
-    def scratch(self, spec: ModuleSpec, role: str, problem: Problem) -> dict[str, Slot]:
+    def scratch(self, spec: ModuleSpec, role: str, problem: Problem, call=None) -> dict[str, Slot]:
         return grouped_scratch(role, problem, 2)  # act_sorted in T

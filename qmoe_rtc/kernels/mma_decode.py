@@ -239,7 +239,7 @@ class MmaDecodeFamily(KernelFamily):
             ))
         return tuple(out)
 
-    def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem) -> str:
+    def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem, call=None) -> str:
         return f"{role}_br8_xr" if x_staged(spec, problem.rows) else f"{role}_br{tile_routes(problem.rows)}"
 
     def geometry(self, spec: ModuleSpec, role: str, problem: Problem) -> tuple[int, int]:
@@ -255,7 +255,7 @@ class MmaDecodeFamily(KernelFamily):
         per_block = per_tile * (WARPS // ks)
         return ks, (n_out + per_block - 1) // per_block
 
-    def launch(self, spec: ModuleSpec, role: str, problem: Problem) -> Launch:
+    def launch(self, spec: ModuleSpec, role: str, problem: Problem, call=None) -> Launch:
         ks, gx = self.geometry(spec, role, problem)
         xs = x_staged(spec, problem.rows)
         smem = launch_smem(spec, role, problem.routes, xs=xs)
@@ -266,7 +266,7 @@ class MmaDecodeFamily(KernelFamily):
             args += (("FC1_TILES", self.geometry(spec, "fc1", problem)[1]),)
         return Launch((gx, problem.routes, 1), (THREADS, 1, 1), smem, args, overlap=True)
 
-    def scratch(self, spec: ModuleSpec, role: str, problem: Problem) -> dict[str, Slot]:
+    def scratch(self, spec: ModuleSpec, role: str, problem: Problem, call=None) -> dict[str, Slot]:
         R = problem.routes
         if role == "fc1":
             # act [R, I] T; the expert flow's counters [E + S] u32 each, zero between calls (FC2 resets

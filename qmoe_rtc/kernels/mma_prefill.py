@@ -151,12 +151,12 @@ class MmaPrefillFamily(KernelFamily):
         fit = [br for br in fitting_tiles(spec, problem.smem_limit) if br <= want]
         return fit[-1] if fit else TILE_ROUTES[0]
 
-    def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem) -> str:
+    def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem, call=None) -> str:
         if role in ("fc1", "fc2"):
             return f"{role}_br{self.route_tile(spec, problem)}"
         return role
 
-    def launch(self, spec: ModuleSpec, role: str, problem: Problem) -> Launch:
+    def launch(self, spec: ModuleSpec, role: str, problem: Problem, call=None) -> Launch:
         br = self.route_tile(spec, problem)
         if role == "group":
             return group_launch(br)
@@ -166,5 +166,5 @@ class MmaPrefillFamily(KernelFamily):
         nt = weight_tiles(spec, role, problem.I if role == "fc1" else problem.H, warps * MW)
         return tiled_launch(problem, br, nt, 32 * warps, ring_smem(spec, role, br))
 
-    def scratch(self, spec: ModuleSpec, role: str, problem: Problem) -> dict[str, Slot]:
+    def scratch(self, spec: ModuleSpec, role: str, problem: Problem, call=None) -> dict[str, Slot]:
         return grouped_scratch(role, problem, 2)  # act_sorted in T

@@ -203,7 +203,7 @@ class RouteFamily(KernelFamily):
             return f"{problem.rows} rows (the router GEMM's grid holds at most {MAX_GRID_Y * TILE})"
         return None
 
-    def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem) -> str:
+    def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem, call=None) -> str:
         gate, rgemm, warp = bool(spec.get("gate")), bool(spec.get("rgemm")), bool(spec.get("warp"))
         if role == "logits":
             if not rgemm or not problem.router_gemm:
@@ -221,14 +221,14 @@ class RouteFamily(KernelFamily):
         lt = "gemm" if rgemm else problem.router_dtype
         return kernel_key(lt, problem.router_weights_dtype, problem.sparse, gate) + ("_warp" if warp else "")
 
-    def launch(self, spec: ModuleSpec, role: str, problem: Problem) -> Launch:
+    def launch(self, spec: ModuleSpec, role: str, problem: Problem, call=None) -> Launch:
         if role == "logits":
             return logits_geometry(problem)[1]
         if spec.get("warp"):
             return Launch((_cdiv(problem.rows, WARP_ROWS), 1, 1), (32 * WARP_ROWS, 1, 1), 0, overlap=True)
         return Launch((problem.rows, 1, 1), (THREADS, 1, 1), 0, overlap=True)  # waits for the router GEMM
 
-    def scratch(self, spec: ModuleSpec, role: str, problem: Problem) -> dict[str, Slot]:
+    def scratch(self, spec: ModuleSpec, role: str, problem: Problem, call=None) -> dict[str, Slot]:
         logits = {"router_logits": Slot(4 * problem.rows * problem.logit_count)} if problem.router_gemm else {}  # [rows, E] f32
         if role == "logits":
             return logits

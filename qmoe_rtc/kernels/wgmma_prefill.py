@@ -13,7 +13,7 @@ The engine permutes the input's K chunks into the order the MMA's shared-memory 
 GEMMs read in one round of loads, ``engines/wg_tiles.cuh``), run FC1 [+FC3] with the activation fused (sorted
 order, written in FC2's order), FC2 + bias by route id, and ``group_by_expert`` / ``combine_routes`` as in
 ``mma_prefill``. FC2 may run a tile as two blocks, each over half of K, adding into ``y`` (zeroed
-by ``wg_prepare``), when whole tiles would leave the last round of SMs at most half busy (:meth:`WgmmaPrefillFamily.fc2_k_split`;
+by ``wg_prepare``), when whole tiles would leave the last round of SMs at most half busy (:meth:`WgmmaPrefillFamily.configure`;
 the device decides per call, the same for every tile, so a route's sum does not depend on its tile).
 The route tile is chosen from the routes per expert of the call. The 128-route GEMMs on 4 warpgroups
 also come as pairs of blocks in a cluster (``fc1_br128_pair``, ``fc2_br128_pair``, with ``permute_image`` gathering x
@@ -30,7 +30,7 @@ not known (the warm tool, CPU) below :data:`MIN_ROUTES_PER_EXPERT` routes per ex
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from .. import knobs
 from ..errors import KnobError
@@ -83,7 +83,7 @@ from .wgmma_geometry import (
     tile_routes,
 )
 
-__all__ = ["MIN_ROUTES_PER_EXPERT", "WgmmaPrefillFamily"]
+__all__ = ["MIN_ROUTES_PER_EXPERT", "WgCall", "WgmmaPrefillFamily"]
 
 #: Where the arch has no measured crossovers (kernels/engine_choice.py; sm_90 has): routes per expert (average
 #: over the experts that get routes) from which this engine runs: it comes first in the prefill preference
@@ -110,6 +110,20 @@ def overlapped(spec: ModuleSpec) -> bool:
 #: idle SMs (ort-2048, 16 chunks).
 FC2_SPLIT_ROUNDS = 2
 FC2_SPLIT_CHUNKS = 32
+
+
+@dataclass(frozen=True)
+class WgCall:
+    """One call's choices (:meth:`WgmmaPrefillFamily.configure`), made once per plan and read by the kernel choice,
+    every launch and the scratch."""
+
+    br: int  # routes a tile (wgmma_geometry.tile_routes)
+    pair: bool  # the GEMMs as pairs of blocks in a cluster (WgmmaPrefillFamily.pairs)
+    fc2_ks: int  # blocks FC2 launches a tile: 2 where it may split K (1 for pairs)
+    Hp: int  # H padded to whole chunks: x's permuted rows [rows, Hp]
+    Ip: int  # I padded to whole chunks: act_sorted [R, Ip]
+    rp: int  # rows of the pairs' route-tile images (image_rows), 0 without pairs
+    slots: int  # route-tile slots of the tile table (tile_slots)
 
 
 @register
@@ -224,6 +238,9 @@ class WgmmaPrefillFamily(KernelFamily):
         and the call's route tile is PAIR_ROUTES; knob ``prefill_wg_pairs``: 'on' / 'off' force them there / never,
         'auto' (the default) from PAIR_MIN_FC1_TILES FC1 weight tiles a route tile and where FC2 would not split K
         (the measurements: kernels/wgmma_geometry.py)."""
+        return self._pairs(spec, problem, self._k_split(spec, problem))
+
+    def _pairs(self, spec: ModuleSpec, problem: Problem, ks: int) -> bool:
         mode = knobs.get("prefill_wg_pairs")
         if mode not in ("auto", "on", "off"):
             raise KnobError(knobs.label("prefill_wg_pairs"), "one of ['auto', 'on', 'off']", repr(mode))
@@ -231,11 +248,16 @@ class WgmmaPrefillFamily(KernelFamily):
         if mode == "off" or not pair_kernels(spec) or br != PAIR_ROUTES:
             return False
         nt1 = weight_tiles(spec, "fc1", padded(problem.I), 4 * groups_of(spec, "fc1", PAIR_ROUTES))
-        return mode == "on" or (nt1 >= PAIR_MIN_FC1_TILES and self._k_split(spec, problem) == 1)
+        return mode == "on" or (nt1 >= PAIR_MIN_FC1_TILES and ks == 1)
 
-    def fc2_k_split(self, spec: ModuleSpec, problem: Problem) -> int:
-        """KS, the blocks FC2 launches a tile: 1 for pairs (:meth:`pairs`), else :meth:`_k_split`."""
-        return 1 if self.pairs(spec, problem) else self._k_split(spec, problem)
+    def configure(self, spec: ModuleSpec, problem: Problem) -> WgCall:
+        """The call's route tile, pairs or not, FC2's blocks a tile (1 for pairs, else :meth:`_k_split`), padded K and
+        the images' rows: each decided here once."""
+        br = tile_routes(problem.routes, problem.experts, have=spec_tiles(spec))
+        ks = self._k_split(spec, problem)
+        pair = self._pairs(spec, problem, ks)
+        return WgCall(br, pair, 1 if pair else ks, padded(problem.H), padded(problem.I),
+                      image_rows(spec, problem) if pair else 0, tile_slots(problem, br))
 
     def _k_split(self, spec: ModuleSpec, problem: Problem) -> int:
         """KS, the blocks FC2 launches a tile: 2 (its halves of K, when the device
@@ -255,56 +277,49 @@ class WgmmaPrefillFamily(KernelFamily):
         few = tiles <= FC2_SPLIT_ROUNDS * slots and padded(problem.I) >= FC2_SPLIT_CHUNKS * CHUNK
         return 2 if mode == "on" or few else 1
 
-    def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem) -> str:
-        pair = role in ("permute", "fc1", "fc2") and self.pairs(spec, problem)
+    def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem, call: WgCall | None = None) -> str:
+        c = call or self.configure(spec, problem)
         if role in ("fc1", "fc2"):
-            return f"{role}_br{tile_routes(problem.routes, problem.experts, have=spec_tiles(spec))}" + ("_pair" if pair else "")
-        return "permute_image" if pair else role
+            return f"{role}_br{c.br}" + ("_pair" if c.pair else "")
+        return "permute_image" if role == "permute" and c.pair else role
 
-    def launch(self, spec: ModuleSpec, role: str, problem: Problem) -> Launch:
-        br = tile_routes(problem.routes, problem.experts, have=spec_tiles(spec))
-        Hp, Ip = padded(problem.H), padded(problem.I)
+    def launch(self, spec: ModuleSpec, role: str, problem: Problem, call: WgCall | None = None) -> Launch:
+        c = call or self.configure(spec, problem)
+        br, Hp, Ip = c.br, c.Hp, c.Ip
         if role in ("group", "combine"):  # each waits for the kernel before it (core/pdl.cuh)
             return replace(group_launch(br) if role == "group" else combine_launch(problem), overlap=overlapped(spec))
-        pair = self.pairs(spec, problem)
-        if role == "permute" and pair:  # the gather into an image: one block per GATHER_ROWS sorted rows (of every
+        if role == "permute" and c.pair:  # the gather into an image: one block per GATHER_ROWS sorted rows (of every
             # route: the held ones are a prefix the kernel reads from the grouping); it also writes the tile table
             return Launch((max(1, -(-problem.routes // GATHER_ROWS)), 1, 1), (256, 1, 1), 0,
-                          (("Hp", Hp), ("Rp", image_rows(spec, problem)), ("BR", br), ("slots", tile_slots(problem, br))),
-                          overlap=overlapped(spec))
+                          (("Hp", Hp), ("Rp", c.rp), ("BR", br), ("slots", c.slots)), overlap=overlapped(spec))
         if role == "permute":  # also zeroes y when FC2 may add its halves of K into it, and writes the tile table
-            y_zero = problem.routes * problem.H if self.fc2_k_split(spec, problem) == 2 else 0
+            y_zero = problem.routes * problem.H if c.fc2_ks == 2 else 0
             return Launch((max(1, (problem.rows * Hp // 8 + 255) // 256), 1, 1), (256, 1, 1), 0,
-                          (("Hp", Hp), ("y_zero", y_zero), ("BR", br), ("slots", tile_slots(problem, br))),
-                          overlap=overlapped(spec))
+                          (("Hp", Hp), ("y_zero", y_zero), ("BR", br), ("slots", c.slots)), overlap=overlapped(spec))
         wgs = groups_of(spec, role, br)
         m16 = 4 * wgs  # m16 weight tiles per block
         # FC1 covers Ip: its padding columns are written as zeros (FC2 reads them)
         nt = weight_tiles(spec, role, Ip if role == "fc1" else problem.H, m16)
-        if pair:  # a pair's blocks take weight tiles 2j, 2j + 1: where NT is odd, the last one past the outputs (its rows
-            nt += nt % 2  # clamped, nothing stored)
-        smem = launch_smem(spec, role, br, tile_slots(problem, br) * nt, problem.sm_count)
-        rp = image_rows(spec, problem) if pair else 0  # the pairs' images' rows (else unused)
+        if c.pair:  # a pair's blocks take weight tiles 2j, 2j + 1: where NT is odd, the last one past the outputs (its
+            nt += nt % 2  # rows clamped, nothing stored)
+        smem = launch_smem(spec, role, br, c.slots * nt, problem.sm_count)
         if role == "fc2":  # KS blocks a tile: its halves of K (fc2_splits decides on the device)
-            ks, slots = self.fc2_k_split(spec, problem), problem.sm_count * resident(spec, role, br)
+            slots = problem.sm_count * resident(spec, role, br)
             launch = tiled_launch(problem, br, nt, 128 * wgs, smem,
-                                  (("Hp", Hp), ("Ip", Ip), ("Rp", rp), ("KS", ks), ("SMS", slots)))
-            return replace(launch, grid=(launch.grid[0] * ks, 1, 1), overlap=overlapped(spec))
-        launch = tiled_launch(problem, br, nt, 128 * wgs, smem, (("Hp", Hp), ("Ip", Ip), ("Rp", rp)))
+                                  (("Hp", Hp), ("Ip", Ip), ("Rp", c.rp), ("KS", c.fc2_ks), ("SMS", slots)))
+            return replace(launch, grid=(launch.grid[0] * c.fc2_ks, 1, 1), overlap=overlapped(spec))
+        launch = tiled_launch(problem, br, nt, 128 * wgs, smem, (("Hp", Hp), ("Ip", Ip), ("Rp", c.rp)))
         return replace(launch, overlap=overlapped(spec))
 
-    def scratch(self, spec: ModuleSpec, role: str, problem: Problem) -> dict[str, Slot]:
+    def scratch(self, spec: ModuleSpec, role: str, problem: Problem, call: WgCall | None = None) -> dict[str, Slot]:
+        c = call or self.configure(spec, problem)
         item = 2  # T is float16 / bfloat16
-        pair = role in ("permute", "fc1") and self.pairs(spec, problem)
         if role == "permute":  # the tile table (wg_tiles.cuh); xp [rows, Hp] and y [R, H] f32 (zeroed for a split FC2),
-            br = tile_routes(problem.routes, problem.experts, have=spec_tiles(spec))  # or for pairs xs [Hp / 64, Rp, 64]
-            slots = tile_slots(problem, br)
-            table = {"tile_info": Slot(16 * slots), "tile_rows": Slot(4 * slots * br)}  # [slots] int4, [slots, BR] i32
-            if pair:
-                return {"xs": Slot(image_rows(spec, problem) * padded(problem.H) * item), **table}
-            return {"xp": Slot(problem.rows * padded(problem.H) * item), **grouped_scratch("fc2", problem, item), **table}
-        if role == "fc1" and pair:
-            return {"act_sorted": Slot(image_rows(spec, problem) * padded(problem.I) * item)}  # [Ip / 64, Rp, 64]
-        if role == "fc1":
-            return {"act_sorted": Slot(problem.routes * padded(problem.I) * item)}  # [R, Ip]
+            # or for pairs xs [Hp / 64, Rp, 64]
+            table = {"tile_info": Slot(16 * c.slots), "tile_rows": Slot(4 * c.slots * c.br)}  # [slots] int4, [slots, BR] i32
+            if c.pair:
+                return {"xs": Slot(c.rp * c.Hp * item), **table}
+            return {"xp": Slot(problem.rows * c.Hp * item), **grouped_scratch("fc2", problem, item), **table}
+        if role == "fc1":  # [Ip / 64, Rp, 64] for pairs, else [R, Ip]
+            return {"act_sorted": Slot((c.rp if c.pair else problem.routes) * c.Ip * item)}
         return grouped_scratch(role, problem, item)

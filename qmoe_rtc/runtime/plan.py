@@ -44,9 +44,16 @@ def problem_scalars(p: Problem) -> dict:
 def launched(pipeline: Pipeline, specs: dict, config, problem: Problem) -> dict[ModuleSpec, set[str]]:
     """The kernel keys ``pipeline``'s steps launch at ``problem``, by module spec (``specs``: each family's)."""
     out: dict[ModuleSpec, set[str]] = {s: set() for s in specs.values()}
+    calls = _calls(pipeline, specs, config, problem)
     for st in pipeline.steps_for(config):
-        out[specs[st.family]].add(get_family(st.family).kernel_for(specs[st.family], st.role, problem))
+        out[specs[st.family]].add(get_family(st.family).kernel_for(specs[st.family], st.role, problem, calls[st.family]))
     return out
+
+
+def _calls(pipeline: Pipeline, specs: dict, config, problem: Problem) -> dict:
+    """Each family's choices for the call (:meth:`~qmoe_rtc.kernels.base.KernelFamily.configure`), made once."""
+    return {f: get_family(f).configure(specs[f], problem) for f in dict.fromkeys(st.family for st in
+                                                                                 pipeline.steps_for(config))}
 
 
 def load_launched(wanted, device_id: int) -> dict[ModuleSpec, LoadedModule]:
@@ -92,10 +99,11 @@ class Plan:
         """The plan of ``pipeline`` at ``problem``: each step's kernel from ``modules`` (by spec, loaded with the
         kernels :func:`launched` names), its family's launch geometry and scratch."""
         steps = []
+        calls = _calls(pipeline, specs, config, problem)
         for st in pipeline.steps_for(config):
-            fam, spec = get_family(st.family), specs[st.family]
-            steps.append(PlanStep(st.family, st.role, spec, modules[spec][fam.kernel_for(spec, st.role, problem)],
-                                  fam.launch(spec, st.role, problem), fam.scratch(spec, st.role, problem)))
+            fam, spec, call = get_family(st.family), specs[st.family], calls[st.family]
+            steps.append(PlanStep(st.family, st.role, spec, modules[spec][fam.kernel_for(spec, st.role, problem, call)],
+                                  fam.launch(spec, st.role, problem, call), fam.scratch(spec, st.role, problem, call)))
         return cls(problem, pipeline, tuple(steps))
 
     @property
