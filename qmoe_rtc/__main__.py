@@ -20,8 +20,14 @@ def _version(dist: str) -> str:
 
 
 def cmd_info(args) -> int:
-    """Versions, NVRTC found?, GPU found?"""
+    """Versions, NVRTC found?, GPU found? (``--engines``: the engine table instead, from the pipelines.)"""
     import qmoe_rtc
+
+    if getattr(args, "engines", False):
+        from .kernels.pipelines import engine_table
+
+        print(engine_table(), end="")
+        return 0
 
     print(f"qmoe_rtc            {qmoe_rtc.__version__}")
     print(f"python              {platform.python_version()} ({sys.executable})")
@@ -207,7 +213,9 @@ def main(argv=None) -> int:
               "names (python -m puts the working directory first; run from that tree's directory)", file=sys.stderr)
     parser = argparse.ArgumentParser(prog="python -m qmoe_rtc", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("info", help="versions, NVRTC and GPU found?")
+    i = sub.add_parser("info", help="versions, NVRTC and GPU found?")
+    i.add_argument("--engines", action="store_true",
+                   help="print the engine table instead (the pipelines, fastest first: README's \"Which kernels run\")")
     d = sub.add_parser("demo", help="run a random Qwen3-30B-A3B-shaped layer")
     d.add_argument("--tokens", type=positive, default=4, help="tokens (rows) of the input (default: 4)")
     d.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float16",

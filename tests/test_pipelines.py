@@ -450,22 +450,23 @@ def test_wgmma_k_order_on_tiled_codes(bits):
 
 
 def test_the_readme_engine_table_is_the_one_pipelines_give():
-    """README.md's engine table is generated from PIPELINES (tools/engine_table.py --write): one source, so a pipeline
-    added or changed shows in the table or fails here."""
-    import importlib.util
+    """README.md's engine table is generated from PIPELINES (``python -m qmoe_rtc info --engines`` prints it, to paste
+    between the markers): one source, so a pipeline added or changed shows in the table or fails here."""
+    import subprocess
+    import sys
     from pathlib import Path
 
-    from qmoe_rtc.kernels.pipelines import PIPELINES, engine_table
+    from qmoe_rtc.kernels.pipelines import engine_table
 
     root = Path(__file__).resolve().parent.parent
-    spec = importlib.util.spec_from_file_location("engine_table", root / "tools" / "engine_table.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
     readme = (root / "README.md").read_text()
     table = engine_table()
-    assert tool.BEGIN + table + tool.END in readme
-    assert tool.readme_with_table(readme, table) == readme
+    begin, end = "<!-- engine table: python -m qmoe_rtc info --engines -->\n", "<!-- end of engine table -->\n"
+    assert begin + table + end in readme, "paste `python -m qmoe_rtc info --engines` between the README's markers"
     assert all(f"`{p.name}`" in table and p.engine and p.takes for p in PIPELINES)
+    r = subprocess.run([sys.executable, "-m", "qmoe_rtc", "info", "--engines"], capture_output=True, text=True,
+                       cwd=root, timeout=60)
+    assert r.returncode == 0 and r.stdout == table, r.stderr
 
 
 @pytest.mark.parametrize("rows", [64, 512, 4096])

@@ -92,9 +92,10 @@ _ROLE_WORDS = {"route": "route", "group": "group", "permute": "permute", "fc1": 
 
 
 def engine_table() -> str:
-    """The engine table of README.md ("Which kernels run"), as Markdown, from :data:`PIPELINES` (a CPU test checks
-    that the README holds this text): path, pipeline, its launches and engine, what it takes. The router GEMM, a
-    conditional first step, is left out (the README says so)."""
+    """The engine table of README.md ("Which kernels run"), as Markdown, from :data:`PIPELINES`
+    (``python -m qmoe_rtc info --engines`` prints it; a CPU test checks that the README holds this text): path,
+    pipeline, its launches and engine, what it takes. The router GEMM, a conditional first step, is left out (the
+    README says so)."""
     rows = ["| path | pipeline | kernels | takes |", "|---|---|---|---|"]
     for p in PIPELINES:
         launches = " → ".join(_ROLE_WORDS[s.role] for s in p.steps if not s.when)
