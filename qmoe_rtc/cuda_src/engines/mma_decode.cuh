@@ -89,22 +89,18 @@ __device__ __forceinline__ void flow_wait_fc1(u32* fc1_done, u32* fc2_seen, i32 
   __syncthreads();
 }
 
-// The routes of one expert. Every block first loads the R ids into shared memory (load_route_ids: one round trip,
-// before the block knows its expert, so the route scan needs no second one); the block of route r proceeds only if
-// no earlier route has the same expert, and then lists (in route order) every route of that expert.
+// The routes of one expert. Every block loads the R ids into shared memory; the block of route r
+// proceeds only if no earlier route has the same expert, and then lists (in route order) every
+// route of that expert.
 struct ExpertRoutes {
   i32 n;  // routes listed (0: this block is a duplicate and has nothing to do)
 };
 
-// s_ids[q] = ids[q] for the R routes (all threads call it; block-uniform). Read through L2: FC2 reads them before
-// its wait, complete once FC1 released its grid.
-__device__ __forceinline__ void load_route_ids(const i32* __restrict__ ids, i32 R, i32* s_ids) {
-  for (i32 q = threadIdx.x; q < R; q += kMmaThreads) s_ids[q] = __ldcg(ids + q);
-  __syncthreads();
-}
-
-__device__ __forceinline__ ExpertRoutes collect_routes(i32 R, const i32* s_ids, i32* s_list, i32* s_n) {
+__device__ __forceinline__ ExpertRoutes collect_routes(const i32* __restrict__ ids, i32 R, i32* s_ids, i32* s_list,
+                                                       i32* s_n) {
   const i32 r = blockIdx.y;
+  for (i32 q = threadIdx.x; q < R; q += kMmaThreads) s_ids[q] = __ldcg(ids + q);  // L2: FC2 may read before its wait
+  __syncthreads();
   const i32 e = s_ids[r];
   bool dup = false;
   for (i32 q = threadIdx.x; q < r; q += kMmaThreads) dup |= s_ids[q] == e;
@@ -146,8 +142,7 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
   constexpr int kOutPerTile = kGated ? 8 : 16;
   pdl_wait();     // the route ids come from the routing kernel launched just before (core/pdl.cuh)
   pdl_release();  // FC2's blocks may start: routing is complete, so they can read the ids at once
-  load_route_ids(ids, R, s_ids);
-  i32 e = s_ids[blockIdx.y];
+  i32 e = ids[blockIdx.y];
   if (e < 0) return;  // an expert this layer does not hold (expert slices [ext]): FC2 skips the route too
   const i32 eid = e;  // the route's expert id (routed or shared): the expert flow's counter
   const Proj<ScaleT> p1 = expert_proj(e, wt.E_routed, wt.fc1, wt.shared_fc1);
@@ -167,7 +162,7 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
   const u8* pa = p1.w + Codes::row(e, N1, Rows::tile_row(na), H);
   const u8* pb = GATE == GATE_FC3 ? p3.w + Codes::row(e, I, nb, H) : p1.w + Codes::row(e, N1, Rows::tile_row(nb), H);
   if (R <= kMmaPrefetchRoutes) prefetch_rows<B1>(pa, pb, H, ks, KS, PF);
-  const ExpertRoutes er = collect_routes(R, s_ids, s_list, &s_n);
+  const ExpertRoutes er = collect_routes(ids, R, s_ids, s_list, &s_n);
   if (er.n == 0) return;
   check_x_lanes<XR>(XS, er.n);
 
@@ -226,9 +221,7 @@ fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const fl
   const i32 MT = kMmaWarps / KS, mt = warp % MT, ks = warp / MT;
   const i32 g = lane >> 2, t = lane & 3;
   // Before pdl_wait (core/pdl.cuh): only the route ids (complete once FC1 released this grid; read
-  // through L2) and the weights, so the prefetch below overlaps FC1's tail. FC2's route scan runs under FC1, off the
-  // forward's critical path: its route's id read alone first, so its prefetch starts a barrier earlier (and the
-  // 32-route kernel spills 24 bytes instead of 40).
+  // through L2) and the weights, so the prefetch below overlaps FC1's tail.
   i32 e = __ldcg(ids + blockIdx.y);
   const i32 eid = e;  // the route's expert id: the expert flow's counter
   const Proj<ScaleT> p2 = expert_proj(e, wt.E_routed, wt.fc2, wt.shared_fc2);
@@ -241,8 +234,7 @@ fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const fl
   // still counts for its tile below (block-uniform, so collect_routes' barriers are skipped by all)
   if (e >= 0 && R <= kMmaPrefetchRoutes) prefetch_rows<B2>(pa, pb, I, ks, KS, PF);
   if constexpr (!kMmaExpertFlow) pdl_wait();  // act (FC1's output) from here on
-  if (e >= 0) load_route_ids(ids, R, s_ids);  // block-uniform
-  const ExpertRoutes er = e < 0 ? ExpertRoutes{0} : collect_routes(R, s_ids, s_list, &s_n);
+  const ExpertRoutes er = e < 0 ? ExpertRoutes{0} : collect_routes(ids, R, s_ids, s_list, &s_n);
   if constexpr (kMmaExpertFlow) {
     if (er.n > 0) flow_wait_fc1(fc1_done, fc2_seen, eid, FC1_TILES);  // this expert's act from here on
   }
