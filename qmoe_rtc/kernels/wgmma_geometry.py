@@ -93,7 +93,7 @@ def stages(stage: int, max_stages: int = MAX_STAGES, budget: int = SMEM_BUDGET) 
 
 def tile_groups(bits: int, scale_bytes: int, block_size: int, zp_packed: bool, br: int, tiled_meta: bool = False,
                 max_stages: int = MAX_STAGES) -> int:
-    """Warpgroups per block of a ``tiles`` GEMM by default (WgStage::kGroups): 2 at 64-route tiles where four
+    """Warpgroups per block of a GEMM by default (WgStage::kGroups): 2 at 64-route tiles where four
     stages of 2 warpgroups fit twice in an SM, so two blocks share it and one's first copies and epilogue
     overlap the other's main loop (H200, against 4: int4 gpt-oss-120b at 512 / 1024 tokens
     -9.4 / -6.6 %, qwen3-30b-a3b -4.0 / -4.2 %), else 4 (int8, whose ring fits once: 2 measured 12-16 %
