@@ -57,10 +57,10 @@ __all__ = [
 #: ignored would be a surprise): the per-knob tuning variables (now ``QMOE_RTC_TUNE``) and knobs removed because
 #: they changed nothing (their measurements stay in docs/performance-log.md).
 RETIRED: dict[str, str] = {
-    **{f"QMOE_RTC_{k.name.upper()}": f"{TUNE_ENV}={k.name}=<value>" for k in KNOBS.values() if k.tuning},
-    "QMOE_RTC_MMA_ROLL_COPIES": "nothing: the knob was removed (the rolled copy loop measured within noise of the "
+    **{f"QMOE_RTC_{k.name.upper()}": f"set {TUNE_ENV}={k.name}=<value> instead" for k in KNOBS.values() if k.tuning},
+    "QMOE_RTC_MMA_ROLL_COPIES": "the knob was removed (the rolled copy loop measured within noise of the "
                                 "unrolled one; the narrow codes that need it roll it always)",
-    **{var: "nothing: the knob was removed with the wgmma engine's warp-specialised variant (measured 0.98-1.5x the "
+    **{var: "the knob was removed with the wgmma engine's warp-specialised variant (measured 0.98-1.5x the "
             "time of the kernels that remain)" for var in ("QMOE_RTC_PREFILL_WG_VARIANT", "QMOE_RTC_PREFILL_WS_MW")},
 }
 
@@ -78,7 +78,7 @@ def _knob(name: str) -> Knob:
 def _refuse_retired() -> None:
     for var, instead in RETIRED.items():
         if var in os.environ:
-            raise KnobError(var, f"unset: it is no longer read (set {instead} instead)", repr(os.environ[var]))
+            raise KnobError(var, f"unset: it is no longer read ({instead})", repr(os.environ[var]))
 
 
 @functools.lru_cache(maxsize=16)
@@ -93,10 +93,12 @@ def _tuned(raw: str) -> dict[str, Any]:
         name, sep, value = item.partition("=")
         name = name.strip()
         knob = KNOBS.get(name)
-        if not sep or knob is None or not knob.tuning or name in out:
-            why = (f"its own variable {knob.var}" if knob is not None and not knob.tuning else
-                   "each name once" if name in out else f"name=value pairs, a name among {names}")
-            raise KnobError(TUNE_ENV, why, repr(item))
+        if not sep or knob is None:
+            raise KnobError(TUNE_ENV, f"name=value pairs, a name among {names}", repr(item))
+        if not knob.tuning:
+            raise KnobError(TUNE_ENV, f"its own variable {knob.var}", repr(item))
+        if name in out:
+            raise KnobError(TUNE_ENV, "each name once", repr(item))
         out[name] = knob.parse(value)
     return out
 
