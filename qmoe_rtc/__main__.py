@@ -222,7 +222,7 @@ def main(argv=None) -> int:
                    help="activation dtype (default: float16)")
     d.add_argument("--seed", type=int, default=0, help="random seed of the layer and inputs (default: 0)")
     sub.add_parser("warm", help="pre-compile kernels into the on-disk cache (see `warm --help`)", add_help=False)
-    sub.add_parser("bench", help="benchmarks: run, peers, ab, crossover, host, soak, stress (see `bench --help`)",
+    sub.add_parser("bench", help="benchmarks: run, peers, ab, crossover, host, soak, stress, reference (see `bench --help`)",
                    add_help=False)
     sub.add_parser("stress", help="contention stress check on the GPU (see `stress --help`)", add_help=False)
     sub.add_parser("checkpoint", help="read a GPTQ / AWQ / compressed-tensors checkpoint's MoE layers "

@@ -4,6 +4,6 @@ Import what you need from the submodule that defines it: :mod:`~qmoe_rtc.bench.r
 :mod:`~qmoe_rtc.bench.report` (shapes, arguments, floors, the table; GPU-free),
 :mod:`~qmoe_rtc.bench.layers` (the benchmark's layers), :mod:`~qmoe_rtc.bench.targets` (the issues'
 speed targets), :mod:`~qmoe_rtc.bench.torch_ref` (the PyTorch baseline), and one module per other
-subcommand (ab, crossover, host, soak, peers; :mod:`~qmoe_rtc.bench.power`, the GPU's power and clock for
+subcommand (ab, crossover, host, soak, peers, reference; :mod:`~qmoe_rtc.bench.power`, the GPU's power and clock for
 ``ab --power``). Importing the package does no work.
 """
