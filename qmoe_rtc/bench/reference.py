@@ -140,14 +140,14 @@ def _header(data: dict, source: str) -> list[str]:
     timing = ["eager" if args.get("no_graph") else "CUDA-graph replay", f"median of {args.get('iters', DASH)}"]
     if not args.get("no_flush"):
         timing.append("L2 flushed")
+    layer = f"{args['dtype']} activations, int{args['bits']} weights; " if "dtype" in args and "bits" in args else ""
     bw, flops = _number(args.get("bw")), _number(args.get("flops"))
     floors = (f"floors at {bw / 1e12:.2f} TB/s and {flops / 1e12:.0f} TFLOP/s" if bw and flops
               else "floors as the run computed them")
     return [f"{meta.get('device', DASH)}, {meta.get('started', DASH)}: `{command}` (source: `{source}`)",
             "",
-            f"µs per layer ({args.get('dtype', DASH)} activations, int{args.get('bits', DASH)} weights; "
-            f"{', '.join(timing)}); {floors}; **bold**: qmoe_rtc ahead of every peer; % of floor: the larger floor "
-            "over qmoe_rtc's µs.",
+            f"µs per layer ({layer}{', '.join(timing)}); {floors}; **bold**: qmoe_rtc ahead of every peer; % of floor: "
+            "the larger floor over qmoe_rtc's µs.",
             ""]
 
 
@@ -183,16 +183,16 @@ def render_table(data: dict, source: str) -> str:
         mine, us = _peer_cell(entries.get("qmoe_rtc"))
         if _differs(entries.get("qmoe_rtc")):
             mine += " !"
-        timed = [(u, p) for (_, u), p in zip(cells, peers) if u is not None]
+        timed = [(u, p) for (_, u), p in zip(cells, peers) if u]  # a zero time gives no ratio
         ratio = pct = DASH
-        if us is not None and timed:
+        if us and timed:
             best, who = min(timed)
             ratio = f"{_ratio(us / best)}× {PEER_WORDS.get(who, who)}"
             if us < best:
                 mine, ratio = f"**{mine}**", f"**{_ratio(us / best)}×** {PEER_WORDS.get(who, who)}"
         floors = [_number(row.get(k)) for k in ("floorB_us", "floorF_us")]
         floor = _number(row.get("floor_us")) or max((f for f in floors if f is not None), default=None)
-        if us is not None and floor is not None:
+        if us and floor is not None:
             pct = f"{100 * floor / us:.0f}"
         lines.append("| " + " | ".join([str(shape), str(t), *map(format_us, floors), *(c for c, _ in cells), mine,
                                         ratio, pct]) + " |")
