@@ -268,7 +268,7 @@ def test_wgmma_pairs_by_call():
 def test_wgmma_warpgroups_by_route_tile_and_layout():
     """Two warpgroups a block at 64-route tiles where four stages of theirs fit twice in an SM (two blocks an
     SM: FC2's device rule then counts 2 × SMs), four at 128 routes and where they do not fit twice (int8);
-    knob prefill_wg_groups forces either for every tile (a -D option, part of the key)."""
+    knob prefill_wg_groups forces either for every tile (in the generated unit's rings, part of the key)."""
     from qmoe_rtc import knobs
     from qmoe_rtc.kernels.wgmma_geometry import tile_groups
 
@@ -279,6 +279,7 @@ def test_wgmma_warpgroups_by_route_tile_and_layout():
     qwen3 = CONFIGS[0]  # 128 experts, k 8: 512 rows give 32 routes per expert (64-route tiles), 4096 give 256
     spec = fam.spec(qwen3)
     assert spec.get("groups") is None and not any("GROUPS" in d for d in fam.defines(spec))
+    assert "{4, 0, 2, 128, 64, 4, 2, 2, " in fam.source(spec) and "{4, 0, 2, 128, 128, 4, 4, 1, " in fam.source(spec)
 
     def fc(role, rows, cfg=qwen3):
         launch = fam.launch(fam.spec(cfg), role, dataclasses.replace(_problem(cfg, rows), sms=132))
@@ -290,7 +291,7 @@ def test_wgmma_warpgroups_by_route_tile_and_layout():
     int8 = dataclasses.replace(qwen3, layout=dataclasses.replace(lay, fc1_bits=8, fc2_bits=8))
     assert (fc("fc1", 512, int8), fc("fc2", 512, int8)) == ((512, None), (512, 132))
     with knobs.scope(prefill_wg_groups=4):
-        assert fam.spec(qwen3)["groups"] == 4 and "-DQMOE_WG_GROUPS=4" in fam.defines(fam.spec(qwen3))
+        assert fam.spec(qwen3)["groups"] == 4 and "{4, 0, 2, 128, 64, 4, 4, 1, " in fam.source(fam.spec(qwen3))
         assert fc("fc2", 512) == (512, 132)
     with knobs.scope(prefill_wg_groups=2):
         assert fc("fc1", 4096) == (256, None) and fc("fc2", 512) == (256, 2 * 132)

@@ -81,6 +81,7 @@ from .wgmma_geometry import (
     smem_defines,
     spec_tiles,
     tile_routes,
+    unit_decisions,
 )
 
 __all__ = ["MIN_ROUTES_PER_EXPERT", "WgCall", "WgmmaPrefillFamily"]
@@ -147,11 +148,14 @@ class WgmmaPrefillFamily(KernelFamily):
                            ring=tuning_knob("prefill_wg_ring", RING, (0, 1, 2)), **tiled_spec(config))
 
     def defines(self, spec: ModuleSpec) -> tuple[str, ...]:
-        return (*((f"-DQMOE_WG_GROUPS={spec['groups']}",) if spec.get("groups") else ()), f"-DQMOE_WG_STAGES={spec['stages']}",
-                f"-DQMOE_WG_INFLIGHT={spec['inflight']}", f"-DQMOE_WG_SHRINK={spec['shrink']}",
-                f"-DQMOE_WG_FC1_BLOCKS={3 if spec['fc1_blocks'] == 3 else 2}", f"-DQMOE_WG_RING={spec['ring']}",
+        return (f"-DQMOE_WG_STAGES={spec['stages']}", f"-DQMOE_WG_INFLIGHT={spec['inflight']}",
+                f"-DQMOE_WG_SHRINK={spec['shrink']}", f"-DQMOE_WG_RING={spec['ring']}",
                 *(("-DQMOE_WG_STAMPS=1",) if spec.get("stamps") else ()), *smem_defines(),
                 *tiled_define(spec))
+
+    def decisions(self, spec: ModuleSpec) -> tuple[str, ...]:
+        """Each GEMM's ring and FC1's launch bounds (kernels/wgmma_geometry.py unit_decisions)."""
+        return unit_decisions(spec)
 
     def parts(self, spec: ModuleSpec) -> tuple[tuple[str, ...], ...]:
         """As :attr:`solo` says, except the stamped build (tuning knob ``prefill_wg_stamps``): one program, so its one
