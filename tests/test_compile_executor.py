@@ -150,26 +150,33 @@ def test_executor_modules_compile(cache, arch, layout, hidden, inter):
 TILED_META_DEFINES = {False: (), True: ("-DQMOE_TILED=1", "-DQMOE_TILED_META=1")}
 
 
-@pytest.mark.parametrize("tiled_meta", [False, True])
-def test_mma_ring_bytes_match_the_device_struct(tiled_meta):
-    """The host's dynamic shared memory size (kernels/mma_decode.py ring_bytes + the route lists,
-    decode_smem_bytes, with and without x rings) equals the device's mma_smem_bytes (kMmaWarps·kMmaStages·
-    MmaStage::kBytes + 8·R, then the x rings) for every bit width, scale size, block kind, zp mode and row
-    tiles per warp, with the contract's meta words and the tiled meta records (a smaller launch would trap
-    the kernel): checked by static_asserts compiled with NVRTC."""
-    from qmoe_rtc.jit import compiler
-    from qmoe_rtc.kernels.mma_decode import decode_smem_bytes, ring_bytes, x_ring_bytes
+#: What the ring headers need from a generated unit, for units that only test sizes (the kernels' checks, not theirs).
+RING_UNIT = ("#define QMOE_MMA_BLOCKS {8, 5}, {16, 4}, {32, 3}\n#define QMOE_MMA_FC1_RING 0\n#define QMOE_MMA_FC2_RING 0\n"
+             "#define QMOE_MMA_X_RING_BLOCKS 4\n#define QMOE_MMA_FC1_X_LANE 0\n#define QMOE_MMA_FC2_X_LANE 0\n")
 
-    lines = ['#include "engines/mma_decode.cuh"']
+
+@pytest.mark.parametrize("tiled_meta", [False, True])
+def test_mma_ring_sizes_pass_the_device_checks(tiled_meta):
+    """The sizes the host launches the ring engines with pass the device's checks for every bit width, scale size,
+    block kind, zp mode and row tiles per warp, with the contract's meta words and the tiled meta records: the
+    four rings (kernels/mma_decode.py ring_bytes, which a module's unit hands its kernels: their static_assert
+    calls mma_ring_is, called here), a route lane's x ring (x_lane_bytes) and the launch (decode_smem_bytes, with
+    and without x rings, against mma_smem_bytes, which a smaller launch traps on)."""
+    from qmoe_rtc.jit import compiler
+    from qmoe_rtc.kernels.mma_decode import decode_smem_bytes, ring_bytes, x_lane_bytes, x_ring_bytes
+
+    lines = [RING_UNIT + '#include "engines/mma_decode.cuh"']
     for bits in (1, 2, 3, 4, 8):
         for scale_t, sbytes in (("__half", 2), ("float", 4)):
             for block in (0, 16, 32, 128):
                 for zp in (False, True):
                     for rt in (1, 2):  # row tiles per warp (the batched engine's two on tiled codes)
                         stage = f"qmoe::MmaStage<{bits}, {scale_t}, {block}, {'true' if zp else 'false'}, {rt}>"
-                        lines.append(f"static_assert(qmoe::kMmaWarps * qmoe::kMmaStages * {stage}::kBytes == "
-                                     f"{ring_bytes(bits, sbytes, block, zp, 5, rt, tiled_meta)}, "
+                        lines.append(f"static_assert(qmoe::mma_ring_is<{stage}, 8>("
+                                     f"{ring_bytes(bits, sbytes, block, zp, 5, rt, tiled_meta)}), "
                                      f"\"ring_bytes({bits}, {sbytes}, {block}, {zp}, 5, {rt})\");")
+                    lines.append(f"static_assert(qmoe::MmaXRing<qmoe::MmaStage<{bits}, {scale_t}, {block}, "
+                                 f"{'true' if zp else 'false'}>>::kLaneBytes == {x_lane_bytes(bits, 5)}, \"x lane\");")
                     want = ring_bytes(bits, sbytes, block, zp, 5, tiled_meta=tiled_meta)
                     stage = f"qmoe::MmaStage<{bits}, {scale_t}, {block}, {'true' if zp else 'false'}>"
                     for R in (1, 3, 64, 512):
@@ -234,14 +241,15 @@ def test_meta_record_bytes_match_the_device():
 
 
 @pytest.mark.parametrize("tiled_meta", [False, True])
-def test_prefill_stage_bytes_match_the_device_struct(tiled_meta):
-    """kernels/mma_prefill.py stage_bytes equals PfStage::kBytes for every bit width, scale size, block
-    kind, zp mode and route tile, contract meta words or tiled meta records (the kernel traps on a
-    smaller dynamic shared memory)."""
+def test_prefill_stage_sizes_pass_the_device_checks(tiled_meta):
+    """kernels/mma_prefill.py stage_bytes, which a module's unit hands its kernels to check their PfStage layout
+    against (pf_check_smem), is that layout's size for every bit width, scale size, block kind, zp mode and route
+    tile, contract meta words or tiled meta records (the kernel traps on a smaller dynamic shared memory)."""
     from qmoe_rtc.jit import compiler
     from qmoe_rtc.kernels.mma_prefill import TILE_ROUTES, stage_bytes
 
-    lines = ['#include "engines/mma_prefill.cuh"']
+    lines = ['#define QMOE_PF_STAGE_BYTES {0, 0, 0}\n#define QMOE_PF_STAGES 3\n#define QMOE_PF_MIN_BLOCKS 1\n'
+             '#include "engines/mma_prefill.cuh"']
     for bits in (1, 2, 3, 4, 8):
         for scale_t, sbytes in (("__half", 2), ("float", 4)):
             for block in (0, 16, 32, 128):

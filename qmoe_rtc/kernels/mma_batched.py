@@ -49,6 +49,7 @@ from .mma_decode import (
     _stages,
     k_split,
     launch_smem,
+    ring_decisions,
     smem_refusal,
 )
 
@@ -105,8 +106,9 @@ def row_tiles(tiled: bool, block_size: int) -> int:
     return forced or (2 if tiled and (block_size == 0 or block_size >= 128) else 1)
 
 
-#: Blocks per SM the two-row-tile kernels' registers are set for, by BR (engines/mma_batched.cuh
-#: batched_min_blocks; 8 routes per pass keep the decode engine's).
+#: Blocks per SM the two-row-tile kernels' registers are set for, by BR (8 routes per pass keep the decode engine's):
+#: with two row tiles, route groups of 16 / 32 routes hold twice the accumulators (ptxas, NVRTC 13.5, mixtral-8x7b
+#: bf16 int4: at the decode engine's 4 / 3 they spilled 8-24 / 28-32 bytes; at 3 / 2 none).
 MIN_BLOCKS_TWO_TILES = {16: 3, 32: 2}
 
 
@@ -168,9 +170,11 @@ class MmaBatchedFamily(KernelFamily):
         return None
 
     def defines(self, spec: ModuleSpec) -> tuple[str, ...]:
-        return (f"-DQMOE_MMA_STAGES={spec['stages']}", f"-DQMOE_MMA_MIN_BLOCKS={spec['min_blocks']}",
-                f"-DQMOE_BATCHED_RT={spec['row_tiles']}",
-                *tiled_define(spec))
+        return (f"-DQMOE_MMA_STAGES={spec['stages']}", f"-DQMOE_BATCHED_RT={spec['row_tiles']}", *tiled_define(spec))
+
+    def decisions(self, spec: ModuleSpec) -> tuple[str, ...]:
+        """The rings and each route tile's blocks an SM (kernels/mma_decode.py ring_decisions, :func:`min_blocks`)."""
+        return ring_decisions(spec, {br: min_blocks(spec, br) for br in TILE_ROUTES}, spec["row_tiles"])
 
     def kernels(self, spec: ModuleSpec) -> tuple[KernelDef, ...]:
         t = template_types(spec)

@@ -36,23 +36,23 @@ from ._grouped import tuning_knob
 from .arch import DEFAULT_SMS
 from .base import KernelFamily, Problem, Slot, register
 
-__all__ = ["MmaDecodeFamily", "decode_smem_bytes", "launch_smem", "ring_bytes", "smem_refusal", "tile_routes",
-           "x_ring", "x_ring_bytes", "x_staged"]
+__all__ = ["MmaDecodeFamily", "decode_smem_bytes", "launch_smem", "ring_bytes", "ring_decisions", "smem_refusal",
+           "tile_routes", "x_lane_bytes", "x_ring", "x_ring_bytes", "x_staged"]
 
 THREADS = 128  # kMmaThreads (4 warps)
 WARPS = 4
 MAX_ROUTES = 512  # kMmaMaxRoutes: route ids one block scans
 TILE_ROUTES = (8, 16, 32)  # BR: routes served per pass over an expert's weights
 TARGET_WARPS_PER_SM = 24  # the K split aims for enough warps for every SM to keep ~24 in flight
-STAGES = 3  # kMmaStages: cp.async ring depth per warp
-MIN_BLOCKS = {8: 5, 16: 4, 32: 3}  # mma_min_blocks<BR>: resident blocks per SM the registers are set for
+STAGES = 3  # cp.async ring depth per warp (the device's kMmaStages: -DQMOE_MMA_STAGES)
+MIN_BLOCKS = {8: 5, 16: 4, 32: 3}  # resident blocks per SM the BR-route kernels' registers are set for (ring_decisions)
 MIN_BLOCKS_ALLOWED = (4, 5, 6, 7, 8)  # tuning knob mma_min_blocks (BR 8 only: up to 8 tokens)
 ONE_WAVE_CHUNKS = 8  # most 128-code chunks per warp the one-wave rule of k_split accepts
 DEEP_CHUNKS = 16  # fewest 128-code chunks per warp the deep-K rule of k_split leaves
 PREFETCH_CHUNKS = 4  # chunks of its two rows a warp warms L2 with before the route scan (kernel scalar PF)
 X_CHUNK_BYTES = 256  # XRing::kChunkBytes: one route lane's 128 activations of a chunk
 X_RING_TOKENS = 4  # calls of up to this many tokens run the x-ring kernels (x_staged)
-X_RING_BLOCKS = 4  # kMmaXRingBlocks: resident blocks per SM the x-ring kernels' registers are set for
+X_RING_BLOCKS = 4  # resident blocks per SM the x-ring kernels' registers are set for (measured faster than 5, H100)
 
 
 def _stages() -> int:
@@ -100,12 +100,16 @@ def x_staged(spec: ModuleSpec, rows: int) -> int:
     return rows if spec.get("x_ring") and 0 < rows <= X_RING_TOKENS else 0
 
 
-def x_ring_bytes(bits: int, stages: int, xs: int) -> int:
-    """Shared memory of the four warps' x rings of a block (engines/x_ring.cuh XRing::kLaneBytes): per warp ``xs``
-    route lanes' parts of ``stages`` stages of KST chunks (as :func:`ring_bytes`'s) of 256 bytes, each part
-    padded by 32 bytes."""
+def x_lane_bytes(bits: int, stages: int) -> int:
+    """A route lane's part of a warp's x ring (engines/x_ring.cuh XRing::kLaneBytes, which the kernels check against
+    it): ``stages`` stages of KST chunks (as :func:`ring_bytes`'s) of 256 bytes, padded by 32 bytes."""
     kst = 1 if bits >= 8 else max(1, 8 // bits)
-    return WARPS * xs * (stages * kst * X_CHUNK_BYTES + 32)
+    return stages * kst * X_CHUNK_BYTES + 32
+
+
+def x_ring_bytes(bits: int, stages: int, xs: int) -> int:
+    """Shared memory of the four warps' x rings of a block: per warp ``xs`` route lanes' parts (:func:`x_lane_bytes`)."""
+    return WARPS * xs * x_lane_bytes(bits, stages)
 
 
 def launch_smem(spec: ModuleSpec, role: str, routes: int, row_tiles: int = 1, xs: int = 0) -> int:
@@ -132,6 +136,18 @@ def smem_refusal(spec: ModuleSpec, budget: int, routes: int = 0, row_tiles: int 
         return None
     return (f"a block needs {need} bytes of shared memory (rings of {spec['stages']} stages: QMOE_RTC_TUNE=mma_stages), more "
             f"than the device's {budget} (its opt-in limit per block)")
+
+
+def ring_decisions(spec: ModuleSpec, blocks: dict[int, int], row_tiles: int = 1) -> tuple[str, ...]:
+    """The lines of a ring engine's generated unit (this one's, kernels/mma_batched.py's) that hand the device the
+    host's decisions, which engines/mma_ring.cuh reads and checks: ``blocks`` an SM each route tile's kernels set
+    registers for, and each GEMM's four rings' bytes (:func:`launch_smem` without the route lists)."""
+    rings = {role: launch_smem(spec, role, 0, row_tiles) for role in ("fc1", "fc2")}
+    return ("// The host's decisions (kernels/mma_decode.py), which engines/mma_ring.cuh reads and checks:",
+            "// blocks an SM each route tile's kernels set their registers for {route tile, blocks}",
+            "#define QMOE_MMA_BLOCKS " + ", ".join(f"{{{br}, {n}}}" for br, n in sorted(blocks.items())),
+            f"// the bytes of each GEMM's four rings of {spec['stages']} stages",
+            f"#define QMOE_MMA_FC1_RING {rings['fc1']}", f"#define QMOE_MMA_FC2_RING {rings['fc2']}")
 
 
 def min_blocks(spec: ModuleSpec, br: int, xr: bool = False) -> int:
@@ -210,8 +226,17 @@ class MmaDecodeFamily(KernelFamily):
         return why
 
     def defines(self, spec: ModuleSpec) -> tuple[str, ...]:
-        return (f"-DQMOE_MMA_STAGES={spec['stages']}", f"-DQMOE_MMA_MIN_BLOCKS={spec['min_blocks']}",
-                f"-DQMOE_MMA_EXPERT_FLOW={int(spec['expert_flow'])}", *tiled_define(spec))
+        return (f"-DQMOE_MMA_STAGES={spec['stages']}", f"-DQMOE_MMA_EXPERT_FLOW={int(spec['expert_flow'])}",
+                *tiled_define(spec))
+
+    def decisions(self, spec: ModuleSpec) -> tuple[str, ...]:
+        """The rings (:func:`ring_decisions`, the blocks of :func:`min_blocks`), then the x-ring kernels' blocks an SM
+        and a route lane's x-ring bytes of each GEMM (:func:`x_lane_bytes`)."""
+        lanes = {role: x_lane_bytes(spec[f"{role}_bits"], spec["stages"]) for role in ("fc1", "fc2")}
+        return (*ring_decisions(spec, {br: min_blocks(spec, br) for br in TILE_ROUTES}),
+                "// the x-ring kernels' blocks an SM, and the bytes of a route lane's x ring of each GEMM",
+                f"#define QMOE_MMA_X_RING_BLOCKS {X_RING_BLOCKS}",
+                f"#define QMOE_MMA_FC1_X_LANE {lanes['fc1']}", f"#define QMOE_MMA_FC2_X_LANE {lanes['fc2']}")
 
     def kernels(self, spec: ModuleSpec) -> tuple[KernelDef, ...]:
         t = template_types(spec)
