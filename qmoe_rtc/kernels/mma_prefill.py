@@ -42,6 +42,7 @@ from ._grouped import (
     weight_tiles,
 )
 from .base import KernelFamily, Problem, Slot, register
+from .tuning import Tuning
 
 __all__ = ["MmaPrefillFamily", "ring_smem", "stage_bytes", "tile_routes"]
 
@@ -53,16 +54,17 @@ MIN_BLOCKS = 2  # blocks per SM the register budget is set for (-DQMOE_PF_MIN_BL
 
 
 
-def tile_routes(routes: int, E: int) -> int:
-    """BR for a call: the smallest route tile (16, 32, 64 routes) that the average expert fills
-    (knob ``prefill_route_tile`` forces one, for tuning)."""
+def tile_routes(routes: int, E: int, tuning: Tuning) -> int:
+    """BR for a call: the smallest route tile (16, 32, 64 routes) that the average expert fills, by the arch's
+    ``mma_tile16_routes`` / ``mma_tile32_routes`` (``tuning``, kernels/tuning/; knob ``prefill_route_tile`` forces
+    one, for tuning)."""
     forced = tuning_knob("prefill_route_tile", 0, (0, *TILE_ROUTES))
     if forced:
         return forced
     per_expert = routes / max(1, min(E, routes))
-    if per_expert <= 16:
+    if per_expert <= tuning.mma_tile16_routes:
         return 16
-    return 32 if per_expert <= 40 else 64
+    return 32 if per_expert <= tuning.mma_tile32_routes else 64
 
 
 def stage_bytes(bits: int, scale_bytes: int, block_size: int, zp_packed: bool, br: int, warps: int = WARPS,
@@ -161,7 +163,7 @@ class MmaPrefillFamily(KernelFamily):
     def route_tile(self, spec: ModuleSpec, problem: Problem) -> int:
         """BR of a call: :func:`tile_routes`'s, or where its FC1 or FC2 block would pass the device's shared memory
         (``problem.smem_limit``) the largest smaller tile that fits (:meth:`supports` refuses a device none fits)."""
-        want = tile_routes(problem.routes, problem.experts)
+        want = tile_routes(problem.routes, problem.experts, problem.device.tuning)
         fit = [br for br in fitting_tiles(spec, problem.smem_limit) if br <= want]
         return fit[-1] if fit else TILE_ROUTES[0]
 

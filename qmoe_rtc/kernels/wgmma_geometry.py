@@ -16,18 +16,13 @@ from ._expert import meta_words, tiled_meta
 from ._grouped import staged_projection
 from .arch import SMEM_OPTIN
 from .base import Problem
+from .tuning import Tuning
 
 __all__ = ["CHUNK", "SMEM_OPTIN_SM90", "SM_SMEM", "TILE_ROUTES", "WgRing", "fc1_bound", "groups_of", "image_rows",
            "launch_smem", "padded", "resident", "ring", "ring_bytes", "ring_of", "route_tiles_of", "smem_defines", "spec_tiles",
            "stage_bytes", "stages", "tile_groups", "tile_routes", "unit_decisions", "wg_logical", "wg_natural"]
 
 TILE_ROUTES = (32, 64, 128, 256)  # BR (with 4 warpgroups, 256 does not fit the 128 registers a thread has)
-#: A call takes 32-route tiles up to this many routes per expert (at 16, an expert holds more than 32 routes
-#: about once in 10^4 when routes are drawn evenly; a second tile re-reads its weights).
-NARROW_ROUTES = 20
-#: FC1 at 32-route tiles may take a third block an SM (its ring of four stages fits three times where its
-#: registers do) from this many rounds of two blocks an SM (:func:`launch_smem`).
-THIRD_BLOCK_ROUNDS = 4
 #: Opt-in dynamic shared memory per block of the one target this engine runs on (sm_90a: 227 KiB; the table of
 #: kernels/arch.py). The rings are sized to it here and the device takes the results from the generated unit
 #: (:func:`unit_decisions`) and the budget as a define (:func:`smem_defines`) to check them against.
@@ -177,19 +172,18 @@ def resident(spec: ModuleSpec, role: str, br: int) -> int:
     return ring_of(spec, role, br).blocks
 
 
-def launch_smem(spec: ModuleSpec, role: str, br: int, blocks: int, sms: int) -> int:
+def launch_smem(spec: ModuleSpec, role: str, br: int, blocks: int, sms: int, tuning: Tuning) -> int:
     """Dynamic shared memory a BR-route GEMM's launch of ``blocks`` blocks on ``sms`` SMs asks for: its ring
     (:func:`ring_bytes`), more where an SM would otherwise hold more blocks than :func:`resident` says. The
-    exception, FC1 at 32-route tiles from :data:`THIRD_BLOCK_ROUNDS` rounds of ``blocks`` (knob
-    ``prefill_wg_fc1_blocks``): its ring of four stages fits three times an SM, and where ptxas gave it at most
-    80 registers (its launch bounds: :func:`fc1_bound`) a third block starts. It measured 4-5 %
-    faster on gpt-oss-120b, qwen3-30b-a3b and mixtral-8x7b at 8-16 routes per expert, 11 % slower on ort-2048
-    with one round of FC1 blocks; a third FC2 block slower (H200)."""
+    exception, FC1 at 32-route tiles from the arch's ``wgmma_third_block_rounds`` rounds of ``blocks`` (``tuning``,
+    kernels/tuning/, where the measurement is; knob ``prefill_wg_fc1_blocks``): its ring of four stages fits three
+    times an SM, and where ptxas gave it at most 80 registers (its launch bounds: :func:`fc1_bound`) a third block
+    starts (a third FC2 block measured slower)."""
     own = ring_bytes(spec, role, br)
     n = resident(spec, role, br)
     if role == "fc1" and br <= 32 and n == 2:
         third = spec["fc1_blocks"]  # 0: by the grid
-        if third == 3 or (not third and blocks >= THIRD_BLOCK_ROUNDS * n * sms):
+        if third == 3 or (not third and blocks >= tuning.wgmma_third_block_rounds * n * sms):
             return own
     return own if (n + 1) * (own + 2048) > SM_SMEM else (SM_SMEM // (n + 1) - 2048) // 1024 * 1024 + 1024
 
@@ -240,14 +234,9 @@ def image_rows(spec: ModuleSpec, problem: Problem) -> int:
 
 
 #: The route tile whose GEMMs also run as pairs of blocks in a cluster (``fc1_br128_pair``,
-#: ``fc2_br128_pair``: cuda_src/engines/wg_mainloop.cuh), where its blocks have 4 warpgroups, from PAIR_MIN_FC1_TILES
-#: FC1 weight tiles a route tile (and where FC2 would not split K). Measured on the H200 (the peers'
-#: script, 4096 tokens, against single blocks, two calls on two machines): mixtral-8x7b (112 FC1 weight tiles)
-#: -6.7 / -5.7 %; gpt-oss-120b (23) -0.3 / +2.6 % and ort-2048 (16) -0.4 / -0.7 %, within the runs' noise;
-#: qwen3-30b-a3b (6, top-8: its route-tile image costs 8 rows a token) +6 %; mixtral-8x7b at 512 tokens, where FC2
-#: splits K and pairs do not, +2.8 %.
+#: ``fc2_br128_pair``: cuda_src/engines/wg_mainloop.cuh), where its blocks have 4 warpgroups, from the arch's
+#: ``wgmma_pair_min_fc1_tiles`` FC1 weight tiles a route tile (and where FC2 would not split K; kernels/tuning/).
 PAIR_ROUTES = 128
-PAIR_MIN_FC1_TILES = 32
 
 
 def pair_kernels(spec: ModuleSpec) -> bool:
@@ -256,16 +245,18 @@ def pair_kernels(spec: ModuleSpec) -> bool:
         groups_of(spec, "fc1", PAIR_ROUTES) == groups_of(spec, "fc2", PAIR_ROUTES) == 4
 
 
-def tile_routes(routes: int, E: int, groups: int | None = None, have: tuple[int, ...] = ()) -> int:
+def tile_routes(routes: int, E: int, tuning: Tuning, groups: int | None = None, have: tuple[int, ...] = ()) -> int:
     """BR for a call: the route tile the average expert fills best among ``have`` (default: those of a module
-    with ``groups`` warpgroups; knob ``prefill_route_tile`` forces one of them, for tuning)."""
+    with ``groups`` warpgroups), by the arch's ``wgmma_narrow_routes`` / ``wgmma_tile64_routes`` /
+    ``wgmma_tile128_routes`` (``tuning``, kernels/tuning/; knob ``prefill_route_tile`` forces one of them, for
+    tuning)."""
     have = have or route_tiles_of(groups)
     forced = knobs.get("prefill_route_tile") or 0
     if forced in have:
         return forced
     per_expert = routes / max(1, min(E, routes))
-    if per_expert <= NARROW_ROUTES and 32 in have:
+    if per_expert <= tuning.wgmma_narrow_routes and 32 in have:
         return 32
-    if per_expert <= 96:
+    if per_expert <= tuning.wgmma_tile64_routes:
         return 64
-    return 128 if per_expert <= 320 or 256 not in have else 256
+    return 128 if per_expert <= tuning.wgmma_tile128_routes or 256 not in have else 256

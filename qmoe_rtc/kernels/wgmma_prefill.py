@@ -24,8 +24,8 @@ are launched overlapping the kernel before them (:func:`overlapped`, programmati
 It runs on sm_90a only (the executor compiles every module for sm_90a on Hopper); on other targets the
 module compiles to kernels that trap and :meth:`WgmmaPrefillFamily.supports` refuses the device.
 Where it is slower than the batched-decode engine, :meth:`WgmmaPrefillFamily.slower` says so: on sm_90 by the
-measured rule of :mod:`~qmoe_rtc.kernels.engine_choice` (small experts up to 4.5 routes per expert), on a device
-not known (the warm tool, CPU) below :data:`MIN_ROUTES_PER_EXPERT` routes per expert.
+measured rule of :mod:`~qmoe_rtc.kernels.engine_choice` (small experts up to 4.5 routes per expert), on another
+device (the warm tool, CPU: unknown) below its tuning table's ``wgmma_min_routes`` routes per expert (kernels/tuning/).
 """
 
 from __future__ import annotations
@@ -67,7 +67,6 @@ from .wgmma_geometry import (
     GATHER_ROWS,
     INFLIGHT,
     MAX_STAGES,
-    PAIR_MIN_FC1_TILES,
     PAIR_ROUTES,
     RING,
     SHRINK,
@@ -84,15 +83,7 @@ from .wgmma_geometry import (
     unit_decisions,
 )
 
-__all__ = ["MIN_ROUTES_PER_EXPERT", "WgCall", "WgmmaPrefillFamily"]
-
-#: Where the arch has no measured crossovers (kernels/engine_choice.py; sm_90 has): routes per expert (average
-#: over the experts that get routes) from which this engine runs: it comes first in the prefill preference
-#: (kernels/pipelines.py), and below this the batched-decode or mma.sync engine runs. Measured on the H200 with
-#: 32-route tiles (docs/performance-log.md, bf16 int4, against the engine the choice ran before): at 8
-#: faster on every shape (qwen3-30b-a3b 0.96x, mixtral-8x7b 0.92x, gpt-oss-120b 0.93x, ort-2048 0.86x), at 4 slower
-#: on three (1.10-1.15x; gpt-oss 0.98x).
-MIN_ROUTES_PER_EXPERT = 8
+__all__ = ["WgCall", "WgmmaPrefillFamily"]
 
 
 def overlapped(spec: ModuleSpec) -> bool:
@@ -102,15 +93,6 @@ def overlapped(spec: ModuleSpec) -> bool:
     before reading its output; FC2's blocks find their tile and set up their rows under FC1's last round
     (cuda_src/engines/wgmma_prefill.cuh). Knob ``prefill_wg_overlap``."""
     return bool(knobs.get("prefill_wg_overlap"))
-
-
-#: FC2 may split K in two (fc2_wgmma, KS = 2; the device decides, fc2_splits) up to this many tiles per
-#: block slot (SMs × the blocks an SM holds: the host's bound on the tiles) and from FC2_SPLIT_CHUNKS chunks
-#: of K: past two rounds the device would not split (measured, docs/performance-log.md) and
-#: zeroing y would be wasted; on a shorter K a split tile's second prologue and epilogue cost more than the
-#: idle SMs (ort-2048, 16 chunks).
-FC2_SPLIT_ROUNDS = 2
-FC2_SPLIT_CHUNKS = 32
 
 
 @dataclass(frozen=True)
@@ -133,7 +115,7 @@ class WgmmaPrefillFamily(KernelFamily):
     solo = ("fc1_", "fc2_")  # each GEMM kernel its own NVRTC program (compile time: docs/runtime-compilation.md)
     header = "engines/wgmma_prefill.cuh"
     depends_on = (*EXPERT_FIELDS, "tiled")
-    conditional = True  # sm_90a only, and only from MIN_ROUTES_PER_EXPERT routes per expert
+    conditional = True  # sm_90a only, and only from some routes per expert (slower)
 
     def spec(self, config) -> ModuleSpec:
         """The layout's fields plus warpgroups per block, the ring's depth and hand-off, the tail tiles' widths (tuning
@@ -192,8 +174,9 @@ class WgmmaPrefillFamily(KernelFamily):
         # experts, so it expects that share of the k routed picks (the rest are skipped); shared ones all
         routes = problem.rows * (problem.k * problem.E / problem.logit_count + problem.shared)
         per_expert = routes / max(1, min(problem.experts, routes))
-        if per_expert < MIN_ROUTES_PER_EXPERT:
-            return f"{per_expert:.0f} routes per expert (< {MIN_ROUTES_PER_EXPERT}: the mma.sync engines are faster)"
+        least = problem.device.tuning.wgmma_min_routes
+        if per_expert < least:
+            return f"{per_expert:.0f} routes per expert (< {least}: the mma.sync engines are faster)"
         return None
 
     def kernels(self, spec: ModuleSpec) -> tuple[KernelDef, ...]:
@@ -240,24 +223,24 @@ class WgmmaPrefillFamily(KernelFamily):
         of a chunk into both blocks' shared memory (cuda_src/engines/wg_mainloop.cuh), from route-tile images (x's
         gathered by ``permute_image``, FC1's output written as one). Only where the module has them (:func:`pair_kernels`)
         and the call's route tile is PAIR_ROUTES; knob ``prefill_wg_pairs``: 'on' / 'off' force them there / never,
-        'auto' (the default) from PAIR_MIN_FC1_TILES FC1 weight tiles a route tile and where FC2 would not split K
-        (the measurements: kernels/wgmma_geometry.py)."""
+        'auto' (the default) from the arch's ``wgmma_pair_min_fc1_tiles`` FC1 weight tiles a route tile and where FC2
+        would not split K (kernels/tuning/, where the measurements are)."""
         return self._pairs(spec, problem, self._k_split(spec, problem))
 
     def _pairs(self, spec: ModuleSpec, problem: Problem, ks: int) -> bool:
         mode = knobs.get("prefill_wg_pairs")
         if mode not in ("auto", "on", "off"):
             raise KnobError(knobs.label("prefill_wg_pairs"), "one of ['auto', 'on', 'off']", repr(mode))
-        br = tile_routes(problem.routes, problem.experts, have=spec_tiles(spec))
+        br = tile_routes(problem.routes, problem.experts, problem.device.tuning, have=spec_tiles(spec))
         if mode == "off" or not pair_kernels(spec) or br != PAIR_ROUTES:
             return False
         nt1 = weight_tiles(spec, "fc1", padded(problem.I), 4 * groups_of(spec, "fc1", PAIR_ROUTES))
-        return mode == "on" or (nt1 >= PAIR_MIN_FC1_TILES and ks == 1)
+        return mode == "on" or (nt1 >= problem.device.tuning.wgmma_pair_min_fc1_tiles and ks == 1)
 
     def configure(self, spec: ModuleSpec, problem: Problem) -> WgCall:
         """The call's route tile, pairs or not, FC2's blocks a tile (1 for pairs, else :meth:`_k_split`), padded K and
         the images' rows: each decided here once."""
-        br = tile_routes(problem.routes, problem.experts, have=spec_tiles(spec))
+        br = tile_routes(problem.routes, problem.experts, problem.device.tuning, have=spec_tiles(spec))
         ks = self._k_split(spec, problem)
         pair = self._pairs(spec, problem, ks)
         return WgCall(br, pair, 1 if pair else ks, padded(problem.H), padded(problem.I),
@@ -265,8 +248,10 @@ class WgmmaPrefillFamily(KernelFamily):
 
     def _k_split(self, spec: ModuleSpec, problem: Problem) -> int:
         """KS, the blocks FC2 launches a tile: 2 (its halves of K, when the device
-        finds they fill the last round better: fc2_splits) where FC2 has at most FC2_SPLIT_ROUNDS rounds of
-        tiles (the host's bound) and FC2_SPLIT_CHUNKS chunks of K or more, else 1. Knob
+        finds they fill the last round better: fc2_splits) where FC2 has at most the arch's ``wgmma_fc2_split_rounds``
+        rounds of tiles (SMs × the blocks an SM holds: the host's bound; past it the device would not split and
+        zeroing y would be wasted) and ``wgmma_fc2_split_chunks`` chunks of K or more (on a shorter K a split tile's
+        second prologue and epilogue cost more than the idle SMs), else 1 (kernels/tuning/). Knob
         ``prefill_fc2_split``: 'on' / 'off' force 2 (from two chunks of K) / 1 ('on' still leaves the choice
         to the device's rule), 'auto' as described."""
         mode = knobs.get("prefill_fc2_split")
@@ -274,11 +259,12 @@ class WgmmaPrefillFamily(KernelFamily):
             raise KnobError(knobs.label("prefill_fc2_split"), "one of ['auto', 'on', 'off']", repr(mode))
         if mode == "off" or padded(problem.I) < 2 * CHUNK:
             return 1
-        br = tile_routes(problem.routes, problem.experts, have=spec_tiles(spec))
+        br = tile_routes(problem.routes, problem.experts, problem.device.tuning, have=spec_tiles(spec))
         m16 = 4 * groups_of(spec, "fc2", br)  # m16 weight tiles per block
         tiles = route_tiles(problem.routes, problem.experts, br) * weight_tiles(spec, "fc2", problem.H, m16)
         slots = problem.sm_count * resident(spec, "fc2", br)
-        few = tiles <= FC2_SPLIT_ROUNDS * slots and padded(problem.I) >= FC2_SPLIT_CHUNKS * CHUNK
+        t = problem.device.tuning
+        few = tiles <= t.wgmma_fc2_split_rounds * slots and padded(problem.I) >= t.wgmma_fc2_split_chunks * CHUNK
         return 2 if mode == "on" or few else 1
 
     def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem, call: WgCall | None = None) -> str:
@@ -306,7 +292,7 @@ class WgmmaPrefillFamily(KernelFamily):
         nt = weight_tiles(spec, role, Ip if role == "fc1" else problem.H, m16)
         if c.pair:  # a pair's blocks take weight tiles 2j, 2j + 1: where NT is odd, the last one past the outputs (its
             nt += nt % 2  # rows clamped, nothing stored)
-        smem = launch_smem(spec, role, br, c.slots * nt, problem.sm_count)
+        smem = launch_smem(spec, role, br, c.slots * nt, problem.sm_count, problem.device.tuning)
         if role == "fc2":  # KS blocks a tile: its halves of K (fc2_splits decides on the device)
             slots = problem.sm_count * resident(spec, role, br)
             launch = tiled_launch(problem, br, nt, 128 * wgs, smem,
