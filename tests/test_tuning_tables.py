@@ -57,3 +57,67 @@ def test_every_arch_resolves_a_complete_table(target):
     t = ArchSpec(target).tuning
     assert set(t.batched_max_routes) == set(t.batched_max_routes_many) == {1, 2}
     assert t.wgmma_narrow_routes < t.wgmma_tile64_routes < t.wgmma_tile128_routes
+
+
+def test_knob_defaults_come_from_the_arch_table_and_tune_overrides(monkeypatch):
+    """An arch knob (kernels/tuning ARCH_KNOBS) unset reads its arch table's measured default, QMOE_RTC_TUNE and a
+    scope override it; a table must give each arch knob a value the knob takes."""
+    from qmoe_rtc import knobs
+    from qmoe_rtc.errors import KnobError, QMoEUnsupportedError
+    from qmoe_rtc.kernels.tuning import ARCH_KNOBS, knob
+
+    sm90 = ArchSpec("sm_90a")
+    assert set(table(sm90).knobs) == set(ARCH_KNOBS) and knob("mma_one_wave", sm90) is True
+    off = dataclasses.replace(table(sm90), knobs={**table(sm90).knobs, "mma_one_wave": False})
+    monkeypatch.setattr(tuning, "table", lambda device: off)
+    assert knob("mma_one_wave", sm90) is False
+    monkeypatch.setenv("QMOE_RTC_TUNE", "mma_one_wave=1")
+    assert knob("mma_one_wave", sm90) is True
+    with knobs.scope(mma_one_wave=False):
+        assert knob("mma_one_wave", sm90) is False
+    with pytest.raises(QMoEUnsupportedError, match="missing"):
+        dataclasses.replace(off, knobs={})
+    with pytest.raises(KnobError):
+        dataclasses.replace(off, knobs={**off.knobs, "prefill_wg_overlap": "sometimes"})
+
+
+def _ab_rows():
+    """Fake `bench ab` rows: two shapes at two token counts, settings base / one_wave off / overlap off."""
+    us = {("mixtral-8x7b", 1): (100.0, 97.0, 101.0), ("mixtral-8x7b", 8): (300.0, 310.0, 299.0),
+          ("qwen3-30b-a3b", 1): (30.0, 29.5, 30.2), ("qwen3-30b-a3b", 8): (80.0, 81.0, 80.5)}
+    settings = ({}, {"mma_one_wave": False}, {"prefill_wg_overlap": False, "mma_target_warps": 3000})
+    return [dict(shape=s, T=t, setting=st, median_us=m[i], engine="x") for (s, t), m in us.items()
+            for i, st in enumerate(settings)]
+
+
+def test_bench_ab_writes_a_tuning_table(tmp_path):
+    """`bench ab --write-table`'s writer (a fake timing result, no GPU): the fastest value of each varied knob per
+    (shape, tokens) in MEASURED, the table's knobs the values fastest at the most points, a module that loads as a
+    table of the arch."""
+    import importlib.util
+
+    from qmoe_rtc.bench.tune_table import fastest, table_source
+    from qmoe_rtc.errors import QMoEInputError
+
+    defaults = {"mma_one_wave": True, "prefill_wg_overlap": True, "mma_target_warps": 0}
+    got = fastest(_ab_rows(), defaults)
+    assert got["mma_one_wave"] == {("mixtral-8x7b", 1): (False, 97.0), ("mixtral-8x7b", 8): (True, 299.0),
+                                   ("qwen3-30b-a3b", 1): (False, 29.5), ("qwen3-30b-a3b", 8): (True, 80.0)}
+    assert got["mma_target_warps"][("mixtral-8x7b", 8)] == (3000, 299.0)
+    path = tmp_path / "sm_89.py"
+    path.write_text(table_source(_ab_rows(), defaults, "sm_89", "NVIDIA L4"))
+    spec = importlib.util.spec_from_file_location("qmoe_rtc.kernels.tuning.sm_89_written", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    t = mod.TABLE
+    assert isinstance(t, Tuning) and t.name == "sm_89" and "NVIDIA L4" in t.measured_on
+    # one_wave: off fastest at 2 points (126.5 us), on at 2 (380.0): off; overlap: off fastest at 1, on at 3: on
+    assert t.knobs == {"mma_one_wave": False, "mma_deep_split": True, "prefill_wg_overlap": True}
+    assert mod.MEASURED["mma_target_warps"][("mixtral-8x7b", 8)] == (3000, 299.0)
+    base = table(ArchSpec())  # the thresholds it does not measure: the default table's
+    assert all(getattr(t, f.name) == getattr(base, f.name) for f in dataclasses.fields(Tuning)
+               if f.name not in ("name", "measured_on", "knobs"))
+    with pytest.raises(QMoEInputError, match="varied"):
+        table_source([r for r in _ab_rows() if not r["setting"]], defaults, "sm_89", "NVIDIA L4")
+    with pytest.raises(QMoEInputError, match="family"):
+        table_source(_ab_rows(), defaults, "ampere", "NVIDIA L4")

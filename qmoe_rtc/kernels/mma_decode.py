@@ -186,11 +186,11 @@ def k_split(tiles: int, experts: int, K: int, br: int = 8, per_sm: int | None = 
         return experts * ((tiles * s + WARPS - 1) // WARPS)
 
     ks = next((s for s in (1, 2, 4) if tiles * experts * s >= target or chunks < 2 * 2 * s), 4)
-    if ks > 1 and knobs.get("mma_one_wave"):
+    if ks > 1 and knobs.get("mma_one_wave", t.knobs["mma_one_wave"]):
         half = ks // 2
         if blocks(ks) > resident >= blocks(half) and (chunks + half - 1) // half <= t.one_wave_chunks:
             ks = half
-    if (ks < 4 and br == 8 and knobs.get("mma_deep_split") and resident < blocks(ks) < 2 * resident
+    if (ks < 4 and br == 8 and knobs.get("mma_deep_split", t.knobs["mma_deep_split"]) and resident < blocks(ks) < 2 * resident
             and chunks >= t.deep_chunks * 2 * ks):
         ks *= 2
     return ks

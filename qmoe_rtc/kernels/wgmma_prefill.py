@@ -62,6 +62,7 @@ from ._grouped import (
 )
 from .base import KernelFamily, Problem, Slot, register
 from .engine_choice import crossovers, wgmma_passed_for_batched
+from .tuning import knob as tuned_knob
 from .wgmma_geometry import (
     CHUNK,
     GATHER_ROWS,
@@ -86,13 +87,13 @@ from .wgmma_geometry import (
 __all__ = ["WgCall", "WgmmaPrefillFamily"]
 
 
-def overlapped(spec: ModuleSpec) -> bool:
+def overlapped(problem: Problem) -> bool:
     """Whether the steps after the routing (grouping, wg_prepare, FC1, FC2, combine) are launched
     overlapping the kernel before them (programmatic dependent launch, where the plan allows it:
     :func:`qmoe_rtc.runtime.plan.overlap_allowed`): each starts while the one before finishes and waits for it
     before reading its output; FC2's blocks find their tile and set up their rows under FC1's last round
-    (cuda_src/engines/wgmma_prefill.cuh). Knob ``prefill_wg_overlap``."""
-    return bool(knobs.get("prefill_wg_overlap"))
+    (cuda_src/engines/wgmma_prefill.cuh). Knob ``prefill_wg_overlap``, by default the arch's (kernels/tuning/)."""
+    return bool(tuned_knob("prefill_wg_overlap", problem.device))
 
 
 @dataclass(frozen=True)
@@ -277,15 +278,15 @@ class WgmmaPrefillFamily(KernelFamily):
         c = call or self.configure(spec, problem)
         br, Hp, Ip = c.br, c.Hp, c.Ip
         if role in ("group", "combine"):  # each waits for the kernel before it (core/pdl.cuh)
-            return replace(group_launch(br) if role == "group" else combine_launch(problem), overlap=overlapped(spec))
+            return replace(group_launch(br) if role == "group" else combine_launch(problem), overlap=overlapped(problem))
         if role == "permute" and c.pair:  # the gather into an image: one block per GATHER_ROWS sorted rows (of every
             # route: the held ones are a prefix the kernel reads from the grouping); it also writes the tile table
             return Launch((max(1, -(-problem.routes // GATHER_ROWS)), 1, 1), (256, 1, 1), 0,
-                          (("Hp", Hp), ("Rp", c.rp), ("BR", br), ("slots", c.slots)), overlap=overlapped(spec))
+                          (("Hp", Hp), ("Rp", c.rp), ("BR", br), ("slots", c.slots)), overlap=overlapped(problem))
         if role == "permute":  # also zeroes y when FC2 may add its halves of K into it, and writes the tile table
             y_zero = problem.routes * problem.H if c.fc2_ks == 2 else 0
             return Launch((max(1, (problem.rows * Hp // 8 + 255) // 256), 1, 1), (256, 1, 1), 0,
-                          (("Hp", Hp), ("y_zero", y_zero), ("BR", br), ("slots", c.slots)), overlap=overlapped(spec))
+                          (("Hp", Hp), ("y_zero", y_zero), ("BR", br), ("slots", c.slots)), overlap=overlapped(problem))
         wgs = groups_of(spec, role, br)
         m16 = 4 * wgs  # m16 weight tiles per block
         # FC1 covers Ip: its padding columns are written as zeros (FC2 reads them)
@@ -297,9 +298,9 @@ class WgmmaPrefillFamily(KernelFamily):
             slots = problem.sm_count * resident(spec, role, br)
             launch = tiled_launch(problem, br, nt, 128 * wgs, smem,
                                   (("Hp", Hp), ("Ip", Ip), ("Rp", c.rp), ("KS", c.fc2_ks), ("SMS", slots)))
-            return replace(launch, grid=(launch.grid[0] * c.fc2_ks, 1, 1), overlap=overlapped(spec))
+            return replace(launch, grid=(launch.grid[0] * c.fc2_ks, 1, 1), overlap=overlapped(problem))
         launch = tiled_launch(problem, br, nt, 128 * wgs, smem, (("Hp", Hp), ("Ip", Ip), ("Rp", c.rp)))
-        return replace(launch, overlap=overlapped(spec))
+        return replace(launch, overlap=overlapped(problem))
 
     def scratch(self, spec: ModuleSpec, role: str, problem: Problem, call: WgCall | None = None) -> dict[str, Slot]:
         c = call or self.configure(spec, problem)

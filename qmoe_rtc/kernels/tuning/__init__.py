@@ -18,16 +18,21 @@ import functools
 import importlib
 import importlib.util
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..arch import ArchSpec
 
-__all__ = ["DEFAULT_TABLE", "Tuning", "table", "table_name"]
+__all__ = ["ARCH_KNOBS", "DEFAULT_TABLE", "Tuning", "knob", "table", "table_name"]
 
 log = logging.getLogger("qmoe_rtc")
 
 #: The table an arch without its own takes (kernels/tuning/default.py).
 DEFAULT_TABLE = "default"
+#: Tuning knobs whose defaults are measured choices read at plan time, where the call's arch is known: every table
+#: gives each a value (:attr:`Tuning.knobs`). The knobs read when a module spec is built from a layer (ring depths,
+#: register budgets, warpgroups, the x rings, the expert flow ...) know no arch and keep the knob table's portable
+#: default; so do the operational ones.
+ARCH_KNOBS = ("mma_one_wave", "mma_deep_split", "prefill_wg_overlap")
 
 
 @dataclass(frozen=True)
@@ -50,8 +55,8 @@ class Tuning:
     ``wgmma_third_block_rounds`` (rounds of two FC1 blocks an SM from which a third starts), ``wgmma_pair_min_fc1_tiles``
     (FC1 weight tiles a route tile from which 128-route tiles run as pairs), ``wgmma_fc2_split_rounds`` /
     ``wgmma_fc2_split_chunks`` (FC2 may split K up to that many rounds of tiles, from that many chunks of K).
-    ``knobs``: tuning knobs' defaults measured on the arch (name -> value; knobs not listed keep the knob table's
-    portable default, and ``QMOE_RTC_TUNE`` overrides either).
+    ``knobs``: the defaults of the tuning knobs :data:`ARCH_KNOBS` measured on the arch (name -> value; the knob
+    table keeps each one's portable default and its doc, ``QMOE_RTC_TUNE`` overrides either: :func:`knob`).
     """
 
     name: str
@@ -77,10 +82,22 @@ class Tuning:
     wgmma_pair_min_fc1_tiles: int
     wgmma_fc2_split_rounds: int
     wgmma_fc2_split_chunks: int
-    knobs: dict[str, object] = field(default_factory=dict)
+    knobs: dict[str, object]
 
     def __hash__(self) -> int:  # its dicts are data, never mutated: one table per name
         return hash(self.name)
+
+    def __post_init__(self) -> None:
+        from ...errors import QMoEUnsupportedError
+        from ...knob_table import KNOBS
+
+        missing = [n for n in ARCH_KNOBS if n not in self.knobs]
+        other = [n for n in self.knobs if n not in ARCH_KNOBS]
+        if missing or other:
+            raise QMoEUnsupportedError(f"tuning table {self.name!r}: knobs must give each of {list(ARCH_KNOBS)} "
+                                       f"(missing {missing}; not arch knobs: {other})")
+        for n, v in self.knobs.items():
+            KNOBS[n].coerce(v)  # a value the knob takes (KnobError otherwise)
 
 
 def table_name(device: ArchSpec) -> str:
@@ -110,3 +127,11 @@ def _for_family(family: str) -> Tuning:
 def table(device: ArchSpec) -> Tuning:
     """The tuning table of ``device`` (one WARNING per arch that has none: see the module docstring)."""
     return _for_family(device.family)
+
+
+def knob(name: str, device: ArchSpec):
+    """Tuning knob ``name`` (one of :data:`ARCH_KNOBS`) for a call on ``device``: as set (``QMOE_RTC_TUNE``, a
+    scope), else its arch table's measured default."""
+    from ... import knobs
+
+    return knobs.get(name, table(device).knobs[name])

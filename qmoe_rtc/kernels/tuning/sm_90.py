@@ -66,4 +66,13 @@ TABLE = Tuning(
     # tokens: +3 % / +10 %) (H200).
     wgmma_fc2_split_rounds=2,
     wgmma_fc2_split_chunks=32,
+    knobs={
+        # the decode K split's one-wave rule: qwen3-30b-a3b at 1 token 34.4 -> 31.1 us (H200; one_wave_chunks above)
+        "mma_one_wave": True,
+        # its deep-K rule: mixtral-8x7b FC1 at 1 token 126.1 -> 121.6 us, FC2 at 8 tokens 375.2 -> 366.6 (H200)
+        "mma_deep_split": True,
+        # the wgmma steps after the routing launched overlapping the one before: ort-2048 at 512 tokens 112.5 -> 108.9
+        # us (-3.2 %), -0.5 to -3 % at the short layers (H200, against prefill_wg_overlap=0)
+        "prefill_wg_overlap": True,
+    },
 )
