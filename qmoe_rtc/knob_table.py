@@ -156,10 +156,12 @@ KNOBS: dict[str, Knob] = {
         Knob("mma_target_warps", None, "int", 0,
              "Tuning only: warps the decode K-split aims for (0 = 24 per SM of the device: 3168 on an H200)."),
         Knob("mma_one_wave", None, "bool", True,
-             "Tuning only: the decode K-split's one-wave rule (kernels/mma_decode.py k_split); 0: the warp target alone."),
+             "Tuning only: the decode K-split's one-wave rule (kernels/mma_decode.py k_split); 0: the warp target alone. "
+             "Unset: the arch's tuning table's (kernels/tuning/)."),
         Knob("mma_deep_split", None, "bool", True,
              "Tuning only: the decode K-split's deep-K rule (kernels/mma_decode.py k_split: a grid of one to two "
-             "waves over a long K splits twice as deep); 0: without it. A launch scalar, not a code change."),
+             "waves over a long K splits twice as deep); 0: without it. A launch scalar, not a code change. Unset: the "
+             "arch's tuning table's (kernels/tuning/)."),
         Knob("mma_prefetch_chunks", None, "int", 0,
              "Tuning only: 128-code chunks of its rows a decode warp warms L2 with before the route scan (FC2: while "
              "FC1 finishes; 0 = the built-in 4); a launch scalar, not a code change."),
@@ -188,7 +190,7 @@ KNOBS: dict[str, Knob] = {
         Knob("prefill_wg_overlap", None, "bool", True,
              "Tuning only: the wgmma prefill steps after the routing (grouping, permute, FC1, FC2, combine) launched "
              "overlapping the kernel before them (programmatic dependent launch, sm_90+, with QMOE_RTC_PDL on); 0: each "
-             "waits for the one before."),
+             "waits for the one before. Unset: the arch's tuning table's (kernels/tuning/)."),
         Knob("prefill_route_tile", None, "int", 0,
              "Tuning only: force the prefill route tile (16, 32 or 64 routes for mma.sync, 32, 64, 128 or 256 for "
              "wgmma; 0 = chosen from the routes per expert).",

@@ -118,20 +118,25 @@ def label(name: str) -> str:
     return _knob(name).env
 
 
-def get(name: str) -> Any:
+_DEFAULT = object()
+
+
+def get(name: str, default: Any = _DEFAULT) -> Any:
     """Current value of a knob: innermost override, else the environment (its variable, or ``QMOE_RTC_TUNE`` for a
-    tuning knob), else the default. A retired variable set in the environment is refused first."""
+    tuning knob), else ``default`` where given (an arch's measured default: kernels/tuning/), else the knob's
+    portable default. A retired variable set in the environment is refused first."""
     knob = _knob(name)
+    fallback = knob.default if default is _DEFAULT else default
     with _lock:
         for layer in reversed(_overrides):
             if name in layer:
                 return layer[name]
     _refuse_retired()
     if knob.tuning:
-        return _tuned(os.environ.get(TUNE_ENV, "")).get(name, knob.default)
+        return _tuned(os.environ.get(TUNE_ENV, "")).get(name, fallback)
     raw = os.environ.get(knob.var)
     if raw is None:
-        return knob.default
+        return fallback
     return knob.parse(raw)
 
 

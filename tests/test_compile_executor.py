@@ -10,6 +10,7 @@ import pytest
 from kernel_signatures import mismatches
 from side_by_side import compile_specs
 
+from qmoe_rtc.errors import CompileError
 from qmoe_rtc.jit import get_cubins
 from qmoe_rtc.kernels import get_family, modules_for, spec_unit
 from qmoe_rtc.kernels._expert import tensor_core_unsupported
@@ -149,26 +150,33 @@ def test_executor_modules_compile(cache, arch, layout, hidden, inter):
 TILED_META_DEFINES = {False: (), True: ("-DQMOE_TILED=1", "-DQMOE_TILED_META=1")}
 
 
-@pytest.mark.parametrize("tiled_meta", [False, True])
-def test_mma_ring_bytes_match_the_device_struct(tiled_meta):
-    """The host's dynamic shared memory size (kernels/mma_decode.py ring_bytes + the route lists,
-    decode_smem_bytes, with and without x rings) equals the device's mma_smem_bytes (kMmaWarps·kMmaStages·
-    MmaStage::kBytes + 8·R, then the x rings) for every bit width, scale size, block kind, zp mode and row
-    tiles per warp, with the contract's meta words and the tiled meta records (a smaller launch would trap
-    the kernel): checked by static_asserts compiled with NVRTC."""
-    from qmoe_rtc.jit import compiler
-    from qmoe_rtc.kernels.mma_decode import decode_smem_bytes, ring_bytes, x_ring_bytes
+#: What the ring headers need from a generated unit, for units that only test sizes (the kernels' checks, not theirs).
+RING_UNIT = ("#define QMOE_MMA_BLOCKS {8, 5}, {16, 4}, {32, 3}\n#define QMOE_MMA_FC1_RING 0\n#define QMOE_MMA_FC2_RING 0\n"
+             "#define QMOE_MMA_X_RING_BLOCKS 4\n#define QMOE_MMA_FC1_X_LANE 0\n#define QMOE_MMA_FC2_X_LANE 0\n")
 
-    lines = ['#include "engines/mma_decode.cuh"']
+
+@pytest.mark.parametrize("tiled_meta", [False, True])
+def test_mma_ring_sizes_pass_the_device_checks(tiled_meta):
+    """The sizes the host launches the ring engines with pass the device's checks for every bit width, scale size,
+    block kind, zp mode and row tiles per warp, with the contract's meta words and the tiled meta records: the
+    four rings (kernels/mma_decode.py ring_bytes, which a module's unit hands its kernels: their static_assert
+    calls mma_ring_is, called here), a route lane's x ring (x_lane_bytes) and the launch (decode_smem_bytes, with
+    and without x rings, against mma_smem_bytes, which a smaller launch traps on)."""
+    from qmoe_rtc.jit import compiler
+    from qmoe_rtc.kernels.mma_decode import decode_smem_bytes, ring_bytes, x_lane_bytes, x_ring_bytes
+
+    lines = [RING_UNIT + '#include "engines/mma_decode.cuh"']
     for bits in (1, 2, 3, 4, 8):
         for scale_t, sbytes in (("__half", 2), ("float", 4)):
             for block in (0, 16, 32, 128):
                 for zp in (False, True):
                     for rt in (1, 2):  # row tiles per warp (the batched engine's two on tiled codes)
                         stage = f"qmoe::MmaStage<{bits}, {scale_t}, {block}, {'true' if zp else 'false'}, {rt}>"
-                        lines.append(f"static_assert(qmoe::kMmaWarps * qmoe::kMmaStages * {stage}::kBytes == "
-                                     f"{ring_bytes(bits, sbytes, block, zp, 5, rt, tiled_meta)}, "
+                        lines.append(f"static_assert(qmoe::mma_ring_is<{stage}, 8>("
+                                     f"{ring_bytes(bits, sbytes, block, zp, 5, rt, tiled_meta)}), "
                                      f"\"ring_bytes({bits}, {sbytes}, {block}, {zp}, 5, {rt})\");")
+                    lines.append(f"static_assert(qmoe::MmaXRing<qmoe::MmaStage<{bits}, {scale_t}, {block}, "
+                                 f"{'true' if zp else 'false'}>>::kLaneBytes == {x_lane_bytes(bits, 5)}, \"x lane\");")
                     want = ring_bytes(bits, sbytes, block, zp, 5, tiled_meta=tiled_meta)
                     stage = f"qmoe::MmaStage<{bits}, {scale_t}, {block}, {'true' if zp else 'false'}>"
                     for R in (1, 3, 64, 512):
@@ -233,14 +241,15 @@ def test_meta_record_bytes_match_the_device():
 
 
 @pytest.mark.parametrize("tiled_meta", [False, True])
-def test_prefill_stage_bytes_match_the_device_struct(tiled_meta):
-    """kernels/mma_prefill.py stage_bytes equals PfStage::kBytes for every bit width, scale size, block
-    kind, zp mode and route tile, contract meta words or tiled meta records (the kernel traps on a
-    smaller dynamic shared memory)."""
+def test_prefill_stage_sizes_pass_the_device_checks(tiled_meta):
+    """kernels/mma_prefill.py stage_bytes, which a module's unit hands its kernels to check their PfStage layout
+    against (pf_check_smem), is that layout's size for every bit width, scale size, block kind, zp mode and route
+    tile, contract meta words or tiled meta records (the kernel traps on a smaller dynamic shared memory)."""
     from qmoe_rtc.jit import compiler
     from qmoe_rtc.kernels.mma_prefill import TILE_ROUTES, stage_bytes
 
-    lines = ['#include "engines/mma_prefill.cuh"']
+    lines = ['#define QMOE_PF_STAGE_BYTES {0, 0, 0}\n#define QMOE_PF_STAGES 3\n#define QMOE_PF_MIN_BLOCKS 1\n'
+             '#include "engines/mma_prefill.cuh"']
     for bits in (1, 2, 3, 4, 8):
         for scale_t, sbytes in (("__half", 2), ("float", 4)):
             for block in (0, 16, 32, 128):
@@ -254,30 +263,62 @@ def test_prefill_stage_bytes_match_the_device_struct(tiled_meta):
     compiler.compile_unit("stage_bytes_check", "\n".join(lines) + "\n", {}, "sm_90", options)
 
 
+def _wg_unit(rings, bounds: str = "{32, 2}") -> str:
+    """A unit that hands the wgmma header these rings (kernels/wgmma_geometry.py WgRing) and instantiates each
+    ring's stage (its static_asserts run), checking that the device reads the host's counts."""
+    from qmoe_rtc.kernels.wgmma_geometry import CHUNK
+
+    lines = ["#define QMOE_WG_RINGS " + ", ".join(r.row() for r in rings), f"#define QMOE_WG_FC1_BOUNDS {bounds}",
+             '#include "engines/wgmma_prefill.cuh"']
+    assert CHUNK == 128  # the stage holds one chunk of K
+    for r in rings:
+        t = (f"qmoe::WgStage<{r.bits}, {'float' if r.scale_bytes == 4 else '__half'}, {r.block_size}, "
+             f"{'true' if r.zpw else 'false'}, {r.br}>")
+        lines += [f"template struct {t};",
+                  f"static_assert({t}::kStages == {r.stages} && {t}::kGroups == {r.groups} && "
+                  f"{t}::kMinBlocks == {r.blocks} && {t}::kBytes == {r.stage_bytes}, \"{r}\");"]
+    return "\n".join(lines) + "\n"
+
+
 @pytest.mark.parametrize("tiled_meta", [False, True])
 @pytest.mark.parametrize("groups", [0, 2, 4])
-def test_wgmma_stage_bytes_match_the_device_struct(groups, tiled_meta):
-    """kernels/wgmma_geometry.py stage_bytes / stages equal WgStage::kBytes / kStages (the kernel traps on a
-    smaller dynamic shared memory) for every bit width, scale size, block kind, zp mode and route tile, with
-    the warpgroups forced (2, 4) or chosen by tile and layout (0: tile_groups, the device's kGroups)."""
+def test_wgmma_host_rings_pass_the_device_checks(groups, tiled_meta):
+    """The host's ring (kernels/wgmma_geometry.py ring: stages, warpgroups, blocks an SM, stage bytes) of every bit
+    width, scale size, block kind, zp mode and route tile, with the warpgroups forced (2, 4) or the host's
+    (0: tile_groups), is what WgStage reads, and passes its checks: the stage layout gives the host's bytes, the
+    ring fits the budget (checked by static_asserts compiled with NVRTC)."""
     from qmoe_rtc.jit import compiler
-    from qmoe_rtc.kernels.wgmma_geometry import route_tiles_of, smem_defines, stage_bytes, stages, tile_groups
+    from qmoe_rtc.kernels.wgmma_geometry import ring, route_tiles_of, smem_defines
 
-    lines = ['#include "engines/wgmma_prefill.cuh"']
-    for bits in (1, 2, 3, 4, 8):
-        for scale_t, sbytes in (("__half", 2), ("float", 4)):
-            for block in (0, 16, 32, 128):
-                for zp in (False, True):
-                    for br in route_tiles_of(groups or None):
-                        g = groups or tile_groups(bits, sbytes, block, zp, br, tiled_meta, 4)
-                        st = stage_bytes(bits, sbytes, block, zp, br, g, tiled_meta)
-                        t = f"qmoe::WgStage<{bits}, {scale_t}, {block}, {'true' if zp else 'false'}, {br}>"
-                        lines.append(f"static_assert({t}::kGroups == {g} && {t}::kBytes == {st} && "
-                                     f"{t}::kStages == {stages(st, 4)}, "
-                                     f"\"stage_bytes({bits}, {sbytes}, {block}, {zp}, {br})\");")
-    options = compiler.base_options("sm_90", (*([f"-DQMOE_WG_GROUPS={groups}"] if groups else []), "-DQMOE_WG_STAGES=4",
-                                              *smem_defines(), *TILED_META_DEFINES[tiled_meta]))
-    compiler.compile_unit("wg_stage_bytes_check", "\n".join(lines) + "\n", {}, "sm_90", options)
+    rings = [ring(bits, sbytes, block, zp, br, tiled_meta, 4, groups)
+             for bits in (1, 2, 3, 4, 8) for sbytes in (2, 4) for block in (0, 16, 32, 128) for zp in (False, True)
+             for br in route_tiles_of(groups or None)]
+    assert {r.groups for r in rings} == ({2, 4} if not groups else {groups})
+    assert {r.blocks for r in rings} == ({1} if groups == 4 else {1, 2})
+    options = compiler.base_options("sm_90", ("-DQMOE_WG_STAGES=4", *smem_defines(), *TILED_META_DEFINES[tiled_meta]))
+    compiler.compile_unit("wg_rings_check", _wg_unit(rings), {}, "sm_90", options)
+
+
+def test_wgmma_device_refuses_a_ring_it_cannot_hold():
+    """A ring whose stage bytes differ from the device's layout, one past the budget, and a stage the unit lists no
+    ring for: each fails to compile, naming what is wrong."""
+    import dataclasses as dc
+
+    from qmoe_rtc.jit import compiler
+    from qmoe_rtc.kernels.wgmma_geometry import SMEM_BUDGET, ring, smem_defines
+
+    good = ring(4, 2, 128, False, 64)
+    options = compiler.base_options("sm_90", ("-DQMOE_WG_STAGES=6", *smem_defines()))
+    compiler.compile_unit("wg_ring_ok", _wg_unit([good]), {}, "sm_90", options)
+    too_deep = dc.replace(good, stages=SMEM_BUDGET // good.stage_bytes + 1)
+    for bad, says in ((dc.replace(good, stage_bytes=good.stage_bytes + 1024), "stage bytes"),
+                      (too_deep, "budget"), (dc.replace(good, groups=3), "lists no stage")):
+        with pytest.raises(CompileError, match=says):
+            compiler.compile_unit("wg_ring_bad", _wg_unit([bad]), {}, "sm_90", options)
+    unlisted = _wg_unit([good]).replace("template struct qmoe::WgStage<4, __half, 128, false, 64>;",
+                                        "template struct qmoe::WgStage<4, __half, 128, false, 32>;")
+    with pytest.raises(CompileError, match="lists no stage"):
+        compiler.compile_unit("wg_ring_missing", unlisted, {}, "sm_90", options)
 
 
 def test_expert_flow_decode_module_compiles(cache):

@@ -151,9 +151,10 @@ def test_a_value_the_engine_cannot_use_is_refused_by_the_engine_naming_the_varia
     """Accepted by the knob, refused where the layer or engine decides: a route tile mma.sync lacks, two row
     tiles for contract-layout codes."""
     from qmoe_rtc.kernels import mma_batched, mma_prefill
+    from qmoe_rtc.kernels.arch import ArchSpec
 
     with knobs.scope(prefill_route_tile=128), pytest.raises(KnobError, match=r"QMOE_RTC_TUNE\[prefill_route_tile\].*128"):
-        mma_prefill.tile_routes(4096, 8)
+        mma_prefill.tile_routes(4096, 8, ArchSpec().tuning)
     with knobs.scope(batched_row_tiles=2), pytest.raises(KnobError, match=re.escape("QMOE_RTC_TUNE[batched_row_tiles]")):
         mma_batched.row_tiles(False, 128)
     with knobs.scope(batched_row_tiles=2):

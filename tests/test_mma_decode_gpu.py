@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 from test_executor_gpu import TENSOR_CORE_3BIT, TOL, rel_err, to_dev
 
-from qmoe_rtc.kernels.mma_decode import X_RING_TOKENS
 from qmoe_rtc.random_layer import random_inputs, random_layer
 from qmoe_rtc.reference import qmoe as reference
 
@@ -166,9 +165,11 @@ def test_x_ring_gives_the_bits_of_global_loads(rng, monkeypatch, name, kw, E, H,
     plain, want = outputs()
     for moe, on in ((staged, True), (plain, False)):  # the kernels each ran: with and without the x rings
         for x, _ in inputs:
-            fc1 = next(st for st in moe.plan(len(x), "bfloat16", "float32").steps if st.role == "fc1")
+            plan = moe.plan(len(x), "bfloat16", "float32")
+            fc1 = next(st for st in plan.steps if st.role == "fc1")
             kernel = fc1.kernel.kdef.key
-            assert kernel.endswith("_xr") == (on and len(x) <= X_RING_TOKENS), (name, len(x), kernel)
+            tokens = plan.problem.device.tuning.x_ring_tokens  # the GPU's arch's table (kernels/tuning/)
+            assert kernel.endswith("_xr") == (on and len(x) <= tokens), (name, len(x), kernel)
     for (x, lg), g, p in zip(inputs, got, want):
         assert np.array_equal(g.view(np.uint16), p.view(np.uint16)), (name, len(x))
         assert rel_err(g, reference(x, lg, **w, **a)) <= TOL["bfloat16"], (name, len(x))

@@ -12,6 +12,7 @@ from qmoe_rtc.contract import QMoEAttributes
 from qmoe_rtc.jit import Launch, Ptr
 from qmoe_rtc.jit.args import leaves
 from qmoe_rtc.kernels import PIPELINES, Problem, choose, decode_limit, get_family
+from qmoe_rtc.kernels.arch import ArchSpec
 from qmoe_rtc.runtime.plan import PER_CALL, problem_scalars
 from qmoe_rtc.runtime.tensors import layer_table
 from qmoe_rtc.specialize import Layout, ModelConfig
@@ -118,7 +119,7 @@ def test_prefill_engine_by_device_and_size():
     batched-decode engine up to its own bound, then mma.sync; mma.sync on other devices (a warning: a limit);
     the knob forces either. sm_90a's measured rule: tests/test_engine_choice.py."""
     from qmoe_rtc import knobs
-    from qmoe_rtc.kernels.wgmma_prefill import MIN_ROUTES_PER_EXPERT
+    MIN_ROUTES_PER_EXPERT = ArchSpec().tuning.wgmma_min_routes  # an unknown device's table (the default)
 
     tc = CONFIGS[0]  # 128 experts, k 8: rows r give r / 16 routes per expert
     for block in (0, 32, 128):
@@ -150,7 +151,9 @@ def test_wgmma_narrow_tiles_and_their_blocks_per_sm():
     two (asks for its ring only), and on a shorter grid, like FC2's always, asks for enough shared memory
     that a third does not fit; the knob forces FC1 either way."""
     from qmoe_rtc import knobs
-    from qmoe_rtc.kernels.wgmma_geometry import NARROW_ROUTES, SM_SMEM, THIRD_BLOCK_ROUNDS, ring_bytes
+    from qmoe_rtc.kernels.wgmma_geometry import SM_SMEM, ring_bytes
+
+    NARROW_ROUTES, THIRD_BLOCK_ROUNDS = ArchSpec().tuning.wgmma_narrow_routes, ArchSpec().tuning.wgmma_third_block_rounds
 
     fam = get_family("wgmma_prefill")
     gpt_oss = ModelConfig(hidden=2880, inter=2880, experts=128, k=4, layout=dataclasses.replace(CONFIGS[0].layout, block_size=32))
@@ -183,7 +186,7 @@ def test_wgmma_fc2_k_split_launch():
     otherwise one block a tile and nothing zeroed. The knob forces either; a bad value is refused."""
     from qmoe_rtc import knobs
     from qmoe_rtc.errors import KnobError
-    from qmoe_rtc.kernels.wgmma_prefill import FC2_SPLIT_ROUNDS
+    FC2_SPLIT_ROUNDS = ArchSpec().tuning.wgmma_fc2_split_rounds
 
     fam = get_family("wgmma_prefill")
     mixtral = ModelConfig(hidden=4096, inter=14336, experts=8, k=2, layout=CONFIGS[0].layout)
@@ -220,7 +223,9 @@ def test_wgmma_pairs_by_call():
     rows; the knob forces either way where the module has pairs; a bad value is refused."""
     from qmoe_rtc import knobs
     from qmoe_rtc.errors import KnobError
-    from qmoe_rtc.kernels.wgmma_geometry import GATHER_ROWS, PAIR_MIN_FC1_TILES, image_rows, padded, pair_kernels
+    from qmoe_rtc.kernels.wgmma_geometry import GATHER_ROWS, image_rows, padded, pair_kernels
+
+    PAIR_MIN_FC1_TILES = ArchSpec().tuning.wgmma_pair_min_fc1_tiles
 
     fam = get_family("wgmma_prefill")
     lay = CONFIGS[0].layout
@@ -268,7 +273,7 @@ def test_wgmma_pairs_by_call():
 def test_wgmma_warpgroups_by_route_tile_and_layout():
     """Two warpgroups a block at 64-route tiles where four stages of theirs fit twice in an SM (two blocks an
     SM: FC2's device rule then counts 2 × SMs), four at 128 routes and where they do not fit twice (int8);
-    knob prefill_wg_groups forces either for every tile (a -D option, part of the key)."""
+    knob prefill_wg_groups forces either for every tile (in the generated unit's rings, part of the key)."""
     from qmoe_rtc import knobs
     from qmoe_rtc.kernels.wgmma_geometry import tile_groups
 
@@ -279,6 +284,7 @@ def test_wgmma_warpgroups_by_route_tile_and_layout():
     qwen3 = CONFIGS[0]  # 128 experts, k 8: 512 rows give 32 routes per expert (64-route tiles), 4096 give 256
     spec = fam.spec(qwen3)
     assert spec.get("groups") is None and not any("GROUPS" in d for d in fam.defines(spec))
+    assert "{4, 0, 2, 128, 64, 4, 2, 2, " in fam.source(spec) and "{4, 0, 2, 128, 128, 4, 4, 1, " in fam.source(spec)
 
     def fc(role, rows, cfg=qwen3):
         launch = fam.launch(fam.spec(cfg), role, dataclasses.replace(_problem(cfg, rows), sms=132))
@@ -290,7 +296,7 @@ def test_wgmma_warpgroups_by_route_tile_and_layout():
     int8 = dataclasses.replace(qwen3, layout=dataclasses.replace(lay, fc1_bits=8, fc2_bits=8))
     assert (fc("fc1", 512, int8), fc("fc2", 512, int8)) == ((512, None), (512, 132))
     with knobs.scope(prefill_wg_groups=4):
-        assert fam.spec(qwen3)["groups"] == 4 and "-DQMOE_WG_GROUPS=4" in fam.defines(fam.spec(qwen3))
+        assert fam.spec(qwen3)["groups"] == 4 and "{4, 0, 2, 128, 64, 4, 4, 1, " in fam.source(fam.spec(qwen3))
         assert fc("fc2", 512) == (512, 132)
     with knobs.scope(prefill_wg_groups=2):
         assert fc("fc1", 4096) == (256, None) and fc("fc2", 512) == (256, 2 * 132)
@@ -308,7 +314,7 @@ def test_wgmma_tile_table_covers_the_grid(rows):
     fam = get_family("wgmma_prefill")
     cfg = CONFIGS[0]
     spec, prob = fam.spec(cfg), dataclasses.replace(_problem(cfg, rows), sms=132)
-    br = tile_routes(prob.routes, prob.experts, have=spec_tiles(spec))
+    br = tile_routes(prob.routes, prob.experts, prob.device.tuning, have=spec_tiles(spec))
     prep = dict(fam.launch(spec, "permute", prob).args)
     slots = prep["slots"]
     assert prep["BR"] == br and slots >= route_tiles(prob.routes, prob.experts, br)
@@ -387,7 +393,7 @@ def test_prefill_engine_counts_only_a_slices_own_routes(arch):
     wgmma / batched crossover counts its expected share: a slice of 64 of 128 experts sees the same
     routes per expert as the whole layer at the same rows (counting every route would double it). Unknown
     device: MIN_ROUTES_PER_EXPERT (8) routes per expert; sm_90a: the measured 4.5 (kernels/engine_choice.py)."""
-    from qmoe_rtc.kernels.wgmma_prefill import MIN_ROUTES_PER_EXPERT
+    MIN_ROUTES_PER_EXPERT = ArchSpec().tuning.wgmma_min_routes  # an unknown device's table (the default)
 
     tc = CONFIGS[0]  # 128 experts, k 8
     below, at = (16 * (MIN_ROUTES_PER_EXPERT - 1), 16 * MIN_ROUTES_PER_EXPERT) if not arch else (64, 80)  # 4.07 / 5.0

@@ -149,15 +149,15 @@ def test_wgmma_needs_its_budget():
 
 
 def test_wgmma_device_takes_the_budget_from_the_host():
-    """wg_mainloop.cuh does not restate the budget: the module's defines carry the host's, and the header refuses to
-    compile without them."""
+    """wg_mainloop.cuh does not restate the budget nor decide a ring: the module's defines carry the host's budget, its
+    generated unit the host's rings, and the header refuses to compile without them."""
     from qmoe_rtc.jit import compiler
-    from qmoe_rtc.kernels.wgmma_geometry import SM_SMEM, SMEM_BUDGET
+    from qmoe_rtc.kernels.wgmma_geometry import SMEM_BUDGET
 
     fam = get_family("wgmma_prefill")
-    defines = fam.defines(fam.spec(_int8()))
-    assert f"-DQMOE_WG_STAGE_BUDGET={SMEM_BUDGET}" in defines and f"-DQMOE_WG_SM_SMEM={SM_SMEM}" in defines
-    for header, name in (("engines/wg_mainloop.cuh", "QMOE_WG_STAGE_BUDGET"),):
-        with pytest.raises(CompileError, match=name):
-            compiler.compile_unit("budget_missing", f'#include "{header}"\n', {}, "sm_90",
-                                  compiler.base_options("sm_90"))
+    spec = fam.spec(_int8())
+    assert f"-DQMOE_WG_STAGE_BUDGET={SMEM_BUDGET}" in fam.defines(spec)
+    assert "#define QMOE_WG_RINGS" in fam.source(spec) and "#define QMOE_WG_FC1_BOUNDS" in fam.source(spec)
+    with pytest.raises(CompileError, match="QMOE_WG_RINGS"):
+        compiler.compile_unit("budget_missing", '#include "engines/wg_mainloop.cuh"\n', {}, "sm_90",
+                              compiler.base_options("sm_90", fam.defines(spec)))

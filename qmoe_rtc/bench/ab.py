@@ -24,6 +24,8 @@ same output; the bench checks against the float64 reference). ``--power`` adds t
 SM clock, the share of its polls at the power cap and mJ per call over each setting's turns (NVML; where the
 GPU runs at its power limit, the clock it holds follows the work's power: a change faster per cycle draws it
 down and keeps part of its gain, about half for the ring's stage barriers at mixtral-8x7b 4096 tokens).
+``--write-table FILE`` writes the fastest value of each knob per (shape, tokens) as a tuning table module for the
+GPU's arch (:mod:`qmoe_rtc.bench.tune_table`; docs/runtime-compilation.md, "Per-arch tuning tables").
 """
 
 from __future__ import annotations
@@ -136,6 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "share of polls at the power cap, mJ per call (watts x median time); where the GPU runs at its "
                         "power limit, a change faster per cycle can draw the clock down")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the rows as JSON")
+    p.add_argument("--write-table", default=None, metavar="FILE",
+                   help="write the fastest value of each knob per (shape, tokens) as a tuning table module for this GPU's "
+                        "arch (kernels/tuning/<family>.py's form)")
     return p
 
 
@@ -202,7 +207,27 @@ def main(argv=None) -> int:
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1, default=str)
+    if a.write_table:
+        write_table(a.write_table, rows, cp)
     return 0 if all(r["finite"] for r in rows) else 1
+
+
+def write_table(path: str, rows: list[dict], cp) -> None:
+    """The rows' fastest knob values as the tuning table of the GPU's arch (qmoe_rtc/bench/tune_table.py); each knob
+    a setting leaves out ran at its default on this GPU (the arch's table, else the knob table's)."""
+    from .. import knobs
+    from ..jit.compiler import default_arch
+    from ..kernels.arch import ArchSpec
+    from ..kernels.tuning import ARCH_KNOBS, knob
+    from .tune_table import table_source
+
+    dev = cp.cuda.runtime.getDevice()
+    name = cp.cuda.runtime.getDeviceProperties(dev)["name"]
+    device = ArchSpec(default_arch(dev))
+    defaults = {n: knob(n, device) if n in ARCH_KNOBS else knobs.get(n) for n in knobs.KNOBS if knobs.KNOBS[n].tuning}
+    with open(path, "w") as f:
+        f.write(table_source(rows, defaults, device.family, name.decode() if isinstance(name, bytes) else str(name)))
+    print(f"wrote the {device.family} tuning table to {path}")
 
 
 if __name__ == "__main__":

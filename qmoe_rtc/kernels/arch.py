@@ -5,8 +5,9 @@ else this module's tables.
 Every question the host asks about an arch is answered here, never by parsing the target where it is asked: the
 compute capability, which features the engines may use there (programmatic dependent launch, warpgroup MMA, the FP8
 conversion), the shared memory a block may take, the SMs the launch-geometry rules size grids for, and the name its
-measured tables are filed under (``family``: 'sm_90' for sm_90 and sm_90a). A new GPU is a row of
-:data:`SMEM_OPTIN` here (and, once measured, its rows in the per-arch tables, ``kernels/engine_choice.py``).
+measured tables are filed under (``family``: 'sm_90' for sm_90 and sm_90a; ``tuning``: its table of thresholds). A
+new GPU is a row of :data:`SMEM_OPTIN` here (and, once measured, its tables: ``kernels/tuning/<family>.py``, its rows
+in ``kernels/engine_choice.py``).
 """
 
 from __future__ import annotations
@@ -94,6 +95,14 @@ class ArchSpec:
     def warpgroup_mma(self) -> bool:
         """The wgmma prefill engine's warpgroup MMA (sm_90a; unknown: assumed, so module listings include it)."""
         return self.cc is None or self.cc == WGMMA_CC
+
+    @property
+    def tuning(self):
+        """The arch's table of measured thresholds (:mod:`qmoe_rtc.kernels.tuning`; an arch without one: the default
+        table, with one WARNING)."""
+        from .tuning import table
+
+        return table(self)
 
     @property
     def fp8_mma(self) -> bool:

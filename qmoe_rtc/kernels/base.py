@@ -105,7 +105,8 @@ class KernelFamily:
 
     To implement: :meth:`specs` (or :meth:`spec`), :meth:`kernels`; for pipeline steps
     :meth:`kernel_for`, :meth:`launch`, :meth:`scratch`, :meth:`supports`. Optional: :meth:`defines`
-    (-D options), :meth:`source` (the generated unit, default: include the header; NVRTC
+    (-D options), :meth:`decisions` (the host's choices the device code reads from the generated unit),
+    :meth:`source` (the generated unit, default: the decisions, then include the header; NVRTC
     instantiates the templates named by the name expressions), :attr:`solo` / :meth:`parts` (the
     module as several NVRTC programs compiled side by side).
     """
@@ -145,10 +146,17 @@ class KernelFamily:
     def defines(self, spec: ModuleSpec) -> tuple[str, ...]:
         return ()
 
+    def decisions(self, spec: ModuleSpec) -> tuple[str, ...]:
+        """Lines of the generated unit ahead of the header: what the host decided for the module's kernels (ring
+        depths, warpgroups, launch bounds ...) as the device code reads it, which only checks it (static_assert)
+        instead of deciding again. () by default."""
+        return ()
+
     def source(self, spec: ModuleSpec) -> str:
         lines = [
             f"// qmoe_rtc generated unit: family {self.name}, module {spec.name}",
             f"// params: {', '.join(f'{k}={v}' for k, v in spec.params)}",
+            *self.decisions(spec),
             f'#include "{self.header}"',
             "// kernels (instantiated through NVRTC name expressions):",
         ]

@@ -14,9 +14,9 @@ the host knows before any launch:
 replay, L2 flushed, the peers' layer: bf16, int4, uniform codes, ``swiglu_fusion=2``); :data:`CROSSOVERS` holds
 the rule's constants per arch, read off them; ``tests/test_engine_choice.py`` checks on the CPU that the rule picks,
 at every measured point, an engine within 3 % of the fastest measured there (:data:`KNOWN_MISSES` names the one
-exception and why it stays). An arch with no entry keeps the rule measured before (decode up to
-:data:`~qmoe_rtc.kernels.pipelines.DECODE_ROWS` tokens, wgmma from
-:data:`~qmoe_rtc.kernels.wgmma_prefill.MIN_ROUTES_PER_EXPERT` routes per expert), which the sweeps replaced on sm_90.
+exception and why it stays). An arch with no entry keeps the rule measured before (decode up to its tuning table's
+``decode_rows`` tokens, wgmma from its ``wgmma_min_routes`` routes per expert: kernels/tuning/), which the sweeps
+replaced on sm_90.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class Crossovers:
       expert, the wgmma engine beyond;
     - ``source``: the measurement the numbers were read from;
     - ``x_ring_per_expert``: on experts of ``big_expert_bytes`` or more, calls the decode kernels serve with their
-      x rings (:data:`~qmoe_rtc.kernels.mma_decode.X_RING_TOKENS` tokens or fewer) take the decode path up to this
+      x rings (the tuning table's ``x_ring_tokens`` tokens or fewer) take the decode path up to this
       many expected routes per expert (0: no further than ``decode_per_expert``).
     """
 
@@ -169,9 +169,9 @@ def decode_tokens(config, arch: str, grouped_runs: bool) -> int | None:
     L = config.all_experts or config.experts
     if expert_code_bytes(config.hidden, config.inter, config.layout) < c.big_expert_bytes:
         return c.decode_tokens_small
-    from .mma_decode import X_RING_TOKENS, x_ring
+    from .mma_decode import x_ring
 
-    x_tokens = X_RING_TOKENS if x_ring(config) else 0  # calls the decode kernels serve with their x rings
+    x_tokens = ArchSpec(arch).tuning.x_ring_tokens if x_ring(config) else 0  # calls the decode kernels serve with x rings
 
     def decodes(rows: int) -> bool:
         rpe = routes_per_expert(rows, config.experts, config.k, L, config.shared)

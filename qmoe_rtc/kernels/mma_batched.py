@@ -49,25 +49,12 @@ from .mma_decode import (
     _stages,
     k_split,
     launch_smem,
+    ring_decisions,
     smem_refusal,
 )
 
-__all__ = ["MAX_ROUTES_PER_EXPERT", "MmaBatchedFamily", "max_routes_per_expert", "per_expert", "tile_routes",
+__all__ = ["MmaBatchedFamily", "max_routes_per_expert", "per_expert", "tile_routes",
            "row_tiles"]
-
-#: Routes per expert (average over the experts that get routes) up to which this engine runs, by row
-#: tiles per warp, for layers whose routes reach up to FEW_EXPERTS experts / more; above it the tile
-#: engines (mma_prefill, wgmma_prefill) are faster. Measured on the H200, bf16 int4 (docs/performance-log.md).
-#: One row tile: at 8 routes per expert this engine beat them on mixtral-8x7b (469 µs vs
-#: mma.sync 551) and ort-2048 (52.7 vs 64.2), lost on qwen3-30b-a3b (223 vs 214) and gpt-oss-120b (990
-#: vs 914; 128 experts: the tile engines' grids are full there); at 16 the tile engines won on every
-#: shape (by 7-16 %). Two row tiles: at 16 mixtral-8x7b 592.5 vs wgmma 649.6, ort-2048 76.6
-#: vs 74.0; at 8 qwen3-30b-a3b 186.6 vs mma.sync 191.4; at 32 (mixtral, ort) and 16 (qwen3) the tile
-#: engines won by 8-51 %.
-MAX_ROUTES_PER_EXPERT = {1: 12, 2: 16}
-MAX_ROUTES_PER_EXPERT_MANY = {1: 6, 2: 8}
-FEW_EXPERTS = 32
-
 
 def per_expert(problem: Problem) -> float:
     """Average routes of the experts that get routes (expert slices [ext]: the routed share held)."""
@@ -105,8 +92,9 @@ def row_tiles(tiled: bool, block_size: int) -> int:
     return forced or (2 if tiled and (block_size == 0 or block_size >= 128) else 1)
 
 
-#: Blocks per SM the two-row-tile kernels' registers are set for, by BR (engines/mma_batched.cuh
-#: batched_min_blocks; 8 routes per pass keep the decode engine's).
+#: Blocks per SM the two-row-tile kernels' registers are set for, by BR (8 routes per pass keep the decode engine's):
+#: with two row tiles, route groups of 16 / 32 routes hold twice the accumulators (ptxas, NVRTC 13.5, mixtral-8x7b
+#: bf16 int4: at the decode engine's 4 / 3 they spilled 8-24 / 28-32 bytes; at 3 / 2 none).
 MIN_BLOCKS_TWO_TILES = {16: 3, 32: 2}
 
 
@@ -118,10 +106,13 @@ def min_blocks(spec: ModuleSpec, br: int) -> int:
 
 
 def max_routes_per_expert(problem: Problem, tiles: int = 1) -> int:
-    """Routes per expert up to which this engine runs with ``tiles`` row tiles per warp (see
-    :data:`MAX_ROUTES_PER_EXPERT`)."""
+    """Routes per expert (average over the experts that get routes) up to which this engine runs with ``tiles`` row
+    tiles per warp, for calls whose routes reach up to the arch's ``batched_few_experts`` experts / more (its tuning
+    table, kernels/tuning/: where the measurements are); above it the tile engines (mma_prefill, wgmma_prefill)
+    are faster."""
+    t = problem.device.tuning
     experts = min(problem.experts, max(1, problem.routes))
-    return (MAX_ROUTES_PER_EXPERT if experts <= FEW_EXPERTS else MAX_ROUTES_PER_EXPERT_MANY)[tiles]
+    return (t.batched_max_routes if experts <= t.batched_few_experts else t.batched_max_routes_many)[tiles]
 
 
 @register
@@ -130,7 +121,7 @@ class MmaBatchedFamily(KernelFamily):
     solo = ("fc1_", "fc2_")  # each GEMM kernel its own NVRTC program (compile time: docs/runtime-compilation.md)
     header = "engines/mma_batched.cuh"
     depends_on = (*EXPERT_FIELDS, "tiled")
-    conditional = True  # only up to MAX_ROUTES_PER_EXPERT routes per expert
+    conditional = True  # only up to max_routes_per_expert routes per expert
 
     def spec(self, config) -> ModuleSpec:
         """The layout's fields plus the ring depth and the 8-route kernels' blocks per SM (the decode
@@ -168,9 +159,11 @@ class MmaBatchedFamily(KernelFamily):
         return None
 
     def defines(self, spec: ModuleSpec) -> tuple[str, ...]:
-        return (f"-DQMOE_MMA_STAGES={spec['stages']}", f"-DQMOE_MMA_MIN_BLOCKS={spec['min_blocks']}",
-                f"-DQMOE_BATCHED_RT={spec['row_tiles']}",
-                *tiled_define(spec))
+        return (f"-DQMOE_MMA_STAGES={spec['stages']}", f"-DQMOE_BATCHED_RT={spec['row_tiles']}", *tiled_define(spec))
+
+    def decisions(self, spec: ModuleSpec) -> tuple[str, ...]:
+        """The rings and each route tile's blocks an SM (kernels/mma_decode.py ring_decisions, :func:`min_blocks`)."""
+        return ring_decisions(spec, {br: min_blocks(spec, br) for br in TILE_ROUTES}, spec["row_tiles"])
 
     def kernels(self, spec: ModuleSpec) -> tuple[KernelDef, ...]:
         t = template_types(spec)
@@ -207,7 +200,7 @@ class MmaBatchedFamily(KernelFamily):
         per_tile *= spec["row_tiles"]
         tiles = (n_out + per_tile - 1) // per_tile
         br = tile_routes(problem)
-        ks = k_split(tiles, experts, K, br, min_blocks(spec, br), problem.sm_count)
+        ks = k_split(tiles, experts, K, br, min_blocks(spec, br), problem.sm_count, problem.device.tuning)
         per_block = per_tile * (WARPS // ks)
         return ks, (n_out + per_block - 1) // per_block
 

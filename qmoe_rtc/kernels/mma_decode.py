@@ -4,7 +4,8 @@ Template ``cuda_src/engines/mma_decode.cuh``: ``qmoe::fc1_mma`` (FC1 [+FC3], act
 ``qmoe::fc2_mma_combine`` (FC2, routing weight and bias applied, the last block of each output tile
 adds the routes in slot order). Expert-grouped: every expert's weights are read once per call
 however many of the rows chose it. One module holds both kernels for 8, 16 and 32 routes per pass
-(``BR``, the routes a tile serves, as in every engine), and for calls of up to :data:`X_RING_TOKENS` tokens the
+(``BR``, the routes a tile serves, as in every engine), and for calls of up to the arch's ``x_ring_tokens`` (its
+tuning table, kernels/tuning/) tokens the
 8-route pair that stages the activations in shared memory with the weights (``fc1_br8_xr``, ``fc2_br8_xr``:
 engines/x_ring.cuh, :func:`x_staged`). A block's dynamic shared memory is its four warps'
 rings of ``stages`` stages and the route lists (:func:`launch_smem`); where that passes the device's opt-in
@@ -33,26 +34,23 @@ from ._expert import (
     tiled_spec,
 )
 from ._grouped import tuning_knob
-from .arch import DEFAULT_SMS
+from .arch import DEFAULT_SMS, ArchSpec
 from .base import KernelFamily, Problem, Slot, register
+from .tuning import Tuning
 
-__all__ = ["MmaDecodeFamily", "decode_smem_bytes", "launch_smem", "ring_bytes", "smem_refusal", "tile_routes",
-           "x_ring", "x_ring_bytes", "x_staged"]
+__all__ = ["MmaDecodeFamily", "decode_smem_bytes", "launch_smem", "ring_bytes", "ring_decisions", "smem_refusal",
+           "tile_routes", "x_lane_bytes", "x_ring", "x_ring_bytes", "x_staged"]
 
 THREADS = 128  # kMmaThreads (4 warps)
 WARPS = 4
 MAX_ROUTES = 512  # kMmaMaxRoutes: route ids one block scans
 TILE_ROUTES = (8, 16, 32)  # BR: routes served per pass over an expert's weights
-TARGET_WARPS_PER_SM = 24  # the K split aims for enough warps for every SM to keep ~24 in flight
-STAGES = 3  # kMmaStages: cp.async ring depth per warp
-MIN_BLOCKS = {8: 5, 16: 4, 32: 3}  # mma_min_blocks<BR>: resident blocks per SM the registers are set for
+STAGES = 3  # cp.async ring depth per warp (the device's kMmaStages: -DQMOE_MMA_STAGES)
+MIN_BLOCKS = {8: 5, 16: 4, 32: 3}  # resident blocks per SM the BR-route kernels' registers are set for (ring_decisions)
 MIN_BLOCKS_ALLOWED = (4, 5, 6, 7, 8)  # tuning knob mma_min_blocks (BR 8 only: up to 8 tokens)
-ONE_WAVE_CHUNKS = 8  # most 128-code chunks per warp the one-wave rule of k_split accepts
-DEEP_CHUNKS = 16  # fewest 128-code chunks per warp the deep-K rule of k_split leaves
 PREFETCH_CHUNKS = 4  # chunks of its two rows a warp warms L2 with before the route scan (kernel scalar PF)
 X_CHUNK_BYTES = 256  # XRing::kChunkBytes: one route lane's 128 activations of a chunk
-X_RING_TOKENS = 4  # calls of up to this many tokens run the x-ring kernels (x_staged)
-X_RING_BLOCKS = 4  # kMmaXRingBlocks: resident blocks per SM the x-ring kernels' registers are set for
+X_RING_BLOCKS = 4  # resident blocks per SM the x-ring kernels' registers are set for (measured faster than 5, H100)
 
 
 def _stages() -> int:
@@ -88,24 +86,26 @@ def x_ring(config) -> bool:
     return bool(knobs.get("mma_x_ring")) and min(lay.fc1_bits, lay.fc2_bits) >= 3
 
 
-def x_staged(spec: ModuleSpec, rows: int) -> int:
+def x_staged(spec: ModuleSpec, problem: Problem) -> int:
     """XS, the route lanes of an 8-route pass whose activations the decode kernels stage in shared memory with
-    the weights (the ``_xr`` kernels, engines/x_ring.cuh), for a call of ``rows`` tokens: ``rows`` (an expert has
-    at most one route a token) up to :data:`X_RING_TOKENS` tokens where the module has them
-    (tuning knob ``mma_x_ring``, on by default), else 0 (the kernels that load them from global memory).
-    Measured on the H100 in one process, graph replay, each setting in turns (docs/performance-log.md, session
-    36): at 1-4 tokens the x rings took 3-9 % off mixtral-8x7b, qwen3-30b-a3b and ort-2048 (mixtral 1 token
-    108.9 -> 101.5 us), gpt-oss-120b within 1-3 %; at 8 tokens, whose rings take 48 KiB more a block (three
-    blocks an SM instead of five), they cost 24-40 %."""
-    return rows if spec.get("x_ring") and 0 < rows <= X_RING_TOKENS else 0
+    the weights (the ``_xr`` kernels, engines/x_ring.cuh), for the call: its tokens (an expert has at most one
+    route a token) up to the arch's ``x_ring_tokens`` (kernels/tuning/; sm_90: 4, measured on the H100: at 8 tokens
+    the rings take 48 KiB more a block, three blocks an SM instead of five) where the module has them (tuning knob
+    ``mma_x_ring``, on by default), else 0 (the kernels that load them from global memory)."""
+    rows = problem.rows
+    return rows if spec.get("x_ring") and 0 < rows <= problem.device.tuning.x_ring_tokens else 0
+
+
+def x_lane_bytes(bits: int, stages: int) -> int:
+    """A route lane's part of a warp's x ring (engines/x_ring.cuh XRing::kLaneBytes, which the kernels check against
+    it): ``stages`` stages of KST chunks (as :func:`ring_bytes`'s) of 256 bytes, padded by 32 bytes."""
+    kst = 1 if bits >= 8 else max(1, 8 // bits)
+    return stages * kst * X_CHUNK_BYTES + 32
 
 
 def x_ring_bytes(bits: int, stages: int, xs: int) -> int:
-    """Shared memory of the four warps' x rings of a block (engines/x_ring.cuh XRing::kLaneBytes): per warp ``xs``
-    route lanes' parts of ``stages`` stages of KST chunks (as :func:`ring_bytes`'s) of 256 bytes, each part
-    padded by 32 bytes."""
-    kst = 1 if bits >= 8 else max(1, 8 // bits)
-    return WARPS * xs * (stages * kst * X_CHUNK_BYTES + 32)
+    """Shared memory of the four warps' x rings of a block: per warp ``xs`` route lanes' parts (:func:`x_lane_bytes`)."""
+    return WARPS * xs * x_lane_bytes(bits, stages)
 
 
 def launch_smem(spec: ModuleSpec, role: str, routes: int, row_tiles: int = 1, xs: int = 0) -> int:
@@ -134,6 +134,18 @@ def smem_refusal(spec: ModuleSpec, budget: int, routes: int = 0, row_tiles: int 
             f"than the device's {budget} (its opt-in limit per block)")
 
 
+def ring_decisions(spec: ModuleSpec, blocks: dict[int, int], row_tiles: int = 1) -> tuple[str, ...]:
+    """The lines of a ring engine's generated unit (this one's, kernels/mma_batched.py's) that hand the device the
+    host's decisions, which engines/mma_ring.cuh reads and checks: ``blocks`` an SM each route tile's kernels set
+    registers for, and each GEMM's four rings' bytes (:func:`launch_smem` without the route lists)."""
+    rings = {role: launch_smem(spec, role, 0, row_tiles) for role in ("fc1", "fc2")}
+    return ("// The host's decisions (kernels/mma_decode.py), which engines/mma_ring.cuh reads and checks:",
+            "// blocks an SM each route tile's kernels set their registers for {route tile, blocks}",
+            "#define QMOE_MMA_BLOCKS " + ", ".join(f"{{{br}, {n}}}" for br, n in sorted(blocks.items())),
+            f"// the bytes of each GEMM's four rings of {spec['stages']} stages",
+            f"#define QMOE_MMA_FC1_RING {rings['fc1']}", f"#define QMOE_MMA_FC2_RING {rings['fc2']}")
+
+
 def min_blocks(spec: ModuleSpec, br: int, xr: bool = False) -> int:
     """Resident blocks per SM the registers of the ``br``-route kernels (``xr``: the x-ring kernels) are set for."""
     if xr:
@@ -146,24 +158,27 @@ def tile_routes(rows: int) -> int:
     return next((br for br in TILE_ROUTES if rows <= br), TILE_ROUTES[-1])
 
 
-def k_split(tiles: int, experts: int, K: int, br: int = 8, per_sm: int | None = None, sms: int = DEFAULT_SMS) -> int:
-    """Warps of a block that split K (1, 2 or 4) on a device of ``sms`` multiprocessors: the fewest that
-    give about ``TARGET_WARPS_PER_SM`` warps per SM, keeping at least two 128-code chunks per warp; then
+def k_split(tiles: int, experts: int, K: int, br: int = 8, per_sm: int | None = None, sms: int = DEFAULT_SMS,
+            tuning: Tuning | None = None) -> int:
+    """Warps of a block that split K (1, 2 or 4) on a device of ``sms`` multiprocessors whose tuning table is
+    ``tuning`` (kernels/tuning/; None: an unknown device's): the fewest that
+    give about ``target_warps_per_sm`` warps per SM, keeping at least two 128-code chunks per warp; then
     one wave instead of a sliver more: when that split puts more blocks in the grid than are resident
     at once (``sms`` SMs × ``per_sm``,
     the blocks per SM of the ``br``-route kernels, default ``MIN_BLOCKS[br]``) and half of it fits them in
-    one wave with at most ``ONE_WAVE_CHUNKS`` chunks per warp, half it is. Measured on the H200 in one
+    one wave with at most ``one_wave_chunks`` chunks per warp, half it is. Measured on the H200 in one
     process (docs/performance-log.md):
     qwen3-30b-a3b's FC1 at 1 token (768 blocks for 660 resident, or 384) took the layer 34.4 → 31.1 µs,
     while halving where the half still spills or runs long chunks lost (gpt-oss-120b 56.5 → 57.9 / 65.8).
     Last the deep-K rule (8 routes per pass only, where it was measured): a grid of one to two waves
-    whose K is long enough that twice the split still leaves every warp ``DEEP_CHUNKS`` chunks splits
+    whose K is long enough that twice the split still leaves every warp ``deep_chunks`` chunks splits
     twice as deep -- twice the warps over the same bytes, the second wave no longer mostly idle.
     Measured on the H200 in one process, layers timed in turns: mixtral-8x7b FC1 at 1 token
     (896 blocks, 32 chunks) 126.1 → 121.6 µs, its FC2 at 8 tokens (1024 blocks, 112 chunks) 375.2 →
     366.6; the short-K grids it leaves alone measured slower split deeper (ort-2048 FC1 at 8 tokens,
     16 chunks: +2.2 %, qwen3-30b-a3b FC1 at 8 tokens, 2.3 waves: +3.4 %)."""
-    target = knobs.get("mma_target_warps") or TARGET_WARPS_PER_SM * sms
+    t = tuning or ArchSpec().tuning
+    target = knobs.get("mma_target_warps") or t.target_warps_per_sm * sms
     chunks = (K + 127) // 128
     resident = sms * (per_sm or MIN_BLOCKS[br])
 
@@ -171,12 +186,12 @@ def k_split(tiles: int, experts: int, K: int, br: int = 8, per_sm: int | None = 
         return experts * ((tiles * s + WARPS - 1) // WARPS)
 
     ks = next((s for s in (1, 2, 4) if tiles * experts * s >= target or chunks < 2 * 2 * s), 4)
-    if ks > 1 and knobs.get("mma_one_wave"):
+    if ks > 1 and knobs.get("mma_one_wave", t.knobs["mma_one_wave"]):
         half = ks // 2
-        if blocks(ks) > resident >= blocks(half) and (chunks + half - 1) // half <= ONE_WAVE_CHUNKS:
+        if blocks(ks) > resident >= blocks(half) and (chunks + half - 1) // half <= t.one_wave_chunks:
             ks = half
-    if (ks < 4 and br == 8 and knobs.get("mma_deep_split") and resident < blocks(ks) < 2 * resident
-            and chunks >= DEEP_CHUNKS * 2 * ks):
+    if (ks < 4 and br == 8 and knobs.get("mma_deep_split", t.knobs["mma_deep_split"]) and resident < blocks(ks) < 2 * resident
+            and chunks >= t.deep_chunks * 2 * ks):
         ks *= 2
     return ks
 
@@ -206,12 +221,21 @@ class MmaDecodeFamily(KernelFamily):
             why = f"{problem.routes} routes (one block scans at most {MAX_ROUTES})"
         if why is None and problem is not None:
             spec = self.spec(config)
-            why = smem_refusal(spec, problem.smem_limit, max(problem.routes, 1), xs=x_staged(spec, problem.rows))
+            why = smem_refusal(spec, problem.smem_limit, max(problem.routes, 1), xs=x_staged(spec, problem))
         return why
 
     def defines(self, spec: ModuleSpec) -> tuple[str, ...]:
-        return (f"-DQMOE_MMA_STAGES={spec['stages']}", f"-DQMOE_MMA_MIN_BLOCKS={spec['min_blocks']}",
-                f"-DQMOE_MMA_EXPERT_FLOW={int(spec['expert_flow'])}", *tiled_define(spec))
+        return (f"-DQMOE_MMA_STAGES={spec['stages']}", f"-DQMOE_MMA_EXPERT_FLOW={int(spec['expert_flow'])}",
+                *tiled_define(spec))
+
+    def decisions(self, spec: ModuleSpec) -> tuple[str, ...]:
+        """The rings (:func:`ring_decisions`, the blocks of :func:`min_blocks`), then the x-ring kernels' blocks an SM
+        and a route lane's x-ring bytes of each GEMM (:func:`x_lane_bytes`)."""
+        lanes = {role: x_lane_bytes(spec[f"{role}_bits"], spec["stages"]) for role in ("fc1", "fc2")}
+        return (*ring_decisions(spec, {br: min_blocks(spec, br) for br in TILE_ROUTES}),
+                "// the x-ring kernels' blocks an SM, and the bytes of a route lane's x ring of each GEMM",
+                f"#define QMOE_MMA_X_RING_BLOCKS {X_RING_BLOCKS}",
+                f"#define QMOE_MMA_FC1_X_LANE {lanes['fc1']}", f"#define QMOE_MMA_FC2_X_LANE {lanes['fc2']}")
 
     def kernels(self, spec: ModuleSpec) -> tuple[KernelDef, ...]:
         t = template_types(spec)
@@ -240,7 +264,7 @@ class MmaDecodeFamily(KernelFamily):
         return tuple(out)
 
     def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem, call=None) -> str:
-        return f"{role}_br8_xr" if x_staged(spec, problem.rows) else f"{role}_br{tile_routes(problem.rows)}"
+        return f"{role}_br8_xr" if x_staged(spec, problem) else f"{role}_br{tile_routes(problem.rows)}"
 
     def geometry(self, spec: ModuleSpec, role: str, problem: Problem) -> tuple[int, int]:
         """(KS, grid.x) of ``role`` ("fc1" or "fc2"): K-split warps and output tiles."""
@@ -251,13 +275,14 @@ class MmaDecodeFamily(KernelFamily):
             per_tile, n_out, K = 16, problem.H, problem.I
         tiles = (n_out + per_tile - 1) // per_tile
         br = tile_routes(problem.rows)
-        ks = k_split(tiles, experts, K, br, min_blocks(spec, br, x_staged(spec, problem.rows) > 0), problem.sm_count)
+        ks = k_split(tiles, experts, K, br, min_blocks(spec, br, x_staged(spec, problem) > 0), problem.sm_count,
+                     problem.device.tuning)
         per_block = per_tile * (WARPS // ks)
         return ks, (n_out + per_block - 1) // per_block
 
     def launch(self, spec: ModuleSpec, role: str, problem: Problem, call=None) -> Launch:
         ks, gx = self.geometry(spec, role, problem)
-        xs = x_staged(spec, problem.rows)
+        xs = x_staged(spec, problem)
         smem = launch_smem(spec, role, problem.routes, xs=xs)
         # overlap: FC1 waits for the ids, FC2 reads the ids and prefetches its weights, then waits for act
         pf = knobs.get("mma_prefetch_chunks") or PREFETCH_CHUNKS

@@ -42,32 +42,35 @@ from ._grouped import (
     weight_tiles,
 )
 from .base import KernelFamily, Problem, Slot, register
+from .tuning import Tuning
 
 __all__ = ["MmaPrefillFamily", "ring_smem", "stage_bytes", "tile_routes"]
 
 MW = 2  # kPfMW: m16 weight tiles per warp
 TILE_ROUTES = (16, 32, 64)  # BR: routes per block tile
-STAGES = 3  # kPfStages
-WARPS = 4  # kPfWarps: a block tile is 32·WARPS weight rows
-MIN_BLOCKS = 2  # kPfMinBlocks: blocks per SM the register budget is set for
+STAGES = 3  # pipeline stages (the device's kPfStages: -DQMOE_PF_STAGES)
+WARPS = 4  # warps a block (-DQMOE_PF_WARPS): a block tile is 32·WARPS weight rows
+MIN_BLOCKS = 2  # blocks per SM the register budget is set for (-DQMOE_PF_MIN_BLOCKS)
 
 
 
-def tile_routes(routes: int, E: int) -> int:
-    """BR for a call: the smallest route tile (16, 32, 64 routes) that the average expert fills
-    (knob ``prefill_route_tile`` forces one, for tuning)."""
+def tile_routes(routes: int, E: int, tuning: Tuning) -> int:
+    """BR for a call: the smallest route tile (16, 32, 64 routes) that the average expert fills, by the arch's
+    ``mma_tile16_routes`` / ``mma_tile32_routes`` (``tuning``, kernels/tuning/; knob ``prefill_route_tile`` forces
+    one, for tuning)."""
     forced = tuning_knob("prefill_route_tile", 0, (0, *TILE_ROUTES))
     if forced:
         return forced
     per_expert = routes / max(1, min(E, routes))
-    if per_expert <= 16:
+    if per_expert <= tuning.mma_tile16_routes:
         return 16
-    return 32 if per_expert <= 40 else 64
+    return 32 if per_expert <= tuning.mma_tile32_routes else 64
 
 
 def stage_bytes(bits: int, scale_bytes: int, block_size: int, zp_packed: bool, br: int, warps: int = WARPS,
                 tiled_meta: bool = False) -> int:
-    """One pipeline stage (mma_prefill.cuh PfStage): activation tile + every warp's codes and meta words."""
+    """One pipeline stage's bytes: activation tile + every warp's codes and meta words (the layout of
+    mma_prefill.cuh PfStage, which checks them: :meth:`MmaPrefillFamily.decisions`)."""
     words = meta_words(bits, scale_bytes, block_size, zp_packed, tiled_meta) if block_size else 0
     warp = MW * 2 * 32 * 4 * bits + MW * 2 * words * 128
     return br * 256 + warps * warp
@@ -75,9 +78,14 @@ def stage_bytes(bits: int, scale_bytes: int, block_size: int, zp_packed: bool, b
 
 def ring_smem(spec: ModuleSpec, role: str, br: int) -> int:
     """Dynamic shared memory of a BR-route ``role`` GEMM's block: ``stages`` stages (mma_prefill.cuh pf_check_smem)."""
+    return spec["stages"] * _stage(spec, role, br)
+
+
+def _stage(spec: ModuleSpec, role: str, br: int) -> int:
+    """:func:`stage_bytes` of the spec's BR-route ``role`` GEMM."""
     bits, zp = staged_projection(spec, role)
     scale_bytes = 4 if spec["scale_dtype"] == "float32" else 2
-    return spec["stages"] * stage_bytes(bits, scale_bytes, spec["block_size"], zp, br, spec["warps"], tiled_meta(spec))
+    return stage_bytes(bits, scale_bytes, spec["block_size"], zp, br, spec["warps"], tiled_meta(spec))
 
 
 @functools.lru_cache(maxsize=256)
@@ -123,6 +131,14 @@ class MmaPrefillFamily(KernelFamily):
         return (f"-DQMOE_PF_STAGES={spec['stages']}", f"-DQMOE_PF_WARPS={spec['warps']}",
                 f"-DQMOE_PF_MIN_BLOCKS={spec['min_blocks']}", *tiled_define(spec))
 
+    def decisions(self, spec: ModuleSpec) -> tuple[str, ...]:
+        """Each GEMM's stage bytes by route tile (:func:`stage_bytes`, which sizes its launch), which
+        engines/mma_prefill.cuh checks its stage layout against."""
+        rows = ", ".join(f"{{{i}, {br}, {_stage(spec, role, br)}}}" for i, role in ((1, "fc1"), (2, "fc2"))
+                         for br in TILE_ROUTES)
+        return ("// The host's stage bytes (kernels/mma_prefill.py), which engines/mma_prefill.cuh checks:",
+                "// {1 for FC1 or 2 for FC2, route tile, bytes}", f"#define QMOE_PF_STAGE_BYTES {rows}")
+
     def kernels(self, spec: ModuleSpec) -> tuple[KernelDef, ...]:
         t = template_types(spec)
         dt, sdt = spec["dtype"], spec["scale_dtype"]
@@ -147,7 +163,7 @@ class MmaPrefillFamily(KernelFamily):
     def route_tile(self, spec: ModuleSpec, problem: Problem) -> int:
         """BR of a call: :func:`tile_routes`'s, or where its FC1 or FC2 block would pass the device's shared memory
         (``problem.smem_limit``) the largest smaller tile that fits (:meth:`supports` refuses a device none fits)."""
-        want = tile_routes(problem.routes, problem.experts)
+        want = tile_routes(problem.routes, problem.experts, problem.device.tuning)
         fit = [br for br in fitting_tiles(spec, problem.smem_limit) if br <= want]
         return fit[-1] if fit else TILE_ROUTES[0]
 

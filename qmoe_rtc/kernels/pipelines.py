@@ -12,9 +12,10 @@ from dataclasses import dataclass
 
 from ..errors import QMoEAttributeError, QMoEUnsupportedError
 from ..specialize import ModelConfig, ModuleSpec
+from .arch import ArchSpec
 from .base import Problem, get_family
 
-__all__ = ["DECODE_ROWS", "PIPELINES", "Choice", "Pipeline", "Step", "choose", "decode_limit", "engine_table",
+__all__ = ["PIPELINES", "Choice", "Pipeline", "Step", "choose", "decode_limit", "engine_table",
            "modules_for"]
 
 
@@ -109,30 +110,20 @@ def decode_limit(config: ModelConfig, arch: str = "") -> int:
 
     Tensor-core layers on an arch with measured crossovers (:mod:`~qmoe_rtc.kernels.engine_choice`, sm_90): the
     tokens its rule gives (2 for mixtral-8x7b, qwen3-30b-a3b and ort-2048, 6 for gpt-oss-120b).
-    Elsewhere (another arch, the arch unknown: warm tool, CPU; or a layer the grouped engines do not run):
-    :data:`DECODE_ROWS` tokens, measured on the
-    H200 before the sweep (docs/performance-log.md: at 1 token the decode engine faster than the
-    batched-decode engine, at 8 tokens slower on every shape). Layers only the SIMT engines run keep their own
-    switch (docs/performance-log.md, "Decode / prefill crossover"): 8 tokens, 16 with experts of 32 MB or more.
+    Elsewhere (another arch, the arch unknown: warm tool, CPU; or a layer the grouped engines do not run): the arch's
+    tuning table's ``decode_rows`` tokens (kernels/tuning/). Layers only the SIMT engines run keep their own switch
+    (``simt_decode_rows``, ``simt_decode_rows_big`` on experts of ``simt_big_expert_bytes`` or more).
     """
     from ._expert import tensor_core_unsupported
     from .engine_choice import decode_tokens, expert_code_bytes
 
+    t = ArchSpec(arch).tuning
     if tensor_core_unsupported(config) is None:
         tokens = decode_tokens(config, arch, get_family("wgmma_prefill").supports(config, None) is None)
-        return int(min(512, (DECODE_ROWS if tokens is None else tokens) * config.k))
+        return int(min(512, (t.decode_rows if tokens is None else tokens) * config.k))
     expert_bytes = expert_code_bytes(config.hidden, config.inter, config.layout)
-    rows = _SIMT_DECODE_ROWS_BIG_EXPERTS if expert_bytes >= _BIG_EXPERT_BYTES else _SIMT_DECODE_ROWS
+    rows = t.simt_decode_rows_big if expert_bytes >= t.simt_big_expert_bytes else t.simt_decode_rows
     return int(min(512, rows * config.k))
-
-
-#: Tokens up to which the decode path runs on tensor-core layers (see decode_limit).
-DECODE_ROWS = 4
-#: The SIMT engines' switch (see decode_limit): tokens up to which decode runs, and for experts of at
-#: least _BIG_EXPERT_BYTES (packed weights of one expert).
-_SIMT_DECODE_ROWS = 8
-_SIMT_DECODE_ROWS_BIG_EXPERTS = 16
-_BIG_EXPERT_BYTES = 32 << 20
 
 
 @dataclass(frozen=True)

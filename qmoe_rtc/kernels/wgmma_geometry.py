@@ -1,31 +1,31 @@
-"""Block geometry of the wgmma prefill engine (kernels/wgmma_prefill.py), mirrors of the device's
-constants in ``cuda_src/engines/wg_mainloop.cuh`` and ``core/wg_order.cuh``: the K order
-of a chunk, the bytes of a pipeline stage and the ring, warpgroups per block, the route tile of a call.
-CPU tests compile the device structs against these (tests/test_compile_executor.py)."""
+"""Block geometry of the wgmma prefill engine (kernels/wgmma_prefill.py), decided here once: each GEMM's ring
+(stages, warpgroups per block, blocks an SM: :func:`ring_of`) and FC1's launch bounds (:func:`fc1_bound`), which
+the generated unit hands the device (:func:`unit_decisions`; ``cuda_src/engines/wg_mainloop.cuh`` reads them and
+only checks that they fit its stage layout and the budget), the shared memory a launch asks for, and the route
+tile of a call. Also the K order of a chunk (``core/wg_order.cuh``), for the CPU tests' reference."""
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+
 from .. import knobs
+from ..errors import QMoEUnsupportedError
 from ..specialize import ModuleSpec
 from ._expert import meta_words, tiled_meta
 from ._grouped import staged_projection
 from .arch import SMEM_OPTIN
 from .base import Problem
+from .tuning import Tuning
 
-__all__ = ["CHUNK", "SMEM_OPTIN_SM90", "SM_SMEM", "TILE_ROUTES", "groups_of", "image_rows", "launch_smem", "padded",
-           "resident", "ring_bytes", "route_tiles_of", "smem_defines", "spec_tiles", "stage_bytes", "stages",
-           "tile_groups", "tile_routes", "wg_logical", "wg_natural"]
+__all__ = ["CHUNK", "SMEM_OPTIN_SM90", "SM_SMEM", "TILE_ROUTES", "WgRing", "fc1_bound", "groups_of", "image_rows",
+           "launch_smem", "padded", "resident", "ring", "ring_bytes", "ring_of", "route_tiles_of", "smem_defines", "spec_tiles",
+           "stage_bytes", "stages", "tile_groups", "tile_routes", "unit_decisions", "wg_logical", "wg_natural"]
 
 TILE_ROUTES = (32, 64, 128, 256)  # BR (with 4 warpgroups, 256 does not fit the 128 registers a thread has)
-#: A call takes 32-route tiles up to this many routes per expert (at 16, an expert holds more than 32 routes
-#: about once in 10^4 when routes are drawn evenly; a second tile re-reads its weights).
-NARROW_ROUTES = 20
-#: FC1 at 32-route tiles may take a third block an SM (its ring of four stages fits three times where its
-#: registers do) from this many rounds of two blocks an SM (:func:`launch_smem`).
-THIRD_BLOCK_ROUNDS = 4
 #: Opt-in dynamic shared memory per block of the one target this engine runs on (sm_90a: 227 KiB; the table of
-#: kernels/arch.py). The rings are sized to it here and the device takes the results as defines
-#: (:func:`smem_defines`): cuda_src/engines/wg_mainloop.cuh does not restate it.
+#: kernels/arch.py). The rings are sized to it here and the device takes the results from the generated unit
+#: (:func:`unit_decisions`) and the budget as a define (:func:`smem_defines`) to check them against.
 SMEM_OPTIN_SM90 = SMEM_OPTIN[90]
 #: An SM's shared memory (H200, 228 KiB: the opt-in limit and the system's 1 KiB), from which two blocks of 2
 #: warpgroups each take their ring, 1 KiB of alignment slack, 1 KiB the system's and ~1 KiB static
@@ -41,9 +41,8 @@ GATHER_ROWS = 8  # kGatherRows: sorted rows per block of the gather into a route
 
 
 def smem_defines() -> tuple[str, ...]:
-    """The shared memory the device's rings are sized to, as the host decides it: the stages' budget and an SM's
-    shared memory, which sets the warpgroups of a block."""
-    return (f"-DQMOE_WG_STAGE_BUDGET={SMEM_BUDGET}", f"-DQMOE_WG_SM_SMEM={SM_SMEM}")
+    """The budget of a block's stages, which the device checks every ring of the unit against."""
+    return (f"-DQMOE_WG_STAGE_BUDGET={SMEM_BUDGET}",)
 
 
 def padded(K: int) -> int:
@@ -58,8 +57,8 @@ def _pair_order(bits: int) -> tuple[int, int]:
 
 
 def wg_natural(l: int, bits: int, tiled: bool = False) -> int:  # noqa: E741
-    """Natural k (0..127) of logical column ``l`` of a chunk (mirror of the device's wg_natural; ``tiled``:
-    codes in the tiled layout's pair order, pair i = natural codes 2i, 2i + 1)."""
+    """Natural k (0..127) of logical column ``l`` of a chunk (the reference the CPU tests hold the device's
+    wg_natural to; ``tiled``: codes in the tiled layout's pair order, pair i = natural codes 2i, 2i + 1)."""
     P, C = _pair_order(bits)
     s, j = l >> 4, l & 15
     pair = 2 * s + (j >> 3)
@@ -79,21 +78,21 @@ def wg_logical(n: int, bits: int, tiled: bool = False) -> int:
 
 def stage_bytes(bits: int, scale_bytes: int, block_size: int, zp_packed: bool, br: int, groups: int,
                 tiled_meta: bool = False) -> int:
-    """One pipeline stage (wg_mainloop.cuh WgStage), rounded to 1024 bytes: the route tile, then each m16 weight
-    tile's codes and meta (4 a warpgroup)."""
+    """One pipeline stage's bytes, rounded to 1024 (the layout of wg_mainloop.cuh WgStage, which checks them):
+    the route tile, then each m16 weight tile's codes and meta (4 a warpgroup)."""
     words = meta_words(bits, scale_bytes, block_size, zp_packed, tiled_meta) if block_size else 0
     raw = br * 256 + 4 * groups * (2 * 32 * 4 * bits + 2 * words * 128)
     return (raw + 1023) // 1024 * 1024
 
 
 def stages(stage: int, max_stages: int = MAX_STAGES, budget: int = SMEM_BUDGET) -> int:
-    """Stages of the ring (WgStage::kStages): as many as fit ``budget``, at most ``max_stages``."""
+    """Stages of the ring: as many as fit ``budget``, at most ``max_stages``."""
     return min(max_stages, budget // stage)
 
 
 def tile_groups(bits: int, scale_bytes: int, block_size: int, zp_packed: bool, br: int, tiled_meta: bool = False,
                 max_stages: int = MAX_STAGES) -> int:
-    """Warpgroups per block of a GEMM by default (WgStage::kGroups): 2 at 64-route tiles where four
+    """Warpgroups per block of a GEMM by default: 2 at 32- and 64-route tiles where four
     stages of 2 warpgroups fit twice in an SM, so two blocks share it and one's first copies and epilogue
     overlap the other's main loop (H200, against 4: int4 gpt-oss-120b at 512 / 1024 tokens
     -9.4 / -6.6 %, qwen3-30b-a3b -4.0 / -4.2 %), else 4 (int8, whose ring fits once: 2 measured 12-16 %
@@ -110,40 +109,112 @@ def _staged(spec: ModuleSpec, role: str) -> tuple:
     return bits, 4 if spec["scale_dtype"] == "float32" else 2, spec["block_size"], zp
 
 
+@dataclass(frozen=True)
+class WgRing:
+    """One GEMM's ring (the device's WgRing, engines/wg_mainloop.cuh), keyed by what its stage holds: ``bits`` of
+    the codes, ``zpw`` packed zero-point words, ``scale_bytes`` and ``block_size`` of the scales, route tile ``br``;
+    the host's ``stages``, ``groups`` (warpgroups per block) and ``blocks`` an SM, and the ``stage_bytes`` the
+    device's layout must give."""
+
+    bits: int
+    zpw: bool
+    scale_bytes: int
+    block_size: int
+    br: int
+    stages: int
+    groups: int
+    blocks: int
+    stage_bytes: int
+
+    @property
+    def smem(self) -> int:
+        """Dynamic shared memory of a block: the stages and 1024 bytes of alignment slack."""
+        return self.stages * self.stage_bytes + 1024
+
+    def row(self) -> str:
+        """The row of the generated unit's QMOE_WG_RINGS."""
+        return "{" + ", ".join(str(int(v)) for v in (self.bits, self.zpw, self.scale_bytes, self.block_size, self.br,
+                                                     self.stages, self.groups, self.blocks, self.stage_bytes)) + "}"
+
+
+@functools.lru_cache(maxsize=1024)
+def ring(bits: int, scale_bytes: int, block_size: int, zp_packed: bool, br: int, tiled_meta: bool = False,
+         max_stages: int = MAX_STAGES, groups: int = 0) -> WgRing:
+    """The ring of a BR-route GEMM staging these codes: ``groups`` warpgroups (0: :func:`tile_groups`), as many
+    stages of :func:`stage_bytes` as :func:`stages` gives, and two blocks an SM where a block has 2 warpgroups, at
+    most 64 routes and its ring fits twice (with 1 KiB the system's and ~1 KiB static each), else one."""
+    g = groups or tile_groups(bits, scale_bytes, block_size, zp_packed, br, tiled_meta, max_stages)
+    st = stage_bytes(bits, scale_bytes, block_size, zp_packed, br, g, tiled_meta)
+    n = stages(st, max_stages)
+    two = g == 2 and br <= 64 and 2 * (n * st + 1024 + 2048) <= SM_SMEM
+    return WgRing(bits, zp_packed, scale_bytes, block_size, br, n, g, 2 if two else 1, st)
+
+
+def ring_of(spec: ModuleSpec, role: str, br: int) -> WgRing:
+    """The spec's BR-route ``role`` GEMM's ring (:func:`ring`; knobs prefill_wg_groups and prefill_wg_stages)."""
+    return ring(*_staged(spec, role), br, tiled_meta(spec), spec["stages"], spec.get("groups") or 0)
+
+
 def groups_of(spec: ModuleSpec, role: str, br: int) -> int:
     """Warpgroups per block of the spec's BR-route ``role`` GEMM (knob prefill_wg_groups, else
     :func:`tile_groups`)."""
-    return spec.get("groups") or tile_groups(*_staged(spec, role), br, tiled_meta(spec), spec["stages"])
+    return ring_of(spec, role, br).groups
 
 
 def ring_bytes(spec: ModuleSpec, role: str, br: int) -> int:
     """Dynamic shared memory of a BR-route GEMM's launch: its ring of stages, 1024 bytes of alignment slack."""
-    st = stage_bytes(*_staged(spec, role), br, groups_of(spec, role, br), tiled_meta(spec))
-    return stages(st, spec["stages"]) * st + 1024
-
-
-def launch_smem(spec: ModuleSpec, role: str, br: int, blocks: int, sms: int) -> int:
-    """Dynamic shared memory a BR-route GEMM's launch of ``blocks`` blocks on ``sms`` SMs asks for: its ring
-    (:func:`ring_bytes`), more where an SM would otherwise hold more blocks than :func:`resident` says. The
-    exception, FC1 at 32-route tiles from :data:`THIRD_BLOCK_ROUNDS` rounds of ``blocks`` (knob
-    ``prefill_wg_fc1_blocks``): its ring of four stages fits three times an SM, and where ptxas gave it at most
-    80 registers (cuda_src/engines/wgmma_prefill.cuh kFc1MinBlocks) a third block starts. It measured 4-5 %
-    faster on gpt-oss-120b, qwen3-30b-a3b and mixtral-8x7b at 8-16 routes per expert, 11 % slower on ort-2048
-    with one round of FC1 blocks; a third FC2 block slower (H200)."""
-    ring = ring_bytes(spec, role, br)
-    n = resident(spec, role, br)
-    if role == "fc1" and br <= 32 and n == 2:
-        third = spec["fc1_blocks"]  # 0: by the grid
-        if third == 3 or (not third and blocks >= THIRD_BLOCK_ROUNDS * n * sms):
-            return ring
-    return ring if (n + 1) * (ring + 2048) > SM_SMEM else (SM_SMEM // (n + 1) - 2048) // 1024 * 1024 + 1024
+    return ring_of(spec, role, br).smem
 
 
 def resident(spec: ModuleSpec, role: str, br: int) -> int:
-    """Blocks of a GEMM an SM holds: two of 2 warpgroups at 32 or 64 routes (kMinBlocks) where their
-    rings fit twice, else one (FC1's third block at 32 routes: :func:`launch_smem`)."""
-    two = groups_of(spec, role, br) == 2 and br <= 64 and 2 * (ring_bytes(spec, role, br) + 2048) <= SM_SMEM
-    return 2 if two else 1
+    """Blocks of a GEMM an SM holds, which its launch bounds set registers for (:func:`ring`; FC1's third block at
+    32 routes: :func:`launch_smem`)."""
+    return ring_of(spec, role, br).blocks
+
+
+def launch_smem(spec: ModuleSpec, role: str, br: int, blocks: int, sms: int, tuning: Tuning) -> int:
+    """Dynamic shared memory a BR-route GEMM's launch of ``blocks`` blocks on ``sms`` SMs asks for: its ring
+    (:func:`ring_bytes`), more where an SM would otherwise hold more blocks than :func:`resident` says. The
+    exception, FC1 at 32-route tiles from the arch's ``wgmma_third_block_rounds`` rounds of ``blocks`` (``tuning``,
+    kernels/tuning/, where the measurement is; knob ``prefill_wg_fc1_blocks``): its ring of four stages fits three
+    times an SM, and where ptxas gave it at most 80 registers (its launch bounds: :func:`fc1_bound`) a third block
+    starts (a third FC2 block measured slower)."""
+    own = ring_bytes(spec, role, br)
+    n = resident(spec, role, br)
+    if role == "fc1" and br <= 32 and n == 2:
+        third = spec["fc1_blocks"]  # 0: by the grid
+        if third == 3 or (not third and blocks >= tuning.wgmma_third_block_rounds * n * sms):
+            return own
+    return own if (n + 1) * (own + 2048) > SM_SMEM else (SM_SMEM // (n + 1) - 2048) // 1024 * 1024 + 1024
+
+
+def fc1_bound(spec: ModuleSpec, br: int) -> int:
+    """Blocks an SM the BR-route FC1 kernels' launch bounds set registers for: its ring's (:func:`resident`), at
+    32-route tiles with two an SM the knob ``prefill_wg_fc1_blocks``'s 3, else 2 (:func:`launch_smem`)."""
+    n = resident(spec, "fc1", br)
+    return (3 if spec["fc1_blocks"] == 3 else 2) if br <= 32 and n == 2 else n
+
+
+def unit_decisions(spec: ModuleSpec) -> tuple[str, ...]:
+    """The lines of the generated unit that hand the device the host's decisions: QMOE_WG_RINGS, each GEMM's ring
+    (:func:`ring_of`; FC1 and FC2 share a row where they stage the same), and QMOE_WG_FC1_BOUNDS (:func:`fc1_bound`)."""
+    rows: dict[tuple, tuple[WgRing, list[str]]] = {}
+    for br in spec_tiles(spec):
+        for role in ("fc1", "fc2"):
+            r = ring_of(spec, role, br)
+            have = rows.setdefault((r.bits, r.zpw, r.scale_bytes, r.block_size, br), (r, []))
+            if have[0] != r:  # one stage type, two rings: the device could not tell them apart
+                raise QMoEUnsupportedError(f"module {spec.name}: {role} at {br} routes stages what {have[1]} stage with "
+                                           f"another ring ({r} against {have[0]}), which its device code cannot tell apart")
+            have[1].append(role)
+    bounds = ", ".join(f"{{{br}, {fc1_bound(spec, br)}}}" for br in spec_tiles(spec))
+    listed = [f"  {ring.row()} /* {' '.join(roles)} */" for ring, roles in rows.values()]
+    return ("// The host's decisions (kernels/wgmma_geometry.py), which engines/wg_mainloop.cuh reads and checks:",
+            "// each GEMM's ring {bits, packed zp words, scale bytes, block size, route tile, stages, warpgroups, blocks an SM,",
+            "// stage bytes}",
+            "#define QMOE_WG_RINGS \\", *(f"{row}, \\" for row in listed[:-1]), listed[-1],
+            "// FC1's launch bounds {route tile, blocks an SM its registers are set for}",
+            f"#define QMOE_WG_FC1_BOUNDS {bounds}")
 
 
 def route_tiles_of(groups: int | None) -> tuple[int, ...]:
@@ -163,14 +234,9 @@ def image_rows(spec: ModuleSpec, problem: Problem) -> int:
 
 
 #: The route tile whose GEMMs also run as pairs of blocks in a cluster (``fc1_br128_pair``,
-#: ``fc2_br128_pair``: cuda_src/engines/wg_mainloop.cuh), where its blocks have 4 warpgroups, from PAIR_MIN_FC1_TILES
-#: FC1 weight tiles a route tile (and where FC2 would not split K). Measured on the H200 (the peers'
-#: script, 4096 tokens, against single blocks, two calls on two machines): mixtral-8x7b (112 FC1 weight tiles)
-#: -6.7 / -5.7 %; gpt-oss-120b (23) -0.3 / +2.6 % and ort-2048 (16) -0.4 / -0.7 %, within the runs' noise;
-#: qwen3-30b-a3b (6, top-8: its route-tile image costs 8 rows a token) +6 %; mixtral-8x7b at 512 tokens, where FC2
-#: splits K and pairs do not, +2.8 %.
+#: ``fc2_br128_pair``: cuda_src/engines/wg_mainloop.cuh), where its blocks have 4 warpgroups, from the arch's
+#: ``wgmma_pair_min_fc1_tiles`` FC1 weight tiles a route tile (and where FC2 would not split K; kernels/tuning/).
 PAIR_ROUTES = 128
-PAIR_MIN_FC1_TILES = 32
 
 
 def pair_kernels(spec: ModuleSpec) -> bool:
@@ -179,16 +245,18 @@ def pair_kernels(spec: ModuleSpec) -> bool:
         groups_of(spec, "fc1", PAIR_ROUTES) == groups_of(spec, "fc2", PAIR_ROUTES) == 4
 
 
-def tile_routes(routes: int, E: int, groups: int | None = None, have: tuple[int, ...] = ()) -> int:
+def tile_routes(routes: int, E: int, tuning: Tuning, groups: int | None = None, have: tuple[int, ...] = ()) -> int:
     """BR for a call: the route tile the average expert fills best among ``have`` (default: those of a module
-    with ``groups`` warpgroups; knob ``prefill_route_tile`` forces one of them, for tuning)."""
+    with ``groups`` warpgroups), by the arch's ``wgmma_narrow_routes`` / ``wgmma_tile64_routes`` /
+    ``wgmma_tile128_routes`` (``tuning``, kernels/tuning/; knob ``prefill_route_tile`` forces one of them, for
+    tuning)."""
     have = have or route_tiles_of(groups)
     forced = knobs.get("prefill_route_tile") or 0
     if forced in have:
         return forced
     per_expert = routes / max(1, min(E, routes))
-    if per_expert <= NARROW_ROUTES and 32 in have:
+    if per_expert <= tuning.wgmma_narrow_routes and 32 in have:
         return 32
-    if per_expert <= 96:
+    if per_expert <= tuning.wgmma_tile64_routes:
         return 64
-    return 128 if per_expert <= 320 or 256 not in have else 256
+    return 128 if per_expert <= tuning.wgmma_tile128_routes or 256 not in have else 256

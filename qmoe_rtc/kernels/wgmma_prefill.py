@@ -24,8 +24,8 @@ are launched overlapping the kernel before them (:func:`overlapped`, programmati
 It runs on sm_90a only (the executor compiles every module for sm_90a on Hopper); on other targets the
 module compiles to kernels that trap and :meth:`WgmmaPrefillFamily.supports` refuses the device.
 Where it is slower than the batched-decode engine, :meth:`WgmmaPrefillFamily.slower` says so: on sm_90 by the
-measured rule of :mod:`~qmoe_rtc.kernels.engine_choice` (small experts up to 4.5 routes per expert), on a device
-not known (the warm tool, CPU) below :data:`MIN_ROUTES_PER_EXPERT` routes per expert.
+measured rule of :mod:`~qmoe_rtc.kernels.engine_choice` (small experts up to 4.5 routes per expert), on another
+device (the warm tool, CPU: unknown) below its tuning table's ``wgmma_min_routes`` routes per expert (kernels/tuning/).
 """
 
 from __future__ import annotations
@@ -62,12 +62,12 @@ from ._grouped import (
 )
 from .base import KernelFamily, Problem, Slot, register
 from .engine_choice import crossovers, wgmma_passed_for_batched
+from .tuning import knob as tuned_knob
 from .wgmma_geometry import (
     CHUNK,
     GATHER_ROWS,
     INFLIGHT,
     MAX_STAGES,
-    PAIR_MIN_FC1_TILES,
     PAIR_ROUTES,
     RING,
     SHRINK,
@@ -81,35 +81,19 @@ from .wgmma_geometry import (
     smem_defines,
     spec_tiles,
     tile_routes,
+    unit_decisions,
 )
 
-__all__ = ["MIN_ROUTES_PER_EXPERT", "WgCall", "WgmmaPrefillFamily"]
-
-#: Where the arch has no measured crossovers (kernels/engine_choice.py; sm_90 has): routes per expert (average
-#: over the experts that get routes) from which this engine runs: it comes first in the prefill preference
-#: (kernels/pipelines.py), and below this the batched-decode or mma.sync engine runs. Measured on the H200 with
-#: 32-route tiles (docs/performance-log.md, bf16 int4, against the engine the choice ran before): at 8
-#: faster on every shape (qwen3-30b-a3b 0.96x, mixtral-8x7b 0.92x, gpt-oss-120b 0.93x, ort-2048 0.86x), at 4 slower
-#: on three (1.10-1.15x; gpt-oss 0.98x).
-MIN_ROUTES_PER_EXPERT = 8
+__all__ = ["WgCall", "WgmmaPrefillFamily"]
 
 
-def overlapped(spec: ModuleSpec) -> bool:
+def overlapped(problem: Problem) -> bool:
     """Whether the steps after the routing (grouping, wg_prepare, FC1, FC2, combine) are launched
     overlapping the kernel before them (programmatic dependent launch, where the plan allows it:
     :func:`qmoe_rtc.runtime.plan.overlap_allowed`): each starts while the one before finishes and waits for it
     before reading its output; FC2's blocks find their tile and set up their rows under FC1's last round
-    (cuda_src/engines/wgmma_prefill.cuh). Knob ``prefill_wg_overlap``."""
-    return bool(knobs.get("prefill_wg_overlap"))
-
-
-#: FC2 may split K in two (fc2_wgmma, KS = 2; the device decides, fc2_splits) up to this many tiles per
-#: block slot (SMs × the blocks an SM holds: the host's bound on the tiles) and from FC2_SPLIT_CHUNKS chunks
-#: of K: past two rounds the device would not split (measured, docs/performance-log.md) and
-#: zeroing y would be wasted; on a shorter K a split tile's second prologue and epilogue cost more than the
-#: idle SMs (ort-2048, 16 chunks).
-FC2_SPLIT_ROUNDS = 2
-FC2_SPLIT_CHUNKS = 32
+    (cuda_src/engines/wgmma_prefill.cuh). Knob ``prefill_wg_overlap``, by default the arch's (kernels/tuning/)."""
+    return bool(tuned_knob("prefill_wg_overlap", problem.device))
 
 
 @dataclass(frozen=True)
@@ -132,7 +116,7 @@ class WgmmaPrefillFamily(KernelFamily):
     solo = ("fc1_", "fc2_")  # each GEMM kernel its own NVRTC program (compile time: docs/runtime-compilation.md)
     header = "engines/wgmma_prefill.cuh"
     depends_on = (*EXPERT_FIELDS, "tiled")
-    conditional = True  # sm_90a only, and only from MIN_ROUTES_PER_EXPERT routes per expert
+    conditional = True  # sm_90a only, and only from some routes per expert (slower)
 
     def spec(self, config) -> ModuleSpec:
         """The layout's fields plus warpgroups per block, the ring's depth and hand-off, the tail tiles' widths (tuning
@@ -147,11 +131,14 @@ class WgmmaPrefillFamily(KernelFamily):
                            ring=tuning_knob("prefill_wg_ring", RING, (0, 1, 2)), **tiled_spec(config))
 
     def defines(self, spec: ModuleSpec) -> tuple[str, ...]:
-        return (*((f"-DQMOE_WG_GROUPS={spec['groups']}",) if spec.get("groups") else ()), f"-DQMOE_WG_STAGES={spec['stages']}",
-                f"-DQMOE_WG_INFLIGHT={spec['inflight']}", f"-DQMOE_WG_SHRINK={spec['shrink']}",
-                f"-DQMOE_WG_FC1_BLOCKS={3 if spec['fc1_blocks'] == 3 else 2}", f"-DQMOE_WG_RING={spec['ring']}",
+        return (f"-DQMOE_WG_STAGES={spec['stages']}", f"-DQMOE_WG_INFLIGHT={spec['inflight']}",
+                f"-DQMOE_WG_SHRINK={spec['shrink']}", f"-DQMOE_WG_RING={spec['ring']}",
                 *(("-DQMOE_WG_STAMPS=1",) if spec.get("stamps") else ()), *smem_defines(),
                 *tiled_define(spec))
+
+    def decisions(self, spec: ModuleSpec) -> tuple[str, ...]:
+        """Each GEMM's ring and FC1's launch bounds (kernels/wgmma_geometry.py unit_decisions)."""
+        return unit_decisions(spec)
 
     def parts(self, spec: ModuleSpec) -> tuple[tuple[str, ...], ...]:
         """As :attr:`solo` says, except the stamped build (tuning knob ``prefill_wg_stamps``): one program, so its one
@@ -188,8 +175,9 @@ class WgmmaPrefillFamily(KernelFamily):
         # experts, so it expects that share of the k routed picks (the rest are skipped); shared ones all
         routes = problem.rows * (problem.k * problem.E / problem.logit_count + problem.shared)
         per_expert = routes / max(1, min(problem.experts, routes))
-        if per_expert < MIN_ROUTES_PER_EXPERT:
-            return f"{per_expert:.0f} routes per expert (< {MIN_ROUTES_PER_EXPERT}: the mma.sync engines are faster)"
+        least = problem.device.tuning.wgmma_min_routes
+        if per_expert < least:
+            return f"{per_expert:.0f} routes per expert (< {least}: the mma.sync engines are faster)"
         return None
 
     def kernels(self, spec: ModuleSpec) -> tuple[KernelDef, ...]:
@@ -236,24 +224,24 @@ class WgmmaPrefillFamily(KernelFamily):
         of a chunk into both blocks' shared memory (cuda_src/engines/wg_mainloop.cuh), from route-tile images (x's
         gathered by ``permute_image``, FC1's output written as one). Only where the module has them (:func:`pair_kernels`)
         and the call's route tile is PAIR_ROUTES; knob ``prefill_wg_pairs``: 'on' / 'off' force them there / never,
-        'auto' (the default) from PAIR_MIN_FC1_TILES FC1 weight tiles a route tile and where FC2 would not split K
-        (the measurements: kernels/wgmma_geometry.py)."""
+        'auto' (the default) from the arch's ``wgmma_pair_min_fc1_tiles`` FC1 weight tiles a route tile and where FC2
+        would not split K (kernels/tuning/, where the measurements are)."""
         return self._pairs(spec, problem, self._k_split(spec, problem))
 
     def _pairs(self, spec: ModuleSpec, problem: Problem, ks: int) -> bool:
         mode = knobs.get("prefill_wg_pairs")
         if mode not in ("auto", "on", "off"):
             raise KnobError(knobs.label("prefill_wg_pairs"), "one of ['auto', 'on', 'off']", repr(mode))
-        br = tile_routes(problem.routes, problem.experts, have=spec_tiles(spec))
+        br = tile_routes(problem.routes, problem.experts, problem.device.tuning, have=spec_tiles(spec))
         if mode == "off" or not pair_kernels(spec) or br != PAIR_ROUTES:
             return False
         nt1 = weight_tiles(spec, "fc1", padded(problem.I), 4 * groups_of(spec, "fc1", PAIR_ROUTES))
-        return mode == "on" or (nt1 >= PAIR_MIN_FC1_TILES and ks == 1)
+        return mode == "on" or (nt1 >= problem.device.tuning.wgmma_pair_min_fc1_tiles and ks == 1)
 
     def configure(self, spec: ModuleSpec, problem: Problem) -> WgCall:
         """The call's route tile, pairs or not, FC2's blocks a tile (1 for pairs, else :meth:`_k_split`), padded K and
         the images' rows: each decided here once."""
-        br = tile_routes(problem.routes, problem.experts, have=spec_tiles(spec))
+        br = tile_routes(problem.routes, problem.experts, problem.device.tuning, have=spec_tiles(spec))
         ks = self._k_split(spec, problem)
         pair = self._pairs(spec, problem, ks)
         return WgCall(br, pair, 1 if pair else ks, padded(problem.H), padded(problem.I),
@@ -261,8 +249,10 @@ class WgmmaPrefillFamily(KernelFamily):
 
     def _k_split(self, spec: ModuleSpec, problem: Problem) -> int:
         """KS, the blocks FC2 launches a tile: 2 (its halves of K, when the device
-        finds they fill the last round better: fc2_splits) where FC2 has at most FC2_SPLIT_ROUNDS rounds of
-        tiles (the host's bound) and FC2_SPLIT_CHUNKS chunks of K or more, else 1. Knob
+        finds they fill the last round better: fc2_splits) where FC2 has at most the arch's ``wgmma_fc2_split_rounds``
+        rounds of tiles (SMs × the blocks an SM holds: the host's bound; past it the device would not split and
+        zeroing y would be wasted) and ``wgmma_fc2_split_chunks`` chunks of K or more (on a shorter K a split tile's
+        second prologue and epilogue cost more than the idle SMs), else 1 (kernels/tuning/). Knob
         ``prefill_fc2_split``: 'on' / 'off' force 2 (from two chunks of K) / 1 ('on' still leaves the choice
         to the device's rule), 'auto' as described."""
         mode = knobs.get("prefill_fc2_split")
@@ -270,11 +260,12 @@ class WgmmaPrefillFamily(KernelFamily):
             raise KnobError(knobs.label("prefill_fc2_split"), "one of ['auto', 'on', 'off']", repr(mode))
         if mode == "off" or padded(problem.I) < 2 * CHUNK:
             return 1
-        br = tile_routes(problem.routes, problem.experts, have=spec_tiles(spec))
+        br = tile_routes(problem.routes, problem.experts, problem.device.tuning, have=spec_tiles(spec))
         m16 = 4 * groups_of(spec, "fc2", br)  # m16 weight tiles per block
         tiles = route_tiles(problem.routes, problem.experts, br) * weight_tiles(spec, "fc2", problem.H, m16)
         slots = problem.sm_count * resident(spec, "fc2", br)
-        few = tiles <= FC2_SPLIT_ROUNDS * slots and padded(problem.I) >= FC2_SPLIT_CHUNKS * CHUNK
+        t = problem.device.tuning
+        few = tiles <= t.wgmma_fc2_split_rounds * slots and padded(problem.I) >= t.wgmma_fc2_split_chunks * CHUNK
         return 2 if mode == "on" or few else 1
 
     def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem, call: WgCall | None = None) -> str:
@@ -287,29 +278,29 @@ class WgmmaPrefillFamily(KernelFamily):
         c = call or self.configure(spec, problem)
         br, Hp, Ip = c.br, c.Hp, c.Ip
         if role in ("group", "combine"):  # each waits for the kernel before it (core/pdl.cuh)
-            return replace(group_launch(br) if role == "group" else combine_launch(problem), overlap=overlapped(spec))
+            return replace(group_launch(br) if role == "group" else combine_launch(problem), overlap=overlapped(problem))
         if role == "permute" and c.pair:  # the gather into an image: one block per GATHER_ROWS sorted rows (of every
             # route: the held ones are a prefix the kernel reads from the grouping); it also writes the tile table
             return Launch((max(1, -(-problem.routes // GATHER_ROWS)), 1, 1), (256, 1, 1), 0,
-                          (("Hp", Hp), ("Rp", c.rp), ("BR", br), ("slots", c.slots)), overlap=overlapped(spec))
+                          (("Hp", Hp), ("Rp", c.rp), ("BR", br), ("slots", c.slots)), overlap=overlapped(problem))
         if role == "permute":  # also zeroes y when FC2 may add its halves of K into it, and writes the tile table
             y_zero = problem.routes * problem.H if c.fc2_ks == 2 else 0
             return Launch((max(1, (problem.rows * Hp // 8 + 255) // 256), 1, 1), (256, 1, 1), 0,
-                          (("Hp", Hp), ("y_zero", y_zero), ("BR", br), ("slots", c.slots)), overlap=overlapped(spec))
+                          (("Hp", Hp), ("y_zero", y_zero), ("BR", br), ("slots", c.slots)), overlap=overlapped(problem))
         wgs = groups_of(spec, role, br)
         m16 = 4 * wgs  # m16 weight tiles per block
         # FC1 covers Ip: its padding columns are written as zeros (FC2 reads them)
         nt = weight_tiles(spec, role, Ip if role == "fc1" else problem.H, m16)
         if c.pair:  # a pair's blocks take weight tiles 2j, 2j + 1: where NT is odd, the last one past the outputs (its
             nt += nt % 2  # rows clamped, nothing stored)
-        smem = launch_smem(spec, role, br, c.slots * nt, problem.sm_count)
+        smem = launch_smem(spec, role, br, c.slots * nt, problem.sm_count, problem.device.tuning)
         if role == "fc2":  # KS blocks a tile: its halves of K (fc2_splits decides on the device)
             slots = problem.sm_count * resident(spec, role, br)
             launch = tiled_launch(problem, br, nt, 128 * wgs, smem,
                                   (("Hp", Hp), ("Ip", Ip), ("Rp", c.rp), ("KS", c.fc2_ks), ("SMS", slots)))
-            return replace(launch, grid=(launch.grid[0] * c.fc2_ks, 1, 1), overlap=overlapped(spec))
+            return replace(launch, grid=(launch.grid[0] * c.fc2_ks, 1, 1), overlap=overlapped(problem))
         launch = tiled_launch(problem, br, nt, 128 * wgs, smem, (("Hp", Hp), ("Ip", Ip), ("Rp", c.rp)))
-        return replace(launch, overlap=overlapped(spec))
+        return replace(launch, overlap=overlapped(problem))
 
     def scratch(self, spec: ModuleSpec, role: str, problem: Problem, call: WgCall | None = None) -> dict[str, Slot]:
         c = call or self.configure(spec, problem)

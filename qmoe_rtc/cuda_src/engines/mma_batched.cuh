@@ -28,22 +28,18 @@
 #include "routing/group.cuh"
 
 #ifndef QMOE_BATCHED_RT
-#define QMOE_BATCHED_RT 1
+#error "QMOE_BATCHED_RT comes from the host (kernels/mma_batched.py row_tiles)"
 #endif
 
 namespace qmoe {
 
 inline constexpr int kBatchedRT = QMOE_BATCHED_RT;  // 16-row tiles per warp (kernels/mma_batched.py row_tiles)
 
-// Blocks per SM the registers are set for (kernels/mma_batched.py min_blocks): the decode engine's with
-// one row tile; with two, route groups of 16 / 32 routes hold twice the accumulators and take 3 / 2
-// blocks (ptxas, NVRTC 13.5, mixtral-8x7b bf16 int4: at the decode engine's 4 / 3 they spilled 8-24 /
-// 28-32 bytes; at 3 / 2 none).
-template <int BR> constexpr int batched_min_blocks() {
-  return kBatchedRT == 1 || BR == 8 ? mma_min_blocks<BR>() : (BR == 16 ? 3 : 2);
-}
+// Blocks per SM the registers are set for: the host's (kernels/mma_batched.py min_blocks, the generated unit's
+// QMOE_MMA_BLOCKS; why 3 / 2 at 16 / 32 routes with two row tiles: there).
+template <int BR> constexpr int batched_min_blocks() { return mma_min_blocks<BR>(); }
 
-// The launch gives the four rings (kernels/mma_batched.py computes the same size): trap, never overrun.
+// The launch gives the four rings (kernels/mma_batched.py sizes it so): trap, never overrun.
 template <class Stage> __device__ __forceinline__ void check_batched_smem() {
   u32 have;
   asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(have));
@@ -61,6 +57,7 @@ fc1_batched(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* 
   using Stage = MmaStage<B1, ScaleT, BLOCK, Z1 == ZP_PACKED || (GATE == GATE_FC3 && Z3 == ZP_PACKED), RT>;
   constexpr i32 kRing = kMmaStages * Stage::kBytes;
   static_assert(kRing >= RT * N8 * 4 * 32 * 4, "a ring holds its warp's partial sums (reduce_slices)");
+  static_assert(mma_ring_is<Stage, BR>(QMOE_MMA_FC1_RING), "the host's FC1 ring bytes or blocks an SM and this layout disagree");
   check_batched_smem<Stage>();
   using Rows = Fc1Rows<GATE>;
   constexpr bool kGated = Rows::kGated;
@@ -136,6 +133,7 @@ fc2_batched(const T* __restrict__ act_sorted, const i32* __restrict__ sorted, co
   using Stage = MmaStage<B2, ScaleT, BLOCK, Z2 == ZP_PACKED, RT>;
   constexpr i32 kRing = kMmaStages * Stage::kBytes;
   static_assert(kRing >= RT * N8 * 4 * 32 * 4, "a ring holds its warp's partial sums (reduce_slices)");
+  static_assert(mma_ring_is<Stage, BR>(QMOE_MMA_FC2_RING), "the host's FC2 ring bytes or blocks an SM and this layout disagree");
   check_batched_smem<Stage>();
   i32 e = blockIdx.y;
   const i32 m0 = offsets[e], m1 = offsets[e + 1];

@@ -54,10 +54,14 @@ namespace qmoe {
 inline constexpr bool kMmaExpertFlow = QMOE_MMA_EXPERT_FLOW;
 // XR kernels (the `_xr` variants, calls of up to a few tokens: kernels/mma_decode.py x_staged): the 8-route pass
 // stages its activations in shared memory with the weights (engines/x_ring.cuh), XS route lanes (the call's
-// tokens); registers set for kMmaXRingBlocks blocks an SM (measured faster than 5 on the H100, and
-// with 5 the FC2 kernels spill). An expert with more routes than XS would have lanes without their activations:
-// trap, never compute them as zeros.
-inline constexpr int kMmaXRingBlocks = 4;
+// tokens); registers set for kMmaXRingBlocks blocks an SM, the host's (kernels/mma_decode.py X_RING_BLOCKS, in the
+// generated unit), and a route lane's part of the x ring the host's bytes (QMOE_MMA_FC1_X_LANE, QMOE_MMA_FC2_X_LANE:
+// x_ring_bytes), which the kernels check. An expert with more routes than XS would have lanes without their
+// activations: trap, never compute them as zeros.
+#if !defined(QMOE_MMA_X_RING_BLOCKS) || !defined(QMOE_MMA_FC1_X_LANE) || !defined(QMOE_MMA_FC2_X_LANE)
+#error "QMOE_MMA_X_RING_BLOCKS, QMOE_MMA_FC1_X_LANE and QMOE_MMA_FC2_X_LANE come from the host (kernels/mma_decode.py)"
+#endif
+inline constexpr int kMmaXRingBlocks = QMOE_MMA_X_RING_BLOCKS;
 template <int BR, bool XR> constexpr int mma_decode_blocks() { return XR ? kMmaXRingBlocks : mma_min_blocks<BR>(); }
 template <bool XR> __device__ __forceinline__ void check_x_lanes(i32 XS, i32 routes) {
   if constexpr (XR) {
@@ -133,6 +137,8 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
   using Stage = MmaStage<B1, ScaleT, BLOCK, Z1 == ZP_PACKED || (GATE == GATE_FC3 && Z3 == ZP_PACKED)>;
   constexpr i32 kRing = kMmaStages * Stage::kBytes;
   static_assert(kRing >= N8 * 4 * 32 * 4, "a ring holds its warp's partial sums (reduce_slices)");
+  static_assert(mma_ring_is<Stage, BR>(QMOE_MMA_FC1_RING) && MmaXRing<Stage>::kLaneBytes == QMOE_MMA_FC1_X_LANE,
+                "the host's FC1 ring and x ring bytes or blocks an SM (the generated unit) and this layout disagree");
   const i32 xs = XR ? XS : 0;  // route lanes whose activations the x rings stage (engines/x_ring.cuh)
   check_ring_size<Stage>(R, xs);
   i32* s_ids = reinterpret_cast<i32*>(dyn_smem + kMmaWarps * kRing);  // [R] after the rings
@@ -213,6 +219,8 @@ fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const fl
   using Stage = MmaStage<B2, ScaleT, BLOCK, Z2 == ZP_PACKED>;
   constexpr i32 kRing = kMmaStages * Stage::kBytes;
   static_assert(kRing >= N8 * 4 * 32 * 4, "a ring holds its warp's partial sums (reduce_slices)");
+  static_assert(mma_ring_is<Stage, BR>(QMOE_MMA_FC2_RING) && MmaXRing<Stage>::kLaneBytes == QMOE_MMA_FC2_X_LANE,
+                "the host's FC2 ring and x ring bytes or blocks an SM (the generated unit) and this layout disagree");
   const i32 xs = XR ? XS : 0;  // route lanes whose activations the x rings stage (engines/x_ring.cuh)
   check_ring_size<Stage>(R, xs);
   i32* s_ids = reinterpret_cast<i32*>(dyn_smem + kMmaWarps * kRing);  // [R] after the rings

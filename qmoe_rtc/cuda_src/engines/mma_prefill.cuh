@@ -39,21 +39,18 @@
 
 namespace qmoe {
 
-#ifndef QMOE_PF_WARPS
-#define QMOE_PF_WARPS 4
+// The host's decisions (kernels/mma_prefill.py), which the device reads and only checks: warps a block, blocks an
+// SM, pipeline stages (defines), and the bytes of each GEMM's stage by route tile (QMOE_PF_STAGE_BYTES {1 for FC1 or
+// 2 for FC2, BR, bytes} in the generated unit), which PfStage's layout must give (pf_stage_is).
+#if !defined(QMOE_PF_WARPS) || !defined(QMOE_PF_MIN_BLOCKS) || !defined(QMOE_PF_STAGES) || !defined(QMOE_PF_STAGE_BYTES)
+#error "QMOE_PF_WARPS, QMOE_PF_MIN_BLOCKS, QMOE_PF_STAGES and QMOE_PF_STAGE_BYTES come from the host (kernels/mma_prefill.py)"
 #endif
 inline constexpr int kPfWarps = QMOE_PF_WARPS;          // 4 or 8: the block tile's weight rows = 32·kPfWarps
 inline constexpr int kPfThreads = 32 * kPfWarps;
-#ifndef QMOE_PF_MIN_BLOCKS
-#define QMOE_PF_MIN_BLOCKS (8 / QMOE_PF_WARPS)
-#endif
 inline constexpr int kPfMinBlocks = QMOE_PF_MIN_BLOCKS;  // blocks per SM the register budget is set for
 inline constexpr int kPfMW = 2;                         // m16 weight tiles per warp
 inline constexpr int kPfTiles = kPfWarps * kPfMW;       // m16 tiles per block
 inline constexpr int kPfChunk = 128;                    // codes of K per pipeline stage
-#ifndef QMOE_PF_STAGES
-#define QMOE_PF_STAGES 3
-#endif
 inline constexpr int kPfStages = QMOE_PF_STAGES;
 
 // One pipeline stage in dynamic shared memory:
@@ -76,8 +73,19 @@ template <int B, typename ScaleT, int BLOCK, bool ZPW, int BR> struct PfStage {
 // 16-byte loads fall in 8 distinct bank groups.
 __device__ __forceinline__ int pf_swizzle(int u, int r) { return (((u >> 3) & 1) << 1) | (r & 1); }
 
-// The launch must give kPfStages stages (kernels/mma_prefill.py computes the same size): trap, never overrun.
-template <class St> __device__ __forceinline__ void pf_check_smem() {
+// Whether the stage St of GEMM `role` (1: FC1, 2: FC2) at BR routes takes the host's bytes (kernels/mma_prefill.py
+// stage_bytes, which sizes the launch).
+template <class St> constexpr bool pf_stage_is(int role, int br) {
+  constexpr int rows[][3] = {QMOE_PF_STAGE_BYTES};
+  for (const auto& r : rows)
+    if (r[0] == role && r[1] == br) return r[2] == St::kBytes;
+  return false;
+}
+
+// The launch must give kPfStages stages (kernels/mma_prefill.py sizes it so, with the stage bytes the host lists
+// for GEMM `ROLE`'s BR-route stage, checked here): trap, never overrun.
+template <class St, int ROLE, int BR> __device__ __forceinline__ void pf_check_smem() {
+  static_assert(pf_stage_is<St>(ROLE, BR), "the host's stage bytes (the generated unit) and this layout disagree");
   u32 have;
   asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(have));
   if (have < (u32)(kPfStages * St::kBytes)) __trap();
@@ -201,7 +209,7 @@ fc1_prefill(const T* __restrict__ x, const RouteGroups rg, i32 E, i32 k, i32 H, 
   constexpr int N8 = BR / 8, kOut = Rows::kGated ? 8 : 16;
   extern __shared__ __align__(16) u8 dyn_smem[];
   __shared__ i64 s_src[BR];
-  pf_check_smem<St>();
+  pf_check_smem<St, 1, BR>();
   i32 nt, e, m0, m_end;
   if (!pf_tile<BR>(rg.offsets, rg.tile_offsets, E, NT, G, nt, e, m0, m_end)) return;
   const Proj<ScaleT> p1 = expert_proj(e, wt.E_routed, wt.fc1, wt.shared_fc1);
@@ -263,7 +271,7 @@ fc2_prefill(const T* __restrict__ act_sorted, const RouteGroups rg, i32 E, i32 H
   constexpr int N8 = BR / 8;
   extern __shared__ __align__(16) u8 dyn_smem[];
   __shared__ i64 s_src[BR];
-  pf_check_smem<St>();
+  pf_check_smem<St, 2, BR>();
   i32 nt, e, m0, m_end;
   if (!pf_tile<BR>(rg.offsets, rg.tile_offsets, E, NT, G, nt, e, m0, m_end)) return;
   const Proj<ScaleT> p2 = expert_proj(e, wt.E_routed, wt.fc2, wt.shared_fc2);

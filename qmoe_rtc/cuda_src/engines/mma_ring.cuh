@@ -28,17 +28,22 @@ inline constexpr int kMmaMaxRoutes = 512;  // route ids a block scans (R = rows�
 inline constexpr int kMmaChunk = 128;      // codes of K per warp step (4 lanes × 32)
 inline constexpr int kMmaPrefetchRoutes = 64;  // up to this many routes, blocks warm L2 before the route scan
 
-// Pipeline stages per warp (cp.async ring in dynamic shared memory).
-#ifndef QMOE_MMA_STAGES
-#define QMOE_MMA_STAGES 3
+// The host's decisions (kernels/mma_decode.py ring_decisions), which the device reads and only checks: the
+// pipeline stages per warp (QMOE_MMA_STAGES, a define: the cp.async ring in dynamic shared memory), the blocks per
+// SM each route tile's kernels set their registers for (QMOE_MMA_BLOCKS {BR, blocks} in the generated unit: more
+// routes per pass need more accumulators), and the bytes of each GEMM's four rings (QMOE_MMA_FC1_RING,
+// QMOE_MMA_FC2_RING), which its stage layout must give (mma_ring_is).
+#if !defined(QMOE_MMA_STAGES) || !defined(QMOE_MMA_BLOCKS) || !defined(QMOE_MMA_FC1_RING) || !defined(QMOE_MMA_FC2_RING)
+#error "QMOE_MMA_STAGES, QMOE_MMA_BLOCKS, QMOE_MMA_FC1_RING and QMOE_MMA_FC2_RING come from the host (kernels/mma_decode.py)"
 #endif
 inline constexpr int kMmaStages = QMOE_MMA_STAGES;
-// Blocks per SM the register budget is set for (more routes per pass need more accumulators); passes
-// of BR 8 routes (up to 8 tokens) take QMOE_MMA_MIN_BLOCKS.
-#ifndef QMOE_MMA_MIN_BLOCKS
-#define QMOE_MMA_MIN_BLOCKS 5
-#endif
-template <int BR> constexpr int mma_min_blocks() { return BR == 8 ? QMOE_MMA_MIN_BLOCKS : (BR == 16 ? 4 : 3); }
+template <int BR> constexpr int mma_min_blocks() {
+  constexpr int rows[][2] = {QMOE_MMA_BLOCKS};
+  int n = 0;
+  for (const auto& r : rows)
+    if (r[0] == BR) n = r[1];
+  return n;
+}
 
 // One stage of a warp's ring: KST chunks of its 2·RT lane rows (RT 16-row tiles), as copied (not decoded).
 //   codes [KST][2·RT rows][32 lanes][4·B bytes]    (KST = 8/(B·RT), at least 1: 2 KiB of codes per stage,
@@ -47,7 +52,8 @@ template <int BR> constexpr int mma_min_blocks() { return BR == 8 ? QMOE_MMA_MIN
 //                                                  and zero-point byte (decoded at compute time)
 // Scale / zp words are the 4-byte-aligned words containing the element: they may reach up to 3
 // bytes past a tensor's last element, inside the same allocation granule (CuPy / torch allocate in
-// 512-byte units); those bytes are never used. The host mirrors kBytes (kernels/mma_decode.py ring_bytes).
+// 512-byte units); those bytes are never used. The host sizes launches with the same layout (kernels/mma_decode.py
+// ring_bytes; the kernels check its bytes: mma_ring_is).
 template <int B, typename ScaleT, int BLOCK, bool ZPW, int RT = 1> struct MmaStage {
   static constexpr int KST = B >= 8 || 8 / B / RT < 1 ? 1 : 8 / B / RT;
   static constexpr int kRows = 2 * RT;  // lane rows a chunk holds
@@ -72,8 +78,8 @@ template <int B> __device__ __forceinline__ void prefetch_rows(const u8* pa, con
 }
 
 // Dynamic shared memory of a decode launch with R routes: kMmaWarps rings of kMmaStages stages, then
-// the block's two route lists (R ids each). The host computes the same size (kernels/mma_decode.py
-// decode_smem_bytes; a CPU test compares them); a smaller launch is a host bug: trap, never overrun.
+// the block's two route lists (R ids each). The host sizes the launch so (kernels/mma_decode.py
+// decode_smem_bytes); a smaller launch is a host bug: trap, never overrun.
 // With xs > 0, the warps' x rings follow (engines/x_ring.cuh), 16-byte aligned (mma_x_rings): xs route lanes'
 // parts of kMmaStages·KST chunk slots each.
 template <class Stage> using MmaXRing = XRing<kMmaStages * Stage::KST>;
@@ -84,6 +90,11 @@ template <class Stage> constexpr u32 mma_x_ring_bytes(i32 xs) { return (u32)(xs 
 template <class Stage> constexpr u32 mma_smem_bytes(i32 R, i32 xs = 0) {
   return xs > 0 ? mma_x_rings<Stage>(R) + kMmaWarps * mma_x_ring_bytes<Stage>(xs)
                 : (u32)(kMmaWarps * kMmaStages * Stage::kBytes) + 8u * (u32)R;
+}
+// Whether a GEMM's four rings of Stage take the bytes the host sized its launch with (kernels/mma_decode.py
+// ring_bytes: QMOE_MMA_FC1_RING, QMOE_MMA_FC2_RING), with the blocks an SM its route tile's kernels are set for.
+template <class Stage, int BR> constexpr bool mma_ring_is(int host) {
+  return kMmaWarps * kMmaStages * Stage::kBytes == host && mma_min_blocks<BR>() > 0;
 }
 template <class Stage> __device__ __forceinline__ void check_ring_size(i32 R, i32 xs = 0) {
   u32 have;

@@ -1,11 +1,11 @@
 // engines/wg_mainloop.cuh: the main loop of the wgmma prefill engine's GEMMs (engines/wgmma_prefill.cuh):
-// the pipeline stage and its ring (WgStage, mirrored by kernels/wgmma_geometry.py), one route tile's chunks
-// of K through it (wg_mainloop), and the MMA width an expert's last tile shrinks to (wg_tile).
+// the pipeline stage and its ring (WgStage: its layout here, its counts the host's, kernels/wgmma_geometry.py),
+// one route tile's chunks of K through it (wg_mainloop), and the MMA width an expert's last tile shrinks to (wg_tile).
 //
 // Block: WgStage::kGroups warpgroups × 64 weight rows (warp w: rows 16w .. 16w + 15 of the tile, the
 // mma_prefill lane layout with one m16 tile) × BR routes; acc[BR / 2] f32 per thread (core/wgmma.cuh).
-// K in chunks of 128 through a cp.async ring of WgStage::kStages stages (as many as fit, at most
-// QMOE_WG_STAGES); per k16 step a warp builds its A fragment while the previous QMOE_WG_INFLIGHT MMAs
+// K in chunks of 128 through a cp.async ring of WgStage::kStages stages (the host's count: as many as fit, at
+// most QMOE_WG_STAGES); per k16 step a warp builds its A fragment while the previous QMOE_WG_INFLIGHT MMAs
 // run. With three stages or more the copies run S - 2 chunks ahead and a chunk's last MMA overlaps the
 // next chunk (the slot refilled is two chunks old); with two, each chunk drains its MMAs before the
 // slot is reused.
@@ -41,13 +41,10 @@
 
 namespace qmoe {
 
-#ifndef QMOE_WG_GROUPS
-#define QMOE_WG_GROUPS 0  // warpgroups per block, 2 or 4 for every tile; 0: WgStage::kGroups decides
+#if !defined(QMOE_WG_STAGES) || !defined(QMOE_WG_STAGE_BUDGET) || !defined(QMOE_WG_RINGS) || !defined(QMOE_WG_FC1_BOUNDS)
+#error "QMOE_WG_STAGES, QMOE_WG_STAGE_BUDGET, QMOE_WG_RINGS and QMOE_WG_FC1_BOUNDS come from the host (kernels/wgmma_prefill.py)"
 #endif
-#ifndef QMOE_WG_STAGES
-#define QMOE_WG_STAGES 4
-#endif
-inline constexpr int kWgMaxStages = QMOE_WG_STAGES;
+inline constexpr int kWgMaxStages = QMOE_WG_STAGES;  // the deepest ring the host may choose (knob prefill_wg_stages)
 #ifndef QMOE_WG_INFLIGHT
 #define QMOE_WG_INFLIGHT 1
 #endif
@@ -63,25 +60,33 @@ static_assert(QMOE_WG_RING >= 0 && QMOE_WG_RING <= 2, "QMOE_WG_RING: 0 (by the b
 // in clusters of CL > 1 always hand it on so.
 template <class St, int CL = 1>
 inline constexpr bool kWgStageBarriers = CL > 1 || QMOE_WG_RING == 2 || (QMOE_WG_RING == 0 && St::kGroups == 4);
-// Shared memory the rings are sized to, from the host (kernels/wgmma_geometry.py, from the target's opt-in limit
-// per block: kernels/base.py SMEM_OPTIN): QMOE_WG_STAGE_BUDGET dynamic bytes for a block's stages (the limit less
-// 1 KiB alignment slack and 4 KiB static), QMOE_WG_SM_SMEM an SM's shared memory (the limit and the system's 1 KiB).
-#if !defined(QMOE_WG_STAGE_BUDGET) || !defined(QMOE_WG_SM_SMEM)
-#error "QMOE_WG_STAGE_BUDGET and QMOE_WG_SM_SMEM come from the host (kernels/wgmma_prefill.py defines)"
-#endif
+// The shared memory a block's stages may take, from the host (kernels/wgmma_geometry.py SMEM_BUDGET: the target's
+// opt-in limit per block less 1 KiB alignment slack and 4 KiB static): every ring is checked against it.
 inline constexpr int kWgSmemBudget = QMOE_WG_STAGE_BUDGET;
+
+// Each GEMM's ring as the host decided it (kernels/wgmma_geometry.py ring), one row per stage the unit's GEMMs
+// hold (their codes' bits, packed zero-point words, scale bytes, scale block, route tile), from the generated
+// unit's QMOE_WG_RINGS: stages, warpgroups per block, blocks an SM (the launch bounds' and the grid's) and the
+// bytes of a stage, which the layout below must reproduce. The device reads these counts and only checks them.
+struct WgRing {
+  int bits, zpw, scale_bytes, block, br;  // the key (zpw: 0 / 1)
+  int stages, groups, blocks;             // the host's decision
+  int bytes;                              // a stage's bytes as the host sized it
+};
+inline constexpr WgRing wg_ring(int bits, bool zpw, int scale_bytes, int block, int br) {
+  constexpr WgRing rows[] = {QMOE_WG_RINGS};
+  for (const WgRing& r : rows)
+    if (r.bits == bits && r.zpw == (zpw ? 1 : 0) && r.scale_bytes == scale_bytes && r.block == block && r.br == br) return r;
+  return WgRing{bits, zpw ? 1 : 0, scale_bytes, block, br, 0, 0, 0, 0};  // not listed: the checks of WgStage fail
+}
 
 // One pipeline stage (1024-aligned, in dynamic shared memory):
 //   x     [2 halves][BR][128 B]                 logical k 0..63 / 64..127 of the tile's routes,
 //                                               128-byte swizzle (unit u of row r at u ^ (r & 7))
 //   codes [warps][2 rows][32 lanes][4·B B]      each lane's 32 codes of its two rows
 //   meta  [warps][2 rows][kWords][32] u32       their scale / zp words (block-wise scales only)
-// A block has kGroups warpgroups × 64 weight rows: 2 at 32- and 64-route tiles where four stages of 2 warpgroups
-// fit twice in an SM's QMOE_WG_SM_SMEM (H200: 228 KiB; with 1 KiB alignment slack, 1 KiB the system's and ~1 KiB static a
-// block), so two blocks share it and one's first copies and epilogue overlap the other's main loop; 4
-// otherwise (an SM then holds one block: with 2 it measured 12-16 % slower at int8; tile_groups in
-// kernels/wgmma_geometry.py mirrors this). QMOE_WG_GROUPS forces 2 or 4 (with 4, 256 routes' accumulators
-// do not fit a thread's 128 registers).
+// A block has kGroups warpgroups × 64 weight rows and kStages stages, kMinBlocks of them an SM (kShare: two), as
+// the host's row for the stage says (wg_ring; why 2 or 4 warpgroups: kernels/wgmma_geometry.py tile_groups).
 template <int B, typename ScaleT, int BLOCK, bool ZPW, int BR> struct WgStage {
   using W = LaneTileBytes<B, ScaleT, BLOCK, ZPW, 1>;  // a warp's tile (engines/lane_tiles.cuh)
   static constexpr int kXBytes = BR * 256;
@@ -90,16 +95,21 @@ template <int B, typename ScaleT, int BLOCK, bool ZPW, int BR> struct WgStage {
   static constexpr int kWarpCodes = W::kCodes;
   static constexpr int kWarpBytes = W::kBytes;
   static constexpr int kBytes2 = (kXBytes + 8 * kWarpBytes + 1023) / 1024 * 1024;  // a stage of 2 warpgroups
-  static constexpr bool kShare = BR <= 64 && kWgMaxStages >= 4 && 2 * (4 * kBytes2 + 3072) <= QMOE_WG_SM_SMEM;
-  static constexpr int kGroups = QMOE_WG_GROUPS ? QMOE_WG_GROUPS : kShare ? 2 : 4;
+  static constexpr bool kShare = wg_ring(B, ZPW, (int)sizeof(ScaleT), BLOCK, BR).blocks == 2;  // two blocks share an SM
+  static constexpr int kGroups = wg_ring(B, ZPW, (int)sizeof(ScaleT), BLOCK, BR).groups;
   static constexpr int kThreads = 128 * kGroups, kWarps = 4 * kGroups;  // a warp: one m16 weight tile
-  // registers for two blocks an SM (at 32 routes the rings of four stages fit three times: the host's
+  // registers for this many blocks an SM (at 32 routes the rings of four stages fit three times: the host's
   // launch decides whether FC1 takes a third, kernels/wgmma_geometry.py launch_smem)
-  static constexpr int kMinBlocks = kGroups == 2 && BR <= 64 ? 2 : 1;
+  static constexpr int kMinBlocks = wg_ring(B, ZPW, (int)sizeof(ScaleT), BLOCK, BR).blocks;
   static constexpr int kBytes = (kXBytes + kWarps * kWarpBytes + 1023) / 1024 * 1024;
-  static constexpr int kStages = kWgSmemBudget / kBytes < kWgMaxStages ? kWgSmemBudget / kBytes : kWgMaxStages;
-  static_assert(kStages >= 2, "a wgmma prefill stage does not fit twice in shared memory");
-  static_assert(kGroups == 2 || kGroups == 4, "QMOE_WG_GROUPS: 2 or 4");
+  static constexpr int kStages = wg_ring(B, ZPW, (int)sizeof(ScaleT), BLOCK, BR).stages;
+  static_assert(kGroups == 2 || kGroups == 4, "the host's ring (QMOE_WG_RINGS) lists no stage of these bits, zero "
+                                              "points and route tile, or gives it other than 2 or 4 warpgroups");
+  static_assert(kBytes == wg_ring(B, ZPW, (int)sizeof(ScaleT), BLOCK, BR).bytes && (kGroups != 2 || kBytes == kBytes2),
+                "the host's stage bytes (kernels/wgmma_geometry.py stage_bytes) and this layout disagree");
+  static_assert(kStages >= 2 && kStages <= kWgMaxStages, "the host's ring: 2 to QMOE_WG_STAGES stages");
+  static_assert(kStages * kBytes <= kWgSmemBudget, "the host's ring passes the block's shared memory budget");
+  static_assert(kMinBlocks == 1 || kMinBlocks == 2, "the host's ring: one or two blocks an SM");
 };
 
 // acc (lane (g, t) of warp w: rows 16w + g / + 8, routes 8j + 2t (+1)) = W[lane rows] · act[tile routes]ᵀ

@@ -53,16 +53,20 @@ using Fc1Stage = WgStage<B1, ScaleT, BLOCK, Z1 == ZP_PACKED || (GATE == GATE_FC3
 template <typename ScaleT, int B2, int Z2, int BLOCK, int BR>
 using Fc2Stage = WgStage<B2, ScaleT, BLOCK, Z2 == ZP_PACKED, BR>;
 
-// FC1's launch bounds: at 32-route tiles (2 warpgroups, two blocks an SM) registers for QMOE_WG_FC1_BLOCKS
-// blocks. A ring of four stages fits three times an SM, so where ptxas gives FC1 at most 80 registers a
-// thread anyway a third block can start (the host's launch decides: kernels/wgmma_geometry.py launch_smem);
-// setting them for three (QMOE_WG_FC1_BLOCKS=3, at most 80) measured the third block's gain away (H200:
-// gpt-oss-120b 512 tokens, 76 registers, 726.8 µs against 693.6 with 80 and a third block).
-#ifndef QMOE_WG_FC1_BLOCKS
-#define QMOE_WG_FC1_BLOCKS 2
-#endif
+// FC1's launch bounds by route tile, the host's (kernels/wgmma_geometry.py fc1_bound, the generated unit's
+// QMOE_WG_FC1_BOUNDS {BR, blocks}): its ring's blocks an SM, at 32-route tiles with two blocks an SM the knob
+// prefill_wg_fc1_blocks's (registers for two by default: a ring of four stages fits three times an SM, so where
+// ptxas gives FC1 at most 80 registers a thread anyway a third block can start, the host's launch decides:
+// launch_smem; setting them for three, at most 80, measured the third block's gain away (H200: gpt-oss-120b 512
+// tokens, 76 registers, 726.8 µs against 693.6 with 80 and a third block)).
+inline constexpr int wg_fc1_bound(int br) {
+  constexpr int rows[][2] = {QMOE_WG_FC1_BOUNDS};
+  for (const auto& r : rows)
+    if (r[0] == br) return r[1];
+  return 0;  // not listed: fc1_body's check fails
+}
 template <class St, int BR>
-inline constexpr int kFc1MinBlocks = BR <= 32 && St::kMinBlocks == 2 ? QMOE_WG_FC1_BLOCKS : St::kMinBlocks;
+inline constexpr int kFc1MinBlocks = wg_fc1_bound(BR);
 
 // After group_by_expert, once a call: xp (x in the chunks' wgmma order; y zeroed for a split FC2) and the
 // tile table of `slots` route tiles of BR routes (engines/wg_tiles.cuh); grid-stride, 256 threads a block.
@@ -106,6 +110,8 @@ __device__ __forceinline__ void fc1_body(const T* __restrict__ xp, const RouteGr
   using Rows = Fc1Rows<GATE>;
   constexpr bool kZpw = Z1 == ZP_PACKED || (GATE == GATE_FC3 && Z3 == ZP_PACKED);
   using St = Fc1Stage<GATE, ScaleT, B1, Z1, Z3, BLOCK, BR>;
+  static_assert(kFc1MinBlocks<St, BR> >= St::kMinBlocks && kFc1MinBlocks<St, BR> <= 3,
+                "the host's FC1 launch bounds (QMOE_WG_FC1_BOUNDS): the ring's blocks an SM, at most three");
   constexpr int kOut = Rows::kGated ? 8 : 16;
   pdl_wait();     // the tile table and xp (wg_prepare's)
   pdl_release();  // FC2's blocks may start (they wait for this grid before reading act_sorted)
