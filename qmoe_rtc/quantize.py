@@ -25,7 +25,7 @@ from ._arrays import array_module, dtype_name, shape_str
 from .errors import QMoEInputError
 from .formats.axis import INT, QuantizedWeights, weight_format
 from .formats.fp4 import NVFP4Weights
-from .formats.int_codes import dequantize, pack_codes, packed_row_bytes, unpack_codes, unpack_zero_points
+from .formats.int_codes import check_bits, dequantize, pack_codes, packed_row_bytes, unpack_codes, unpack_zero_points
 
 __all__ = [
     "SUPPORTED_BITS",
@@ -75,8 +75,10 @@ def quantize(weights, bits: int | None = None, block_size: int = 0, symmetric: b
     (NaN or inf) and scales that do not fit ``scale_dtype`` (e.g. float16 overflow).
     """
     fmt = weight_format(format)
-    if fmt is INT or bits is not None:  # a float format's width is its own: None is fine
-        fmt.check_bits(bits, "bits")
+    if fmt is INT:
+        bits = check_bits(bits)
+    elif bits is not None and (isinstance(bits, bool) or bits not in fmt.bits):  # a float format's width is its own
+        raise QMoEInputError("bits", f"None or {fmt.bits[0]} with format={fmt.name!r}", repr(bits))
     xp = array_module(weights)
     w = xp.asarray(weights)
     if w.ndim != 3:

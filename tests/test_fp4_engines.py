@@ -1,5 +1,5 @@
-"""FP4 experts [ext] on the GPU engines, the CPU/compile tier: the 'fp4' zero-point mode of 4-bit
-projections, which engine runs an FP4 layer, the in-register e2m1 decode's bit arithmetic, and NVRTC
+"""FP4 experts [ext] on the GPU engines, the CPU/compile tier: the 'mxfp4' / 'nvfp4' formats of
+4-bit projections (decode trait 'fp4'), which engine runs an FP4 layer, the in-register e2m1 decode's bit arithmetic, and NVRTC
 compiles of every family that claims an FP4 layout. The GPU results are tests/test_fp4_gpu.py."""
 
 from __future__ import annotations

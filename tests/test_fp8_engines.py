@@ -1,5 +1,5 @@
-"""FP8 (float8 e4m3fn) experts on the GPU engines, the CPU/compile tier: the layout ('fp8' zero-point
-mode), the layer's ModelConfig, which engine runs it on which device and why, the scales the upload
+"""FP8 (float8 e4m3fn) experts on the GPU engines, the CPU/compile tier: the layout (format 'fp8_e4m3',
+decode trait 'fp8'), the layer's ModelConfig, which engine runs it on which device and why, the scales the upload
 binds, and NVRTC compiles of every family that claims an FP8 layout (sm_80, sm_89, sm_90). The GPU
 results are tests/test_fp8_gpu.py."""
 

@@ -252,13 +252,13 @@ def top_k_experts(logits, k: int) -> np.ndarray:
 
 def _proj_bytes(N: int, K: int, bits, block_size: int, zero_points: bool, scale_itemsize: int,
                 fmt: WeightFormat = INT) -> int:
-    if fmt.scale.square:  # FP8: one byte per weight + float32 scales: square blocks, or one per expert
+    packed = N * ((K * bits + 7) // 8)  # every format packs its codes along K
+    if fmt.scale.square:  # FP8: float32 scales, square blocks or one per expert
         nbn, nbk = (-(-N // block_size), -(-K // block_size)) if block_size else (1, 1)
-        return N * K + nbn * nbk * 4
-    if fmt.scale.block:  # FP4: the format's bytes: a nibble per weight, a byte per block (NVFP4: + the global)
-        return N * K // 2 + N * (K // fmt.scale.block) + (4 if fmt.scale.global_scale else 0)
+        return packed + nbn * nbk * 4
+    if fmt.scale.block:  # the format's scale bytes, one per block of its own (+ a float32 global scale per expert)
+        return packed + N * (K // fmt.scale.block) + (4 if fmt.scale.global_scale else 0)
     nb = K // block_size if block_size else 1
-    packed = N * ((K * bits + 7) // 8)
     scales = N * nb * scale_itemsize
     zp = 0
     if zero_points:  # block-wise: packed along blocks per row; row-wise: packed along N

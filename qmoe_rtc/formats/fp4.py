@@ -244,11 +244,11 @@ def projection(fmt, w: dict, attrs, p: str, E: int, N: int, K: int) -> Projectio
             where=f"[E, N, K/2] e2m1 codes, two per byte, with N={N}, K={K}")
     if w[zn] is not None:
         raise QMoEInputError(zn, f"absent with quant_type='{qt}' (e2m1 has no zero point)", "an array")
-    mx = fmt is MXFP4
-    sdt = ("uint8", "float8_e8m0fnu") if mx else ("uint8", "float8_e4m3fn")
+    stored = fmt.scale.stored  # e8m0 (MXFP4) or e4m3 (NVFP4) bytes, or an ml_dtypes array of them
+    sdt = ("uint8", "float8_e8m0fnu") if stored == "e8m0" else ("uint8", "float8_e4m3fn")
     require(sn, w[sn], shape=(E, N, K // bs), dtypes=sdt,
-            where=f"{qt} block scales [E, N, K/{bs}] ({'e8m0' if mx else 'e4m3fn'} bytes)")
-    if not mx:
+            where=f"{qt} block scales [E, N, K/{bs}] ({'e8m0' if stored == 'e8m0' else 'e4m3fn'} bytes)")
+    if fmt.scale.global_scale == "always":
         gn = f"{p}_global_scale"
         require(gn, w[gn], rank=(1, 2), dtypes=("float32",), where="the NVFP4 global scale, float32")
         if tuple(w[gn].shape) not in ((E,), (E, N)):

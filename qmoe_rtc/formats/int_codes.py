@@ -21,16 +21,20 @@ from ..errors import QMoEAttributeError, QMoEInputError
 from .axis import INT, QuantizedWeights
 from .projection import ProjectionSpec, require
 
-__all__ = ["FLOAT_DTYPES", "check_bits", "check_content", "check_layer", "dequantize", "device_scales", "pack_codes",
-           "packed_row_bytes", "projection", "quantize", "reference_weights", "unpack_codes", "unpack_zero_points"]
+__all__ = ["FLOAT_DTYPES", "check_bits", "check_content", "check_layer", "check_scale_dtype", "dequantize", "device_scales",
+           "pack_codes", "packed_row_bytes", "projection", "quantize", "reference_weights", "unpack_codes",
+           "unpack_zero_points"]
 
 #: Float dtypes of scales, biases and activations (those of qmoe_rtc.specialize.vocab.DTYPES).
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 
 
 def check_bits(bits, name="bits") -> int:
-    """``bits`` as an int when it is a code width of the contract (1, 2, 3, 4, 8), else a QMoEInputError naming ``name``."""
-    return INT.check_bits(bits, name)
+    """``bits`` as an int when it is a code width of the ``int`` format (1, 2, 3, 4, 8), else a QMoEInputError naming
+    ``name``."""
+    if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or int(bits) not in INT.bits:
+        raise QMoEInputError(name, f"one of {INT.bits}", repr(bits))
+    return int(bits)
 
 
 def packed_row_bytes(K: int, bits: int) -> int:

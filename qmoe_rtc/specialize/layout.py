@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import QMoEAttributeError
 from ..formats.axis import WeightFormat, weight_format
-from .vocab import ACTIVATIONS, DTYPES, ZP_MODES, dtype_abbrev, gate_source
+from .vocab import ACTIVATIONS, DTYPES, ZP_LETTERS, ZP_MODES, dtype_abbrev, gate_source
 
 __all__ = ["Layout", "ModelConfig", "ModuleSpec"]
 
@@ -133,8 +133,8 @@ class Layout:
     @property
     def name(self) -> str:
         """Readable name, e.g. ``swiglu-f1_fc1-b4-zpP_fc2-b4-zpN_bs128_f16_s-f32``: a projection's letter is its
-        decode trait's (``_ZP_LETTER``)."""
-        zp = _ZP_LETTER
+        decode trait's (``ZP_LETTERS``)."""
+        zp = ZP_LETTERS
         act = self.activation + (f"-f{self.swiglu_fusion}" if self.swiglu_fusion else "")
         parts = [act] + [f"{p}-b{self.bits(p)}-zp{zp[self.decode_trait(p)]}" for p in self.projections]
         parts += [f"bs{self.block_size}", dtype_abbrev(self.dtype), "s-" + dtype_abbrev(self.scale_dtype)]
@@ -149,8 +149,6 @@ class Layout:
         return tuple(f.name for f in fields(cls))
 
 
-#: A decode trait's letter in names (module specs carry the trait as their ``fcN_zp`` parameter).
-_ZP_LETTER = {"none": "N", "packed": "P", "offset": "O", "fp8": "F", "fp4": "E"}
 _NAME_FORMS = {
     "bits": lambda v: f"b{v}",
     "block_size": lambda v: f"bs{v}",
@@ -177,7 +175,7 @@ def _spec_name(family: str, d: dict) -> str:
         if f"{p}_bits" in d:
             bits, zp = d.pop(f"{p}_bits"), d.pop(f"{p}_zp", "none")
             if p != "fc3" or has_fc3:
-                parts.append(f"{p}-b{bits}-zp{_ZP_LETTER[zp]}")
+                parts.append(f"{p}-b{bits}-zp{ZP_LETTERS[zp]}")
     order = ("bits", "block_size", "zp", "dtype", "scale_dtype")
     for k in [k for k in order if k in d] + [k for k in sorted(d) if k not in order]:
         form = _NAME_FORMS.get(k)

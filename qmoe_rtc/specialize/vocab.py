@@ -20,6 +20,7 @@ __all__ = [
     "GATEABLE_ACTIVATIONS",
     "GATES",
     "GLU_ACTIVATIONS",
+    "ZP_LETTERS",
     "ZP_MODES",
     "dtype_abbrev",
     "gate_source",
@@ -50,6 +51,8 @@ CPP_ZP = {"none": "qmoe::ZP_NONE", "packed": "qmoe::ZP_PACKED", "offset": "qmoe:
           "fp4": "qmoe::ZP_FP4"}
 #: The device decode traits.
 DECODE_TRAITS = tuple(CPP_ZP)
+#: A decode trait's letter in layout and module names (``fc1-b4-zpP``; module specs carry the trait as ``fcN_zp``).
+ZP_LETTERS = {"none": "N", "packed": "P", "offset": "O", "fp8": "F", "fp4": "E"}
 CPP_ACT = {"relu": "qmoe::ACT_RELU", "gelu": "qmoe::ACT_GELU", "silu": "qmoe::ACT_SILU",
            "identity": "qmoe::ACT_IDENTITY", "relu2": "qmoe::ACT_RELU2", "swiglu": "qmoe::ACT_SWIGLU",
            "geglu": "qmoe::ACT_GEGLU"}
