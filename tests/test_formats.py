@@ -84,6 +84,7 @@ def test_float_formats_refuse_zero_points(rng, name):
     kw = dict(fc1_bits=fmt.bits[0], fc2_bits=fmt.bits[0], fc1_format=name, fc2_format=name, scale_dtype="float32",
               block_size=fmt.scale.block)
     assert Layout(**kw).decode_trait("fc1") == fmt.decode
+    assert Layout(**{**kw, "fc1_format": fmt}) == Layout(**kw)  # a WeightFormat is held by its name
     with pytest.raises(errors.QMoEAttributeError, match="fc1_zp"):
         Layout(**kw, fc1_zp="packed")
     with pytest.raises(errors.QMoEInputError) as ei:

@@ -200,8 +200,8 @@ def executor_config(config: ModelConfig, setting=None) -> ModelConfig:
     tiled where :func:`use_tiled` would tile them, taking the activation dtype as known when the
     scales are in it or the codes are FP4 (as :func:`prepack_choice` does)."""
     lay = config.layout
-    fp4 = any(lay.format(p).scale.device == "float32" for p in lay.projections)  # float32 scales by format
-    known = lay.dtype in _TENSOR_CORE_DTYPES and (lay.scale_dtype == lay.dtype or fp4)
+    by_format = any(lay.format(p).scale.device == "float32" for p in lay.projections)  # FP4: float32 scales
+    known = lay.dtype in _TENSOR_CORE_DTYPES and (lay.scale_dtype == lay.dtype or by_format)
     return _tiled(config) if not lay.tiled and use_tiled(config, setting, known) else config
 
 

@@ -73,6 +73,9 @@ class Layout:
         for b in ("has_fc3", "aligned", "tiled"):
             if type(getattr(self, b)) is not bool:
                 raise QMoEAttributeError(b, "a bool", repr(getattr(self, b)))
+        for f in ("fc1_format", "fc2_format", "fc3_format"):  # a WeightFormat given is held by its name
+            if isinstance(getattr(self, f), WeightFormat):
+                object.__setattr__(self, f, getattr(self, f).name)
         if not self.has_fc3:
             _check("fc3_bits", self.fc3_bits, (0,), "0 (has_fc3=False)")
             _check("fc3_zp", self.fc3_zp, ("none",), "'none' (has_fc3=False)")
