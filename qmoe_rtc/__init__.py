@@ -1,7 +1,9 @@
 """qmoe_rtc: quantized mixture-of-experts layers (ONNX Runtime ``com.microsoft::QMoE`` contract) on
 NVIDIA GPUs, with kernels specialised per layout and compiled at run time by NVRTC.
 
-Importing the package does no work: submodules (and CuPy, NVRTC) load on first use.
+Importing the package does no work: submodules (and CuPy, NVRTC) load on first use. The weight formats
+(``int``, ``fp8_e4m3``, ``mxfp4``, ``nvfp4``) are :mod:`qmoe_rtc.formats`; ``qmoe_rtc.fp8`` is
+:mod:`qmoe_rtc.formats.fp8`, where the FP8 codec lives.
 
     import qmoe_rtc
     moe = qmoe_rtc.QMoE(fc1_experts_weights=w1, fc1_scales=s1, fc2_experts_weights=w2, fc2_scales=s2, k=2)
@@ -15,8 +17,10 @@ import importlib
 
 __version__ = "0.1.0"
 
-_SUBMODULES = ("contract", "errors", "executor", "extensions", "fp8", "jit", "kernels", "knobs", "oneshot", "presets", "quantize",
-               "random_layer", "reference", "specialize")
+_SUBMODULES = ("contract", "errors", "executor", "extensions", "formats", "fp8", "jit", "kernels", "knobs", "oneshot",
+               "presets", "quantize", "random_layer", "reference", "specialize")
+#: Submodules that live elsewhere: ``qmoe_rtc.fp8`` is the FP8 codec of the weight formats.
+_MOVED = {"fp8": "formats.fp8"}
 _EXPORTS = {
     "QMoEAttributes": "contract",
     "QMoEError": "errors",
@@ -32,6 +36,7 @@ _EXPORTS = {
     "CaptureError": "errors",
     "QuantizedWeights": "quantize",
     "KnobError": "errors",
+    "WeightFormatError": "errors",
     "QMoE": "executor",
     "QMoEGraph": "executor",
     "qmoe": "oneshot",
@@ -42,7 +47,7 @@ __all__ = ["__version__", *_SUBMODULES, *_EXPORTS]
 
 def __getattr__(name):
     if name in _SUBMODULES:
-        return importlib.import_module(f".{name}", __name__)
+        return importlib.import_module(f".{_MOVED.get(name, name)}", __name__)
     mod = _EXPORTS.get(name)
     if mod is not None:
         return getattr(importlib.import_module(f".{mod}", __name__), name)

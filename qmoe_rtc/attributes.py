@@ -8,14 +8,13 @@ import math
 from dataclasses import dataclass, fields, replace
 
 from .errors import QMoEAttributeError
-from .fp4 import FP4_BLOCK
-from .quantize import SUPPORTED_BITS
+from .formats.axis import INT, QUANT_TYPES, WeightFormat, format_of_quant_type
 from .specialize.vocab import ACTIVATIONS, GLU_ACTIVATIONS
 
 __all__ = ["QUANT_TYPES", "QMoEAttributes"]
 
-#: quant_type values: ONNX Runtime's 'int' and 'fp8', and the FP4 formats [ext] (qmoe_rtc.fp4).
-QUANT_TYPES = ("int", "fp8", *FP4_BLOCK)
+#: Code widths the bit-width attributes take (the ``int`` format's; a float format fixes its own).
+SUPPORTED_BITS = INT.bits
 
 
 def _as_int(name, value, allowed=None):
@@ -41,21 +40,10 @@ def _as_float(name, value, finite: bool = False):
     return v
 
 
-def _block_size(name, value, fp8: bool = False, fp4: int = 0) -> int:
-    """0 (row-wise) or a power of two >= 16; with quant_type='fp8' any value <= 0 means per-expert
-    global scales, as ONNX Runtime reads it, and is normalized to 0; with an FP4 quant_type the
-    format's block (``fp4``: 32 for mxfp4, 16 for nvfp4), 0 meaning that block."""
-    bs = _as_int(name, value)
-    if fp4:
-        if bs not in (0, fp4):
-            raise QMoEAttributeError(name, f"{fp4} (or 0, meaning {fp4}): the format's scale block", str(bs))
-        return fp4
-    if fp8 and bs < 0:
-        return 0
-    if bs != 0 and (bs < 16 or bs & (bs - 1)):
-        raise QMoEAttributeError(name, "0 (row-wise) or a power of two >= 16" + (" (or <= 0 for global scales)" if fp8 else ""),
-                                 str(bs))
-    return bs
+def _block_size(name, value, fmt: WeightFormat) -> int:
+    """The block size attribute as ``fmt`` reads it (:meth:`~qmoe_rtc.formats.axis.WeightFormat.attribute_block_size`:
+    FP8 takes any value <= 0 as per-expert global scales, an FP4 format its own block)."""
+    return fmt.attribute_block_size(_as_int(name, value), name)
 
 
 @dataclass(frozen=True)
@@ -111,19 +99,13 @@ class QMoEAttributes:
             n = f"{p}_expert_weight_bits"
             v = a.get(n)
             out[n] = None if v is None else _as_int(n, v, SUPPORTED_BITS)
-        qt = a.get("quant_type", "int")
-        if isinstance(qt, bytes):
-            qt = qt.decode()
-        if qt not in QUANT_TYPES:
-            raise QMoEAttributeError("quant_type", f"one of {QUANT_TYPES} (the quantizations this build implements)",
-                                     repr(qt))
-        out["quant_type"] = qt
-        fp4 = FP4_BLOCK.get(qt, 0)
-        out["block_size"] = _block_size("block_size", a.get("block_size", 0), fp8=qt == "fp8", fp4=fp4)
+        fmt = format_of_quant_type(a.get("quant_type", "int"))  # the contract's quant_type -> the weight format
+        out["quant_type"] = fmt.quant_type
+        out["block_size"] = _block_size("block_size", a.get("block_size", 0), fmt)
         sb = a.get("shared_expert_weight_bits")
         out["shared_expert_weight_bits"] = None if sb is None else _as_int("shared_expert_weight_bits", sb, SUPPORTED_BITS)
         sbs = a.get("shared_block_size")
-        out["shared_block_size"] = None if sbs is None else _block_size("shared_block_size", sbs, fp8=qt == "fp8", fp4=fp4)
+        out["shared_block_size"] = None if sbs is None else _block_size("shared_block_size", sbs, fmt)
         out["swiglu_fusion"] = _as_int("swiglu_fusion", a.get("swiglu_fusion", 0), (0, 1, 2))
         out["swiglu_limit"] = _as_float("swiglu_limit", a.get("swiglu_limit", math.inf))
         if out["swiglu_limit"] <= 0:
@@ -142,24 +124,17 @@ class QMoEAttributes:
         return attrs_obj
 
     def _check_combinations(self):
-        if self.quant_type == "fp8":
-            for n in ("expert_weight_bits", "fc1_expert_weight_bits", "fc2_expert_weight_bits", "fc3_expert_weight_bits"):
-                v = getattr(self, n)
-                if v is not None and v != 8:
-                    raise QMoEAttributeError(n, "8 with quant_type='fp8' (one float8e4m3fn byte per weight)", str(v))
-            if self.zero_point_offset is not None:
-                raise QMoEAttributeError("zero_point_offset", "unset with quant_type='fp8' (e4m3fn has no zero point)",
-                                         str(self.zero_point_offset))
-        if self.quant_type in FP4_BLOCK:
+        fmt = self.weight_format
+        if fmt is not INT:  # a float format: its own code width, no zero point
             for n in ("expert_weight_bits", "fc1_expert_weight_bits", "fc2_expert_weight_bits", "fc3_expert_weight_bits",
-                      "shared_expert_weight_bits"):
+                      "shared_expert_weight_bits"):  # the shared experts have the routed format
                 v = getattr(self, n)
-                if v is not None and v != 4:
-                    raise QMoEAttributeError(n, f"4 with quant_type='{self.quant_type}' (one e2m1 nibble per weight)",
+                if v is not None and v not in fmt.bits:
+                    raise QMoEAttributeError(n, f"{fmt.bits[0]} with quant_type='{self.quant_type}' ({fmt.summary})",
                                              str(v))
             if self.zero_point_offset is not None:
-                raise QMoEAttributeError("zero_point_offset", f"unset with quant_type='{self.quant_type}' (e2m1 has no "
-                                         "zero point)", str(self.zero_point_offset))
+                raise QMoEAttributeError("zero_point_offset", f"unset with quant_type='{self.quant_type}' "
+                                         f"({fmt.summary}: no zero point)", str(self.zero_point_offset))
         if self.use_sparse_mixer and self.k != 2:
             raise QMoEAttributeError("k", "2 when use_sparse_mixer=1 (Phi-3.5-MoE sparse mixer)", str(self.k))
         if self.swiglu_fusion and self.activation_type not in GLU_ACTIVATIONS:
@@ -182,6 +157,11 @@ class QMoEAttributes:
         bs = self.block_size if self.shared_block_size is None else self.shared_block_size
         return replace(self, k=1, use_sparse_mixer=0, **per, fc3_expert_weight_bits=None, block_size=bs,
                        shared_expert_weight_bits=None, shared_block_size=None)
+
+    @property
+    def weight_format(self) -> WeightFormat:
+        """The weight format of the experts (:func:`qmoe_rtc.formats.format_of_quant_type` of ``quant_type``)."""
+        return format_of_quant_type(self.quant_type)
 
     @property
     def is_glu(self) -> bool:

@@ -2,9 +2,9 @@
 
 ``QMoEAttributes.from_kwargs(**attrs)`` parses ONNX Runtime's attribute names and defaults into a
 frozen value. ``describe_layer(weights, attrs)`` validates the expert tensors (inputs 2–13, and the FP8 global
-scales 15–16) once and
+scales 15–16) once, each projection by its weight format's checks (:mod:`qmoe_rtc.formats`), and
 returns a :class:`LayerSpec` with everything the kernels need (H, I, E, fused width, blocks per row,
-packed row bytes, zero-point modes, dtypes). ``check_call(layer, input, router_probs,
+packed row bytes, formats and zero-point modes, dtypes). ``check_call(layer, input, router_probs,
 router_weights)`` validates the per-call tensors (inputs 0, 1, 14) and returns a :class:`CallSpec`.
 
 Every refusal raises :class:`~qmoe_rtc.errors.QMoEInputError` / ``QMoEAttributeError`` naming the
@@ -17,11 +17,8 @@ from dataclasses import dataclass
 
 from ._arrays import device_of, dtype_name, is_cupy, shape_str
 from .attributes import QMoEAttributes
-from .bit_codes import packed_row_bytes, unpack_codes
-from .contract_float import fp4_projection, fp8_projection
 from .errors import DeviceError, QMoEAttributeError, QMoEInputError
-from .fp4 import FP4_BLOCK
-from .projection import ProjectionSpec, require
+from .formats.projection import ProjectionSpec, require
 from .specialize.vocab import ACTIVATIONS, GATEABLE_ACTIVATIONS, GLU_ACTIVATIONS
 from .specialize.vocab import DTYPES as FLOAT_DTYPES
 
@@ -150,10 +147,9 @@ def describe_layer(weights: dict, attrs: QMoEAttributes, routed_experts: int | N
                 f"({'host' if ref_dev is None else f'cuda:{ref_dev}'}), got {'host' if d is None else f'cuda:{d}'}"
             )
 
-    fp8 = attrs.quant_type == "fp8"
-    code_dtypes = ("uint8", "float8_e4m3fn") if fp8 else ("uint8",)
-    require("fc1_experts_weights", w["fc1_experts_weights"], rank=3, dtypes=code_dtypes)
-    require("fc2_experts_weights", w["fc2_experts_weights"], rank=3, dtypes=code_dtypes)
+    fmt = attrs.weight_format
+    require("fc1_experts_weights", w["fc1_experts_weights"], rank=3, dtypes=fmt.code_dtypes)
+    require("fc2_experts_weights", w["fc2_experts_weights"], rank=3, dtypes=fmt.code_dtypes)
     E = int(w["fc1_experts_weights"].shape[0])
     if E < 1:  # what one build can run (E <= 512 ...) is the executor's check: QMoEUnsupportedError
         raise QMoEInputError("fc1_experts_weights", "at least 1 expert (dim 0)", f"E = {E}")
@@ -181,18 +177,7 @@ def describe_layer(weights: dict, attrs: QMoEAttributes, routed_experts: int | N
     for n in ("fc3_scales", "fc3_experts_bias", "fc3_zero_points"):
         if w[n] is not None and not has_fc3:
             raise QMoEInputError(n, "absent when fc3_experts_weights is absent", "an array")
-    if fp8 and has_fc3:
-        raise QMoEInputError("fc3_experts_weights", "absent with quant_type='fp8' (ONNX Runtime defines no FC3 "
-                             "global scale; use swiglu_fusion 1 or 2)", "an array")
-    qt = attrs.quant_type
-    if qt == "nvfp4" and has_fc3:
-        raise QMoEInputError("fc3_experts_weights", "absent with quant_type='nvfp4' (there is no FC3 global scale "
-                             "input; use swiglu_fusion 1 or 2)", "an array")
-    for n in GLOBAL_SCALE_INPUTS:
-        if w[n] is not None and not (fp8 and attrs.block_size <= 0) and qt != "nvfp4":
-            raise QMoEInputError(n, "absent unless quant_type='fp8' with block_size 0 (block scales go in "
-                                 f"{n[:3]}_scales)" if fp8 else f"absent with quant_type='{qt}' (FP8 and NVFP4 "
-                                 "experts only)", "an array")
+    fmt.check_layer(w, attrs, has_fc3)  # the format's rules: which FC3 and global-scale inputs it takes
 
     fused = int(w["fc1_experts_weights"].shape[1])
     if fused % F:
@@ -206,46 +191,9 @@ def describe_layer(weights: dict, attrs: QMoEAttributes, routed_experts: int | N
     dtype = _infer_dtype({n: w[n] for n in ("fc1_scales", "fc2_scales", "fc3_scales",
                                             "fc1_experts_bias", "fc2_experts_bias", "fc3_experts_bias")})
 
-    def projection(p, N, K):
-        if fp8 or qt in FP4_BLOCK:  # float codes: their own shapes and scales (qmoe_rtc/contract_float.py)
-            return (fp8_projection if fp8 else fp4_projection)(w, attrs, p, E, N, K)
-        bits = attrs.bits(p)
-        wn, sn, bn, zn = f"{p}_experts_weights", f"{p}_scales", f"{p}_experts_bias", f"{p}_zero_points"
-        rb = packed_row_bytes(K, bits)
-        require(wn, w[wn], shape=(E, N, rb), dtypes=("uint8",),
-                 where=f"[E, N, ceil(K·b/8)] with N={N}, K={K}, b={bits}")
-        bs = attrs.block_size
-        if bs and K % bs:
-            raise QMoEAttributeError("block_size", f"a divisor of {p}'s K = {K}", str(bs))
-        require(sn, w[sn], rank=(2, 3), dtypes=FLOAT_DTYPES)
-        s = w[sn]
-        if bs:
-            require(sn, s, shape=(E, N, K // bs), where=f"block-wise [E, N, K/block_size] with block_size={bs}")
-        elif tuple(s.shape) not in ((E, N), (E, N, 1)):
-            raise QMoEInputError(sn, f"shape {shape_str((E, N))} (row-wise, block_size=0) or {shape_str((E, N, 1))}",
-                                 f"shape {shape_str(s.shape)}")
-        if w[bn] is not None:
-            require(bn, w[bn], shape=(E, N), dtypes=FLOAT_DTYPES)
-        zp_mode = "none"
-        if w[zn] is not None:
-            nb = K // bs if bs else 1
-            zshape = (E, N, packed_row_bytes(nb, bits)) if bs else (E, packed_row_bytes(N, bits))
-            require(zn, w[zn], shape=zshape, dtypes=("uint8",),
-                     where="block-wise [E, N, ceil(nb·b/8)]" if bs else "row-wise [E, ceil(N·b/8)]")
-            zp_mode = "packed"
-        elif attrs.zero_point_offset is not None:
-            zo = attrs.zero_point_offset
-            if not 0.0 <= zo <= (1 << bits) - 1:
-                raise QMoEAttributeError("zero_point_offset", f"within the {bits}-bit code range [0, {(1 << bits) - 1}]"
-                                         f" of {p}", str(zo))
-            zp_mode = "offset"
-        return ProjectionSpec(name=p, bits=bits, N=N, K=K, block_size=bs, row_bytes=rb, scale_dtype=dtype_name(s),
-                              zp_mode=zp_mode, has_bias=w[bn] is not None,
-                              bias_dtype=dtype_name(w[bn]) if w[bn] is not None else None)
-
-    fc1 = projection("fc1", F * I, H)
-    fc2 = projection("fc2", H, I)
-    fc3 = projection("fc3", I, H) if has_fc3 else None
+    fc1 = fmt.projection(w, attrs, "fc1", E, F * I, H)  # each projection by its format's checks
+    fc2 = fmt.projection(w, attrs, "fc2", E, H, I)
+    fc3 = fmt.projection(w, attrs, "fc3", E, I, H) if has_fc3 else None
     return LayerSpec(attrs=attrs, E=E, H=H, I=I, F=F, fc1=fc1, fc2=fc2, fc3=fc3, dtype=dtype, on_gpu=on_gpu,
                      device_id=ref_dev)
 
@@ -295,37 +243,15 @@ def check_content(weights: dict, layer: LayerSpec) -> None:
         return a.get() if is_cupy(a) else np.asarray(a)
 
     for p in layer.projections():
-        if p.quant in FP4_BLOCK:
-            from .fp4 import check_fp4_scales
-
-            check_fp4_scales(p.quant, host(weights[p.scale_input]), host(weights[f"{p.name}_global_scale"])
-                             if p.quant == "nvfp4" else None, p.scale_input)
+        p.weight_format.check_content(weights, p, host)  # NaN codes or scales, zero-point padding bits
         s = host(weights[p.scale_input]).astype(np.float32)  # FP4: bytes, never negative or non-finite
         bad = ~np.isfinite(s) | (s < 0)
         if bad.any():
             idx = tuple(int(i) for i in np.argwhere(bad)[0])
             raise QMoEInputError(p.scale_input, "finite, non-negative scales", f"{s[idx]} at index {list(idx)}")
-        if p.quant == "fp8":
-            q = host(weights[f"{p.name}_experts_weights"]).view(np.uint8)
-            nan = (q & 0x7F) == 0x7F
-            if nan.any():
-                idx = [int(i) for i in np.argwhere(nan)[0]]
-                raise QMoEInputError(f"{p.name}_experts_weights", "no NaN codes (0x7F, 0xFF) in float8e4m3fn weights",
-                                     f"code {int(q[tuple(idx)]):#04x} at index {idx}")
         b = weights.get(f"{p.name}_experts_bias")
         if b is not None:
             bh = host(b).astype(np.float32)
             if not np.isfinite(bh).all():
                 idx = tuple(int(i) for i in np.argwhere(~np.isfinite(bh))[0])
                 raise QMoEInputError(f"{p.name}_experts_bias", "finite biases", f"{bh[idx]} at index {list(idx)}")
-        if p.zp_mode == "packed":
-            z = host(weights[f"{p.name}_zero_points"])
-            n = p.n_blocks if p.block_size else p.N
-            codes = unpack_codes(z, p.bits, n)
-            # padding bits past the last code must be zero, or the tensor was packed with another width
-            if packed_row_bytes(n, p.bits) * 8 != n * p.bits:
-                from .quantize import pack_codes
-
-                if not np.array_equal(pack_codes(codes, p.bits), z):
-                    raise QMoEInputError(f"{p.name}_zero_points", f"zero padding bits after the last {p.bits}-bit code",
-                                         "non-zero padding bits")

@@ -5,6 +5,7 @@
     QMoEError
     ├── QMoEInputError          a bad input tensor or parameter (names it, expected, actual)
     │   ├── QMoEAttributeError  a bad attribute value (k, activation_type, block_size ...)
+    │   │   └── WeightFormatError   an unknown weight format name or quant_type
     │   └── KnobError           a QMOE_RTC_* environment variable (or knob override) has a bad value
     ├── QMoEUnsupportedError    a valid layer this build cannot run (names the limit)
     ├── DeviceError             no GPU / no driver / driver too old / array on another device
@@ -34,6 +35,7 @@ __all__ = [
     "DeviceError",
     "CaptureError",
     "KnobError",
+    "WeightFormatError",
 ]
 
 
@@ -130,6 +132,12 @@ class DeviceError(QMoEError, RuntimeError):
 
 class CaptureError(QMoEError, RuntimeError):
     """Something that is not allowed inside CUDA graph capture was attempted during capture."""
+
+
+class WeightFormatError(QMoEAttributeError):
+    """A weight format that does not exist (qmoe_rtc/formats): ``name`` is the argument or attribute that named
+    it (``format``, ``quant_type``, ``--format`` ...), ``expected`` the names there are, ``actual`` the value
+    given (a kind of bad attribute: ``except QMoEAttributeError`` catches it)."""
 
 
 class KnobError(QMoEInputError):

@@ -20,7 +20,7 @@ from ._arrays import ArrayMeta, device_of, dtype_name, shape_str
 from .attributes import QMoEAttributes
 from .contract import LayerSpec, _infer_dtype, check_call, describe_layer
 from .errors import DeviceError, QMoEAttributeError, QMoEInputError
-from .projection import require
+from .formats.projection import require
 from .specialize.vocab import DTYPES as FLOAT_DTYPES
 from .specialize.vocab import GLU_ACTIVATIONS
 
@@ -81,9 +81,6 @@ def _shared_name(text: str) -> str:
 
 
 def _describe_shared(inputs: dict, attrs: QMoEAttributes, layer: LayerSpec) -> LayerSpec:
-    if attrs.quant_type == "fp8" and attrs.shared_expert_weight_bits not in (None, 8):
-        raise QMoEAttributeError("shared_expert_weight_bits", "unset or 8 with quant_type='fp8' (the shared experts "
-                                 "are FP8 like the routed ones)", str(attrs.shared_expert_weight_bits))
     if attrs.activation_type in GLU_ACTIVATIONS and not attrs.swiglu_fusion:
         raise QMoEAttributeError("swiglu_fusion", f"1 or 2 when shared experts are given with '{attrs.activation_type}'"
                                  " (they have no fc3 to take the linear half from)", "0")

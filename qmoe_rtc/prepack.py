@@ -70,11 +70,12 @@ def tiled_shape(E: int, N: int, K: int, bits: int) -> tuple[int, ...]:
     return (E, -(-N // GROUP), -(-K // CHUNK), GROUP, 4, 4 * bits)
 
 
-def fc1_fusion(swiglu_fusion: int, fp8: bool) -> int:
+def fc1_fusion(swiglu_fusion: int, square_scales: bool) -> int:
     """The ``fusion`` FC1's codes are tiled with (:func:`tile_rows`): the layer's ``swiglu_fusion``, except
-    FP8 codes of ``swiglu_fusion=2``, which keep their rows (0): an FP8 scale block spans 128 contract rows,
-    which interleaving would split. The device side: ``kernels/_expert.py`` ``gate_of``."""
-    return 0 if fp8 and swiglu_fusion == 2 else swiglu_fusion
+    codes with square scale blocks (FP8: ``ScaleRule.square`` of its format) of ``swiglu_fusion=2``, which keep
+    their rows (0): a square scale block spans 128 contract rows, which interleaving would split. The device
+    side: ``kernels/_expert.py`` ``gate_of``."""
+    return 0 if square_scales and swiglu_fusion == 2 else swiglu_fusion
 
 
 def tile_rows(N: int, fusion: int = 0) -> list[int]:

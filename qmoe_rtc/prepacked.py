@@ -63,6 +63,6 @@ def tiled_weights(weights: dict, *, expert_range=None, expert_map=None, num_expe
             w = weights[name]
             xp = array_module(w)
             codes = w.view(xp.uint8)  # FP8 codes are bytes too
-            fusion = fc1_fusion(attrs.swiglu_fusion, p.quant == "fp8") if p.name == "fc1" else 0
+            fusion = fc1_fusion(attrs.swiglu_fusion, p.weight_format.scale.square) if p.name == "fc1" else 0
             out[name] = pack(xp, codes, p.K, p.bits, fusion, name)
     return out

@@ -1,8 +1,8 @@
 """MoE layer shapes of well-known models (warm tool, benchmarks).
 
 A :class:`Preset` is shapes + routing + the model's natural activation, with int4 and a block size of
-128 (32 for gpt-oss, whose 2880 is no multiple of 128) as the default quantization; choices (bits,
-block size, zero points, dtype, int or FP8 experts) are given when building a
+128 (32 for gpt-oss, whose 2880 is no multiple of 128) as the default quantization; choices (weight
+format, bits, block size, zero points, dtype) are given when building a
 :class:`~qmoe_rtc.specialize.ModelConfig` with :meth:`Preset.config`.
 
 [ext] ``shared`` shared experts (the routed layout and intermediate size), ``shared_gate`` (their sum
@@ -15,13 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import QMoEAttributeError, QMoEUnsupportedError
+from .errors import QMoEAttributeError
+from .formats.axis import INT, weight_format
 
-__all__ = ["Preset", "PRESETS", "QUANT_FORMATS", "get_preset"]
-
-#: Expert formats a config can be built for: b-bit integer codes, FP8 (float8 e4m3fn) codes, FP4 (e2m1)
-#: codes with MXFP4 or NVFP4 scales [ext].
-QUANT_FORMATS = ("int", "fp8", "mxfp4", "nvfp4")
+__all__ = ["Preset", "PRESETS", "get_preset"]
 
 
 @dataclass(frozen=True)
@@ -46,23 +43,22 @@ class Preset:
     def config(self, *, bits: int | None = None, fc1_bits: int | None = None, fc2_bits: int | None = None,
                fc3_bits: int | None = None, block_size: int | None = None, zero_points: str = "none",
                dtype: str = "float16", scale_dtype: str = "", activation: str | None = None,
-               swiglu_fusion: int | None = None, has_fc3: bool | None = None, quant: str = "int",
+               swiglu_fusion: int | None = None, has_fc3: bool | None = None, format: str = "int",
                shared: int | None = None, shared_gate: bool | None = None, router_gemm: str | None = None):
         """A ModelConfig for this preset; unspecified choices take the preset's defaults.
 
         ``router_gemm``: router_weight's dtype, '' for none (default: ``dtype`` when the preset has a
-        router GEMM). ``quant="fp8"``: FP8 experts, i.e. every projection 8-bit with zero-point mode
-        'fp8' (e4m3fn codes), float32 scales unless ``scale_dtype`` says otherwise (block size 0 = one
-        global scale per expert), the preset's shared experts FP8 too; :class:`QMoEUnsupportedError`
-        where the layouts have no 'fp8' mode. ``quant="mxfp4"`` / ``"nvfp4"``: FP4 experts, every projection
-        4-bit with zero-point mode 'fp4', float32 scales in blocks of 32 / 16 (NVFP4 has no FC3).
+        router GEMM). ``format`` (:mod:`qmoe_rtc.formats`): 'int' (b-bit codes, ``bits`` and ``zero_points``
+        apply), or a float format, which fixes the code width of every projection and has no zero points
+        (``bits`` and ``zero_points`` do not apply): 'fp8_e4m3' (e4m3fn codes, float32 scales unless
+        ``scale_dtype`` says otherwise, block size 0 = one global scale per expert, the preset's shared experts
+        FP8 too, no FC3), 'mxfp4' / 'nvfp4' (e2m1 codes, float32 scales in blocks of 32 / 16; NVFP4 has no FC3).
         """
         from .specialize import Layout, ModelConfig
 
-        if quant not in QUANT_FORMATS:
-            raise QMoEAttributeError("quant", f"one of {list(QUANT_FORMATS)}", repr(quant))
-        fp8, fp4 = quant == "fp8", quant in ("mxfp4", "nvfp4")
-        b = 8 if fp8 else 4 if fp4 else self.bits if bits is None else bits
+        fmt = weight_format(format)
+        fixed = fmt is not INT  # a float format fixes the width, the zero points (and an FP4 one the block)
+        b = fmt.bits[0] if fixed else self.bits if bits is None else bits
         act = self.activation if activation is None else activation
         fusion = self.swiglu_fusion if swiglu_fusion is None else swiglu_fusion
         fc3 = self.has_fc3 if has_fc3 is None else has_fc3
@@ -71,19 +67,13 @@ class Preset:
             gated = act in ("swiglu", "geglu")
             fusion = 2 if gated else 0
             fc3 = False if gated else self.has_fc3
-        if fp8:
-            _check_fp8_layouts()
-            if fc3:
-                raise QMoEAttributeError("has_fc3", "False with FP8 experts (ONNX Runtime defines no FP8 FC3; a gated "
-                                         "layer takes activation='swiglu', fused FC1)", "True")
+        if fixed:
+            if fc3 and fmt.scale.global_scale:  # FP8 and NVFP4: no FC3 global scale input
+                raise QMoEAttributeError("has_fc3", f"False with {fmt.name} experts (there is no FC3 global scale "
+                                         "input; a gated layer takes activation='swiglu', fused FC1)", "True")
             fc1_bits = fc2_bits = fc3_bits = None
-            zero_points, scale_dtype = "fp8", scale_dtype or "float32"
-        if fp4:
-            if fc3 and quant == "nvfp4":
-                raise QMoEAttributeError("has_fc3", "False with NVFP4 experts (there is no FC3 global scale input; a "
-                                         "gated layer takes activation='swiglu', fused FC1)", "True")
-            fc1_bits = fc2_bits = fc3_bits = None
-            zero_points, scale_dtype, block_size = "fp4", "float32", 32 if quant == "mxfp4" else 16
+            zero_points, scale_dtype = "none", fmt.scale.device or scale_dtype or "float32"
+            block_size = fmt.scale.block or block_size
         layout = Layout(
             dtype=dtype, scale_dtype=scale_dtype,
             fc1_bits=b if fc1_bits is None else fc1_bits,
@@ -91,6 +81,7 @@ class Preset:
             fc3_bits=((b if fc3_bits is None else fc3_bits) if fc3 else 0),
             block_size=self.block_size if block_size is None else block_size,
             fc1_zp=zero_points, fc2_zp=zero_points, fc3_zp=zero_points if fc3 else "none",
+            fc1_format=fmt.name, fc2_format=fmt.name, fc3_format=fmt.name if fc3 else "int",
             activation=act, swiglu_fusion=fusion, has_fc3=fc3,
         )
         S = self.shared if shared is None else shared  # FP8 layers have FP8 shared experts
@@ -100,16 +91,6 @@ class Preset:
                            use_sparse_mixer=self.use_sparse_mixer,
                            normalize_routing_weights=self.normalize_routing_weights, name=self.name,
                            shared=S, shared_gate=gate, router_gemm=router)
-
-
-def _check_fp8_layouts() -> None:
-    """:class:`QMoEUnsupportedError` unless the kernel layouts know FP8 projections (zero-point mode 'fp8')."""
-    from .specialize import ZP_MODES
-
-    if "fp8" not in ZP_MODES:
-        raise QMoEUnsupportedError("FP8 experts: the kernel layouts of this build have no FP8 form (zero-point mode "
-                                   "'fp8') yet, so no FP8 modules exist to build; the reference computes FP8 layers "
-                                   "(docs/contract.md)")
 
 
 PRESETS: dict[str, Preset] = {

@@ -13,6 +13,7 @@ import numpy as np
 
 from ._arrays import array_module, np_dtype
 from .contract import GLU_ACTIVATIONS
+from .formats.axis import INT, weight_format
 from .quantize import quantize
 
 __all__ = ["random_layer", "random_inputs"]
@@ -49,10 +50,11 @@ def random_layer(
     to ``swiglu_fusion=1`` unless ``fc3`` is asked for. Weight magnitudes are scaled by 1/sqrt(K) so
     outputs stay O(1) at any size. ``progress(projection, experts done, E)``, when given, is called as
     the experts are drawn and quantized (a few at a time; the values are the same either way).
-    ``format="fp8_e4m3"``: FP8 experts (``quant_type="fp8"``; ``bits`` and ``zero_points`` are ignored):
-    float32 ``fc*_global_scale`` with block_size 0, else square block scales in ``fc*_scales``.
-    ``format="mxfp4"`` / ``"nvfp4"``: FP4 experts [ext] (``quant_type`` of that name; ``bits``,
-    ``zero_points`` and ``scale_dtype`` are ignored, ``block_size`` becomes the format's).
+    ``format`` (:mod:`qmoe_rtc.formats`): 'int', or a float format, whose code width is its own and which
+    has no zero points (``bits`` and ``zero_points`` are ignored; the attributes get its ``quant_type``):
+    'fp8_e4m3' (``quant_type="fp8"``): float32 ``fc*_global_scale`` with block_size 0, else square block
+    scales in ``fc*_scales``; 'mxfp4' / 'nvfp4' [ext]: ``scale_dtype`` is ignored, ``block_size`` becomes
+    the format's.
 
     [ext] ``shared`` = S shared experts (intermediate size ``shared_inter``, default I), quantized like
     the routed FC1/FC2 (``shared_fc*_...``; with ``bias`` their biases too); ``shared_gate``: a
@@ -62,12 +64,9 @@ def random_layer(
     weights are in the activation dtype: N(0, 1)/sqrt(H) for the gate, 2·N(0, 1)/sqrt(H) for the
     router (logits of about 2·N(0, 1) for unit inputs, like :func:`random_inputs`).
     """
-    fp8 = format == "fp8_e4m3"
-    fp4 = format in ("mxfp4", "nvfp4")
-    if fp8:
-        bits, zero_points = 8, False
-    if fp4:
-        bits, zero_points, block_size = 4, False, {"mxfp4": 32, "nvfp4": 16}[format]
+    fmt = weight_format(format)
+    if fmt is not INT:  # the format's own width, no zero points (an FP4 format also its own block)
+        bits, zero_points, block_size = fmt.bits[0], False, fmt.scale.block or block_size
     b1, b2, b3 = (bits,) * 3 if isinstance(bits, int) else tuple(bits)
     z1, z2, z3 = (zero_points,) * 3 if isinstance(zero_points, bool) else tuple(zero_points)
     glu = activation_type in GLU_ACTIVATIONS
@@ -87,21 +86,20 @@ def random_layer(
         parts = []
         for e0 in range(0, n_experts, step):  # the generator fills experts in order: chunks draw the same values
             w = draw((min(step, n_experts - e0), N, K), K)
-            if fp8:
-                parts.append(quantize(w, None, block_size, scale_dtype=sdt if block_size else np.float32, format=format))
-            elif fp4:
-                parts.append(quantize(w, None, block_size, format=format))
-            else:
+            if fmt is INT:
                 parts.append(quantize(w, b, block_size, symmetric=not zp, scale_dtype=sdt))
+            else:  # FP8 global scales are float32; FP4 scales are the format's bytes
+                parts.append(quantize(w, None, block_size, format=fmt.name,
+                                      scale_dtype=sdt if block_size and not fmt.scale.block else np.float32))
             del w
             if progress is not None:
                 progress(name, min(n_experts, e0 + step), n_experts)
         xp = array_module(parts[0].packed)
         q = parts[0] if len(parts) == 1 else type(parts[0])(
             *(None if parts[0][i] is None else xp.concatenate([p[i] for p in parts]) for i in range(3)))
-        out = {f"{name}_experts_weights": q.packed,
-               f"{name}_global_scale" if fp8 and not block_size else f"{name}_scales": q.scales}
-        if format == "nvfp4":
+        per_expert = fmt.scale.global_scale == "per-expert" and not block_size  # FP8: the scale is the global one
+        out = {f"{name}_experts_weights": q.packed, f"{name}_global_scale" if per_expert else f"{name}_scales": q.scales}
+        if fmt.scale.global_scale == "always":  # NVFP4: block scales and a global scale
             out[f"{name}_global_scale"] = q.global_scale
         if zp:
             out[f"{name}_zero_points"] = q.zero_points
@@ -126,8 +124,8 @@ def random_layer(
             weights["router_bias"] = (0.1 * rng.standard_normal((E,))).astype(bdt)
     attrs = dict(k=k, activation_type=activation_type, block_size=block_size, expert_weight_bits=b1,
                  swiglu_fusion=swiglu_fusion, **attributes)
-    if fp8 or fp4:
-        attrs["quant_type"] = "fp8" if fp8 else format
+    if fmt is not INT:
+        attrs["quant_type"] = fmt.quant_type
     if b2 != b1:
         attrs["fc2_expert_weight_bits"] = b2
     if fc3 and b3 != b1:

@@ -1,9 +1,9 @@
 """Float64 NumPy reference of the QMoE contract (docs/contract.md), the ground truth for every kernel.
 
 ``qmoe(...)`` takes ONNX Runtime's inputs in ONNX Runtime's order (0–16) and its attributes as
-keywords, computes in float64 from the float32-dequantized weights (integer or FP8 codes), and rounds
-once to the input's dtype. The [ext] inputs (shared experts, router GEMM) are keywords. CuPy inputs
-are copied to the host. It is meant to be obviously right, not fast.
+keywords, computes in float64 from the float32-dequantized weights (each weight format's own
+dequantization: :mod:`qmoe_rtc.formats`), and rounds once to the input's dtype. The [ext] inputs (shared
+experts, router GEMM) are keywords. CuPy inputs are copied to the host. It is meant to be obviously right, not fast.
 """
 
 from __future__ import annotations
@@ -15,9 +15,6 @@ import numpy as np
 from ._arrays import is_cupy, np_dtype
 from .contract import QMoEAttributes, check_content, describe_layer
 from .extensions import EXT_INPUTS, check_ext_call, describe_extensions, shared_weights
-from .fp4 import FP4_BLOCK, dequantize_fp4
-from .fp8 import dequantize_fp8
-from .quantize import dequantize
 from .slices import describe_slice
 
 __all__ = ["qmoe", "route", "activate", "order_key", "expert_mlp", "router_logits", "shared_part"]
@@ -145,21 +142,9 @@ def activate(h: np.ndarray, attrs: QMoEAttributes, F: int, u: np.ndarray | None 
 
 
 def _dequantized(weights: dict, p, attrs: QMoEAttributes, e: int) -> np.ndarray:
-    """Expert e of projection p (a :class:`~qmoe_rtc.contract.ProjectionSpec`), dequantized in float32,
-    as float64 ``[N, K]``."""
-    if p.quant in FP4_BLOCK:
-        g = weights.get(f"{p.name}_global_scale")
-        return dequantize_fp4(p.quant, weights[f"{p.name}_experts_weights"][e : e + 1], weights[p.scale_input][e : e + 1],
-                              None if g is None else g[e : e + 1])[0].astype(np.float64)
-    if p.quant == "fp8":
-        return dequantize_fp8(weights[f"{p.name}_experts_weights"][e : e + 1], weights[p.scale_input][e : e + 1],
-                              p.block_size)[0].astype(np.float64)
-    z = weights.get(f"{p.name}_zero_points")
-    return dequantize(
-        weights[f"{p.name}_experts_weights"][e : e + 1], weights[f"{p.name}_scales"][e : e + 1], p.bits,
-        p.block_size, zero_points=None if z is None else z[e : e + 1],
-        zero_point_offset=attrs.zero_point_offset if p.zp_mode == "offset" else None, K=p.K,
-    )[0].astype(np.float64)
+    """Expert e of projection p (a :class:`~qmoe_rtc.contract.ProjectionSpec`), dequantized in float32 by its
+    weight format (:meth:`qmoe_rtc.formats.axis.WeightFormat.reference_weights`), as float64 ``[N, K]``."""
+    return p.weight_format.reference_weights(weights, p, e, attrs.zero_point_offset).astype(np.float64)
 
 
 def expert_mlp(x: np.ndarray, layer, weights: dict, attrs: QMoEAttributes, e: int) -> np.ndarray:

@@ -30,7 +30,7 @@ _EXAMPLES = """examples:
   python -m qmoe_rtc warm --preset mixtral-8x7b --dtype float16,bfloat16 --zero-points none,packed --arch sm_90 --arch sm_80
   python -m qmoe_rtc warm --hidden 4096 --inter 14336 --experts 8 --k 2 --bits 4 --block-size 128 --arch sm_90 --list
   python -m qmoe_rtc warm --preset qwen3-next-80b-a3b --dtype bfloat16 --arch sm_90   (shared expert + router GEMM)
-  python -m qmoe_rtc warm --preset deepseek-v3-tp8 --format int,fp8 --dtype bfloat16 --arch sm_90
+  python -m qmoe_rtc warm --preset deepseek-v3-tp8 --format int,fp8_e4m3 --dtype bfloat16 --arch sm_90
 
 exit status: 0 every planned module is on disk and loads; 1 some module failed or was not stored;
 2 bad arguments, a bad QMOE_RTC_* value, or a cache directory that cannot store.
@@ -38,7 +38,8 @@ exit status: 0 every planned module is on disk and loads; 1 some module failed o
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .presets import PRESETS, QUANT_FORMATS
+    from .formats.axis import FORMATS
+    from .presets import PRESETS
     from .specialize import ACTIVATIONS, DTYPES, ZP_MODES
 
     p = argparse.ArgumentParser(
@@ -61,10 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
                           "preset's)")
     q = p.add_argument_group("quantization / codegen (comma lists give every combination)")
     q.add_argument("--format", type=csv(str), default=["int"], metavar="FMT[,FMT...]",
-                   help=f"expert formats, from {', '.join(QUANT_FORMATS)} (default: int); fp8: FP8 e4m3 experts "
+                   help=f"weight formats, from {', '.join(FORMATS)} (default: int); fp8_e4m3: FP8 e4m3 experts "
                         "(8-bit codes, no zero points: --bits and --zero-points do not apply; float32 scales unless "
-                        "--scale-dtype; --block-size 0 = one global scale per expert; no shared experts); mxfp4 / "
-                        "nvfp4: FP4 e2m1 experts (4-bit, blocks of 32 / 16, float32 scales on the device)")
+                        "--scale-dtype; --block-size 0 = one global scale per expert); mxfp4 / nvfp4: FP4 e2m1 "
+                        "experts (4-bit, blocks of 32 / 16, float32 scales on the device). The old spelling fp8 "
+                        "is refused, naming fp8_e4m3")
     q.add_argument("--bits", type=csv(int), metavar="B[,B...]",
                    help="bits of every projection, e.g. 4 or 2,4 (default: the preset's, else 4)")
     q.add_argument("--fc1-bits", type=int, metavar="B", help="bits of FC1 only (default: --bits)")
@@ -101,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _configs(args) -> list:
     """Every ModelConfig the arguments describe (each once)."""
     from .errors import QMoEAttributeError
-    from .presets import QUANT_FORMATS, Preset, get_preset
+    from .formats.axis import weight_format
+    from .presets import Preset, get_preset
 
     if args.preset:
         base = get_preset(args.preset)
@@ -117,23 +120,21 @@ def _configs(args) -> list:
         fusion = args.swiglu_fusion if args.swiglu_fusion is not None else (1 if gated and not args.fc3 else 0)
         base = Preset("custom", args.hidden, args.inter, args.experts, args.k, act, swiglu_fusion=fusion,
                       has_fc3=bool(args.fc3))
-    for fmt in args.format:
-        if fmt not in QUANT_FORMATS:
-            raise QMoEAttributeError("--format", f"items of {list(QUANT_FORMATS)}", repr(fmt))
+    formats = [weight_format(f, "--format") for f in args.format]  # WeightFormatError names the format names
     out = {}
     for dtype in args.dtype:
         router = None if args.router_gemm is None else dtype if args.router_gemm else ""
-        for fmt in args.format:
-            fixed = fmt != "int"  # FP8 / FP4: the format fixes bits and zero points (FP4 also the block)
+        for fmt in formats:
+            fixed = fmt.name != "int"  # a float format fixes bits and zero points (an FP4 one also the block)
             for bits in ([None] if fixed else args.bits or [None]):
-                for bs in ([None] if fmt in ("mxfp4", "nvfp4") else args.block_size or [None]):
+                for bs in ([None] if fmt.scale.block else args.block_size or [None]):
                     for zp in (["none"] if fixed else args.zero_points):
                         cfg = base.config(bits=bits, fc1_bits=args.fc1_bits, fc2_bits=args.fc2_bits,
                                           fc3_bits=args.fc3_bits, block_size=bs, zero_points=zp, dtype=dtype,
                                           scale_dtype=args.scale_dtype,
                                           activation=args.activation if args.preset else None,
                                           swiglu_fusion=args.swiglu_fusion if args.preset else None,
-                                          has_fc3=args.fc3 if args.preset else None, quant=fmt,
+                                          has_fc3=args.fc3 if args.preset else None, format=fmt.name,
                                           shared=args.shared, shared_gate=args.shared_gate, router_gemm=router)
                         out.setdefault(cfg, None)
     return list(out)

@@ -16,7 +16,7 @@ from qmoe_rtc import warm
 from qmoe_rtc.attributes import QMoEAttributes
 from qmoe_rtc.bench import layers, report, run, targets
 from qmoe_rtc.contract import describe_layer
-from qmoe_rtc.errors import QMoEAttributeError, QMoEUnsupportedError
+from qmoe_rtc.errors import QMoEAttributeError, WeightFormatError
 from qmoe_rtc.extensions import EXT_INPUTS, describe_extensions
 from qmoe_rtc.presets import PRESETS
 from qmoe_rtc.quantize import quantize
@@ -53,33 +53,29 @@ def test_existing_presets_unchanged():
     assert (PRESETS["deepseek-v3"].inter, PRESETS["qwen3-30b-a3b"].inter) == (2048, 768)
 
 
-def _fp8_layouts() -> bool:
-    from qmoe_rtc.specialize import ZP_MODES
-
-    return "fp8" in ZP_MODES
-
-
 def test_fp8_config():
-    if not _fp8_layouts():  # a build whose kernel layouts have no FP8 form: refused, naming FP8
-        with pytest.raises(QMoEUnsupportedError, match="FP8"):
-            PRESETS["deepseek-v3-tp8"].config(quant="fp8")
-        return
-    c = PRESETS["qwen3-next-80b-a3b"].config(quant="fp8", bits=4, zero_points="packed", dtype="bfloat16")
+    c = PRESETS["qwen3-next-80b-a3b"].config(format="fp8_e4m3", bits=4, zero_points="packed", dtype="bfloat16")
     lay = c.layout
-    assert (lay.fc1_bits, lay.fc2_bits, lay.fc1_zp, lay.fc2_zp, lay.scale_dtype, lay.block_size) == (
-        8, 8, "fp8", "fp8", "float32", 128)
+    assert (lay.fc1_bits, lay.fc2_bits, lay.fc1_format, lay.fc2_format, lay.fc1_zp, lay.scale_dtype,
+            lay.block_size) == (8, 8, "fp8_e4m3", "fp8_e4m3", "none", "float32", 128)
     assert (c.shared, c.shared_gate, c.router_gemm) == (1, True, "bfloat16")  # its shared expert is FP8 too
-    assert PRESETS["deepseek-v3-tp8"].config(quant="fp8", block_size=0, dtype="float16").layout.scale_dtype == "float32"
-    assert PRESETS["deepseek-v3-tp8"].config(quant="fp8", scale_dtype="float16").layout.scale_dtype == "float16"
-    assert PRESETS["qwen3-30b-a3b"].config(quant="int").layout.fc1_zp == "none"
+    assert PRESETS["deepseek-v3-tp8"].config(format="fp8_e4m3", block_size=0, dtype="float16").layout.scale_dtype == \
+        "float32"
+    assert PRESETS["deepseek-v3-tp8"].config(format="fp8_e4m3", scale_dtype="float16").layout.scale_dtype == "float16"
+    assert PRESETS["qwen3-30b-a3b"].config(format="int").layout.fc1_zp == "none"
     with pytest.raises(QMoEAttributeError, match="has_fc3"):
-        PRESETS["mixtral-8x7b"].config(quant="fp8")
-    assert not PRESETS["mixtral-8x7b"].config(quant="fp8", activation="swiglu").layout.has_fc3
+        PRESETS["mixtral-8x7b"].config(format="fp8_e4m3")
+    assert not PRESETS["mixtral-8x7b"].config(format="fp8_e4m3", activation="swiglu").layout.has_fc3
+    mx = PRESETS["gpt-oss-20b"].config(format="mxfp4", block_size=128, dtype="bfloat16").layout
+    assert (mx.fc1_format, mx.fc1_bits, mx.block_size, mx.scale_dtype) == ("mxfp4", 4, 32, "float32")
 
 
-def test_bad_quant_format():
-    with pytest.raises(QMoEAttributeError, match="quant"):
-        PRESETS["qwen3-30b-a3b"].config(quant="fp4")
+def test_bad_format_names_the_format_names():
+    for bad in ("fp4", "fp8"):  # "fp8" is the contract's quant_type, not the format's name
+        with pytest.raises(WeightFormatError, match="format") as ei:
+            PRESETS["qwen3-30b-a3b"].config(format=bad)
+        assert ei.value.name == "format" and "fp8_e4m3" in ei.value.expected and repr(bad) == ei.value.actual
+    assert "spelled 'fp8_e4m3'" in str(ei.value)
 
 
 # -- warm ------------------------------------------------------------------------------------------
@@ -116,80 +112,92 @@ def test_warm_extension_flags():
     assert (c.shared, c.shared_gate, c.router_gemm, c.name) == (2, True, "bfloat16", "custom")
     (c,) = warm._configs(_warm_args("--preset", "qwen3-30b-a3b"))
     assert (c.shared, c.shared_gate, c.router_gemm) == (0, False, "")
-    with pytest.raises(QMoEAttributeError):
+    with pytest.raises(WeightFormatError) as ei:
         warm._configs(_warm_args("--preset", "qwen3-30b-a3b", "--format", "fp4"))
+    assert ei.value.name == "--format"
+
+
+def test_warm_refuses_the_old_fp8_spelling(capsys):
+    assert warm.main(["--preset", "deepseek-v3-tp8", "--format", "int,fp8", "--arch", "sm_90", "--list"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'--format'" in err[0] and "spelled 'fp8_e4m3'" in err[0], err
 
 
 def test_warm_format_fp8(cache, capsys):
-    argv = ["--preset", "deepseek-v3-tp8", "--format", "int,fp8", "--arch", "sm_90", "--list"]
-    if not _fp8_layouts():  # this build: refused in one line, exit 2
-        assert warm.main(argv) == 2
-        err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and "FP8" in err[0]
-        return
     from qmoe_rtc.kernels import modules_for
 
-    cfgs = warm._configs(_warm_args("--preset", "deepseek-v3-tp8", "--format", "int,fp8", "--bits", "2,4",
+    argv = ["--preset", "deepseek-v3-tp8", "--format", "int,fp8_e4m3", "--arch", "sm_90", "--list"]
+    cfgs = warm._configs(_warm_args("--preset", "deepseek-v3-tp8", "--format", "int,fp8_e4m3", "--bits", "2,4",
                                     "--zero-points", "none,packed", "--block-size", "0,128"))
-    fp8 = [c for c in cfgs if c.layout.fc1_zp == "fp8"]
+    fp8 = [c for c in cfgs if c.layout.fc1_format == "fp8_e4m3"]
     assert len(cfgs) == 2 * 2 * 2 + 2 and len(fp8) == 2  # FP8: one per block size (bits, zero points do not apply)
     assert sorted(c.layout.block_size for c in fp8) == [0, 128]
     assert all(c.layout.fc1_bits == c.layout.fc2_bits == 8 and c.shared == 1 for c in fp8)  # FP8 shared expert
     assert warm.main(argv) == 0
     out = capsys.readouterr().out
-    (cfg,) = warm._configs(_warm_args("--preset", "deepseek-v3-tp8", "--format", "fp8"))
+    (cfg,) = warm._configs(_warm_args("--preset", "deepseek-v3-tp8", "--format", "fp8_e4m3"))
     assert f"# deepseek-v3-tp8 H7168 I256 E256 k8 shared 1, router GEMM float16: {cfg.layout.name}" in out
     assert all(f"sm_90a {s.name}" in out for s in modules_for(cfg, arch="sm_90a"))
 
 
 # -- bench arguments -------------------------------------------------------------------------------
 def test_bench_new_shapes_and_flags():
-    a = report.parse_args(["--shapes", ",".join(NEW), "--bits", "8", "--bits", "fp8", "--bits", "fp8g",
+    a = report.parse_args(["--shapes", ",".join(NEW), "--bits", "8", "--format", "int,fp8_e4m3,fp8_e4m3:0",
                           "--variants", "routed,full", "--tokens", "1,4096"])
     q, d = a.shapes
     assert (q.name, q.H, q.I, q.E, q.k, q.shared, q.shared_gate, q.router) == (NEW[0], 2048, 512, 512, 10, 1, True,
                                                                                  True)
     assert (d.name, d.H, d.I, d.E, d.k, d.shared, d.shared_gate, d.router) == (NEW[1], 7168, 256, 256, 8, 1, False,
                                                                                  True)
-    assert a.bits == [(8, 8), ("fp8", "fp8"), ("fp8g", "fp8g")] and a.variants == ["routed", "full"]
-    assert [report.block_for(q, None, b) for b in a.bits] == [128, 128, 0]
-    assert [report.block_for(q, 0, b) for b in a.bits] == [0, 0, 0] and report.block_for(q, 64, a.bits[1]) == 64
+    LQ = report.LayerQuant
+    assert a.bits == [(8, 8)] and a.variants == ["routed", "full"]
+    assert a.layers == [LQ("int", (8, 8)), LQ("fp8_e4m3", (8, 8)), LQ("fp8_e4m3", (8, 8), 0)]
+    assert [report.block_for(q, None, lq) for lq in a.layers] == [128, 128, 0]
+    assert [report.block_for(q, 0, lq) for lq in a.layers] == [0, 0, 0] and report.block_for(q, 64, a.layers[1]) == 64
+    assert report.block_for(q, 64, LQ("mxfp4", (4, 4))) == 32  # an FP4 format's own block
     assert not any(report.layout_problem(s, 128) for s in a.shapes)
-    assert report.layout_problem(q, 1024) and not report.layout_problem(q, 1024, ("fp8", "fp8"))  # FP8 blocks may be partial
+    assert report.layout_problem(q, 1024) and not report.layout_problem(q, 1024, a.layers[1])  # FP8 blocks may be partial
     assert report.parse_args(["--preset", NEW[0]]).variants == ["routed", "shared", "full"]
-    assert report.is_fp8(("fp8g", "fp8g")) and not report.is_fp8((8, 8))
+    assert a.layers[2].float_codes and not a.layers[0].float_codes
+    two = report.parse_args(["--bits", "4", "--bits", "2,4", "--format", "nvfp4,int"]).layers
+    assert two == [LQ("nvfp4", (4, 4)), LQ("int", (4, 4)), LQ("int", (2, 4))]
     assert "qwen3-next-80b-a3b (H 2048, I 512, E 512, k 10, 1 shared gated, router GEMM)" in report.build_parser().epilog
 
 
-@pytest.mark.parametrize("argv", [["--bits", "fp8,4"], ["--bits", "fp9"], ["--variants", "routed,all"],
-                                  ["--variants", ","]])
-def test_bench_bad_new_arguments(argv, capsys):
+@pytest.mark.parametrize("argv, says", [
+    (["--bits", "fp8,4"], "--format"), (["--bits", "fp9"], "--format"), (["--variants", "routed,all"], "--variants"),
+    (["--variants", ","], "--variants"), (["--bits", "fp8"], "--format fp8_e4m3"), (["--bits", "fp8g"], "fp8_e4m3:0"),
+    (["--bits", "mxfp4"], "--format mxfp4"), (["--format", "fp8"], "spelled 'fp8_e4m3'"), (["--format", ","], "--format"),
+    (["--format", "mxfp4:16"], "expected 32 with format 'mxfp4'"), (["--format", "int:x"], "FMT:BS")])
+def test_bench_bad_new_arguments(argv, says, capsys):
+    """Old --bits spellings of formats and old format names are refused, naming the new spelling."""
     with pytest.raises(SystemExit) as e:
         report.parse_args(argv)
-    assert e.value.code == 2 and "error" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "error" in err and says in err, err
 
 
 def test_variants_for():
     q, d, plain = report.BENCH_SHAPES[NEW[0]], report.BENCH_SHAPES[NEW[1]], report.BENCH_SHAPES["qwen3-30b-a3b"]
     allv = list(report.VARIANTS)
-    assert report.variants_for(q, (4, 4), allv) == allv and report.variants_for(d, (8, 8), allv) == allv
-    assert report.variants_for(q, (4, 4), ["full", "routed"]) == ["routed", "full"]
-    assert report.variants_for(q, ("fp8", "fp8"), allv) == ["routed"]  # the FP8 targets time routed layers
-    assert report.variants_for(plain, (4, 4), allv) == ["routed"]
+    i4, i8, f8 = (report.LayerQuant(f, b) for f, b in (("int", (4, 4)), ("int", (8, 8)), ("fp8_e4m3", (8, 8))))
+    assert report.variants_for(q, i4, allv) == allv and report.variants_for(d, i8, allv) == allv
+    assert report.variants_for(q, i4, ["full", "routed"]) == ["routed", "full"]
+    assert report.variants_for(q, f8, allv) == ["routed"]  # the FP8 targets time routed layers
+    assert report.variants_for(plain, i4, allv) == ["routed"]
     router_only = report.Shape("r", 64, 32, 8, 2, router=True)
     shared_only = report.Shape("s", 64, 32, 8, 2, shared=2)
-    assert report.variants_for(router_only, (4, 4), allv) == ["routed", "full"]
-    assert report.variants_for(shared_only, (4, 4), allv) == ["routed", "full"]
+    assert report.variants_for(router_only, i4, allv) == ["routed", "full"]
+    assert report.variants_for(shared_only, i4, allv) == ["routed", "full"]
 
 
 # -- bytes and FLOPs -------------------------------------------------------------------------------
 def test_fp8_expert_bytes_hand_count():
     # H 256, I 128: FC1 [256, 256] codes 65536, FC2 [256, 128] codes 32768. Block 128, float32 scales:
     # FC1 2·2 blocks = 16 B, FC2 2·1 = 8 B. Global: 4 B per projection. Block 96 (partial): FC1 3·3, FC2 3·2.
-    for b in ("fp8", "fp8g"):
-        assert report.expert_bytes(256, 128, (b, b), 128, False, 2) == 65536 + 16 + 32768 + 8
-        assert report.expert_bytes(256, 128, (b, b), 0, True, 2) == 65536 + 4 + 32768 + 4
-    assert report.expert_bytes(256, 128, ("fp8", "fp8"), 96, False, 2) == 65536 + 9 * 4 + 32768 + 6 * 4
+    assert report.expert_bytes(256, 128, (8, 8), 128, False, 2, "fp8_e4m3") == 65536 + 16 + 32768 + 8
+    assert report.expert_bytes(256, 128, (8, 8), 0, True, 2, "fp8_e4m3") == 65536 + 4 + 32768 + 4
+    assert report.expert_bytes(256, 128, (8, 8), 96, False, 2, "fp8_e4m3") == 65536 + 9 * 4 + 32768 + 6 * 4
 
 
 @pytest.mark.parametrize("bs", [0, 32, 128])
@@ -200,7 +208,7 @@ def test_fp8_expert_bytes_match_quantized_arrays(rng, bs):
         q = quantize(rng.standard_normal((E, N, K)).astype(np.float32), None, bs, scale_dtype=np.float32,
                      format="fp8_e4m3")
         n += sum(a.nbytes for a in q if a is not None)
-    assert report.expert_bytes(H, I, ("fp8", "fp8"), bs, False, 4) == n // E
+    assert report.expert_bytes(H, I, (8, 8), bs, False, 4, "fp8_e4m3") == n // E
 
 
 @pytest.mark.parametrize("bits,bs,zp,dt", [((4, 4), 32, False, "float16"), ((4, 2), 16, True, "bfloat16"),
@@ -246,15 +254,18 @@ def test_ext_target_arithmetic():
 
 
 def _pt(bits, T, graph_us, pct, bs=128, **kw):
-    return dict(shape="s", dtype="bfloat16", bits=list(bits), T=T, graph_us=graph_us, pct_floor=pct, block_size=bs,
-                variant="routed", **kw)
+    """A point; ``bits`` a pair of widths (int codes) or a format name (its own widths)."""
+    fmt, bits = ("int", bits) if isinstance(bits, tuple) else (bits, {"fp8_e4m3": (8, 8)}.get(bits, (4, 4)))
+    return dict(shape="s", dtype="bfloat16", format=fmt, bits=list(bits), T=T, graph_us=graph_us, pct_floor=pct,
+                block_size=bs, variant="routed", **kw)
 
 
 def test_fp8_targets_arithmetic():
     pts = [_pt((8, 8), 1, 30.0, 50.0), _pt((8, 8), 4096, 1000.0, 40.0),
-           _pt(("fp8", "fp8"), 1, 40.0, 40.0), _pt(("fp8", "fp8"), 4096, 1200.0, 30.0),  # 80 % exactly, 1.2x exactly
-           _pt(("fp8g", "fp8g"), 1, 50.0, 39.9, bs=0), _pt(("fp8g", "fp8g"), 4096, 1201.0, 30.0, bs=0),
-           _pt((4, 4), 1, 20.0, 99.0), _pt(("fp8", "fp8"), 4096, 1.0, 99.0, error="boom")]  # errors never count
+           _pt("fp8_e4m3", 1, 40.0, 40.0), _pt("fp8_e4m3", 4096, 1200.0, 30.0),  # 80 % exactly, 1.2x exactly
+           _pt("fp8_e4m3", 1, 50.0, 39.9, bs=0), _pt("fp8_e4m3", 4096, 1201.0, 30.0, bs=0),
+           _pt((4, 4), 1, 20.0, 99.0), _pt("fp8_e4m3", 4096, 1.0, 99.0, error="boom"),  # errors never count
+           _pt("mxfp4", 1, 5.0, 99.0)]  # FP4 codes are no int8 (nor FP8) point
     t = {(x["scales"], x["kind"]): x for x in targets.fp8_targets(pts)}
     assert set(t) == {("block 128", "fp8_decode"), ("block 128", "fp8_prefill"), ("global", "fp8_decode"),
                       ("global", "fp8_prefill")}
@@ -270,10 +281,11 @@ def test_fp8_targets_arithmetic():
 
 def test_fp8_targets_missing_points():
     assert targets.fp8_targets([_pt((8, 8), 1, 30.0, 50.0)]) == []  # no FP8 point: nothing to report
-    only = targets.fp8_targets([_pt(("fp8", "fp8"), 1, 40.0, 45.0), _pt((8, 8), 4096, 1000.0, 40.0),
+    only = targets.fp8_targets([_pt("fp8_e4m3", 1, 40.0, 45.0), _pt((8, 8), 4096, 1000.0, 40.0),
                               dict(_pt((8, 8), 1, 30.0, 50.0), variant="full")])
     assert [x["ok"] for x in only] == [None, None]  # int8 at T=1 only as a 'full' variant; no FP8 at 4096
-    assert all("not measured (needs --bits 8 and the fp8 form at --tokens" in targets.format_target(x) for x in only)
+    assert all("not measured (needs --format int,fp8_e4m3 with --bits 8 and the fp8 form at --tokens"
+               in targets.format_target(x) for x in only)
 
 
 def test_near_tie_rows():
@@ -285,14 +297,15 @@ def test_near_tie_rows():
 
 
 def test_format_row_variants_and_width():
-    p = dict(shape="qwen3-next-80b-a3b", dtype="bfloat16", bits=["fp8", "fp8"], T=1, graph_us=10.0, floor_us=5.0,
-             bound="bytes", floor_bytes=1e6, pct_floor=50.0, rel_err=1e-3, ok=True, variant="full")
+    p = dict(shape="qwen3-next-80b-a3b", dtype="bfloat16", format="fp8_e4m3", bits=[8, 8], T=1, graph_us=10.0,
+             floor_us=5.0, bound="bytes", floor_bytes=1e6, pct_floor=50.0, rel_err=1e-3, ok=True, variant="full",
+             block_size=0)
     shapes = [report.BENCH_SHAPES[n] for n in NEW] + [report.BENCH_SHAPES["ort-2048"]]
     w = report.label_width(shapes)
     assert w == len("qwen3-next-80b-a3b/shared") and report.label_width([report.BENCH_SHAPES["ort-2048"]]) == 16
     assert report.label_width(shapes, ["routed", "full"]) == len("qwen3-next-80b-a3b/full")
     row, head = report.format_row(p, w), report.table_header(w)
-    assert row.startswith("qwen3-next-80b-a3b/full ") and " fp8 " in row
+    assert row.startswith("qwen3-next-80b-a3b/full ") and " fp8_e4m3    0 " in row
     assert row.index("|") == head.index("|") and len(row) == len(head)
     assert report.format_row(dict(p, variant="routed"), w).startswith("qwen3-next-80b-a3b  ")
     assert report.table_header() == report.table_header(16) and report.table_header(20).startswith("shape" + " " * 16)
@@ -368,21 +381,21 @@ def test_main_on_cpu_with_extensions_and_fp8(monkeypatch, tmp_path, capsys):
     monkeypatch.setitem(report.BENCH_SHAPES, "tiny-next", report.Shape("tiny-next", 64, 32, 8, 2, block_size=32,
                                                                      shared=1, shared_gate=True, router=True))
     path = tmp_path / "b.json"
-    argv = ["--preset", "tiny-next", "--tokens", "1,3", "--bits", "8", "--bits", "fp8", "--bits", "fp8g",
+    argv = ["--preset", "tiny-next", "--tokens", "1,3", "--bits", "8", "--format", "int,fp8_e4m3,fp8_e4m3:0",
             "--dtype", "bfloat16", "--iters", "50", "--warmup", "1", "--json", str(path)]
     assert run.main(argv) == 0
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("tiny-next")]
-    assert len(rows) == 2 * 3 + 2 + 2, out  # int8: 3 variants x 2 T; fp8 and fp8g: routed only
+    assert len(rows) == 2 * 3 + 2 + 2, out  # int8: 3 variants x 2 T; FP8 with block and global scales: routed only
     assert sum(r.startswith("tiny-next/full ") for r in rows) == 2 and not any("ERR" in r or "FAIL" in r for r in rows)
     assert out.count("  target full <= 1.15*(routed + ext bytes/copy): ") == 2 and "ratio " in out
     assert "fp8 target tiny-next bfloat16 fp8 block 32: decode T=1" in out
     assert "fp8 target tiny-next bfloat16 fp8 global: prefill T=4096 time fp8 <= 1.2x int8: not measured" in out
-    assert "[fp8: routed layer only" in out and "10 points, 0 failed; targets " in out
+    assert "[fp8_e4m3: routed layer only" in out and "10 points, 0 failed; targets " in out
     doc = json.loads(path.read_text())
     pts = doc["points"]
     assert {p["variant"] for p in pts} == {"routed", "shared", "full"} and all(p["rel_err"] == 0.0 for p in pts)
-    r, s, f = (next(p for p in pts if p["T"] == 3 and p["variant"] == v and p["bits"] == [8, 8])
+    r, s, f = (next(p for p in pts if p["T"] == 3 and p["variant"] == v and p["format"] == "int")
                for v in ("routed", "shared", "full"))
     isz = 2
     shared, router = report.extension_bytes(report.BENCH_SHAPES["tiny-next"], (8, 8), 32, False, isz, isz)
@@ -392,8 +405,8 @@ def test_main_on_cpu_with_extensions_and_fp8(monkeypatch, tmp_path, capsys):
     assert f["flops"] == r["flops"] + report.ext_flops(3, report.BENCH_SHAPES["tiny-next"], "full")
     assert f["target"]["ext_bytes"] == shared + router and f["target"]["routed_us"] == r["graph_us"]
     assert f["tie_rows_skipped"] >= 0 and "tie_rows_skipped" not in r
-    g = next(p for p in pts if p["bits"] == ["fp8g", "fp8g"] and p["T"] == 1)
-    assert (g["quant"], g["block_size"], g["variant"]) == ("fp8", 0, "routed")
+    g = next(p for p in pts if p["format"] == "fp8_e4m3" and p["block_size"] == 0 and p["T"] == 1)
+    assert (g["bits"], g["variant"]) == ([8, 8], "routed")
     assert g["floor_bytes"] == g["unique_experts"] * (64 * 64 + 4 + 64 * 32 + 4) + 2 * 64 * 2 + 8 * 4
     kinds = [t["kind"] for t in doc["targets"]]
     assert kinds.count("ext") == 2 and kinds.count("fp8_decode") == 2 and kinds.count("fp8_prefill") == 2

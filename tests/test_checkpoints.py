@@ -334,7 +334,7 @@ def _write_fp8(tmp_path, rng, block=32, shared=0, scales="float32"):
 def test_fp8_block_layers_load_as_the_contracts_fp8_experts(tmp_path, rng, shared, scales):
     """float32 scales (Qwen3-FP8, DeepSeek-V3), bfloat16 ones, and DeepSeek-V3.1's e8m0 (``scale_fmt:
     ue8m0``, float8_e8m0fnu bytes): the contract's float32 FP8 block scales, exactly."""
-    from qmoe_rtc.fp8 import dequantize_fp8
+    from qmoe_rtc.formats.fp8 import dequantize_fp8
     from qmoe_rtc.runtime.layer import describe_gpu_layer
 
     dense, names = _write_fp8(tmp_path, rng, shared=shared, scales=scales)

@@ -16,7 +16,7 @@ from safetensors.numpy import save_file
 from qmoe_rtc.checkpoints import load_layer, moe_layers
 from qmoe_rtc.contract import QMoEAttributes, describe_layer
 from qmoe_rtc.errors import QMoEInputError, QMoEUnsupportedError
-from qmoe_rtc.fp4 import dequantize_fp4
+from qmoe_rtc.formats.fp4 import dequantize_fp4
 from qmoe_rtc.reference import qmoe as reference
 
 E, H, I = 4, 64, 32

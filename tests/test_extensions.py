@@ -206,7 +206,7 @@ def test_extension_refusals(rng, what):
 @pytest.mark.parametrize("bs", [0, 16])
 def test_fp8_shared_part_equals_dense_computation(rng, bs):
     """FP8 layers have FP8 shared experts (global scales [S] with block size 0, square blocks else)."""
-    from qmoe_rtc.fp8 import dequantize_fp8
+    from qmoe_rtc.formats.fp8 import dequantize_fp8
 
     w, a = random_layer(rng, E=E, H=H, I=I, k=2, dtype="float32", block_size=bs, format="fp8_e4m3",
                         activation_type="swiglu")

@@ -11,7 +11,7 @@ from test_fp8_engines import _Dev, _fake_cupy
 
 from qmoe_rtc import errors
 from qmoe_rtc.contract import QMoEAttributes, check_content, describe_layer
-from qmoe_rtc.fp4 import decode_e2m1, decode_e8m0, dequantize_fp4, encode_e2m1, engine_scales, quantize_fp4
+from qmoe_rtc.formats.fp4 import decode_e2m1, decode_e8m0, dequantize_fp4, encode_e2m1, engine_scales, quantize_fp4
 from qmoe_rtc.quantize import NVFP4Weights, QuantizedWeights, quantize
 from qmoe_rtc.random_layer import random_inputs, random_layer
 from qmoe_rtc.reference import qmoe as reference
@@ -103,10 +103,11 @@ def test_describe_an_fp4_layer(rng, fmt):
     assert a["quant_type"] == fmt and a["block_size"] == (32 if fmt == "mxfp4" else 16)
     layer = describe_layer(w, QMoEAttributes.from_kwargs(**a))
     for p in layer.projections():
-        assert (p.bits, p.zp_mode, p.quant, p.scale_dtype, p.row_bytes) == (4, "fp4", fmt, "float32", p.K // 2)
+        assert (p.bits, p.zp_mode, p.format, p.scale_dtype, p.row_bytes) == (4, "none", fmt, "float32", p.K // 2)
+        assert p.decode_trait == "fp4"
     assert layer.dtype == "bfloat16"  # from the biases
     lay = layer_config(layer, "bfloat16", layer_scale_dtype(layer)).layout
-    assert (lay.fc1_zp, lay.fc2_zp, lay.fc1_bits, lay.scale_dtype) == ("fp4", "fp4", 4, "float32")
+    assert (lay.fc1_format, lay.fc2_format, lay.fc1_zp, lay.fc1_bits, lay.scale_dtype) == (fmt, fmt, "none", 4, "float32")
     assert "zpE" in lay.name and lay.block_size == a["block_size"]
     check_content(w, layer)
 

@@ -5,7 +5,7 @@ every tensor-core engine (decode mma.sync, prefill mma.sync, prefill wgmma on sm
 float32 on the SIMT engines. FP4 layers hold their codes tiled (the tensor-core layout) by default; the
 ``-contract`` layers are built with ``prepack="off"`` and keep the contract layout. Outputs are NaN-poisoned before each call; a
 graph replay must equal the eager call bitwise. Every e2m1 code and extreme e8m0 scales go through the
-decode: the dequant kernel is checked bit for bit against qmoe_rtc.fp4.
+decode: the dequant kernel is checked bit for bit against qmoe_rtc.formats.fp4.
 """
 
 from __future__ import annotations
@@ -148,14 +148,15 @@ def test_dequant_kernel_fp4_is_bit_exact(rng, fmt, dtype):
     import cupy as cp
     import ml_dtypes
 
-    from qmoe_rtc.fp4 import FP4_BLOCK, decode_e2m1, engine_scales
+    from qmoe_rtc.formats import weight_format
+    from qmoe_rtc.formats.fp4 import decode_e2m1, engine_scales
     from qmoe_rtc.kernels.dequant import dequantize_experts
     from qmoe_rtc.quantize import unpack_codes
 
     np_t = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16),
             "bfloat16": np.dtype(ml_dtypes.bfloat16)}[dtype]
     E, N, K = 3, 40, 256
-    bs = FP4_BLOCK[fmt]
+    bs = weight_format(fmt).scale.block
     packed = rng.integers(0, 256, size=(E, N, K // 2), dtype=np.uint8)
     raw = (rng.integers(127 - 12, 127 - 2, size=(E, N, K // bs), dtype=np.uint8) if fmt == "mxfp4"
            else rng.integers(0x20, 0x50, size=(E, N, K // bs), dtype=np.uint8))
@@ -164,7 +165,7 @@ def test_dequant_kernel_fp4_is_bit_exact(rng, fmt, dtype):
     want = (decode_e2m1(unpack_codes(packed, 4, K)) * np.repeat(s32, bs, axis=2)).astype(np_t)
     out_dt = cp.uint16 if dtype == "bfloat16" else np_t
     out = cp.full((E, N, K), np.array(np.nan, np_t).view(np.uint16) if dtype == "bfloat16" else np.nan, dtype=out_dt)
-    dequantize_experts(cp.asarray(packed), cp.asarray(s32), 4, block_size=bs, dtype=dtype, out=out, fp4=True)
+    dequantize_experts(cp.asarray(packed), cp.asarray(s32), 4, block_size=bs, dtype=dtype, out=out, format=fmt)
     got = cp.asnumpy(out)
     got = got.view(np_t) if dtype == "bfloat16" else got
     assert not np.isnan(got.astype(np.float32)).any(), "unwritten output elements"

@@ -1,5 +1,5 @@
-"""FP8 (float8 e4m3fn) experts on the GPU engines, the CPU/compile tier: the layout ('fp8' zero-point
-mode), the layer's ModelConfig, which engine runs it on which device and why, the scales the upload
+"""FP8 (float8 e4m3fn) experts on the GPU engines, the CPU/compile tier: the layout (format 'fp8_e4m3',
+decode trait 'fp8'), the layer's ModelConfig, which engine runs it on which device and why, the scales the upload
 binds, and NVRTC compiles of every family that claims an FP8 layout (sm_80, sm_89, sm_90). The GPU
 results are tests/test_fp8_gpu.py."""
 
@@ -22,7 +22,8 @@ from qmoe_rtc.runtime.tensors import layer_scale_dtype, upload_projections
 from qmoe_rtc.specialize import CPP_ZP, ZP_MODES, Layout, ModelConfig
 
 L = Layout
-FP8 = dict(fc1_bits=8, fc2_bits=8, fc1_zp="fp8", fc2_zp="fp8")
+FP8 = dict(fc1_bits=8, fc2_bits=8, fc1_format="fp8_e4m3", fc2_format="fp8_e4m3")
+INT8 = dict(fc1_format="int", fc2_format="int")
 
 
 def config(layout, hidden=256, inter=128, experts=8, k=2):
@@ -31,10 +32,11 @@ def config(layout, hidden=256, inter=128, experts=8, k=2):
 
 # ---- the layout ---------------------------------------------------------------------------------------
 
-def test_fp8_is_a_zero_point_mode_of_8_bit_projections():
-    assert "fp8" in ZP_MODES and CPP_ZP["fp8"] == "qmoe::ZP_FP8"
+def test_fp8_is_a_format_of_8_bit_projections_with_its_own_decode_trait():
+    assert "fp8" not in ZP_MODES and CPP_ZP["fp8"] == "qmoe::ZP_FP8"
     lay = L(dtype="float16", scale_dtype="float32", activation="swiglu", swiglu_fusion=1, **FP8)
-    int8 = dataclasses.replace(lay, fc1_zp="none", fc2_zp="none")
+    assert lay.decode_trait("fc1") == lay.decode_trait("fc2") == "fp8" and lay.fc1_zp == "none"
+    int8 = dataclasses.replace(lay, **INT8)
     assert lay != int8 and lay.digest != int8.digest
     assert "fc1-b8-zpF" in lay.name and "fc2-b8-zpF" in lay.name and lay.name != int8.name
     for fam in ("gemv", "gemm", "mma_decode", "mma_prefill", "wgmma_prefill"):
@@ -42,16 +44,19 @@ def test_fp8_is_a_zero_point_mode_of_8_bit_projections():
         assert a != b and a.name != b.name and a.digest != b.digest, fam
     assert template_types(get_family("gemv").spec(config(lay)))["Z1"] == "qmoe::ZP_FP8"
     with pytest.raises(errors.QMoEAttributeError) as ei:
-        L(dtype="float16", fc1_bits=4, fc1_zp="fp8")
+        L(dtype="float16", fc1_bits=4, fc1_format="fp8_e4m3")
     assert ei.value.name == "fc1_bits"
+    with pytest.raises(errors.QMoEAttributeError) as ei:  # e4m3fn has no zero point
+        L(dtype="float16", fc1_bits=8, fc1_format="fp8_e4m3", fc1_zp="packed")
+    assert ei.value.name == "fc1_zp"
 
 
 def test_fp8_square_blocks_may_be_partial_integer_blocks_may_not():
     lay = L(dtype="bfloat16", block_size=64, activation="relu", **FP8)
     assert config(lay, hidden=160, inter=96).layout.aligned  # 160 and 96 are not multiples of 64
     with pytest.raises(errors.QMoEAttributeError, match="block_size"):
-        config(dataclasses.replace(lay, fc1_zp="none", fc2_zp="none"), hidden=160, inter=96)
-    mixed = dataclasses.replace(lay, fc2_bits=4, fc2_zp="none")  # the integer projection keeps its rule
+        config(dataclasses.replace(lay, **INT8), hidden=160, inter=96)
+    mixed = dataclasses.replace(lay, fc2_bits=4, fc2_format="int")  # the integer projection keeps its rule
     assert config(mixed, hidden=160, inter=128).hidden == 160
     with pytest.raises(errors.QMoEAttributeError, match="inter=96"):
         config(mixed, hidden=160, inter=96)
@@ -64,10 +69,12 @@ def test_layer_config_of_an_fp8_layer(rng, bs, sdt):
     H, I = 160, 96
     w, a = random_layer(rng, E=4, H=H, I=I, k=2, block_size=bs, dtype="bfloat16", scale_dtype=sdt, format="fp8_e4m3")
     layer = describe_layer(w, QMoEAttributes.from_kwargs(**a))
-    assert (layer.fc1.zp_mode, layer.fc2.zp_mode, layer.fc1.bits, layer.fc1.row_bytes) == ("fp8", "fp8", 8, H)
+    assert (layer.fc1.zp_mode, layer.fc2.format, layer.fc1.bits, layer.fc1.row_bytes) == ("none", "fp8_e4m3", 8, H)
+    assert layer.fc1.decode_trait == "fp8"
     cfg = layer_config(layer, "bfloat16", layer_scale_dtype(layer))
     lay = cfg.layout
-    assert (lay.fc1_bits, lay.fc2_bits, lay.fc1_zp, lay.fc2_zp, lay.block_size) == (8, 8, "fp8", "fp8", bs)
+    assert (lay.fc1_bits, lay.fc2_bits, lay.fc1_format, lay.fc2_format, lay.block_size) == (8, 8, "fp8_e4m3",
+                                                                                             "fp8_e4m3", bs)
     assert lay.scale_dtype == ("float32" if bs == 0 else sdt) and lay.aligned
     assert layer.fc1.scale_input == ("fc1_global_scale" if bs == 0 else "fc1_scales")
 
@@ -145,7 +152,7 @@ def test_tensor_core_engines_need_sm89_for_fp8(arch, decode, prefill):
 
 
 def test_fp8_sm89_rule_is_only_for_fp8():
-    int8 = config(dataclasses.replace(FP8_F16.layout, fc1_zp="none", fc2_zp="none"), 256, 128, 16, 4)
+    int8 = config(dataclasses.replace(FP8_F16.layout, **INT8), 256, 128, 16, 4)
     assert choose(int8, _problem(int8, 2, "sm_80"), "decode").pipeline.name == "decode-mma"
     assert tensor_core_unsupported(FP8_F16, _problem(FP8_F16, 2, "sm_80"))
     assert tensor_core_unsupported(FP8_F16) is None  # no device: module listing assumes sm_89+

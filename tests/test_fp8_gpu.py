@@ -6,7 +6,7 @@ float16 / bfloat16 on every tensor-core engine (decode mma.sync, prefill mma.syn
 sm_90), float32 and shapes that are not multiples of 32 on the SIMT engines; decode rows 1, 2, 8 and
 prefill rows 64, 512, 4096. Outputs are NaN-poisoned before each call; a graph replay must equal
 the eager call bitwise; a NaN code (0x7F / 0xFF) in one expert gives NaN in exactly the rows routed
-to it. The dequant kernel is checked bit for bit against qmoe_rtc.fp8.
+to it. The dequant kernel is checked bit for bit against qmoe_rtc.formats.fp8.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 from test_executor_gpu import TOL, rel_err, to_dev
 
 from qmoe_rtc import knobs
-from qmoe_rtc.fp8 import decode_e4m3fn, fp8_scale_shape
+from qmoe_rtc.formats.fp8 import decode_e4m3fn, fp8_scale_shape
 from qmoe_rtc.random_layer import random_inputs, random_layer
 from qmoe_rtc.reference import qmoe as reference
 
@@ -236,7 +236,7 @@ def test_float8_arrays_are_read_as_their_codes(rng):
 @pytest.mark.parametrize("bs, scales_in", [(0, "float32"), (128, "float32"), (64, "T"), (16, "T")])
 @pytest.mark.parametrize("E, N, K", [(3, 200, 136), (2, 50, 77)])  # partial blocks; K % 8 != 0
 def test_dequant_kernel_fp8_is_bit_exact(rng, dtype, bs, scales_in, E, N, K):
-    """dequantize_experts(fp8=True) == T(decode_e4m3fn(codes) · scale) for every code (NaN ones too)."""
+    """dequantize_experts(format="fp8_e4m3") == T(decode_e4m3fn(codes) · scale) for every code (NaN ones too)."""
     import cupy as cp
     import ml_dtypes
 
@@ -257,7 +257,7 @@ def test_dequant_kernel_fp8_is_bit_exact(rng, dtype, bs, scales_in, E, N, K):
     sentinel = np.array(12288.0, np_t)  # never a result: |value| <= 448 · 2^-3
     out.fill(sentinel.view(np.uint16) if dtype == "bfloat16" else sentinel)
     s_dev = cp.asarray(scales.view(np.uint16) if sdt == np_t and dtype == "bfloat16" else scales)
-    dequantize_experts(cp.asarray(codes), s_dev, 8, block_size=bs, dtype=dtype, out=out, fp8=True)
+    dequantize_experts(cp.asarray(codes), s_dev, 8, block_size=bs, dtype=dtype, out=out, format="fp8_e4m3")
     got = cp.asnumpy(out)
     got = got.view(np_t) if dtype == "bfloat16" else got
     g32, w32 = got.astype(np.float32), want.astype(np.float32)

@@ -37,6 +37,9 @@ ALTERNATIVES = {
     "fc1_zp": dict(fc1_zp="packed"),
     "fc2_zp": dict(fc2_zp="offset"),
     "fc3_zp": dict(fc3_bits=4, fc3_zp="packed", has_fc3=True, swiglu_fusion=0),
+    "fc1_format": dict(fc1_format="fp8_e4m3", fc1_bits=8),
+    "fc2_format": dict(fc2_format="nvfp4", block_size=16),
+    "fc3_format": dict(fc3_format="fp8_e4m3", fc3_bits=8, has_fc3=True, swiglu_fusion=0),
     "activation": dict(activation="geglu"),
     "swiglu_fusion": dict(swiglu_fusion=2),
     "has_fc3": dict(has_fc3=True, fc3_bits=8, swiglu_fusion=0),
@@ -66,7 +69,9 @@ def test_equal_layouts_equal_identity():
 
 @pytest.mark.parametrize("bad", [
     dict(dtype="float64"), dict(scale_dtype="float16", dtype="bfloat16"), dict(fc1_bits=5), dict(fc2_bits=0),
-    dict(block_size=8), dict(block_size=48), dict(fc1_zp="yes"), dict(activation="tanh"),
+    dict(block_size=8), dict(block_size=48), dict(fc1_zp="yes"), dict(fc1_zp="fp8"), dict(activation="tanh"),
+    dict(fc1_format="fp8"), dict(fc1_format="fp8_e4m3"), dict(fc1_format="mxfp4", scale_dtype="float32"),
+    dict(fc1_format="fp8_e4m3", fc1_bits=8, fc1_zp="packed"), dict(fc3_format="mxfp4"),
     dict(swiglu_fusion=3), dict(swiglu_fusion=1, activation="relu"), dict(fc3_bits=4),
     dict(has_fc3=True, fc3_bits=0), dict(activation="swiglu"), dict(has_fc3=1), dict(aligned=1), dict(tiled=1),
     dict(fc1_bits=True),

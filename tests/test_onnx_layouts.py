@@ -24,7 +24,7 @@ from qmoe_rtc.checkpoints.onnx_layouts import unprepack_sm80  # noqa: E402
 from qmoe_rtc.checkpoints.onnx_nodes import qmoe_nodes  # noqa: E402
 from qmoe_rtc.contract import INPUT_NAMES, QMoEAttributes, describe_layer  # noqa: E402
 from qmoe_rtc.errors import QMoEInputError, QMoEUnsupportedError  # noqa: E402
-from qmoe_rtc.fp4 import dequantize_fp4  # noqa: E402
+from qmoe_rtc.formats.fp4 import dequantize_fp4  # noqa: E402
 from qmoe_rtc.random_layer import random_layer  # noqa: E402
 
 SLOTS = INPUT_NAMES + ("fc1_global_scale", "fc2_global_scale")

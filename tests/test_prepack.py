@@ -277,20 +277,21 @@ def test_layer_config_carries_tiled(rng):
     assert not layer_config(layer, "float16", "float16").layout.tiled
 
 
-@pytest.mark.parametrize("fc1_zp, tiled, want", [("none", True, "qmoe::GATE_FUSED1"), ("packed", True, "qmoe::GATE_FUSED1"),
-                                                 ("fp4", True, "qmoe::GATE_FUSED1"), ("none", False, "qmoe::GATE_FUSED2"),
-                                                 ("fp8", True, "qmoe::GATE_FUSED2"), ("fp8", False, "qmoe::GATE_FUSED2")])
-def test_fusion2_kernels_read_tiled_fc1_as_fusion1(fc1_zp, tiled, want):
+@pytest.mark.parametrize("fmt, fc1_zp, tiled, want", [
+    ("int", "none", True, "qmoe::GATE_FUSED1"), ("int", "packed", True, "qmoe::GATE_FUSED1"),
+    ("mxfp4", "none", True, "qmoe::GATE_FUSED1"), ("int", "none", False, "qmoe::GATE_FUSED2"),
+    ("fp8_e4m3", "none", True, "qmoe::GATE_FUSED2"), ("fp8_e4m3", "none", False, "qmoe::GATE_FUSED2")])
+def test_fusion2_kernels_read_tiled_fc1_as_fusion1(fmt, fc1_zp, tiled, want):
     """The kernels' GATE follows where prepack put FC1's rows (fc1_fusion): tiled integer and FP4 codes of
     swiglu_fusion=2 compile as fusion 1, the contract layout and tiled FP8 codes as fusion 2."""
     from qmoe_rtc.kernels._expert import expert_spec, template_types, tiled_spec
     from qmoe_rtc.prepack import fc1_fusion
 
-    bits = {"fp8": 8, "fp4": 4}.get(fc1_zp, 4)
-    lay = Layout(dtype="bfloat16", scale_dtype="float32" if fc1_zp in ("fp8", "fp4") else "",
-                 fc1_bits=bits, fc2_bits=bits, fc1_zp=fc1_zp, fc2_zp=fc1_zp, block_size=128 if fc1_zp != "fp4" else 32,
+    bits = {"fp8_e4m3": 8}.get(fmt, 4)
+    lay = Layout(dtype="bfloat16", scale_dtype="float32" if fmt != "int" else "", fc1_bits=bits, fc2_bits=bits,
+                 fc1_zp=fc1_zp, fc2_zp=fc1_zp, fc1_format=fmt, fc2_format=fmt, block_size=32 if fmt == "mxfp4" else 128,
                  activation="swiglu", swiglu_fusion=2, tiled=tiled)
     cfg = ModelConfig(hidden=256, inter=256, experts=4, k=2, layout=lay)
     spec = expert_spec("mma_prefill", cfg, **tiled_spec(cfg))
     assert template_types(spec)["GATE"] == want
-    assert (want == "qmoe::GATE_FUSED1") == (tiled and fc1_fusion(2, fc1_zp == "fp8") != 0)
+    assert (want == "qmoe::GATE_FUSED1") == (tiled and fc1_fusion(2, lay.format("fc1").scale.square) != 0)

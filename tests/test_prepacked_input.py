@@ -63,7 +63,7 @@ def test_tiled_weights_is_pack_per_projection_and_unpacks_to_the_contract(rng, n
             codes = w[n].view(np.uint8)
             # FC1's gate / linear rows interleave in tile rows, both fusions' (FP8 fusion 2's rows stay)
             interleaved = a["swiglu_fusion"] if p.name == "fc1" else 0
-            interleaved = 0 if p.quant == "fp8" and interleaved == 2 else interleaved
+            interleaved = 0 if p.weight_format.scale.square and interleaved == 2 else interleaved
             t = tw[n]
             assert t.dtype == np.uint8 and t.shape == tiled_shape(spec.E, p.N, p.K, p.bits), n
             np.testing.assert_array_equal(t, pack(np, codes, p.K, p.bits, interleaved), err_msg=n)

@@ -36,26 +36,26 @@ GATES = ({"activation": "relu"}, {"activation": "swiglu", "swiglu_fusion": 1}, {
 
 
 def _codes():
-    """(bits, zero-point mode, forced block size or None, scale dtype or '') of every code format."""
+    """(bits, weight format, zero-point mode, forced block size or None, scale dtype or '') of every code format."""
     for bits in (1, 2, 3, 4, 8):
         for zp in ("none", "packed"):
-            yield bits, zp, None, ""
-    yield 8, "fp8", None, "float32"  # FP8 (e4m3fn), square blocks
-    yield 4, "fp4", 32, "float32"  # MXFP4
-    yield 4, "fp4", 16, "float32"  # NVFP4
+            yield bits, "int", zp, None, ""
+    yield 8, "fp8_e4m3", "none", None, "float32"  # FP8 (e4m3fn), square blocks
+    yield 4, "mxfp4", "none", 32, "float32"
+    yield 4, "nvfp4", "none", 16, "float32"
 
 
 def layouts() -> list[Layout]:
     """The layout matrix: every code format × block size × activation dtype × gate × tiled or not (the valid ones)."""
     out = []
-    for (bits, zp, forced, sdt), block, dtype, gate, tiled in itertools.product(
+    for (bits, fmt, zp, forced, sdt), block, dtype, gate, tiled in itertools.product(
             _codes(), (0, 16, 32, 64, 128), ("float16", "bfloat16", "float32"), GATES, (False, True)):
         if forced is not None and block != forced:
             continue
-        fc3 = {"fc3_bits": bits, "fc3_zp": zp} if gate.get("has_fc3") else {}
+        fc3 = {"fc3_bits": bits, "fc3_zp": zp, "fc3_format": fmt} if gate.get("has_fc3") else {}
         try:
             out.append(Layout(dtype=dtype, scale_dtype=sdt, fc1_bits=bits, fc2_bits=bits, block_size=block, fc1_zp=zp,
-                              fc2_zp=zp, tiled=tiled, **gate, **fc3))
+                              fc2_zp=zp, fc1_format=fmt, fc2_format=fmt, tiled=tiled, **gate, **fc3))
         except QMoEAttributeError:
             continue  # not a layout (e.g. FP8 codes with an FC3)
     return out

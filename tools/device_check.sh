@@ -112,7 +112,7 @@ if has ext; then  # issue 12's targets: shared experts + router GEMM (routed vs 
     --no-eager --check-rows 4 --json "$OUT/bench_ext.json" 2>&1 | tee "$OUT/bench_ext.txt" | grep -v "^  \["
   stamp "fp8 vs int8"
   timeout "$(left "${FP8_TIMEOUT:-240}")" python3 -m qmoe_rtc bench run --preset "${FP8_SHAPES:-qwen3-30b-a3b}" --dtype bfloat16 \
-    --tokens "${FP8_TOKENS:-1,8,4096}" --bits 8 --bits fp8 --bits fp8g --iters "${ITERS:-50}" --no-torch --no-eager \
+    --tokens "${FP8_TOKENS:-1,8,4096}" --bits 8 --format int,fp8_e4m3,fp8_e4m3:0 --iters "${ITERS:-50}" --no-torch --no-eager \
     --check-rows 4 --json "$OUT/bench_fp8.json" 2>&1 | tee "$OUT/bench_fp8.txt" | grep -v "^  \["
 fi
 

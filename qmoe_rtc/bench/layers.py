@@ -11,18 +11,19 @@ import time
 
 import numpy as np
 
-from .report import Shape, _reason, check_rows, expert_bytes, extension_bytes, fp4_format, is_fp8
+from ..formats.axis import INT, weight_format
+from .report import LayerQuant, Shape, _reason, check_rows, expert_bytes, extension_bytes
 
 __all__ = ["build_layer", "prepare_layer", "uniform_codes", "uniform_scales"]
 
 
 def build_layer(cp, rs, shape: Shape, dtype: str, bits, block_size: int, zero_points: bool, shared: bool = False,
-                codes: str = "quantized", swiglu_fusion: int = 1):
+                codes: str = "quantized", swiglu_fusion: int = 1, format: str = "int"):
     """Random quantized experts on the GPU (drawn and quantized ~32 MiB of floats at a time) with
-    :func:`qmoe_rtc.random_layer.random_layer`: (weights by ORT name, attributes). FP8 (``bits`` fp8/fp8g):
-    e4m3 codes with float32 scales; FP4 (``bits`` mxfp4/nvfp4): e2m1 codes in that format. The shape's router
-    weight [E, H] comes along when it has a router GEMM, its shared experts (and gate) with ``shared`` (int
-    experts only: the FP8 and FP4 points time routed layers).
+    :func:`qmoe_rtc.random_layer.random_layer`: (weights by ORT name, attributes). ``format`` 'fp8_e4m3':
+    e4m3 codes with float32 scales; 'mxfp4' / 'nvfp4': e2m1 codes in that format (``bits`` is then the
+    format's). The shape's router weight [E, H] comes along when it has a router GEMM, its shared experts
+    (and gate) with ``shared`` (int experts only: the FP8 and FP4 points time routed layers).
 
     ``codes="uniform"`` (int experts without zero points): the routed experts' codes drawn uniformly over the
     bit width's range and their scales as (U(0, 1) + 0.5) / (std of those codes · sqrt(K)), as the peers'
@@ -32,17 +33,18 @@ def build_layer(cp, rs, shape: Shape, dtype: str, bits, block_size: int, zero_po
     and linear interleaved) or 2 ([gate | linear] halves, the peers' benchmark's)."""
     from ..random_layer import random_layer
 
-    fp8, fp4 = is_fp8(bits), fp4_format(bits)
-    sh = shared and not (fp8 or fp4)
+    fmt = weight_format(format)
+    float_codes = fmt is not INT
+    sh = shared and not float_codes
     layer = random_layer(rs, E=shape.E, H=shape.H, I=shape.I, k=shape.k,
-                        bits=8 if fp8 else 4 if fp4 else (*bits, bits[0]),
-                        block_size=block_size, zero_points=bool(zero_points) and not (fp8 or fp4), dtype=dtype,
-                        scale_dtype="float32" if fp8 else None, activation_type="swiglu", swiglu_fusion=swiglu_fusion,
-                        normalize_routing_weights=1, format="fp8_e4m3" if fp8 else fp4 or "int",
+                        bits=fmt.bits[0] if float_codes else (*bits, bits[0]),
+                        block_size=block_size, zero_points=bool(zero_points) and not float_codes, dtype=dtype,
+                        scale_dtype="float32" if float_codes else None, activation_type="swiglu",
+                        swiglu_fusion=swiglu_fusion, normalize_routing_weights=1, format=fmt.name,
                         progress=lambda *_: None, shared=shape.shared if sh else 0,
                         shared_gate=sh and shape.shared_gate, router_gemm=shape.router)
     if codes == "uniform":
-        if fp8 or fp4 or zero_points:
+        if float_codes or zero_points:
             raise ValueError("codes='uniform': int experts without zero points only")
         w, a = layer
         for proj, b, k in (("fc1", bits[0], shape.H), ("fc2", bits[1], shape.I)):
@@ -64,9 +66,10 @@ def uniform_scales(cp, rs, like, bits: int, k: int) -> object:
     return ((rs.random_sample(like.shape) + 0.5) / (std * k ** 0.5)).astype(like.dtype)
 
 
-def prepare_layer(cp, rs, args, shape, dtype, bits, bs, variants):
+def prepare_layer(cp, rs, args, shape, dtype, q: LayerQuant, bs, variants):
     """Layers per variant (an error string where one cannot be built), inputs per T (device and host)
-    and the reference rows per variant and T (one reference call per variant over the checked rows)."""
+    and the reference rows per variant and T (one reference call per variant over the checked rows), for
+    the layer quantized as ``q`` with block size ``bs``."""
     from .._arrays import np_dtype
     from ..executor import QMoE
     from ..extensions import EXT_INPUTS
@@ -74,7 +77,8 @@ def prepare_layer(cp, rs, args, shape, dtype, bits, bs, variants):
     from ..reference import router_logits
 
     t0 = time.perf_counter()
-    weights, attrs = build_layer(cp, rs, shape, dtype, bits, bs, args.zero_points, shared=variants != ["routed"])
+    bits, zp = q.bits, args.zero_points and not q.float_codes
+    weights, attrs = build_layer(cp, rs, shape, dtype, bits, bs, zp, shared=variants != ["routed"], format=q.format)
     ext = {n: weights.pop(n) for n in list(weights) if n in EXT_INPUTS}
     per_variant = {"routed": {}, "shared": {n: a for n, a in ext.items() if n.startswith("shared_")}, "full": ext}
     extra = {} if args.decode_max_routes is None else {"decode_max_routes": args.decode_max_routes}
@@ -86,10 +90,10 @@ def prepare_layer(cp, rs, args, shape, dtype, bits, bs, variants):
             layers[v] = "layer: " + _reason(exc)
     isz = np_dtype(dtype).itemsize
     per_expert = sum(int(v.nbytes) for v in weights.values()) // shape.E
-    calc = expert_bytes(shape.H, shape.I, bits, bs, args.zero_points, isz)
+    calc = expert_bytes(shape.H, shape.I, bits, bs, zp, isz, q.format)
     got_ext = (sum(int(a.nbytes) for n, a in ext.items() if n != "router_weight"),
                int(ext["router_weight"].nbytes) if "router_weight" in ext else 0)
-    want_ext = extension_bytes(shape, bits, bs, args.zero_points, isz, isz)
+    want_ext = extension_bytes(shape, bits, bs, zp, isz, isz, q.format)
     if calc != per_expert or (variants != ["routed"] and got_ext != want_ext):
         print(f"  warning: bytes per expert {per_expert}, shared/router {got_ext} (arrays) != {calc}, {want_ext} "
               "(formula)", flush=True)
@@ -118,6 +122,7 @@ def prepare_layer(cp, rs, args, shape, dtype, bits, bs, variants):
         ref = reference(X, None if "router_weight" in hx else L, **host_w, **hx, **attrs)
         refs[v] = dict(zip(inputs, np.split(ref, ends)))
     ext_bytes = {"routed": 0, "shared": want_ext[0], "full": sum(want_ext)}
-    print(f"  [{shape.name} {dtype} bits {','.join(map(str, bits))}: built on GPU in {t1 - t0:.1f} s, CPU "
+    codes = f"bits {','.join(map(str, bits))}" if not q.float_codes else q.format
+    print(f"  [{shape.name} {dtype} {codes} block {bs}: built on GPU in {t1 - t0:.1f} s, CPU "
           f"reference over {len(X)} rows ({'/'.join(refs)}) in {time.perf_counter() - t1:.1f} s]", flush=True)
     return weights, layers, per_expert, ext_bytes, inputs, refs

@@ -7,14 +7,18 @@ import argparse
 import math
 import traceback
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["BENCH_SHAPES", "DEFAULT_PRESETS", "DEFAULT_TOKENS", "FP4_BITS", "FP8_BITS", "TOL", "VARIANTS", "Shape",
-           "block_for", "build_parser", "check_rows", "expert_bytes", "ext_flops", "extension_bytes",
-           "floor_bytes", "flop_count", "format_row", "fp4_format", "is_fp8", "quant_of", "label_width",
-           "layout_problem", "near_tie_rows", "parse_args", "parse_bits", "parse_shape", "rel_err", "row_label",
-           "table_header", "top_k_experts", "variants_for"]
+from ..errors import QMoEAttributeError
+from ..formats.axis import FORMATS, INT, WeightFormat, weight_format
+
+__all__ = ["BENCH_SHAPES", "DEFAULT_PRESETS", "DEFAULT_TOKENS", "TOL", "VARIANTS", "LayerQuant", "Shape",
+           "block_for", "build_parser", "check_rows", "codes_label", "expert_bytes", "ext_flops", "extension_bytes",
+           "floor_bytes", "flop_count", "format_row", "label_width", "layout_problem", "near_tie_rows", "parse_args",
+           "parse_bits", "parse_formats", "parse_shape", "rel_err", "row_label", "table_header", "top_k_experts",
+           "variants_for"]
 
 TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}  # docs/contract.md, "Accuracy"
 DEFAULT_PRESETS = "qwen3-30b-a3b,mixtral-8x7b,gpt-oss-120b,ort-2048"
@@ -22,10 +26,27 @@ DEFAULT_TOKENS = "1,2,4,8,16,32,64"
 #: Layers timed per point of a shape with [ext] parts: routed experts only (logits passed), + the shared
 #: experts (logits passed), the full layer (shared experts + router GEMM, router_probs None).
 VARIANTS = ("routed", "shared", "full")
-#: --bits values for FP8 experts: block scales of the run's block size, or one global scale per expert.
-FP8_BITS = {"fp8": "block", "fp8g": "global"}
-#: --bits values for FP4 experts [ext]: e2m1 codes, by format (its scale block along K).
-FP4_BITS = {"mxfp4": 32, "nvfp4": 16}
+#: --bits spellings of formats before --format existed, refused naming the new spelling.
+_OLD_BITS = {"fp8": "--format fp8_e4m3", "fp8g": "--format fp8_e4m3:0", "mxfp4": "--format mxfp4",
+             "nvfp4": "--format nvfp4"}
+
+
+class LayerQuant(NamedTuple):
+    """How one benchmarked layer is quantized: its weight format (:mod:`qmoe_rtc.formats`), the code widths of
+    FC1 and FC2 (a float format's own) and its block size (None: the shape's; FP4: the format's)."""
+
+    format: str
+    bits: tuple
+    block_size: int | None = None
+
+    @property
+    def fmt(self) -> WeightFormat:
+        return weight_format(self.format)
+
+    @property
+    def float_codes(self) -> bool:
+        """A float format (FP8, FP4): no zero points, routed layers only, no torch baseline."""
+        return self.fmt is not INT
 
 
 @dataclass(frozen=True)
@@ -72,34 +93,38 @@ def parse_shape(text: str) -> Shape:
 
 
 def parse_bits(text: str) -> tuple:
-    """``4`` → (4, 4); ``4,2`` → (fc1 4, fc2 2); ``fp8`` / ``fp8g`` → ('fp8', 'fp8') / ('fp8g', 'fp8g');
-    ``mxfp4`` / ``nvfp4`` → ('mxfp4', 'mxfp4') / ('nvfp4', 'nvfp4')."""
+    """``4`` → (4, 4); ``4,2`` → (fc1 4, fc2 2): integer code widths. A format name there (the spelling before
+    ``--format``) is refused, naming the option that now says it."""
     from ..quantize import SUPPORTED_BITS
 
-    if text.strip() in FP8_BITS or text.strip() in FP4_BITS:
-        return (text.strip(),) * 2
+    if text.strip() in _OLD_BITS:
+        raise argparse.ArgumentTypeError(f"--bits {text.strip()}: --bits takes integer code widths; the weight format "
+                                         f"is {_OLD_BITS[text.strip()]}")
     try:
         b = _ints(text)
     except ValueError:
         b = []
     if len(b) not in (1, 2) or any(x not in SUPPORTED_BITS for x in b):
-        raise argparse.ArgumentTypeError(f"--bits wants b or fc1,fc2 with b in {SUPPORTED_BITS}, or one of "
-                                         f"{', '.join([*FP8_BITS, *FP4_BITS])}; got {text!r}")
+        raise argparse.ArgumentTypeError(f"--bits wants b or fc1,fc2 with b in {SUPPORTED_BITS}; got {text!r} (weight "
+                                         f"formats: --format {','.join(FORMATS)})")
     return (b[0], b[-1])
 
 
-def is_fp8(bits) -> bool:
-    return bits[0] in FP8_BITS
-
-
-def fp4_format(bits) -> str | None:
-    """'mxfp4' / 'nvfp4' for FP4 --bits, else None."""
-    return bits[0] if bits[0] in FP4_BITS else None
-
-
-def quant_of(bits) -> str:
-    """The layer's quant_type for --bits: 'fp8', 'mxfp4', 'nvfp4' or 'int'."""
-    return "fp8" if is_fp8(bits) else fp4_format(bits) or "int"
+def parse_formats(text: str) -> list[tuple[WeightFormat, int | None]]:
+    """``FMT[:BS][,FMT[:BS]...]`` → [(format, block size or None)]: weight formats by their names (typed errors
+    naming ``--format``), each with its own block size where given (``fp8_e4m3:0``: one scale per expert)."""
+    out = []
+    for item in (t.strip() for t in text.split(",")):
+        if not item:
+            continue
+        name, _, bs = item.partition(":")
+        fmt = weight_format(name, "--format")
+        try:
+            block = int(bs) if bs else None
+        except ValueError:
+            raise QMoEAttributeError("--format", "FMT or FMT:BS with BS an integer block size", repr(item)) from None
+        out.append((fmt, None if block is None else fmt.check_block_size(block, f"--format {item}")))
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -116,12 +141,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "given)")
     p.add_argument("--shape", type=parse_shape, action="append", default=[], help="custom H,I,E,k (repeatable)")
     p.add_argument("--tokens", type=_ints, default=_ints(DEFAULT_TOKENS), help=f"comma list (default {DEFAULT_TOKENS})")
+    p.add_argument("--format", default="int",
+                   help=f"comma list of weight formats, from {', '.join(FORMATS)} (default int), each as FMT or FMT:BS "
+                        "with its own block size. fp8_e4m3: FP8 e4m3 experts with float32 block scales of the block "
+                        "size (fp8_e4m3:0, or --block-size 0: one global scale per expert). With int at --bits 8 and "
+                        "fp8_e4m3 at --tokens 1 and 4096 the FP8 targets are reported. mxfp4 / nvfp4: FP4 (e2m1) "
+                        "experts, their block of 32 / 16 (the floor counts the format's bytes: e8m0 / e4m3 scales). "
+                        "The old --bits fp8 / fp8g / mxfp4 / nvfp4 are refused, naming these")
     p.add_argument("--bits", type=parse_bits, action="append",
-                   help="b, or fc1,fc2 (repeatable; default 4); fp8: FP8 e4m3 experts with float32 block scales of "
-                        "the block size (a global scale per expert with --block-size 0); fp8g: FP8 with a global "
-                        "scale per expert. With --bits 8 and fp8/fp8g at --tokens 1 and 4096 the FP8 targets are "
-                        "reported. mxfp4 / nvfp4: FP4 (e2m1) experts, their block of 32 / 16 (the floor counts the "
-                        "format's bytes: e8m0 / e4m3 scales)")
+                   help="integer code widths of --format int: b, or fc1,fc2 (repeatable; default 4)")
     p.add_argument("--block-size", type=int, help="0 (row-wise) or a power of two >= 16 (default 128, gpt-oss 32)")
     p.add_argument("--variants", default=",".join(VARIANTS),
                    help="for shapes with shared experts or a router GEMM, the layers timed per point: routed "
@@ -146,7 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    """Parse and validate; adds ``shapes`` (list of Shape), ``dtypes``; ``bits`` is a list of pairs."""
+    """Parse and validate; adds ``shapes`` (list of Shape), ``dtypes`` and ``layers`` (a :class:`LayerQuant` per
+    layer: every --bits of int, one layer per float format); ``bits`` is a list of pairs."""
     p = build_parser()
     a = p.parse_args(argv)
     names = a.preset if a.preset is not None else ("" if a.shape else DEFAULT_PRESETS)
@@ -162,6 +191,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         if d not in TOL:
             p.error(f"--dtype: {d!r} is not one of {', '.join(TOL)}")
     a.bits = a.bits or [(4, 4)]
+    try:
+        formats = parse_formats(a.format)
+    except QMoEAttributeError as exc:  # a WeightFormatError names the format names
+        p.error(str(exc))
+    if not formats:
+        p.error("--format: at least one weight format")
+    a.layers = list(dict.fromkeys(LayerQuant(f.name, bits, bs) for f, bs in formats
+                                  for bits in (a.bits if f is INT else [(f.bits[0],) * 2])))
     a.variants = [v.strip() for v in a.variants.split(",") if v.strip()]
     if not a.variants or any(v not in VARIANTS for v in a.variants):
         p.error(f"--variants: a comma list of {', '.join(VARIANTS)}, got {','.join(a.variants) or repr('')}")
@@ -177,28 +214,28 @@ def parse_args(argv=None) -> argparse.Namespace:
     return a
 
 
-def block_for(shape: Shape, block_size, bits=None) -> int:
-    """The block size of a layer: --block-size, else the shape's; 0 for FP8 with a global scale (fp8g);
-    FP4: the format's block."""
-    if bits is not None and FP8_BITS.get(bits[0]) == "global":
-        return 0
-    if bits is not None and bits[0] in FP4_BITS:
-        return FP4_BITS[bits[0]]
+def block_for(shape: Shape, block_size, q: LayerQuant | None = None) -> int:
+    """The block size of a layer: its format's own (FP4), else the layer's (``--format FMT:BS``), else
+    --block-size, else the shape's."""
+    if q is not None and q.fmt.scale.block:
+        return q.fmt.scale.block
+    if q is not None and q.block_size is not None:
+        return q.block_size
     return shape.block_size if block_size is None else int(block_size)
 
 
-def variants_for(shape: Shape, bits, wanted) -> list[str]:
-    """The layers timed for ``shape``: 'routed' alone without [ext] parts or with FP8 experts (the FP8
+def variants_for(shape: Shape, q: LayerQuant, wanted) -> list[str]:
+    """The layers timed for ``shape``: 'routed' alone without [ext] parts or with a float format (the FP8
     targets compare routed layers with int8), else the wanted ones it has (no 'shared' without shared
     experts)."""
-    if not shape.has_ext or is_fp8(bits) or fp4_format(bits):
+    if not shape.has_ext or q.float_codes:
         return ["routed"]
     return [v for v in VARIANTS if v in wanted and (v != "shared" or (shape.shared and shape.router))]
 
 
-def layout_problem(shape: Shape, block_size: int, bits=None) -> str | None:
-    """Why this block size cannot quantize this shape (None if it can; FP8 blocks may be partial)."""
-    if bits is not None and is_fp8(bits):
+def layout_problem(shape: Shape, block_size: int, q: LayerQuant | None = None) -> str | None:
+    """Why this block size cannot quantize this shape (None if it can; square FP8 blocks may be partial)."""
+    if q is not None and q.fmt.scale.square:
         return None
     for name, K in (("H", shape.H), ("I", shape.I)):
         if block_size and K % block_size:
@@ -213,14 +250,15 @@ def top_k_experts(logits, k: int) -> np.ndarray:
     return np.argsort(-lg, axis=-1, kind="stable")[:, :k]
 
 
-def _proj_bytes(N: int, K: int, bits, block_size: int, zero_points: bool, scale_itemsize: int) -> int:
-    if bits in FP8_BITS:  # one byte per weight + float32 scales: square blocks, or one per expert
+def _proj_bytes(N: int, K: int, bits, block_size: int, zero_points: bool, scale_itemsize: int,
+                fmt: WeightFormat = INT) -> int:
+    packed = N * ((K * bits + 7) // 8)  # every format packs its codes along K
+    if fmt.scale.square:  # FP8: float32 scales, square blocks or one per expert
         nbn, nbk = (-(-N // block_size), -(-K // block_size)) if block_size else (1, 1)
-        return N * K + nbn * nbk * 4
-    if bits in FP4_BITS:  # the format's bytes: a nibble per weight, a byte per block (NVFP4: + the global)
-        return N * K // 2 + N * (K // FP4_BITS[bits]) + (4 if bits == "nvfp4" else 0)
+        return packed + nbn * nbk * 4
+    if fmt.scale.block:  # the format's scale bytes, one per block of its own (+ a float32 global scale per expert)
+        return packed + N * (K // fmt.scale.block) + (4 if fmt.scale.global_scale else 0)
     nb = K // block_size if block_size else 1
-    packed = N * ((K * bits + 7) // 8)
     scales = N * nb * scale_itemsize
     zp = 0
     if zero_points:  # block-wise: packed along blocks per row; row-wise: packed along N
@@ -228,12 +266,14 @@ def _proj_bytes(N: int, K: int, bits, block_size: int, zero_points: bool, scale_
     return packed + scales + zp
 
 
-def expert_bytes(H: int, I: int, bits, block_size: int, zero_points: bool, scale_itemsize: int) -> int:  # noqa: E741
-    """Bytes of one expert: fused FC1 [2I, H] + FC2 [H, I], packed codes + scales + zero points (FP8:
-    codes + float32 scales, ``scale_itemsize`` unused)."""
+def expert_bytes(H: int, I: int, bits, block_size: int, zero_points: bool, scale_itemsize: int,  # noqa: E741
+                 format: str = "int") -> int:
+    """Bytes of one expert: fused FC1 [2I, H] + FC2 [H, I], packed codes + scales + zero points (a float
+    ``format``: its codes and scale bytes, ``scale_itemsize`` unused)."""
     b1, b2 = bits
-    return (_proj_bytes(2 * I, H, b1, block_size, zero_points, scale_itemsize)
-            + _proj_bytes(H, I, b2, block_size, zero_points, scale_itemsize))
+    fmt = weight_format(format)
+    return (_proj_bytes(2 * I, H, b1, block_size, zero_points, scale_itemsize, fmt)
+            + _proj_bytes(H, I, b2, block_size, zero_points, scale_itemsize, fmt))
 
 
 def floor_bytes(logits, k: int, H: int, per_expert: int, act_itemsize: int) -> tuple[int, int]:
@@ -249,10 +289,10 @@ def flop_count(T: int, k: int, H: int, I: int) -> int:  # noqa: E741
 
 
 def extension_bytes(shape: Shape, bits, block_size: int, zero_points: bool, scale_itemsize: int,
-                    act_itemsize: int) -> tuple[int, int]:
+                    act_itemsize: int, format: str = "int") -> tuple[int, int]:
     """(shared bytes, router bytes) a forward reads beyond the routed experts: every shared expert
     (the routed layout) + the gate weight [H]; the router weight [E, H] (all in the activation dtype)."""
-    shared = shape.shared * expert_bytes(shape.H, shape.I, bits, block_size, zero_points, scale_itemsize)
+    shared = shape.shared * expert_bytes(shape.H, shape.I, bits, block_size, zero_points, scale_itemsize, format)
     shared += shape.H * act_itemsize if shape.shared_gate else 0
     return shared, (shape.E * shape.H * act_itemsize if shape.router else 0)
 
@@ -300,8 +340,16 @@ def label_width(shapes, variants=VARIANTS) -> int:
                        for v in (variants if s.has_ext else ["routed"])])
 
 
+def codes_label(p: dict) -> str:
+    """The codes column of a point: its bits ('4', '4,2') for int codes, else its format's name."""
+    if p.get("format", "int") != "int":
+        return p["format"]
+    b1, b2 = p["bits"]
+    return str(b1) if b1 == b2 else f"{b1},{b2}"
+
+
 def table_header(width: int = 16) -> str:
-    return (f"{'shape':<{width}} {'dtype':<8} {'bits':>4} {'T':>5} | {'graph_us':>9} {'eager_us':>9} "
+    return (f"{'shape':<{width}} {'dtype':<8} {'codes':>8} {'bs':>4} {'T':>5} | {'graph_us':>9} {'eager_us':>9} "
             f"{'torch_us':>9} | {'floor_us':>9} {'MB':>8} {'%floor':>6} | {'rel_err':>8} {'torch_err':>9}")
 
 
@@ -311,8 +359,9 @@ def _f(v, spec: str, width: int) -> str:
 
 def format_row(p: dict, width: int = 16) -> str:
     """One table line of a point dict (keys as in the JSON; missing/None values print as '-')."""
-    b1, b2 = p["bits"]
-    head = f"{row_label(p):<{width}} {p['dtype']:<8} {(str(b1) if b1 == b2 else f'{b1},{b2}'):>4} {p['T']:>5} | "
+    bs = p.get("block_size")
+    head = (f"{row_label(p):<{width}} {p['dtype']:<8} {codes_label(p):>8} {'-' if bs is None else bs:>4} "
+            f"{p['T']:>5} | ")
     if p.get("error"):
         return head + "ERR " + p["error"]
     mb = None if p.get("floor_bytes") is None else p["floor_bytes"] / 1e6

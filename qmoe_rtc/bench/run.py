@@ -1,8 +1,8 @@
 """Benchmark QMoE layers on the GPU: ``python -m qmoe_rtc bench run`` (``bench`` without a subcommand too).
 
-What is measured, per point (shape × dtype × bits × tokens T), on ONE layer built per (shape, dtype,
-bits) on the GPU (random float32 experts ·1/sqrt(K), quantized with :func:`qmoe_rtc.quantize.quantize`
-on CuPy, scales in the activation dtype; swiglu, swiglu_fusion=1, normalize_routing_weights=1):
+What is measured, per point (shape × dtype × layer quantization × tokens T), on ONE layer built per (shape,
+dtype, weight format, bits and block size) on the GPU (random float32 experts ·1/sqrt(K), quantized with
+:func:`qmoe_rtc.quantize.quantize` on CuPy, scales in the activation dtype; swiglu, swiglu_fusion=1, normalize_routing_weights=1):
 
 - **graph_us**: replay of a CUDA graph from ``QMoE.capture`` (what a serving loop would run);
 - **eager_us**: ``moe(x, logits, out=out)`` (Python launch overhead included);
@@ -32,10 +32,12 @@ and ``full`` (+ router GEMM, ``router_probs`` None; rows whose k-th and (k+1)-th
 left out of its check). Their floors add the shared experts' bytes (+ gate) and the router weight's,
 and their FLOPs. Target: full_us <= 1.15·(routed_us + (shared + router bytes) / copy rate).
 
-``--bits fp8`` / ``fp8g``: FP8 e4m3 experts, float32 block scales or one global scale per expert;
-1 byte per weight + scales in the floor. ``--bits mxfp4`` / ``nvfp4``: FP4 e2m1 experts in that format;
-a nibble per weight + a byte per block in the floor (the engines hold float32 block scales).
-Per (shape, dtype), against ``--bits 8`` of the same run: FP8 %floor at 1 token >= 80 % of int8's, FP8
+``--format`` picks the weight formats (:mod:`qmoe_rtc.formats`; ``--bits`` the widths of ``int``):
+``fp8_e4m3``: FP8 e4m3 experts, float32 block scales, or one global scale per expert with block size 0
+(``--format fp8_e4m3:0``); 1 byte per weight + scales in the floor. ``mxfp4`` / ``nvfp4``: FP4 e2m1 experts in
+that format; a nibble per weight + a byte per block in the floor (the engines hold float32 block scales).
+The old ``--bits fp8`` / ``fp8g`` / ``mxfp4`` / ``nvfp4`` are refused with a message naming the new spelling.
+Per (shape, dtype), against int at ``--bits 8`` of the same run: FP8 %floor at 1 token >= 80 % of int8's, FP8
 time at 4096 tokens <= 1.2× int8's. Decode (default shapes, int4): %floor at 1-8 tokens vs the
 shape's target, int2 <= 0.65× int4 at 1 token on mixtral and gpt-oss (``bench/targets.py``). Targets print
 PASS / MISS and go to the JSON's ``targets``; a MISS does not fail the run.
@@ -65,13 +67,10 @@ from .report import (
     floor_bytes,
     flop_count,
     format_row,
-    fp4_format,
-    is_fp8,
     label_width,
     layout_problem,
     near_tie_rows,
     parse_args,
-    quant_of,
     rel_err,
     table_header,
     variants_for,
@@ -227,18 +226,19 @@ def _torch_point(cp, torch, timer, args, p, tw, x, logits, rows, ref, k: int) ->
         print(f"  torch baseline: {p['torch_err']}", flush=True)
 
 
-def bench_layer(cp, torch, timer, ceil, args, shape, dtype, bits, rs, emit) -> None:
-    """Every token count (and variant) of one (shape, dtype, bits) layer; calls ``emit(point)`` per point."""
+def bench_layer(cp, torch, timer, ceil, args, shape, dtype, q, rs, emit) -> None:
+    """Every token count (and variant) of one (shape, dtype) layer quantized as ``q`` (a
+    :class:`~qmoe_rtc.bench.report.LayerQuant`); calls ``emit(point)`` per point."""
     from .._arrays import np_dtype
 
-    bs, float_codes = block_for(shape, args.block_size, bits), is_fp8(bits) or fp4_format(bits) is not None
-    variants = variants_for(shape, bits, args.variants)
-    base = dict(shape=shape.name, H=shape.H, I=shape.I, E=shape.E, k=shape.k, dtype=dtype, bits=list(bits),
-                block_size=bs, zero_points=bool(args.zero_points) and not float_codes, quant=quant_of(bits))
-    problem = layout_problem(shape, bs, bits)
+    bs, float_codes, bits = block_for(shape, args.block_size, q), q.float_codes, q.bits
+    variants = variants_for(shape, q, args.variants)
+    base = dict(shape=shape.name, H=shape.H, I=shape.I, E=shape.E, k=shape.k, dtype=dtype, format=q.format,
+                bits=list(bits), block_size=bs, zero_points=bool(args.zero_points) and not float_codes)
+    problem = layout_problem(shape, bs, q)
     try:
         if not problem:
-            weights, layers, per_expert, ext_bytes, inputs, refs = prepare_layer(cp, rs, args, shape, dtype, bits, bs,
+            weights, layers, per_expert, ext_bytes, inputs, refs = prepare_layer(cp, rs, args, shape, dtype, q, bs,
                                                                             variants)
     except Exception as exc:
         if args.verbose:
@@ -250,10 +250,10 @@ def bench_layer(cp, torch, timer, ceil, args, shape, dtype, bits, rs, emit) -> N
                 emit(dict(base, T=T, variant=v, error=problem))
         return
     if float_codes and shape.has_ext:
-        print(f"  [{quant_of(bits)}: routed layer only]", flush=True)
+        print(f"  [{q.format}: routed layer only]", flush=True)
     tw, terr0 = None, None
     if torch is not None and float_codes:
-        print(f"  torch baseline: not run for {quant_of(bits)} (it runs the same dense dequantized weights as for int "
+        print(f"  torch baseline: not run for {q.format} (it runs the same dense dequantized weights as for int "
               "bits)")
     elif torch is not None:
         try:
@@ -354,7 +354,8 @@ def main(argv=None) -> int:
         failed += bool(p.get("error")) or not p.get("ok", False)
         print(format_row(p, width), flush=True)
         if p.get("target"):
-            targets.append(dict(p["target"], shape=p["shape"], dtype=p["dtype"], bits=p["bits"], T=p["T"]))
+            targets.append(dict(p["target"], shape=p["shape"], dtype=p["dtype"], format=p["format"], bits=p["bits"],
+                                T=p["T"]))
             print(format_target(p["target"]), flush=True)
         if p.get("host_us") is not None:
             print(f"  host time per call: {p['host_us']:.1f} us with out= (p90 {p['host_p90_us']:.1f}), "
@@ -371,10 +372,10 @@ def main(argv=None) -> int:
 
     for i, shape in enumerate(args.shapes):
         for dtype in args.dtypes:
-            for bits in args.bits:
+            for q in args.layers:
                 rs = cp.random.RandomState(args.seed + 1000 * i)
                 try:
-                    bench_layer(cp, torch, timer, ceil, args, shape, dtype, bits, rs, emit)
+                    bench_layer(cp, torch, timer, ceil, args, shape, dtype, q, rs, emit)
                 finally:
                     cp.get_default_memory_pool().free_all_blocks()
                     if torch is not None:

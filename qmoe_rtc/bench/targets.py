@@ -5,7 +5,8 @@ floor, int2 against int4. Each target is a dict with ``ok`` True
 
 from __future__ import annotations
 
-from .report import BENCH_SHAPES, is_fp8
+from ..formats.axis import FP8_E4M3, INT
+from .report import BENCH_SHAPES
 
 __all__ = ["DECODE_PCT", "DECODE_T", "EXT_FACTOR", "INT2_FACTOR", "decode_targets", "ext_target", "format_target",
            "fp8_targets"]
@@ -33,9 +34,15 @@ def ext_target(routed_us: float, full_us: float, ext_bytes: int, copy_GBps: floa
                 bound_us=bound, ratio=full_us / bound, ok=full_us <= bound)
 
 
+def _format_of(p: dict) -> str:
+    """A point's weight format ('int' for points written before the bench had --format)."""
+    return p.get("format", INT.name)
+
+
 def _pick(points, T: int, fp8: bool, block_size=None):
     for p in points:
-        if (p["T"] == T and is_fp8(p["bits"]) == fp8 and (fp8 or tuple(p["bits"]) == (8, 8))
+        is_fp8 = _format_of(p) == FP8_E4M3.name
+        if (p["T"] == T and is_fp8 == fp8 and (fp8 or (_format_of(p) == INT.name and tuple(p["bits"]) == (8, 8)))
                 and p.get("variant", "routed") == "routed" and not p.get("error") and p.get("graph_us")
                 and (block_size is None or p["block_size"] == block_size)):
             return p
@@ -47,7 +54,7 @@ def fp8_targets(points) -> list[dict]:
     FP8_DECODE_T tokens (FP8 %floor >= FP8_DECODE_SHARE of int8's) and prefill at FP8_PREFILL_T
     (FP8 time <= FP8_PREFILL_FACTOR x int8's); ok None where a point is missing."""
     out = []
-    forms = sorted({p["block_size"] for p in points if is_fp8(p["bits"])})
+    forms = sorted({p["block_size"] for p in points if _format_of(p) == FP8_E4M3.name})
     for bs in forms:
         base = dict(shape=points[0]["shape"], dtype=points[0]["dtype"], scales=f"block {bs}" if bs else "global",
                     block_size=bs)
@@ -87,14 +94,15 @@ def format_target(t: dict) -> str:
     else:
         what = f"prefill T={t['T']} time fp8 <= {t['want']}x int8"
         nums = f"{t['fp8']:.1f} vs {t['int8']:.1f} us = {t['ratio']:.2f}x " if t["ok"] is not None else ""
-    need = "" if t["ok"] is not None else f" (needs --bits 8 and the fp8 form at --tokens {t['T']})"
+    need = "" if t["ok"] is not None else (f" (needs --format int,fp8_e4m3 with --bits 8 and the fp8 form at --tokens "
+                                           f"{t['T']})")
     return f"{head}{what}: {nums}{_verdict(t['ok'])}{need}"
 
 
 def _routed(points, T: int, bits: tuple, block_size: int):
     for p in points:
-        if (p["T"] == T and tuple(p["bits"]) == bits and p.get("variant", "routed") == "routed" and not p.get("error")
-                and p.get("graph_us") and p["block_size"] == block_size):
+        if (p["T"] == T and _format_of(p) == INT.name and tuple(p["bits"]) == bits and not p.get("error")
+                and p.get("variant", "routed") == "routed" and p.get("graph_us") and p["block_size"] == block_size):
             return p
     return None
 

@@ -14,6 +14,7 @@ import sys
 
 from ..cli_args import csv
 from ..errors import QMoEError
+from ..formats.axis import format_of_quant_type
 
 
 class _Bar:
@@ -59,9 +60,9 @@ def describe(got) -> str:
     router = "router [E, H]" if got.router_weight is not None else "no router"
     if got.router_bias is not None:
         router += " + bias [E]"
-    qt = at.get("quant_type", "int")
-    codes = f"int{at['expert_weight_bits']}" if qt == "int" else qt  # fp8 / mxfp4 / nvfp4: no zero points
-    zp = "" if qt != "int" else " zero points" if "fc1_zero_points" in w or "fc2_zero_points" in w else " symmetric"
+    fmt = format_of_quant_type(at.get("quant_type", "int"))
+    codes = f"int{at['expert_weight_bits']}" if fmt.name == "int" else fmt.name  # float formats: no zero points
+    zp = "" if fmt.name != "int" else " zero points" if "fc1_zero_points" in w or "fc2_zero_points" in w else " symmetric"
     shared = w.get("shared_fc1_experts_weights")
     extra = f", {shared.shape[0]} shared expert{'s' if shared.shape[0] > 1 else ''}" if shared is not None else ""
     if "shared_gate_weight" in w:

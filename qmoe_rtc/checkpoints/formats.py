@@ -53,7 +53,7 @@ NVFP4 (NVIDIA ModelOpt, ``quant_method: modelopt``, ``quant_algo: NVFP4``, group
     input_scale     [] float32                 the activation scale of W4A4 inference: not read (the layer is
                                                weight-only, its activations stay 16/32-bit)
 
-the contract's NVFP4 experts (:mod:`qmoe_rtc.fp4`): the codes and scale bytes carry over as they are,
+the contract's NVFP4 experts (:mod:`qmoe_rtc.formats.fp4`): the codes and scale bytes carry over as they are,
 the global scale into ``fc*_global_scale`` (``Quantized.global_scale``, one per row).
 """
 
@@ -208,7 +208,7 @@ def fp8_blocks(get, prefix: str, block: int, K: int, N: int) -> Quantized:
     if tuple(s.shape) != want or not (_is_float(s) or dtype_name(s) == "float8_e8m0fnu"):
         raise QMoEInputError(sn, f"float32, bfloat16, float16 or float8_e8m0fnu {list(want)}", f"{s.dtype} {list(s.shape)}")
     if dtype_name(s) == "float8_e8m0fnu":  # ue8m0 block scales: 2^(s − 127), exact in float32
-        from ..fp4 import check_fp4_scales, decode_e8m0
+        from ..formats.fp4 import check_fp4_scales, decode_e8m0
 
         b = np.ascontiguousarray(s).view(np.uint8)
         check_fp4_scales("mxfp4", b, name=sn)  # 255 is NaN
@@ -219,7 +219,7 @@ def fp8_blocks(get, prefix: str, block: int, K: int, N: int) -> Quantized:
 def nvfp4(get, prefix: str, K: int, N: int) -> Quantized:
     """The ModelOpt NVFP4 tensors ``prefix.weight`` / ``weight_scale`` / ``weight_scale_2`` of a [N, K]
     projection (``input_scale`` is not read: module docstring)."""
-    from ..fp4 import check_fp4_scales
+    from ..formats.fp4 import check_fp4_scales
 
     name = f"{prefix}.weight"
     if K % 16:

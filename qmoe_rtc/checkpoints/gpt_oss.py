@@ -11,7 +11,7 @@ Hugging Face stores them): every expert of a layer in one fused tensor per proje
     experts.down_proj_bias       [E, H] bfloat16
     router.weight [E, H], router.bias [E]
 
-That is the contract's MXFP4 layout (:mod:`qmoe_rtc.fp4`) already: a row's blocks of 16 bytes laid end
+That is the contract's MXFP4 layout (:mod:`qmoe_rtc.formats.fp4`) already: a row's blocks of 16 bytes laid end
 to end are its K/2 code bytes, so FC1 is ``gate_up_proj_blocks`` reshaped to [E, 2I, H/2] with its
 scales and bias as they are, the interleaved gate/linear rows being ``swiglu_fusion=1``; FC2 the same
 from ``down_proj``. gpt-oss's activation ``glu · sigmoid(1.702 · glu) · (linear + 1)`` with glu clamped
@@ -27,7 +27,8 @@ import numpy as np
 
 from .._arrays import dtype_name
 from ..errors import QMoEInputError, QMoEUnsupportedError
-from ..fp4 import check_fp4_scales
+from ..formats.axis import MXFP4
+from ..formats.fp4 import check_fp4_scales
 from ..specialize.vocab import DTYPES as FLOAT_DTYPES
 from .loaded import LoadedLayer
 from .model_config import MoeConfig
@@ -62,7 +63,7 @@ def _codes(ckpt: Checkpoint, name: str, E: int | None, N: int | None, K: int | N
     if dtype_name(s) not in ("uint8", "float8_e8m0fnu") or tuple(int(d) for d in s.shape) != want:
         raise QMoEInputError(sn, f"uint8 {list(want)} (e8m0 scales, one per block of 32)", _shape(s))
     s = np.ascontiguousarray(s).view(np.uint8)
-    check_fp4_scales("mxfp4", s, name=sn)
+    check_fp4_scales(MXFP4, s, name=sn)
     return np.ascontiguousarray(b).reshape(E, N, K // 2), s, E, N, K
 
 
@@ -105,9 +106,9 @@ def load_gpt_oss(ckpt: Checkpoint, layer: int, block: str, cfg: MoeConfig, progr
     limit = ckpt.config.get("swiglu_limit", LIMIT)  # gpt-oss's configs before it was a field: its constant 7
     if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit > 0:
         raise QMoEInputError("config.json swiglu_limit", "a positive number", repr(limit))
-    attrs = dict(k=cfg.k, quant_type="mxfp4", block_size=32, expert_weight_bits=4, activation_type="swiglu",
-                 swiglu_fusion=1, activation_alpha=ALPHA, activation_beta=1.0, swiglu_limit=float(limit),
-                 normalize_routing_weights=cfg.normalize)
+    attrs = dict(k=cfg.k, quant_type=MXFP4.quant_type, block_size=MXFP4.scale.block, expert_weight_bits=4,
+                 activation_type="swiglu", swiglu_fusion=1, activation_alpha=ALPHA, activation_beta=1.0,
+                 swiglu_limit=float(limit), normalize_routing_weights=cfg.normalize)
     src = {f"fc1_{t}": f"{p}.experts.gate_up_proj_{n}" for t, n in (("experts_weights", "blocks"),
                                                                      ("scales", "scales"), ("experts_bias", "bias"))}
     src.update({f"fc2_{t}": f"{p}.experts.down_proj_{n}" for t, n in (("experts_weights", "blocks"),

@@ -25,8 +25,9 @@ import json
 import numpy as np
 
 from .._arrays import dtype_name
-from ..bit_codes import pack_codes
 from ..errors import QMoEInputError, QMoEUnsupportedError
+from ..formats.axis import weight_format
+from ..formats.int_codes import pack_codes
 from ..specialize.vocab import DTYPES as FLOAT_DTYPES
 from . import formats
 from .gpt_oss import load_gpt_oss
@@ -87,8 +88,9 @@ def _version(v) -> tuple:
 
 
 def _format(ckpt: Checkpoint) -> dict:
-    """The checkpoint's format from config.json's quantization_config: method, bits, group, and GPTQ's
-    version or compressed-tensors' symmetry. Bits and group must be there (no default is assumed)."""
+    """The checkpoint's format from config.json's quantization_config: method, bits, group, the weight
+    format of the contract's experts when not 'int' (:mod:`qmoe_rtc.formats`), and GPTQ's version or
+    compressed-tensors' symmetry. Bits and group must be there (no default is assumed)."""
     q = ckpt.quantization
     method = q.get("quant_method")
     where = "config.json quantization_config"
@@ -119,7 +121,7 @@ def _format(ckpt: Checkpoint) -> dict:
         sf = q.get("scale_fmt")
         if sf not in (None, "ue8m0", "float32", "fp32"):
             raise QMoEUnsupportedError(f"{where}.scale_fmt {sf!r}: float or ue8m0 block scales are read")
-        return dict(method=method, bits=8, group=int(bs[0]))
+        return dict(method=method, format="fp8_e4m3", bits=8, group=int(bs[0]))
     if method is None:
         raise QMoEInputError(f"{where}.quant_method", "a quantized checkpoint (GPTQ, AWQ, compressed-tensors, FP8, "
                              "MXFP4 or NVFP4)", "no quantization_config in config.json" if not q else "missing")
@@ -156,7 +158,7 @@ def _fp4_format(q: dict) -> dict:
     """gpt-oss's MXFP4 (``mxfp4``: the fused experts :mod:`qmoe_rtc.checkpoints.gpt_oss` reads) or NVIDIA
     ModelOpt's NVFP4 (``modelopt`` with ``quant_algo: NVFP4``, blocks of 16: :func:`formats.nvfp4`)."""
     if q["quant_method"] == "mxfp4":
-        return dict(method="mxfp4", bits=4, group=32)
+        return dict(method="mxfp4", format="mxfp4", bits=4, group=32)
     if str(q.get("quant_algo", "")).upper() != "NVFP4":
         raise QMoEUnsupportedError(f"ModelOpt quant_algo {q.get('quant_algo')!r}: NVFP4 checkpoints are read "
                                    "(FP8, INT4 AWQ and mixed-precision ModelOpt exports are not)")
@@ -167,7 +169,7 @@ def _fp4_format(q: dict) -> dict:
     if int(group) != 16:
         raise QMoEUnsupportedError(f"ModelOpt NVFP4 with group_size {group}: blocks of 16 codes (one e4m3 scale "
                                    "each, the contract's NVFP4) are read")
-    return dict(method="modelopt", bits=4, group=16)
+    return dict(method="modelopt", format="nvfp4", bits=4, group=16)
 
 
 def _projection(read, fmt: dict, prefix: str, K: int, N: int) -> formats.Quantized:
@@ -239,8 +241,8 @@ def _load(ckpt: Checkpoint, layer: int, scheme: str | None, progress) -> LoadedL
                                                          sdt if dtype_name(sdt) in FLOAT_DTYPES else np.float32)
     attrs = dict(k=cfg.k, activation_type="swiglu", swiglu_fusion=2, expert_weight_bits=bits, block_size=max(group, 0),
                  normalize_routing_weights=cfg.normalize)
-    if fmt["method"] in ("fp8", "modelopt"):
-        attrs["quant_type"] = "fp8" if fmt["method"] == "fp8" else "nvfp4"
+    if fmt.get("format", "int") != "int":  # FP8 / NVFP4 experts: their format's quant_type
+        attrs["quant_type"] = weight_format(fmt["format"]).quant_type
     rw = next((read(f"{r}.weight") for r in names.routers if ckpt.has(f"{r}.weight")), None)
     up, down = names.projections[1:]
     src = {"fc1_experts_weights": f"{names.block}.experts.*.{{{gate},{up}}}",

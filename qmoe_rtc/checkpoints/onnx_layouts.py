@@ -27,6 +27,7 @@ import numpy as np
 
 from .._arrays import shape_str
 from ..errors import QMoEAttributeError, QMoEInputError, QMoEUnsupportedError
+from ..formats.axis import MXFP4, NVFP4
 
 __all__ = ["ACT_SCALE_INPUTS", "INT_LAYOUTS", "to_contract", "unprepack_sm80"]
 
@@ -36,7 +37,8 @@ ACT_SCALE_INPUTS = ("fc1_act_scale", "fc2_act_scale", "fc1_act_block_scale", "fc
 INT_LAYOUTS = ("auto", "raw", "cuda")
 #: Attributes ONNX Runtime has and the contract does not: read here, not passed on.
 _LAYOUT_ATTRS = ("weights_prepacked", "accuracy_level")
-_FP4 = {"fp4": 32, "nvfp4": 16}
+#: ONNX Runtime's FP4 quant_type values and the weight formats they are (its "fp4" is MXFP4).
+_FP4 = {"fp4": MXFP4, "nvfp4": NVFP4}
 #: The SM80 packer's row order inside one MMA tile of K rows (16-bit activations), by code width.
 _ROW_PERMUTATION = {
     4: (0, 1, 8, 9, 16, 17, 24, 25, 2, 3, 10, 11, 18, 19, 26, 27,
@@ -148,8 +150,8 @@ def _fp4_to_contract(label: str, qt: str, prepacked: int, w: dict, attrs: dict) 
         if qt == "fp4":
             w[f"{p}_scales"] = _fold_pow2(label, f"{p}_global_scale", np.asarray(s), g)
             del w[f"{p}_global_scale"]
-    attrs["quant_type"] = "mxfp4" if qt == "fp4" else "nvfp4"
-    attrs["block_size"] = _FP4[qt]
+    attrs["quant_type"] = _FP4[qt].quant_type  # the contract's spelling of the format
+    attrs["block_size"] = _FP4[qt].scale.block
     return f"{qt}: N-packed codes transposed" if not (qt == "nvfp4" and prepacked == 1) else "nvfp4: K-packed"
 
 

@@ -9,9 +9,12 @@ from ..prepack import fc1_fusion
 from ..specialize import CPP_ACT, CPP_GATE, CPP_TYPES, CPP_ZP, ModelConfig, ModuleSpec
 from .arch import FP8_MIN_CC
 
-#: Layout fields that shape the expert kernels.
+#: Layout fields that shape the expert kernels. A projection's format and zero-point mode reach the code as one
+#: decode trait (Layout.decode_trait), the module spec's ``fcN_zp`` parameter: see :func:`expert_spec`.
 EXPERT_FIELDS = ("dtype", "scale_dtype", "fc1_bits", "fc2_bits", "fc3_bits", "block_size", "fc1_zp", "fc2_zp",
-                 "fc3_zp", "activation", "swiglu_fusion", "has_fc3", "aligned")
+                 "fc3_zp", "fc1_format", "fc2_format", "fc3_format", "activation", "swiglu_fusion", "has_fc3", "aligned")
+#: The projections' format fields, which the spec folds into their ``fcN_zp`` decode traits.
+_FORMAT_FIELDS = ("fc1_format", "fc2_format", "fc3_format")
 
 # The argument structs of the expert kernels mirror cuda_src/core/args.cuh member by member (checked by
 # tests/test_kernel_args.py). Values bind to the leaf names, so structs change no caller.
@@ -25,10 +28,15 @@ ROUTE_GROUPS_ARG = Struct("rg", "RouteGroups", (Ptr("sorted", "int32"), Ptr("off
 
 
 def expert_spec(family: str, config: ModelConfig, **extra) -> ModuleSpec:
-    """The module spec of an expert family: every EXPERT_FIELDS value of the layout, plus ``extra``
-    (the tensor-core families add ``tiled=True`` for a layer whose codes are tiled: :func:`tiled_spec`)."""
+    """The module spec of an expert family: every EXPERT_FIELDS value of the layout, but each projection's format
+    and zero-point mode as one parameter ``fcN_zp`` holding their device decode trait (a key of ``CPP_ZP``: the
+    ``Z1`` / ``Z2`` / ``Z3`` template argument; MXFP4 and NVFP4 share one, their block sizes differ), plus ``extra`` (the
+    tensor-core families add ``tiled=True`` for a layer whose codes are tiled: :func:`tiled_spec`)."""
     layout = getattr(config, "layout", config)
-    return ModuleSpec.make(family, **{f: getattr(layout, f) for f in EXPERT_FIELDS}, **extra)
+    params = {f: getattr(layout, f) for f in EXPERT_FIELDS if f not in _FORMAT_FIELDS}
+    params.update({f"{p}_zp": layout.decode_trait(p) if p in layout.projections else "none"
+                   for p in ("fc1", "fc2", "fc3")})
+    return ModuleSpec.make(family, **params, **extra)
 
 
 def tiled_spec(config: ModelConfig) -> dict:
@@ -39,7 +47,7 @@ def tiled_spec(config: ModelConfig) -> dict:
 
 def tiled_meta(spec: ModuleSpec) -> bool:
     """Whether the module reads scales and zero points as tiled meta records (:func:`qmoe_rtc.prepack.pack_meta`):
-    tiled integer codes (FP8 scales keep their contract layout)."""
+    tiled integer and FP4 codes (FP8's square scale blocks keep their contract layout)."""
     return bool(spec.get("tiled")) and "fp8" not in (spec["fc1_zp"], spec["fc2_zp"], spec["fc3_zp"])
 
 
@@ -139,7 +147,7 @@ def tensor_core_unsupported(config: ModelConfig, problem=None) -> str | None:
     if not layout.aligned:
         hidden, inter = getattr(config, "hidden", "?"), getattr(config, "inter", "?")
         return f"hidden_size {hidden} / inter_size {inter} not multiples of 32"
-    if "fp8" in [layout.zp(p) for p in layout.projections] and problem is not None and not problem.device.fp8_mma:
+    if "fp8" in [layout.decode_trait(p) for p in layout.projections] and problem is not None and not problem.device.fp8_mma:
         return (f"FP8 (e4m3fn) weights need sm_{FP8_MIN_CC}+ for the tensor-core engines' e4m3 conversion "
                 f"(this device: {problem.arch}); the SIMT engines decode them in software")
     return None

@@ -1,8 +1,9 @@
 """Kernel family ``dequant``: packed expert weights -> dense [E, N, K] in T.
 
 Template: ``cuda_src/engines/dequant_expert.cuh``, ``qmoe::dequant_expert<T, ScaleT, BITS, BLOCK, ZP>``.
-One module per distinct projection quantization (bits, zero-point mode; 'fp8' for float8 e4m3fn
-codes) of a layer; used by tests and as a fallback path.
+One module per distinct projection quantization (bits, block size and decode trait: the projection's
+weight format and zero-point mode folded into one, the ``ZP`` template argument) of a layer; used by tests
+and as a fallback path.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from typing import Any
 
 from .._arrays import dtype_name
 from ..errors import QMoEAttributeError, QMoEInputError
+from ..formats.axis import INT, weight_format
 from ..jit import KernelDef, Launch, Ptr, Scalar
-from ..specialize import BITS, CPP_TYPES, CPP_ZP, ZP_MODES, Layout, ModuleSpec
+from ..specialize import BITS, CPP_TYPES, CPP_ZP, DECODE_TRAITS, Layout, ModuleSpec
 from .base import KernelFamily, register
 
 __all__ = ["DequantFamily", "dequant_spec", "dequantize_experts"]
@@ -22,13 +24,15 @@ THREADS = 256
 
 
 def dequant_spec(dtype: str, bits: int, block_size: int = 0, zp: str = "none", scale_dtype: str = "",
-                 threads: int = THREADS) -> ModuleSpec:
-    """The spec of one dequant module (validated through Layout's rules)."""
-    lay = Layout(dtype=dtype, scale_dtype=scale_dtype, fc1_bits=bits, fc1_zp=zp, block_size=block_size)
+                 threads: int = THREADS, format: str = "int") -> ModuleSpec:
+    """The spec of one dequant module of ``format`` codes with zero-point mode ``zp`` (validated through
+    Layout's rules); its ``zp`` parameter is their decode trait (``Layout.decode_trait``)."""
+    lay = Layout(dtype=dtype, scale_dtype=scale_dtype, fc1_bits=bits, fc1_zp=zp, fc1_format=format,
+                 block_size=block_size)
     if not (type(threads) is int and 32 <= threads <= 1024 and threads % 32 == 0):
         raise QMoEAttributeError("threads", "a multiple of 32 in [32, 1024]", repr(threads))
     return ModuleSpec.make("dequant", dtype=lay.dtype, scale_dtype=lay.scale_dtype, bits=bits,
-                           block_size=lay.block_size, zp=zp, threads=threads)
+                           block_size=lay.block_size, zp=lay.decode_trait("fc1"), threads=threads)
 
 
 @register
@@ -36,22 +40,22 @@ class DequantFamily(KernelFamily):
     name = "dequant"
     header = "engines/dequant_expert.cuh"
     depends_on = ("dtype", "scale_dtype", "fc1_bits", "fc2_bits", "fc3_bits", "fc1_zp", "fc2_zp", "fc3_zp",
-                  "has_fc3", "block_size")
+                  "fc1_format", "fc2_format", "fc3_format", "has_fc3", "block_size")
 
     def specs(self, config: Any) -> list[ModuleSpec]:
         layout = getattr(config, "layout", config)
         out: dict[ModuleSpec, None] = {}
         for p in layout.projections:
             out.setdefault(dequant_spec(layout.dtype, layout.bits(p), layout.block_size, layout.zp(p),
-                                        layout.scale_dtype), None)
+                                        layout.scale_dtype, format=layout.format(p).name), None)
         return list(out)
 
     def spec(self, config: Any) -> ModuleSpec:
         return self.specs(config)[0]
 
     def kernels(self, spec: ModuleSpec) -> tuple[KernelDef, ...]:
-        if spec["bits"] not in BITS or spec["zp"] not in ZP_MODES:
-            raise QMoEAttributeError("dequant spec", f"bits in {BITS}, zp in {ZP_MODES}", f"{spec.params}")
+        if spec["bits"] not in BITS or spec["zp"] not in DECODE_TRAITS:
+            raise QMoEAttributeError("dequant spec", f"bits in {BITS}, zp in {DECODE_TRAITS}", f"{spec.params}")
         t, s = CPP_TYPES[spec["dtype"]], CPP_TYPES[spec["scale_dtype"]]
         expr = f"qmoe::dequant_expert<{t}, {s}, {spec['bits']}, {spec['block_size']}, {CPP_ZP[spec['zp']]}>"
         args = (
@@ -75,27 +79,26 @@ class DequantFamily(KernelFamily):
 
 def dequantize_experts(w, scales, bits: int, *, zero_points=None, zero_point_offset: float | None = None,
                        block_size: int = 0, K: int | None = None, dtype: str = "float16", out=None,
-                       stream=None, threads: int = 256, fp8: bool = False, fp4: bool = False):
+                       stream=None, threads: int = 256, format: str = "int"):
     """Dequantize ``w`` [E, N, ceil(K*b/8)] uint8 (CuPy) to ``out`` [E, N, K] in ``dtype``.
 
     zero-point mode: 'packed' with ``zero_points``, 'offset' with ``zero_point_offset``, else 'none'.
     ``K`` defaults to the largest K the packed row length allows (exact for K*b % 8 == 0).
     A bfloat16 ``out`` may be a uint16 CuPy array (bit pattern).
-    ``fp8``: ``w`` holds float8 e4m3fn codes [E, N, K] (bits 8, no zero points) and ``scales`` is the
-    per-expert scale [E] (block_size 0) or square blocks [E, ceil(N/bs), ceil(K/bs)] (qmoe_rtc.fp8).
-    ``fp4``: ``w`` holds e2m1 codes [E, N, K/2] (bits 4, no zero points) and ``scales`` the float32
-    block scales [E, N, K/bs] the engines read (:func:`qmoe_rtc.fp4.engine_scales`).
+    ``format`` (:mod:`qmoe_rtc.formats`): 'fp8_e4m3': ``w`` holds float8 e4m3fn codes [E, N, K] (bits 8, no zero
+    points) and ``scales`` is the per-expert scale [E] (block_size 0) or square blocks [E, ceil(N/bs), ceil(K/bs)]
+    (:mod:`qmoe_rtc.formats.fp8`). 'mxfp4' / 'nvfp4': ``w`` holds e2m1 codes [E, N, K/2] (bits 4, no zero points)
+    and ``scales`` the float32 block scales [E, N, K/bs] the engines read (:func:`qmoe_rtc.formats.fp4.engine_scales`).
     """
-    if fp4 and (bits != 4 or zero_points is not None or zero_point_offset is not None or not block_size):
-        raise QMoEInputError("bits", "4, no zero points and a block_size with fp4=True (e2m1 codes, block scales)",
-                             f"bits={bits}, block_size={block_size}, zero points "
-                             f"{'given' if zero_points is not None or zero_point_offset is not None else 'none'}")
-    if fp8:
-        if bits != 8:
-            raise QMoEInputError("bits", "8 for float8 e4m3fn codes (fp8=True)", repr(bits))
+    fmt = weight_format(format)
+    if fmt is not INT:
+        fmt.check_bits(bits, "bits")
         if zero_points is not None or zero_point_offset is not None:
-            raise QMoEInputError("zero_points", "none with fp8=True (e4m3fn has no zero point)", "given")
-        return _dequantize_fp8(w, scales, block_size, dtype, out, stream, threads)
+            raise QMoEInputError("zero_points", f"none with format={fmt.name!r} ({fmt.summary}: no zero point)", "given")
+        if fmt.scale.square:
+            return _dequantize_square(fmt, w, scales, block_size, dtype, out, stream, threads)
+        if not block_size:
+            raise QMoEInputError("block_size", f"{fmt.scale.block} with format={fmt.name!r} (its scale block)", "0")
     if w.ndim != 3:
         raise QMoEInputError("w", "[E, N, ceil(K*b/8)] uint8", f"rank {w.ndim}")
     E, N, row_bytes = (int(d) for d in w.shape)
@@ -106,9 +109,8 @@ def dequantize_experts(w, scales, bits: int, *, zero_points=None, zero_point_off
     if zero_points is not None and zero_point_offset is not None:
         raise QMoEInputError("zero_points", "either zero points or zero_point_offset", "both")
     zp = "packed" if zero_points is not None else ("offset" if zero_point_offset is not None else "none")
-    zp = "fp4" if fp4 else zp
     sdt = dtype_name(scales)
-    spec = dequant_spec(dtype, bits, block_size, zp, "float32" if sdt == "float32" else dtype, threads)
+    spec = dequant_spec(dtype, bits, block_size, zp, "float32" if sdt == "float32" else dtype, threads, fmt.name)
     nb = K // block_size if block_size else 1
     if block_size and K % block_size:
         raise QMoEInputError("w", f"K divisible by block_size {block_size}", f"K={K}")
@@ -122,18 +124,19 @@ def dequantize_experts(w, scales, bits: int, *, zero_points=None, zero_point_off
     return _launch(spec, w, scales, zero_points, float(zero_point_offset or 0.0), dtype, out, stream, (E, N, K))
 
 
-def _dequantize_fp8(w, scales, block_size: int, dtype: str, out, stream, threads: int):
-    """:func:`dequantize_experts` for float8 e4m3fn codes (``fp8=True``)."""
-    from ..fp8 import fp8_scale_shape
+def _dequantize_square(fmt, w, scales, block_size: int, dtype: str, out, stream, threads: int):
+    """:func:`dequantize_experts` for codes with square scale blocks (float8 e4m3fn, ``format='fp8_e4m3'``)."""
+    from ..formats.fp8 import fp8_scale_shape
 
-    if w.ndim != 3 or dtype_name(w) not in ("uint8", "float8_e4m3fn"):
+    if w.ndim != 3 or dtype_name(w) not in fmt.code_dtypes:
         raise QMoEInputError("w", "[E, N, K] uint8 (float8 e4m3fn codes)", f"rank {w.ndim}, dtype {dtype_name(w)}")
     E, N, K = (int(d) for d in w.shape)
     want = fp8_scale_shape(E, N, K, block_size)
     if tuple(int(d) for d in scales.shape) != want:
         raise QMoEInputError("scales", f"shape {list(want)} (block_size={block_size})", f"{list(scales.shape)}")
     sdt = dtype_name(scales)
-    spec = dequant_spec(dtype, 8, block_size, "fp8", "float32" if sdt == "float32" else dtype, threads)
+    spec = dequant_spec(dtype, fmt.bits[0], block_size, "none", "float32" if sdt == "float32" else dtype, threads,
+                        fmt.name)
     return _launch(spec, w.view("uint8"), scales, None, 0.0, dtype, out, stream, (E, N, K))
 
 

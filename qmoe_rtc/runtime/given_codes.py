@@ -11,8 +11,8 @@ from dataclasses import replace
 
 from .._arrays import ArrayMeta, device_of, dtype_name, is_c_contiguous, shape_str
 from ..attributes import QMoEAttributes
-from ..bit_codes import packed_row_bytes
 from ..errors import QMoEInputError
+from ..formats.int_codes import packed_row_bytes
 from ..prepack import CHUNK, GROUP, tiled_shape
 
 __all__ = ["CODE_INPUTS", "contract_metas", "given_hint"]
@@ -41,8 +41,7 @@ def _group(arrays: dict, attrs: QMoEAttributes, prefix: str) -> dict:
     tiled = {p: arrays[n] for p, n in names.items() if arrays.get(n) is not None}
     if not tiled:
         return {}
-    fp8 = attrs.quant_type == "fp8"
-    bits = {p: 8 if fp8 else attrs.bits(p) for p in tiled}
+    bits = {p: attrs.bits(p) for p in tiled}  # a float format's own width (attributes hold it)
     for p, a in tiled.items():
         shape, b = _shape(a), bits[p]
         if len(shape) != 6 or shape[3:] != (GROUP, 4, 4 * b):
@@ -67,7 +66,7 @@ def _group(arrays: dict, attrs: QMoEAttributes, prefix: str) -> dict:
         if _shape(a) != want:
             raise QMoEInputError(names[p], f"shape {shape_str(want)} (tiled: E={E}, N={N[p]}, K={what}={K}, "
                                  f"{bits[p]}-bit; ceil(K/{CHUNK}) chunks)", f"shape {shape_str(_shape(a))}")
-        out[names[p]] = _meta(a, (E, N[p], K if fp8 else packed_row_bytes(K, bits[p])))
+        out[names[p]] = _meta(a, (E, N[p], packed_row_bytes(K, bits[p])))  # FP8: K bytes, FP4: K/2
     return out
 
 

@@ -75,6 +75,7 @@ def layer_config(layer, dtype: str, scale_dtype: str, ext=None, all_experts: int
         dtype=dtype, scale_dtype=scale_dtype if scale_dtype in ("float32", dtype) else "float32",
         fc1_bits=L.fc1.bits, fc2_bits=L.fc2.bits, fc3_bits=L.fc3.bits if L.fc3 else 0, block_size=a.block_size,
         fc1_zp=L.fc1.zp_mode, fc2_zp=L.fc2.zp_mode, fc3_zp=L.fc3.zp_mode if L.fc3 else "none",
+        fc1_format=L.fc1.format, fc2_format=L.fc2.format, fc3_format=L.fc3.format if L.fc3 else "int",
         activation=a.activation_type, swiglu_fusion=a.swiglu_fusion, has_fc3=L.fc3 is not None, tiled=tiled)
     S = ext.S if ext is not None else 0
     router = ext.router_dtype if ext is not None and ext.router else ""
@@ -94,9 +95,9 @@ def shared_unsupported(layer, ext) -> str | None:
         return (f"a shared intermediate size {sh.I} other than the routed {layer.I} (the shared experts run in the "
                 "routed experts' launches)")
     for r, s in ((layer.fc1, sh.fc1), (layer.fc2, sh.fc2)):
-        if (r.bits, r.zp_mode, r.quant) != (s.bits, s.zp_mode, s.quant):
-            return (f"shared {s.name} with {s.bits}-bit / zero points '{s.zp_mode}' / {s.quant} weights, the routed "
-                    f"{r.bits}-bit / '{r.zp_mode}' / {r.quant} (the shared experts run in the routed launches)")
+        if (r.bits, r.zp_mode, r.format) != (s.bits, s.zp_mode, s.format):
+            return (f"shared {s.name} with {s.bits}-bit / zero points '{s.zp_mode}' / {s.format} weights, the routed "
+                    f"{r.bits}-bit / '{r.zp_mode}' / {r.format} (the shared experts run in the routed launches)")
     if sh.attrs.block_size != layer.attrs.block_size:
         return f"shared_block_size {sh.attrs.block_size} other than the routed block_size {layer.attrs.block_size}"
     return None
@@ -182,7 +183,8 @@ def prepack_choice(setting, layer, ext, all_experts: int) -> bool:
     contract layout of a layer the tensor-core engines could read tiled."""
     from .. import knobs
 
-    known = layer.dtype in _TENSOR_CORE_DTYPES or any(p.zp_mode == "fp4" for p in layer.projections())
+    known = layer.dtype in _TENSOR_CORE_DTYPES or any(p.weight_format.scale.device == "float32"
+                                                      for p in layer.projections())
     cfg = tiling_config(layer, ext, all_experts)
     tiled = use_tiled(cfg, setting, known)
     asked = knobs.get("prepack") if setting is None else setting
@@ -198,8 +200,8 @@ def executor_config(config: ModelConfig, setting=None) -> ModelConfig:
     tiled where :func:`use_tiled` would tile them, taking the activation dtype as known when the
     scales are in it or the codes are FP4 (as :func:`prepack_choice` does)."""
     lay = config.layout
-    fp4 = "fp4" in (lay.fc1_zp, lay.fc2_zp, lay.fc3_zp)
-    known = lay.dtype in _TENSOR_CORE_DTYPES and (lay.scale_dtype == lay.dtype or fp4)
+    by_format = any(lay.format(p).scale.device == "float32" for p in lay.projections)  # FP4: float32 scales
+    known = lay.dtype in _TENSOR_CORE_DTYPES and (lay.scale_dtype == lay.dtype or by_format)
     return _tiled(config) if not lay.tiled and use_tiled(config, setting, known) else config
 
 
@@ -215,11 +217,12 @@ def tile_codes(cp, proj: dict, layer, given: bool = False) -> dict:
     out = {}
     for p in layer.projections():
         w, s, z, b = proj[p.name]
-        fusion = fc1_fusion(layer.attrs.swiglu_fusion, p.quant == "fp8") if p.name == "fc1" else 0
+        square = p.weight_format.scale.square
+        fusion = fc1_fusion(layer.attrs.swiglu_fusion, square) if p.name == "fc1" else 0
         codes = w.view(cp.uint8)  # FP8 codes are bytes too
         if not given:
             codes = pack(cp, codes, p.K, p.bits, fusion, f"{p.name}_experts_weights")
-        if p.quant != "fp8":  # integer and FP4 codes: records (FP8's square blocks keep their layout)
+        if not square:  # integer and FP4 codes: records (FP8's square blocks keep their layout)
             # [E, ceil(N/16), nb, 8, R] u8; row-wise zero points are packed along N, whatever the scales' rank
             meta = pack_meta(cp, s, z, p.N, p.bits, fusion, p.scale_input, row_wise=not p.block_size)
             s, z = meta.view(s.dtype), None

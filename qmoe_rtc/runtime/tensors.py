@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 
 from .._arrays import dtype_name
-from ..fp4 import FP4_BLOCK, engine_scales
 
 __all__ = ["EXTRA_TENSORS", "layer_scale_dtype", "layer_table", "upload_extras", "upload_projections"]
 
@@ -44,7 +43,7 @@ def upload_projections(cp, w: dict, layer, device_id: int, scale_dtype: str | No
     read them with 16-byte loads); biases become float32. FP8 projections hold e4m3fn codes [E, N, K]
     (uint8) and their scales are ``fc*_global_scale`` [E] (block_size 0) or the square blocks in
     ``fc*_scales`` (:attr:`~qmoe_rtc.contract.ProjectionSpec.scale_input`). FP4 projections hold e2m1
-    codes [E, N, K/2] and float32 block scales [E, N, K/bs] (:func:`qmoe_rtc.fp4.engine_scales`).
+    codes [E, N, K/2] and float32 block scales [E, N, K/bs] (:func:`qmoe_rtc.formats.fp4.engine_scales`).
     """
     scale_dtype = scale_dtype or layer_scale_dtype(layer)
     if len({p.scale_dtype for p in layer.projections()}) > 1:
@@ -57,8 +56,8 @@ def upload_projections(cp, w: dict, layer, device_id: int, scale_dtype: str | No
                 log.info("qmoe_rtc: %s_experts_weights is not 16-byte aligned; copied once", p.name)
                 wt = wt.copy()
             s = w[p.scale_input]
-            if p.quant in FP4_BLOCK:  # e8m0 / e4m3 bytes (and NVFP4's global scale): float32 per block
-                s = engine_scales(p.quant, s, w.get(f"{p.name}_global_scale"))
+            # as the engines hold them: FP4's e8m0 / e4m3 bytes (and NVFP4's global scale) become float32 per block
+            s = p.weight_format.device_scales(s, w.get(f"{p.name}_global_scale"))
             if dtype_name(s) != scale_dtype:
                 s = s.astype(cp.float32)
             b = w.get(f"{p.name}_experts_bias")

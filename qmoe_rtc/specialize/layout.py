@@ -1,8 +1,10 @@
 """The frozen specialization values: :class:`Layout` (one layer's code-shaping fields), :class:`ModuleSpec`
 (what one compiled module is made from: a family and its parameters) and :class:`ModelConfig`.
 
-Anything that changes generated code is a field. Bits, block size, zero-point mode, gate source and
-alignment become C++ template parameters (compile-time constants), never runtime kernel arguments.
+Anything that changes generated code is a field. Bits, block size, weight format and zero-point mode, gate
+source and alignment become C++ template parameters (compile-time constants), never runtime kernel arguments:
+a projection's format and zero-point mode fold into one decode trait, the ``ZP`` template argument
+(:meth:`Layout.decode_trait`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from ..errors import QMoEAttributeError
-from .vocab import ACTIVATIONS, BITS, DTYPES, ZP_MODES, dtype_abbrev, gate_source
+from ..formats.axis import WeightFormat, weight_format
+from .vocab import ACTIVATIONS, DTYPES, ZP_LETTERS, ZP_MODES, dtype_abbrev, gate_source
 
 __all__ = ["Layout", "ModelConfig", "ModuleSpec"]
 
@@ -33,10 +36,12 @@ class Layout:
     """Everything about one QMoE layer that shapes generated code.
 
     ``scale_dtype=""`` means "same as ``dtype``" and is normalised, so equal layouts compare equal.
-    ``fc3_bits`` / ``fc3_zp`` must be 0 / 'none' unless ``has_fc3``. A projection with zero-point
-    mode 'fp8' holds float8 e4m3fn codes: 8 bits, and its square scale blocks may be partial (no
-    divisibility rule, see :class:`ModelConfig`); mode 'fp4' holds e2m1 codes: 4 bits, float32 block
-    scales. ``aligned``: every packed row is
+    ``fcN_format``: the projection's weight format (:mod:`qmoe_rtc.formats`: 'int', 'fp8_e4m3', 'mxfp4',
+    'nvfp4'), validated against its rules: its code widths, zero points only where it has them (``fcN_zp``
+    'none' / 'packed' / 'offset'), its own scale block (MXFP4 32, NVFP4 16) and scale dtype (FP4: float32,
+    as the engines hold them); FP8's square scale blocks may be partial (no divisibility rule, see
+    :class:`ModelConfig`). ``fc3_bits`` / ``fc3_zp`` / ``fc3_format`` must be 0 / 'none' / 'int' unless
+    ``has_fc3``. ``aligned``: every packed row is
     whole 32-code chunks (H and I multiples of 32), which lets kernels use 16-byte loads;
     :class:`ModelConfig` derives it from the shapes. ``tiled``: the codes are held in the tiled layout
     the tensor-core engines read (:mod:`qmoe_rtc.prepack`), not the contract's rows.
@@ -51,6 +56,9 @@ class Layout:
     fc1_zp: str = "none"
     fc2_zp: str = "none"
     fc3_zp: str = "none"
+    fc1_format: str = "int"
+    fc2_format: str = "int"
+    fc3_format: str = "int"
     activation: str = "relu"
     swiglu_fusion: int = 0
     has_fc3: bool = False
@@ -62,25 +70,28 @@ class Layout:
         if self.scale_dtype == "":
             object.__setattr__(self, "scale_dtype", self.dtype)
         _check("scale_dtype", self.scale_dtype, ("float32", self.dtype), f"float32 or the activation dtype {self.dtype}")
-        _check("fc1_bits", self.fc1_bits, BITS)
-        _check("fc2_bits", self.fc2_bits, BITS)
-        for p in ("fc1_zp", "fc2_zp", "fc3_zp"):
-            _check(p, getattr(self, p), ZP_MODES)
-            if getattr(self, p) == "fp8":
-                _check(f"{p[:3]}_bits", getattr(self, f"{p[:3]}_bits"), (8,), f"8 ({p}='fp8': e4m3fn codes are bytes)")
-            if getattr(self, p) == "fp4":
-                _check(f"{p[:3]}_bits", getattr(self, f"{p[:3]}_bits"), (4,), f"4 ({p}='fp4': e2m1 codes are nibbles)")
         for b in ("has_fc3", "aligned", "tiled"):
             if type(getattr(self, b)) is not bool:
                 raise QMoEAttributeError(b, "a bool", repr(getattr(self, b)))
-        if self.has_fc3:
-            _check("fc3_bits", self.fc3_bits, BITS, f"one of {list(BITS)} (has_fc3=True)")
-        else:
+        for f in ("fc1_format", "fc2_format", "fc3_format"):  # a WeightFormat given is held by its name
+            if isinstance(getattr(self, f), WeightFormat):
+                object.__setattr__(self, f, getattr(self, f).name)
+        if not self.has_fc3:
             _check("fc3_bits", self.fc3_bits, (0,), "0 (has_fc3=False)")
             _check("fc3_zp", self.fc3_zp, ("none",), "'none' (has_fc3=False)")
+            _check("fc3_format", self.fc3_format, ("int",), "'int' (has_fc3=False)")
         bs = self.block_size
         if not (type(bs) is int and (bs == 0 or (bs >= 16 and bs & (bs - 1) == 0))):
             raise QMoEAttributeError("block_size", "0 (row-wise) or a power of two >= 16", repr(bs))
+        for p in self.projections:
+            fmt = weight_format(getattr(self, f"{p}_format"), f"{p}_format")
+            fmt.check_bits(getattr(self, f"{p}_bits"), f"{p}_bits")
+            _check(f"{p}_zp", getattr(self, f"{p}_zp"), ZP_MODES)
+            fmt.decode_trait(getattr(self, f"{p}_zp"), f"{p}_zp")  # zero points only where the format has them
+            fmt.check_block_size(self.block_size)
+            if fmt.scale.device and self.scale_dtype != fmt.scale.device:
+                _check("scale_dtype", self.scale_dtype, (fmt.scale.device,),
+                       f"{fmt.scale.device} with {p}_format={fmt.name!r} (the engines hold its scales so)")
         _check("activation", self.activation, ACTIVATIONS)
         gate, why = gate_source(self.activation, self.swiglu_fusion, self.has_fc3)
         if gate is None:
@@ -96,6 +107,14 @@ class Layout:
 
     def zp(self, proj: str) -> str:
         return getattr(self, f"{proj}_zp")
+
+    def format(self, proj: str) -> WeightFormat:
+        return weight_format(getattr(self, f"{proj}_format"))
+
+    def decode_trait(self, proj: str) -> str:
+        """How the device decodes ``proj``'s codes (a key of ``CPP_ZP``, the ZP template argument): its format and
+        zero-point mode folded into one (:meth:`qmoe_rtc.formats.axis.WeightFormat.decode_trait`)."""
+        return self.format(proj).decode_trait(self.zp(proj))
 
     @property
     def gate(self) -> str:
@@ -116,10 +135,11 @@ class Layout:
 
     @property
     def name(self) -> str:
-        """Readable name, e.g. ``swiglu-f1_fc1-b4-zpP_fc2-b4-zpN_bs128_f16_s-f32``."""
-        zp = _ZP_LETTER
+        """Readable name, e.g. ``swiglu-f1_fc1-b4-zpP_fc2-b4-zpN_bs128_f16_s-f32``: a projection's letter is its
+        decode trait's (``ZP_LETTERS``)."""
+        zp = ZP_LETTERS
         act = self.activation + (f"-f{self.swiglu_fusion}" if self.swiglu_fusion else "")
-        parts = [act] + [f"{p}-b{self.bits(p)}-zp{zp[self.zp(p)]}" for p in self.projections]
+        parts = [act] + [f"{p}-b{self.bits(p)}-zp{zp[self.decode_trait(p)]}" for p in self.projections]
         parts += [f"bs{self.block_size}", dtype_abbrev(self.dtype), "s-" + dtype_abbrev(self.scale_dtype)]
         if not self.aligned:
             parts.append("unaligned")
@@ -132,7 +152,6 @@ class Layout:
         return tuple(f.name for f in fields(cls))
 
 
-_ZP_LETTER = {"none": "N", "packed": "P", "offset": "O", "fp8": "F", "fp4": "E"}
 _NAME_FORMS = {
     "bits": lambda v: f"b{v}",
     "block_size": lambda v: f"bs{v}",
@@ -159,7 +178,7 @@ def _spec_name(family: str, d: dict) -> str:
         if f"{p}_bits" in d:
             bits, zp = d.pop(f"{p}_bits"), d.pop(f"{p}_zp", "none")
             if p != "fc3" or has_fc3:
-                parts.append(f"{p}-b{bits}-zp{_ZP_LETTER[zp]}")
+                parts.append(f"{p}-b{bits}-zp{ZP_LETTERS[zp]}")
     order = ("bits", "block_size", "zp", "dtype", "scale_dtype")
     for k in [k for k in order if k in d] + [k for k in sorted(d) if k not in order]:
         form = _NAME_FORMS.get(k)
@@ -253,10 +272,10 @@ class ModelConfig:
         if self.use_sparse_mixer and self.k != 2:
             raise QMoEAttributeError("k", "2 with use_sparse_mixer", repr(self.k))
         bs, lay = self.layout.block_size, self.layout
-        if bs:  # FP8's square blocks may be partial: no rule for its projections
+        if bs:  # square blocks (FP8) may be partial: no rule for such projections
             for p in lay.projections:
                 what, K = ("inter", self.inter) if p == "fc2" else ("hidden", self.hidden)
-                if K % bs and lay.zp(p) != "fp8":
+                if K % bs and not lay.format(p).scale.square:
                     raise QMoEAttributeError("block_size", f"a divisor of {what}={K}", repr(bs))
         aligned = self.hidden % 32 == 0 and self.inter % 32 == 0
         if self.layout.aligned != aligned:

@@ -1,9 +1,12 @@
-"""The one vocabulary of the package: dtypes, bit widths, zero-point modes, activations, gate sources,
-and their C++ spellings in the device templates. The contract, the layouts and the kernel families
-all read these names from here.
+"""The one vocabulary of the package: dtypes, bit widths, zero-point modes, device decode traits, activations,
+gate sources, and their C++ spellings in the device templates. The contract, the layouts and the kernel
+families all read these names from here; the weight formats and their zero points are the axis of
+:mod:`qmoe_rtc.formats.axis`.
 """
 
 from __future__ import annotations
+
+from ..formats.axis import ZERO_POINT_MODES
 
 __all__ = [
     "ACTIVATIONS",
@@ -12,10 +15,12 @@ __all__ = [
     "CPP_GATE",
     "CPP_TYPES",
     "CPP_ZP",
+    "DECODE_TRAITS",
     "DTYPES",
     "GATEABLE_ACTIVATIONS",
     "GATES",
     "GLU_ACTIVATIONS",
+    "ZP_LETTERS",
     "ZP_MODES",
     "dtype_abbrev",
     "gate_source",
@@ -23,13 +28,11 @@ __all__ = [
 
 #: Activation (and scale) dtypes.
 DTYPES = ("float32", "float16", "bfloat16")
-#: Weight code widths.
+#: Weight code widths the device templates take (every weight format's widths are among them).
 BITS = (1, 2, 3, 4, 8)
-#: Zero-point modes of a projection: implicit 2^(b-1), a packed uint8 tensor, a float offset [ext];
-#: "fp8": 8-bit float8 e4m3fn codes with no zero point (quant_type='fp8', weight = e4m3(q) · scale);
-#: "fp4": 4-bit e2m1 codes with no zero point (quant_type 'mxfp4' / 'nvfp4', weight = e2m1(q) · scale,
-#: the scales float32 per block: qmoe_rtc.fp4.engine_scales).
-ZP_MODES = ("none", "packed", "offset", "fp8", "fp4")
+#: Zero-point modes of a projection of integer codes: implicit 2^(b-1), a packed uint8 tensor, a float offset
+#: [ext] (a float weight format takes 'none').
+ZP_MODES = ZERO_POINT_MODES
 #: Activations; the GLU ones need a gate and a linear half (fused FC1 rows or FC3).
 ACTIVATIONS = ("relu", "gelu", "silu", "identity", "relu2", "swiglu", "geglu")
 GLU_ACTIVATIONS = ("swiglu", "geglu")
@@ -41,8 +44,15 @@ GATES = ("none", "fused1", "fused2", "fc3")
 #: C++ spellings (cuda_src/core/types.cuh, dequant.cuh, epilogue/act.cuh).
 CPP_TYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16", "uint8": "qmoe::u8",
              "int32": "qmoe::i32", "int64": "qmoe::i64", "uint32": "qmoe::u32"}
+#: By device decode trait (the ZP template parameter): integer codes decode by their zero-point mode, 'fp8' is
+#: float8 e4m3fn codes (w = e4m3(q)·s), 'fp4' e2m1 codes with float32 block scales (MXFP4 and NVFP4 alike). A
+#: projection's format and zero points fold into one (qmoe_rtc.formats.axis.WeightFormat.decode_trait).
 CPP_ZP = {"none": "qmoe::ZP_NONE", "packed": "qmoe::ZP_PACKED", "offset": "qmoe::ZP_OFFSET", "fp8": "qmoe::ZP_FP8",
           "fp4": "qmoe::ZP_FP4"}
+#: The device decode traits.
+DECODE_TRAITS = tuple(CPP_ZP)
+#: A decode trait's letter in layout and module names (``fc1-b4-zpP``; module specs carry the trait as ``fcN_zp``).
+ZP_LETTERS = {"none": "N", "packed": "P", "offset": "O", "fp8": "F", "fp4": "E"}
 CPP_ACT = {"relu": "qmoe::ACT_RELU", "gelu": "qmoe::ACT_GELU", "silu": "qmoe::ACT_SILU",
            "identity": "qmoe::ACT_IDENTITY", "relu2": "qmoe::ACT_RELU2", "swiglu": "qmoe::ACT_SWIGLU",
            "geglu": "qmoe::ACT_GEGLU"}

@@ -5,7 +5,7 @@
 //   w = e2m1(q) * scale       (ZP_FP4: 4-bit e2m1 codes, float32 block scales; "FP4 experts [ext]")
 //
 // Compile-time layout: BITS (1/2/3/4/8), BLOCK (0 = row-wise, else a power of two >= 16 dividing K;
-// FP8: 0 = one scale per expert, else square blocks, the last ones partial) and ZP (zero-point mode
+// FP8: 0 = one scale per expert, else square blocks, the last ones partial) and ZP (decode trait
 // below). The scale storage type ScaleT is float or the activation type. Where a scale lives is
 // QuantParams::scale_index (contract layout) or QuantParams::meta_record (tiled meta), the places every
 // engine reads it from.
@@ -25,7 +25,7 @@ namespace qmoe {
 // scales and zero points, so a tensor-core lane copies its rows' coefficients of a block at once.
 inline constexpr bool kTiledMetaLayout = QMOE_TILED_META;
 
-// Zero-point mode of a projection (mirrors qmoe_rtc.specialize.ZP_MODES).
+// Decode trait of a projection: its format and zero-point mode as one (mirrors qmoe_rtc.specialize.CPP_ZP).
 enum ZpMode : int {
   ZP_NONE = 0,    // no zero-point tensor: zp = 2^(b-1) (offset-binary storage)
   ZP_PACKED = 1,  // uint8 zero-point tensor packed like the weights (8-bit: one byte each)

@@ -167,7 +167,7 @@ template <typename T, bool SCALED> __device__ __forceinline__ u32 fp8_pair(u32 w
   }
 }
 
-// ZP: the projection's zero-point mode (core/dequant.cuh): ZP_FP8 / ZP_FP4 codes are float codes, the
+// ZP: the projection's decode trait (core/dequant.cuh): ZP_FP8 / ZP_FP4 codes are float codes, the
 // others integers.
 template <typename T, int B, int ZP = ZP_NONE> struct MmaDeq {
   static constexpr bool FP8 = ZP == ZP_FP8;

@@ -1,13 +1,13 @@
 """One projection of a QMoE layer's experts (:class:`ProjectionSpec`) and the array check every contract input
-passes (:func:`require`): what :mod:`qmoe_rtc.contract` and :mod:`qmoe_rtc.contract_float` both build on."""
+passes (:func:`require`): what :mod:`qmoe_rtc.contract` and each format's projection checks build on."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._arrays import dtype_name, is_c_contiguous, shape_str
-from .bit_codes import packed_row_bytes
-from .errors import QMoEInputError
+from .._arrays import dtype_name, is_c_contiguous, shape_str
+from ..errors import QMoEInputError
+from .axis import WeightFormat, weight_format
 
 __all__ = ["ProjectionSpec", "require"]
 
@@ -22,19 +22,29 @@ class ProjectionSpec:
     K: int  #: input features
     block_size: int  #: 0 = row-wise
     row_bytes: int  #: ceil(K·b/8)
-    scale_dtype: str  #: as given; FP4: float32, the form the device holds (qmoe_rtc.fp4.engine_scales)
-    #: "none" (zp = 2^(b−1)) | "packed" (zero-point tensor) | "offset" (zero_point_offset) | "fp8" (e4m3fn, no zp)
-    #: | "fp4" (e2m1, no zp)
+    scale_dtype: str  #: as given; FP4: float32, the form the device holds (qmoe_rtc.formats.fp4.engine_scales)
+    #: "none" (zp = 2^(b−1), and every float format) | "packed" (zero-point tensor) | "offset" (zero_point_offset)
     zp_mode: str
     has_bias: bool
     bias_dtype: str | None
-    #: "int" (b-bit codes) | "fp8" (float8e4m3fn codes [E, N, K]) | "mxfp4" | "nvfp4" (e2m1 codes [E, N, K/2])
-    quant: str = "int"
+    #: the weight format's name (qmoe_rtc.formats): "int" (b-bit codes [E, N, ceil(K·b/8)]) | "fp8_e4m3" (float8
+    #: e4m3fn codes [E, N, K]) | "mxfp4" | "nvfp4" (e2m1 codes [E, N, K/2])
+    format: str = "int"
+
+    @property
+    def weight_format(self) -> WeightFormat:
+        return weight_format(self.format)
+
+    @property
+    def decode_trait(self) -> str:
+        """The device decode trait of the codes (a key of ``qmoe_rtc.specialize.vocab.CPP_ZP``)."""
+        return self.weight_format.decode_trait(self.zp_mode)
 
     @property
     def scale_input(self) -> str:
         """The input holding this projection's scales (``fc1_global_scale`` for FP8 with block_size 0)."""
-        return f"{self.name}_global_scale" if self.quant == "fp8" and not self.block_size else f"{self.name}_scales"
+        per_expert = self.weight_format.scale.global_scale == "per-expert" and not self.block_size
+        return f"{self.name}_global_scale" if per_expert else f"{self.name}_scales"
 
     @property
     def n_blocks(self) -> int:
@@ -44,7 +54,8 @@ class ProjectionSpec:
     @property
     def zp_row_bytes(self) -> int:
         """Bytes of packed zero points per row (block-wise) or per expert (row-wise)."""
-        return packed_row_bytes(self.n_blocks, self.bits) if self.block_size else packed_row_bytes(self.N, self.bits)
+        n = self.n_blocks if self.block_size else self.N
+        return (n * self.bits + 7) // 8  # packed like the codes (qmoe_rtc.formats.int_codes.packed_row_bytes)
 
 
 def require(name, a, *, rank=None, shape=None, dtypes=None, where=""):

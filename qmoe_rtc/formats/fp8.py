@@ -1,4 +1,5 @@
-"""FP8 (float8 e4m3fn) experts: the code decoder, the encoder, and quantization into both scale forms.
+"""The ``fp8_e4m3`` weight format (the contract's ``quant_type="fp8"``): float8 e4m3fn experts. The code decoder,
+the encoder, quantization into both scale forms, the contract projection checks and the reference weights.
 
 A code is one byte: sign bit 7, a 4-bit exponent (bits 6–3, bias 7) and a 3-bit mantissa (bits 2–0).
 Exponent 0 is subnormal (``m/8 · 2^−6``), every other exponent normal (``(1 + m/8) · 2^(e−7)``); the
@@ -20,12 +21,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._arrays import dtype_name, np_dtype, shape_str
-from .errors import QMoEInputError
-from .specialize.vocab import DTYPES as FLOAT_DTYPES
+from .._arrays import dtype_name, np_dtype, shape_str
+from ..errors import QMoEInputError
+from .axis import QuantizedWeights
+from .int_codes import FLOAT_DTYPES, check_scale_dtype
+from .projection import ProjectionSpec, require
 
-__all__ = ["E4M3_MAX", "NAN_CODES", "decode_e4m3fn", "encode_e4m3fn", "fp8_scale_shape", "quantize_fp8",
-           "dequantize_fp8", "as_codes"]
+__all__ = ["E4M3_MAX", "NAN_CODES", "as_codes", "check_content", "check_fp8_scale_dtype", "check_layer",
+           "decode_e4m3fn", "dequantize_fp8", "device_scales", "e4m3_table", "encode_e4m3fn", "fp8_scale_shape",
+           "projection", "quantize", "quantize_fp8", "reference_weights"]
 
 #: The largest finite e4m3fn magnitude (code 0x7E).
 E4M3_MAX = 448.0
@@ -35,7 +39,7 @@ NAN_CODES = (0x7F, 0xFF)
 _TABLE: list = []  # the 256 decoded values, built on first use
 
 
-def _table() -> np.ndarray:
+def e4m3_table() -> np.ndarray:
     """float32 ``[256]``: the value of every code, from sign, exponent and mantissa."""
     if not _TABLE:
         c = np.arange(256, dtype=np.int64)
@@ -61,7 +65,7 @@ def as_codes(a) -> np.ndarray:
 
 def decode_e4m3fn(codes) -> np.ndarray:
     """float32 values of e4m3fn codes ``[...]`` (uint8 or float8_e4m3fn), NaN for 0x7F / 0xFF."""
-    return _table()[as_codes(codes)]
+    return e4m3_table()[as_codes(codes)]
 
 
 def encode_e4m3fn(values) -> np.ndarray:
@@ -149,12 +153,78 @@ def quantize_fp8(weights, block_size: int = 0, scale_dtype="float32"):
 def check_fp8_scale_dtype(scale_dtype, block_size: int) -> str:
     """The scale dtype name for an FP8 quantization: float32 for global scales (ONNX Runtime's inputs
     15/16 are float32), any of float32/float16/bfloat16 for block scales."""
-    try:
-        name = dtype_name(scale_dtype)
-    except Exception:  # an object NumPy cannot read as a dtype
-        name = None
-    allowed = ("float32",) if block_size <= 0 else FLOAT_DTYPES
-    if name not in allowed:
-        why = " (the per-expert global scale is float32)" if block_size <= 0 else ""
-        raise QMoEInputError("scale_dtype", f"one of {allowed}{why}", repr(scale_dtype))
-    return name
+    if block_size <= 0:
+        return check_scale_dtype(scale_dtype, ("float32",), " (the per-expert global scale is float32)")
+    return check_scale_dtype(scale_dtype, FLOAT_DTYPES)
+
+
+def quantize(fmt, xp, w, bits, block_size: int, symmetric: bool, scale_dtype) -> QuantizedWeights:
+    """:func:`qmoe_rtc.quantize.quantize` with ``format="fp8_e4m3"`` (NumPy; CuPy input is quantized on the
+    host and returned as CuPy)."""
+    if block_size < 0 or (block_size and (block_size < 16 or block_size & (block_size - 1))):
+        raise QMoEInputError("block_size", "0 (a global scale per expert) or a power of two >= 16", str(block_size))
+    if symmetric is not True:
+        raise QMoEInputError("symmetric", "True with format='fp8_e4m3' (e4m3fn has no zero point)", repr(symmetric))
+    sdt = check_fp8_scale_dtype(scale_dtype, block_size)
+    host = w.get() if xp is not np else w
+    codes, scales = quantize_fp8(host, block_size, sdt)
+    return QuantizedWeights(xp.asarray(codes), xp.asarray(scales), None)
+
+
+# -- the contract ------------------------------------------------------------------------------------
+
+def check_layer(fmt, w: dict, attrs, has_fc3: bool) -> None:
+    """No FC3 (ONNX Runtime defines no FC3 global scale); the global scales only with block_size 0."""
+    if has_fc3:
+        raise QMoEInputError("fc3_experts_weights", "absent with quant_type='fp8' (ONNX Runtime defines no FC3 "
+                             "global scale; use swiglu_fusion 1 or 2)", "an array")
+    for n in ("fc1_global_scale", "fc2_global_scale"):
+        if w.get(n) is not None and attrs.block_size > 0:
+            raise QMoEInputError(n, "absent unless quant_type='fp8' with block_size 0 (block scales go in "
+                                 f"{n[:3]}_scales)", "an array")
+
+
+def projection(fmt, w: dict, attrs, p: str, E: int, N: int, K: int) -> ProjectionSpec:
+    """One FP8 projection: codes ``[E, N, K]``, the global scale ``[E]`` float32 (block_size 0) or square
+    block scales ``[E, ceil(N/bs), ceil(K/bs)]`` in float32 or T, no zero points."""
+    wn, bn, zn, bs = f"{p}_experts_weights", f"{p}_experts_bias", f"{p}_zero_points", attrs.block_size
+    require(wn, w[wn], shape=(E, N, K), dtypes=("uint8", "float8_e4m3fn"),
+            where=f"[E, N, K] float8e4m3fn codes with N={N}, K={K}")
+    if w[zn] is not None:
+        raise QMoEInputError(zn, "absent with quant_type='fp8' (e4m3fn has no zero point)", "an array")
+    if bs > 0:
+        sn = f"{p}_scales"
+        require(sn, w[sn], shape=fp8_scale_shape(E, N, K, bs), dtypes=FLOAT_DTYPES,
+                where=f"square FP8 block scales [E, ceil(N/bs), ceil(K/bs)] with block_size={bs}")
+    else:
+        if w[f"{p}_scales"] is not None:
+            raise QMoEInputError(f"{p}_scales", f"absent with quant_type='fp8' and block_size 0 (the scale is "
+                                 f"{p}_global_scale)", "an array")
+        sn = f"{p}_global_scale"
+        require(sn, w[sn], shape=(E,), dtypes=("float32",), where="the per-expert FP8 scale [E], float32")
+    if w[bn] is not None:
+        require(bn, w[bn], shape=(E, N), dtypes=FLOAT_DTYPES)
+    return ProjectionSpec(name=p, bits=8, N=N, K=K, block_size=max(bs, 0), row_bytes=K, scale_dtype=dtype_name(w[sn]),
+                          zp_mode="none", has_bias=w[bn] is not None,
+                          bias_dtype=dtype_name(w[bn]) if w[bn] is not None else None, format=fmt.name)
+
+
+def check_content(fmt, weights: dict, p: ProjectionSpec, host) -> None:
+    """No NaN codes (0x7F, 0xFF) in the weights."""
+    q = host(weights[f"{p.name}_experts_weights"]).view(np.uint8)
+    nan = (q & 0x7F) == 0x7F
+    if nan.any():
+        idx = [int(i) for i in np.argwhere(nan)[0]]
+        raise QMoEInputError(f"{p.name}_experts_weights", "no NaN codes (0x7F, 0xFF) in float8e4m3fn weights",
+                             f"code {int(q[tuple(idx)]):#04x} at index {idx}")
+
+
+def reference_weights(fmt, weights: dict, p: ProjectionSpec, e: int, zero_point_offset=None) -> np.ndarray:
+    """Expert ``e`` of projection ``p`` in float32 ``[N, K]``: ``e4m3(q) · scale``."""
+    return dequantize_fp8(weights[f"{p.name}_experts_weights"][e : e + 1], weights[p.scale_input][e : e + 1],
+                          p.block_size)[0]
+
+
+def device_scales(fmt, scales, global_scale=None):
+    """FP8 scales (global or square blocks) go to the device as they are."""
+    return scales

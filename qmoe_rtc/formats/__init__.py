@@ -1,0 +1,49 @@
+"""Weight formats: what a code of an expert's weights means, as one axis separate from zero points.
+
+:mod:`.axis` holds :class:`WeightFormat` (its one name, code widths, whether zero points are allowed, its scale
+rule and the device decode trait it compiles to), the registry :data:`FORMATS` (``int``, ``fp8_e4m3``,
+``mxfp4``, ``nvfp4``), :func:`weight_format` and :func:`format_of_quant_type` (the contract's ``quant_type`` to
+its format). One module per format family codes it and checks it: :mod:`.int_codes` (b-bit integer codes and
+their packing), :mod:`.fp8` (float8 e4m3fn), :mod:`.fp4` (e2m1 with MXFP4 / NVFP4 scales); each has
+``quantize``, ``check_layer``, ``projection``, ``check_content``, ``reference_weights`` and ``device_scales``,
+which the format's methods call. :mod:`.projection` holds :class:`ProjectionSpec`, what a projection check
+returns.
+
+Adding a format: its :class:`WeightFormat` in :mod:`.axis` (with a decode trait), its module here, and that
+trait in the device templates (docs/runtime-compilation.md, "Adding a weight format").
+
+Importing the package does no work: the names below load their module on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "FORMATS": "axis",
+    "FP8_E4M3": "axis",
+    "INT": "axis",
+    "MXFP4": "axis",
+    "NVFP4": "axis",
+    "QUANT_TYPES": "axis",
+    "ZERO_POINT_MODES": "axis",
+    "QuantizedWeights": "axis",
+    "ScaleRule": "axis",
+    "WeightFormat": "axis",
+    "format_of_quant_type": "axis",
+    "weight_format": "axis",
+    "ProjectionSpec": "projection",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name):
+    mod = _EXPORTS.get(name)
+    if mod is not None:
+        return getattr(importlib.import_module(f".{mod}", __name__), name)
+    raise AttributeError(f"module 'qmoe_rtc.formats' has no attribute '{name}'")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))
