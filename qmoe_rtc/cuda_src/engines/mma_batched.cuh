@@ -25,6 +25,7 @@
 #include "engines/mma_ring.cuh"
 #include "epilogue/combine.cuh"
 #include "epilogue/fc1.cuh"
+#include "epilogue/fc2.cuh"
 #include "routing/group.cuh"
 
 #ifndef QMOE_BATCHED_RT
@@ -176,8 +177,10 @@ fc2_batched(const T* __restrict__ act_sorted, const i32* __restrict__ sorted, co
           const i32 pos = p + 8 * gg + 2 * t + c;
           if (pos >= m1) continue;
           float* out = y + (i64)sorted[pos] * H;
-          if (ni + g < H) out[ni + g] = acc[i * N8 + gg][c] + (p2.bias ? __ldg(p2.bias + (i64)e * H + na[i]) : 0.0f);
-          if (ni + g + 8 < H) out[ni + g + 8] = acc[i * N8 + gg][2 + c] + (p2.bias ? __ldg(p2.bias + (i64)e * H + nb[i]) : 0.0f);
+          fc2_store_lane(
+              ni + g, H,
+              [&](int h) { return acc[i * N8 + gg][2 * h + c] + (p2.bias ? __ldg(p2.bias + (i64)e * H + (h ? nb[i] : na[i])) : 0.0f); },
+              [&](i32 n, float v) { out[n] = v; });
         }
       }
     }

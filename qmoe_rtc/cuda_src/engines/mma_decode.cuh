@@ -36,6 +36,7 @@
 #include "core/types.cuh"
 #include "engines/mma_ring.cuh"
 #include "epilogue/fc1.cuh"
+#include "epilogue/fc2.cuh"
 
 // Expert flow (QMOE_MMA_EXPERT_FLOW; the host passes 1 unless QMOE_RTC_MMA_EXPERT_FLOW=0): FC2's blocks
 // of expert e wait only for e's FC1 blocks instead of the whole FC1 grid (griddepcontrol.wait), 1.6-3.2 %
@@ -268,8 +269,10 @@ fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const fl
           if (j >= er.n) continue;
           const i64 r = s_list[j];
           const float wr = __ldcg(topk_w + r);  // routing's, complete (see the ids above)
-          if (n0 + g < H) y[r * H + n0 + g] = wr * (acc[gg][c] + (p2.bias ? __ldg(p2.bias + (i64)e * H + na) : 0.0f));
-          if (n0 + g + 8 < H) y[r * H + n0 + g + 8] = wr * (acc[gg][2 + c] + (p2.bias ? __ldg(p2.bias + (i64)e * H + nb) : 0.0f));
+          fc2_store_lane(
+              n0 + g, H,
+              [&](int h) { return wr * (acc[gg][2 * h + c] + (p2.bias ? __ldg(p2.bias + (i64)e * H + (h ? nb : na)) : 0.0f)); },
+              [&](i32 n, float v) { y[r * H + n] = v; });
         }
       }
     }

@@ -33,6 +33,7 @@
 #include "core/types.cuh"
 #include "epilogue/combine.cuh"
 #include "epilogue/fc1.cuh"
+#include "epilogue/fc2.cuh"
 #include "engines/lane_tiles.cuh"
 #include "engines/tile_rows.cuh"
 #include "routing/group.cuh"
@@ -314,8 +315,9 @@ fc2_prefill(const T* __restrict__ act_sorted, const RouteGroups rg, i32 E, i32 H
         if (pos >= m_end) continue;
         float* out = y + (i64)route[jn][cc] * H;
         const i32 n = n0[m] + g;
-        if (n < H) out[n] = acc[m][jn][cc] * lr.sa[m] + bias_a[m];
-        if (n + 8 < H) out[n + 8] = acc[m][jn][2 + cc] * lr.sb[m] + bias_b[m];
+        fc2_store_lane(
+            n, H, [&](int h) { return h ? acc[m][jn][2 + cc] * lr.sb[m] + bias_b[m] : acc[m][jn][cc] * lr.sa[m] + bias_a[m]; },
+            [&](i32 i, float v) { out[i] = v; });
       }
     }
   }

@@ -43,6 +43,7 @@
 #include "engines/wg_tiles.cuh"
 #include "epilogue/combine.cuh"
 #include "epilogue/fc1.cuh"
+#include "epilogue/fc2.cuh"
 #include "routing/group.cuh"
 
 namespace qmoe {
@@ -274,13 +275,11 @@ __device__ __forceinline__ void fc2_body(const T* __restrict__ act_sorted, const
       if (m0 + i >= m_end) continue;
       float* out = y + (i64)s_route[i] * H;
       const float va = acc[4 * jn + cc] * lr.sa[0] + bias_a, vb = acc[4 * jn + 2 + cc] * lr.sb[0] + bias_b;
-      if (split) {
-        if (n < H) atomicAdd(out + n, va);
-        if (n + 8 < H) atomicAdd(out + n + 8, vb);
-      } else {
-        if (n < H) out[n] = va;
-        if (n + 8 < H) out[n + 8] = vb;
-      }
+      const auto v = [&](int h) { return h ? vb : va; };
+      if (split)
+        fc2_store_lane(n, H, v, [&](i32 i, float x) { atomicAdd(out + i, x); });
+      else
+        fc2_store_lane(n, H, v, [&](i32 i, float x) { out[i] = x; });
     }
   }
   st.store(1, split ? (half ? Ip / 128 - Ip / 256 : Ip / 256) : Ip / 128);
