@@ -51,7 +51,7 @@ def problem(cfg: ModelConfig, rows: int, target: str) -> Problem:
 
 def plan_of(cfg: ModelConfig, rows: int, target: str) -> dict:
     """The executor's plan of a call, as data: its path and pipeline, each family's configure() result, and per step
-    the kernel, grid, block, dynamic shared memory, launch scalars and overlap."""
+    the kernel, grid, block, dynamic shared memory, launch scalars, overlap and scratch ({name: [bytes, zeroed]})."""
     p = problem(cfg, rows, target)
     path = "decode" if rows * cfg.k <= decode_limit(cfg, target) else "prefill"
     choice = choose(cfg, p, path)
@@ -63,14 +63,22 @@ def plan_of(cfg: ModelConfig, rows: int, target: str) -> dict:
     for st in steps:
         fam, spec, call = get_family(st.family), specs[st.family], calls[st.family]
         ln = fam.launch(spec, st.role, p, call)
+        scratch = {name: [slot.nbytes, slot.zero] for name, slot in sorted(fam.scratch(spec, st.role, p, call).items())}
         out["steps"].append([st.family, st.role, fam.kernel_for(spec, st.role, p, call), list(ln.grid), list(ln.block),
-                             ln.shared_mem, [list(a) for a in ln.args], ln.overlap])
+                             ln.shared_mem, [list(a) for a in ln.args], ln.overlap, scratch])
     return out
 
 
+def _sha(value) -> str:
+    return hashlib.sha1(json.dumps(value, sort_keys=True).encode()).hexdigest()[:10]
+
+
 def digest(plan: dict) -> str:
-    """A plan as its pipeline and a digest of all of it (the fixture's form: the whole plans take ~800 KB)."""
-    return f"{plan['pipeline']} {hashlib.sha1(json.dumps(plan, sort_keys=True).encode()).hexdigest()[:10]}"
+    """A plan as its pipeline, a digest of its path, pipeline and steps (every launch and its scratch), then one of its
+    configure() results (the fixture's form: the whole plans take ~800 KB). Two digests, so that a change of what a
+    family's configure() returns shows apart from a change of what is launched."""
+    launched = {key: value for key, value in plan.items() if key != "configure"}
+    return f"{plan['pipeline']} {_sha(launched)} {_sha(plan['configure'])}"
 
 
 def decisions(target: str = "sm_90a") -> dict[str, list[str]]:

@@ -475,26 +475,50 @@ def test_the_readme_engine_table_is_the_one_pipelines_give():
     assert r.returncode == 0 and r.stdout == table, r.stderr
 
 
-@pytest.mark.parametrize("rows", [64, 512, 4096])
-def test_a_plan_makes_each_familys_call_choices_once(monkeypatch, rows):
-    """launched() (and Plan.build, the same way) asks each family's configure once per call and hands the result to
-    kernel_for / launch / scratch, which give with it what they give computing it themselves."""
-    from qmoe_rtc.kernels.wgmma_prefill import WgmmaPrefillFamily
-    from qmoe_rtc.runtime.plan import launched
+#: A layer with the router GEMM, routed a warp a row (mixtral-8x7b's shape), and one routed a block a row (512 experts,
+#: a gated shared expert): the families that make per-call choices, at token counts from decode to prefill.
+CALL_CONFIGS = {"mixtral rgemm": ModelConfig(hidden=4096, inter=14336, experts=8, k=2, router_gemm="bfloat16",
+                                             layout=CONFIGS[0].layout), "shared gate": CONFIGS[4]}
+CALL_PIPELINES = ("decode-mma", "prefill-batched", "prefill-mma", "prefill-wgmma")
 
-    fam = get_family("wgmma_prefill")
-    mixtral = ModelConfig(hidden=4096, inter=14336, experts=8, k=2, layout=CONFIGS[0].layout)
-    p = dataclasses.replace(_problem(mixtral, rows), sms=132, arch="sm_90a")
-    pipeline = next(pl for pl in PIPELINES if pl.name == "prefill-wgmma")
-    specs = {f: get_family(f).spec(mixtral) for f in pipeline.families}
+
+class _Kernels(dict):
+    """A loaded module stand-in for Plan.build: each kernel as its key."""
+
+    def __missing__(self, key):
+        return key
+
+
+@pytest.mark.parametrize("name", CALL_CONFIGS)
+@pytest.mark.parametrize("pipeline_name", CALL_PIPELINES)
+@pytest.mark.parametrize("rows", [1, 4, 64, 512, 4096])
+def test_a_plan_makes_each_familys_call_choices_once(monkeypatch, name, pipeline_name, rows):
+    """launched() and Plan.build each ask each family's configure once per call and hand the result to kernel_for /
+    launch / scratch, which give with it what they give computing it themselves (every step of the routing, decode,
+    batched, mma.sync and wgmma pipelines)."""
+    from qmoe_rtc.runtime.plan import Plan, launched
+
+    cfg = CALL_CONFIGS[name]
+    p = dataclasses.replace(_problem(cfg, rows), sms=132, shared=cfg.shared, shared_gate=cfg.shared_gate,
+                            router_gemm=cfg.router_gemm)
+    pipeline = next(pl for pl in PIPELINES if pl.name == pipeline_name)
+    if any(get_family(f).supports(cfg, p) for f in pipeline.families):
+        assert pipeline_name == "decode-mma" and p.routes > 512  # one decode block scans at most 512 routes
+        return
+    specs = {f: get_family(f).spec(cfg) for f in pipeline.families}
+    real = {f: type(get_family(f)).configure for f in pipeline.families}
+    calls = {f: real[f](get_family(f), specs[f], p) for f in pipeline.families}
+    assert all(c is not None for c in calls.values())  # each of these families has choices to share
     counted = []
-    real = WgmmaPrefillFamily.configure
-    monkeypatch.setattr(WgmmaPrefillFamily, "configure", lambda self, s, q: counted.append(1) or real(self, s, q))
-    keys = launched(pipeline, specs, mixtral, p)
-    assert len(counted) == 1 and keys[specs["wgmma_prefill"]]
-    spec = specs["wgmma_prefill"]
-    call = real(fam, spec, p)
-    for role in ("group", "permute", "fc1", "fc2", "combine"):
-        assert fam.kernel_for(spec, role, p, call) == fam.kernel_for(spec, role, p)
-        assert fam.launch(spec, role, p, call) == fam.launch(spec, role, p)
-        assert fam.scratch(spec, role, p, call) == fam.scratch(spec, role, p)
+    for f in pipeline.families:
+        monkeypatch.setattr(type(get_family(f)), "configure",
+                            lambda self, s, q, f=f: counted.append(f) or real[f](self, s, q))
+    keys = launched(pipeline, specs, cfg, p)
+    assert sorted(counted) == sorted(pipeline.families) and all(keys.values())
+    plan = Plan.build(cfg, p, pipeline, specs, {spec: _Kernels() for spec in specs.values()})
+    assert sorted(counted) == sorted(2 * pipeline.families)
+    for st, built in zip(pipeline.steps_for(cfg), plan.steps, strict=True):
+        fam, spec, call = get_family(st.family), specs[st.family], calls[st.family]
+        assert fam.kernel_for(spec, st.role, p, call) == fam.kernel_for(spec, st.role, p) == built.kernel
+        assert fam.launch(spec, st.role, p, call) == fam.launch(spec, st.role, p) == built.launch
+        assert fam.scratch(spec, st.role, p, call) == fam.scratch(spec, st.role, p) == built.scratch

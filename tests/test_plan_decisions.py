@@ -32,9 +32,12 @@ def test_every_launch_fits_the_arch(target):
 
 def test_sm90_decisions_are_the_recorded_ones():
     """sm_90a (132 SMs, 227 KiB): the path, pipeline, each family's configure() result and every launch (kernel,
-    grid, block, shared memory, scalars, overlap) of every preset's plan at every recorded token count equal those
-    of tests/data/plan_decisions_sm90.json, written by tests/plan_walk.py from the code before the per-arch tables
-    (commit 552a74d: ``PYTHONPATH=. python tests/plan_walk.py tests/data/plan_decisions_sm90.json``)."""
+    grid, block, shared memory, scalars, overlap, scratch) of every preset's plan at every recorded token count equal
+    those of tests/data/plan_decisions_sm90.json, written by tests/plan_walk.py (``PYTHONPATH=. python
+    tests/plan_walk.py tests/data/plan_decisions_sm90.json``). The launches are those of the code before the per-arch
+    tables (commit 552a74d); the scratch was added to the record at commit 37f0bd1's code, which still gave those
+    launches. A change that only changes what a family's configure() returns rewrites the last digest of each entry,
+    never the one before it."""
     fixture = json.loads(FIXTURE.read_text())
     assert fixture["target"] == "sm_90a" and tuple(fixture["tokens"]) == plan_walk.TOKENS
     now = plan_walk.decisions("sm_90a")

@@ -82,18 +82,23 @@ def weight_tiles(spec: ModuleSpec, role: str, n: int, m16_per_block: int) -> int
     return (n + m16_per_block * per_m16 - 1) // (m16_per_block * per_m16)
 
 
-def tile_slots(problem: Problem, route_tile: int) -> int:
+def route_group() -> int:
+    """G, the route tiles a tensor-core FC1 / FC2 grid launches side by side for each weight tile (knob
+    ``prefill_group``, else GROUP): the families read it once a call, in their ``configure``."""
+    return knobs.get("prefill_group") or GROUP
+
+
+def tile_slots(problem: Problem, route_tile: int, group: int | None = None) -> int:
     """The route tiles a tensor-core FC1 / FC2 grid covers (:func:`tiled_launch`): the bound on the call's
-    route tiles rounded up to whole groups of G (knob ``prefill_group``)."""
-    group = knobs.get("prefill_group") or GROUP
+    route tiles rounded up to whole groups of ``group`` (G; None: :func:`route_group`)."""
+    group = group or route_group()
     return (route_tiles(problem.routes, problem.experts, route_tile) + group - 1) // group * group
 
 
-def tiled_launch(problem: Problem, route_tile: int, nt: int, threads: int, smem: int, extra: tuple = ()) -> Launch:
-    """The grid of a tensor-core FC1 / FC2 step: G consecutive route tiles × every weight tile, then the
-    next G (knob ``prefill_group`` sets G), ``NT`` and ``G`` as launch scalars."""
-    group = knobs.get("prefill_group") or GROUP
-    return Launch((tile_slots(problem, route_tile) * nt, 1, 1), (threads, 1, 1), smem, (("NT", nt), ("G", group), *extra))
+def tiled_launch(slots: int, group: int, nt: int, threads: int, smem: int, extra: tuple = ()) -> Launch:
+    """The grid of a tensor-core FC1 / FC2 step: G = ``group`` consecutive route tiles × every weight tile, then the
+    next G, over ``slots`` route tiles (:func:`tile_slots`); ``NT`` and ``G`` as launch scalars."""
+    return Launch((slots * nt, 1, 1), (threads, 1, 1), smem, (("NT", nt), ("G", group), *extra))
 
 
 def tuning_knob(name: str, default: int, allowed) -> int:

@@ -15,6 +15,8 @@ which read each weight once per 16-256 routes, are faster (measured, docs/perfor
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from .. import knobs
 from ..errors import KnobError
 from ..jit import KernelDef, Launch, Ptr, Scalar
@@ -25,7 +27,6 @@ from ._expert import (
     expert_spec,
     fc1_weights,
     fc2_weights,
-    gate_of,
     template_types,
     tensor_core_unsupported,
     tiled_define,
@@ -45,16 +46,21 @@ from .mma_decode import (
     MIN_BLOCKS_ALLOWED,
     THREADS,
     TILE_ROUTES,
-    WARPS,
+    RingGemm,
     _stages,
-    k_split,
     launch_smem,
     ring_decisions,
+    ring_gemm,
     smem_refusal,
 )
 
-__all__ = ["MmaBatchedFamily", "max_routes_per_expert", "per_expert", "tile_routes",
+__all__ = ["BatchedCall", "MmaBatchedFamily", "max_routes_per_expert", "per_expert", "tile_routes",
            "row_tiles"]
+
+#: Route tiles the grouping step's tile offsets count in (BR of group_by_expert): the batched GEMMs read only the
+#: offsets and the sorted routes, not the tile offsets.
+GROUP_ROUTES = 8
+
 
 def per_expert(problem: Problem) -> float:
     """Average routes of the experts that get routes (expert slices [ext]: the routed share held)."""
@@ -113,6 +119,20 @@ def max_routes_per_expert(problem: Problem, tiles: int = 1) -> int:
     t = problem.device.tuning
     experts = min(problem.experts, max(1, problem.routes))
     return (t.batched_max_routes if experts <= t.batched_few_experts else t.batched_max_routes_many)[tiles]
+
+
+@dataclass(frozen=True)
+class BatchedCall:
+    """One call's choices (:meth:`MmaBatchedFamily.configure`), made once per plan and read by the kernel choice and
+    every launch."""
+
+    br: int  # routes a pass over an expert's weights (tile_routes: 8, 16, 32)
+    fc1: RingGemm  # FC1's K split, blocks of output rows (grid.y: the experts) and shared memory
+    fc2: RingGemm
+
+    def gemm(self, role: str) -> RingGemm:
+        """The choices of ``role``'s GEMM ('fc1' or 'fc2')."""
+        return self.fc1 if role == "fc1" else self.fc2
 
 
 @register
@@ -186,32 +206,31 @@ class MmaBatchedFamily(KernelFamily):
             ))
         return tuple(out)
 
-    def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem, call=None) -> str:
-        return f"{role}_br{tile_routes(problem)}" if role in ("fc1", "fc2") else role
-
-    def geometry(self, spec: ModuleSpec, role: str, problem: Problem) -> tuple[int, int]:
-        """(KS, grid.x) of ``role``: K-split warps and blocks of output rows, by the decode engine's rule
-        over the experts that get routes (a warp tile: ``row_tiles`` 16-row tiles)."""
-        experts = min(problem.routes, problem.experts)
-        if role == "fc1":
-            per_tile, n_out, K = (8 if gate_of(spec) != "none" else 16), problem.I, problem.H
-        else:
-            per_tile, n_out, K = 16, problem.H, problem.I
-        per_tile *= spec["row_tiles"]
-        tiles = (n_out + per_tile - 1) // per_tile
+    def configure(self, spec: ModuleSpec, problem: Problem) -> BatchedCall:
+        """The call's route tile and each GEMM's K split, grid and shared memory: each decided here once."""
         br = tile_routes(problem)
-        ks = k_split(tiles, experts, K, br, min_blocks(spec, br), problem.sm_count, problem.device.tuning)
-        per_block = per_tile * (WARPS // ks)
-        return ks, (n_out + per_block - 1) // per_block
+        rt = spec["row_tiles"]  # a warp tile's 16-row tiles, by the decode engine's rule (kernels/mma_decode.py ring_gemm)
+        return BatchedCall(br, *(ring_gemm(spec, role, problem, br, min_blocks(spec, br), launch_smem(spec, role, 0, rt), rt)
+                                 for role in ("fc1", "fc2")))
 
-    def launch(self, spec: ModuleSpec, role: str, problem: Problem, call=None) -> Launch:
+    def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem, call: BatchedCall | None = None) -> str:
+        if role in ("fc1", "fc2"):
+            return f"{role}_br{(call or self.configure(spec, problem)).br}"
+        return role
+
+    def geometry(self, spec: ModuleSpec, role: str, problem: Problem, call: BatchedCall | None = None) -> tuple[int, int]:
+        """(KS, grid.x) of ``role``: K-split warps and blocks of output rows (:meth:`configure`)."""
+        g = (call or self.configure(spec, problem)).gemm(role)
+        return g.ks, g.blocks
+
+    def launch(self, spec: ModuleSpec, role: str, problem: Problem, call: BatchedCall | None = None) -> Launch:
         if role == "group":
-            return group_launch(8)
+            return group_launch(GROUP_ROUTES)
         if role == "combine":
             return combine_launch(problem)
-        ks, gx = self.geometry(spec, role, problem)
-        smem = launch_smem(spec, role, 0, spec["row_tiles"])
-        return Launch((gx, problem.experts, 1), (THREADS, 1, 1), smem, (("KS", ks),))
+        g = (call or self.configure(spec, problem)).gemm(role)
+        return Launch((g.blocks, problem.experts, 1), (THREADS, 1, 1), g.smem, (("KS", g.ks),))
 
-    def scratch(self, spec: ModuleSpec, role: str, problem: Problem, call=None) -> dict[str, Slot]:
-        return grouped_scratch(role, problem, 2)  # act_sorted in T
+    def scratch(self, spec: ModuleSpec, role: str, problem: Problem, call: BatchedCall | None = None) -> dict[str, Slot]:
+        """The grouped path's buffers (act_sorted in T): sized by the problem alone, no choice of the call's."""
+        return grouped_scratch(role, problem, 2)

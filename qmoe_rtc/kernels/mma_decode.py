@@ -15,6 +15,8 @@ limit per block (tuning knobs only: three stages of any layout take at most 76 K
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from .. import knobs
 from ..errors import KnobError
 from ..jit import KernelDef, Launch, Ptr, Scalar
@@ -38,8 +40,8 @@ from .arch import DEFAULT_SMS, ArchSpec
 from .base import KernelFamily, Problem, Slot, register
 from .tuning import Tuning
 
-__all__ = ["MmaDecodeFamily", "decode_smem_bytes", "launch_smem", "ring_bytes", "ring_decisions", "smem_refusal",
-           "tile_routes", "x_lane_bytes", "x_ring", "x_ring_bytes", "x_staged"]
+__all__ = ["DecodeCall", "MmaDecodeFamily", "RingGemm", "decode_smem_bytes", "launch_smem", "ring_bytes", "ring_decisions",
+           "ring_gemm", "smem_refusal", "tile_routes", "x_lane_bytes", "x_ring", "x_ring_bytes", "x_staged"]
 
 THREADS = 128  # kMmaThreads (4 warps)
 WARPS = 4
@@ -196,6 +198,48 @@ def k_split(tiles: int, experts: int, K: int, br: int = 8, per_sm: int | None = 
     return ks
 
 
+@dataclass(frozen=True)
+class RingGemm:
+    """One ring GEMM's launch choices for a call (this engine's and the batched engine's FC1 or FC2)."""
+
+    ks: int  # KS: warps of a block that split K (1, 2 or 4: k_split)
+    blocks: int  # grid.x: blocks of output rows, 16-row tiles × WARPS / KS (grid.y: the routes or the experts)
+    smem: int  # dynamic shared memory of a block, bytes (launch_smem)
+
+
+def ring_gemm(spec: ModuleSpec, role: str, problem: Problem, br: int, per_sm: int, smem: int,
+              row_tiles: int = 1) -> RingGemm:
+    """``role``'s ("fc1" / "fc2") choices at route tile ``br``: the K split (:func:`k_split`, over the experts that get
+    routes, ``per_sm`` resident blocks of its kernels) and the blocks of output rows (a warp tile: ``row_tiles``
+    16-row tiles, or 8 gated outputs each for FC1), with ``smem`` bytes a block."""
+    experts = min(problem.routes, problem.experts)
+    if role == "fc1":
+        per_tile, n_out, K = (8 if gate_of(spec) != "none" else 16), problem.I, problem.H
+    else:
+        per_tile, n_out, K = 16, problem.H, problem.I
+    per_tile *= row_tiles
+    tiles = (n_out + per_tile - 1) // per_tile
+    ks = k_split(tiles, experts, K, br, per_sm, problem.sm_count, problem.device.tuning)
+    per_block = per_tile * (WARPS // ks)
+    return RingGemm(ks, (n_out + per_block - 1) // per_block, smem)
+
+
+@dataclass(frozen=True)
+class DecodeCall:
+    """One call's choices (:meth:`MmaDecodeFamily.configure`), made once per plan and read by the kernel choice and
+    every launch."""
+
+    br: int  # routes a pass serves (tile_routes: 8, 16, 32)
+    xs: int  # route lanes whose activations the x rings stage (x_staged), 0: the kernels that read x from memory
+    pf: int  # chunks of its two rows a warp warms L2 with before the route scan (knob mma_prefetch_chunks)
+    fc1: RingGemm
+    fc2: RingGemm
+
+    def gemm(self, role: str) -> RingGemm:
+        """The choices of ``role``'s GEMM ('fc1' or 'fc2')."""
+        return self.fc1 if role == "fc1" else self.fc2
+
+
 @register
 class MmaDecodeFamily(KernelFamily):
     name = "mma_decode"
@@ -263,35 +307,34 @@ class MmaDecodeFamily(KernelFamily):
             ))
         return tuple(out)
 
-    def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem, call=None) -> str:
-        return f"{role}_br8_xr" if x_staged(spec, problem) else f"{role}_br{tile_routes(problem.rows)}"
+    def configure(self, spec: ModuleSpec, problem: Problem) -> DecodeCall:
+        """The call's route tile, x-ring lanes, prefetch chunks and each GEMM's K split, grid and shared memory: each
+        decided here once."""
+        br, xs = tile_routes(problem.rows), x_staged(spec, problem)
+        fc1, fc2 = (ring_gemm(spec, role, problem, br, min_blocks(spec, br, xs > 0),
+                              launch_smem(spec, role, problem.routes, xs=xs)) for role in ("fc1", "fc2"))
+        return DecodeCall(br, xs, knobs.get("mma_prefetch_chunks") or PREFETCH_CHUNKS, fc1, fc2)
 
-    def geometry(self, spec: ModuleSpec, role: str, problem: Problem) -> tuple[int, int]:
+    def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem, call: DecodeCall | None = None) -> str:
+        c = call or self.configure(spec, problem)
+        return f"{role}_br8_xr" if c.xs else f"{role}_br{c.br}"
+
+    def geometry(self, spec: ModuleSpec, role: str, problem: Problem, call: DecodeCall | None = None) -> tuple[int, int]:
         """(KS, grid.x) of ``role`` ("fc1" or "fc2"): K-split warps and output tiles."""
-        experts = min(problem.routes, problem.experts)
-        if role == "fc1":
-            per_tile, n_out, K = (8 if gate_of(spec) != "none" else 16), problem.I, problem.H
-        else:
-            per_tile, n_out, K = 16, problem.H, problem.I
-        tiles = (n_out + per_tile - 1) // per_tile
-        br = tile_routes(problem.rows)
-        ks = k_split(tiles, experts, K, br, min_blocks(spec, br, x_staged(spec, problem) > 0), problem.sm_count,
-                     problem.device.tuning)
-        per_block = per_tile * (WARPS // ks)
-        return ks, (n_out + per_block - 1) // per_block
+        g = (call or self.configure(spec, problem)).gemm(role)
+        return g.ks, g.blocks
 
-    def launch(self, spec: ModuleSpec, role: str, problem: Problem, call=None) -> Launch:
-        ks, gx = self.geometry(spec, role, problem)
-        xs = x_staged(spec, problem)
-        smem = launch_smem(spec, role, problem.routes, xs=xs)
+    def launch(self, spec: ModuleSpec, role: str, problem: Problem, call: DecodeCall | None = None) -> Launch:
+        c = call or self.configure(spec, problem)
+        g = c.gemm(role)
         # overlap: FC1 waits for the ids, FC2 reads the ids and prefetches its weights, then waits for act
-        pf = knobs.get("mma_prefetch_chunks") or PREFETCH_CHUNKS
-        args = (("KS", ks), ("PF", pf), ("XS", xs))
+        args = (("KS", g.ks), ("PF", c.pf), ("XS", c.xs))
         if role == "fc2":  # expert flow: an expert's FC1 blocks, which its FC2 blocks wait for
-            args += (("FC1_TILES", self.geometry(spec, "fc1", problem)[1]),)
-        return Launch((gx, problem.routes, 1), (THREADS, 1, 1), smem, args, overlap=True)
+            args += (("FC1_TILES", c.fc1.blocks),)
+        return Launch((g.blocks, problem.routes, 1), (THREADS, 1, 1), g.smem, args, overlap=True)
 
-    def scratch(self, spec: ModuleSpec, role: str, problem: Problem, call=None) -> dict[str, Slot]:
+    def scratch(self, spec: ModuleSpec, role: str, problem: Problem, call: DecodeCall | None = None) -> dict[str, Slot]:
+        """The step's buffers, sized by the problem alone (no choice of the call's)."""
         R = problem.routes
         if role == "fc1":
             # act [R, I] T; the expert flow's counters [E + S] u32 each, zero between calls (FC2 resets

@@ -13,6 +13,7 @@ where not even 16 routes fit (tuning knobs only), :meth:`MmaPrefillFamily.suppor
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 from ..jit import KernelDef, Launch, Ptr, Scalar
 from ..specialize import ModuleSpec
@@ -36,7 +37,9 @@ from ._grouped import (
     group_and_combine,
     group_launch,
     grouped_scratch,
+    route_group,
     staged_projection,
+    tile_slots,
     tiled_launch,
     tuning_knob,
     weight_tiles,
@@ -44,7 +47,7 @@ from ._grouped import (
 from .base import KernelFamily, Problem, Slot, register
 from .tuning import Tuning
 
-__all__ = ["MmaPrefillFamily", "ring_smem", "stage_bytes", "tile_routes"]
+__all__ = ["MmaPrefillCall", "MmaPrefillFamily", "ring_smem", "stage_bytes", "tile_routes"]
 
 MW = 2  # kPfMW: m16 weight tiles per warp
 TILE_ROUTES = (16, 32, 64)  # BR: routes per block tile
@@ -52,6 +55,19 @@ STAGES = 3  # pipeline stages (the device's kPfStages: -DQMOE_PF_STAGES)
 WARPS = 4  # warps a block (-DQMOE_PF_WARPS): a block tile is 32·WARPS weight rows
 MIN_BLOCKS = 2  # blocks per SM the register budget is set for (-DQMOE_PF_MIN_BLOCKS)
 
+
+@dataclass(frozen=True)
+class MmaPrefillCall:
+    """One call's choices (:meth:`MmaPrefillFamily.configure`), made once per plan and read by the kernel choice and
+    every launch."""
+
+    br: int  # routes a block tile (MmaPrefillFamily.route_tile: 16, 32, 64)
+    group: int  # G: route tiles launched side by side for each weight tile (_grouped.route_group)
+    slots: int  # route tiles the FC1 / FC2 grids cover (_grouped.tile_slots)
+    fc1_tiles: int  # NT of FC1: weight tiles over I, warps·MW m16 tiles of 8 gated or 16 plain outputs each
+    fc2_tiles: int  # NT of FC2: weight tiles over H, warps·MW m16 tiles of 16 rows each
+    fc1_smem: int  # dynamic shared memory of an FC1 block, bytes (ring_smem at br)
+    fc2_smem: int  # dynamic shared memory of an FC2 block, bytes
 
 
 def tile_routes(routes: int, E: int, tuning: Tuning) -> int:
@@ -167,20 +183,29 @@ class MmaPrefillFamily(KernelFamily):
         fit = [br for br in fitting_tiles(spec, problem.smem_limit) if br <= want]
         return fit[-1] if fit else TILE_ROUTES[0]
 
-    def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem, call=None) -> str:
+    def configure(self, spec: ModuleSpec, problem: Problem) -> MmaPrefillCall:
+        """The call's route tile, grid grouping and tiles, each GEMM's weight tiles and shared memory: each decided
+        here once."""
+        br, group = self.route_tile(spec, problem), route_group()
+        nt = {role: weight_tiles(spec, role, problem.I if role == "fc1" else problem.H, spec["warps"] * MW)
+              for role in ("fc1", "fc2")}
+        return MmaPrefillCall(br, group, tile_slots(problem, br, group), nt["fc1"], nt["fc2"],
+                              ring_smem(spec, "fc1", br), ring_smem(spec, "fc2", br))
+
+    def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem, call: MmaPrefillCall | None = None) -> str:
         if role in ("fc1", "fc2"):
-            return f"{role}_br{self.route_tile(spec, problem)}"
+            return f"{role}_br{(call or self.configure(spec, problem)).br}"
         return role
 
-    def launch(self, spec: ModuleSpec, role: str, problem: Problem, call=None) -> Launch:
-        br = self.route_tile(spec, problem)
+    def launch(self, spec: ModuleSpec, role: str, problem: Problem, call: MmaPrefillCall | None = None) -> Launch:
+        c = call or self.configure(spec, problem)
         if role == "group":
-            return group_launch(br)
+            return group_launch(c.br)
         if role == "combine":
             return combine_launch(problem)
-        warps = spec["warps"]
-        nt = weight_tiles(spec, role, problem.I if role == "fc1" else problem.H, warps * MW)
-        return tiled_launch(problem, br, nt, 32 * warps, ring_smem(spec, role, br))
+        nt, smem = (c.fc1_tiles, c.fc1_smem) if role == "fc1" else (c.fc2_tiles, c.fc2_smem)
+        return tiled_launch(c.slots, c.group, nt, 32 * spec["warps"], smem)
 
-    def scratch(self, spec: ModuleSpec, role: str, problem: Problem, call=None) -> dict[str, Slot]:
-        return grouped_scratch(role, problem, 2)  # act_sorted in T
+    def scratch(self, spec: ModuleSpec, role: str, problem: Problem, call: MmaPrefillCall | None = None) -> dict[str, Slot]:
+        """The grouped path's buffers (act_sorted in T): sized by the problem alone, no choice of the call's."""
+        return grouped_scratch(role, problem, 2)

@@ -19,6 +19,8 @@ and no sparse mixer; bf16 on a 2-core CPU: 0.52–0.72 s against 0.68–1.04 s f
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..errors import QMoEUnsupportedError
 from ..jit import KernelDef, Launch, Ptr, Scalar
 from ..specialize import CPP_TYPES, ModuleSpec
@@ -130,6 +132,18 @@ def logits_geometry(problem: Problem, kind: str | None = None) -> tuple[str, Lau
     return kind, Launch((gx, gy, 1), (32 * kw, 1, 1), (kw - 1) * mt * nt * 4 * 32 * 4)
 
 
+@dataclass(frozen=True)
+class RouteCall:
+    """One call's choices (:meth:`RouteFamily.configure`), made once per plan and read by the kernel choice and the
+    launches."""
+
+    key: str  # the routing kernel (kernel_key; '_warp': one warp a row)
+    grid: int  # the routing launch's blocks: one a row, or WARP_ROWS rows (one warp each) a block
+    threads: int  # its threads a block: THREADS, or a warp a row
+    logits: str  # the router GEMM's kind (logits_kind: gemv / tiled / mma / mma_tiled), '' without one
+    logits_launch: Launch | None  # its grid, block (the K-split warps) and shared memory (logits_geometry)
+
+
 @register
 class RouteFamily(KernelFamily):
     name = "route"
@@ -203,13 +217,11 @@ class RouteFamily(KernelFamily):
             return f"{problem.rows} rows (the router GEMM's grid holds at most {MAX_GRID_Y * TILE})"
         return None
 
-    def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem, call=None) -> str:
+    def configure(self, spec: ModuleSpec, problem: Problem) -> RouteCall:
+        """The call's routing kernel and grid and its router GEMM's kind and geometry, each decided here once; refused
+        where the module was made for another kind of layer (shared-expert gate, router GEMM, a warp or a block a
+        row)."""
         gate, rgemm, warp = bool(spec.get("gate")), bool(spec.get("rgemm")), bool(spec.get("warp"))
-        if role == "logits":
-            if not rgemm or not problem.router_gemm:
-                raise QMoEUnsupportedError(f"module {spec.name} has no router GEMM for this problem (router_gemm "
-                                           f"{problem.router_gemm!r}): make the spec from a config with router_gemm")
-            return logits_key(problem.router_gemm, logits_kind(problem))
         if gate != bool(problem.shared_gate) or rgemm != bool(problem.router_gemm):
             raise QMoEUnsupportedError(f"module {spec.name} was made for shared_gate={gate}, router GEMM={rgemm}; the "
                                        f"problem has shared_gate={problem.shared_gate}, "
@@ -219,16 +231,34 @@ class RouteFamily(KernelFamily):
                                        f"problem ({problem.logit_count} experts, sparse mixer {problem.sparse}, "
                                        f"shared gate {problem.shared_gate}) needs the other kind")
         lt = "gemm" if rgemm else problem.router_dtype
-        return kernel_key(lt, problem.router_weights_dtype, problem.sparse, gate) + ("_warp" if warp else "")
+        key = kernel_key(lt, problem.router_weights_dtype, problem.sparse, gate) + ("_warp" if warp else "")
+        kind, logits = logits_geometry(problem) if problem.router_gemm else ("", None)
+        grid, threads = (_cdiv(problem.rows, WARP_ROWS), 32 * WARP_ROWS) if warp else (problem.rows, THREADS)
+        return RouteCall(key, grid, threads, kind, logits)
 
-    def launch(self, spec: ModuleSpec, role: str, problem: Problem, call=None) -> Launch:
+    def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem, call: RouteCall | None = None) -> str:
+        c = call or self.configure(spec, problem)
         if role == "logits":
-            return logits_geometry(problem)[1]
-        if spec.get("warp"):
-            return Launch((_cdiv(problem.rows, WARP_ROWS), 1, 1), (32 * WARP_ROWS, 1, 1), 0, overlap=True)
-        return Launch((problem.rows, 1, 1), (THREADS, 1, 1), 0, overlap=True)  # waits for the router GEMM
+            return logits_key(problem.router_gemm, self._logits(spec, problem, c))
+        return c.key
 
-    def scratch(self, spec: ModuleSpec, role: str, problem: Problem, call=None) -> dict[str, Slot]:
+    def launch(self, spec: ModuleSpec, role: str, problem: Problem, call: RouteCall | None = None) -> Launch:
+        c = call or self.configure(spec, problem)
+        if role == "logits":
+            self._logits(spec, problem, c)
+            return c.logits_launch
+        return Launch((c.grid, 1, 1), (c.threads, 1, 1), 0, overlap=True)  # waits for the router GEMM
+
+    @staticmethod
+    def _logits(spec: ModuleSpec, problem: Problem, call: RouteCall) -> str:
+        """The call's router GEMM kind, refused where the module or the problem has none."""
+        if not call.logits:
+            raise QMoEUnsupportedError(f"module {spec.name} has no router GEMM for this problem (router_gemm "
+                                       f"{problem.router_gemm!r}): make the spec from a config with router_gemm")
+        return call.logits
+
+    def scratch(self, spec: ModuleSpec, role: str, problem: Problem, call: RouteCall | None = None) -> dict[str, Slot]:
+        """The step's buffers, sized by the problem alone (no choice of the call's)."""
         logits = {"router_logits": Slot(4 * problem.rows * problem.logit_count)} if problem.router_gemm else {}  # [rows, E] f32
         if role == "logits":
             return logits

@@ -54,6 +54,7 @@ from ._grouped import (
     group_and_combine,
     group_launch,
     grouped_scratch,
+    route_group,
     route_tiles,
     tile_slots,
     tiled_launch,
@@ -107,7 +108,8 @@ class WgCall:
     Hp: int  # H padded to whole chunks: x's permuted rows [rows, Hp]
     Ip: int  # I padded to whole chunks: act_sorted [R, Ip]
     rp: int  # rows of the pairs' route-tile images (image_rows), 0 without pairs
-    slots: int  # route-tile slots of the tile table (tile_slots)
+    slots: int  # route-tile slots of the tile table, which the FC1 / FC2 grids cover (tile_slots)
+    group: int  # G: route tiles launched side by side for each weight tile (_grouped.route_group)
 
 
 @register
@@ -226,13 +228,13 @@ class WgmmaPrefillFamily(KernelFamily):
         and the call's route tile is PAIR_ROUTES; knob ``prefill_wg_pairs``: 'on' / 'off' force them there / never,
         'auto' (the default) from the arch's ``wgmma_pair_min_fc1_tiles`` FC1 weight tiles a route tile and where FC2
         would not split K (kernels/tuning/, where the measurements are)."""
-        return self._pairs(spec, problem, self._k_split(spec, problem))
+        return self.configure(spec, problem).pair
 
-    def _pairs(self, spec: ModuleSpec, problem: Problem, ks: int) -> bool:
+    def _pairs(self, spec: ModuleSpec, problem: Problem, br: int, ks: int) -> bool:
+        """:meth:`pairs` at route tile ``br`` with FC2's ``ks`` blocks a tile (:meth:`_k_split`)."""
         mode = knobs.get("prefill_wg_pairs")
         if mode not in ("auto", "on", "off"):
             raise KnobError(knobs.label("prefill_wg_pairs"), "one of ['auto', 'on', 'off']", repr(mode))
-        br = tile_routes(problem.routes, problem.experts, problem.device.tuning, have=spec_tiles(spec))
         if mode == "off" or not pair_kernels(spec) or br != PAIR_ROUTES:
             return False
         nt1 = weight_tiles(spec, "fc1", padded(problem.I), 4 * groups_of(spec, "fc1", PAIR_ROUTES))
@@ -240,15 +242,16 @@ class WgmmaPrefillFamily(KernelFamily):
 
     def configure(self, spec: ModuleSpec, problem: Problem) -> WgCall:
         """The call's route tile, pairs or not, FC2's blocks a tile (1 for pairs, else :meth:`_k_split`), padded K and
-        the images' rows: each decided here once."""
+        the images' rows, the grid's grouping and tiles: each decided here once."""
         br = tile_routes(problem.routes, problem.experts, problem.device.tuning, have=spec_tiles(spec))
-        ks = self._k_split(spec, problem)
-        pair = self._pairs(spec, problem, ks)
+        ks = self._k_split(spec, problem, br)
+        pair = self._pairs(spec, problem, br, ks)
+        group = route_group()
         return WgCall(br, pair, 1 if pair else ks, padded(problem.H), padded(problem.I),
-                      image_rows(spec, problem) if pair else 0, tile_slots(problem, br))
+                      image_rows(spec, problem) if pair else 0, tile_slots(problem, br, group), group)
 
-    def _k_split(self, spec: ModuleSpec, problem: Problem) -> int:
-        """KS, the blocks FC2 launches a tile: 2 (its halves of K, when the device
+    def _k_split(self, spec: ModuleSpec, problem: Problem, br: int) -> int:
+        """KS, the blocks FC2 launches a tile at route tile ``br``: 2 (its halves of K, when the device
         finds they fill the last round better: fc2_splits) where FC2 has at most the arch's ``wgmma_fc2_split_rounds``
         rounds of tiles (SMs × the blocks an SM holds: the host's bound; past it the device would not split and
         zeroing y would be wasted) and ``wgmma_fc2_split_chunks`` chunks of K or more (on a shorter K a split tile's
@@ -260,7 +263,6 @@ class WgmmaPrefillFamily(KernelFamily):
             raise KnobError(knobs.label("prefill_fc2_split"), "one of ['auto', 'on', 'off']", repr(mode))
         if mode == "off" or padded(problem.I) < 2 * CHUNK:
             return 1
-        br = tile_routes(problem.routes, problem.experts, problem.device.tuning, have=spec_tiles(spec))
         m16 = 4 * groups_of(spec, "fc2", br)  # m16 weight tiles per block
         tiles = route_tiles(problem.routes, problem.experts, br) * weight_tiles(spec, "fc2", problem.H, m16)
         slots = problem.sm_count * resident(spec, "fc2", br)
@@ -296,10 +298,10 @@ class WgmmaPrefillFamily(KernelFamily):
         smem = launch_smem(spec, role, br, c.slots * nt, problem.sm_count, problem.device.tuning)
         if role == "fc2":  # KS blocks a tile: its halves of K (fc2_splits decides on the device)
             slots = problem.sm_count * resident(spec, role, br)
-            launch = tiled_launch(problem, br, nt, 128 * wgs, smem,
+            launch = tiled_launch(c.slots, c.group, nt, 128 * wgs, smem,
                                   (("Hp", Hp), ("Ip", Ip), ("Rp", c.rp), ("KS", c.fc2_ks), ("SMS", slots)))
             return replace(launch, grid=(launch.grid[0] * c.fc2_ks, 1, 1), overlap=overlapped(problem))
-        launch = tiled_launch(problem, br, nt, 128 * wgs, smem, (("Hp", Hp), ("Ip", Ip), ("Rp", c.rp)))
+        launch = tiled_launch(c.slots, c.group, nt, 128 * wgs, smem, (("Hp", Hp), ("Ip", Ip), ("Rp", c.rp)))
         return replace(launch, overlap=overlapped(problem))
 
     def scratch(self, spec: ModuleSpec, role: str, problem: Problem, call: WgCall | None = None) -> dict[str, Slot]:
