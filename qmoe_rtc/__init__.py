@@ -19,8 +19,9 @@ __version__ = "0.1.0"
 
 _SUBMODULES = ("contract", "errors", "executor", "extensions", "formats", "fp8", "jit", "kernels", "knobs", "oneshot",
                "presets", "quantize", "random_layer", "reference", "specialize")
-#: Submodules that live elsewhere: ``qmoe_rtc.fp8`` is the FP8 codec of the weight formats.
-_MOVED = {"fp8": "formats.fp8"}
+#: Public submodules that live in a folder: ``qmoe_rtc.fp8`` is the FP8 codec of the weight formats,
+#: ``qmoe_rtc.knobs`` the knobs of :mod:`qmoe_rtc.settings`.
+_MOVED = {"fp8": "formats.fp8", "knobs": "settings.knobs"}
 _EXPORTS = {
     "QMoEAttributes": "contract",
     "QMoEError": "errors",

@@ -44,7 +44,7 @@ def cmd_info(args) -> int:
     for line in _gpu_lines():
         print(line)
     try:
-        from . import knobs
+        from .settings import knobs
 
         print(f"kernel cache        {knobs.cache_dir()} (mode: {knobs.cache_mode()})")
     except Exception as exc:  # knobs may be mis-set; say so
@@ -56,8 +56,8 @@ def cmd_info(args) -> int:
 def _knob_line() -> str:
     """The knobs set in the environment (QMOE_RTC_* variables, QMOE_RTC_TUNE's items), or the first one with a value
     it does not take (``info`` is a diagnostic: it says so instead of refusing, as the other commands do)."""
-    from . import knobs
     from .errors import KnobError
+    from .settings import knobs
 
     try:
         knobs.snapshot()
@@ -232,7 +232,7 @@ def main(argv=None) -> int:
 
     try:
         if argv and argv[0] != "info" and not {"-h", "--help"} & set(argv):
-            from . import knobs
+            from .settings import knobs
 
             knobs.snapshot()  # every QMOE_RTC_* variable read once: a bad one is refused before any work
         if argv and argv[0] == "warm":

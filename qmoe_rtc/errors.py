@@ -143,6 +143,6 @@ class WeightFormatError(QMoEAttributeError):
 class KnobError(QMoEInputError):
     """An environment knob (``QMOE_RTC_*``) or a knob override (``knobs.scope``) has a value it does not
     accept (a kind of bad input: ``except QMoEInputError`` catches it): ``name`` is the variable,
-    ``expected`` the values it accepts, ``actual`` the value given (qmoe_rtc/knobs.py)."""
+    ``expected`` the values it accepts, ``actual`` the value given (qmoe_rtc/settings/knobs.py)."""
 
     kind = "knob"

@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 import threading
 
-from . import knobs
 from ._arrays import device_of, dtype_name, is_c_contiguous, shape_str
 from .contract import INPUT_NAMES, LAYER_INPUTS, CallSpec, QMoEAttributes, check_call
 from .errors import CaptureError, DeviceError, QMoEInputError, QMoEUnsupportedError
@@ -50,6 +49,7 @@ from .runtime.interop import (
 from .runtime.layer import describe_gpu_layer, layer_config, upload_layer
 from .runtime.plan import Plan, launched, load_launched
 from .runtime.scratch import ScratchPool
+from .settings import knobs
 from .specialize import ModelConfig
 
 __all__ = ["QMoE", "QMoEGraph", "layer_config"]

@@ -217,7 +217,7 @@ def _forward_pair(arr, moe, replay, x, lg, og, oe, smem, diagnose):
 def engine_scope(engine: str):
     """The knob scope that makes the prefill path run ``engine`` ('prefill-batched' / 'prefill-mma' /
     'prefill-wgmma')."""
-    from . import knobs
+    from .settings import knobs
 
     path, _, kind = engine.partition("-")
     return knobs.scope(prefill_engine=kind if path == "prefill" and kind in ("batched", "mma", "wgmma") else "auto")

@@ -198,7 +198,7 @@ def _die_with_parent(parent: int) -> None:
 
 def _worker_init(parent: int, values: dict) -> None:
     """Worker-process initializer: die with the parent, then take its knob values."""
-    from . import knobs
+    from .settings import knobs
 
     _die_with_parent(parent)
     knobs.apply(values)
@@ -238,9 +238,9 @@ def _archs(args) -> list[str]:
 
 def _check_location(archs) -> None:
     """:class:`CacheLocationError` unless every arch's cache directory can store entries (warm's job)."""
-    from . import knobs
     from .errors import CacheLocationError
     from .jit import store
+    from .settings import knobs
 
     if knobs.get("no_disk_cache"):
         raise CacheLocationError("QMOE_RTC_NO_DISK_CACHE is set: warm stores into the disk cache; unset it")
@@ -250,7 +250,7 @@ def _check_location(archs) -> None:
 
 def _run(todo, jobs: int, report) -> None:
     """Build every (spec, arch) of ``todo``; ``report(spec, arch, result or exception)`` per module."""
-    from . import knobs
+    from .settings import knobs
 
     if jobs == 1:
         for spec, arch in todo:
@@ -280,8 +280,8 @@ def _run(todo, jobs: int, report) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The warm command; returns the exit status (see the module docstring)."""
-    from . import knobs
     from .errors import QMoEError
+    from .settings import knobs
 
     args = build_parser().parse_args(argv)
     overrides = {"cache_dir": args.cache_dir} if args.cache_dir else {}
@@ -294,10 +294,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(args) -> int:
-    from . import knobs
     from .errors import CacheError
     from .jit import check_stored, disk_entry_dir, store
     from .kernels import spec_unit
+    from .settings import knobs
 
     knobs.snapshot()  # every knob parsed now, so a bad value is refused before any work
     archs = _archs(args)

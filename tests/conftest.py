@@ -67,8 +67,8 @@ def rng(request):
 @pytest.fixture
 def cache(tmp_path):
     """A fresh on-disk kernel cache in tmp_path (normal mode, no dumps), memory tier cleared around it."""
-    from qmoe_rtc import knobs
     from qmoe_rtc.jit import clear_memory
+    from qmoe_rtc.settings import knobs
 
     clear_memory()
     tmp_path.chmod(0o700)  # a cache directory others can write is not trusted (whatever the umask made it)

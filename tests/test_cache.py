@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from qmoe_rtc import knobs
 from qmoe_rtc.errors import CacheMissError
 from qmoe_rtc.jit import SCHEMA_VERSION, clear_memory, disk_entry_dir, get_cubin, unit_key
 from qmoe_rtc.kernels import spec_unit
 from qmoe_rtc.kernels.dequant import dequant_spec
+from qmoe_rtc.settings import knobs
 
 ARCH = "sm_90"
 SPEC = spec_unit(dequant_spec("float16", 4, 128, "packed", "float32"))  # a compile unit

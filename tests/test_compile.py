@@ -171,10 +171,10 @@ def test_split_compile_knob_options_key_and_machine_code(cache):
     """Tuning knob split_compile: its options reach the key; 'all' is the default; 'ptxas' leaves every
     kernel's machine code as 'off' has it (ptxas only compiles the kernels side by side); a value it cannot
     take is refused by name."""
-    from qmoe_rtc import knobs
     from qmoe_rtc.errors import KnobError
     from qmoe_rtc.jit import compiler
     from qmoe_rtc.jit.unit import unit_key
+    from qmoe_rtc.settings import knobs
 
     unit = spec_unit(dequant_spec("bfloat16", 4, 128, "packed", "bfloat16"))
     assert knobs.get("split_compile") == "all"

@@ -325,7 +325,7 @@ def test_expert_flow_decode_module_compiles(cache):
     """The tuning knob mma_expert_flow's decode module (per-expert FC1 counters, FC2 waiting on them) compiles
     for sm_90 (where launches overlap) and sm_80 (where they do not: the counters are then full when FC2
     starts), with every kernel."""
-    from qmoe_rtc import knobs
+    from qmoe_rtc.settings import knobs
 
     cfg = ModelConfig(hidden=2048, inter=768, experts=8, k=2, layout=LAYOUTS[0][0])
     with knobs.scope(mma_expert_flow=True):
@@ -346,8 +346,8 @@ def test_cubins_are_reproducible():
     from cubin_sections import text_sections
     from side_by_side import in_threads
 
-    from qmoe_rtc import knobs
     from qmoe_rtc.jit import compiler
+    from qmoe_rtc.settings import knobs
 
     cfg = ModelConfig(hidden=256, inter=128, experts=8, k=2, layout=LAYOUTS[0][0])
     units = [spec_unit(get_family(f).spec(cfg)) for f in ("mma_decode", "route")]

@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 from cubin_sections import text_sections
 
-from qmoe_rtc import knobs
 from qmoe_rtc.errors import CacheMissError, CompileError
 from qmoe_rtc.jit import CompileUnit, KernelDef, Ptr, check_stored, compiler, disk_entry_dir, get_cubin, get_cubins, store_cubins
 from qmoe_rtc.jit.unit import unit_key
 from qmoe_rtc.kernels import get_family, spec_unit
+from qmoe_rtc.settings import knobs
 from qmoe_rtc.specialize import Layout, ModelConfig
 
 SMALL = ModelConfig(hidden=256, inter=128, experts=8, k=2,

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from qmoe_rtc import knobs
 from qmoe_rtc.errors import KnobError
 from qmoe_rtc.kernels.arch import DEFAULT_SMS, ArchSpec
 from qmoe_rtc.kernels.mma_decode import MIN_BLOCKS, k_split
+from qmoe_rtc.settings import knobs
 
 #: The rules' thresholds of an unknown device (the default tuning table, kernels/tuning/), which k_split takes by default.
 DEEP_CHUNKS, ONE_WAVE_CHUNKS = ArchSpec().tuning.deep_chunks, ArchSpec().tuning.one_wave_chunks

@@ -8,7 +8,6 @@ import dataclasses
 
 import pytest
 
-from qmoe_rtc import knobs
 from qmoe_rtc.kernels import Problem, choose, decode_limit
 from qmoe_rtc.kernels.engine_choice import (
     CROSSOVERS,
@@ -19,6 +18,7 @@ from qmoe_rtc.kernels.engine_choice import (
     expected_experts,
     routes_per_expert,
 )
+from qmoe_rtc.settings import knobs
 from qmoe_rtc.specialize import Layout, ModelConfig
 
 ENGINES = ("decode", "batched", "wgmma")

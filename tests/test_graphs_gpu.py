@@ -163,10 +163,10 @@ def test_changing_a_tuning_knob_in_process_loads_the_matching_module(rng):
     """Used to return the old cubin while the launch sized shared memory from the new knob value."""
     import cupy as cp
 
-    from qmoe_rtc import knobs
     from qmoe_rtc.executor import QMoE
     from qmoe_rtc.jit import load_module
     from qmoe_rtc.kernels import get_family
+    from qmoe_rtc.settings import knobs
 
     w, a = _layer(rng)
     x, lg, _ = random_inputs(rng, 4, H, E, "float16")

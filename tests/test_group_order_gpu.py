@@ -69,9 +69,10 @@ def test_a_forward_groups_in_stable_order(rng, engine):
     from test_executor_gpu import to_dev
     from test_route_order_gpu import _run_steps
 
-    from qmoe_rtc import knobs, stress
+    from qmoe_rtc import stress
     from qmoe_rtc.executor import QMoE
     from qmoe_rtc.random_layer import random_inputs, random_layer
+    from qmoe_rtc.settings import knobs
 
     if engine == "wgmma" and cp.cuda.Device().compute_capability != "90":
         pytest.skip("the wgmma engine needs sm_90a")

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from qmoe_rtc import knobs
 from qmoe_rtc.errors import KnobError, QMoEInputError
-from qmoe_rtc.knobs import KNOBS
+from qmoe_rtc.settings import knobs
+from qmoe_rtc.settings.knobs import KNOBS
 
 REPO = Path(__file__).resolve().parent.parent
 CHECKED = [k for k in KNOBS.values() if k.kind != "path"]  # a path knob takes any path

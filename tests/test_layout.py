@@ -6,11 +6,11 @@ import dataclasses
 
 import pytest
 
-from qmoe_rtc import knobs
 from qmoe_rtc.errors import KnobError, QMoEAttributeError
 from qmoe_rtc.jit import unit_key
 from qmoe_rtc.kernels import family_names, get_family, modules_for, spec_unit
 from qmoe_rtc.kernels.dequant import dequant_spec
+from qmoe_rtc.settings import knobs
 from qmoe_rtc.specialize import Layout, ModelConfig, ModuleSpec
 
 

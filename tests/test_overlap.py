@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from test_pipelines import CONFIGS
 
-from qmoe_rtc import knobs
 from qmoe_rtc.jit import Launch, driver
 from qmoe_rtc.kernels import PIPELINES, Problem, get_family
 from qmoe_rtc.runtime.plan import BoundLaunches, overlap_allowed
+from qmoe_rtc.settings import knobs
 
 SRC = Path(__file__).resolve().parents[1] / "qmoe_rtc" / "cuda_src"
 # (family, role) -> (template file, kernel function, or the body both forms of a kernel run) of every launch that

@@ -118,7 +118,7 @@ def test_prefill_engine_by_device_and_size():
     per expert, whatever the block size (no warning below: it is a measured preference); below it the
     batched-decode engine up to its own bound, then mma.sync; mma.sync on other devices (a warning: a limit);
     the knob forces either. sm_90a's measured rule: tests/test_engine_choice.py."""
-    from qmoe_rtc import knobs
+    from qmoe_rtc.settings import knobs
     MIN_ROUTES_PER_EXPERT = ArchSpec().tuning.wgmma_min_routes  # an unknown device's table (the default)
 
     tc = CONFIGS[0]  # 128 experts, k 8: rows r give r / 16 routes per expert
@@ -150,8 +150,8 @@ def test_wgmma_narrow_tiles_and_their_blocks_per_sm():
     stages fit three times an SM: FC1's launch leaves room for a third block from THIRD_BLOCK_ROUNDS rounds of
     two (asks for its ring only), and on a shorter grid, like FC2's always, asks for enough shared memory
     that a third does not fit; the knob forces FC1 either way."""
-    from qmoe_rtc import knobs
     from qmoe_rtc.kernels.wgmma_geometry import SM_SMEM, ring_bytes
+    from qmoe_rtc.settings import knobs
 
     NARROW_ROUTES, THIRD_BLOCK_ROUNDS = ArchSpec().tuning.wgmma_narrow_routes, ArchSpec().tuning.wgmma_third_block_rounds
 
@@ -184,8 +184,8 @@ def test_wgmma_fc2_k_split_launch():
     """The tiles variant's FC2 launches two blocks a tile (its halves of K) up to FC2_SPLIT_ROUNDS rounds of
     tiles and from two chunks of K, and the permute step then zeroes y [R, H] for the halves to add into;
     otherwise one block a tile and nothing zeroed. The knob forces either; a bad value is refused."""
-    from qmoe_rtc import knobs
     from qmoe_rtc.errors import KnobError
+    from qmoe_rtc.settings import knobs
     FC2_SPLIT_ROUNDS = ArchSpec().tuning.wgmma_fc2_split_rounds
 
     fam = get_family("wgmma_prefill")
@@ -221,9 +221,9 @@ def test_wgmma_pairs_by_call():
     tiles). A paired call gathers x into a route-tile image (permute_image, one block per GATHER_ROWS sorted rows),
     launches an even number of weight tiles, FC2 never splits, and FC1's output and FC2's input are images of Rp
     rows; the knob forces either way where the module has pairs; a bad value is refused."""
-    from qmoe_rtc import knobs
     from qmoe_rtc.errors import KnobError
     from qmoe_rtc.kernels.wgmma_geometry import GATHER_ROWS, image_rows, padded, pair_kernels
+    from qmoe_rtc.settings import knobs
 
     PAIR_MIN_FC1_TILES = ArchSpec().tuning.wgmma_pair_min_fc1_tiles
 
@@ -274,8 +274,8 @@ def test_wgmma_warpgroups_by_route_tile_and_layout():
     """Two warpgroups a block at 64-route tiles where four stages of theirs fit twice in an SM (two blocks an
     SM: FC2's device rule then counts 2 × SMs), four at 128 routes and where they do not fit twice (int8);
     knob prefill_wg_groups forces either for every tile (in the generated unit's rings, part of the key)."""
-    from qmoe_rtc import knobs
     from qmoe_rtc.kernels.wgmma_geometry import tile_groups
+    from qmoe_rtc.settings import knobs
 
     assert [tile_groups(4, 2, 128, False, br) for br in (64, 128)] == [2, 4]
     assert [tile_groups(b, 2, 32, False, 64, True) for b in (2, 3, 4, 8)] == [2, 2, 2, 4]
@@ -331,7 +331,7 @@ def test_wgmma_overlapped_launches():
     before reading its output; FC2 reads the grouping's and wg_prepare's outputs before its wait, complete once FC1's
     wait returned, and FC1 releases FC2 only after it); knob prefill_wg_overlap=0 launches all of them the ordinary
     way."""
-    from qmoe_rtc import knobs
+    from qmoe_rtc.settings import knobs
 
     fam = get_family("wgmma_prefill")
     cfg = CONFIGS[0]

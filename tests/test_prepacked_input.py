@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 
 import qmoe_rtc
-from qmoe_rtc import errors, knobs
+from qmoe_rtc import errors
 from qmoe_rtc.attributes import QMoEAttributes
 from qmoe_rtc.prepack import LAYOUT_VERSION, pack, tiled_shape, unpack
 from qmoe_rtc.prepacked import CODE_INPUTS, tiled_weights
 from qmoe_rtc.random_layer import random_layer
 from qmoe_rtc.runtime.layer import describe_gpu_layer
+from qmoe_rtc.settings import knobs
 
 # (name, random_layer kwargs): interleaved FC1 with a shared expert, 8-bit row-wise zero points with fused
 # halves (2), 3-bit FC3 with blocks of 16, 2-bit plain gelu, FP8 (bytes, tiled like 8-bit codes)

@@ -51,7 +51,7 @@ def ptxas_usage(*args, **kwargs) -> dict[str, tuple[int, int]]:
 
 
 def _key(*args, **kwargs) -> tuple:
-    from qmoe_rtc import knobs
+    from qmoe_rtc.settings import knobs
 
     bound = inspect.signature(compile_usage).bind(*args, **kwargs)
     bound.apply_defaults()

@@ -10,10 +10,10 @@ import itertools
 
 import pytest
 
-from qmoe_rtc import knobs
 from qmoe_rtc.errors import CompileError, QMoEAttributeError, QMoEUnsupportedError
 from qmoe_rtc.kernels import Problem, choose, decode_limit, get_family
 from qmoe_rtc.kernels.arch import DEFAULT_SMEM, ArchSpec
+from qmoe_rtc.settings import knobs
 from qmoe_rtc.specialize import Layout, ModelConfig
 
 

@@ -62,9 +62,9 @@ def test_every_arch_resolves_a_complete_table(target):
 def test_knob_defaults_come_from_the_arch_table_and_tune_overrides(monkeypatch):
     """An arch knob (kernels/tuning ARCH_KNOBS) unset reads its arch table's measured default, QMOE_RTC_TUNE and a
     scope override it; a table must give each arch knob a value the knob takes."""
-    from qmoe_rtc import knobs
     from qmoe_rtc.errors import KnobError, QMoEUnsupportedError
     from qmoe_rtc.kernels.tuning import ARCH_KNOBS, knob
+    from qmoe_rtc.settings import knobs
 
     sm90 = ArchSpec("sm_90a")
     assert set(table(sm90).knobs) == set(ARCH_KNOBS) and knob("mma_one_wave", sm90) is True

@@ -26,7 +26,7 @@ def specs(suites=SUITES) -> list:
 
     import numpy as np
 
-    from qmoe_rtc import knobs
+    from qmoe_rtc.settings import knobs
 
     seen: dict = {}
     rng = np.random.default_rng(0)
@@ -65,7 +65,7 @@ def _add_specs(layers, rng, seen: dict) -> None:
 
 
 def main() -> int:
-    from qmoe_rtc import knobs
+    from qmoe_rtc.settings import knobs
     from qmoe_rtc.warm import _build
 
     p = argparse.ArgumentParser(description=__doc__)

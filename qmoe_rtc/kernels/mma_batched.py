@@ -15,9 +15,9 @@ which read each weight once per 16-256 routes, are faster (measured, docs/perfor
 
 from __future__ import annotations
 
-from .. import knobs
 from ..errors import KnobError
 from ..jit import KernelDef, Launch, Ptr, Scalar
+from ..settings import knobs
 from ..specialize import ModuleSpec
 from ._expert import (
     ACT_PARAMS_ARG,

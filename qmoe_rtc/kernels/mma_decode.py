@@ -15,9 +15,9 @@ limit per block (tuning knobs only: three stages of any layout take at most 76 K
 
 from __future__ import annotations
 
-from .. import knobs
 from ..errors import KnobError
 from ..jit import KernelDef, Launch, Ptr, Scalar
+from ..settings import knobs
 from ..specialize import ModuleSpec
 from ._expert import (
     ACT_PARAMS_ARG,

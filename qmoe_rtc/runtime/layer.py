@@ -157,7 +157,7 @@ def use_tiled(config: ModelConfig, setting, dtype_known: bool) -> bool:
     is known (float32 calls would need the contract layout); 'on' and 'given' (codes passed tiled:
     :mod:`qmoe_rtc.prepacked`) refuse a layout that cannot be tiled. FP4 layers count as float16/bfloat16 ones
     (their scales are float32 by format, and FP4 serves LLMs in half precision): see :func:`prepack_choice`."""
-    from .. import knobs
+    from ..settings import knobs
 
     s = knobs.get("prepack") if setting is None else setting
     s = {True: "on", False: "off"}.get(s, s) if isinstance(s, bool) else s
@@ -181,7 +181,7 @@ def tiling_config(layer, ext=None, all_experts: int = 0) -> ModelConfig:
 def prepack_choice(setting, layer, ext, all_experts: int) -> bool:
     """Whether a validated layer's codes are tiled (:func:`use_tiled`); says so when 'auto' keeps the
     contract layout of a layer the tensor-core engines could read tiled."""
-    from .. import knobs
+    from ..settings import knobs
 
     known = layer.dtype in _TENSOR_CORE_DTYPES or any(p.weight_format.scale.device == "float32"
                                                       for p in layer.projections())

@@ -1,6 +1,6 @@
 """Every knob of qmoe_rtc, declared: the :class:`Knob` type and :data:`KNOBS`, the table of operational knobs (each
 its own ``QMOE_RTC_*`` variable) and tuning knobs (set through ``QMOE_RTC_TUNE``). Reading them is
-:mod:`qmoe_rtc.knobs`'s."""
+:mod:`qmoe_rtc.settings.knobs`'s."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import KnobError
+from ..errors import KnobError
 
 __all__ = ["KNOBS", "TUNE_ENV", "Knob"]
 

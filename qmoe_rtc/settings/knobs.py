@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .errors import KnobError
+from ..errors import KnobError
 from .knob_table import KNOBS, TUNE_ENV, Knob
 
 __all__ = [
