@@ -20,10 +20,12 @@ __version__ = "0.1.0"
 _SUBMODULES = ("contract", "errors", "executor", "extensions", "formats", "fp8", "jit", "kernels", "knobs", "oneshot",
                "presets", "quantize", "random_layer", "reference", "specialize")
 #: Public submodules that live in a folder: ``qmoe_rtc.fp8`` is the FP8 codec of the weight formats,
-#: ``qmoe_rtc.knobs`` the knobs of :mod:`qmoe_rtc.settings`.
-_MOVED = {"fp8": "formats.fp8", "knobs": "settings.knobs"}
+#: ``qmoe_rtc.knobs`` the knobs of :mod:`qmoe_rtc.settings`, ``qmoe_rtc.reference`` (and ``extensions``,
+#: ``random_layer``) part of :mod:`qmoe_rtc.contract`.
+_MOVED = {"fp8": "formats.fp8", "knobs": "settings.knobs", "extensions": "contract.extensions",
+          "random_layer": "contract.random_layer", "reference": "contract.reference"}
 _EXPORTS = {
-    "QMoEAttributes": "contract",
+    "QMoEAttributes": "contract.attributes",
     "QMoEError": "errors",
     "QMoEInputError": "errors",
     "QMoEAttributeError": "errors",

@@ -139,8 +139,8 @@ def cmd_demo(args) -> int:
     """A random Qwen3-30B-A3B-shaped layer (int4, block 128): reference on the CPU, GPU when present."""
     import numpy as np
 
-    from .random_layer import random_inputs, random_layer
-    from .reference import qmoe
+    from .contract.random_layer import random_inputs, random_layer
+    from .contract.reference import qmoe
 
     rng = np.random.default_rng(args.seed)
     H, I, E, k = 2048, 768, 128, 8

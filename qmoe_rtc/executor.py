@@ -26,9 +26,9 @@ import logging
 import threading
 
 from ._arrays import device_of, dtype_name, is_c_contiguous, shape_str
-from .contract import INPUT_NAMES, LAYER_INPUTS, CallSpec, QMoEAttributes, check_call
+from .contract.checks import INPUT_NAMES, LAYER_INPUTS, CallSpec, QMoEAttributes, check_call
+from .contract.extensions import EXT_INPUTS, check_ext_call
 from .errors import CaptureError, DeviceError, QMoEInputError, QMoEUnsupportedError
-from .extensions import EXT_INPUTS, check_ext_call
 from .jit.driver import max_smem_optin, probe, sm_count, stream_is_capturing
 from .kernels import Problem, choose, decode_limit, get_family
 from .runtime.check import check_layer
@@ -94,7 +94,7 @@ class QMoE:
     ``router_bias``) the layer computes its logits and a call passes ``router_probs=None``
     (docs/contract.md). Expert slices [ext]: ``expert_range=(e0, e1)`` with ``num_experts=E`` (or an
     ``expert_map`` [E] of local indices / -1): the weights hold only those experts, routing runs over
-    all E logits and a call returns this slice's partial output in T (:mod:`qmoe_rtc.slices`,
+    all E logits and a call returns this slice's partial output in T (:mod:`qmoe_rtc.contract.slices`,
     :mod:`qmoe_rtc.distributed`).
 
     ``decode_max_routes``: rows·k up to which the decode path runs (default: the crossover measured

@@ -20,7 +20,7 @@ checks the rest as for any layer. Nothing here touches the GPU except :func:`til
 from __future__ import annotations
 
 from ._arrays import array_module, is_torch
-from .attributes import QMoEAttributes
+from .contract.attributes import QMoEAttributes
 from .errors import QMoEInputError, QMoEUnsupportedError
 from .prepack import fc1_fusion, pack
 from .runtime.given_codes import CODE_INPUTS

@@ -89,8 +89,8 @@ def model_config(layout):
     """The :class:`~qmoe_rtc.specialize.ModelConfig` of a layout (GPU-free: a small layer drawn on the CPU)."""
     import numpy as np
 
-    from .contract import QMoEAttributes
-    from .random_layer import random_layer
+    from .contract.checks import QMoEAttributes
+    from .contract.random_layer import random_layer
     from .runtime.layer import describe_gpu_layer, layer_config
     from .runtime.tensors import layer_scale_dtype
 

@@ -6,7 +6,7 @@ does with a captured forward: capture on its own arrays, then twice write fresh 
 graph, call the layer eagerly with ``out=``, and compare
 
 - replay against eager, bitwise (the difference the check exists for),
-- both against the float64 reference (:func:`qmoe_rtc.reference.qmoe`) on sampled rows, and every
+- both against the float64 reference (:func:`qmoe_rtc.contract.reference.qmoe`) on sampled rows, and every
   output element of both for having been written (none left at the poison, a NaN).
 
 Before each forward the output is poisoned with 0xFF, every scratch buffer a kernel writes before it
@@ -233,8 +233,8 @@ def build_layer(cp, rng, case, dev=None):
     """A fresh random layer of ``case`` = (layout, engine) on the GPU, on the engine's path; call it (and
     plan it) inside :func:`engine_scope`. ``dev`` puts a host array on the GPU (default: CuPy).
     Returns (layer, host weights, attributes)."""
+    from .contract.random_layer import random_layer
     from .executor import QMoE
-    from .random_layer import random_layer
 
     (name, kw, E, H, I, dtype), engine = case
     kw = dict(kw)
@@ -249,8 +249,8 @@ def build_layer(cp, rng, case, dev=None):
 def check_layer(arr, rng, case, rows_list, stats: Stats, opts) -> None:
     """Build one random layer of ``case`` on its forced engine and check it at each row count (``arr``:
     the array kind, :class:`CupyArrays` or :class:`TorchArrays`)."""
-    from .random_layer import random_inputs
-    from .reference import qmoe as reference
+    from .contract.random_layer import random_inputs
+    from .contract.reference import qmoe as reference
 
     (name, kw, E, H, I, dtype), engine = case
     moe, w, a = build_layer(arr.cp, rng, case, arr.dev)

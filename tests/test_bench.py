@@ -14,10 +14,10 @@ import pytest
 
 from qmoe_rtc.bench import layers, report, run, torch_ref
 from qmoe_rtc.contract import QMoEAttributes
+from qmoe_rtc.contract.reference import qmoe as reference
+from qmoe_rtc.contract.reference import route
 from qmoe_rtc.presets import PRESETS
 from qmoe_rtc.quantize import quantize
-from qmoe_rtc.reference import qmoe as reference
-from qmoe_rtc.reference import route
 
 
 # -- arguments -------------------------------------------------------------------------------------

@@ -13,16 +13,16 @@ import pytest
 from test_bench import _FakeQMoE
 
 from qmoe_rtc import warm
-from qmoe_rtc.attributes import QMoEAttributes
 from qmoe_rtc.bench import layers, report, run, targets
 from qmoe_rtc.contract import describe_layer
+from qmoe_rtc.contract.attributes import QMoEAttributes
+from qmoe_rtc.contract.extensions import EXT_INPUTS, describe_extensions
+from qmoe_rtc.contract.random_layer import random_inputs, random_layer
+from qmoe_rtc.contract.reference import qmoe as reference
+from qmoe_rtc.contract.reference import router_logits, shared_part
 from qmoe_rtc.errors import QMoEAttributeError, WeightFormatError
-from qmoe_rtc.extensions import EXT_INPUTS, describe_extensions
 from qmoe_rtc.presets import PRESETS
 from qmoe_rtc.quantize import quantize
-from qmoe_rtc.random_layer import random_inputs, random_layer
-from qmoe_rtc.reference import qmoe as reference
-from qmoe_rtc.reference import router_logits, shared_part
 
 NEW = ("qwen3-next-80b-a3b", "deepseek-v3-tp8")
 

@@ -201,8 +201,8 @@ def test_a_shared_mlp_of_twice_i_becomes_two_shared_experts(tmp_path, rng, metho
     """A shared MLP of 2·I (Qwen2-MoE's shared_expert, with its sigmoid gate) loads as two shared experts of
     I: their dequantized halves are the MLP's, and the float64 reference gives the same output as the
     whole MLP as one shared expert of its own size."""
-    from qmoe_rtc.random_layer import random_inputs
-    from qmoe_rtc.reference import qmoe as reference
+    from qmoe_rtc.contract.random_layer import random_inputs
+    from qmoe_rtc.contract.reference import qmoe as reference
     from qmoe_rtc.runtime.layer import describe_gpu_layer
 
     dense, names = _write(tmp_path, method, rng, group=group, shared=2)

@@ -15,9 +15,9 @@ from safetensors.numpy import save_file
 
 from qmoe_rtc.checkpoints import load_layer, moe_layers
 from qmoe_rtc.contract import QMoEAttributes, describe_layer
+from qmoe_rtc.contract.reference import qmoe as reference
 from qmoe_rtc.errors import QMoEInputError, QMoEUnsupportedError
 from qmoe_rtc.formats.fp4 import dequantize_fp4
-from qmoe_rtc.reference import qmoe as reference
 
 E, H, I = 4, 64, 32
 EG = 8  # gpt-oss's routed experts: k = 4 of 8, so the top-k softmax differs from the softmax over all

@@ -67,7 +67,7 @@ def test_missing_arch_hint_speaks_cli(monkeypatch, capsys):
 def test_demo_shows_quantization_progress(monkeypatch, capsys):
     """The demo's layer takes seconds to quantize: it says how far it is, on stderr (a small layer here)."""
     from qmoe_rtc import __main__ as cli
-    from qmoe_rtc import random_layer as rl
+    from qmoe_rtc.contract import random_layer as rl
 
     seen = []
     real = rl.random_layer
@@ -78,14 +78,14 @@ def test_demo_shows_quantization_progress(monkeypatch, capsys):
 
     monkeypatch.setattr(rl, "random_layer", small)
     monkeypatch.setattr(cli, "_gpu_present", lambda: False)
-    monkeypatch.setattr("qmoe_rtc.reference.qmoe", lambda x, logits, **kw: np.zeros_like(x))
+    monkeypatch.setattr("qmoe_rtc.contract.reference.qmoe", lambda x, logits, **kw: np.zeros_like(x))
     assert cli.main(["demo", "--tokens", "1"]) == 0
     err = capsys.readouterr().err
     assert seen and seen[0] is not None and "quantizing fc1" in err and "quantizing fc2" in err and "100 %" in err
 
 
 def test_progress_does_not_change_the_layer(rng):
-    from qmoe_rtc.random_layer import random_layer
+    from qmoe_rtc.contract.random_layer import random_layer
 
     seed = int(rng.integers(1 << 30))
     a, _ = random_layer(np.random.default_rng(seed), E=9, H=64, I=32, bits=4, block_size=32)

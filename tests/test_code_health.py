@@ -18,7 +18,7 @@ PKG = REPO / "qmoe_rtc"
 #: benchmark, qmoe_rtc.bench, sits on top: nothing below imports it)
 FORBIDDEN = {
     "jit": ("qmoe_rtc.kernels", "qmoe_rtc.specialize", "qmoe_rtc.runtime", "qmoe_rtc.executor",
-            "qmoe_rtc.contract", "qmoe_rtc.attributes", "qmoe_rtc.bench"),
+            "qmoe_rtc.contract", "qmoe_rtc.contract.attributes", "qmoe_rtc.bench"),
     "specialize": ("qmoe_rtc.kernels", "qmoe_rtc.jit", "qmoe_rtc.runtime", "qmoe_rtc.executor", "qmoe_rtc.contract",
                    "qmoe_rtc.bench"),
     "kernels": ("qmoe_rtc.runtime", "qmoe_rtc.executor", "qmoe_rtc.bench"),

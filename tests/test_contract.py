@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from qmoe_rtc.contract import QMoEAttributes, check_call, check_content, describe_layer
+from qmoe_rtc.contract.random_layer import random_inputs, random_layer
+from qmoe_rtc.contract.reference import qmoe
 from qmoe_rtc.errors import QMoEAttributeError, QMoEInputError
-from qmoe_rtc.random_layer import random_inputs, random_layer
-from qmoe_rtc.reference import qmoe
 
 E, H, I = 4, 32, 16
 

@@ -8,8 +8,8 @@ import importlib.util
 import pytest
 
 from qmoe_rtc import errors
+from qmoe_rtc.contract.random_layer import random_layer
 from qmoe_rtc.distributed import ExpertParallelQMoE, rank_experts
-from qmoe_rtc.random_layer import random_layer
 
 
 def test_even_split_and_placement():

@@ -12,11 +12,11 @@ import pytest
 
 import qmoe_rtc
 from qmoe_rtc import errors
-from qmoe_rtc.attributes import QMoEAttributes
+from qmoe_rtc.contract.attributes import QMoEAttributes
+from qmoe_rtc.contract.random_layer import random_inputs, random_layer
+from qmoe_rtc.contract.reference import qmoe as reference
 from qmoe_rtc.jit import driver
 from qmoe_rtc.quantize import quantize
-from qmoe_rtc.random_layer import random_inputs, random_layer
-from qmoe_rtc.reference import qmoe as reference
 
 E, H, I = 4, 32, 16
 

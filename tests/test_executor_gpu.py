@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 
+from qmoe_rtc.contract.random_layer import random_inputs, random_layer
+from qmoe_rtc.contract.reference import qmoe as reference
 from qmoe_rtc.errors import CaptureError, QMoEInputError
-from qmoe_rtc.random_layer import random_inputs, random_layer
-from qmoe_rtc.reference import qmoe as reference
 
 pytestmark = pytest.mark.gpu
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from test_executor_gpu import TOL, check_graph_replay_equals_eager, rel_err, to_dev
 
-from qmoe_rtc.random_layer import random_inputs, random_layer
-from qmoe_rtc.reference import qmoe as reference
+from qmoe_rtc.contract.random_layer import random_inputs, random_layer
+from qmoe_rtc.contract.reference import qmoe as reference
 from qmoe_rtc.settings import knobs
 
 pytestmark = pytest.mark.gpu

@@ -11,10 +11,10 @@ from test_errors import machine  # noqa: F401  (the fake-driver fixture)
 import qmoe_rtc
 from qmoe_rtc import errors
 from qmoe_rtc.contract import QMoEAttributes
-from qmoe_rtc.extensions import SHARED_INPUTS
+from qmoe_rtc.contract.extensions import SHARED_INPUTS
+from qmoe_rtc.contract.random_layer import random_inputs, random_layer
+from qmoe_rtc.contract.reference import activate, qmoe
 from qmoe_rtc.quantize import dequantize
-from qmoe_rtc.random_layer import random_inputs, random_layer
-from qmoe_rtc.reference import activate, qmoe
 
 E, H, I, IS = 6, 64, 32, 48  # IS: the shared experts' own intermediate size
 

@@ -14,9 +14,9 @@ from side_by_side import compile_specs
 
 from qmoe_rtc import errors
 from qmoe_rtc.contract import QMoEAttributes, describe_layer
+from qmoe_rtc.contract.random_layer import random_layer
 from qmoe_rtc.kernels import Problem, choose, get_family, modules_for
 from qmoe_rtc.kernels._expert import template_types, tensor_core_unsupported
-from qmoe_rtc.random_layer import random_layer
 from qmoe_rtc.runtime.layer import layer_config
 from qmoe_rtc.runtime.tensors import layer_scale_dtype, upload_projections
 from qmoe_rtc.specialize import CPP_ZP, ZP_MODES, Layout, ModelConfig

@@ -6,8 +6,8 @@ k = 33 and E = 513 are refused before the GPU."""
 import numpy as np
 import pytest
 
-from qmoe_rtc.random_layer import random_inputs, random_layer
-from qmoe_rtc.reference import qmoe as reference
+from qmoe_rtc.contract.random_layer import random_inputs, random_layer
+from qmoe_rtc.contract.reference import qmoe as reference
 
 pytestmark = pytest.mark.gpu
 

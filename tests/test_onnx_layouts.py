@@ -23,9 +23,9 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from qmoe_rtc.checkpoints.onnx_layouts import unprepack_sm80  # noqa: E402
 from qmoe_rtc.checkpoints.onnx_nodes import qmoe_nodes  # noqa: E402
 from qmoe_rtc.contract import INPUT_NAMES, QMoEAttributes, describe_layer  # noqa: E402
+from qmoe_rtc.contract.random_layer import random_layer  # noqa: E402
 from qmoe_rtc.errors import QMoEInputError, QMoEUnsupportedError  # noqa: E402
 from qmoe_rtc.formats.fp4 import dequantize_fp4  # noqa: E402
-from qmoe_rtc.random_layer import random_layer  # noqa: E402
 
 SLOTS = INPUT_NAMES + ("fc1_global_scale", "fc2_global_scale")
 E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
@@ -213,7 +213,7 @@ def test_int3_models_match_onnxruntime(tmp_path, rng):
     ort = pytest.importorskip("onnxruntime", minversion="1.32")
     from ort_oracle import run_ort_qmoe
 
-    from qmoe_rtc.reference import qmoe as reference
+    from qmoe_rtc.contract.reference import qmoe as reference
 
     w, a = random_layer(rng, E=4, H=64, I=64, k=2, bits=3, block_size=32, activation_type="swiglu",
                         swiglu_fusion=1, dtype="float16", normalize_routing_weights=1,

@@ -16,9 +16,9 @@ from ort_oracle import run_ort_qmoe  # noqa: E402
 
 from qmoe_rtc.checkpoints.onnx_nodes import qmoe_nodes  # noqa: E402
 from qmoe_rtc.contract import INPUT_NAMES, QMoEAttributes, describe_layer  # noqa: E402
+from qmoe_rtc.contract.random_layer import random_layer  # noqa: E402
+from qmoe_rtc.contract.reference import qmoe as reference  # noqa: E402
 from qmoe_rtc.errors import QMoEInputError, QMoEUnsupportedError  # noqa: E402
-from qmoe_rtc.random_layer import random_layer  # noqa: E402
-from qmoe_rtc.reference import qmoe as reference  # noqa: E402
 
 H, E = 64, 4
 LAYERS = {  # node name -> random_layer kwargs (what ONNX Runtime's CPU QMoE runs: swiglu interleaved, 2/4/8-bit;

@@ -30,8 +30,8 @@ except ImportError:  # repo not installed: use the checkout this file lives in
 pytest.importorskip("onnxruntime", minversion="1.32")
 pytest.importorskip("onnx")
 
+from qmoe_rtc.contract.reference import qmoe  # noqa: E402
 from qmoe_rtc.quantize import quantize  # noqa: E402
-from qmoe_rtc.reference import qmoe  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ort_oracle import run_ort_qmoe  # noqa: E402

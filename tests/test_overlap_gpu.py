@@ -10,8 +10,8 @@ import pytest
 from test_executor_gpu import TOL, rel_err
 from test_shared_gpu import build, to_dev
 
-from qmoe_rtc.random_layer import random_inputs
-from qmoe_rtc.reference import qmoe as reference
+from qmoe_rtc.contract.random_layer import random_inputs
+from qmoe_rtc.contract.reference import qmoe as reference
 from qmoe_rtc.settings import knobs
 
 pytestmark = pytest.mark.gpu

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from qmoe_rtc.contract import QMoEAttributes, describe_layer
+from qmoe_rtc.contract.random_layer import random_layer
 from qmoe_rtc.errors import QMoEAttributeError, QMoEInputError, QMoEUnsupportedError
 from qmoe_rtc.kernels import choose, get_family
 from qmoe_rtc.prepack import (
@@ -26,7 +27,6 @@ from qmoe_rtc.prepack import (
     unpack_meta,
     untile,
 )
-from qmoe_rtc.random_layer import random_layer
 from qmoe_rtc.runtime.layer import executor_config, layer_config, tiling_unsupported, use_tiled
 from qmoe_rtc.specialize import Layout, ModelConfig
 
@@ -186,8 +186,8 @@ def test_fusion2_fc1_tiles_as_fusion1(rng, bits, block_size):
     fusion 1's row order, whose bias is fusion1_order's; and that fusion-1 layer computes what the fusion-2
     one does (float64 reference): so the engines, which read tiled fusion 2 as fusion 1 (gate_of), are
     right by construction."""
+    from qmoe_rtc.contract.reference import qmoe as reference
     from qmoe_rtc.prepack import fusion1_order
-    from qmoe_rtc.reference import qmoe as reference
 
     zp = block_size != 0
     w, a = random_layer(rng, E=3, H=256, I=128, k=2, bits=bits, block_size=block_size, zero_points=zp,

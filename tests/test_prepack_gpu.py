@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from test_executor_gpu import TOL, rel_err, to_dev
 
+from qmoe_rtc.contract.random_layer import random_inputs, random_layer
+from qmoe_rtc.contract.reference import qmoe as reference
 from qmoe_rtc.errors import QMoEUnsupportedError
 from qmoe_rtc.prepacked import CODE_INPUTS, tiled_weights
-from qmoe_rtc.random_layer import random_inputs, random_layer
-from qmoe_rtc.reference import qmoe as reference
 from qmoe_rtc.settings import knobs
 
 pytestmark = pytest.mark.gpu

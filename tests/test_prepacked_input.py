@@ -10,10 +10,10 @@ import pytest
 
 import qmoe_rtc
 from qmoe_rtc import errors
-from qmoe_rtc.attributes import QMoEAttributes
+from qmoe_rtc.contract.attributes import QMoEAttributes
+from qmoe_rtc.contract.random_layer import random_layer
 from qmoe_rtc.prepack import LAYOUT_VERSION, pack, tiled_shape, unpack
 from qmoe_rtc.prepacked import CODE_INPUTS, tiled_weights
-from qmoe_rtc.random_layer import random_layer
 from qmoe_rtc.runtime.layer import describe_gpu_layer
 from qmoe_rtc.settings import knobs
 
@@ -90,7 +90,7 @@ def test_a_good_given_layer_reaches_the_gpu_step(no_gpu, rng):
 
 
 def test_the_one_shot_form_takes_given_codes_too(no_gpu, rng):
-    from qmoe_rtc.random_layer import random_inputs
+    from qmoe_rtc.contract.random_layer import random_inputs
 
     w, a = layer(rng, **LAYOUTS[0][1])
     tw = tiled_weights(w, **a)

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from qmoe_rtc.contract import QMoEAttributes
+from qmoe_rtc.contract.random_layer import random_inputs, random_layer
+from qmoe_rtc.contract.reference import qmoe, route
 from qmoe_rtc.quantize import pack_codes
-from qmoe_rtc.random_layer import random_inputs, random_layer
-from qmoe_rtc.reference import qmoe, route
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 

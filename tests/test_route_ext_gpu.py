@@ -12,10 +12,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from qmoe_rtc.attributes import QMoEAttributes
+from qmoe_rtc.contract.attributes import QMoEAttributes
+from qmoe_rtc.contract.reference import route as reference_route
 from qmoe_rtc.kernels import Problem, get_family
 from qmoe_rtc.kernels import route as rt
-from qmoe_rtc.reference import route as reference_route
 from qmoe_rtc.runtime.plan import problem_scalars
 from qmoe_rtc.specialize import ModuleSpec
 

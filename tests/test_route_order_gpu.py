@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from test_executor_gpu import to_dev
 
-from qmoe_rtc.random_layer import random_inputs, random_layer
+from qmoe_rtc.contract.random_layer import random_inputs, random_layer
 from qmoe_rtc.settings import knobs
 
 pytestmark = pytest.mark.gpu

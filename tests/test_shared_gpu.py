@@ -15,8 +15,8 @@ import pytest
 from test_executor_gpu import TOL, rel_err
 
 from qmoe_rtc._arrays import np_dtype
-from qmoe_rtc.random_layer import random_inputs, random_layer
-from qmoe_rtc.reference import qmoe as reference
+from qmoe_rtc.contract.random_layer import random_inputs, random_layer
+from qmoe_rtc.contract.reference import qmoe as reference
 from qmoe_rtc.settings import knobs
 
 pytestmark = pytest.mark.gpu

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from qmoe_rtc import errors
-from qmoe_rtc.random_layer import random_inputs, random_layer
-from qmoe_rtc.reference import qmoe
-from qmoe_rtc.slices import describe_slice, even_split
+from qmoe_rtc.contract.random_layer import random_inputs, random_layer
+from qmoe_rtc.contract.reference import qmoe
+from qmoe_rtc.contract.slices import describe_slice, even_split
 
 E, H, I = 8, 64, 32  # noqa: E741
 

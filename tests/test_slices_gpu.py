@@ -13,10 +13,10 @@ import pytest
 from test_executor_gpu import TOL, rel_err
 from test_shared_gpu import engines, to_dev
 
-from qmoe_rtc.random_layer import random_inputs, random_layer
-from qmoe_rtc.reference import qmoe as reference
+from qmoe_rtc.contract.random_layer import random_inputs, random_layer
+from qmoe_rtc.contract.reference import qmoe as reference
+from qmoe_rtc.contract.slices import even_split
 from qmoe_rtc.settings import knobs
-from qmoe_rtc.slices import even_split
 
 pytestmark = pytest.mark.gpu
 

@@ -8,8 +8,8 @@ import pytest
 
 from qmoe_rtc import stress
 from qmoe_rtc.contract import QMoEAttributes
+from qmoe_rtc.contract.random_layer import random_layer
 from qmoe_rtc.kernels import Problem, choose
-from qmoe_rtc.random_layer import random_layer
 from qmoe_rtc.runtime.layer import describe_gpu_layer, layer_config
 from qmoe_rtc.runtime.tensors import layer_scale_dtype
 from qmoe_rtc.settings import knobs

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from qmoe_rtc.contract import QMoEAttributes
-from qmoe_rtc.random_layer import random_inputs, random_layer
-from qmoe_rtc.reference import activate
-from qmoe_rtc.reference import qmoe as reference
+from qmoe_rtc.contract.random_layer import random_inputs, random_layer
+from qmoe_rtc.contract.reference import activate
+from qmoe_rtc.contract.reference import qmoe as reference
 
 LIMITS = [7.0, np.inf]
 

@@ -42,9 +42,9 @@ def specs(suites=SUITES) -> list:
 def _add_specs(layers, rng, seen: dict) -> None:
     """The module specs of every (layer, dtype) case of a suite's LAYERS, added to ``seen``."""
     from qmoe_rtc.contract import QMoEAttributes, describe_layer
+    from qmoe_rtc.contract.random_layer import random_layer
     from qmoe_rtc.executor import layer_config
     from qmoe_rtc.kernels import get_family
-    from qmoe_rtc.random_layer import random_layer
     from qmoe_rtc.runtime.layer import executor_config
 
     for case in layers:

@@ -32,8 +32,8 @@ def main(argv=None) -> int:
     import cupy as cp
 
     from qmoe_rtc.bench.report import TOL, rel_err
-    from qmoe_rtc.random_layer import random_inputs
-    from qmoe_rtc.reference import qmoe as reference
+    from qmoe_rtc.contract.random_layer import random_inputs
+    from qmoe_rtc.contract.reference import qmoe as reference
     from qmoe_rtc.stress_gpu import build_layer, engine_scope, ran_engine
 
     rng = np.random.default_rng(0)

@@ -167,8 +167,8 @@ def main(argv=None) -> int:
     import cupy as cp
 
     from .._arrays import np_dtype
+    from ..contract.extensions import EXT_INPUTS
     from ..executor import QMoE
-    from ..extensions import EXT_INPUTS
     from ..settings import knobs
     from .layers import build_layer
     from .report import BENCH_SHAPES

@@ -76,8 +76,8 @@ def main(argv=None) -> int:
     import cupy as cp
 
     from .._arrays import np_dtype
+    from ..contract.extensions import EXT_INPUTS
     from ..executor import QMoE
-    from ..extensions import EXT_INPUTS
     from ..kernels.engine_choice import KNOWN_MISSES
     from ..settings import knobs
     from .ab import LAYER_ARGS, point

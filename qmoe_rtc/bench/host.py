@@ -42,8 +42,8 @@ def main(argv=None) -> int:
     import cupy as cp
     import numpy as np
 
+    from ..contract.random_layer import random_inputs, random_layer
     from ..executor import QMoE
-    from ..random_layer import random_inputs, random_layer
     from ..runtime.interop import data_ptr, signature
 
     rng = np.random.default_rng(0)

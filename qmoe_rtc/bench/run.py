@@ -15,7 +15,7 @@ How: CUDA events on the current stream; warm-up first; each sample = write a 256
 read after one final synchronize; the median of ``--iters`` samples is reported.
 
 Correctness on every point: the graph output and the eager output (both poisoned with NaN before
-the run) against the float64 CPU reference :func:`qmoe_rtc.reference.qmoe` (at most ``--check-rows``
+the run) against the float64 CPU reference :func:`qmoe_rtc.contract.reference.qmoe` (at most ``--check-rows``
 rows per point; the reference runs once per layer over the checked rows of every T, which is exact
 because rows are independent). ‖out−ref‖/‖ref‖ must meet the tolerance of docs/contract.md.
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .._arrays import ArrayMeta, device_of, dtype_name, is_c_contiguous, shape_str
-from ..attributes import QMoEAttributes
+from ..contract.attributes import QMoEAttributes
 from ..errors import QMoEInputError
 from ..formats.int_codes import packed_row_bytes
 from ..prepack import CHUNK, GROUP, tiled_shape

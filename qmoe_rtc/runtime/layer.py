@@ -13,11 +13,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 
-from ..contract import LAYER_INPUTS, describe_layer
+from ..contract.checks import LAYER_INPUTS, describe_layer
+from ..contract.extensions import EXT_INPUTS, describe_extensions
+from ..contract.slices import describe_slice
 from ..errors import QMoEAttributeError, QMoEInputError, QMoEUnsupportedError
-from ..extensions import EXT_INPUTS, describe_extensions
 from ..kernels import choose
-from ..slices import describe_slice
 from ..specialize import Layout, ModelConfig
 from .given_codes import contract_metas, given_hint
 from .tensors import layer_scale_dtype, layer_table, upload_extras, upload_projections
@@ -36,13 +36,13 @@ class GpuLayer:
 
     layer: object  #: :class:`~qmoe_rtc.contract.LayerSpec` of the held experts
     routing: object  #: the same with E = the whole layer's experts (``layer`` itself without a slice)
-    ext: object  #: :class:`~qmoe_rtc.extensions.ExtensionSpec`
-    slice: object  #: :class:`~qmoe_rtc.slices.ExpertSlice` or None
+    ext: object  #: :class:`~qmoe_rtc.contract.extensions.ExtensionSpec`
+    slice: object  #: :class:`~qmoe_rtc.contract.slices.ExpertSlice` or None
 
 
 def describe_gpu_layer(arrays: dict, attrs, slice_args: dict, given: bool = False) -> GpuLayer:
     """Validate a layer's arrays (or their metadata) by input name, its extensions and its expert slice
-    (``slice_args``: ``expert_range`` / ``expert_map`` / ``num_experts``, :mod:`qmoe_rtc.slices`).
+    (``slice_args``: ``expert_range`` / ``expert_map`` / ``num_experts``, :mod:`qmoe_rtc.contract.slices`).
     ``given``: the code tensors are tiled (``prepack='given'``), checked as their contract shapes
     (:func:`qmoe_rtc.runtime.given_codes.contract_metas`); else tiled ones are refused."""
     arrays = contract_metas(arrays, attrs, given)
@@ -67,7 +67,7 @@ def _describe(arrays: dict, attrs, slice_args: dict) -> GpuLayer:
 
 def layer_config(layer, dtype: str, scale_dtype: str, ext=None, all_experts: int = 0, tiled: bool = False) -> ModelConfig:
     """The :class:`~qmoe_rtc.specialize.ModelConfig` of a validated layer (:class:`~qmoe_rtc.contract.LayerSpec`,
-    with its :class:`~qmoe_rtc.extensions.ExtensionSpec` ``ext``; ``all_experts``: the whole layer's E
+    with its :class:`~qmoe_rtc.contract.extensions.ExtensionSpec` ``ext``; ``all_experts``: the whole layer's E
     when it is an expert slice) called with activation dtype ``dtype``, its scales held as
     ``scale_dtype``, its codes ``tiled`` or not (GPU-free)."""
     L, a = layer, layer.attrs
@@ -111,7 +111,7 @@ def check_supported(layer, ext=None, all_experts: int = 0) -> None:
     L = layer
     why = shared_unsupported(layer, ext)
     if why:
-        raise QMoEUnsupportedError(f"the GPU engines of this build do not run {why}; qmoe_rtc.reference.qmoe "
+        raise QMoEUnsupportedError(f"the GPU engines of this build do not run {why}; qmoe_rtc.contract.reference.qmoe "
                                    "computes such layers")
     sdt = layer_scale_dtype(layer)
     dtypes = (layer.dtype,) if layer.dtype else ("float32", "float16", "bfloat16")

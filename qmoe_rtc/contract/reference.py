@@ -12,8 +12,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from ._arrays import is_cupy, np_dtype
-from .contract import QMoEAttributes, check_content, describe_layer
+from .._arrays import is_cupy, np_dtype
+from .checks import QMoEAttributes, check_content, describe_layer
 from .extensions import EXT_INPUTS, check_ext_call, describe_extensions, shared_weights
 from .slices import describe_slice
 
@@ -206,13 +206,13 @@ def qmoe(
     Arguments are ONNX Runtime's QMoE inputs, in its order (0–16: 15 and 16 are the FP8 global
     scales); attributes (``k``, ``activation_type``, ``block_size`` ...) are keywords with ONNX
     Runtime's names and defaults. The extension inputs [ext] are keywords too (names in
-    :data:`qmoe_rtc.extensions.EXT_INPUTS`): shared experts ``shared_fc1_experts_weights`` ...
+    :data:`qmoe_rtc.contract.extensions.EXT_INPUTS`): shared experts ``shared_fc1_experts_weights`` ...
     ``shared_fc2_experts_bias`` with an optional ``shared_gate_weight`` [H], and the router GEMM
     ``router_weight`` [E, H] / ``router_bias`` [E], with which ``router_probs`` is None.
     ``validate_content``: also check what :class:`~qmoe_rtc.executor.QMoE` checks with the same flag
     (finite non-negative scales, finite biases, zero-point padding, no NaN FP8 codes), raising the
     same ``QMoEInputError``. Expert slices [ext] (``expert_range`` + ``num_experts``, or
-    ``expert_map``; :mod:`qmoe_rtc.slices`): the weights hold the slice's experts, routing runs over
+    ``expert_map``; :mod:`qmoe_rtc.contract.slices`): the weights hold the slice's experts, routing runs over
     all E logits and the result is the slice's partial output.
     """
     ext_in = {n: _host(attributes.pop(n)) for n in EXT_INPUTS if n in attributes}

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._arrays import array_module, np_dtype
-from .contract import GLU_ACTIVATIONS
-from .formats.axis import INT, weight_format
-from .quantize import quantize
+from .._arrays import array_module, np_dtype
+from ..formats.axis import INT, weight_format
+from ..quantize import quantize
+from .checks import GLU_ACTIVATIONS
 
 __all__ = ["random_layer", "random_inputs"]
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields, replace
 
-from .errors import QMoEAttributeError
-from .formats.axis import INT, QUANT_TYPES, WeightFormat, format_of_quant_type
-from .specialize.vocab import ACTIVATIONS, GLU_ACTIVATIONS
+from ..errors import QMoEAttributeError
+from ..formats.axis import INT, QUANT_TYPES, WeightFormat, format_of_quant_type
+from ..specialize.vocab import ACTIVATIONS, GLU_ACTIVATIONS
 
 __all__ = ["QUANT_TYPES", "QMoEAttributes"]
 

@@ -16,13 +16,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ._arrays import ArrayMeta, device_of, dtype_name, shape_str
+from .._arrays import ArrayMeta, device_of, dtype_name, shape_str
+from ..errors import DeviceError, QMoEAttributeError, QMoEInputError
+from ..formats.projection import require
+from ..specialize.vocab import DTYPES as FLOAT_DTYPES
+from ..specialize.vocab import GLU_ACTIVATIONS
 from .attributes import QMoEAttributes
-from .contract import LayerSpec, _infer_dtype, check_call, describe_layer
-from .errors import DeviceError, QMoEAttributeError, QMoEInputError
-from .formats.projection import require
-from .specialize.vocab import DTYPES as FLOAT_DTYPES
-from .specialize.vocab import GLU_ACTIVATIONS
+from .checks import LayerSpec, _infer_dtype, check_call, describe_layer
 
 __all__ = ["SHARED_INPUTS", "EXT_INPUTS", "ExtensionSpec", "describe_extensions", "check_ext_call", "shared_weights"]
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._arrays import dtype_name, shape_str
-from .errors import QMoEAttributeError, QMoEInputError
+from .._arrays import dtype_name, shape_str
+from ..errors import QMoEAttributeError, QMoEInputError
 
 __all__ = ["ExpertSlice", "describe_slice", "even_split"]
 

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._arrays import device_of, dtype_name, is_cupy, shape_str
+from .._arrays import device_of, dtype_name, is_cupy, shape_str
+from ..errors import DeviceError, QMoEAttributeError, QMoEInputError
+from ..formats.projection import ProjectionSpec, require
+from ..specialize.vocab import ACTIVATIONS, GATEABLE_ACTIVATIONS, GLU_ACTIVATIONS
+from ..specialize.vocab import DTYPES as FLOAT_DTYPES
 from .attributes import QMoEAttributes
-from .errors import DeviceError, QMoEAttributeError, QMoEInputError
-from .formats.projection import ProjectionSpec, require
-from .specialize.vocab import ACTIVATIONS, GATEABLE_ACTIVATIONS, GLU_ACTIVATIONS
-from .specialize.vocab import DTYPES as FLOAT_DTYPES
 
 __all__ = [
     "ACTIVATIONS",
@@ -127,7 +127,7 @@ def describe_layer(weights: dict, attrs: QMoEAttributes, routed_experts: int | N
 
     ``weights`` maps ONNX Runtime input names to arrays (missing or None = not given).
     ``routed_experts``: the experts routing picks from when the weights hold only a slice of them
-    (:mod:`qmoe_rtc.slices`; k is checked against it).
+    (:mod:`qmoe_rtc.contract.slices`; k is checked against it).
     """
     w = {n: weights.get(n) for n in LAYER_INPUTS}
     unknown = set(weights) - set(LAYER_INPUTS)
