@@ -19,11 +19,13 @@ __version__ = "0.1.0"
 
 _SUBMODULES = ("contract", "errors", "executor", "extensions", "formats", "fp8", "jit", "kernels", "knobs", "oneshot",
                "presets", "quantize", "random_layer", "reference", "specialize")
-#: Public submodules that live in a folder: ``qmoe_rtc.fp8`` is the FP8 codec of the weight formats,
-#: ``qmoe_rtc.knobs`` the knobs of :mod:`qmoe_rtc.settings`, ``qmoe_rtc.reference`` (and ``extensions``,
-#: ``random_layer``) part of :mod:`qmoe_rtc.contract`.
-_MOVED = {"fp8": "formats.fp8", "knobs": "settings.knobs", "extensions": "contract.extensions",
-          "random_layer": "contract.random_layer", "reference": "contract.reference"}
+#: Public submodules that live in a folder: ``qmoe_rtc.fp8`` and ``qmoe_rtc.quantize`` are the FP8 codec and the
+#: quantizer of the weight formats, ``qmoe_rtc.knobs`` the knobs of :mod:`qmoe_rtc.settings`, ``qmoe_rtc.reference``
+#: (and ``extensions``, ``random_layer``) part of :mod:`qmoe_rtc.contract`, ``qmoe_rtc.presets`` of the
+#: specialization values.
+_MOVED = {"fp8": "formats.fp8", "quantize": "formats.quantize", "knobs": "settings.knobs",
+          "extensions": "contract.extensions", "random_layer": "contract.random_layer",
+          "reference": "contract.reference", "presets": "specialize.presets"}
 _EXPORTS = {
     "QMoEAttributes": "contract.attributes",
     "QMoEError": "errors",
@@ -37,7 +39,7 @@ _EXPORTS = {
     "CacheLocationError": "errors",
     "DeviceError": "errors",
     "CaptureError": "errors",
-    "QuantizedWeights": "quantize",
+    "QuantizedWeights": "formats.axis",
     "KnobError": "errors",
     "WeightFormatError": "errors",
     "QMoE": "executor",

@@ -64,7 +64,7 @@ class _ExpectedActual(QMoEError, ValueError):
 
 class QMoEInputError(_ExpectedActual):
     """Bad input: an input tensor that is malformed (rank, shape, dtype, layout, content) or a parameter
-    with a bad value (``device``, ``decode_max_routes``, a :func:`~qmoe_rtc.quantize.quantize` argument).
+    with a bad value (``device``, ``decode_max_routes``, a :func:`~qmoe_rtc.formats.quantize.quantize` argument).
 
     ``name`` is the ONNX Runtime input name (e.g. ``"fc1_scales"``) or the parameter's name;
     ``expected`` and ``actual`` are short human-readable descriptions.

@@ -39,8 +39,8 @@ exit status: 0 every planned module is on disk and loads; 1 some module failed o
 
 def build_parser() -> argparse.ArgumentParser:
     from .formats.axis import FORMATS
-    from .presets import PRESETS
     from .specialize import ACTIVATIONS, DTYPES, ZP_MODES
+    from .specialize.presets import PRESETS
 
     p = argparse.ArgumentParser(
         prog="python -m qmoe_rtc warm", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_EXAMPLES,
@@ -104,7 +104,7 @@ def _configs(args) -> list:
     """Every ModelConfig the arguments describe (each once)."""
     from .errors import QMoEAttributeError
     from .formats.axis import weight_format
-    from .presets import Preset, get_preset
+    from .specialize.presets import Preset, get_preset
 
     if args.preset:
         base = get_preset(args.preset)

@@ -16,8 +16,8 @@ import sys
 
 from qmoe_rtc.kernels import Problem, choose, decode_limit, get_family
 from qmoe_rtc.kernels.arch import ArchSpec
-from qmoe_rtc.presets import PRESETS
 from qmoe_rtc.specialize import Layout, ModelConfig
+from qmoe_rtc.specialize.presets import PRESETS
 
 #: Tokens of a call the decisions are recorded at: 1..64, then 128, 512 and 4096.
 TOKENS = (*range(1, 65), 128, 512, 4096)

@@ -16,8 +16,8 @@ from qmoe_rtc.bench import layers, report, run, torch_ref
 from qmoe_rtc.contract import QMoEAttributes
 from qmoe_rtc.contract.reference import qmoe as reference
 from qmoe_rtc.contract.reference import route
-from qmoe_rtc.presets import PRESETS
-from qmoe_rtc.quantize import quantize
+from qmoe_rtc.formats.quantize import quantize
+from qmoe_rtc.specialize.presets import PRESETS
 
 
 # -- arguments -------------------------------------------------------------------------------------

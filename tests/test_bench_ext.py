@@ -21,8 +21,8 @@ from qmoe_rtc.contract.random_layer import random_inputs, random_layer
 from qmoe_rtc.contract.reference import qmoe as reference
 from qmoe_rtc.contract.reference import router_logits, shared_part
 from qmoe_rtc.errors import QMoEAttributeError, WeightFormatError
-from qmoe_rtc.presets import PRESETS
-from qmoe_rtc.quantize import quantize
+from qmoe_rtc.formats.quantize import quantize
+from qmoe_rtc.specialize.presets import PRESETS
 
 NEW = ("qwen3-next-80b-a3b", "deepseek-v3-tp8")
 

@@ -16,7 +16,7 @@ from qmoe_rtc.checkpoints import Checkpoint, load_layer, moe_layers
 from qmoe_rtc.checkpoints.formats import AWQ_ORDER
 from qmoe_rtc.contract import QMoEAttributes, describe_layer
 from qmoe_rtc.errors import QMoEInputError, QMoEUnsupportedError
-from qmoe_rtc.quantize import dequantize, unpack_codes
+from qmoe_rtc.formats.quantize import dequantize, unpack_codes
 
 H, I, E = 128, 64, 3
 

@@ -21,7 +21,7 @@ from qmoe_rtc.checkpoints import Checkpoint, load_layer, moe_layers  # noqa: E40
 from qmoe_rtc.checkpoints.model_config import moe_config  # noqa: E402
 from qmoe_rtc.contract import QMoEAttributes  # noqa: E402
 from qmoe_rtc.errors import QMoEInputError, QMoEUnsupportedError  # noqa: E402
-from qmoe_rtc.quantize import dequantize  # noqa: E402
+from qmoe_rtc.formats.quantize import dequantize  # noqa: E402
 from qmoe_rtc.runtime.layer import describe_gpu_layer  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "checkpoints"

@@ -213,7 +213,7 @@ def test_batched_kernel_specs_match_their_parameters(cache):
     """The batched-decode engine's kernels (not compiled by test_executor_modules_compile): argument specs
     in the C++ parameters' order and types, for a tiled float16 layer with zero points (the arguments do
     not depend on the layout)."""
-    from qmoe_rtc.presets import PRESETS
+    from qmoe_rtc.specialize.presets import PRESETS
 
     cfg = PRESETS["qwen3-30b-a3b"].config(dtype="float16", bits=4, zero_points="packed")
     cfg = dataclasses.replace(cfg, layout=dataclasses.replace(cfg.layout, tiled=True))

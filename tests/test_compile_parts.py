@@ -229,8 +229,8 @@ def test_a_plan_built_from_the_kernels_launched_names():
     import dataclasses
 
     from qmoe_rtc.kernels import Problem, choose
-    from qmoe_rtc.presets import PRESETS
     from qmoe_rtc.runtime.plan import Plan, launched
+    from qmoe_rtc.specialize.presets import PRESETS
 
     cfg = PRESETS["gpt-oss-120b"].config(dtype="bfloat16")
     cfg = dataclasses.replace(cfg, layout=dataclasses.replace(cfg.layout, tiled=True))

@@ -72,7 +72,7 @@ def test_one_wave_rule_counts_the_blocks_the_kernels_are_built_for():
 def test_min_blocks_knob_reaches_the_spec_and_the_geometry():
     from qmoe_rtc.kernels import Problem, get_family
     from qmoe_rtc.kernels.mma_decode import X_RING_BLOCKS, min_blocks
-    from qmoe_rtc.presets import PRESETS
+    from qmoe_rtc.specialize.presets import PRESETS
 
     fam = get_family("mma_decode")
     cfg = PRESETS["qwen3-30b-a3b"].config(dtype="bfloat16")
@@ -112,7 +112,7 @@ def test_split_rules_follow_the_devices_sm_count(sms):
 def test_geometry_takes_the_problems_sm_count():
     """The family sizes its grid from Problem.sms (what the executor reads from the device)."""
     from qmoe_rtc.kernels import Problem, get_family
-    from qmoe_rtc.presets import PRESETS
+    from qmoe_rtc.specialize.presets import PRESETS
 
     fam = get_family("mma_decode")
     with knobs.scope(mma_x_ring=False):  # the plain kernels' five blocks an SM (the x-ring ones': four)

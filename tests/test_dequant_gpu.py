@@ -42,7 +42,7 @@ def test_numpy_packer_roundtrip(rng):
     assert pack_lsb_first(np.array([[1, 2]]), 4)[0, 0] == 0x21
     assert list(pack_lsb_first(np.array([[0, 0, 7]]), 3)[0]) == [0xC0, 0x01]
     try:
-        from qmoe_rtc.quantize import unpack_codes
+        from qmoe_rtc.formats.quantize import unpack_codes
     except ImportError:
         return
     codes = rng.integers(0, 8, size=(2, 4, 29), dtype=np.uint32)

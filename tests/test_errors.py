@@ -15,8 +15,8 @@ from qmoe_rtc import errors
 from qmoe_rtc.contract.attributes import QMoEAttributes
 from qmoe_rtc.contract.random_layer import random_inputs, random_layer
 from qmoe_rtc.contract.reference import qmoe as reference
+from qmoe_rtc.formats.quantize import quantize
 from qmoe_rtc.jit import driver
-from qmoe_rtc.quantize import quantize
 
 E, H, I = 4, 32, 16
 
@@ -318,7 +318,7 @@ def test_readme_example_without_a_gpu_stops_at_qmoe_with_a_device_error(machine)
 
 
 def test_dequantize_refuses_shapes_it_cannot_read(rng):
-    from qmoe_rtc.quantize import dequantize
+    from qmoe_rtc.formats.quantize import dequantize
 
     q = quantize(rng.standard_normal((2, 4, 64)).astype(np.float32), 4, 32)
     for args, name in (((q.packed, q.scales[:, :3], 4, 32), "scales"), ((q.packed, q.scales, 4, 0), "scales"),

@@ -14,7 +14,7 @@ from qmoe_rtc.contract import QMoEAttributes
 from qmoe_rtc.contract.extensions import SHARED_INPUTS
 from qmoe_rtc.contract.random_layer import random_inputs, random_layer
 from qmoe_rtc.contract.reference import activate, qmoe
-from qmoe_rtc.quantize import dequantize
+from qmoe_rtc.formats.quantize import dequantize
 
 E, H, I, IS = 6, 64, 32, 48  # IS: the shared experts' own intermediate size
 

@@ -16,7 +16,7 @@ from qmoe_rtc.contract.random_layer import random_layer
 from qmoe_rtc.formats import FORMATS, QUANT_TYPES, format_of_quant_type, weight_format
 from qmoe_rtc.formats.fp8 import decode_e4m3fn, encode_e4m3fn
 from qmoe_rtc.formats.int_codes import pack_codes, unpack_codes
-from qmoe_rtc.quantize import quantize
+from qmoe_rtc.formats.quantize import quantize
 from qmoe_rtc.specialize import BITS, CPP_ZP, DECODE_TRAITS, ZP_MODES, Layout
 
 NAMES = ("int", "fp8_e4m3", "mxfp4", "nvfp4")

@@ -14,7 +14,7 @@ from qmoe_rtc.contract import QMoEAttributes, check_content, describe_layer
 from qmoe_rtc.contract.random_layer import random_inputs, random_layer
 from qmoe_rtc.contract.reference import qmoe as reference
 from qmoe_rtc.formats.fp4 import decode_e2m1, decode_e8m0, dequantize_fp4, encode_e2m1, engine_scales, quantize_fp4
-from qmoe_rtc.quantize import NVFP4Weights, QuantizedWeights, quantize
+from qmoe_rtc.formats.quantize import NVFP4Weights, QuantizedWeights, quantize
 from qmoe_rtc.runtime.layer import layer_config
 from qmoe_rtc.runtime.tensors import layer_scale_dtype, upload_projections
 

@@ -150,8 +150,8 @@ def test_dequant_kernel_fp4_is_bit_exact(rng, fmt, dtype):
 
     from qmoe_rtc.formats import weight_format
     from qmoe_rtc.formats.fp4 import decode_e2m1, engine_scales
+    from qmoe_rtc.formats.quantize import unpack_codes
     from qmoe_rtc.kernels.dequant import dequantize_experts
-    from qmoe_rtc.quantize import unpack_codes
 
     np_t = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16),
             "bfloat16": np.dtype(ml_dtypes.bfloat16)}[dtype]

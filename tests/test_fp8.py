@@ -12,7 +12,7 @@ from qmoe_rtc.contract.attributes import QMoEAttributes
 from qmoe_rtc.contract.random_layer import random_inputs, random_layer
 from qmoe_rtc.contract.reference import activate, qmoe, route
 from qmoe_rtc.formats.fp8 import E4M3_MAX, decode_e4m3fn, dequantize_fp8, encode_e4m3fn
-from qmoe_rtc.quantize import quantize
+from qmoe_rtc.formats.quantize import quantize
 
 E, H, I = 4, 64, 48
 ALL = np.arange(256, dtype=np.uint8)

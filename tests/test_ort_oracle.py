@@ -31,7 +31,7 @@ pytest.importorskip("onnxruntime", minversion="1.32")
 pytest.importorskip("onnx")
 
 from qmoe_rtc.contract.reference import qmoe  # noqa: E402
-from qmoe_rtc.quantize import quantize  # noqa: E402
+from qmoe_rtc.formats.quantize import quantize  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ort_oracle import run_ort_qmoe  # noqa: E402

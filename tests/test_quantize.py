@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from qmoe_rtc.errors import QMoEInputError
-from qmoe_rtc.quantize import (
+from qmoe_rtc.formats.quantize import (
     SUPPORTED_BITS,
     dequantize,
     pack_codes,

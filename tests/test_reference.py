@@ -10,7 +10,7 @@ import pytest
 from qmoe_rtc.contract import QMoEAttributes
 from qmoe_rtc.contract.random_layer import random_inputs, random_layer
 from qmoe_rtc.contract.reference import qmoe, route
-from qmoe_rtc.quantize import pack_codes
+from qmoe_rtc.formats.quantize import pack_codes
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 

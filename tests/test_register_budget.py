@@ -25,7 +25,7 @@ from side_by_side import in_threads
 
 from qmoe_rtc.jit.compiler import base_options, compile_unit
 from qmoe_rtc.kernels import get_family, spec_unit
-from qmoe_rtc.presets import PRESETS
+from qmoe_rtc.specialize.presets import PRESETS
 
 ARCH = "sm_90a"
 WIDE_SPILL_LIMIT = 32  # bytes of spill stores a 16- or 32-route kernel may have (24 measured at most)

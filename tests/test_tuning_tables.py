@@ -11,7 +11,7 @@ import pytest
 from qmoe_rtc.kernels import Problem, get_family, tuning
 from qmoe_rtc.kernels.arch import ArchSpec
 from qmoe_rtc.kernels.tuning import DEFAULT_TABLE, Tuning, table, table_name
-from qmoe_rtc.presets import PRESETS
+from qmoe_rtc.specialize.presets import PRESETS
 
 
 def test_each_device_reads_its_arch_table():

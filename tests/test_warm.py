@@ -6,9 +6,9 @@ from qmoe_rtc import warm
 from qmoe_rtc.errors import CompileError
 from qmoe_rtc.jit import check_arch, disk_entry_dir
 from qmoe_rtc.kernels import modules_for, spec_unit
-from qmoe_rtc.presets import PRESETS
 from qmoe_rtc.runtime.layer import executor_config
 from qmoe_rtc.settings import knobs
+from qmoe_rtc.specialize.presets import PRESETS
 
 
 def test_warm_preset_end_to_end(cache, capsys):

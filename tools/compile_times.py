@@ -31,8 +31,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.p
 def main(argv=None) -> int:
     from qmoe_rtc.jit import get_cubins
     from qmoe_rtc.kernels import modules_for, spec_unit
-    from qmoe_rtc.presets import PRESETS
     from qmoe_rtc.settings import knobs
+    from qmoe_rtc.specialize.presets import PRESETS
 
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--preset", default="qwen3-30b-a3b")

@@ -2,7 +2,8 @@
 
 What is measured, per point (shape × dtype × layer quantization × tokens T), on ONE layer built per (shape,
 dtype, weight format, bits and block size) on the GPU (random float32 experts ·1/sqrt(K), quantized with
-:func:`qmoe_rtc.quantize.quantize` on CuPy, scales in the activation dtype; swiglu, swiglu_fusion=1, normalize_routing_weights=1):
+:func:`qmoe_rtc.formats.quantize.quantize` on CuPy, scales in the activation dtype; swiglu, swiglu_fusion=1,
+normalize_routing_weights=1):
 
 - **graph_us**: replay of a CUDA graph from ``QMoE.capture`` (what a serving loop would run);
 - **eager_us**: ``moe(x, logits, out=out)`` (Python launch overhead included);

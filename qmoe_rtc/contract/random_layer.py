@@ -1,10 +1,10 @@
 """Random QMoE layers and inputs for tests, the demo and the benchmark.
 
-``random_layer`` draws float experts, quantizes them with :func:`qmoe_rtc.quantize.quantize` and
+``random_layer`` draws float experts, quantizes them with :func:`qmoe_rtc.formats.quantize.quantize` and
 returns the ONNX Runtime-named weight tensors (plus the [ext] shared experts, gate and router weight
 when asked for) and the attributes that describe them. It runs on NumPy with a
 ``numpy.random.Generator``, and on the GPU with a ``cupy.random.RandomState`` (anything whose
-``standard_normal(size, dtype=...)`` returns arrays that :func:`~qmoe_rtc.quantize.quantize` takes).
+``standard_normal(size, dtype=...)`` returns arrays that :func:`~qmoe_rtc.formats.quantize.quantize` takes).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 
 from .._arrays import array_module, np_dtype
 from ..formats.axis import INT, weight_format
-from ..quantize import quantize
+from ..formats.quantize import quantize
 from .checks import GLU_ACTIVATIONS
 
 __all__ = ["random_layer", "random_inputs"]

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import QMoEAttributeError
-from .formats.axis import INT, weight_format
+from ..errors import QMoEAttributeError
+from ..formats.axis import INT, weight_format
 
 __all__ = ["Preset", "PRESETS", "get_preset"]
 
@@ -54,7 +54,7 @@ class Preset:
         ``scale_dtype`` says otherwise, block size 0 = one global scale per expert, the preset's shared experts
         FP8 too, no FC3), 'mxfp4' / 'nvfp4' (e2m1 codes, float32 scales in blocks of 32 / 16; NVFP4 has no FC3).
         """
-        from .specialize import Layout, ModelConfig
+        from . import Layout, ModelConfig
 
         fmt = weight_format(format)
         fixed = fmt is not INT  # a float format fixes the width, the zero points (and an FP4 one the block)

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._arrays import array_module, dtype_name, shape_str
-from .errors import QMoEInputError
-from .formats.axis import INT, QuantizedWeights, weight_format
-from .formats.fp4 import NVFP4Weights
-from .formats.int_codes import check_bits, dequantize, pack_codes, packed_row_bytes, unpack_codes, unpack_zero_points
+from .._arrays import array_module, dtype_name, shape_str
+from ..errors import QMoEInputError
+from .axis import INT, QuantizedWeights, weight_format
+from .fp4 import NVFP4Weights
+from .int_codes import check_bits, dequantize, pack_codes, packed_row_bytes, unpack_codes, unpack_zero_points
 
 __all__ = [
     "SUPPORTED_BITS",
