@@ -18,7 +18,7 @@ import importlib
 __version__ = "0.1.0"
 
 _SUBMODULES = ("contract", "errors", "executor", "extensions", "formats", "fp8", "jit", "kernels", "knobs", "oneshot",
-               "presets", "quantize", "random_layer", "reference", "specialize")
+               "presets", "quantize", "random_layer", "reference", "specialize", "tiled")
 #: Public submodules that live in a folder: ``qmoe_rtc.fp8`` and ``qmoe_rtc.quantize`` are the FP8 codec and the
 #: quantizer of the weight formats, ``qmoe_rtc.knobs`` the knobs of :mod:`qmoe_rtc.settings`, ``qmoe_rtc.reference``
 #: (and ``extensions``, ``random_layer``) part of :mod:`qmoe_rtc.contract`, ``qmoe_rtc.presets`` of the

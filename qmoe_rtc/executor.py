@@ -100,10 +100,10 @@ class QMoE:
     ``decode_max_routes``: rows·k up to which the decode path runs (default: the crossover measured
     for this shape on this device, :func:`qmoe_rtc.kernels.decode_limit`). ``prepack``: 'auto' (default: the
     ``QMOE_RTC_PREPACK`` knob), 'on' / True or 'off' / False: whether the codes are converted once, on
-    the GPU, into the tiled layout the tensor-core engines read (:mod:`qmoe_rtc.prepack`); 'auto' does
+    the GPU, into the tiled layout the tensor-core engines read (:mod:`qmoe_rtc.tiled.transform`); 'auto' does
     when the scales or biases fix the activations to float16/bfloat16. A layer that tiles keeps no
     reference to the given ``*_experts_weights`` arrays. ``prepack='given'``: every ``*_experts_weights``
-    is tiled already, [E, N/8, ceil(K/128), 8, 4, 4·b] u8 (:func:`qmoe_rtc.prepacked.tiled_weights`,
+    is tiled already, [E, N/8, ceil(K/128), 8, 4, 4·b] u8 (:func:`qmoe_rtc.tiled.given.tiled_weights`,
     :meth:`tiled_weights`), and is used as it is (zero copy for device arrays). ``validate_content``: also check scales,
     biases and zero-point padding once (reads the tensors back to the host). ``device``: an index,
     ``'cuda:N'`` or ``'cuda'`` (default: where the weights are, else the current device).
@@ -159,7 +159,7 @@ class QMoE:
     def tiled_weights(self) -> dict:
         """The codes of a tiled layer by input name (``fc1_experts_weights`` ..., ``shared_fc*_experts_weights``):
         the layer's own CuPy buffers [E, N/8, ceil(K/128), 8, 4, 4·b] u8 (read only), what ``prepack='given'``
-        takes (:mod:`qmoe_rtc.prepacked`; layout :data:`qmoe_rtc.prepack.LAYOUT_VERSION`)."""
+        takes (:mod:`qmoe_rtc.tiled.given`; layout :data:`qmoe_rtc.tiled.transform.LAYOUT_VERSION`)."""
         if not self._tiled:
             raise QMoEUnsupportedError("this layer holds its codes in the contract layout (prepack='off', or 'auto' "
                                        "with float32 scales): build it with prepack='on' to get tiled codes")

@@ -228,7 +228,7 @@ def test_meta_record_bytes_match_the_device():
     """prepack.meta_record_bytes (the records pack_meta writes) equals QuantParams::kMetaBytes (the stride the
     device addresses them with) for every scale size and zero-point mode of integer codes."""
     from qmoe_rtc.jit import compiler
-    from qmoe_rtc.prepack import meta_record_bytes
+    from qmoe_rtc.tiled.transform import meta_record_bytes
 
     lines = ['#include "core/dequant.cuh"']
     for scale_t, sbytes in (("__half", 2), ("__nv_bfloat16", 2), ("float", 4)):

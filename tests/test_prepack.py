@@ -1,4 +1,4 @@
-"""The tiled weight layout (qmoe_rtc/prepack.py) on the CPU: the packing is a bijection of the contract
+"""The tiled weight layout (qmoe_rtc/tiled/transform.py) on the CPU: the packing is a bijection of the contract
 codes for every bit width, block size and zero-point mode; its addresses are the device's (CodeRows in
 core/codes.cuh); its pair order is what the dequantization reads; and the choice to tile a layer."""
 
@@ -13,7 +13,9 @@ from qmoe_rtc.contract import QMoEAttributes, describe_layer
 from qmoe_rtc.contract.random_layer import random_layer
 from qmoe_rtc.errors import QMoEAttributeError, QMoEInputError, QMoEUnsupportedError
 from qmoe_rtc.kernels import choose, get_family
-from qmoe_rtc.prepack import (
+from qmoe_rtc.runtime.layer import executor_config, layer_config, tiling_unsupported, use_tiled
+from qmoe_rtc.specialize import Layout, ModelConfig
+from qmoe_rtc.tiled.transform import (
     meta_record_bytes,
     meta_shape,
     pack,
@@ -27,8 +29,6 @@ from qmoe_rtc.prepack import (
     unpack_meta,
     untile,
 )
-from qmoe_rtc.runtime.layer import executor_config, layer_config, tiling_unsupported, use_tiled
-from qmoe_rtc.specialize import Layout, ModelConfig
 
 
 def _code(buf: np.ndarray, c: int, bits: int) -> int:
@@ -187,7 +187,7 @@ def test_fusion2_fc1_tiles_as_fusion1(rng, bits, block_size):
     one does (float64 reference): so the engines, which read tiled fusion 2 as fusion 1 (gate_of), are
     right by construction."""
     from qmoe_rtc.contract.reference import qmoe as reference
-    from qmoe_rtc.prepack import fusion1_order
+    from qmoe_rtc.tiled.transform import fusion1_order
 
     zp = block_size != 0
     w, a = random_layer(rng, E=3, H=256, I=128, k=2, bits=bits, block_size=block_size, zero_points=zp,
@@ -285,7 +285,7 @@ def test_fusion2_kernels_read_tiled_fc1_as_fusion1(fmt, fc1_zp, tiled, want):
     """The kernels' GATE follows where prepack put FC1's rows (fc1_fusion): tiled integer and FP4 codes of
     swiglu_fusion=2 compile as fusion 1, the contract layout and tiled FP8 codes as fusion 2."""
     from qmoe_rtc.kernels._expert import expert_spec, template_types, tiled_spec
-    from qmoe_rtc.prepack import fc1_fusion
+    from qmoe_rtc.tiled.transform import fc1_fusion
 
     bits = {"fp8_e4m3": 8}.get(fmt, 4)
     lay = Layout(dtype="bfloat16", scale_dtype="float32" if fmt != "int" else "", fc1_bits=bits, fc2_bits=bits,

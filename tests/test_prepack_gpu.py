@@ -2,7 +2,7 @@
 engine (decode, batched-decode, mma.sync tiles, wgmma), matches the float64 reference with poisoned
 outputs; graph replay equals the eager call bitwise on tiled codes; a tiled layer keeps no reference to
 the caller's contract codes (the caller may free them); 'auto' tiles a layer whose scales are in T; a layer
-given the tiled codes (prepack='given', qmoe_rtc/prepacked.py) uses them as they are and computes bitwise
+given the tiled codes (prepack='given', qmoe_rtc/tiled/given.py) uses them as they are and computes bitwise
 what the layer that tiled them computes."""
 
 import numpy as np
@@ -12,8 +12,8 @@ from test_executor_gpu import TOL, rel_err, to_dev
 from qmoe_rtc.contract.random_layer import random_inputs, random_layer
 from qmoe_rtc.contract.reference import qmoe as reference
 from qmoe_rtc.errors import QMoEUnsupportedError
-from qmoe_rtc.prepacked import CODE_INPUTS, tiled_weights
 from qmoe_rtc.settings import knobs
+from qmoe_rtc.tiled.given import CODE_INPUTS, tiled_weights
 
 pytestmark = pytest.mark.gpu
 

@@ -1,4 +1,4 @@
-"""Tiled codes as an input (qmoe_rtc/prepacked.py) on the CPU: tiled_weights is prepack.pack per
+"""Tiled codes as an input (qmoe_rtc/tiled/given.py) on the CPU: tiled_weights is prepack.pack per
 projection (routed and shared) and unpack gives the contract codes back; a layer given tiled codes is
 described exactly like the contract one; every refusal of QMoE(prepack='given') (and of tiled codes
 without it) is a typed error raised before the driver is asked for a GPU."""
@@ -12,10 +12,10 @@ import qmoe_rtc
 from qmoe_rtc import errors
 from qmoe_rtc.contract.attributes import QMoEAttributes
 from qmoe_rtc.contract.random_layer import random_layer
-from qmoe_rtc.prepack import LAYOUT_VERSION, pack, tiled_shape, unpack
-from qmoe_rtc.prepacked import CODE_INPUTS, tiled_weights
 from qmoe_rtc.runtime.layer import describe_gpu_layer
 from qmoe_rtc.settings import knobs
+from qmoe_rtc.tiled.given import CODE_INPUTS, tiled_weights
+from qmoe_rtc.tiled.transform import LAYOUT_VERSION, pack, tiled_shape, unpack
 
 # (name, random_layer kwargs): interleaved FC1 with a shared expert, 8-bit row-wise zero points with fused
 # halves (2), 3-bit FC3 with blocks of 16, 2-bit plain gelu, FP8 (bytes, tiled like 8-bit codes)
@@ -78,7 +78,7 @@ def test_tiled_weights_is_pack_per_projection_and_unpacks_to_the_contract(rng, n
 
 def test_the_layout_is_versioned():
     assert isinstance(LAYOUT_VERSION, int) and LAYOUT_VERSION >= 1
-    assert "LAYOUT_VERSION" in qmoe_rtc.prepack.__all__
+    assert "LAYOUT_VERSION" in qmoe_rtc.tiled.transform.__all__ and qmoe_rtc.tiled.LAYOUT_VERSION == LAYOUT_VERSION
 
 
 def test_a_good_given_layer_reaches_the_gpu_step(no_gpu, rng):

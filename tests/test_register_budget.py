@@ -64,7 +64,7 @@ _WARM: dict[tuple, dict] = {}
 def compile_usage(preset: str, dtype: str, bits: int, family: str = "mma_decode",
                   zero_points: str = "none", tiled: bool = False) -> dict[str, tuple[int, int]]:
     """{kernel key: (registers, spill store bytes)} of the preset's ``family`` module (``tiled``: codes in
-    the tiled layout, qmoe_rtc/prepack.py), from ptxas -v."""
+    the tiled layout, qmoe_rtc/tiled/transform.py), from ptxas -v."""
     fam = get_family(family)
     cfg = PRESETS[preset].config(dtype=dtype, bits=bits, zero_points=zero_points)
     if tiled:

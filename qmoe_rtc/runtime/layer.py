@@ -151,11 +151,11 @@ def tiling_unsupported(config: ModelConfig) -> str | None:
 
 
 def use_tiled(config: ModelConfig, setting, dtype_known: bool) -> bool:
-    """Whether a layer of ``config`` holds its codes tiled (:mod:`qmoe_rtc.prepack`). ``setting``: 'auto',
+    """Whether a layer of ``config`` holds its codes tiled (:mod:`qmoe_rtc.tiled.transform`). ``setting``: 'auto',
     'on', 'off', 'given' or a bool (None: the ``prepack`` knob); ``dtype_known``: the layer's scales or
     biases fix its activations to float16/bfloat16. 'auto' tiles when the layout allows it and the dtype
     is known (float32 calls would need the contract layout); 'on' and 'given' (codes passed tiled:
-    :mod:`qmoe_rtc.prepacked`) refuse a layout that cannot be tiled. FP4 layers count as float16/bfloat16 ones
+    :mod:`qmoe_rtc.tiled.given`) refuse a layout that cannot be tiled. FP4 layers count as float16/bfloat16 ones
     (their scales are float32 by format, and FP4 serves LLMs in half precision): see :func:`prepack_choice`."""
     from ..settings import knobs
 
@@ -207,12 +207,12 @@ def executor_config(config: ModelConfig, setting=None) -> ModelConfig:
 
 def tile_codes(cp, proj: dict, layer, given: bool = False) -> dict:
     """``proj`` (:func:`upload_projections`) with every projection's codes in the tiled layout
-    (:func:`qmoe_rtc.prepack.pack`, on the GPU; the contract codes are not kept; ``given``: they are tiled
+    (:func:`qmoe_rtc.tiled.transform.pack`, on the GPU; the contract codes are not kept; ``given``: they are tiled
     already, ``prepack='given'``, and are kept as they are, as bytes) and, for integer and FP4 codes, its scales and
-    zero points as meta records (:func:`qmoe_rtc.prepack.pack_meta`) in the scales' slot (viewed as the
+    zero points as meta records (:func:`qmoe_rtc.tiled.transform.pack_meta`) in the scales' slot (viewed as the
     scale dtype; the zero-point slot then empty: the records hold them). FC1 rows of ``swiglu_fusion`` 1 or 2
-    are tiled interleaved (:func:`qmoe_rtc.prepack.fc1_fusion`); with 2, FC1's bias moves to fusion 1's order."""
-    from ..prepack import fc1_fusion, fusion1_order, pack, pack_meta
+    are tiled interleaved (:func:`qmoe_rtc.tiled.transform.fc1_fusion`); with 2, FC1's bias moves to fusion 1's order."""
+    from ..tiled.transform import fc1_fusion, fusion1_order, pack, pack_meta
 
     out = {}
     for p in layer.projections():
@@ -237,7 +237,7 @@ def upload_layer(cp, weights: dict, layer, ext, device_id: int, expert_slice=Non
     """(scale dtype, routed projections, binding table) of a validated layer whose arrays ``weights``
     (by input name, extension inputs included) are already CuPy arrays on ``device_id``; an expert
     slice adds ``expert_map`` (int32 [all experts]: local index or -1) for routing; ``tiled``: the
-    codes (routed and shared) are tiled for the tensor-core engines (:mod:`qmoe_rtc.prepack`);
+    codes (routed and shared) are tiled for the tensor-core engines (:mod:`qmoe_rtc.tiled.transform`);
     ``given``: they were passed tiled (``prepack='given'``), so they are used as they are."""
     scale_dtype, proj = upload_projections(cp, weights, layer, device_id)
     tiled = tiled or given

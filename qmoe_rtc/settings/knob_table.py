@@ -211,7 +211,7 @@ KNOBS: dict[str, Knob] = {
         Knob("prepack", "QMOE_RTC_PREPACK", "str", "auto",
              "The default of QMoE(prepack=...): 'auto' tiles the codes for the tensor-core engines when the layer's "
              "scales or biases say its activations are float16/bfloat16; 'on' always (float32 calls refused); 'off' "
-             "keeps the contract layout (qmoe_rtc/prepack.py).",
+             "keeps the contract layout (qmoe_rtc/tiled/transform.py).",
              allowed=_ON_OFF),
         Knob("prefill_wg_groups", None, "int", 0,
              "Tuning only: warpgroups per block of the wgmma prefill engine (2 or 4 for every route tile; 0 = by route "

@@ -40,7 +40,7 @@ module (``numpy`` or ``cupy``) so the same reshapes run on the host (tests, offl
 GPU (at upload).
 
 The tiled layout is qmoe_rtc's own, not ONNX Runtime's: :data:`LAYOUT_VERSION` names it, and changes
-whenever a byte of it moves. :func:`qmoe_rtc.prepacked.tiled_weights` makes a whole layer's tiled codes
+whenever a byte of it moves. :func:`qmoe_rtc.tiled.given.tiled_weights` makes a whole layer's tiled codes
 (what ``QMoE(prepack='given')`` takes back); store the version beside them.
 """
 
@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import math
 
-from .errors import QMoEInputError
+from ..errors import QMoEInputError
 
 __all__ = ["CHUNK", "GROUP", "LAYOUT_VERSION", "META_ROWS", "fc1_fusion", "fusion1_order", "meta_record_bytes", "meta_shape",
            "pack", "pack_meta", "pair_order", "segment_order", "tile", "tile_rows", "tiled_offset", "tiled_shape", "unpack",

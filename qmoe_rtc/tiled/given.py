@@ -1,4 +1,4 @@
-"""Tiled codes as an artifact: a layer's codes made once in the tiled layout of :mod:`qmoe_rtc.prepack`,
+"""Tiled codes as an artifact: a layer's codes made once in the tiled layout of :mod:`qmoe_rtc.tiled.transform`,
 stored, and handed back to ``QMoE(prepack='given')``, which uploads them as they are (no re-tiling)::
 
     tw = tiled_weights(weights, **attrs)          # the same dict, every *_experts_weights tiled
@@ -6,7 +6,7 @@ stored, and handed back to ``QMoE(prepack='given')``, which uploads them as they
     moe = QMoE(**tw, **attrs, prepack="given")
 
 or ``QMoE(..., prepack='on').tiled_weights()`` for the codes a layer made at upload. The tiled layout is
-qmoe_rtc's own (not ONNX Runtime's) and is versioned by :data:`qmoe_rtc.prepack.LAYOUT_VERSION`: store
+qmoe_rtc's own (not ONNX Runtime's) and is versioned by :data:`qmoe_rtc.tiled.transform.LAYOUT_VERSION`: store
 the version with the arrays and make them again from the contract codes when it changes.
 
 A tiled array ``[E, N8, NCH, 8, 4, 4·b]`` holds N = 8·N8 rows (tiling needs N a multiple of 8) and
@@ -19,19 +19,19 @@ checks the rest as for any layer. Nothing here touches the GPU except :func:`til
 
 from __future__ import annotations
 
-from ._arrays import array_module, is_torch
-from .contract.attributes import QMoEAttributes
-from .errors import QMoEInputError, QMoEUnsupportedError
-from .prepack import fc1_fusion, pack
-from .runtime.given_codes import CODE_INPUTS
-from .runtime.layer import check_supported, describe_gpu_layer, tiling_config, tiling_unsupported
+from .._arrays import array_module, is_torch
+from ..contract.attributes import QMoEAttributes
+from ..errors import QMoEInputError, QMoEUnsupportedError
+from ..runtime.given_codes import CODE_INPUTS
+from ..runtime.layer import check_supported, describe_gpu_layer, tiling_config, tiling_unsupported
+from .transform import fc1_fusion, pack
 
 __all__ = ["CODE_INPUTS", "tiled_weights"]
 
 def tiled_weights(weights: dict, *, expert_range=None, expert_map=None, num_experts=None, **attributes) -> dict:
     """``weights`` (a layer's tensors by ONNX Runtime input name, contract layout, NumPy or CuPy) with every
     ``*_experts_weights`` (routed and [ext] ``shared_*``) replaced by its tiled codes, exactly what a tiled
-    layer uploads (:func:`qmoe_rtc.prepack.pack`)::
+    layer uploads (:func:`qmoe_rtc.tiled.transform.pack`)::
 
         fc1_experts_weights [E, F·I/8, ceil(H/128), 8, 4, 4·b1] u8
         fc2_experts_weights [E, H/8, ceil(I/128), 8, 4, 4·b2] u8     (fc3 / shared_fc*: likewise)
@@ -39,10 +39,10 @@ def tiled_weights(weights: dict, *, expert_range=None, expert_map=None, num_expe
     The other tensors are the given arrays themselves. ``attributes``: the layer's QMoE attributes
     (``expert_weight_bits``, ``swiglu_fusion``, ``quant_type`` ...) and expert-slice arguments, as for
     :class:`~qmoe_rtc.executor.QMoE`. Pass the result to ``QMoE(..., prepack='given')``. The layout is
-    qmoe_rtc's own, versioned by :data:`qmoe_rtc.prepack.LAYOUT_VERSION`. The layer is validated first
+    qmoe_rtc's own, versioned by :data:`qmoe_rtc.tiled.transform.LAYOUT_VERSION`. The layer is validated first
     (``QMoEInputError`` / ``QMoEAttributeError``), and one whose codes the engines cannot read tiled is
     refused (``QMoEUnsupportedError`` with the reason). NumPy in, NumPy out; CuPy arrays are tiled on
-    their GPU (temporaries as :func:`~qmoe_rtc.prepack.pack` says).
+    their GPU (temporaries as :func:`~qmoe_rtc.tiled.transform.pack` says).
     """
     for n in CODE_INPUTS:
         if weights.get(n) is not None and is_torch(weights[n]):
