@@ -7,7 +7,7 @@ import platform
 import sys
 import time
 
-from .cli_args import positive
+from .cli.args import positive
 
 
 def _version(dist: str) -> str:
@@ -236,7 +236,7 @@ def main(argv=None) -> int:
 
             knobs.snapshot()  # every QMOE_RTC_* variable read once: a bad one is refused before any work
         if argv and argv[0] == "warm":
-            from .warm import main as warm_main
+            from .cli.warm import main as warm_main
 
             return warm_main(argv[1:])
         if argv and argv[0] == "bench":
@@ -244,7 +244,7 @@ def main(argv=None) -> int:
 
             return bench_main(argv[1:])
         if argv and argv[0] == "stress":
-            from .stress import main as stress_main
+            from .cli.stress import main as stress_main
 
             return stress_main(argv[1:])
         if argv and argv[0] == "checkpoint":

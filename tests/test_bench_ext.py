@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from test_bench import _FakeQMoE
 
-from qmoe_rtc import warm
 from qmoe_rtc.bench import layers, report, run, targets
+from qmoe_rtc.cli import warm
 from qmoe_rtc.contract import describe_layer
 from qmoe_rtc.contract.attributes import QMoEAttributes
 from qmoe_rtc.contract.extensions import EXT_INPUTS, describe_extensions

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from qmoe_rtc import warm
+from qmoe_rtc.cli import warm
 from qmoe_rtc.jit import check_stored, clear_memory, disk_entry_dir, get_cubin, store
 from qmoe_rtc.kernels import spec_unit
 from qmoe_rtc.kernels.dequant import dequant_spec

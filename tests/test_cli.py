@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from qmoe_rtc import warm
+from qmoe_rtc.cli import warm
 from qmoe_rtc.errors import DeviceError
 
 REPO = Path(__file__).resolve().parent.parent

@@ -69,7 +69,7 @@ def test_a_forward_groups_in_stable_order(rng, engine):
     from test_executor_gpu import to_dev
     from test_route_order_gpu import _run_steps
 
-    from qmoe_rtc import stress
+    from qmoe_rtc.cli import stress
     from qmoe_rtc.contract.random_layer import random_inputs, random_layer
     from qmoe_rtc.executor import QMoE
     from qmoe_rtc.settings import knobs

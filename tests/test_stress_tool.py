@@ -6,14 +6,14 @@ import json
 import numpy as np
 import pytest
 
-from qmoe_rtc import stress
+from qmoe_rtc.cli import stress
+from qmoe_rtc.cli.stress_gpu import engine_scope, ran_engine
 from qmoe_rtc.contract import QMoEAttributes
 from qmoe_rtc.contract.random_layer import random_layer
 from qmoe_rtc.kernels import Problem, choose
 from qmoe_rtc.runtime.layer import describe_gpu_layer, layer_config
 from qmoe_rtc.runtime.tensors import layer_scale_dtype
 from qmoe_rtc.settings import knobs
-from qmoe_rtc.stress_gpu import engine_scope, ran_engine
 
 
 def test_matrix_covers_what_the_check_promises():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from qmoe_rtc import warm
+from qmoe_rtc.cli import warm
 from qmoe_rtc.errors import CompileError
 from qmoe_rtc.jit import check_arch, disk_entry_dir
 from qmoe_rtc.kernels import modules_for, spec_unit

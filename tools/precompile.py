@@ -65,8 +65,8 @@ def _add_specs(layers, rng, seen: dict) -> None:
 
 
 def main() -> int:
+    from qmoe_rtc.cli.warm import _build
     from qmoe_rtc.settings import knobs
-    from qmoe_rtc.warm import _build
 
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--arch", required=True)

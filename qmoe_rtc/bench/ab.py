@@ -112,7 +112,7 @@ def point(timer, shape, T, layers, x, logits, rounds: int, iters: int, meter=Non
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..cli_args import csv, names, positive
+    from ..cli.args import csv, names, positive
     from .report import BENCH_SHAPES
 
     p = argparse.ArgumentParser(prog="python -m qmoe_rtc bench ab", description=__doc__,

@@ -27,7 +27,7 @@ SHORT = {pipeline: name for name, (_, pipeline) in ENGINES.items()}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..cli_args import csv, names, positive
+    from ..cli.args import csv, names, positive
     from .report import BENCH_SHAPES
 
     p = argparse.ArgumentParser(prog="python -m qmoe_rtc bench crossover", description=__doc__,

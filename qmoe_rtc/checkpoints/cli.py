@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..cli_args import csv
+from ..cli.args import csv
 from ..errors import QMoEError
 from ..formats.axis import format_of_quant_type
 

@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from .cli_args import csv, positive
+from .args import csv, positive
 
 __all__ = ["main", "build_parser", "plan"]
 
@@ -38,9 +38,9 @@ exit status: 0 every planned module is on disk and loads; 1 some module failed o
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .formats.axis import FORMATS
-    from .specialize import ACTIVATIONS, DTYPES, ZP_MODES
-    from .specialize.presets import PRESETS
+    from ..formats.axis import FORMATS
+    from ..specialize import ACTIVATIONS, DTYPES, ZP_MODES
+    from ..specialize.presets import PRESETS
 
     p = argparse.ArgumentParser(
         prog="python -m qmoe_rtc warm", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_EXAMPLES,
@@ -102,9 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _configs(args) -> list:
     """Every ModelConfig the arguments describe (each once)."""
-    from .errors import QMoEAttributeError
-    from .formats.axis import weight_format
-    from .specialize.presets import Preset, get_preset
+    from ..errors import QMoEAttributeError
+    from ..formats.axis import weight_format
+    from ..specialize.presets import Preset, get_preset
 
     if args.preset:
         base = get_preset(args.preset)
@@ -149,8 +149,8 @@ def _ext_words(cfg) -> str:
 
 def plan(configs, archs: Sequence[str], variants=("decode", "prefill")) -> list[tuple]:
     """Unique (spec, arch) pairs to build, in a stable order."""
-    from .kernels import modules_for
-    from .runtime.layer import executor_config
+    from ..kernels import modules_for
+    from ..runtime.layer import executor_config
 
     seen: dict = {}
     for arch in archs:
@@ -164,8 +164,8 @@ def plan(configs, archs: Sequence[str], variants=("decode", "prefill")) -> list[
 def _build(spec, arch):
     """Worker: fetch or compile one module (its pieces side by side), on disk when done. Returns (origin:
     'compiled' / 'stored' when any piece was, ms, cubin bytes)."""
-    from .jit import store_cubins
-    from .kernels import spec_unit
+    from ..jit import store_cubins
+    from ..kernels import spec_unit
 
     t0 = time.perf_counter()
     mods = store_cubins(spec_unit(spec), arch)
@@ -198,7 +198,7 @@ def _die_with_parent(parent: int) -> None:
 
 def _worker_init(parent: int, values: dict) -> None:
     """Worker-process initializer: die with the parent, then take its knob values."""
-    from .settings import knobs
+    from ..settings import knobs
 
     _die_with_parent(parent)
     knobs.apply(values)
@@ -217,10 +217,10 @@ def _progress(done: int, total: int, enabled: bool) -> None:
 
 def _archs(args) -> list[str]:
     """The --arch values, else this machine's GPU; without one, a one-line hint to pass --arch sm_XX."""
-    from .errors import DeviceError
-    from .jit import check_arch, default_arch
-    from .jit.compiler import ARCH_HINT
-    from .jit.driver import probe
+    from ..errors import DeviceError
+    from ..jit import check_arch, default_arch
+    from ..jit.compiler import ARCH_HINT
+    from ..jit.driver import probe
 
     if args.arch:
         return [check_arch(a) for a in args.arch]
@@ -238,9 +238,9 @@ def _archs(args) -> list[str]:
 
 def _check_location(archs) -> None:
     """:class:`CacheLocationError` unless every arch's cache directory can store entries (warm's job)."""
-    from .errors import CacheLocationError
-    from .jit import store
-    from .settings import knobs
+    from ..errors import CacheLocationError
+    from ..jit import store
+    from ..settings import knobs
 
     if knobs.get("no_disk_cache"):
         raise CacheLocationError("QMOE_RTC_NO_DISK_CACHE is set: warm stores into the disk cache; unset it")
@@ -250,7 +250,7 @@ def _check_location(archs) -> None:
 
 def _run(todo, jobs: int, report) -> None:
     """Build every (spec, arch) of ``todo``; ``report(spec, arch, result or exception)`` per module."""
-    from .settings import knobs
+    from ..settings import knobs
 
     if jobs == 1:
         for spec, arch in todo:
@@ -280,8 +280,8 @@ def _run(todo, jobs: int, report) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The warm command; returns the exit status (see the module docstring)."""
-    from .errors import QMoEError
-    from .settings import knobs
+    from ..errors import QMoEError
+    from ..settings import knobs
 
     args = build_parser().parse_args(argv)
     overrides = {"cache_dir": args.cache_dir} if args.cache_dir else {}
@@ -294,10 +294,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(args) -> int:
-    from .errors import CacheError
-    from .jit import check_stored, disk_entry_dir, store
-    from .kernels import spec_unit
-    from .settings import knobs
+    from ..errors import CacheError
+    from ..jit import check_stored, disk_entry_dir, store
+    from ..kernels import spec_unit
+    from ..settings import knobs
 
     knobs.snapshot()  # every knob parsed now, so a bad value is refused before any work
     archs = _archs(args)

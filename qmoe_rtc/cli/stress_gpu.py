@@ -1,6 +1,6 @@
-"""The GPU side of the contention stress check (:mod:`qmoe_rtc.stress`): one worker process.
+"""The GPU side of the contention stress check (:mod:`qmoe_rtc.cli.stress`): one worker process.
 
-A worker draws layers from :data:`qmoe_rtc.stress.LAYOUTS` with its own seed, forces one engine per
+A worker draws layers from :data:`qmoe_rtc.cli.stress.LAYOUTS` with its own seed, forces one engine per
 layer (decode / prefill path, mma.sync or wgmma prefill) and, per row count, does what a serving loop
 does with a captured forward: capture on its own arrays, then twice write fresh inputs, replay the
 graph, call the layer eagerly with ``out=``, and compare
@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from .bench.report import TOL, rel_err  # the contract's accuracy per dtype, the relative error it is judged by
+from ..bench.report import TOL, rel_err  # the contract's accuracy per dtype, the relative error it is judged by
 
 __all__ = ["build_layer", "engine_scope", "ran_engine", "run_worker"]
 
@@ -217,14 +217,14 @@ def _forward_pair(arr, moe, replay, x, lg, og, oe, smem, diagnose):
 def engine_scope(engine: str):
     """The knob scope that makes the prefill path run ``engine`` ('prefill-batched' / 'prefill-mma' /
     'prefill-wgmma')."""
-    from .settings import knobs
+    from ..settings import knobs
 
     path, _, kind = engine.partition("-")
     return knobs.scope(prefill_engine=kind if path == "prefill" and kind in ("batched", "mma", "wgmma") else "auto")
 
 
 def ran_engine(moe, rows: int, dtype: str) -> str:
-    """The engine a call of ``moe`` runs, as :data:`qmoe_rtc.stress.ENGINES` names it: the pipeline (call inside
+    """The engine a call of ``moe`` runs, as :data:`qmoe_rtc.cli.stress.ENGINES` names it: the pipeline (call inside
     :func:`engine_scope`)."""
     return moe.engine_for(rows, dtype).pipeline.name
 
@@ -233,8 +233,8 @@ def build_layer(cp, rng, case, dev=None):
     """A fresh random layer of ``case`` = (layout, engine) on the GPU, on the engine's path; call it (and
     plan it) inside :func:`engine_scope`. ``dev`` puts a host array on the GPU (default: CuPy).
     Returns (layer, host weights, attributes)."""
-    from .contract.random_layer import random_layer
-    from .executor import QMoE
+    from ..contract.random_layer import random_layer
+    from ..executor import QMoE
 
     (name, kw, E, H, I, dtype), engine = case
     kw = dict(kw)
@@ -249,8 +249,8 @@ def build_layer(cp, rng, case, dev=None):
 def check_layer(arr, rng, case, rows_list, stats: Stats, opts) -> None:
     """Build one random layer of ``case`` on its forced engine and check it at each row count (``arr``:
     the array kind, :class:`CupyArrays` or :class:`TorchArrays`)."""
-    from .contract.random_layer import random_inputs
-    from .contract.reference import qmoe as reference
+    from ..contract.random_layer import random_inputs
+    from ..contract.reference import qmoe as reference
 
     (name, kw, E, H, I, dtype), engine = case
     moe, w, a = build_layer(arr.cp, rng, case, arr.dev)
@@ -292,7 +292,7 @@ def run_worker(opts) -> int:
     """One stress worker: random layers until ``opts.seconds`` have passed (or ``opts.layers`` layers are
     checked), the engines in turn (worker i starts at engine i), a random layout of each; prints JSON
     lines (failures as they happen, then a summary with the per-engine counts). ``opts.rows_of``: the row counts
-    each case draws from, by (layout name, engine) (:func:`qmoe_rtc.stress.rows_for`)."""
+    each case draws from, by (layout name, engine) (:func:`qmoe_rtc.cli.stress.rows_for`)."""
     import cupy as cp
 
     rng = np.random.default_rng(opts.seed)

@@ -3,7 +3,7 @@
 N worker processes share one GPU (optionally beside ``--hog`` processes that keep it busy with large
 matrix products), each with its own seed, drawing layers from :data:`LAYOUTS` on every engine they can
 run and checking, per forward, that a graph replay equals an eager call bitwise and that both match
-the float64 reference, with outputs, scratch and shared memory poisoned (:mod:`qmoe_rtc.stress_gpu`).
+the float64 reference, with outputs, scratch and shared memory poisoned (:mod:`qmoe_rtc.cli.stress_gpu`).
 Every module the cases load is compiled first, in parallel, so the workers start together.
 
 Prints one row per engine (layer-runs, replay / eager differences, reference failures, worst error)
@@ -24,7 +24,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from .cli_args import csv, names, positive
+from .args import csv, names, positive
 
 __all__ = ["ENGINES", "RACE_LAYOUT", "LAYOUTS", "aggregate", "build_parser", "cases", "main", "rows_for"]
 
@@ -89,10 +89,10 @@ def model_config(layout):
     """The :class:`~qmoe_rtc.specialize.ModelConfig` of a layout (GPU-free: a small layer drawn on the CPU)."""
     import numpy as np
 
-    from .contract.checks import QMoEAttributes
-    from .contract.random_layer import random_layer
-    from .runtime.layer import describe_gpu_layer, layer_config
-    from .runtime.tensors import layer_scale_dtype
+    from ..contract.checks import QMoEAttributes
+    from ..contract.random_layer import random_layer
+    from ..runtime.layer import describe_gpu_layer, layer_config
+    from ..runtime.tensors import layer_scale_dtype
 
     name, kw, E, H, I, dtype = layout
     kw = dict(kw)
@@ -104,7 +104,7 @@ def model_config(layout):
 
 def _tensor_core(layout) -> bool:
     """Whether the tensor-core engines run the layout (their own rule, kernels/_expert.py)."""
-    from .kernels._expert import tensor_core_unsupported
+    from ..kernels._expert import tensor_core_unsupported
 
     return tensor_core_unsupported(model_config(layout)) is None
 
@@ -223,7 +223,7 @@ def modules(selected: list, arch: str) -> list:
 
 def _precompile(selected: list) -> None:
     """Compile every module the cases can load, in parallel, before the workers start."""
-    from .jit import default_arch
+    from ..jit import default_arch
     from .warm import _run
 
     arch = default_arch()
@@ -285,11 +285,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.hog_worker:
         return _hog(args.seconds)
-    from .jit.driver import probe
+    from ..jit.driver import probe
 
     probe(0)  # no driver, driver too old, no GPU: one line (a DeviceError) before CuPy is asked
-    from .jit import default_arch
-    from .kernels.arch import ArchSpec
+    from ..jit import default_arch
+    from ..kernels.arch import ArchSpec
 
     wgmma = ArchSpec(default_arch()).warpgroup_mma
     selected = cases(args.layouts, args.engines, wgmma)
