@@ -14,7 +14,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests"))
+TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests")
+sys.path.insert(0, TESTS)  # the suites import tests/support
 
 SUITES = ("test_executor_gpu", "test_mma_decode_gpu", "test_mma_prefill_gpu", "test_expert_flow_gpu", "test_route_order_gpu",
           "test_fp4_gpu")
@@ -22,8 +23,6 @@ EXECUTOR_FAMILIES = ("route", "gemv", "gemm", "mma_decode", "mma_batched", "mma_
 
 
 def specs(suites=SUITES) -> list:
-    import importlib
-
     import numpy as np
 
     from qmoe_rtc.settings import knobs
@@ -31,12 +30,26 @@ def specs(suites=SUITES) -> list:
     seen: dict = {}
     rng = np.random.default_rng(0)
     for name in suites:
-        mod = importlib.import_module(name)
+        mod = _suite(name)
         sets = getattr(mod, "PRECOMPILE_KNOBS", {})  # a suite's code-changing knobs: one set or a list of sets
         for kn in sets if isinstance(sets, list) else [sets]:
             with knobs.scope(**kn):
                 _add_specs(mod.LAYERS, rng, seen)
     return list(seen)
+
+
+def _suite(name: str):
+    """A GPU suite, imported from its file under tests/<area>/ (as pytest imports it: by its own name)."""
+    import glob
+    import importlib.util
+
+    found = glob.glob(os.path.join(TESTS, "*", f"{name}.py"))
+    if len(found) != 1:
+        raise SystemExit(f"precompile: suite {name} is not one file under tests/<area>/ ({found})")
+    spec = importlib.util.spec_from_file_location(name, found[0])
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def _add_specs(layers, rng, seen: dict) -> None:

@@ -17,7 +17,7 @@ EXPERT_FIELDS = ("dtype", "scale_dtype", "fc1_bits", "fc2_bits", "fc3_bits", "bl
 _FORMAT_FIELDS = ("fc1_format", "fc2_format", "fc3_format")
 
 # The argument structs of the expert kernels mirror cuda_src/core/args.cuh member by member (checked by
-# tests/test_kernel_args.py). Values bind to the leaf names, so structs change no caller.
+# tests/kernels/test_kernel_args.py). Values bind to the leaf names, so structs change no caller.
 
 #: The activation's scalar attributes, as every FC1 kernel takes them (struct ActParams).
 ACT_PARAMS_ARG = Struct("ap", "ActParams", (Scalar("alpha", "float32"), Scalar("beta", "float32"),

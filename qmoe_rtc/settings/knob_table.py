@@ -100,7 +100,7 @@ class Knob:
 
 
 #: The values of the knobs that take a few (0: the built-in choice), as their consumers accept them
-#: (tests/test_knobs.py checks these against the consumers' own constants).
+#: (tests/settings/test_knobs.py checks these against the consumers' own constants).
 _ON_OFF = ("auto", "on", "off")
 _STAGES_2_6 = (0, 2, 3, 4, 5, 6)
 
