@@ -108,7 +108,7 @@ def test_the_default_and_every_accepted_value_are_taken(monkeypatch, tmp_path, k
 
 
 def test_the_accepted_sets_are_the_consumers():
-    """The sets in knobs.py are written there (knobs import nothing below them): they must be the
+    """The sets in qmoe_rtc/settings/knob_table.py are written there (knobs import nothing below them): they must be the
     values the code reading each knob takes."""
     from qmoe_rtc.jit.compiler import SPLIT_COMPILE_OPTIONS
     from qmoe_rtc.kernels import mma_decode, mma_prefill, wgmma_geometry
