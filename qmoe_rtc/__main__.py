@@ -7,7 +7,7 @@ import platform
 import sys
 import time
 
-from .cli_args import positive
+from .cli.args import positive
 
 
 def _version(dist: str) -> str:
@@ -44,7 +44,7 @@ def cmd_info(args) -> int:
     for line in _gpu_lines():
         print(line)
     try:
-        from . import knobs
+        from .settings import knobs
 
         print(f"kernel cache        {knobs.cache_dir()} (mode: {knobs.cache_mode()})")
     except Exception as exc:  # knobs may be mis-set; say so
@@ -56,8 +56,8 @@ def cmd_info(args) -> int:
 def _knob_line() -> str:
     """The knobs set in the environment (QMOE_RTC_* variables, QMOE_RTC_TUNE's items), or the first one with a value
     it does not take (``info`` is a diagnostic: it says so instead of refusing, as the other commands do)."""
-    from . import knobs
     from .errors import KnobError
+    from .settings import knobs
 
     try:
         knobs.snapshot()
@@ -139,8 +139,8 @@ def cmd_demo(args) -> int:
     """A random Qwen3-30B-A3B-shaped layer (int4, block 128): reference on the CPU, GPU when present."""
     import numpy as np
 
-    from .random_layer import random_inputs, random_layer
-    from .reference import qmoe
+    from .contract.random_layer import random_inputs, random_layer
+    from .contract.reference import qmoe
 
     rng = np.random.default_rng(args.seed)
     H, I, E, k = 2048, 768, 128, 8
@@ -232,11 +232,11 @@ def main(argv=None) -> int:
 
     try:
         if argv and argv[0] != "info" and not {"-h", "--help"} & set(argv):
-            from . import knobs
+            from .settings import knobs
 
             knobs.snapshot()  # every QMOE_RTC_* variable read once: a bad one is refused before any work
         if argv and argv[0] == "warm":
-            from .warm import main as warm_main
+            from .cli.warm import main as warm_main
 
             return warm_main(argv[1:])
         if argv and argv[0] == "bench":
@@ -244,7 +244,7 @@ def main(argv=None) -> int:
 
             return bench_main(argv[1:])
         if argv and argv[0] == "stress":
-            from .stress import main as stress_main
+            from .cli.stress import main as stress_main
 
             return stress_main(argv[1:])
         if argv and argv[0] == "checkpoint":

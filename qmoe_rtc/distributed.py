@@ -12,7 +12,7 @@ partial outputs are summed with ``all_reduce`` on the process group's communicat
     y = moe(x, router_logits)                           # every rank gets the whole layer's output
 
 Routing runs on every rank over all E logits (the same picks everywhere); each rank computes the
-routes to its experts (:mod:`qmoe_rtc.slices`) into ``out`` in the activation dtype T, then one
+routes to its experts (:mod:`qmoe_rtc.contract.slices`) into ``out`` in the activation dtype T, then one
 ``all_reduce(SUM)`` on torch's current stream adds the ranks' partial outputs in place. Shared
 experts [ext] run on ``shared_rank`` only. Both steps are capturable: inside ``torch.cuda.graph``
 pass ``out=`` and run one eager call at that shape first (it plans the layer and makes NCCL set up
@@ -22,9 +22,9 @@ its communicator). torch is imported when a layer is built, not with the package
 from __future__ import annotations
 
 from ._arrays import shape_str
+from .contract.extensions import SHARED_INPUTS
+from .contract.slices import even_split
 from .errors import DeviceError, QMoEAttributeError, QMoEInputError
-from .extensions import SHARED_INPUTS
-from .slices import even_split
 
 __all__ = ["ExpertParallelQMoE", "rank_experts"]
 

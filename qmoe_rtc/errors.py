@@ -64,7 +64,7 @@ class _ExpectedActual(QMoEError, ValueError):
 
 class QMoEInputError(_ExpectedActual):
     """Bad input: an input tensor that is malformed (rank, shape, dtype, layout, content) or a parameter
-    with a bad value (``device``, ``decode_max_routes``, a :func:`~qmoe_rtc.quantize.quantize` argument).
+    with a bad value (``device``, ``decode_max_routes``, a :func:`~qmoe_rtc.formats.quantize.quantize` argument).
 
     ``name`` is the ONNX Runtime input name (e.g. ``"fc1_scales"``) or the parameter's name;
     ``expected`` and ``actual`` are short human-readable descriptions.
@@ -143,6 +143,6 @@ class WeightFormatError(QMoEAttributeError):
 class KnobError(QMoEInputError):
     """An environment knob (``QMOE_RTC_*``) or a knob override (``knobs.scope``) has a value it does not
     accept (a kind of bad input: ``except QMoEInputError`` catches it): ``name`` is the variable,
-    ``expected`` the values it accepts, ``actual`` the value given (qmoe_rtc/knobs.py)."""
+    ``expected`` the values it accepts, ``actual`` the value given (qmoe_rtc/settings/knobs.py)."""
 
     kind = "knob"

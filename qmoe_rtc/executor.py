@@ -25,11 +25,10 @@ from __future__ import annotations
 import logging
 import threading
 
-from . import knobs
 from ._arrays import device_of, dtype_name, is_c_contiguous, shape_str
-from .contract import INPUT_NAMES, LAYER_INPUTS, CallSpec, QMoEAttributes, check_call
+from .contract.checks import INPUT_NAMES, LAYER_INPUTS, CallSpec, QMoEAttributes, check_call
+from .contract.extensions import EXT_INPUTS, check_ext_call
 from .errors import CaptureError, DeviceError, QMoEInputError, QMoEUnsupportedError
-from .extensions import EXT_INPUTS, check_ext_call
 from .jit.driver import max_smem_optin, probe, sm_count, stream_is_capturing
 from .kernels import Problem, choose, decode_limit, get_family
 from .runtime.check import check_layer
@@ -50,6 +49,7 @@ from .runtime.interop import (
 from .runtime.layer import describe_gpu_layer, layer_config, upload_layer
 from .runtime.plan import Plan, launched, load_launched
 from .runtime.scratch import ScratchPool
+from .settings import knobs
 from .specialize import ModelConfig
 
 __all__ = ["QMoE", "QMoEGraph", "layer_config"]
@@ -94,16 +94,16 @@ class QMoE:
     ``router_bias``) the layer computes its logits and a call passes ``router_probs=None``
     (docs/contract.md). Expert slices [ext]: ``expert_range=(e0, e1)`` with ``num_experts=E`` (or an
     ``expert_map`` [E] of local indices / -1): the weights hold only those experts, routing runs over
-    all E logits and a call returns this slice's partial output in T (:mod:`qmoe_rtc.slices`,
+    all E logits and a call returns this slice's partial output in T (:mod:`qmoe_rtc.contract.slices`,
     :mod:`qmoe_rtc.distributed`).
 
     ``decode_max_routes``: rows·k up to which the decode path runs (default: the crossover measured
     for this shape on this device, :func:`qmoe_rtc.kernels.decode_limit`). ``prepack``: 'auto' (default: the
     ``QMOE_RTC_PREPACK`` knob), 'on' / True or 'off' / False: whether the codes are converted once, on
-    the GPU, into the tiled layout the tensor-core engines read (:mod:`qmoe_rtc.prepack`); 'auto' does
+    the GPU, into the tiled layout the tensor-core engines read (:mod:`qmoe_rtc.tiled.transform`); 'auto' does
     when the scales or biases fix the activations to float16/bfloat16. A layer that tiles keeps no
     reference to the given ``*_experts_weights`` arrays. ``prepack='given'``: every ``*_experts_weights``
-    is tiled already, [E, N/8, ceil(K/128), 8, 4, 4·b] u8 (:func:`qmoe_rtc.prepacked.tiled_weights`,
+    is tiled already, [E, N/8, ceil(K/128), 8, 4, 4·b] u8 (:func:`qmoe_rtc.tiled.given.tiled_weights`,
     :meth:`tiled_weights`), and is used as it is (zero copy for device arrays). ``validate_content``: also check scales,
     biases and zero-point padding once (reads the tensors back to the host). ``device``: an index,
     ``'cuda:N'`` or ``'cuda'`` (default: where the weights are, else the current device).
@@ -159,7 +159,7 @@ class QMoE:
     def tiled_weights(self) -> dict:
         """The codes of a tiled layer by input name (``fc1_experts_weights`` ..., ``shared_fc*_experts_weights``):
         the layer's own CuPy buffers [E, N/8, ceil(K/128), 8, 4, 4·b] u8 (read only), what ``prepack='given'``
-        takes (:mod:`qmoe_rtc.prepacked`; layout :data:`qmoe_rtc.prepack.LAYOUT_VERSION`)."""
+        takes (:mod:`qmoe_rtc.tiled.given`; layout :data:`qmoe_rtc.tiled.transform.LAYOUT_VERSION`)."""
         if not self._tiled:
             raise QMoEUnsupportedError("this layer holds its codes in the contract layout (prepack='off', or 'auto' "
                                        "with float32 scales): build it with prepack='on' to get tiled codes")

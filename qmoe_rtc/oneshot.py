@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .contract import LAYER_INPUTS, QMoEAttributes, check_call
+from .contract.checks import LAYER_INPUTS, QMoEAttributes, check_call
+from .contract.extensions import EXT_INPUTS, check_ext_call
 from .executor import QMoE
-from .extensions import EXT_INPUTS, check_ext_call
 from .runtime.interop import array_meta
 from .runtime.layer import describe_gpu_layer
 

@@ -67,11 +67,35 @@ def rng(request):
 @pytest.fixture
 def cache(tmp_path):
     """A fresh on-disk kernel cache in tmp_path (normal mode, no dumps), memory tier cleared around it."""
-    from qmoe_rtc import knobs
     from qmoe_rtc.jit import clear_memory
+    from qmoe_rtc.settings import knobs
 
     clear_memory()
     tmp_path.chmod(0o700)  # a cache directory others can write is not trusted (whatever the umask made it)
     with knobs.scope(cache_dir=tmp_path, no_disk_cache=False, strict=False, dump=False):
         yield tmp_path
     clear_memory()
+
+
+@pytest.fixture
+def machine(monkeypatch):
+    """``machine(**FakeDriver kwargs)`` installs that fake driver for the probe; returns the probe calls."""
+    from qmoe_rtc.jit import driver
+
+    from support.fake_driver import FakeDriver
+
+    calls = []
+
+    def install(**kw):
+        fake = FakeDriver(**kw)
+        monkeypatch.setattr(driver, "_drv", lambda: fake)
+        real = driver.probe
+
+        def probe(device_id=None):
+            calls.append(device_id)
+            return real(device_id)
+
+        monkeypatch.setattr("qmoe_rtc.executor.probe", probe)
+        return calls
+
+    return install

@@ -29,10 +29,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.p
 
 
 def main(argv=None) -> int:
-    from qmoe_rtc import knobs
     from qmoe_rtc.jit import get_cubins
     from qmoe_rtc.kernels import modules_for, spec_unit
-    from qmoe_rtc.presets import PRESETS
+    from qmoe_rtc.settings import knobs
+    from qmoe_rtc.specialize.presets import PRESETS
 
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--preset", default="qwen3-30b-a3b")
@@ -76,10 +76,10 @@ def first_call(cfg, a) -> int:
     import concurrent.futures as cf
     import dataclasses
 
-    from qmoe_rtc import knobs
     from qmoe_rtc.jit import check_arch, get_cubin
     from qmoe_rtc.kernels import Problem, choose, decode_limit, get_family, spec_unit
     from qmoe_rtc.runtime.plan import launched
+    from qmoe_rtc.settings import knobs
 
     if not a.contract_layout:
         cfg = dataclasses.replace(cfg, layout=dataclasses.replace(cfg.layout, tiled=True))

@@ -30,8 +30,8 @@ fi
 
 if has suite; then  # the whole GPU suite in SHARDS parallel pytest processes (one GPU; the overlap file runs alone first)
   stamp suite
-  files=$(ls tests/test_*_gpu.py | grep -v test_overlap_gpu.py)
-  timeout "$(left "${TEST_TIMEOUT:-150}")" python3 -m pytest -q -m gpu -p no:cacheprovider -rf tests/test_overlap_gpu.py \
+  files=$(ls tests/*/test_*_gpu.py | grep -v test_overlap_gpu.py)
+  timeout "$(left "${TEST_TIMEOUT:-150}")" python3 -m pytest -q -m gpu -p no:cacheprovider -rf tests/kernels/test_overlap_gpu.py \
     2>&1 | tee "$OUT/gpu_tests_overlap.txt" | tail -2
   n="${SHARDS:-3}"; i=0; rm -f /tmp/shard_*
   for f in $files; do echo "$f" >> "/tmp/shard_$((i % n))"; i=$((i + 1)); done

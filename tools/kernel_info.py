@@ -9,7 +9,7 @@ import argparse
 def main(argv=None) -> int:
     from qmoe_rtc.jit import load_module
     from qmoe_rtc.kernels import modules_for, spec_unit
-    from qmoe_rtc.presets import PRESETS
+    from qmoe_rtc.specialize.presets import PRESETS
 
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--preset", default="qwen3-30b-a3b")

@@ -14,7 +14,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests"))
+TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests")
+sys.path.insert(0, TESTS)  # the suites import tests/support
 
 SUITES = ("test_executor_gpu", "test_mma_decode_gpu", "test_mma_prefill_gpu", "test_expert_flow_gpu", "test_route_order_gpu",
           "test_fp4_gpu")
@@ -22,16 +23,14 @@ EXECUTOR_FAMILIES = ("route", "gemv", "gemm", "mma_decode", "mma_batched", "mma_
 
 
 def specs(suites=SUITES) -> list:
-    import importlib
-
     import numpy as np
 
-    from qmoe_rtc import knobs
+    from qmoe_rtc.settings import knobs
 
     seen: dict = {}
     rng = np.random.default_rng(0)
     for name in suites:
-        mod = importlib.import_module(name)
+        mod = _suite(name)
         sets = getattr(mod, "PRECOMPILE_KNOBS", {})  # a suite's code-changing knobs: one set or a list of sets
         for kn in sets if isinstance(sets, list) else [sets]:
             with knobs.scope(**kn):
@@ -39,12 +38,26 @@ def specs(suites=SUITES) -> list:
     return list(seen)
 
 
+def _suite(name: str):
+    """A GPU suite, imported from its file under tests/<area>/ (as pytest imports it: by its own name)."""
+    import glob
+    import importlib.util
+
+    found = glob.glob(os.path.join(TESTS, "*", f"{name}.py"))
+    if len(found) != 1:
+        raise SystemExit(f"precompile: suite {name} is not one file under tests/<area>/ ({found})")
+    spec = importlib.util.spec_from_file_location(name, found[0])
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def _add_specs(layers, rng, seen: dict) -> None:
     """The module specs of every (layer, dtype) case of a suite's LAYERS, added to ``seen``."""
     from qmoe_rtc.contract import QMoEAttributes, describe_layer
+    from qmoe_rtc.contract.random_layer import random_layer
     from qmoe_rtc.executor import layer_config
     from qmoe_rtc.kernels import get_family
-    from qmoe_rtc.random_layer import random_layer
     from qmoe_rtc.runtime.layer import executor_config
 
     for case in layers:
@@ -65,8 +78,8 @@ def _add_specs(layers, rng, seen: dict) -> None:
 
 
 def main() -> int:
-    from qmoe_rtc import knobs
-    from qmoe_rtc.warm import _build
+    from qmoe_rtc.cli.warm import _build
+    from qmoe_rtc.settings import knobs
 
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--arch", required=True)

@@ -1,5 +1,5 @@
 """Small forwards through every engine, for compute-sanitizer (memcheck / racecheck / synccheck /
-initcheck) to watch: each layout of the stress check (``qmoe_rtc.stress.LAYOUTS``: every bit width and
+initcheck) to watch: each layout of the stress check (``qmoe_rtc.cli.stress.LAYOUTS``: every bit width and
 FP8, row / block scales, zero points, GLU and plain activations, FC3, shared experts, the router GEMM,
 float16 / bfloat16 / float32) on each engine it runs (decode-mma, prefill-batched, prefill-mma, prefill-wgmma on
 sm_90, decode-gemv, prefill-simt), one decode-sized and one prefill-sized call, checked against the float64
@@ -20,8 +20,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.p
 
 
 def main(argv=None) -> int:
-    from qmoe_rtc.cli_args import csv, names
-    from qmoe_rtc.stress import ENGINES, LAYOUTS, cases
+    from qmoe_rtc.cli.args import csv, names
+    from qmoe_rtc.cli.stress import ENGINES, LAYOUTS, cases
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--layouts", type=names([lay[0] for lay in LAYOUTS], "layout"), help="default: all")
@@ -32,9 +32,9 @@ def main(argv=None) -> int:
     import cupy as cp
 
     from qmoe_rtc.bench.report import TOL, rel_err
-    from qmoe_rtc.random_layer import random_inputs
-    from qmoe_rtc.reference import qmoe as reference
-    from qmoe_rtc.stress_gpu import build_layer, engine_scope, ran_engine
+    from qmoe_rtc.cli.stress_gpu import build_layer, engine_scope, ran_engine
+    from qmoe_rtc.contract.random_layer import random_inputs
+    from qmoe_rtc.contract.reference import qmoe as reference
 
     rng = np.random.default_rng(0)
     failed, ran = [], {}

@@ -65,11 +65,11 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     import cupy as cp
 
-    from qmoe_rtc import knobs
     from qmoe_rtc.bench.layers import build_layer
     from qmoe_rtc.bench.report import BENCH_SHAPES
+    from qmoe_rtc.contract.extensions import EXT_INPUTS
     from qmoe_rtc.executor import QMoE
-    from qmoe_rtc.extensions import EXT_INPUTS
+    from qmoe_rtc.settings import knobs
 
     over = {"prefill_wg_stamps": True, "prefill_engine": "wgmma"}  # --knob prefill_engine=... for another engine
     for kv in args.knob:

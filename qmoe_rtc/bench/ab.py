@@ -43,7 +43,7 @@ LAYER_ARGS = {"decode_max_routes": int}
 def parse_setting(text: str) -> dict:
     """``name=value[,name=value]`` (knob names, an operational knob's variable, or :data:`LAYER_ARGS`) → overrides;
     ``base`` → {}."""
-    from .. import knobs
+    from ..settings import knobs
 
     if text == "base":
         return {}
@@ -69,8 +69,8 @@ def point(timer, shape, T, layers, x, logits, rounds: int, iters: int, meter=Non
     import cupy as cp
     import numpy as np
 
-    from .. import knobs
     from .._arrays import dtype_name
+    from ..settings import knobs
     from .run import _poison
 
     graphs, engines = [], []
@@ -112,7 +112,7 @@ def point(timer, shape, T, layers, x, logits, rounds: int, iters: int, meter=Non
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..cli_args import csv, names, positive
+    from ..cli.args import csv, names, positive
     from .report import BENCH_SHAPES
 
     p = argparse.ArgumentParser(prog="python -m qmoe_rtc bench ab", description=__doc__,
@@ -166,10 +166,10 @@ def main(argv=None) -> int:
     probe(0)  # no driver, no GPU: one line (a DeviceError) before CuPy is asked
     import cupy as cp
 
-    from .. import knobs
     from .._arrays import np_dtype
+    from ..contract.extensions import EXT_INPUTS
     from ..executor import QMoE
-    from ..extensions import EXT_INPUTS
+    from ..settings import knobs
     from .layers import build_layer
     from .report import BENCH_SHAPES
     from .run import Timer
@@ -215,10 +215,10 @@ def main(argv=None) -> int:
 def write_table(path: str, rows: list[dict], cp) -> None:
     """The rows' fastest knob values as the tuning table of the GPU's arch (qmoe_rtc/bench/tune_table.py); each knob
     a setting leaves out ran at its default on this GPU (the arch's table, else the knob table's)."""
-    from .. import knobs
     from ..jit.compiler import default_arch
     from ..kernels.arch import ArchSpec
     from ..kernels.tuning import ARCH_KNOBS, knob
+    from ..settings import knobs
     from .tune_table import table_source
 
     dev = cp.cuda.runtime.getDevice()

@@ -27,7 +27,7 @@ SHORT = {pipeline: name for name, (_, pipeline) in ENGINES.items()}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..cli_args import csv, names, positive
+    from ..cli.args import csv, names, positive
     from .report import BENCH_SHAPES
 
     p = argparse.ArgumentParser(prog="python -m qmoe_rtc bench crossover", description=__doc__,
@@ -75,11 +75,11 @@ def main(argv=None) -> int:
     probe(0)  # no driver, no GPU: one line (a DeviceError) before CuPy is asked
     import cupy as cp
 
-    from .. import knobs
     from .._arrays import np_dtype
+    from ..contract.extensions import EXT_INPUTS
     from ..executor import QMoE
-    from ..extensions import EXT_INPUTS
     from ..kernels.engine_choice import KNOWN_MISSES
+    from ..settings import knobs
     from .ab import LAYER_ARGS, point
     from .layers import build_layer
     from .report import BENCH_SHAPES

@@ -33,7 +33,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from ..presets import PRESETS
+    from ..specialize.presets import PRESETS
     from .power import PowerMeter, summarize
     from .report import flop_count
     from .run import FLUSH_BYTES

@@ -42,16 +42,16 @@ def main(argv=None) -> int:
     import cupy as cp
     import numpy as np
 
+    from ..contract.random_layer import random_inputs, random_layer
     from ..executor import QMoE
-    from ..random_layer import random_inputs, random_layer
     from ..runtime.interop import data_ptr, signature
 
     rng = np.random.default_rng(0)
     w, a = random_layer(rng, E=8, H=256, I=128, k=2, bits=4, block_size=128, dtype="float16",
                         activation_type="swiglu", swiglu_fusion=1)
     moe = QMoE(**{n: cp.asarray(v) for n, v in w.items()}, **a)
-    from .. import knobs
     from ..runtime.eager_graph import GraphedLaunches
+    from ..settings import knobs
 
     with knobs.scope(eager_graphs=False):
         plain = QMoE(**{n: cp.asarray(v) for n, v in w.items()}, **a)

@@ -20,7 +20,7 @@ __all__ = ["build_layer", "prepare_layer", "uniform_codes", "uniform_scales"]
 def build_layer(cp, rs, shape: Shape, dtype: str, bits, block_size: int, zero_points: bool, shared: bool = False,
                 codes: str = "quantized", swiglu_fusion: int = 1, format: str = "int"):
     """Random quantized experts on the GPU (drawn and quantized ~32 MiB of floats at a time) with
-    :func:`qmoe_rtc.random_layer.random_layer`: (weights by ORT name, attributes). ``format`` 'fp8_e4m3':
+    :func:`qmoe_rtc.contract.random_layer.random_layer`: (weights by ORT name, attributes). ``format`` 'fp8_e4m3':
     e4m3 codes with float32 scales; 'mxfp4' / 'nvfp4': e2m1 codes in that format (``bits`` is then the
     format's). The shape's router weight [E, H] comes along when it has a router GEMM, its shared experts
     (and gate) with ``shared`` (int experts only: the FP8 and FP4 points time routed layers).
@@ -31,7 +31,7 @@ def build_layer(cp, rs, shape: Shape, dtype: str, bits, block_size: int, zero_po
     The GEMMs' time depends on it where the GPU runs at its power limit (mixtral-8x7b at 4096 tokens: 3.5 %
     slower with uniform codes, H200, docs/performance-log.md). ``swiglu_fusion``: 1 (FC1 rows gate
     and linear interleaved) or 2 ([gate | linear] halves, the peers' benchmark's)."""
-    from ..random_layer import random_layer
+    from ..contract.random_layer import random_layer
 
     fmt = weight_format(format)
     float_codes = fmt is not INT
@@ -71,10 +71,10 @@ def prepare_layer(cp, rs, args, shape, dtype, q: LayerQuant, bs, variants):
     and the reference rows per variant and T (one reference call per variant over the checked rows), for
     the layer quantized as ``q`` with block size ``bs``."""
     from .._arrays import np_dtype
+    from ..contract.extensions import EXT_INPUTS
+    from ..contract.reference import qmoe as reference
+    from ..contract.reference import router_logits
     from ..executor import QMoE
-    from ..extensions import EXT_INPUTS
-    from ..reference import qmoe as reference
-    from ..reference import router_logits
 
     t0 = time.perf_counter()
     bits, zp = q.bits, args.zero_points and not q.float_codes

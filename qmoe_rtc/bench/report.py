@@ -95,7 +95,7 @@ def parse_shape(text: str) -> Shape:
 def parse_bits(text: str) -> tuple:
     """``4`` → (4, 4); ``4,2`` → (fc1 4, fc2 2): integer code widths. A format name there (the spelling before
     ``--format``) is refused, naming the option that now says it."""
-    from ..quantize import SUPPORTED_BITS
+    from ..formats.quantize import SUPPORTED_BITS
 
     if text.strip() in _OLD_BITS:
         raise argparse.ArgumentTypeError(f"--bits {text.strip()}: --bits takes integer code widths; the weight format "

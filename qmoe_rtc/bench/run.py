@@ -2,7 +2,8 @@
 
 What is measured, per point (shape × dtype × layer quantization × tokens T), on ONE layer built per (shape,
 dtype, weight format, bits and block size) on the GPU (random float32 experts ·1/sqrt(K), quantized with
-:func:`qmoe_rtc.quantize.quantize` on CuPy, scales in the activation dtype; swiglu, swiglu_fusion=1, normalize_routing_weights=1):
+:func:`qmoe_rtc.formats.quantize.quantize` on CuPy, scales in the activation dtype; swiglu, swiglu_fusion=1,
+normalize_routing_weights=1):
 
 - **graph_us**: replay of a CUDA graph from ``QMoE.capture`` (what a serving loop would run);
 - **eager_us**: ``moe(x, logits, out=out)`` (Python launch overhead included);
@@ -15,7 +16,7 @@ How: CUDA events on the current stream; warm-up first; each sample = write a 256
 read after one final synchronize; the median of ``--iters`` samples is reported.
 
 Correctness on every point: the graph output and the eager output (both poisoned with NaN before
-the run) against the float64 CPU reference :func:`qmoe_rtc.reference.qmoe` (at most ``--check-rows``
+the run) against the float64 CPU reference :func:`qmoe_rtc.contract.reference.qmoe` (at most ``--check-rows``
 rows per point; the reference runs once per layer over the checked rows of every T, which is exact
 because rows are independent). ‖out−ref‖/‖ref‖ must meet the tolerance of docs/contract.md.
 

@@ -10,7 +10,7 @@ __all__ = ["torch_moe", "torch_weights"]
 
 def torch_weights(cp, torch, weights: dict, shape: Shape, dtype: str, bits, block_size: int, device="cuda"):
     """FC1 [E, 2I, H] and FC2 [E, H, I] dequantized once to the activation dtype, as torch tensors."""
-    from ..quantize import dequantize
+    from ..formats.quantize import dequantize
 
     tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[dtype]
     out = []

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..cli_args import csv
+from ..cli.args import csv
 from ..errors import QMoEError
 from ..formats.axis import format_of_quant_type
 
@@ -74,7 +74,7 @@ def describe(got) -> str:
 
 
 def _layers(ckpt, a, load_layer, moe_layers) -> int:
-    from ..contract import QMoEAttributes
+    from ..contract.checks import QMoEAttributes
     from ..runtime.check import check_layer
 
     layers = a.layers if a.layers is not None else moe_layers(ckpt, a.scheme)
@@ -100,7 +100,7 @@ def _layers(ckpt, a, load_layer, moe_layers) -> int:
 
 
 def _onnx(path, int_layout: str = "auto") -> int:
-    from ..contract import QMoEAttributes
+    from ..contract.checks import QMoEAttributes
     from ..runtime.check import check_layer
     from .onnx_nodes import qmoe_nodes
 

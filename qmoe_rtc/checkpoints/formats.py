@@ -65,7 +65,7 @@ import numpy as np
 
 from .._arrays import dtype_name
 from ..errors import QMoEInputError, QMoEUnsupportedError
-from ..quantize import packed_row_bytes, unpack_codes
+from ..formats.quantize import packed_row_bytes, unpack_codes
 from ..specialize.vocab import DTYPES as FLOAT_DTYPES
 
 __all__ = ["AWQ_ORDER", "Quantized", "awq", "compressed", "fp8_blocks", "gptq", "nvfp4"]
@@ -95,7 +95,7 @@ def _words(a, name: str, shape: tuple) -> np.ndarray:
 
 def _unpack(words: np.ndarray, bits: int, axis: int, order=None) -> np.ndarray:
     """Codes of ``words`` (uint32) unpacked along ``axis``: 32/bits codes per word, code i at bits·i -- a
-    little-endian bit string, the contract's own packing (:func:`qmoe_rtc.quantize.unpack_codes`) -- placed
+    little-endian bit string, the contract's own packing (:func:`qmoe_rtc.formats.quantize.unpack_codes`) -- placed
     at position order[i] of its word's run (natural order without ``order``)."""
     w = np.ascontiguousarray(np.moveaxis(words, axis, -1)).astype("<u4")  # [..., n]
     codes = unpack_codes(w.view(np.uint8), bits, w.shape[-1] * 32 // bits)  # [..., n·32/b]

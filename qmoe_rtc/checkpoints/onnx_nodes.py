@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..contract import GLOBAL_SCALE_INPUTS, INPUT_NAMES, WEIGHT_INPUTS
+from ..contract.checks import GLOBAL_SCALE_INPUTS, INPUT_NAMES, WEIGHT_INPUTS
 from ..errors import QMoEInputError, QMoEUnsupportedError
 from .onnx_layouts import ACT_SCALE_INPUTS, to_contract
 

@@ -7,12 +7,13 @@ its format). One module per format family codes it and checks it: :mod:`.int_cod
 their packing), :mod:`.fp8` (float8 e4m3fn), :mod:`.fp4` (e2m1 with MXFP4 / NVFP4 scales); each has
 ``quantize``, ``check_layer``, ``projection``, ``check_content``, ``reference_weights`` and ``device_scales``,
 which the format's methods call. :mod:`.projection` holds :class:`ProjectionSpec`, what a projection check
-returns.
+returns. :mod:`.quantize` is the public entry of every format's codec: ``quantize(w, ..., format=...)`` and the
+integer codec's ``pack_codes`` / ``unpack_codes`` / ``dequantize``.
 
 Adding a format: its :class:`WeightFormat` in :mod:`.axis` (with a decode trait), its module here, and that
 trait in the device templates (docs/runtime-compilation.md, "Adding a weight format").
 
-Importing the package does no work: the names below load their module on first use.
+Importing the package does no work: the names below (and the submodules, by name) load their module on first use.
 """
 
 from __future__ import annotations
@@ -35,10 +36,14 @@ _EXPORTS = {
     "ProjectionSpec": "projection",
 }
 
-__all__ = list(_EXPORTS)
+_SUBMODULES = ("axis", "fp4", "fp8", "int_codes", "projection", "quantize")
+
+__all__ = [*_EXPORTS, *_SUBMODULES]
 
 
 def __getattr__(name):
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
     mod = _EXPORTS.get(name)
     if mod is not None:
         return getattr(importlib.import_module(f".{mod}", __name__), name)

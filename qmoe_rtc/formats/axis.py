@@ -30,7 +30,7 @@ ZERO_POINT_MODES = ("none", "packed", "offset")
 
 
 class QuantizedWeights(NamedTuple):
-    """One projection of all experts in the contract's layout (what :func:`qmoe_rtc.quantize.quantize` returns)."""
+    """One projection of all experts in the contract's layout (what :func:`qmoe_rtc.formats.quantize.quantize` returns)."""
 
     packed: object  #: uint8 ``[E, N, ceil(K·b/8)]`` (FP8: ``[E, N, K]``; FP4: ``[E, N, K/2]``)
     scales: object  #: ``[E, N]`` (row-wise) or ``[E, N, K/bs]`` (block-wise); FP8: ``[E]`` or square blocks
@@ -131,7 +131,7 @@ class WeightFormat:
         return importlib.import_module(f"{__package__}.{self.codec}")
 
     def quantize(self, xp, weights, bits, block_size: int, symmetric: bool, scale_dtype):
-        """Quantize float experts ``[E, N, K]`` (checked by :func:`qmoe_rtc.quantize.quantize`) into this format."""
+        """Quantize float experts ``[E, N, K]`` (checked by :func:`qmoe_rtc.formats.quantize.quantize`) into this format."""
         return self.module().quantize(self, xp, weights, bits, block_size, symmetric, scale_dtype)
 
     def check_layer(self, w: dict, attrs, has_fc3: bool) -> None:

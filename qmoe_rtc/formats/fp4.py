@@ -206,7 +206,7 @@ def quantize_fp4(weights, fmt):
 
 
 def quantize(fmt, xp, w, bits, block_size: int, symmetric: bool, scale_dtype):
-    """:func:`qmoe_rtc.quantize.quantize` with ``format="mxfp4"`` / ``"nvfp4"`` (NumPy, or CuPy on the device):
+    """:func:`qmoe_rtc.formats.quantize.quantize` with ``format="mxfp4"`` / ``"nvfp4"`` (NumPy, or CuPy on the device):
     :class:`~qmoe_rtc.formats.axis.QuantizedWeights` (MXFP4) or :class:`NVFP4Weights`."""
     bs = fmt.scale.block
     if block_size not in (0, bs):

@@ -121,7 +121,7 @@ def quantize_fp8(weights, block_size: int = 0, scale_dtype="float32"):
     float32 per-expert global scale ``[E]``; a power of two ≥ 16 gives block scales
     ``[E, ceil(N/bs), ceil(K/bs)]`` in ``scale_dtype`` (float32, float16 or bfloat16). The weights are
     divided by the scale as stored, so dequantizing with it is consistent. Arguments are checked by
-    :func:`qmoe_rtc.quantize.quantize`; non-finite weights are refused here.
+    :func:`qmoe_rtc.formats.quantize.quantize`; non-finite weights are refused here.
     """
     w = np.asarray(weights).astype(np.float32)
     finite = np.isfinite(w)
@@ -159,7 +159,7 @@ def check_fp8_scale_dtype(scale_dtype, block_size: int) -> str:
 
 
 def quantize(fmt, xp, w, bits, block_size: int, symmetric: bool, scale_dtype) -> QuantizedWeights:
-    """:func:`qmoe_rtc.quantize.quantize` with ``format="fp8_e4m3"`` (NumPy; CuPy input is quantized on the
+    """:func:`qmoe_rtc.formats.quantize.quantize` with ``format="fp8_e4m3"`` (NumPy; CuPy input is quantized on the
     host and returned as CuPy)."""
     if block_size < 0 or (block_size and (block_size < 16 or block_size & (block_size - 1))):
         raise QMoEInputError("block_size", "0 (a global scale per expert) or a power of two >= 16", str(block_size))

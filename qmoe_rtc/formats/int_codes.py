@@ -8,7 +8,7 @@ is one continuous bitstream; a row takes ``ceil(K·b/8)`` bytes. The same packin
 axis, or along N for row-wise ones) and FP4 (e2m1) codes. ``zp`` comes from a zero-point tensor, else the
 ``zero_point_offset`` attribute, else ``2^(b−1)``.
 
-Every function accepts NumPy arrays, and CuPy arrays too (returning CuPy). :mod:`qmoe_rtc.quantize` re-exports the
+Every function accepts NumPy arrays, and CuPy arrays too (returning CuPy). :mod:`qmoe_rtc.formats.quantize` re-exports the
 public ones.
 """
 
@@ -125,7 +125,7 @@ def check_scale_dtype(scale_dtype, allowed=FLOAT_DTYPES, why: str = "") -> str:
 
 
 def quantize(fmt, xp, w, bits, block_size: int, symmetric: bool, scale_dtype) -> QuantizedWeights:
-    """:func:`qmoe_rtc.quantize.quantize` of float experts ``w`` ``[E, N, K]`` into b-bit codes (arguments
+    """:func:`qmoe_rtc.formats.quantize.quantize` of float experts ``w`` ``[E, N, K]`` into b-bit codes (arguments
     checked there but ``bits``, ``block_size`` and ``scale_dtype``), ~64 MiB of float32 temporaries at a time."""
     bits = check_bits(bits)
     E, N, K = (int(d) for d in w.shape)

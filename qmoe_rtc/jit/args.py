@@ -56,7 +56,7 @@ class Scalar:
 class Struct:
     """A struct parameter passed by value: ``ctype`` is the C++ struct's name (without namespace or
     template arguments, e.g. ``"Proj"``), ``fields`` its members in declaration order. The C++
-    declaration is the single source of the order; a CPU test reads it (tests/test_kernel_args.py)."""
+    declaration is the single source of the order; a CPU test reads it (tests/kernels/test_kernel_args.py)."""
 
     name: str
     ctype: str

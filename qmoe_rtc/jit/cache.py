@@ -21,8 +21,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from .. import knobs
 from ..errors import CacheCorruptError, CacheLocationError, CacheMissError, CompileError, DeviceError
+from ..settings import knobs
 from . import compiler, driver, store
 from .compiler import CompiledModule
 from .launch import Kernel

@@ -14,8 +14,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import knobs
 from ..errors import CompileError, DeviceError, KnobError, QMoEAttributeError
+from ..settings import knobs
 
 __all__ = [
     "SUPPORTED_ARCHS",

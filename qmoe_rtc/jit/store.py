@@ -40,8 +40,8 @@ import threading
 import time
 from pathlib import Path
 
-from .. import knobs
 from ..errors import CacheCorruptError, CacheLocationError
+from ..settings import knobs
 from .unit import SCHEMA_VERSION
 
 __all__ = ["UntrustedError", "arch_dir", "digest", "entry_lock", "location", "read_entry", "refuse_untrusted", "reset",

@@ -5,8 +5,8 @@ of the tensor-core engines."""
 from __future__ import annotations
 
 from ..jit import Ptr, Scalar, Struct
-from ..prepack import fc1_fusion
 from ..specialize import CPP_ACT, CPP_GATE, CPP_TYPES, CPP_ZP, ModelConfig, ModuleSpec
+from ..tiled.transform import fc1_fusion
 from .arch import FP8_MIN_CC
 
 #: Layout fields that shape the expert kernels. A projection's format and zero-point mode reach the code as one
@@ -17,7 +17,7 @@ EXPERT_FIELDS = ("dtype", "scale_dtype", "fc1_bits", "fc2_bits", "fc3_bits", "bl
 _FORMAT_FIELDS = ("fc1_format", "fc2_format", "fc3_format")
 
 # The argument structs of the expert kernels mirror cuda_src/core/args.cuh member by member (checked by
-# tests/test_kernel_args.py). Values bind to the leaf names, so structs change no caller.
+# tests/kernels/test_kernel_args.py). Values bind to the leaf names, so structs change no caller.
 
 #: The activation's scalar attributes, as every FC1 kernel takes them (struct ActParams).
 ACT_PARAMS_ARG = Struct("ap", "ActParams", (Scalar("alpha", "float32"), Scalar("beta", "float32"),
@@ -40,13 +40,13 @@ def expert_spec(family: str, config: ModelConfig, **extra) -> ModuleSpec:
 
 
 def tiled_spec(config: ModelConfig) -> dict:
-    """``{"tiled": True}`` when the layer's codes are in the tiled layout (:mod:`qmoe_rtc.prepack`), else
+    """``{"tiled": True}`` when the layer's codes are in the tiled layout (:mod:`qmoe_rtc.tiled.transform`), else
     nothing: a contract-layout module keeps the key it had before the tiled layout existed."""
     return {"tiled": True} if getattr(config, "layout", config).tiled else {}
 
 
 def tiled_meta(spec: ModuleSpec) -> bool:
-    """Whether the module reads scales and zero points as tiled meta records (:func:`qmoe_rtc.prepack.pack_meta`):
+    """Whether the module reads scales and zero points as tiled meta records (:func:`qmoe_rtc.tiled.transform.pack_meta`):
     tiled integer and FP4 codes (FP8's square scale blocks keep their contract layout)."""
     return bool(spec.get("tiled")) and "fp8" not in (spec["fc1_zp"], spec["fc2_zp"], spec["fc3_zp"])
 
@@ -69,7 +69,7 @@ def tiled_unsupported(config: ModelConfig) -> str | None:
 
 def gate_of(spec: ModuleSpec) -> str:
     """Where the kernels find FC1's gate and linear rows (CPP_GATE). Tiled codes of ``swiglu_fusion=2`` are
-    tiled in fusion 1's order (:func:`qmoe_rtc.prepack.fc1_fusion`; its bias moved with them), so they
+    tiled in fusion 1's order (:func:`qmoe_rtc.tiled.transform.fc1_fusion`; its bias moved with them), so they
     compile as fusion 1, but for FP8 codes, which keep their rows."""
     fusion = spec["swiglu_fusion"]
     if fusion == 2 and spec.get("tiled") and fc1_fusion(2, spec["fc1_zp"] == "fp8"):
@@ -120,9 +120,9 @@ def meta_words(bits: int, scale_bytes: int, block_size: int, zp_packed: bool, ti
     MetaLayout::kWords). Contract layout: the scale word(s) — two float32 scales when the segment spans
     two blocks of 16 — then the zero-point word(s) when packed, two for 3-bit codes (a 3-bit zero point
     may straddle two words). Tiled meta: one record per scale block the segment spans
-    (:func:`qmoe_rtc.prepack.meta_record_bytes`)."""
+    (:func:`qmoe_rtc.tiled.transform.meta_record_bytes`)."""
     if tiled_meta:
-        from ..prepack import meta_record_bytes
+        from ..tiled.transform import meta_record_bytes
 
         return (2 if block_size == 16 else 1) * meta_record_bytes(scale_bytes, zp_packed) // 4
     scale = 2 if block_size == 16 and scale_bytes == 4 else 1

@@ -8,9 +8,9 @@ computes every route exactly as an eager call does."""
 
 from __future__ import annotations
 
-from .. import knobs
 from ..errors import KnobError
 from ..jit import KernelDef, Launch, Ptr, Scalar
+from ..settings import knobs
 from ..specialize import CPP_TYPES, ModuleSpec
 from ._expert import gate_of
 from .base import Problem, Slot

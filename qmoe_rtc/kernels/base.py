@@ -12,9 +12,9 @@ import threading
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .. import knobs
 from ..errors import QMoEUnsupportedError
 from ..jit import CompileUnit, KernelDef, Launch
+from ..settings import knobs
 from ..specialize import ModelConfig, ModuleSpec
 from .arch import ArchSpec
 

@@ -12,7 +12,7 @@ the host knows before any launch:
 
 :data:`MEASURED` holds the sweeps behind the rule (every engine forced at every token count, one process, graph
 replay, L2 flushed, the peers' layer: bf16, int4, uniform codes, ``swiglu_fusion=2``); :data:`CROSSOVERS` holds
-the rule's constants per arch, read off them; ``tests/test_engine_choice.py`` checks on the CPU that the rule picks,
+the rule's constants per arch, read off them; ``tests/kernels/test_engine_choice.py`` checks on the CPU that the rule picks,
 at every measured point, an engine within 3 % of the fastest measured there (:data:`KNOWN_MISSES` names the one
 exception and why it stays). An arch with no entry keeps the rule measured before (decode up to its tuning table's
 ``decode_rows`` tokens, wgmma from its ``wgmma_min_routes`` routes per expert: kernels/tuning/), which the sweeps
@@ -55,7 +55,7 @@ class Crossovers:
     x_ring_per_expert: float = 0.0
 
 
-#: Per arch ('sm_90' covers sm_90a), read off :data:`MEASURED` (``tests/test_engine_choice.py`` checks them):
+#: Per arch ('sm_90' covers sm_90a), read off :data:`MEASURED` (``tests/kernels/test_engine_choice.py`` checks them):
 #: - decode_per_expert 1.09: gpt-oss-120b at 6 tokens (1.08) decodes 1.7 % faster than wgmma, at 8 (1.11) wgmma is
 #:   4 % faster (call 4); mixtral-8x7b at 2 tokens (1.14) wgmma 5 % faster than decode;
 #: - decode_tokens_small 2: ort-2048 at 2 tokens decodes 9 % faster than batched, qwen3-30b-a3b at 2 within 2.1 % of

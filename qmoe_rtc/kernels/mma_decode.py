@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import knobs
 from ..errors import KnobError
 from ..jit import KernelDef, Launch, Ptr, Scalar
+from ..settings import knobs
 from ..specialize import ModuleSpec
 from ._expert import (
     ACT_PARAMS_ARG,

@@ -9,8 +9,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from .. import knobs
 from ..errors import QMoEUnsupportedError
+from ..settings import knobs
 from ..specialize import ModuleSpec
 from ._expert import meta_words, tiled_meta
 from ._grouped import staged_projection

@@ -32,9 +32,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .. import knobs
 from ..errors import KnobError
 from ..jit import KernelDef, Launch, Ptr, Scalar
+from ..settings import knobs
 from ..specialize import CPP_TYPES, ModuleSpec
 from ._expert import (
     ACT_PARAMS_ARG,

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..contract import check_content
+from ..contract.checks import check_content
+from ..contract.extensions import shared_weights
 from ..errors import DeviceError
-from ..extensions import shared_weights
 from .interop import array_meta, is_host_array, to_cupy
 from .layer import GpuLayer, check_supported, describe_gpu_layer, prepack_choice
 

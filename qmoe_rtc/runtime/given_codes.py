@@ -1,4 +1,4 @@
-"""Tiled codes given as inputs (``QMoE(prepack='given')``, :mod:`qmoe_rtc.prepacked`): their shapes checked and
+"""Tiled codes given as inputs (``QMoE(prepack='given')``, :mod:`qmoe_rtc.tiled.given`): their shapes checked and
 replaced by the metadata of their contract shapes, so the contract's checks run on them as on any layer.
 
 A tiled array ``[E, N8, NCH, 8, 4, 4·b]`` holds N = 8·N8 rows and NCH = ceil(K/128) chunks, so K comes from the other
@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .._arrays import ArrayMeta, device_of, dtype_name, is_c_contiguous, shape_str
-from ..attributes import QMoEAttributes
+from ..contract.attributes import QMoEAttributes
 from ..errors import QMoEInputError
 from ..formats.int_codes import packed_row_bytes
-from ..prepack import CHUNK, GROUP, tiled_shape
+from ..tiled.transform import CHUNK, GROUP, tiled_shape
 
 __all__ = ["CODE_INPUTS", "contract_metas", "given_hint"]
 
@@ -48,7 +48,7 @@ def _group(arrays: dict, attrs: QMoEAttributes, prefix: str) -> dict:
             raise QMoEInputError(names[p], f"tiled codes [E, N/8, ceil(K/128), 8, 4, {4 * b}] ({b}-bit) with "
                                  "prepack='given'", f"shape {shape_str(shape)}",
                                  "contract-layout codes: leave prepack='given' out, or tile them with "
-                                 "qmoe_rtc.prepacked.tiled_weights" if len(shape) == 3 else None)
+                                 "qmoe_rtc.tiled.given.tiled_weights" if len(shape) == 3 else None)
     E = _shape(tiled.get("fc1", next(iter(tiled.values()))))[0]
     F = 2 if attrs.swiglu_fusion else 1  # swiglu_fusion 1 or 2: FC1 holds gate and linear rows
     N = {p: GROUP * _shape(a)[1] for p, a in tiled.items()}

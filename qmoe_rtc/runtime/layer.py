@@ -13,11 +13,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 
-from ..contract import LAYER_INPUTS, describe_layer
+from ..contract.checks import LAYER_INPUTS, describe_layer
+from ..contract.extensions import EXT_INPUTS, describe_extensions
+from ..contract.slices import describe_slice
 from ..errors import QMoEAttributeError, QMoEInputError, QMoEUnsupportedError
-from ..extensions import EXT_INPUTS, describe_extensions
 from ..kernels import choose
-from ..slices import describe_slice
 from ..specialize import Layout, ModelConfig
 from .given_codes import contract_metas, given_hint
 from .tensors import layer_scale_dtype, layer_table, upload_extras, upload_projections
@@ -36,13 +36,13 @@ class GpuLayer:
 
     layer: object  #: :class:`~qmoe_rtc.contract.LayerSpec` of the held experts
     routing: object  #: the same with E = the whole layer's experts (``layer`` itself without a slice)
-    ext: object  #: :class:`~qmoe_rtc.extensions.ExtensionSpec`
-    slice: object  #: :class:`~qmoe_rtc.slices.ExpertSlice` or None
+    ext: object  #: :class:`~qmoe_rtc.contract.extensions.ExtensionSpec`
+    slice: object  #: :class:`~qmoe_rtc.contract.slices.ExpertSlice` or None
 
 
 def describe_gpu_layer(arrays: dict, attrs, slice_args: dict, given: bool = False) -> GpuLayer:
     """Validate a layer's arrays (or their metadata) by input name, its extensions and its expert slice
-    (``slice_args``: ``expert_range`` / ``expert_map`` / ``num_experts``, :mod:`qmoe_rtc.slices`).
+    (``slice_args``: ``expert_range`` / ``expert_map`` / ``num_experts``, :mod:`qmoe_rtc.contract.slices`).
     ``given``: the code tensors are tiled (``prepack='given'``), checked as their contract shapes
     (:func:`qmoe_rtc.runtime.given_codes.contract_metas`); else tiled ones are refused."""
     arrays = contract_metas(arrays, attrs, given)
@@ -67,7 +67,7 @@ def _describe(arrays: dict, attrs, slice_args: dict) -> GpuLayer:
 
 def layer_config(layer, dtype: str, scale_dtype: str, ext=None, all_experts: int = 0, tiled: bool = False) -> ModelConfig:
     """The :class:`~qmoe_rtc.specialize.ModelConfig` of a validated layer (:class:`~qmoe_rtc.contract.LayerSpec`,
-    with its :class:`~qmoe_rtc.extensions.ExtensionSpec` ``ext``; ``all_experts``: the whole layer's E
+    with its :class:`~qmoe_rtc.contract.extensions.ExtensionSpec` ``ext``; ``all_experts``: the whole layer's E
     when it is an expert slice) called with activation dtype ``dtype``, its scales held as
     ``scale_dtype``, its codes ``tiled`` or not (GPU-free)."""
     L, a = layer, layer.attrs
@@ -111,7 +111,7 @@ def check_supported(layer, ext=None, all_experts: int = 0) -> None:
     L = layer
     why = shared_unsupported(layer, ext)
     if why:
-        raise QMoEUnsupportedError(f"the GPU engines of this build do not run {why}; qmoe_rtc.reference.qmoe "
+        raise QMoEUnsupportedError(f"the GPU engines of this build do not run {why}; qmoe_rtc.contract.reference.qmoe "
                                    "computes such layers")
     sdt = layer_scale_dtype(layer)
     dtypes = (layer.dtype,) if layer.dtype else ("float32", "float16", "bfloat16")
@@ -151,13 +151,13 @@ def tiling_unsupported(config: ModelConfig) -> str | None:
 
 
 def use_tiled(config: ModelConfig, setting, dtype_known: bool) -> bool:
-    """Whether a layer of ``config`` holds its codes tiled (:mod:`qmoe_rtc.prepack`). ``setting``: 'auto',
+    """Whether a layer of ``config`` holds its codes tiled (:mod:`qmoe_rtc.tiled.transform`). ``setting``: 'auto',
     'on', 'off', 'given' or a bool (None: the ``prepack`` knob); ``dtype_known``: the layer's scales or
     biases fix its activations to float16/bfloat16. 'auto' tiles when the layout allows it and the dtype
     is known (float32 calls would need the contract layout); 'on' and 'given' (codes passed tiled:
-    :mod:`qmoe_rtc.prepacked`) refuse a layout that cannot be tiled. FP4 layers count as float16/bfloat16 ones
+    :mod:`qmoe_rtc.tiled.given`) refuse a layout that cannot be tiled. FP4 layers count as float16/bfloat16 ones
     (their scales are float32 by format, and FP4 serves LLMs in half precision): see :func:`prepack_choice`."""
-    from .. import knobs
+    from ..settings import knobs
 
     s = knobs.get("prepack") if setting is None else setting
     s = {True: "on", False: "off"}.get(s, s) if isinstance(s, bool) else s
@@ -181,7 +181,7 @@ def tiling_config(layer, ext=None, all_experts: int = 0) -> ModelConfig:
 def prepack_choice(setting, layer, ext, all_experts: int) -> bool:
     """Whether a validated layer's codes are tiled (:func:`use_tiled`); says so when 'auto' keeps the
     contract layout of a layer the tensor-core engines could read tiled."""
-    from .. import knobs
+    from ..settings import knobs
 
     known = layer.dtype in _TENSOR_CORE_DTYPES or any(p.weight_format.scale.device == "float32"
                                                       for p in layer.projections())
@@ -207,12 +207,12 @@ def executor_config(config: ModelConfig, setting=None) -> ModelConfig:
 
 def tile_codes(cp, proj: dict, layer, given: bool = False) -> dict:
     """``proj`` (:func:`upload_projections`) with every projection's codes in the tiled layout
-    (:func:`qmoe_rtc.prepack.pack`, on the GPU; the contract codes are not kept; ``given``: they are tiled
+    (:func:`qmoe_rtc.tiled.transform.pack`, on the GPU; the contract codes are not kept; ``given``: they are tiled
     already, ``prepack='given'``, and are kept as they are, as bytes) and, for integer and FP4 codes, its scales and
-    zero points as meta records (:func:`qmoe_rtc.prepack.pack_meta`) in the scales' slot (viewed as the
+    zero points as meta records (:func:`qmoe_rtc.tiled.transform.pack_meta`) in the scales' slot (viewed as the
     scale dtype; the zero-point slot then empty: the records hold them). FC1 rows of ``swiglu_fusion`` 1 or 2
-    are tiled interleaved (:func:`qmoe_rtc.prepack.fc1_fusion`); with 2, FC1's bias moves to fusion 1's order."""
-    from ..prepack import fc1_fusion, fusion1_order, pack, pack_meta
+    are tiled interleaved (:func:`qmoe_rtc.tiled.transform.fc1_fusion`); with 2, FC1's bias moves to fusion 1's order."""
+    from ..tiled.transform import fc1_fusion, fusion1_order, pack, pack_meta
 
     out = {}
     for p in layer.projections():
@@ -237,7 +237,7 @@ def upload_layer(cp, weights: dict, layer, ext, device_id: int, expert_slice=Non
     """(scale dtype, routed projections, binding table) of a validated layer whose arrays ``weights``
     (by input name, extension inputs included) are already CuPy arrays on ``device_id``; an expert
     slice adds ``expert_map`` (int32 [all experts]: local index or -1) for routing; ``tiled``: the
-    codes (routed and shared) are tiled for the tensor-core engines (:mod:`qmoe_rtc.prepack`);
+    codes (routed and shared) are tiled for the tensor-core engines (:mod:`qmoe_rtc.tiled.transform`);
     ``given``: they were passed tiled (``prepack='given'``), so they are used as they are."""
     scale_dtype, proj = upload_projections(cp, weights, layer, device_id)
     tiled = tiled or given

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import knobs
 from ..errors import DeviceError
 from ..jit import Kernel, Launch, LoadedModule, driver, load_modules
 from ..jit.driver import _drv
 from ..kernels import Pipeline, Problem, Slot, get_family
 from ..kernels.arch import ArchSpec
+from ..settings import knobs
 from ..specialize import ModuleSpec
 
 __all__ = ["PER_CALL", "BoundLaunches", "Plan", "PlanStep", "launched", "load_launched", "overlap_allowed",

@@ -1,6 +1,7 @@
-"""Specialization values: the vocabulary (:mod:`.vocab`) and the frozen values that decide which kernel
-modules exist (:mod:`.layout`). Plain values only: nothing here compiles, loads or walks a registry
-(which modules a layer needs is :func:`qmoe_rtc.kernels.modules_for`).
+"""Specialization values: the vocabulary (:mod:`.vocab`), the frozen values that decide which kernel
+modules exist (:mod:`.layout`) and the layer shapes of well-known models (:mod:`.presets`, imported from there).
+Plain values only: nothing here compiles, loads or walks a registry (which modules a layer needs is
+:func:`qmoe_rtc.kernels.modules_for`).
 """
 
 from __future__ import annotations

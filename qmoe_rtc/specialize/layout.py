@@ -44,7 +44,7 @@ class Layout:
     ``has_fc3``. ``aligned``: every packed row is
     whole 32-code chunks (H and I multiples of 32), which lets kernels use 16-byte loads;
     :class:`ModelConfig` derives it from the shapes. ``tiled``: the codes are held in the tiled layout
-    the tensor-core engines read (:mod:`qmoe_rtc.prepack`), not the contract's rows.
+    the tensor-core engines read (:mod:`qmoe_rtc.tiled.transform`), not the contract's rows.
     """
 
     dtype: str = "float16"

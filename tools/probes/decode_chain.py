@@ -21,8 +21,8 @@ def main() -> None:
     from qmoe_rtc._arrays import np_dtype
     from qmoe_rtc.bench.layers import build_layer
     from qmoe_rtc.bench.report import BENCH_SHAPES
+    from qmoe_rtc.contract.extensions import EXT_INPUTS
     from qmoe_rtc.executor import QMoE
-    from qmoe_rtc.extensions import EXT_INPUTS
 
     shape = BENCH_SHAPES[a.preset]
     rs = cp.random.RandomState(0)

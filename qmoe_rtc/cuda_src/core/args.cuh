@@ -1,7 +1,7 @@
 // core/args.cuh: the argument structs of the expert kernels, passed by value.
 //
 // One declaration each. The Python argument specs mirror them member by member, in this order
-// (qmoe_rtc/kernels/_expert.py builds them), and tests/test_kernel_args.py reads this file to
+// (qmoe_rtc/kernels/_expert.py builds them), and tests/kernels/test_kernel_args.py reads this file to
 // check that they do. NVVM ignores __restrict__ on struct members, so a read-only load through them
 // that should take the non-coherent path says so (__ldg) instead of leaving the compiler to prove it.
 //

@@ -1,6 +1,6 @@
 // core/codes.cuh: where a tensor-core lane finds its 32 codes of a weight row -- in the contract layout
 // (row-major packed rows, as ONNX Runtime stores them) or in the tiled layout the layer prepacks at
-// upload for the tensor-core engines (QMOE_TILED; host side and its inverse: qmoe_rtc/prepack.py).
+// upload for the tensor-core engines (QMOE_TILED; host side and its inverse: qmoe_rtc/tiled/transform.py).
 //
 // A segment is 32 consecutive codes of a row (4·B bytes); segment s = 4c + t is lane t's share of the
 // 128-code chunk c.

@@ -20,7 +20,7 @@
 
 namespace qmoe {
 
-// Scales and zero points in the tiled meta layout (qmoe_rtc/prepack.py pack_meta; integer codes in the
+// Scales and zero points in the tiled meta layout (qmoe_rtc/tiled/transform.py pack_meta; integer codes in the
 // tiled layout only): one record per (16-row tile, scale block, lane row pair) holding both rows'
 // scales and zero points, so a tensor-core lane copies its rows' coefficients of a block at once.
 inline constexpr bool kTiledMetaLayout = QMOE_TILED_META;
@@ -82,7 +82,7 @@ template <typename ScaleT, int BITS, int BLOCK, int ZP> struct QuantParams {
   using Scale = ScaleT;
   static constexpr bool kTiledMeta = kTiledMetaLayout && (ZP == ZP_NONE || ZP == ZP_PACKED || ZP == ZP_FP4);
   static_assert(!kTiledMetaLayout || kTiledMeta, "the host defines QMOE_TILED_META for integer and FP4 codes only");
-  // bytes of a tiled meta record (the host mirrors it: qmoe_rtc/prepack.py meta_record_bytes)
+  // bytes of a tiled meta record (the host mirrors it: qmoe_rtc/tiled/transform.py meta_record_bytes)
   static constexpr int kMetaBytes = ZP == ZP_PACKED ? (sizeof(ScaleT) == 4 ? 16 : 8) : 2 * (int)sizeof(ScaleT);
 
   const ScaleT* __restrict__ scales;

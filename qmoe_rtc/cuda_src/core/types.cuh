@@ -12,7 +12,7 @@ namespace qmoe {
 
 // Namespace-scope constants of every header are `inline constexpr`: a plain `constexpr` gets internal
 // linkage, and NVRTC names such a symbol with a per-compile id, so two compiles of one unit gave
-// different cubins (same SASS). tests/test_code_health.py keeps it so.
+// different cubins (same SASS). tests/package/test_code_health.py keeps it so.
 
 typedef unsigned char u8;
 typedef unsigned short u16;

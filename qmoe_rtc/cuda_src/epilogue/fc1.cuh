@@ -7,7 +7,7 @@
 //   GATE_FC3:    gate row o of FC1, linear row o of FC3            N1 = I
 //   gated:       act[o] = act_gated(h_gate + b_gate, h_lin + b_lin)
 // Tiled codes of a layer with swiglu_fusion=2 are tiled in GATE_FUSED1's order and its FC1 bias moved to
-// that order at upload (qmoe_rtc/prepack.py fc1_fusion, fusion1_order), so they compile as GATE_FUSED1;
+// that order at upload (qmoe_rtc/tiled/transform.py fc1_fusion, fusion1_order), so they compile as GATE_FUSED1;
 // GATE_FUSED2 is the contract layout's (and tiled FP8 codes', which keep their rows).
 #pragma once
 

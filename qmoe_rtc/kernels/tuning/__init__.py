@@ -89,7 +89,7 @@ class Tuning:
 
     def __post_init__(self) -> None:
         from ...errors import QMoEUnsupportedError
-        from ...knob_table import KNOBS
+        from ...settings.knob_table import KNOBS
 
         missing = [n for n in ARCH_KNOBS if n not in self.knobs]
         other = [n for n in self.knobs if n not in ARCH_KNOBS]
@@ -132,6 +132,6 @@ def table(device: ArchSpec) -> Tuning:
 def knob(name: str, device: ArchSpec):
     """Tuning knob ``name`` (one of :data:`ARCH_KNOBS`) for a call on ``device``: as set (``QMOE_RTC_TUNE``, a
     scope), else its arch table's measured default."""
-    from ... import knobs
+    from ...settings import knobs
 
     return knobs.get(name, table(device).knobs[name])

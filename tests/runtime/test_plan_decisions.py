@@ -1,0 +1,49 @@
+"""The plans the executor makes for the presets (CPU only, tests/support/plan_walk.py): on every supported arch no launch asks
+a block for more dynamic shared memory than the arch allows, and on sm_90 every decision is the one recorded before
+the thresholds became per-arch tables."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from qmoe_rtc.kernels.arch import ArchSpec
+
+from support import plan_walk
+
+FIXTURE = Path(__file__).resolve().parents[1] / "data" / "plan_decisions_sm90.json"
+
+
+@pytest.mark.parametrize("target", sorted(plan_walk.SMS))
+def test_every_launch_fits_the_arch(target):
+    """Every preset's default layout (tiled and contract codes) at 1..64, 128, 512 and 4096 tokens: each launch of
+    the plan asks for at most the arch's opt-in shared memory per block (kernels/arch.py SMEM_OPTIN)."""
+    limit = ArchSpec(target).smem_limit
+    worst = 0
+    for name, cfg in plan_walk.configs().items():
+        for rows in plan_walk.TOKENS:
+            plan = plan_walk.plan_of(cfg, rows, target)
+            for family, role, kernel, _grid, _block, smem, *_ in plan["steps"]:
+                assert smem <= limit, (target, name, rows, plan["pipeline"], family, role, kernel, smem, limit)
+                worst = max(worst, smem)
+    assert worst > 0  # the walk reached the ring engines
+
+
+def test_sm90_decisions_are_the_recorded_ones():
+    """sm_90a (132 SMs, 227 KiB): the path, pipeline, each family's configure() result and every launch (kernel,
+    grid, block, shared memory, scalars, overlap, scratch) of every preset's plan at every recorded token count equal
+    those of tests/data/plan_decisions_sm90.json, written by tests/support/plan_walk.py (``PYTHONPATH=. python
+    tests/support/plan_walk.py tests/data/plan_decisions_sm90.json``). The launches are those of the code before the per-arch
+    tables (commit 552a74d); the scratch was added to the record at commit 37f0bd1's code, which still gave those
+    launches. A change that only changes what a family's configure() returns rewrites the last digest of each entry,
+    never the one before it."""
+    fixture = json.loads(FIXTURE.read_text())
+    assert fixture["target"] == "sm_90a" and tuple(fixture["tokens"]) == plan_walk.TOKENS
+    now = plan_walk.decisions("sm_90a")
+    assert set(now) == set(fixture["plans"])
+    changed = [(name, rows, was, plan_walk.plan_of(plan_walk.configs()[name], rows, "sm_90a"))
+               for name in now for rows, was, got in zip(plan_walk.TOKENS, fixture["plans"][name], now[name])
+               if was != got]
+    assert not changed, changed[:3]
