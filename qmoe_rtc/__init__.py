@@ -20,7 +20,7 @@ code"). Some public submodules keep a short name here: ``qmoe_rtc.reference``, `
 
 from __future__ import annotations
 
-import importlib
+from ._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -54,14 +54,4 @@ _EXPORTS = {
 __all__ = ["__version__", *_SUBMODULES, *_EXPORTS]
 
 
-def __getattr__(name):
-    if name in _SUBMODULES:
-        return importlib.import_module(f".{_MOVED.get(name, name)}", __name__)
-    mod = _EXPORTS.get(name)
-    if mod is not None:
-        return getattr(importlib.import_module(f".{mod}", __name__), name)
-    raise AttributeError(f"module 'qmoe_rtc' has no attribute '{name}'")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, _SUBMODULES, _MOVED)

@@ -15,7 +15,7 @@ its submodules by name. Importing the package does no work: each loads on first 
 
 from __future__ import annotations
 
-import importlib
+from .._lazy import lazy_exports
 
 _SUBMODULES = ("attributes", "checks", "extensions", "random_layer", "reference", "slices")
 _EXPORTS = {
@@ -37,14 +37,4 @@ _EXPORTS = {
 __all__ = [*_EXPORTS, *_SUBMODULES]
 
 
-def __getattr__(name):
-    if name in _SUBMODULES:
-        return importlib.import_module(f".{name}", __name__)
-    mod = _EXPORTS.get(name)
-    if mod is not None:
-        return getattr(importlib.import_module(f".{mod}", __name__), name)
-    raise AttributeError(f"module 'qmoe_rtc.contract' has no attribute '{name}'")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, _SUBMODULES)

@@ -18,7 +18,7 @@ Importing the package does no work: the names below (and the submodules, by name
 
 from __future__ import annotations
 
-import importlib
+from .._lazy import lazy_exports
 
 _EXPORTS = {
     "FORMATS": "axis",
@@ -41,14 +41,4 @@ _SUBMODULES = ("axis", "fp4", "fp8", "int_codes", "projection", "quantize")
 __all__ = [*_EXPORTS, *_SUBMODULES]
 
 
-def __getattr__(name):
-    if name in _SUBMODULES:
-        return importlib.import_module(f".{name}", __name__)
-    mod = _EXPORTS.get(name)
-    if mod is not None:
-        return getattr(importlib.import_module(f".{mod}", __name__), name)
-    raise AttributeError(f"module 'qmoe_rtc.formats' has no attribute '{name}'")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, _SUBMODULES)
