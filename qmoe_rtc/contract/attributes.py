@@ -1,5 +1,6 @@
 """QMoE attributes: ONNX Runtime's names and defaults parsed into one frozen, validated value
-(plus ``zero_point_offset``, ``shared_expert_weight_bits`` and ``shared_block_size`` [ext]).
+(plus ``zero_point_offset``, ``shared_expert_weight_bits``, ``shared_block_size`` and the grouped sigmoid
+routing's ``scoring_func``, ``n_group``, ``topk_group`` and ``routed_scaling_factor`` [ext]).
 :mod:`qmoe_rtc.contract` re-exports it."""
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ __all__ = ["QUANT_TYPES", "QMoEAttributes"]
 
 #: Code widths the bit-width attributes take (the ``int`` format's; a float format fixes its own).
 SUPPORTED_BITS = INT.bits
+#: What ``scoring_func`` [ext] takes: the contract's softmax, or sigmoid scores (DeepSeek-V3-style routing).
+SCORING_FUNCS = ("softmax", "sigmoid")
 
 
 def _as_int(name, value, allowed=None):
@@ -46,10 +49,40 @@ def _block_size(name, value, fmt: WeightFormat) -> int:
     return fmt.attribute_block_size(_as_int(name, value), name)
 
 
+def _routing(a: dict) -> dict:
+    """The grouped sigmoid routing attributes [ext], parsed and checked against each other."""
+    out = {}
+    sf = a.get("scoring_func", "softmax")
+    if isinstance(sf, bytes):
+        sf = sf.decode()
+    if not isinstance(sf, str) or sf.lower() not in SCORING_FUNCS:
+        raise QMoEAttributeError("scoring_func", f"one of {SCORING_FUNCS}", repr(sf))
+    out["scoring_func"] = sf.lower()
+    out["n_group"] = _as_int("n_group", a.get("n_group", 0))
+    if out["n_group"] < 0:
+        raise QMoEAttributeError("n_group", "0 or 1 (no groups) or the number of expert groups", str(out["n_group"]))
+    out["topk_group"] = _as_int("topk_group", a.get("topk_group", 0))
+    most = max(out["n_group"], 1)
+    if not 0 <= out["topk_group"] <= most:
+        raise QMoEAttributeError("topk_group", f"0 (every group) to n_group = {out['n_group']}" if most > 1 else
+                                 f"0 or 1 with n_group = {out['n_group']} (no groups)", str(out["topk_group"]))
+    if out["n_group"] > 1 and out["scoring_func"] != "sigmoid":
+        raise QMoEAttributeError("n_group", "0 or 1 unless scoring_func='sigmoid' (groups are scored by the sum of "
+                                 "their two best biased sigmoid scores)", f"{out['n_group']} with scoring_func="
+                                 f"'{out['scoring_func']}'")
+    rsf = _as_float("routed_scaling_factor", a.get("routed_scaling_factor", 1.0), finite=True)
+    if rsf <= 0:
+        raise QMoEAttributeError("routed_scaling_factor", "a positive finite number", str(rsf))
+    out["routed_scaling_factor"] = rsf
+    return out
+
+
 @dataclass(frozen=True)
 class QMoEAttributes:
     """QMoE attributes with ONNX Runtime's names and defaults (plus the [ext] ones: ``zero_point_offset``,
-    and ``shared_expert_weight_bits`` / ``shared_block_size`` for shared experts, unset = the routed ones)."""
+    ``shared_expert_weight_bits`` / ``shared_block_size`` for shared experts, unset = the routed ones, and the
+    grouped sigmoid routing: ``scoring_func``, ``n_group`` (0 or 1: no groups), ``topk_group`` (0: every
+    group) and ``routed_scaling_factor``; docs/contract.md, "Grouped sigmoid routing")."""
 
     k: int = 1
     activation_type: str = "relu"
@@ -69,6 +102,10 @@ class QMoEAttributes:
     zero_point_offset: float | None = None
     shared_expert_weight_bits: int | None = None
     shared_block_size: int | None = None
+    scoring_func: str = "softmax"
+    n_group: int = 0
+    topk_group: int = 0
+    routed_scaling_factor: float = 1.0
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -119,6 +156,7 @@ class QMoEAttributes:
         if zpo is not None:
             zpo = _as_float("zero_point_offset", zpo, finite=True)
         out["zero_point_offset"] = zpo
+        out.update(_routing(a))
         attrs_obj = cls(**out)
         attrs_obj._check_combinations()
         return attrs_obj
@@ -137,6 +175,12 @@ class QMoEAttributes:
                                          f"({fmt.summary}: no zero point)", str(self.zero_point_offset))
         if self.use_sparse_mixer and self.k != 2:
             raise QMoEAttributeError("k", "2 when use_sparse_mixer=1 (Phi-3.5-MoE sparse mixer)", str(self.k))
+        if self.use_sparse_mixer:  # the sparse mixer has its own scores and weights
+            for n, default in (("scoring_func", "softmax"), ("n_group", 0), ("routed_scaling_factor", 1.0)):
+                v = getattr(self, n)
+                if v != default and not (n == "n_group" and v == 1):
+                    raise QMoEAttributeError(n, f"{default!r} with use_sparse_mixer=1 (the sparse mixer computes its "
+                                             "own scores and weights)", repr(v))
         if self.swiglu_fusion and self.activation_type not in GLU_ACTIVATIONS:
             raise QMoEAttributeError(
                 "swiglu_fusion", f"0 unless activation_type is one of {GLU_ACTIVATIONS}",
@@ -156,7 +200,41 @@ class QMoEAttributes:
         per = {f"{p}_expert_weight_bits": sb if sb is not None else self.bits(p) for p in ("fc1", "fc2")}
         bs = self.block_size if self.shared_block_size is None else self.shared_block_size
         return replace(self, k=1, use_sparse_mixer=0, **per, fc3_expert_weight_bits=None, block_size=bs,
-                       shared_expert_weight_bits=None, shared_block_size=None)
+                       shared_expert_weight_bits=None, shared_block_size=None, scoring_func="softmax", n_group=0,
+                       topk_group=0, routed_scaling_factor=1.0)
+
+    @property
+    def grouped(self) -> bool:
+        """Whether routing first keeps ``topk_group`` of ``n_group`` expert groups (n_group >= 2)."""
+        return self.n_group > 1
+
+    @property
+    def groups_kept(self) -> int:
+        """How many groups routing keeps (``topk_group``, 0 meaning all ``n_group``; 1 without groups)."""
+        if not self.grouped:
+            return 1
+        return self.topk_group or self.n_group
+
+    @property
+    def default_routing(self) -> bool:
+        """True for the contract's routing (softmax scores, no groups, scaling 1), the one the GPU routing
+        kernel computes; False when any grouped sigmoid routing attribute [ext] is set otherwise."""
+        return self.scoring_func == "softmax" and not self.grouped and self.routed_scaling_factor == 1.0
+
+    def check_routed_experts(self, E: int) -> None:
+        """Refuse ``k`` and the groups for a layer whose routing picks from E experts: ``k <= E``, E divisible
+        by ``n_group``, and k no more than the experts of the ``topk_group`` groups kept."""
+        if self.k > E:
+            raise QMoEAttributeError("k", f"1 <= k <= E = {E}", str(self.k))
+        if not self.grouped:
+            return
+        if E % self.n_group:
+            raise QMoEAttributeError("n_group", f"a divisor of the E = {E} experts (groups of equal size)",
+                                     str(self.n_group))
+        kept = self.groups_kept * (E // self.n_group)
+        if self.k > kept:
+            raise QMoEAttributeError("k", f"at most the {kept} experts of the {self.groups_kept} groups kept "
+                                     f"(topk_group {self.groups_kept} x E/n_group = {E // self.n_group})", str(self.k))
 
     @property
     def weight_format(self) -> WeightFormat:

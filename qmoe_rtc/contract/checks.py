@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._arrays import device_of, dtype_name, is_cupy, shape_str
-from ..errors import DeviceError, QMoEAttributeError, QMoEInputError
+from ..errors import DeviceError, QMoEInputError
 from ..formats.projection import ProjectionSpec, require
 from ..specialize.vocab import ACTIVATIONS, GATEABLE_ACTIVATIONS, GLU_ACTIVATIONS
 from ..specialize.vocab import DTYPES as FLOAT_DTYPES
@@ -156,8 +156,7 @@ def describe_layer(weights: dict, attrs: QMoEAttributes, routed_experts: int | N
     if int(w["fc2_experts_weights"].shape[0]) != E:
         raise QMoEInputError("fc2_experts_weights", f"{E} experts in dim 0 (as fc1_experts_weights)",
                              f"shape {shape_str(w['fc2_experts_weights'].shape)}")
-    if attrs.k > (routed_experts or E):
-        raise QMoEAttributeError("k", f"1 <= k <= E = {routed_experts or E}", str(attrs.k))
+    attrs.check_routed_experts(routed_experts or E)  # k <= E; the expert groups [ext] divide E and hold k
 
     has_fc3 = w["fc3_experts_weights"] is not None
     act = attrs.activation_type

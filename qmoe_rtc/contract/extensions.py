@@ -1,10 +1,12 @@
-"""Contract extensions [ext] beyond ONNX Runtime's QMoE: shared experts (with an optional sigmoid gate)
-and the router GEMM inside the layer (docs/contract.md, "Shared experts", "Router GEMM").
+"""Contract extensions [ext] beyond ONNX Runtime's QMoE: shared experts (with an optional sigmoid gate),
+the router GEMM inside the layer and the score bias of grouped sigmoid routing (docs/contract.md, "Shared
+experts", "Router GEMM", "Grouped sigmoid routing").
 
 ``describe_extensions(inputs, attrs, layer)`` validates the extension tensors against an already
 described routed layer and returns an :class:`ExtensionSpec`; ``check_ext_call`` validates a call's
 inputs when the layer may compute its own logits. The float64 reference implements them, the GPU
-engines too (shared experts in the routed layout: :mod:`qmoe_rtc.runtime.layer`).
+engines too (shared experts in the routed layout: :mod:`qmoe_rtc.runtime.layer`), but for the grouped
+sigmoid routing, which they refuse.
 
 Shared experts use the routed layout with a leading S (the number of shared experts) and their own
 intermediate size, so they are validated by :func:`qmoe_rtc.contract.describe_layer` itself on the
@@ -32,7 +34,7 @@ SHARED_INPUTS = tuple(f"shared_{p}_{t}" for p in ("fc1", "fc2")
                       for t in ("experts_weights", "scales", "zero_points", "experts_bias")) + \
     ("shared_fc1_global_scale", "shared_fc2_global_scale")
 #: Every extension input (all constant across calls: passed with the weights).
-EXT_INPUTS = SHARED_INPUTS + ("shared_gate_weight", "router_weight", "router_bias")
+EXT_INPUTS = SHARED_INPUTS + ("shared_gate_weight", "router_weight", "router_bias", "router_score_bias")
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,7 @@ class ExtensionSpec:
     router_bias: bool
     dtype: str | None  #: the activation dtype T that the extension tensors imply (None: all float32)
     router_dtype: str = ""  #: router_weight's dtype ('' without the router GEMM)
+    score_bias: bool = False  #: a ``router_score_bias`` [E] float32 is added to the sigmoid scores to choose experts
 
     @property
     def S(self) -> int:
@@ -59,6 +62,8 @@ class ExtensionSpec:
             out.append(f"{self.S} shared expert(s)" + (" with a sigmoid gate" if self.gate else ""))
         if self.router:
             out.append("the router GEMM (router_weight)")
+        if self.score_bias:
+            out.append("a router score bias (router_score_bias)")
         return tuple(out)
 
 
@@ -130,13 +135,20 @@ def describe_extensions(inputs: dict, attrs: QMoEAttributes, layer: LayerSpec) -
         if x["router_weight"] is None:
             raise QMoEInputError("router_bias", "absent when router_weight is absent", "an array")
         require("router_bias", x["router_bias"], shape=(layer.E,), dtypes=FLOAT_DTYPES)
+    if x["router_score_bias"] is not None:
+        if attrs.scoring_func != "sigmoid":
+            raise QMoEInputError("router_score_bias", "absent unless scoring_func='sigmoid' (it corrects the sigmoid "
+                                 "scores experts are chosen by)", f"an array with scoring_func='{attrs.scoring_func}'")
+        require("router_score_bias", x["router_score_bias"], shape=(layer.E,), dtypes=("float32",),
+                where="[E]: added to the sigmoid scores to choose experts, not to their weights")
     implied = {"the layer's scales/biases": ArrayMeta((), layer.dtype, True, None)} if layer.dtype else {}
     if shared is not None and shared.dtype:
         implied["shared_fc1_scales"] = ArrayMeta((), shared.dtype, True, None)
     dtype = _infer_dtype({**implied, **{n: x[n] for n in ("shared_gate_weight", "router_weight", "router_bias")}})
     return ExtensionSpec(shared=shared, gate=x["shared_gate_weight"] is not None, router=x["router_weight"] is not None,
                          router_bias=x["router_bias"] is not None, dtype=dtype,
-                         router_dtype=dtype_name(x["router_weight"]) if x["router_weight"] is not None else "")
+                         router_dtype=dtype_name(x["router_weight"]) if x["router_weight"] is not None else "",
+                         score_bias=x["router_score_bias"] is not None)
 
 
 def check_ext_call(layer: LayerSpec, ext: ExtensionSpec, input, router_probs, router_weights=None):

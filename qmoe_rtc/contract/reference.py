@@ -80,21 +80,55 @@ def _sparse_mixer(l: np.ndarray):
     return idx, wts
 
 
-def route(router_probs, attrs: QMoEAttributes, router_weights=None):
-    """Routing per docs/contract.md: returns ``(experts [rows, k] int64, weights [rows, k] float64)``."""
+def _ranked(score: np.ndarray, allowed: np.ndarray | None = None) -> np.ndarray:
+    """Column indices of ``score`` ``[rows, n]`` (float64) from best to worst per row: allowed columns first,
+    then NaN, then by descending value, equal values (−0 and +0 too) to the lower index. ``[rows, n]`` int64."""
+    nan = np.isnan(score)
+    keys = (-np.where(nan, 0.0, score), ~nan) + (() if allowed is None else (~allowed,))
+    return np.lexsort(keys, axis=-1)  # the last key is the primary one; lexsort is stable: ties keep index order
+
+
+def _grouped_sigmoid_top_k(l: np.ndarray, attrs: QMoEAttributes, score_bias) -> tuple[np.ndarray, np.ndarray]:
+    """DeepSeek-V3-style choice [ext]: ``(experts [rows, k] int64, their sigmoid scores [rows, k] float64)``.
+    Experts are chosen by sigmoid(l) + bias, inside the ``topk_group`` groups whose two best biased scores
+    sum highest; the scores returned are the unbiased ones."""
+    scores = _sigmoid(l)  # [rows, E]
+    choice = scores if score_bias is None else scores + _f64(score_bias)  # [rows, E]
+    allowed = None
+    if attrs.grouped:
+        rows, E = l.shape
+        G = attrs.n_group
+        per_group = choice.reshape(rows * G, E // G)  # [rows·G, E/G]
+        best = np.take_along_axis(per_group, _ranked(per_group)[:, :2], axis=-1)  # [rows·G, min(2, E/G)]
+        group_score = best.sum(axis=-1).reshape(rows, G)  # [rows, G]
+        kept = _ranked(group_score)[:, :attrs.groups_kept]  # [rows, groups kept]
+        in_kept = np.zeros((rows, G), dtype=bool)
+        np.put_along_axis(in_kept, kept, True, axis=-1)
+        allowed = np.repeat(in_kept, E // G, axis=-1)  # [rows, E]
+    idx = _ranked(choice, allowed)[:, :attrs.k]
+    return idx, np.take_along_axis(scores, idx, axis=-1)
+
+
+def route(router_probs, attrs: QMoEAttributes, router_weights=None, score_bias=None):
+    """Routing per docs/contract.md: returns ``(experts [rows, k] int64, weights [rows, k] float64)``.
+    ``score_bias``: the ``router_score_bias`` [E] [ext] of grouped sigmoid routing (``scoring_func='sigmoid'``)."""
     logits32 = np.asarray(router_probs).astype(np.float32)  # exact for float16/bfloat16 logits
     l = logits32.astype(np.float64)
     if attrs.use_sparse_mixer:
         return _sparse_mixer(l)
-    idx = _top_k(logits32, attrs.k)
+    if attrs.scoring_func == "sigmoid":
+        idx, w = _grouped_sigmoid_top_k(l, attrs, score_bias)
+    else:
+        idx = _top_k(logits32, attrs.k)
+        w = None if router_weights is not None else np.take_along_axis(_softmax(l), idx, axis=-1)
     if router_weights is not None:
         w = np.take_along_axis(np.asarray(router_weights).astype(np.float32).astype(np.float64), idx, axis=-1)
-    else:
-        w = np.take_along_axis(_softmax(l), idx, axis=-1)
     if attrs.normalize_routing_weights:
         s = w.sum(axis=-1, keepdims=True)
         with np.errstate(invalid="ignore", divide="ignore"):
             w = np.where(s != 0, w / np.where(s != 0, s, 1.0), 0.0)
+    if attrs.routed_scaling_factor != 1.0:
+        w = w * attrs.routed_scaling_factor
     return idx, w
 
 
@@ -208,7 +242,8 @@ def qmoe(
     Runtime's names and defaults. The extension inputs [ext] are keywords too (names in
     :data:`qmoe_rtc.contract.extensions.EXT_INPUTS`): shared experts ``shared_fc1_experts_weights`` ...
     ``shared_fc2_experts_bias`` with an optional ``shared_gate_weight`` [H], and the router GEMM
-    ``router_weight`` [E, H] / ``router_bias`` [E], with which ``router_probs`` is None.
+    ``router_weight`` [E, H] / ``router_bias`` [E], with which ``router_probs`` is None, and the grouped
+    sigmoid routing's ``router_score_bias`` [E] float32 (with ``scoring_func='sigmoid'``).
     ``validate_content``: also check what :class:`~qmoe_rtc.executor.QMoE` checks with the same flag
     (finite non-negative scales, finite biases, zero-point padding, no NaN FP8 codes), raising the
     same ``QMoEInputError``. Expert slices [ext] (``expert_range`` + ``num_experts``, or
@@ -244,7 +279,7 @@ def qmoe(
     x = x_in.astype(np.float64).reshape(call.rows, layer.H)
     if ext.router:
         logits = router_logits(x, ext_in["router_weight"], ext_in.get("router_bias"))
-    experts, route_w = route(logits, attrs, rw)  # [rows, k]
+    experts, route_w = route(logits, attrs, rw, ext_in.get("router_score_bias"))  # [rows, k]
     out = np.zeros((call.rows, layer.H), dtype=np.float64)
     local = sl.global_to_local() if sl is not None else np.arange(layer.E)
     for e in np.unique(experts):
