@@ -31,6 +31,15 @@ def _as_int(name, value, allowed=None):
     return v
 
 
+def _as_word(name, value, allowed):
+    """A string attribute (ONNX may hand it over as bytes), lower-cased, one of ``allowed``."""
+    if isinstance(value, bytes):
+        value = value.decode()
+    if not isinstance(value, str) or value.lower() not in allowed:
+        raise QMoEAttributeError(name, f"one of {allowed}", repr(value))
+    return value.lower()
+
+
 def _as_float(name, value, finite: bool = False):
     try:
         v = float(value)
@@ -52,12 +61,7 @@ def _block_size(name, value, fmt: WeightFormat) -> int:
 def _routing(a: dict) -> dict:
     """The grouped sigmoid routing attributes [ext], parsed and checked against each other."""
     out = {}
-    sf = a.get("scoring_func", "softmax")
-    if isinstance(sf, bytes):
-        sf = sf.decode()
-    if not isinstance(sf, str) or sf.lower() not in SCORING_FUNCS:
-        raise QMoEAttributeError("scoring_func", f"one of {SCORING_FUNCS}", repr(sf))
-    out["scoring_func"] = sf.lower()
+    out["scoring_func"] = _as_word("scoring_func", a.get("scoring_func", "softmax"), SCORING_FUNCS)
     out["n_group"] = _as_int("n_group", a.get("n_group", 0))
     if out["n_group"] < 0:
         raise QMoEAttributeError("n_group", "0 or 1 (no groups) or the number of expert groups", str(out["n_group"]))
@@ -123,12 +127,7 @@ class QMoEAttributes:
         out["k"] = _as_int("k", a.get("k", 1))
         if out["k"] < 1:  # k <= E is checked with the weights (contract.describe_layer)
             raise QMoEAttributeError("k", "1 <= k <= E", str(out["k"]))
-        act = a.get("activation_type", "relu")
-        if isinstance(act, bytes):
-            act = act.decode()
-        if not isinstance(act, str) or act.lower() not in ACTIVATIONS:
-            raise QMoEAttributeError("activation_type", f"one of {ACTIVATIONS}", repr(act))
-        out["activation_type"] = act.lower()
+        out["activation_type"] = _as_word("activation_type", a.get("activation_type", "relu"), ACTIVATIONS)
         out["normalize_routing_weights"] = _as_int("normalize_routing_weights", a.get("normalize_routing_weights", 0), (0, 1))
         out["use_sparse_mixer"] = _as_int("use_sparse_mixer", a.get("use_sparse_mixer", 0), (0, 1))
         out["expert_weight_bits"] = _as_int("expert_weight_bits", a.get("expert_weight_bits", 4), SUPPORTED_BITS)

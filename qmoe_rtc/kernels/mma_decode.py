@@ -64,7 +64,7 @@ def _stages() -> int:
 
 def ring_bytes(bits: int, scale_bytes: int, block_size: int, zp_packed: bool, stages: int, row_tiles: int = 1,
                tiled_meta: bool = False) -> int:
-    """Dynamic shared memory of one block (mma_ring.cuh MmaStage): 4 warps × stages × stage bytes, a stage
+    """Dynamic shared memory of one block (engines/mma_stage.cuh MmaStage): 4 warps × stages × stage bytes, a stage
     holding ``kst`` chunks of the warp's ``2·row_tiles`` lane rows."""
     kst = 1 if bits >= 8 else max(1, 8 // bits // row_tiles)
     words = meta_words(bits, scale_bytes, block_size, zp_packed, tiled_meta)
@@ -138,10 +138,10 @@ def smem_refusal(spec: ModuleSpec, budget: int, routes: int = 0, row_tiles: int 
 
 def ring_decisions(spec: ModuleSpec, blocks: dict[int, int], row_tiles: int = 1) -> tuple[str, ...]:
     """The lines of a ring engine's generated unit (this one's, kernels/mma_batched.py's) that hand the device the
-    host's decisions, which engines/mma_ring.cuh reads and checks: ``blocks`` an SM each route tile's kernels set
+    host's decisions, which engines/mma_stage.cuh reads and checks: ``blocks`` an SM each route tile's kernels set
     registers for, and each GEMM's four rings' bytes (:func:`launch_smem` without the route lists)."""
     rings = {role: launch_smem(spec, role, 0, row_tiles) for role in ("fc1", "fc2")}
-    return ("// The host's decisions (kernels/mma_decode.py), which engines/mma_ring.cuh reads and checks:",
+    return ("// The host's decisions (kernels/mma_decode.py), which engines/mma_stage.cuh reads and checks:",
             "// blocks an SM each route tile's kernels set their registers for {route tile, blocks}",
             "#define QMOE_MMA_BLOCKS " + ", ".join(f"{{{br}, {n}}}" for br, n in sorted(blocks.items())),
             f"// the bytes of each GEMM's four rings of {spec['stages']} stages",
