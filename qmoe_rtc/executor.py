@@ -188,6 +188,7 @@ class QMoE:
                        router_weights_dtype=router_weights_dtype, sparse=bool(self.attrs.use_sparse_mixer),
                        arch=self._arch(), shared=x.S, shared_gate=bool(x.S and x.gate),
                        router_gemm=x.router_dtype if x.router else "", all_experts=self._all_experts,
+                       sigmoid_routing=self.attrs.scoring_func == "sigmoid",
                        sms=sm_count(self.device_id), smem=max_smem_optin(self.device_id))
 
     @property

@@ -51,6 +51,7 @@ class Problem:
     all_experts: int = 0  # expert slices [ext]: the whole layer's E, which routing picks from (0: E)
     sms: int = 0  # the device's multiprocessors (0 when unknown: warm tool, CPU tests; see sm_count)
     smem: int = 0  # the device's opt-in dynamic shared memory per block, bytes (0 when unknown: see smem_limit)
+    sigmoid_routing: bool = False  # grouped sigmoid routing [ext] (routing/route_grouped.cuh)
 
     @property
     def device(self) -> ArchSpec:

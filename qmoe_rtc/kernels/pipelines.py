@@ -175,7 +175,8 @@ def modules_for(config: ModelConfig, variants=("decode", "prefill"), arch: str =
     seen: dict[ModuleSpec, None] = {}
     probe = Problem(rows=0, E=config.experts, H=config.hidden, I=config.inter, k=config.k,
                     dtype=config.layout.dtype, arch=arch, shared=config.shared, shared_gate=config.shared_gate,
-                    router_gemm=config.router_gemm, all_experts=config.all_experts) if arch else None
+                    router_gemm=config.router_gemm, all_experts=config.all_experts,
+                    sigmoid_routing=config.scoring_func == "sigmoid") if arch else None
     for path in variants:
         if path not in ("decode", "prefill"):
             raise QMoEAttributeError("variants", "items of ['decode', 'prefill']", repr(path))

@@ -1,20 +1,23 @@
 """Kernel family ``route``: softmax top-k routing (and the Phi-3.5 sparse mixer), one warp per row (up to
-256 experts, no sparse mixer, no shared-expert gate) or one block per row, with the shared experts [ext]
-as every row's last S slots (role ``route``); and the router GEMM [ext], the layer's own float32 logits
-(role ``logits``).
+256 experts, no sparse mixer, no shared-expert gate) or one block per row, or grouped sigmoid routing [ext]
+(one block per row), with the shared experts [ext] as every row's last S slots (role ``route``); and the
+router GEMM [ext], the layer's own float32 logits (role ``logits``).
 
 Templates: ``cuda_src/routing/route.cuh``: ``qmoe::route_topk<LT, WT, T, HAS_RW, SPARSE, GATE>``;
 ``cuda_src/routing/route_warp.cuh``: ``qmoe::route_topk_warp<LT, WT, HAS_RW>`` (``warp`` modules);
+``cuda_src/routing/route_grouped.cuh``: ``qmoe::route_grouped<LT, WT, T, HAS_RW, GATE>`` (``sigmoid`` modules);
 ``cuda_src/routing/router_gemm.cuh``: ``qmoe::router_logits_mma<T, MT, NT, U, KMAX>`` (router_weight in
 T: tensor cores), ``router_logits_gemv<T>`` and ``router_logits_tiled<T>`` (router_weight in float32).
 
 One module per activation dtype holds every logits / router-weights dtype combination (float32 or T).
-Three [ext] parameters, set from the :class:`~qmoe_rtc.specialize.ModelConfig` (not the layout, so
+Four [ext] parameters, set from the :class:`~qmoe_rtc.specialize.ModelConfig` (not the layout, so
 ``depends_on`` stays the dtype): ``gate`` (the shared experts have a sigmoid gate: the gated variants
 instead of the plain ones), ``rgemm`` (the layer computes its logits: both router-GEMM weight dtypes, and
 routing variants that read the GEMM's float32 ``router_logits`` scratch instead of the call's ``logits``)
-and ``warp`` (:func:`routes_by_warp`: the module holds only the warp-per-row kernels, no block kernels
-and no sparse mixer; bf16 on a 2-core CPU: 0.52–0.72 s against 0.68–1.04 s for the block module).
+``warp`` (:func:`routes_by_warp`: the module holds only the warp-per-row kernels, no block kernels
+and no sparse mixer; bf16 on a 2-core CPU: 0.52–0.72 s against 0.68–1.04 s for the block module) and
+``sigmoid`` (the layer routes by grouped sigmoid scores [ext]: the module holds only those kernels; its
+``n_group``, ``groups_kept`` and ``routed_scaling`` are the layer's scalars, not code).
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ WARP_MAX_EXPERTS = 256  # kRouteWarpMaxExperts
 MAX_EXPERTS = 512  # kRouteMaxExperts
 MAX_K = 32  # kRouteMaxK
 GEMM_HEADER = "routing/router_gemm.cuh"
+GROUPED_HEADER = "routing/route_grouped.cuh"
+MAX_GROUPS = 128  # kRouteThreads: a group's value and kept flag per thread of the block
 
 #: Router GEMM geometry (router_gemm.cuh). Tensor cores: (MT, NT, U, KMAX) = 16·MT experts × 8·NT rows
 #: per block, U steps of 32 k per round, at most KMAX K-split warps. The row switches are not measured.
@@ -49,21 +54,24 @@ TARGET_WARPS = 2048
 MAX_GRID_Y = 65535
 
 
-def kernel_key(logits_dtype: str, rw_dtype: str | None, sparse: bool, gate: bool = False) -> str:
-    """Routing kernel key; ``logits_dtype`` "gemm": reads the router GEMM's float32 ``router_logits``."""
-    key = f"sparse_{logits_dtype}" if sparse else f"topk_{logits_dtype}" + (f"_rw_{rw_dtype}" if rw_dtype else "")
+def kernel_key(logits_dtype: str, rw_dtype: str | None, sparse: bool, gate: bool = False, sigmoid: bool = False) -> str:
+    """Routing kernel key; ``logits_dtype`` "gemm": reads the router GEMM's float32 ``router_logits``; ``sigmoid``:
+    grouped sigmoid routing [ext]."""
+    head = "sparse" if sparse else "grouped" if sigmoid else "topk"
+    key = f"{head}_{logits_dtype}" + (f"_rw_{rw_dtype}" if rw_dtype and not sparse else "")
     return key + ("_gate" if gate else "")
 
 
-def routes_by_warp(logits: int, sparse: bool, gate: bool) -> bool:
+def routes_by_warp(logits: int, sparse: bool, gate: bool, sigmoid: bool = False) -> bool:
     """Whether a layer routes one warp per row (routing/route_warp.cuh): up to WARP_MAX_EXPERTS logits a
-    row, no sparse mixer, no shared-expert gate; else one block per row (routing/route.cuh)."""
-    return logits <= WARP_MAX_EXPERTS and not sparse and not gate
+    row, softmax routing without the sparse mixer, no shared-expert gate; else one block per row
+    (routing/route.cuh, or routing/route_grouped.cuh for grouped sigmoid routing [ext])."""
+    return logits <= WARP_MAX_EXPERTS and not sparse and not gate and not sigmoid
 
 
 def warp_kernel(problem: Problem) -> bool:
     """:func:`routes_by_warp` for a problem."""
-    return routes_by_warp(problem.logit_count, problem.sparse, bool(problem.shared_gate))
+    return routes_by_warp(problem.logit_count, problem.sparse, bool(problem.shared_gate), problem.sigmoid_routing)
 
 
 def logits_key(weight_dtype: str, kind: str) -> str:
@@ -84,6 +92,13 @@ def _route_args(lt: str, wt: str, t: str, gemm: bool) -> tuple:
             Scalar("H", "int32"), Scalar("normalize", "int32"), Ptr("x", t, nullable=True),
             Ptr("shared_gate_weight", "float32", nullable=True), Scalar("E_routed", "int32"),
             Ptr("expert_map", "int32", nullable=True), Ptr("topk_ids", "int32"), Ptr("topk_w", "float32"))
+
+
+def _grouped_args(lt: str, wt: str, t: str, gemm: bool) -> tuple:
+    head = _route_args(lt, wt, t, gemm)[:-2]  # every argument of the block kernel but the outputs
+    return (*head, Ptr("router_score_bias", "float32", nullable=True), Scalar("n_group", "int32"),
+            Scalar("groups_kept", "int32"), Scalar("routed_scaling", "float32"), Ptr("topk_ids", "int32"),
+            Ptr("topk_w", "float32"))
 
 
 def _gemm_args(t: str, wt: str) -> tuple:
@@ -157,8 +172,10 @@ class RouteFamily(KernelFamily):
             ext["gate"] = 1
         if getattr(config, "router_gemm", ""):
             ext["rgemm"] = 1
-        if config is not layout and routes_by_warp(config.all_experts or config.experts, config.use_sparse_mixer,
-                                                   config.shared_gate):
+        if getattr(config, "scoring_func", "softmax") == "sigmoid":
+            ext["sigmoid"] = 1
+        elif config is not layout and routes_by_warp(config.all_experts or config.experts, config.use_sparse_mixer,
+                                                     config.shared_gate):
             ext["warp"] = 1
         return ModuleSpec.make(self.name, dtype=layout.dtype, **ext)
 
@@ -168,12 +185,15 @@ class RouteFamily(KernelFamily):
             src = src.replace(f'#include "{self.header}"\n', f'#include "{self.header}"\n#include "{WARP_HEADER}"\n')
         if spec.get("rgemm"):
             src = src.replace(f'#include "{self.header}"\n', f'#include "{self.header}"\n#include "{GEMM_HEADER}"\n')
+        if spec.get("sigmoid"):
+            src = src.replace(f'#include "{self.header}"\n', f'#include "{self.header}"\n#include "{GROUPED_HEADER}"\n')
         return src
 
     def kernels(self, spec: ModuleSpec) -> tuple[KernelDef, ...]:
         T = spec["dtype"]
         dts = ["float32"] if T == "float32" else ["float32", T]
         gate, rgemm, warp = bool(spec.get("gate")), bool(spec.get("rgemm")), bool(spec.get("warp"))
+        sigmoid = bool(spec.get("sigmoid"))
         g = "true" if gate else "false"
         CT = CPP_TYPES[T]
         out = []
@@ -182,7 +202,11 @@ class RouteFamily(KernelFamily):
             L = CPP_TYPES[ltype]
             for rw in [None, *dts]:
                 flag = "true" if rw else "false"
-                if warp:  # a warp module holds only these (its layer has no sparse mixer and no gate)
+                if sigmoid:  # a sigmoid module holds only these (its layer routes by nothing else)
+                    out.append(KernelDef(kernel_key(lt, rw, False, gate, sigmoid=True),
+                                         f"qmoe::route_grouped<{L}, {CPP_TYPES[rw or ltype]}, {CT}, {flag}, {g}>",
+                                         _grouped_args(ltype, rw or ltype, T, rgemm)))
+                elif warp:  # a warp module holds only these (its layer has no sparse mixer and no gate)
                     out.append(KernelDef(kernel_key(lt, rw, False) + "_warp",
                                          f"qmoe::route_topk_warp<{L}, {CPP_TYPES[rw or ltype]}, {flag}>",
                                          _warp_args(ltype, rw or ltype, rgemm)))
@@ -190,7 +214,7 @@ class RouteFamily(KernelFamily):
                     out.append(KernelDef(kernel_key(lt, rw, False, gate),
                                          f"qmoe::route_topk<{L}, {CPP_TYPES[rw or ltype]}, {CT}, {flag}, false, {g}>",
                                          _route_args(ltype, rw or ltype, T, rgemm)))
-            if not warp:
+            if not warp and not sigmoid:
                 out.append(KernelDef(kernel_key(lt, None, True, gate),
                                      f"qmoe::route_topk<{L}, {L}, {CT}, false, true, {g}>", _route_args(ltype, ltype, T, rgemm)))
         if rgemm:
@@ -209,6 +233,8 @@ class RouteFamily(KernelFamily):
             return f"{E} experts (routing handles at most {MAX_EXPERTS})"
         if config.k > MAX_K:
             return f"k = {config.k} (routing handles at most {MAX_K})"
+        if getattr(config, "n_group", 0) > MAX_GROUPS:
+            return f"n_group = {config.n_group} (grouped routing handles at most {MAX_GROUPS} groups)"
         rg = getattr(config, "router_gemm", "")
         if rg and rg not in ("float32", config.layout.dtype):
             return (f"router_weight in {rg} with {config.layout.dtype} activations (the router GEMM takes float32 "
@@ -222,16 +248,17 @@ class RouteFamily(KernelFamily):
         where the module was made for another kind of layer (shared-expert gate, router GEMM, a warp or a block a
         row)."""
         gate, rgemm, warp = bool(spec.get("gate")), bool(spec.get("rgemm")), bool(spec.get("warp"))
-        if gate != bool(problem.shared_gate) or rgemm != bool(problem.router_gemm):
-            raise QMoEUnsupportedError(f"module {spec.name} was made for shared_gate={gate}, router GEMM={rgemm}; the "
-                                       f"problem has shared_gate={problem.shared_gate}, "
-                                       f"router_gemm={problem.router_gemm!r}")
+        sigmoid = bool(spec.get("sigmoid"))
+        if gate != bool(problem.shared_gate) or rgemm != bool(problem.router_gemm) or sigmoid != problem.sigmoid_routing:
+            raise QMoEUnsupportedError(f"module {spec.name} was made for shared_gate={gate}, router GEMM={rgemm}, "
+                                       f"sigmoid routing={sigmoid}; the problem has shared_gate={problem.shared_gate}, "
+                                       f"router_gemm={problem.router_gemm!r}, sigmoid routing={problem.sigmoid_routing}")
         if warp != warp_kernel(problem):
             raise QMoEUnsupportedError(f"module {spec.name} routes one {'warp' if warp else 'block'} per row; the "
                                        f"problem ({problem.logit_count} experts, sparse mixer {problem.sparse}, "
                                        f"shared gate {problem.shared_gate}) needs the other kind")
         lt = "gemm" if rgemm else problem.router_dtype
-        key = kernel_key(lt, problem.router_weights_dtype, problem.sparse, gate) + ("_warp" if warp else "")
+        key = kernel_key(lt, problem.router_weights_dtype, problem.sparse, gate, sigmoid) + ("_warp" if warp else "")
         kind, logits = logits_geometry(problem) if problem.router_gemm else ("", None)
         grid, threads = (_cdiv(problem.rows, WARP_ROWS), 32 * WARP_ROWS) if warp else (problem.rows, THREADS)
         return RouteCall(key, grid, threads, kind, logits)

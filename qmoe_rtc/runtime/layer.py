@@ -69,9 +69,9 @@ def layer_config(layer, dtype: str, scale_dtype: str, ext=None, all_experts: int
     """The :class:`~qmoe_rtc.specialize.ModelConfig` of a validated layer (:class:`~qmoe_rtc.contract.LayerSpec`,
     with its :class:`~qmoe_rtc.contract.extensions.ExtensionSpec` ``ext``; ``all_experts``: the whole layer's E
     when it is an expert slice) called with activation dtype ``dtype``, its scales held as
-    ``scale_dtype``, its codes ``tiled`` or not (GPU-free). A routing no config expresses (grouped sigmoid
-    routing [ext]) is :class:`QMoEUnsupportedError`, so nothing plans a layer with the wrong routing."""
-    _refuse_routing(layer, ext)
+    ``scale_dtype``, its codes ``tiled`` or not (GPU-free). A routing no kernel computes
+    (:func:`routing_unsupported`) is :class:`QMoEUnsupportedError`, so nothing plans a layer with the wrong routing."""
+    _refuse_routing(layer)
     L, a = layer, layer.attrs
     layout = Layout(
         dtype=dtype, scale_dtype=scale_dtype if scale_dtype in ("float32", dtype) else "float32",
@@ -83,7 +83,8 @@ def layer_config(layer, dtype: str, scale_dtype: str, ext=None, all_experts: int
     router = ext.router_dtype if ext is not None and ext.router else ""
     return ModelConfig(hidden=L.H, inter=L.I, experts=L.E, k=a.k, layout=layout, use_sparse_mixer=bool(a.use_sparse_mixer),
                        normalize_routing_weights=bool(a.normalize_routing_weights), shared=S,
-                       shared_gate=bool(S and ext.gate), router_gemm=router, all_experts=all_experts)
+                       shared_gate=bool(S and ext.gate), router_gemm=router, all_experts=all_experts,
+                       scoring_func=a.scoring_func, n_group=a.n_group if a.grouped else 0)
 
 
 def shared_unsupported(layer, ext) -> str | None:
@@ -105,33 +106,29 @@ def shared_unsupported(layer, ext) -> str | None:
     return None
 
 
-def routing_unsupported(attrs, ext=None) -> str | None:
-    """Why the GPU routing kernel cannot route a layer with ``attrs`` (and ``ext``'s score bias): the
-    grouped sigmoid routing [ext] (None: the contract's softmax routing, which it computes)."""
-    for n, default in (("scoring_func", "softmax"), ("n_group", 0), ("topk_group", 0), ("routed_scaling_factor", 1.0)):
-        v = getattr(attrs, n)
-        if v != default and not (n in ("n_group", "topk_group") and v == 1):
-            return f"{n}={v!r}"
-    if ext is not None and ext.score_bias:
-        return "router_score_bias"
+def routing_unsupported(attrs) -> str | None:
+    """Why the GPU routing kernels cannot route a layer with ``attrs`` (None: they can): a routed scaling factor
+    [ext] with the contract's softmax scores (routing/route_grouped.cuh scales sigmoid-scored weights only)."""
+    if attrs.scoring_func == "softmax" and attrs.routed_scaling_factor != 1.0:
+        return (f"routed_scaling_factor={attrs.routed_scaling_factor!r} with softmax scores (the GPU routing scales "
+                "the weights of scoring_func='sigmoid' only)")
     return None
 
 
-def _refuse_routing(layer, ext) -> None:
-    why = routing_unsupported(layer.attrs, ext)
+def _refuse_routing(layer) -> None:
+    why = routing_unsupported(layer.attrs)
     if why:
-        raise QMoEUnsupportedError(f"the GPU engines of this build do not run {why}: the GPU routing for grouped "
-                                   "sigmoid (DeepSeek-V3-style) routing is not built yet, the routing kernel computes "
-                                   "softmax top-k only; qmoe_rtc.contract.reference.qmoe computes such layers")
+        raise QMoEUnsupportedError(f"the GPU engines of this build do not run {why}; qmoe_rtc.contract.reference.qmoe "
+                                   "computes such layers")
 
 
 def check_supported(layer, ext=None, all_experts: int = 0) -> None:
     """:class:`QMoEUnsupportedError` naming the limit when no pipeline of a path runs the layer at any
     activation dtype it can be called with (e.g. more than 512 experts, k above 32: the routing
     kernel's limits; docs/contract.md, "Limits of this build"), or its shared experts cannot run in
-    the routed launches, or its routing is the grouped sigmoid one [ext] (no GPU routing for it yet). GPU-free."""
+    the routed launches, or its routing is one no GPU kernel computes (:func:`routing_unsupported`). GPU-free."""
     L = layer
-    _refuse_routing(layer, ext)
+    _refuse_routing(layer)
     why = shared_unsupported(layer, ext)
     if why:
         raise QMoEUnsupportedError(f"the GPU engines of this build do not run {why}; qmoe_rtc.contract.reference.qmoe "

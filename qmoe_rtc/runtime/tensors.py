@@ -1,7 +1,8 @@
 """A layer's constant tensors on the device, and the binding table every kernel argument is found in.
 
 The table maps argument names (``fc1_w``, ``fc1_scales``, ``fc1_zp``, ``fc1_bias``, ... ``zp_offset``,
-``alpha``, ``beta``, ``limit``, ``limit_after``, ``normalize``) to layer tensors and attribute values;
+``alpha``, ``beta``, ``limit``, ``limit_after``, ``normalize``, grouped routing's ``n_group``, ``groups_kept``,
+``routed_scaling``) to layer tensors and attribute values;
 the plan adds problem sizes, launch scalars, scratch addresses and the per-call arrays.
 """
 
@@ -73,12 +74,12 @@ def upload_projections(cp, w: dict, layer, device_id: int, scale_dtype: str | No
 
 #: Extension tensors [ext] other than the shared experts' projections, by input (= argument) name,
 #: and whether they are held in float32 (small vectors) or as given (router_weight: float32 or T).
-EXTRA_TENSORS = {"shared_gate_weight": True, "router_weight": False, "router_bias": True}
+EXTRA_TENSORS = {"shared_gate_weight": True, "router_weight": False, "router_bias": True, "router_score_bias": True}
 
 
 def upload_extras(cp, w: dict, device_id: int) -> dict:
     """The layer's :data:`EXTRA_TENSORS` on the device (absent ones left out): shared_gate_weight [H]
-    f32, router_weight [E, H] as given, router_bias [E] f32."""
+    f32, router_weight [E, H] as given, router_bias [E] f32, router_score_bias [E] f32."""
     out = {}
     with cp.cuda.Device(device_id):
         for name, f32 in EXTRA_TENSORS.items():
@@ -105,5 +106,7 @@ def layer_table(proj: dict, attrs, shared: dict | None = None, extras: dict | No
     t.update({n: (extras or {}).get(n) for n in (*EXTRA_TENSORS, "expert_map")})  # expert_map: slices [ext]
     t.update(zp_offset=float(attrs.zero_point_offset or 0.0), alpha=float(attrs.activation_alpha),
              beta=float(attrs.activation_beta), limit=float(attrs.swiglu_limit),
-             limit_after=int(attrs.swiglu_limit_after_activation), normalize=int(attrs.normalize_routing_weights))
+             limit_after=int(attrs.swiglu_limit_after_activation), normalize=int(attrs.normalize_routing_weights),
+             n_group=int(attrs.n_group), groups_kept=int(attrs.groups_kept),
+             routed_scaling=float(attrs.routed_scaling_factor))  # grouped sigmoid routing [ext]
     return t

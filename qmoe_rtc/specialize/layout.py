@@ -239,7 +239,9 @@ class ModelConfig:
     [ext] ``shared``: S shared experts in the routed layout (same intermediate size), run as S more
     routes per token; ``shared_gate``: their sum is scaled by sigmoid(x·g); ``router_gemm``: the
     dtype of ``router_weight`` when the layer computes its logits ('' : the call passes them);
-    ``all_experts``: an expert slice [ext] holds ``experts`` of this many (0: not a slice).
+    ``all_experts``: an expert slice [ext] holds ``experts`` of this many (0: not a slice);
+    ``scoring_func`` 'sigmoid' and ``n_group``: grouped sigmoid routing [ext] (its other attributes are
+    per-layer scalars, not code).
     """
 
     hidden: int
@@ -254,6 +256,8 @@ class ModelConfig:
     shared_gate: bool = False
     router_gemm: str = ""
     all_experts: int = 0
+    scoring_func: str = "softmax"
+    n_group: int = 0
 
     def __post_init__(self) -> None:
         for f in ("hidden", "inter", "experts", "k"):
@@ -269,6 +273,7 @@ class ModelConfig:
             raise QMoEAttributeError("all_experts", f"0 or at least experts ({self.experts})", repr(self.all_experts))
         if self.k > (self.all_experts or self.experts):
             raise QMoEAttributeError("k", f"<= experts ({self.all_experts or self.experts})", repr(self.k))
+        _check("scoring_func", self.scoring_func, ("softmax", "sigmoid"), "'softmax' or 'sigmoid'")
         if self.use_sparse_mixer and self.k != 2:
             raise QMoEAttributeError("k", "2 with use_sparse_mixer", repr(self.k))
         bs, lay = self.layout.block_size, self.layout

@@ -1,6 +1,7 @@
 """Grouped sigmoid routing [ext] (DeepSeek-V3, Kimi-K2, GLM-4.5): the float64 reference against a token-by-token
 transcription of the rule written here from docs/contract.md, the tie rule, every validation error, and the
-GPU layer refusing it before the GPU (CPU only)."""
+GPU layer planning it with the grouped routing kernel (CPU only; the kernel on the GPU:
+tests/kernels/test_route_grouped_gpu.py, tests/runtime/test_grouped_layer_gpu.py)."""
 
 from __future__ import annotations
 
@@ -223,40 +224,47 @@ def test_layer_refusals_name_the_attribute_or_input(rng, what):
     assert ei.value.name == name and expected in ei.value.expected, str(ei.value)
 
 
-# ---- the GPU layer refuses it before the GPU, until a GPU routing kernel exists ----------------------
+# ---- the GPU layer: planned with the grouped routing kernel; softmax scores with a scaling factor refused ----
 
-GPU_REFUSED = {
-    "sigmoid": (dict(scoring_func="sigmoid"), {}, "scoring_func='sigmoid'"),
-    "groups": (dict(scoring_func="sigmoid", n_group=4, topk_group=2), {}, "scoring_func='sigmoid'"),
-    "scaling": (dict(routed_scaling_factor=2.5), {}, "routed_scaling_factor=2.5"),
-    "bias": (dict(scoring_func="sigmoid"), dict(router_score_bias=np.zeros(8, np.float32)), "scoring_func"),
+GPU_TAKEN = {
+    "sigmoid": (dict(scoring_func="sigmoid"), {}),
+    "groups": (dict(scoring_func="sigmoid", n_group=4, topk_group=2, routed_scaling_factor=2.5), {}),
+    "bias": (dict(scoring_func="sigmoid"), dict(router_score_bias=np.zeros(8, np.float32))),
+    "defaults": (dict(n_group=1, topk_group=1, routed_scaling_factor=1.0, scoring_func="softmax"), {}),
 }
 
 
-@pytest.mark.parametrize("what", sorted(GPU_REFUSED))
-def test_gpu_layer_refuses_grouped_sigmoid_routing_before_the_gpu(machine, rng, what):
-    calls = machine(lib=False)  # no driver: any GPU access would be a DeviceError, not this
-    kw, ext, named = GPU_REFUSED[what]
+@pytest.mark.parametrize("what", sorted(GPU_TAKEN))
+def test_gpu_layer_takes_grouped_sigmoid_routing(machine, rng, what):
+    machine(lib=False)  # validation passes; the next thing is the driver, which is missing here
+    kw, ext = GPU_TAKEN[what]
     w, a, _, _ = _layer(rng, **kw)
-    with pytest.raises(errors.QMoEUnsupportedError, match="GPU routing for grouped sigmoid") as ei:
+    with pytest.raises(errors.DeviceError):
         qmoe_rtc.QMoE(**w, **a, **ext)
-    assert named in str(ei.value) and "reference" in str(ei.value) and calls == []
-    with pytest.raises(errors.QMoEUnsupportedError, match="not built yet"):
-        qmoe_rtc.tiled.given.tiled_weights({**w, **ext}, **a)
 
 
-def test_gpu_planning_refuses_it_too(rng):
+def test_gpu_layer_refuses_a_softmax_scaling_factor_before_the_gpu(machine, rng):
+    calls = machine(lib=False)  # no driver: any GPU access would be a DeviceError, not this
+    w, a, _, _ = _layer(rng, routed_scaling_factor=2.5)
+    with pytest.raises(errors.QMoEUnsupportedError, match="routed_scaling_factor=2.5 with softmax") as ei:
+        qmoe_rtc.QMoE(**w, **a)
+    assert "reference" in str(ei.value) and calls == []
+    with pytest.raises(errors.QMoEUnsupportedError, match="routed_scaling_factor=2.5"):
+        qmoe_rtc.tiled.given.tiled_weights(w, **a)
+
+
+@pytest.mark.parametrize("n_group", [0, 4])
+def test_gpu_planning_routes_by_the_grouped_kernel(rng, n_group):
+    from qmoe_rtc.kernels import PIPELINES, get_family
+    from qmoe_rtc.kernels.pipelines import choose
     from qmoe_rtc.runtime.layer import describe_gpu_layer, layer_config, routing_unsupported
 
-    w, a, _, _ = _layer(rng, scoring_func="sigmoid", n_group=2)
+    w, a, _, _ = _layer(rng, scoring_func="sigmoid", n_group=n_group, topk_group=2 if n_group else 0)
     g = describe_gpu_layer(w, QMoEAttributes.from_kwargs(**a), {})
-    assert routing_unsupported(g.layer.attrs, g.ext) == "scoring_func='sigmoid'"
-    with pytest.raises(errors.QMoEUnsupportedError, match="not built yet"):
-        layer_config(g.layer, "float16", "float32", g.ext)
-
-
-def test_gpu_layer_takes_the_default_equivalent_values(machine, rng):
-    machine(lib=False)  # validation passes; the next thing is the driver, which is missing here
-    w, a, _, _ = _layer(rng, n_group=1, topk_group=1, routed_scaling_factor=1.0, scoring_func="softmax")
-    with pytest.raises(errors.DeviceError):
-        qmoe_rtc.QMoE(**w, **a)
+    assert routing_unsupported(g.layer.attrs) is None
+    cfg = layer_config(g.layer, "float16", "float32", g.ext)
+    assert (cfg.scoring_func, cfg.n_group) == ("sigmoid", n_group)
+    route = get_family("route")
+    assert route.spec(cfg).get("sigmoid") == 1 and route.spec(cfg).get("warp") is None
+    for path in ("decode", "prefill"):
+        assert choose(cfg, None, path).pipeline in PIPELINES
