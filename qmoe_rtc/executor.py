@@ -33,6 +33,7 @@ from .jit.driver import max_smem_optin, probe, sm_count, stream_is_capturing
 from .kernels import Problem, choose, decode_limit, get_family
 from .runtime.check import check_layer
 from .runtime.eager_graph import GraphedLaunches
+from .runtime.expert_counts import ExpertCounts
 from .runtime.graph import QMoEGraph, capture_launches
 from .runtime.interop import (
     allocate_like,
@@ -83,7 +84,7 @@ class _Call:
         self.bound, self.bound_stream = None, None
 
 
-class QMoE:
+class QMoE(ExpertCounts):
     """One quantized MoE layer on the GPU, with ONNX Runtime's QMoE inputs and attributes.
 
     Expert tensors (inputs 2–13) are keyword arguments with ONNX Runtime's names; attributes too
@@ -104,7 +105,9 @@ class QMoE:
     when the scales or biases fix the activations to float16/bfloat16. A layer that tiles keeps no
     reference to the given ``*_experts_weights`` arrays. ``prepack='given'``: every ``*_experts_weights``
     is tiled already, [E, N/8, ceil(K/128), 8, 4, 4·b] u8 (:func:`qmoe_rtc.tiled.given.tiled_weights`,
-    :meth:`tiled_weights`), and is used as it is (zero copy for device arrays). ``validate_content``: also check scales,
+    :meth:`tiled_weights`), and is used as it is (zero copy for device arrays). ``expert_counts``: expert
+    statistics [ext], the routes each expert gets counted inside the routing kernel (:attr:`expert_counts`).
+    ``validate_content``: also check scales,
     biases and zero-point padding once (reads the tensors back to the host). ``device``: an index,
     ``'cuda:N'`` or ``'cuda'`` (default: where the weights are, else the current device).
 
@@ -115,13 +118,15 @@ class QMoE:
 
     def __init__(self, *, decode_max_routes: int | None = None, validate_content: bool = False,
                  device: int | str | None = None, expert_range=None, expert_map=None, num_experts=None,
-                 prepack: bool | str | None = None, **kwargs):
+                 prepack: bool | str | None = None, expert_counts: bool = False, **kwargs):
         slice_args = dict(expert_range=expert_range, expert_map=expert_map, num_experts=num_experts)
         weights = {n: kwargs.pop(n) for n in list(kwargs) if n in LAYER_INPUTS + EXT_INPUTS}
         for n in list(kwargs):
             if n in INPUT_NAMES:
                 raise QMoEInputError(n, "a per-call input: pass it to the layer call, not to QMoE()", "a constructor argument")
         self.attrs = QMoEAttributes.from_kwargs(**kwargs)
+        if type(expert_counts) is not bool:
+            raise QMoEInputError("expert_counts", "True or False", repr(expert_counts))
         if decode_max_routes is not None and (type(decode_max_routes) is not int or decode_max_routes < 0):
             raise QMoEInputError("decode_max_routes", "None or a non-negative integer", repr(decode_max_routes))
         want = parse_device(device)
@@ -141,6 +146,8 @@ class QMoE:
             self.scale_dtype, self._proj, self._table = upload_layer(cp, w, self.layer, self.ext, self.device_id,
                                                                      self.slice, tiled=self._tiled, given=given)
             del w
+            if expert_counts:  # [E] i64 over the whole layer's experts (a slice counts all of them)
+                self._table["expert_counts"] = cp.zeros(self._routing.E, dtype=cp.int64)
         except (cp.cuda.memory.OutOfMemoryError, cp.cuda.runtime.CUDARuntimeError) as exc:
             raise DeviceError(f"uploading the layer to cuda:{self.device_id} failed: {type(exc).__name__}: {exc}") from exc
         self._decode_max_routes = decode_max_routes
@@ -149,6 +156,7 @@ class QMoE:
         self._calls: dict = {}  # call signature -> _Call
         self._pools: dict = {}  # stream handle -> ScratchPool
         self._arch_cache: str | None = None  # the device's compile target, read on first plan
+        self._stream_of = None  # the last call's stream getter (torch's or CuPy's current stream)
 
     # -- layout and choice -----------------------------------------------------------------------
     @property
@@ -169,7 +177,9 @@ class QMoE:
 
     def model_config(self, dtype: str) -> ModelConfig:
         """The :class:`~qmoe_rtc.specialize.ModelConfig` of this layer for activation dtype ``dtype``."""
-        return layer_config(self.layer, dtype, self.scale_dtype, self.ext, self._all_experts, tiled=self._tiled)
+        return layer_config(self.layer, dtype, self.scale_dtype, self.ext, self._all_experts, tiled=self._tiled,
+                            expert_counts=self._table.get("expert_counts") is not None)
+
 
     @property
     def decode_max_routes(self) -> int:
@@ -309,6 +319,7 @@ class QMoE:
             plan = self.plan(call.rows, call.dtype, call.router_dtype, call.router_weights_dtype,
                              get_stream(self.device_id))
         entry = self._calls[key] = _Call(call, plan, get_stream)
+        self._stream_of = get_stream
         return entry
 
     def __call__(self, input, router_probs, router_weights=None, out=None):

@@ -10,14 +10,16 @@ Templates: ``cuda_src/routing/route.cuh``: ``qmoe::route_topk<LT, WT, T, HAS_RW,
 T: tensor cores), ``router_logits_gemv<T>`` and ``router_logits_tiled<T>`` (router_weight in float32).
 
 One module per activation dtype holds every logits / router-weights dtype combination (float32 or T).
-Four [ext] parameters, set from the :class:`~qmoe_rtc.specialize.ModelConfig` (not the layout, so
+Five [ext] parameters, set from the :class:`~qmoe_rtc.specialize.ModelConfig` (not the layout, so
 ``depends_on`` stays the dtype): ``gate`` (the shared experts have a sigmoid gate: the gated variants
 instead of the plain ones), ``rgemm`` (the layer computes its logits: both router-GEMM weight dtypes, and
 routing variants that read the GEMM's float32 ``router_logits`` scratch instead of the call's ``logits``)
 ``warp`` (:func:`routes_by_warp`: the module holds only the warp-per-row kernels, no block kernels
 and no sparse mixer; bf16 on a 2-core CPU: 0.52–0.72 s against 0.68–1.04 s for the block module) and
 ``sigmoid`` (the layer routes by grouped sigmoid scores [ext]: the module holds only those kernels; its
-``n_group``, ``groups_kept`` and ``routed_scaling`` are the layer's scalars, not code).
+``n_group``, ``groups_kept`` and ``routed_scaling`` are the layer's scalars, not code) and ``counts`` (expert
+statistics [ext]: the kernels add each routed pick to the layer's ``expert_counts`` [E] int64; without it they
+never read the pointer).
 """
 
 from __future__ import annotations
@@ -79,11 +81,14 @@ def logits_key(weight_dtype: str, kind: str) -> str:
     return f"logits_{weight_dtype}_{kind}"
 
 
+COUNTS_ARG = Ptr("expert_counts", "int64", nullable=True)  # [E] i64, read by the ``counts`` modules only
+
+
 def _warp_args(lt: str, wt: str, gemm: bool) -> tuple:
     return (Ptr("router_logits" if gemm else "logits", lt), Ptr("router_weights", wt, nullable=True),
             Scalar("rows", "int32"), Scalar("E_logits", "int32"), Scalar("k_routed", "int32"), Scalar("S", "int32"),
             Scalar("normalize", "int32"), Scalar("E_routed", "int32"), Ptr("expert_map", "int32", nullable=True),
-            Ptr("topk_ids", "int32"), Ptr("topk_w", "float32"))
+            Ptr("topk_ids", "int32"), Ptr("topk_w", "float32"), COUNTS_ARG)
 
 
 def _route_args(lt: str, wt: str, t: str, gemm: bool) -> tuple:
@@ -91,14 +96,14 @@ def _route_args(lt: str, wt: str, t: str, gemm: bool) -> tuple:
             Scalar("rows", "int32"), Scalar("E_logits", "int32"), Scalar("k_routed", "int32"), Scalar("S", "int32"),
             Scalar("H", "int32"), Scalar("normalize", "int32"), Ptr("x", t, nullable=True),
             Ptr("shared_gate_weight", "float32", nullable=True), Scalar("E_routed", "int32"),
-            Ptr("expert_map", "int32", nullable=True), Ptr("topk_ids", "int32"), Ptr("topk_w", "float32"))
+            Ptr("expert_map", "int32", nullable=True), Ptr("topk_ids", "int32"), Ptr("topk_w", "float32"), COUNTS_ARG)
 
 
 def _grouped_args(lt: str, wt: str, t: str, gemm: bool) -> tuple:
-    head = _route_args(lt, wt, t, gemm)[:-2]  # every argument of the block kernel but the outputs
+    head = _route_args(lt, wt, t, gemm)[:-3]  # every argument of the block kernel but the outputs
     return (*head, Ptr("router_score_bias", "float32", nullable=True), Scalar("n_group", "int32"),
             Scalar("groups_kept", "int32"), Scalar("routed_scaling", "float32"), Ptr("topk_ids", "int32"),
-            Ptr("topk_w", "float32"))
+            Ptr("topk_w", "float32"), COUNTS_ARG)
 
 
 def _gemm_args(t: str, wt: str) -> tuple:
@@ -172,6 +177,8 @@ class RouteFamily(KernelFamily):
             ext["gate"] = 1
         if getattr(config, "router_gemm", ""):
             ext["rgemm"] = 1
+        if getattr(config, "expert_counts", False):
+            ext["counts"] = 1
         if getattr(config, "scoring_func", "softmax") == "sigmoid":
             ext["sigmoid"] = 1
         elif config is not layout and routes_by_warp(config.all_experts or config.experts, config.use_sparse_mixer,
@@ -195,6 +202,7 @@ class RouteFamily(KernelFamily):
         gate, rgemm, warp = bool(spec.get("gate")), bool(spec.get("rgemm")), bool(spec.get("warp"))
         sigmoid = bool(spec.get("sigmoid"))
         g = "true" if gate else "false"
+        n = "true" if spec.get("counts") else "false"  # expert statistics [ext]
         CT = CPP_TYPES[T]
         out = []
         for lt in ["gemm"] if rgemm else dts:  # "gemm": the router GEMM's float32 logits
@@ -204,19 +212,20 @@ class RouteFamily(KernelFamily):
                 flag = "true" if rw else "false"
                 if sigmoid:  # a sigmoid module holds only these (its layer routes by nothing else)
                     out.append(KernelDef(kernel_key(lt, rw, False, gate, sigmoid=True),
-                                         f"qmoe::route_grouped<{L}, {CPP_TYPES[rw or ltype]}, {CT}, {flag}, {g}>",
+                                         f"qmoe::route_grouped<{L}, {CPP_TYPES[rw or ltype]}, {CT}, {flag}, {g}, {n}>",
                                          _grouped_args(ltype, rw or ltype, T, rgemm)))
                 elif warp:  # a warp module holds only these (its layer has no sparse mixer and no gate)
                     out.append(KernelDef(kernel_key(lt, rw, False) + "_warp",
-                                         f"qmoe::route_topk_warp<{L}, {CPP_TYPES[rw or ltype]}, {flag}>",
+                                         f"qmoe::route_topk_warp<{L}, {CPP_TYPES[rw or ltype]}, {flag}, {n}>",
                                          _warp_args(ltype, rw or ltype, rgemm)))
                 else:
                     out.append(KernelDef(kernel_key(lt, rw, False, gate),
-                                         f"qmoe::route_topk<{L}, {CPP_TYPES[rw or ltype]}, {CT}, {flag}, false, {g}>",
+                                         f"qmoe::route_topk<{L}, {CPP_TYPES[rw or ltype]}, {CT}, {flag}, false, {g}, {n}>",
                                          _route_args(ltype, rw or ltype, T, rgemm)))
             if not warp and not sigmoid:
                 out.append(KernelDef(kernel_key(lt, None, True, gate),
-                                     f"qmoe::route_topk<{L}, {L}, {CT}, false, true, {g}>", _route_args(ltype, ltype, T, rgemm)))
+                                     f"qmoe::route_topk<{L}, {L}, {CT}, false, true, {g}, {n}>",
+                                     _route_args(ltype, ltype, T, rgemm)))
         if rgemm:
             out += [KernelDef(logits_key("float32", "gemv"), f"qmoe::router_logits_gemv<{CT}>", _gemm_args(T, "float32")),
                     KernelDef(logits_key("float32", "tiled"), f"qmoe::router_logits_tiled<{CT}>",

@@ -65,11 +65,13 @@ def _describe(arrays: dict, attrs, slice_args: dict) -> GpuLayer:
     return GpuLayer(layer, routing, ext, sl)
 
 
-def layer_config(layer, dtype: str, scale_dtype: str, ext=None, all_experts: int = 0, tiled: bool = False) -> ModelConfig:
+def layer_config(layer, dtype: str, scale_dtype: str, ext=None, all_experts: int = 0, tiled: bool = False,
+                 expert_counts: bool = False) -> ModelConfig:
     """The :class:`~qmoe_rtc.specialize.ModelConfig` of a validated layer (:class:`~qmoe_rtc.contract.LayerSpec`,
     with its :class:`~qmoe_rtc.contract.extensions.ExtensionSpec` ``ext``; ``all_experts``: the whole layer's E
     when it is an expert slice) called with activation dtype ``dtype``, its scales held as
-    ``scale_dtype``, its codes ``tiled`` or not (GPU-free). A routing no kernel computes
+    ``scale_dtype``, its codes ``tiled`` or not, its routing counting each expert's routes or not
+    (``expert_counts``; GPU-free). A routing no kernel computes
     (:func:`routing_unsupported`) is :class:`QMoEUnsupportedError`, so nothing plans a layer with the wrong routing."""
     _refuse_routing(layer)
     L, a = layer, layer.attrs
@@ -84,7 +86,7 @@ def layer_config(layer, dtype: str, scale_dtype: str, ext=None, all_experts: int
     return ModelConfig(hidden=L.H, inter=L.I, experts=L.E, k=a.k, layout=layout, use_sparse_mixer=bool(a.use_sparse_mixer),
                        normalize_routing_weights=bool(a.normalize_routing_weights), shared=S,
                        shared_gate=bool(S and ext.gate), router_gemm=router, all_experts=all_experts,
-                       scoring_func=a.scoring_func, n_group=a.n_group if a.grouped else 0)
+                       scoring_func=a.scoring_func, n_group=a.n_group if a.grouped else 0, expert_counts=expert_counts)
 
 
 def shared_unsupported(layer, ext) -> str | None:

@@ -103,7 +103,8 @@ def layer_table(proj: dict, attrs, shared: dict | None = None, extras: dict | No
     for p in ("fc1", "fc2"):
         w, s, z, b = (shared or {}).get(p) or (None,) * 4
         t.update({f"shared_{p}_w": w, f"shared_{p}_scales": s, f"shared_{p}_zp": z, f"shared_{p}_bias": b})
-    t.update({n: (extras or {}).get(n) for n in (*EXTRA_TENSORS, "expert_map")})  # expert_map: slices [ext]
+    # expert_map: slices [ext]; expert_counts [E] i64: expert statistics [ext] (QMoE(expert_counts=True))
+    t.update({n: (extras or {}).get(n) for n in (*EXTRA_TENSORS, "expert_map", "expert_counts")})
     t.update(zp_offset=float(attrs.zero_point_offset or 0.0), alpha=float(attrs.activation_alpha),
              beta=float(attrs.activation_beta), limit=float(attrs.swiglu_limit),
              limit_after=int(attrs.swiglu_limit_after_activation), normalize=int(attrs.normalize_routing_weights),

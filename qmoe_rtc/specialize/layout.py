@@ -241,7 +241,8 @@ class ModelConfig:
     dtype of ``router_weight`` when the layer computes its logits ('' : the call passes them);
     ``all_experts``: an expert slice [ext] holds ``experts`` of this many (0: not a slice);
     ``scoring_func`` 'sigmoid' and ``n_group``: grouped sigmoid routing [ext] (its other attributes are
-    per-layer scalars, not code).
+    per-layer scalars, not code); ``expert_counts``: routing adds each routed pick to the layer's
+    per-expert counts (expert statistics [ext]).
     """
 
     hidden: int
@@ -258,6 +259,7 @@ class ModelConfig:
     all_experts: int = 0
     scoring_func: str = "softmax"
     n_group: int = 0
+    expert_counts: bool = False
 
     def __post_init__(self) -> None:
         for f in ("hidden", "inter", "experts", "k"):

@@ -18,9 +18,9 @@ from qmoe_rtc.specialize import Layout, ModelConfig
 
 FAM = get_family("route")
 ROUTE_ARGS = ("logits", "router_weights", "rows", "E_logits", "k_routed", "S", "H", "normalize", "x",
-              "shared_gate_weight", "E_routed", "expert_map", "topk_ids", "topk_w")
+              "shared_gate_weight", "E_routed", "expert_map", "topk_ids", "topk_w", "expert_counts")
 WARP_ARGS = ("logits", "router_weights", "rows", "E_logits", "k_routed", "S", "normalize", "E_routed", "expert_map",
-             "topk_ids", "topk_w")  # route_topk_warp: no gate inputs
+             "topk_ids", "topk_w", "expert_counts")  # route_topk_warp: no gate inputs
 GEMM_ARGS = ("x", "router_weight", "router_bias", "rows", "E_logits", "H", "router_logits")
 EXT_TABLE = {"shared_gate_weight", "router_weight", "router_bias", "expert_map"}  # what the executor's table adds [ext]
 
@@ -108,7 +108,7 @@ def test_route_kernel_arguments(dtype, gate):
         assert by["x"].dtype == dtype and by["x"].nullable and by["shared_gate_weight"].nullable
         assert by["shared_gate_weight"].dtype == "float32"
         assert key.endswith("_gate") == gate
-        assert f"{'true' if gate else 'false'}>" in kd.name_expr
+        assert f"{'true' if gate else 'false'}, false>" in kd.name_expr  # GATE, then COUNT (no expert statistics)
 
 
 CASES = {  # config, problem keywords -> routing key (_warp: one warp per row)

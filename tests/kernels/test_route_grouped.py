@@ -20,7 +20,7 @@ from support.grouped_routing import check_grouped_routes
 FAM = get_family("route")
 GROUPED_ARGS = ("logits", "router_weights", "rows", "E_logits", "k_routed", "S", "H", "normalize", "x",
                 "shared_gate_weight", "E_routed", "expert_map", "router_score_bias", "n_group", "groups_kept",
-                "routed_scaling", "topk_ids", "topk_w")
+                "routed_scaling", "topk_ids", "topk_w", "expert_counts")
 
 
 def cfg(dtype="bfloat16", E=256, k=8, S=0, gate=False, rgemm="", n_group=8, scoring="sigmoid"):

@@ -10,6 +10,7 @@
 //                                                       where this layer does not hold it
 //   topk_ids            [rows, k + S]  i32 (out)     -- route r = row*(k + S) + slot
 //   topk_w              [rows, k + S]  f32 (out)
+//   expert_counts       [E]        i64, COUNT only   -- expert statistics [ext]: += the routes each expert got
 //
 // E and k are the routed experts and top-k. Slots 0..k-1: the routed picks. Selection by rank: expert
 // e's rank is the number of experts ordered before it (a larger total-order key on the float32 bits,
@@ -25,6 +26,8 @@
 // Slots k..k+S-1: shared expert s has id E_routed + s and weight 1, or with GATE sigmoid(d) = 1/(1 + e^-d),
 // d = x[row] · g in float32: thread t sums the 8-element chunks t, t + 128, ... in order, then the fixed
 // block reduction (the same sum whatever the alignment: vector and scalar loads feed the same FMAs).
+// Expert statistics [ext] (COUNT): one atomic add per routed pick to expert_counts[e], e the whole layer's index
+// (before expert_map); shared slots are not counted. The modules without COUNT never read the pointer.
 #pragma once
 
 #include "core/pdl.cuh"
@@ -38,6 +41,12 @@ inline constexpr int kRouteThreads = 128;
 inline constexpr int kRouteMaxExperts = 512;
 inline constexpr int kRoutePerThread = kRouteMaxExperts / kRouteThreads;
 inline constexpr int kRouteMaxK = 32;
+
+// Expert statistics [ext]: one more route to expert e (the layer's index), where the kernel counts.
+template <bool COUNT>
+__device__ __forceinline__ void count_route(i64* counts, i32 e) {
+  if constexpr (COUNT) atomicAdd(reinterpret_cast<unsigned long long*>(counts) + e, 1ull);
+}
 
 __device__ __forceinline__ u32 order_key(float v) {
   const u32 u = __float_as_uint(v);
@@ -68,12 +77,14 @@ __device__ __forceinline__ float shared_gate(const T* __restrict__ xr, const flo
   return 1.0f / (1.0f + expf(-d));
 }
 
-// LT: logits, WT: router_weights, T: x (the activation dtype); GATE: shared slots get the sigmoid gate.
-template <typename LT, typename WT, typename T, bool HAS_RW, bool SPARSE, bool GATE>
+// LT: logits, WT: router_weights, T: x (the activation dtype); GATE: shared slots get the sigmoid gate; COUNT: expert
+// statistics [ext] (count_route).
+template <typename LT, typename WT, typename T, bool HAS_RW, bool SPARSE, bool GATE, bool COUNT>
 __global__ void __launch_bounds__(kRouteThreads)
 route_topk(const LT* __restrict__ logits, const WT* __restrict__ router_weights, i32 rows, i32 E_logits,
            i32 k_routed, i32 S, i32 H, i32 normalize, const T* __restrict__ x, const float* __restrict__ shared_gate_weight, i32 E_routed,
-           const i32* __restrict__ expert_map, i32* __restrict__ topk_ids, float* __restrict__ topk_w) {
+           const i32* __restrict__ expert_map, i32* __restrict__ topk_ids, float* __restrict__ topk_w,
+           i64* __restrict__ expert_counts) {
   // (order key << 32) | (0xFFFF - e): a larger composite is ordered first (equal keys: lower index)
   __shared__ u64 comp[kRouteMaxExperts];  // the sort's exchange buffer
   __shared__ float vals[kRouteMaxExperts];
@@ -137,6 +148,8 @@ route_topk(const LT* __restrict__ logits, const WT* __restrict__ router_weights,
       topk_ids[out0 + 1] = expert_map ? expert_map[e2] : e2;
       topk_w[out0] = 1.0f / s1;
       topk_w[out0 + 1] = 1.0f / s2;
+      count_route<COUNT>(expert_counts, e1);
+      count_route<COUNT>(expert_counts, e2);
     }
   } else {
     float denom = 0.0f;
@@ -165,6 +178,7 @@ route_topk(const LT* __restrict__ logits, const WT* __restrict__ router_weights,
       }
       topk_ids[out0 + tid] = expert_map ? expert_map[sel_id[tid]] : sel_id[tid];
       topk_w[out0 + tid] = w;
+      count_route<COUNT>(expert_counts, sel_id[tid]);
     }
   }
 }

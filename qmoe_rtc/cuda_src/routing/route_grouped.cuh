@@ -10,6 +10,7 @@
 //   expert_map          [E]            i32, optional    -- expert slices [ext]: local index, -1 where not held
 //   topk_ids            [rows, k + S]  i32 (out)        -- route r = row*(k + S) + slot
 //   topk_w              [rows, k + S]  f32 (out)
+//   expert_counts       [E]            i64, COUNT only  -- expert statistics [ext] (route.cuh's count_route)
 //
 // Per row, in float32: score s_e = 1 / (1 + e^-l_e), choice c_e = s_e + bias_e. With n_group G >= 2 the
 // E experts form G groups of E/G consecutive ones; a group's value is the sum of its two largest choices
@@ -65,14 +66,15 @@ __device__ __forceinline__ void warp_top2(const float* choice, i32 first, i32 n,
   }
 }
 
-// LT: logits, WT: router_weights, T: x (the activation dtype); GATE: shared slots get the sigmoid gate.
-template <typename LT, typename WT, typename T, bool HAS_RW, bool GATE>
+// LT: logits, WT: router_weights, T: x (the activation dtype); GATE: shared slots get the sigmoid gate; COUNT: expert
+// statistics [ext] (count_route).
+template <typename LT, typename WT, typename T, bool HAS_RW, bool GATE, bool COUNT>
 __global__ void __launch_bounds__(kRouteThreads)
 route_grouped(const LT* __restrict__ logits, const WT* __restrict__ router_weights, i32 rows, i32 E_logits,
               i32 k_routed, i32 S, i32 H, i32 normalize, const T* __restrict__ x,
               const float* __restrict__ shared_gate_weight, i32 E_routed, const i32* __restrict__ expert_map,
               const float* __restrict__ router_score_bias, i32 n_group, i32 groups_kept, float routed_scaling,
-              i32* __restrict__ topk_ids, float* __restrict__ topk_w) {
+              i32* __restrict__ topk_ids, float* __restrict__ topk_w, i64* __restrict__ expert_counts) {
   __shared__ u64 comp[kRouteMaxExperts];  // the sort's exchange buffer
   __shared__ float score[kRouteMaxExperts];   // s_e, the unbiased sigmoid scores
   __shared__ float choice[kRouteMaxExperts];  // c_e = s_e + bias_e
@@ -143,6 +145,7 @@ route_grouped(const LT* __restrict__ logits, const WT* __restrict__ router_weigh
     }
     topk_ids[out0 + tid] = expert_map ? expert_map[sel_id[tid]] : sel_id[tid];
     topk_w[out0 + tid] = w * routed_scaling;
+    count_route<COUNT>(expert_counts, sel_id[tid]);
   }
 }
 

@@ -7,6 +7,7 @@
 //   expert_map      [E]            i32, optional  expert slices [ext]: local index, -1 where not held
 //   topk_ids        [rows, k + S]  i32 (out)      route r = row*(k + S) + slot
 //   topk_w          [rows, k + S]  f32 (out)
+//   expert_counts   [E]            i64, COUNT only  expert statistics [ext] (route.cuh's count_route)
 //
 // The picks are route.cuh's: expert e's composite (order_key(l_e) << 32) | (0xFFFF - e), the k largest in
 // descending order land in slots 0..k-1 (equal keys: the lower index first). Here they come from k rounds of a warp
@@ -45,11 +46,11 @@ __device__ __forceinline__ u64 warp_max_composite(u64 v) {
   return ((u64)key << 32) | low;
 }
 
-template <typename LT, typename WT, bool HAS_RW>
+template <typename LT, typename WT, bool HAS_RW, bool COUNT>
 __global__ void __launch_bounds__(32 * kRouteWarpRows)
 route_topk_warp(const LT* __restrict__ logits, const WT* __restrict__ router_weights, i32 rows, i32 E_logits,
                 i32 k_routed, i32 S, i32 normalize, i32 E_routed, const i32* __restrict__ expert_map,
-                i32* __restrict__ topk_ids, float* __restrict__ topk_w) {
+                i32* __restrict__ topk_ids, float* __restrict__ topk_w, i64* __restrict__ expert_counts) {
   const i32 lane = threadIdx.x & 31;
   const i64 row = (i64)blockIdx.x * kRouteWarpRows + (threadIdx.x >> 5);
   pdl_wait();     // the logits may come from the router GEMM launched just before
@@ -101,6 +102,7 @@ route_topk_warp(const LT* __restrict__ logits, const WT* __restrict__ router_wei
   if (lane < k_routed) {
     topk_ids[out0 + lane] = expert_map ? expert_map[my_id] : my_id;
     topk_w[out0 + lane] = normalize ? (s != 0.0f ? my_w / s : 0.0f) : my_w;
+    count_route<COUNT>(expert_counts, my_id);
   }
   for (i32 sl = lane; sl < S; sl += 32) {  // shared experts: the row's last S slots
     topk_ids[out0 + k_routed + sl] = E_routed + sl;
