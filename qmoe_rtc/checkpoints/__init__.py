@@ -4,7 +4,10 @@ not, group or channel), FP8 with square block scales and NVIDIA ModelOpt NVFP4 (
 modelopt``, ``quant_algo: NVFP4``; or an ``hf_quant_config.json``) safetensors checkpoints of
 Mixtral-style and ``mlp.experts`` (Qwen-MoE, OLMoE, DeepSeek routed experts) models, and gpt-oss's
 MXFP4 experts (``quant_method: mxfp4``, fused ``mlp.experts.gate_up_proj_blocks``; the router's bias in
-``LoadedLayer.router_bias``), converted losslessly into the contract layout::
+``LoadedLayer.router_bias``), converted losslessly into the contract layout. DeepSeek-V3, Kimi-K2,
+GLM-4.5 / GLM-4.5V and dots.llm1 layers carry the grouped sigmoid routing [ext]: its attributes in
+``attributes``, the router's score-correction bias as ``weights['router_score_bias']``
+(:mod:`qmoe_rtc.checkpoints.model_config`)::
 
     from qmoe_rtc.checkpoints import load_layer, moe_layers
     layer = load_layer("Qwen3-30B-A3B-GPTQ-Int4/", 0)            # LoadedLayer

@@ -1,11 +1,11 @@
 """``python -m qmoe_rtc checkpoint PATH``: read every MoE layer of a checkpoint (or those of
 ``--layers``) into contract inputs, as :func:`qmoe_rtc.checkpoints.load_layer` does, check each with the
 very function ``QMoE()`` validates with (:func:`qmoe_rtc.runtime.check.check_layer`, contents included),
-and print what each holds: model type, format, bits, group, k, routing normalisation, experts, shared
-experts, router. A progress bar over the layers goes to stderr on a terminal. Exits 1 when any layer is
-refused (each refusal printed on its own line, naming the layer), 2 on an error before any layer (no
-such file, an unknown ``--scheme``). For an ``.onnx`` model, its QMoE nodes. Nothing goes to a GPU: it
-checks a checkpoint before deployment."""
+and print what each holds: model type, format, bits, group, k, routing (softmax or grouped sigmoid top-k,
+normalisation, scaling), experts, shared experts, router. A progress bar over the layers goes to stderr on
+a terminal. Exits 1 when any layer is refused (each refusal printed on its own line, naming the layer), 2
+on an error before any layer (no such file, an unknown ``--scheme``). For an ``.onnx`` model, its QMoE
+nodes. Nothing goes to a GPU: it checks a checkpoint before deployment."""
 
 from __future__ import annotations
 
@@ -68,7 +68,14 @@ def describe(got) -> str:
     if "shared_gate_weight" in w:
         extra += " (sigmoid gate)"
     norm = "renormalised" if at.get("normalize_routing_weights") else "not renormalised"
-    return (f"{got.model_type or 'model'}: E={E} H={H} I={N1 // 2} k={at['k']} top-k {norm}, {codes} "
+    route = "top-k"
+    if at.get("scoring_func", "softmax") != "softmax":  # grouped sigmoid routing [ext]
+        G, g = at.get("n_group", 0), at.get("topk_group", 0)
+        route = "sigmoid top-k" + (f" in {g or G} of {G} groups" if G > 1 else "")
+        route += " with score bias" if "router_score_bias" in w else ""
+    rsf = at.get("routed_scaling_factor", 1.0)
+    norm += f" x{rsf:g}" if rsf != 1.0 else ""
+    return (f"{got.model_type or 'model'}: E={E} H={H} I={N1 // 2} k={at['k']} {route} {norm}, {codes} "
             f"block {at['block_size'] or 'row-wise'}{zp} ({w['fc1_scales'].dtype} scales){extra}, {router}, "
             f"{nbytes / 2**20:.1f} MiB")
 

@@ -7,10 +7,13 @@ when every row of an expert's FC shares its ``weight_scale_2`` (gate and up equa
 Where the tensors are: :mod:`qmoe_rtc.checkpoints.naming` (found from the names: Mixtral's
 ``block_sparse_moe.experts.{e}.w1/w3/w2`` and ``…gate_proj/up_proj/down_proj`` as llm-compressor writes
 them, ``mlp.experts.{e}.gate_proj`` … of Qwen2/3-MoE, Qwen3-Next, OLMoE, DeepSeek and of Mixtral under
-transformers 5, gpt-oss's fused experts). What the routing is (E, k, the renormalisation) comes from
-``config.json`` by model type (:mod:`qmoe_rtc.checkpoints.model_config`), and the format (bits, group)
-from its ``quantization_config``: a field the layer needs and the file lacks is an error naming it, never
-a default. Every expert 0 … E−1 must be there whole.
+transformers 5, gpt-oss's fused experts). What the routing is (E, k, the renormalisation; for DeepSeek-V3,
+Kimi-K2, GLM-4.5 and dots.llm1 the grouped sigmoid routing [ext] attributes) comes from ``config.json`` by
+model type (:mod:`qmoe_rtc.checkpoints.model_config`), and the format (bits, group) from its
+``quantization_config``: a field the layer needs and the file lacks is an error naming it, never a
+default. Every expert 0 … E−1 must be there whole; a sigmoid router's ``gate.e_score_correction_bias``
+becomes the layer's ``router_score_bias`` [E] float32 (in ``weights``), and a DeepSeek-style
+``n_shared_experts`` must match the shared MLP found.
 
 A shared MLP of intermediate size S·I (S times the routed experts' I) is split along its intermediate
 dimension into S shared experts of I each: a SwiGLU MLP is the sum of the MLPs on any split of its
@@ -32,7 +35,7 @@ from ..specialize.vocab import DTYPES as FLOAT_DTYPES
 from . import formats
 from .gpt_oss import load_gpt_oss
 from .loaded import LoadedLayer
-from .model_config import moe_config
+from .model_config import MoeConfig, moe_config
 from .naming import SCHEMES, MoeNames, expert_indices, find_names
 from .naming import moe_layers as _moe_layers
 from .source import Checkpoint
@@ -217,6 +220,9 @@ def _load(ckpt: Checkpoint, layer: int, scheme: str | None, progress) -> LoadedL
     if sp is None and (stray := [n for n in ckpt.names if any(n.startswith(q + ".") for q in names.shared)]):
         raise QMoEInputError(stray[0].rsplit(".", 2)[0] + f".{gate}.{scale}", "the shared expert's gate projection "
                              f"beside {stray[0]}", "missing")
+    if sp is None and cfg.shared:  # DeepSeek-style n_shared_experts: a shared MLP that must be there
+        raise QMoEInputError(f"{names.shared[1]}.{gate}.{scale}", f"the shared MLP of the n_shared_experts = "
+                             f"{cfg.shared} shared experts config.json names", f"missing from {ckpt.path}")
     read = _Reader(ckpt)
     I, H = (_outputs(read, names.expert(0, j), scale, fmt) for j in (0, 2))
     if fmt["method"] == "fp8" and I % group:
@@ -233,21 +239,44 @@ def _load(ckpt: Checkpoint, layer: int, scheme: str | None, progress) -> LoadedL
     weights.update(_stack("fc1", fc1, bits))
     weights.update(_stack("fc2", [(d,) for d in fc2], bits))
     if sp is not None:
-        weights.update(_shared(read, fmt, sp, names.projections, scale, H, I))
+        weights.update(_shared(read, fmt, sp, names.projections, scale, H, I, cfg.shared))
         g = read.optional(f"{names.shared_gate}.weight")
         if g is not None:  # Linear(H, 1): [1, H] -> [H]; beside FP4's byte scales: float32
             sdt = weights["fc1_scales"].dtype
             weights["shared_gate_weight"] = _as_if_exact(np.asarray(g).reshape(-1),
                                                          sdt if dtype_name(sdt) in FLOAT_DTYPES else np.float32)
     attrs = dict(k=cfg.k, activation_type="swiglu", swiglu_fusion=2, expert_weight_bits=bits, block_size=max(group, 0),
-                 normalize_routing_weights=cfg.normalize)
+                 normalize_routing_weights=cfg.normalize, **cfg.routing)
     if fmt.get("format", "int") != "int":  # FP8 / NVFP4 experts: their format's quant_type
         attrs["quant_type"] = weight_format(fmt["format"]).quant_type
     rw = next((read(f"{r}.weight") for r in names.routers if ckpt.has(f"{r}.weight")), None)
     up, down = names.projections[1:]
     src = {"fc1_experts_weights": f"{names.block}.experts.*.{{{gate},{up}}}",
            "fc2_experts_weights": f"{names.block}.experts.*.{down}"}
+    bias = _score_bias(ckpt, names, cfg)
+    if bias is not None:
+        weights["router_score_bias"], src["router_score_bias"] = bias, names.score_bias
     return LoadedLayer(weights, attrs, rw, src, model_type=cfg.model_type)
+
+
+def _score_bias(ckpt: Checkpoint, names: MoeNames, cfg: MoeConfig) -> np.ndarray | None:
+    """The router's score-correction bias as the contract's ``router_score_bias`` [E] float32: required for a
+    grouped sigmoid router (config.json's model type), refused beside a softmax one (it would be left out)."""
+    name = names.score_bias
+    if not cfg.score_bias:
+        if ckpt.has(name):
+            raise QMoEUnsupportedError(f"{name}: a score-correction bias belongs to a sigmoid router (DeepSeek-V3's "
+                                       f"noaux_tc), but config.json's model type {cfg.model_type!r} is read as softmax "
+                                       "top-k; the layer would leave the bias out")
+        return None
+    if not ckpt.has(name):
+        raise QMoEInputError(name, f"the router's score-correction bias [E] (model type {cfg.model_type!r} chooses "
+                             "experts by sigmoid score + this bias)", f"missing from {ckpt.path}")
+    b = ckpt.get(name)
+    if b.shape != (cfg.E,) or dtype_name(b.dtype) not in ("float32", "float16", "bfloat16"):
+        raise QMoEInputError(name, f"[{cfg.E}] float32, float16 or bfloat16 (one per routed expert)",
+                             f"shape {list(b.shape)} {b.dtype}")
+    return np.ascontiguousarray(b.astype(np.float32))  # exact: every 16-bit float is a float32
 
 
 def _check_experts(ckpt: Checkpoint, names: MoeNames, E: int, scale: str) -> None:
@@ -265,11 +294,15 @@ def _check_experts(ckpt: Checkpoint, names: MoeNames, E: int, scale: str) -> Non
                                      f"missing from {ckpt.path}")
 
 
-def _shared(read, fmt: dict, sp: str, names: tuple, scale: str, H: int, I: int) -> dict:
+def _shared(read, fmt: dict, sp: str, names: tuple, scale: str, H: int, I: int, n: int | None = None) -> dict:
     """The shared experts' contract inputs (``shared_fc1_*``, ``shared_fc2_*``) of the shared MLP at ``sp``,
-    split into S experts of the routed I where its size is S·I (module docstring)."""
+    split into S experts of the routed I where its size is S·I (module docstring). ``n``: config.json's
+    ``n_shared_experts`` (the MLP must then be n·I)."""
     gate, up, down = names
     Is = _outputs(read, f"{sp}.{gate}", scale, fmt)
+    if n is not None and Is != n * I:
+        raise QMoEInputError(f"{sp}.{gate}", f"{n * I} outputs (config.json n_shared_experts = {n} times the experts' "
+                             f"{I})", str(Is))
     g, u = (_projection(read, fmt, f"{sp}.{n}", H, Is) for n in (gate, up))
     d = _projection(read, fmt, f"{sp}.{down}", Is, H)
     group = fmt["group"]

@@ -15,7 +15,10 @@ class LoadedLayer:
     (GPTQ: float16; a bfloat16 model's llm-compressor scales: bfloat16), which fixes the dtype the layer is
     called with. ``router_weight`` [E, H] (the gate's linear, in its stored dtype) is left out of
     ``weights``: pass it as ``router_weight=`` for logits computed in the layer, in the dtype you call the
-    layer with; ``router_bias`` [E] likewise (gpt-oss's router has one; None for the others).
+    layer with; ``router_bias`` [E] likewise (gpt-oss's router has one; None for the others). A grouped
+    sigmoid router's (DeepSeek-V3, Kimi-K2, GLM-4.5, dots.llm1) score-correction bias is in ``weights`` as
+    ``router_score_bias`` [E] float32, beside ``scoring_func``, ``n_group``, ``topk_group`` and
+    ``routed_scaling_factor`` in ``attributes``: the layer routes as the model does with no other argument.
     ``source`` says which checkpoint tensors each input came from, ``model_type`` config.json's."""
 
     weights: dict

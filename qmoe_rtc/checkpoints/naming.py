@@ -10,7 +10,13 @@ tensor names themselves (``{root}`` the decoder's layer list, ``{L}`` the layer,
     {root}.{L}.{block}.shared_expert / shared_experts             a shared MLP (Qwen2-MoE / Qwen3-Next,
                                                                   DeepSeek), with the same names
     {root}.{L}.{block}.shared_expert_gate.weight                  its sigmoid gate [1, H]
+    {root}.{L}.{block}.gate.e_score_correction_bias               a sigmoid router's score-correction bias [E]
+                                                                  (DeepSeek-V3, Kimi-K2, GLM-4.5, dots.llm1)
     {root}.{L}.mlp.experts.gate_up_proj_blocks                    gpt-oss: every expert in one tensor
+
+A layer whose MLP is dense (``{root}.{L}.mlp.gate_proj`` …, no experts: DeepSeek's, GLM-4.5's and
+dots.llm1's first ``first_k_dense_replace`` layers) is no MoE layer: :func:`moe_layers` leaves it out and
+:func:`find_names` refuses it by name.
 
 ``--scheme`` (``scheme=``) picks the projection names where a checkpoint holds both: ``mixtral``
 (w1/w3/w2), ``moe_mlp`` (gate_proj/up_proj/down_proj) or ``gpt_oss`` (fused).
@@ -32,6 +38,7 @@ _PROJ = "w1|w2|w3|gate_proj|up_proj|down_proj"
 _EXPERT = re.compile(rf"^(?P<root>(?:[\w.]*\.)?layers)\.(?P<L>\d+)\.(?P<block>{_BLOCKS})\.experts\.(?P<e>\d+)\."
                      rf"(?P<proj>{_PROJ})\.")
 _FUSED = re.compile(r"^(?P<root>(?:[\w.]*\.)?layers)\.(?P<L>\d+)\.(?P<block>mlp)\.experts\.gate_up_proj_blocks$")
+_DENSE = re.compile(rf"^(?P<root>(?:[\w.]*\.)?layers)\.(?P<L>\d+)\.mlp\.(?P<proj>{_PROJ})\.")
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,11 @@ class MoeNames:
     @property
     def shared_gate(self) -> str:
         return f"{self.block}.shared_expert_gate"
+
+    @property
+    def score_bias(self) -> str:
+        """A sigmoid router's score-correction bias [E] (DeepSeek-V3's ``e_score_correction_bias``)."""
+        return f"{self.block}.gate.e_score_correction_bias"
 
 
 def _scheme_of(proj: str) -> str:
@@ -92,6 +104,12 @@ def find_names(names, layer: int, scheme: str | None = None, where: str = "check
     experts, or holds two kinds of names and ``scheme`` does not pick one."""
     _check_scheme(scheme)
     blocks = [k for k in _blocks(names, layer) if scheme is None or k[2] == scheme]
+    if not blocks and (dense := _dense_mlp(names, layer)) is not None:
+        moe = moe_layers(names, scheme)
+        listed = ", ".join(map(str, moe)) if len(moe) <= 8 else f"{moe[0]}, {moe[1]}, … {moe[-1]}"
+        raise QMoEInputError(f"layer {layer}", f"an MoE layer (this checkpoint's: {listed or 'none'})",
+                             f"a dense MLP ({dense}.gate_proj …, no experts: a model's first first_k_dense_replace "
+                             "layers are dense)")
     if not blocks:
         want = f"{scheme} " if scheme else ""
         raise QMoEInputError(where, f"{want}MoE experts of layer {layer} (e.g. model.layers.{layer}.mlp.experts.0."
@@ -101,6 +119,14 @@ def find_names(names, layer: int, scheme: str | None = None, where: str = "check
                              ", ".join(f"{b} ({s})" for _, b, s in sorted(blocks)))
     _, block, s = blocks[0]
     return MoeNames(scheme=s, block=block, projections=SCHEMES[s])
+
+
+def _dense_mlp(names, layer: int) -> str | None:
+    """The prefix ``{root}.{L}.mlp`` of layer ``layer``'s dense MLP among ``names`` (None: it has none)."""
+    for n in names:
+        if (m := _DENSE.match(n)) and int(m["L"]) == layer:
+            return f"{m['root']}.{m['L']}.mlp"
+    return None
 
 
 def expert_indices(names, found: MoeNames) -> set:

@@ -105,8 +105,8 @@ def test_a_fresh_process_reads_bfloat16_checkpoints():
 
 @pytest.mark.parametrize("model_type, want", [
     ("mixtral", (4, 2, 1)), ("qwen2_moe", (4, 2, 0)), ("qwen3_moe", (4, 2, 0)), ("olmoe", (4, 2, 0)),
-    ("qwen3_next", (4, 2, 1)), ("gpt_oss", (4, 2, 1)),
-    ("phimoe", "sparse mixer"), ("deepseek_v3", "sigmoid"),
+    ("qwen3_next", (4, 2, 1)), ("gpt_oss", (4, 2, 1)), ("deepseek_v3", (4, 2, 1)),
+    ("phimoe", "sparse mixer"),
 ])
 def test_transformers_configs_give_each_model_types_routing(model_type, want):
     cfg = json.loads((DATA / "configs" / f"{model_type}.json").read_text())
@@ -117,6 +117,12 @@ def test_transformers_configs_give_each_model_types_routing(model_type, want):
         return
     got = moe_config(cfg)
     assert (got.E, got.k, got.normalize) == want
+    if model_type == "deepseek_v3":  # no scoring_func / topk_method in transformers' config: the model type says it
+        assert "scoring_func" not in cfg and "topk_method" not in cfg
+        assert got.routing == dict(scoring_func="sigmoid", n_group=1, topk_group=1, routed_scaling_factor=2.5)
+        assert got.score_bias and (got.shared, got.first_dense) == (1, 1)
+    else:
+        assert got.routing == {} and not got.score_bias
 
 
 def test_missing_config_fields_are_named_not_guessed():
