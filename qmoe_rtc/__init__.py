@@ -7,7 +7,8 @@ folders named for what they hold: :mod:`.contract` (attributes, checks, the floa
 (the weight formats ``int``, ``fp8_e4m3``, ``mxfp4``, ``nvfp4`` and the quantizer), :mod:`.tiled` (the tensor-core
 engines' code layout), :mod:`.settings` (the knobs), :mod:`.specialize`, :mod:`.jit`, :mod:`.kernels`,
 :mod:`.runtime`, :mod:`.checkpoints`, :mod:`.cli` and :mod:`.bench` (docs/runtime-compilation.md, "Layout of the
-code"). Some public submodules keep a short name here: ``qmoe_rtc.reference``, ``.extensions`` and
+code"); :mod:`.torch` (the custom op ``qmoe_rtc::moe`` for torch.compile; needs PyTorch) loads only by
+``import qmoe_rtc.torch``. Some public submodules keep a short name here: ``qmoe_rtc.reference``, ``.extensions`` and
 ``.random_layer`` are in :mod:`.contract`, ``qmoe_rtc.quantize`` and ``.fp8`` in :mod:`.formats`,
 ``qmoe_rtc.knobs`` in :mod:`.settings`, ``qmoe_rtc.presets`` in :mod:`.specialize` (as attributes of
 ``qmoe_rtc``; an import names where they live: ``from qmoe_rtc.contract.reference import qmoe``).

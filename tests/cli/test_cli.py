@@ -143,6 +143,10 @@ def test_readme_examples_define_every_name_they_use():
                 defined |= {(a.asname or a.name).split(".")[0] for a in node.names}
             elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
                 defined.add(node.id)
+            elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):  # a class or function an example defines
+                defined.add(node.name)
+            elif isinstance(node, ast.arg):  # its parameters (``self``, ``x``)
+                defined.add(node.arg)
         used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
         assert used <= defined, f"README example {i + 1} uses undefined {sorted(used - defined)}"
 

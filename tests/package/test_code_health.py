@@ -14,7 +14,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 PKG = REPO / "qmoe_rtc"
 
-_ENTRIES = ("qmoe_rtc.executor", "qmoe_rtc.oneshot", "qmoe_rtc.distributed")  # the layer objects a caller builds
+#: the layer objects a caller builds, and qmoe_rtc.torch (the custom op and module around them)
+_ENTRIES = ("qmoe_rtc.executor", "qmoe_rtc.oneshot", "qmoe_rtc.distributed", "qmoe_rtc.torch")
 _COMMANDS = ("qmoe_rtc.cli", "qmoe_rtc.bench")  # what the command line runs: on top, nothing below imports them
 _ABOVE_CODE = ("qmoe_rtc.jit", "qmoe_rtc.kernels", "qmoe_rtc.runtime", "qmoe_rtc.tiled", "qmoe_rtc.checkpoints",
                *_ENTRIES, *_COMMANDS)
@@ -22,7 +23,8 @@ _ABOVE_CODE = ("qmoe_rtc.jit", "qmoe_rtc.kernels", "qmoe_rtc.runtime", "qmoe_rtc
 #: or through others. Bottom up: settings know only errors; values (formats, specialize, contract) know no code and
 #: no knob; the tiled transform knows only errors (the kernels read its shapes); machinery (jit) knows no kernel,
 #: layout or value; the kernel families no runtime; the runtime no entry; tiled/given (a layer's codes tiled
-#: ahead) sits on the runtime; checkpoints build no layer; the commands sit on top.
+#: ahead) sits on the runtime; checkpoints build no layer; qmoe_rtc.torch (the custom op) sits on the entries and
+#: takes any layer object; the commands sit on top.
 FORBIDDEN = {
     "settings": ("qmoe_rtc._arrays", "qmoe_rtc.formats", "qmoe_rtc.specialize", "qmoe_rtc.contract", *_ABOVE_CODE),
     "formats": ("qmoe_rtc.settings", "qmoe_rtc.specialize", "qmoe_rtc.contract", *_ABOVE_CODE),
@@ -36,8 +38,10 @@ FORBIDDEN = {
                 *_COMMANDS),
     "runtime": ("qmoe_rtc.tiled.given", "qmoe_rtc.checkpoints", *_ENTRIES, *_COMMANDS),
     "tiled": ("qmoe_rtc.checkpoints", *_ENTRIES, *_COMMANDS),
-    "executor.py": ("qmoe_rtc.oneshot", "qmoe_rtc.distributed", "qmoe_rtc.tiled.given", "qmoe_rtc.checkpoints",
-                    *_COMMANDS),
+    "executor.py": ("qmoe_rtc.oneshot", "qmoe_rtc.distributed", "qmoe_rtc.torch", "qmoe_rtc.tiled.given",
+                    "qmoe_rtc.checkpoints", *_COMMANDS),
+    "distributed.py": ("qmoe_rtc.torch", *_COMMANDS),
+    "torch": ("qmoe_rtc.oneshot", "qmoe_rtc.checkpoints", *_COMMANDS),
     "checkpoints": (*_ENTRIES, "qmoe_rtc.bench", "qmoe_rtc.cli.warm", "qmoe_rtc.cli.stress", "qmoe_rtc.cli.stress_gpu"),
 }
 
