@@ -25,8 +25,8 @@ except ImportError as exc:
     raise ImportError(f"qmoe_rtc.hf needs PyTorch and transformers, which qmoe_rtc does not install by itself: "
                       f"pip install qmoe_rtc[hf] ({exc})") from exc
 
-from .block import QMoEBlock
+from .block import QMoEBlock, reserve_blocks
 from .families import FAMILIES, Family
 from .replace import DropInReport, find_blocks, replace_moe_blocks
 
-__all__ = ["FAMILIES", "DropInReport", "Family", "QMoEBlock", "find_blocks", "replace_moe_blocks"]
+__all__ = ["FAMILIES", "DropInReport", "Family", "QMoEBlock", "find_blocks", "replace_moe_blocks", "reserve_blocks"]

@@ -9,7 +9,7 @@ import torch
 from ..torch.module import MoEModule
 from .families import Family
 
-__all__ = ["QMoEBlock"]
+__all__ = ["QMoEBlock", "reserve_blocks"]
 
 
 class QMoEBlock(torch.nn.Module):
@@ -27,7 +27,8 @@ class QMoEBlock(torch.nn.Module):
     taken at replacement, the router module is not called, and gpt-oss's second output is None (the decoder layer
     discards it). Inference only: the op has no backward."""
 
-    def __init__(self, layer, family: Family, router: torch.nn.Module, *, router_in_layer: bool, layer_index: int):
+    def __init__(self, layer, family: Family, router: torch.nn.Module, *, router_in_layer: bool, layer_index: int,
+                 dtype: str):
         super().__init__()
         self.moe = MoEModule(layer)
         self.add_module(family.router, router)
@@ -36,6 +37,8 @@ class QMoEBlock(torch.nn.Module):
         self.returns_scores = family.scores
         self.family = family.name
         self.layer_index = int(layer_index)
+        self.dtype = dtype  # the activations' (a name)
+        self.logits_dtype = "float32" if router_in_layer or family.float32_logits else dtype
 
     def forward(self, hidden_states):
         x = hidden_states.reshape(-1, hidden_states.shape[-1])  # [T, H]: the routers' and the op's rows
@@ -48,6 +51,20 @@ class QMoEBlock(torch.nn.Module):
         y = y.view(hidden_states.shape)
         return (y, scores) if self.returns_scores else y
 
+    def reserve(self, max_rows: int) -> None:
+        """Plan every row count 1..``max_rows`` of this block (rows = batch · sequence) on torch's current stream, with
+        the dtypes its forward calls the layer with, so CUDA graphs of those sizes capture with nothing left to plan
+        (:meth:`qmoe_rtc.torch.MoEModule.reserve`)."""
+        self.moe.reserve(max_rows, self.dtype, self.logits_dtype)
+
     def extra_repr(self) -> str:
         where = "layer" if self.router_in_layer else "torch"
         return f"family={self.family}, layer_index={self.layer_index}, router={where}"
+
+
+def reserve_blocks(model, max_rows: int) -> int:
+    """:meth:`QMoEBlock.reserve` on every replaced block of ``model``; returns how many there are."""
+    blocks = [m for m in model.modules() if isinstance(m, QMoEBlock)]
+    for b in blocks:
+        b.reserve(max_rows)
+    return len(blocks)

@@ -40,7 +40,8 @@ class Family:
     MLP (and ``shared_gate`` of that MLP's sigmoid gate), ``scores``: its forward returns ``(hidden, router_scores)``
     (gpt-oss) rather than the hidden states alone; ``normalize``: the router attribute that says whether the top k
     weights are renormalised (None: always); ``grouped``: DeepSeek-V3's grouped sigmoid routing; ``activation``:
-    'silu' (SwiGLU) or 'gpt_oss' (gpt-oss's clamped SwiGLU, with the experts' ``alpha`` and ``limit``)."""
+    'silu' (SwiGLU) or 'gpt_oss' (gpt-oss's clamped SwiGLU, with the experts' ``alpha`` and ``limit``);
+    ``float32_logits``: the router computes its logits in float32 (else in the block input's dtype)."""
 
     name: str
     router: str = "gate"
@@ -50,6 +51,7 @@ class Family:
     normalize: str | None = None
     grouped: bool = False
     activation: str = "silu"
+    float32_logits: bool = False
 
 
 #: MoE block class name (transformers 5) -> its family
@@ -59,7 +61,8 @@ FAMILIES = {
                                      normalize="norm_topk_prob"),
     "Qwen3MoeSparseMoeBlock": Family("qwen3_moe", normalize="norm_topk_prob"),
     "GptOssMLP": Family("gpt_oss", router="router", scores=True, activation="gpt_oss"),
-    "DeepseekV3MoE": Family("deepseek_v3", shared="shared_experts", normalize="norm_topk_prob", grouped=True),
+    "DeepseekV3MoE": Family("deepseek_v3", shared="shared_experts", normalize="norm_topk_prob", grouped=True,
+                            float32_logits=True),
 }
 
 

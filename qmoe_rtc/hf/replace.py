@@ -359,7 +359,7 @@ def replace_moe_blocks(model, checkpoint, *, router: str = "torch", progress: bo
             weights = _model_inputs(family, block, loaded.weights, T, router == "layer")
             layer = _build(weights, loaded.attributes, backend, device, T, options)
             new = QMoEBlock(layer, family, getattr(block, family.router), router_in_layer=router == "layer",
-                            layer_index=L)
+                            layer_index=L, dtype=T)
             parent, _, name = path.rpartition(".")
             setattr(model.get_submodule(parent) if parent else model, name, new)
             report.freed_bytes += _free(block, family)

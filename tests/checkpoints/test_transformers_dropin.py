@@ -313,3 +313,33 @@ def test_16_bit_arrays_take_the_activation_dtype_where_exact(torch):
     assert _in_dtype({"s": exact.astype(bfloat16)}, "float16")["s"].dtype == np.float16
     kept = {"s": exact, "q": np.zeros(3, np.uint8)}
     assert _in_dtype(kept, "float16") is kept
+
+
+def test_experts_left_on_the_meta_device_are_never_read(hf, torch, tmp_path):
+    """A model loaded without its float experts (on the meta device) is replaced all the same."""
+    case = make_case("qwen2_moe", tmp_path)
+    model = copy.deepcopy(case.model)
+    for L in case.moe_layers:
+        model.model.layers[L].mlp.experts.to("meta")
+        model.model.layers[L].mlp.shared_expert.to("meta")
+    report = hf.replace_moe_blocks(model, case.path, backend="reference", progress=False)
+    assert report.freed_bytes == len(case.moe_layers) * H * 4  # the shared gate's [1, H] float32 alone
+    assert _rel(_logits(model, case.ids), _logits(case.model, case.ids)) <= TOL32
+
+
+@pytest.mark.parametrize("family, router, logits", [("mixtral", "torch", "bfloat16"), ("mixtral", "layer", "float32"),
+                                                     ("gpt_oss", "torch", "bfloat16"), ("deepseek_v3", "torch", "float32")])
+def test_reserve_plans_with_the_dtypes_the_forward_calls_with(hf, torch, tmp_path, monkeypatch, family, router, logits):
+    from qmoe_rtc.torch.module import MoEModule
+
+    calls = []
+    monkeypatch.setattr(MoEModule, "reserve", lambda self, *a: calls.append(a))
+    case = make_case(family, tmp_path, dtype=torch.bfloat16)
+    model, _ = _replaced(hf, case, router=router)
+    assert hf.reserve_blocks(model, 64) == len(case.moe_layers)
+    assert calls == [(64, "bfloat16", logits)] * len(case.moe_layers)
+    L = case.moe_layers[0]
+    with torch.no_grad():  # the dtype the forward hands the layer is the one reserved
+        r = model.model.layers[L].mlp.router if family == "gpt_oss" else model.model.layers[L].mlp.gate
+        got = r(torch.randn(3, H, dtype=torch.bfloat16))[0].dtype
+    assert router == "layer" or str(got) == f"torch.{logits}"
