@@ -8,10 +8,12 @@ folders named for what they hold: :mod:`.contract` (attributes, checks, the floa
 engines' code layout), :mod:`.settings` (the knobs), :mod:`.specialize`, :mod:`.jit`, :mod:`.kernels`,
 :mod:`.runtime`, :mod:`.checkpoints`, :mod:`.cli` and :mod:`.bench` (docs/runtime-compilation.md, "Layout of the
 code"); :mod:`.torch` (the custom op ``qmoe_rtc::moe`` for torch.compile; needs PyTorch) loads only by
-``import qmoe_rtc.torch``. Some public submodules keep a short name here: ``qmoe_rtc.reference``, ``.extensions`` and
-``.random_layer`` are in :mod:`.contract`, ``qmoe_rtc.quantize`` and ``.fp8`` in :mod:`.formats`,
-``qmoe_rtc.knobs`` in :mod:`.settings`, ``qmoe_rtc.presets`` in :mod:`.specialize` (as attributes of
-``qmoe_rtc``; an import names where they live: ``from qmoe_rtc.contract.reference import qmoe``).
+``import qmoe_rtc.torch``, :mod:`.hf` (a transformers model's MoE blocks replaced by layers from its quantized
+checkpoint; needs PyTorch and transformers) only by ``import qmoe_rtc.hf``. Some public submodules keep a short
+name here: ``qmoe_rtc.reference``, ``.extensions`` and ``.random_layer`` are in :mod:`.contract`,
+``qmoe_rtc.quantize`` and ``.fp8`` in :mod:`.formats`, ``qmoe_rtc.knobs`` in :mod:`.settings`, ``qmoe_rtc.presets``
+in :mod:`.specialize` (as attributes of ``qmoe_rtc``; an import names where they live: ``from
+qmoe_rtc.contract.reference import qmoe``).
 
     import qmoe_rtc
     moe = qmoe_rtc.QMoE(fc1_experts_weights=w1, fc1_scales=s1, fc2_experts_weights=w2, fc2_scales=s2, k=2)

@@ -17,14 +17,16 @@ PKG = REPO / "qmoe_rtc"
 #: the layer objects a caller builds, and qmoe_rtc.torch (the custom op and module around them)
 _ENTRIES = ("qmoe_rtc.executor", "qmoe_rtc.oneshot", "qmoe_rtc.distributed", "qmoe_rtc.torch")
 _COMMANDS = ("qmoe_rtc.cli", "qmoe_rtc.bench")  # what the command line runs: on top, nothing below imports them
+#: transformers models: checkpoints into their blocks through qmoe_rtc.torch; above the entries and the checkpoints
+_MODELS = ("qmoe_rtc.hf",)
 _ABOVE_CODE = ("qmoe_rtc.jit", "qmoe_rtc.kernels", "qmoe_rtc.runtime", "qmoe_rtc.tiled", "qmoe_rtc.checkpoints",
-               *_ENTRIES, *_COMMANDS)
+               *_ENTRIES, *_MODELS, *_COMMANDS)
 #: layer (a folder of the package, or one module: ``tiled/transform.py``) -> modules it must never import, directly
 #: or through others. Bottom up: settings know only errors; values (formats, specialize, contract) know no code and
 #: no knob; the tiled transform knows only errors (the kernels read its shapes); machinery (jit) knows no kernel,
 #: layout or value; the kernel families no runtime; the runtime no entry; tiled/given (a layer's codes tiled
 #: ahead) sits on the runtime; checkpoints build no layer; qmoe_rtc.torch (the custom op) sits on the entries and
-#: takes any layer object; the commands sit on top.
+#: takes any layer object; qmoe_rtc.hf (transformers models) sits on it and the checkpoints; the commands sit on top.
 FORBIDDEN = {
     "settings": ("qmoe_rtc._arrays", "qmoe_rtc.formats", "qmoe_rtc.specialize", "qmoe_rtc.contract", *_ABOVE_CODE),
     "formats": ("qmoe_rtc.settings", "qmoe_rtc.specialize", "qmoe_rtc.contract", *_ABOVE_CODE),
@@ -33,16 +35,18 @@ FORBIDDEN = {
     "tiled/transform.py": ("qmoe_rtc._arrays", "qmoe_rtc.settings", "qmoe_rtc.formats", "qmoe_rtc.specialize",
                            "qmoe_rtc.contract", "qmoe_rtc.tiled.given", *_ABOVE_CODE),
     "jit": ("qmoe_rtc.formats", "qmoe_rtc.specialize", "qmoe_rtc.contract", "qmoe_rtc.kernels", "qmoe_rtc.runtime",
-            "qmoe_rtc.tiled", "qmoe_rtc.checkpoints", *_ENTRIES, *_COMMANDS),
+            "qmoe_rtc.tiled", "qmoe_rtc.checkpoints", *_ENTRIES, *_MODELS, *_COMMANDS),
     "kernels": ("qmoe_rtc.contract", "qmoe_rtc.runtime", "qmoe_rtc.tiled.given", "qmoe_rtc.checkpoints", *_ENTRIES,
-                *_COMMANDS),
-    "runtime": ("qmoe_rtc.tiled.given", "qmoe_rtc.checkpoints", *_ENTRIES, *_COMMANDS),
-    "tiled": ("qmoe_rtc.checkpoints", *_ENTRIES, *_COMMANDS),
+                *_MODELS, *_COMMANDS),
+    "runtime": ("qmoe_rtc.tiled.given", "qmoe_rtc.checkpoints", *_ENTRIES, *_MODELS, *_COMMANDS),
+    "tiled": ("qmoe_rtc.checkpoints", *_ENTRIES, *_MODELS, *_COMMANDS),
     "executor.py": ("qmoe_rtc.oneshot", "qmoe_rtc.distributed", "qmoe_rtc.torch", "qmoe_rtc.tiled.given",
-                    "qmoe_rtc.checkpoints", *_COMMANDS),
-    "distributed.py": ("qmoe_rtc.torch", *_COMMANDS),
-    "torch": ("qmoe_rtc.oneshot", "qmoe_rtc.checkpoints", *_COMMANDS),
-    "checkpoints": (*_ENTRIES, "qmoe_rtc.bench", "qmoe_rtc.cli.warm", "qmoe_rtc.cli.stress", "qmoe_rtc.cli.stress_gpu"),
+                    "qmoe_rtc.checkpoints", *_MODELS, *_COMMANDS),
+    "distributed.py": ("qmoe_rtc.torch", *_MODELS, *_COMMANDS),
+    "torch": ("qmoe_rtc.oneshot", "qmoe_rtc.checkpoints", *_MODELS, *_COMMANDS),
+    "checkpoints": (*_ENTRIES, *_MODELS, "qmoe_rtc.bench", "qmoe_rtc.cli.warm", "qmoe_rtc.cli.stress",
+                    "qmoe_rtc.cli.stress_gpu"),
+    "hf": ("qmoe_rtc.oneshot", *_COMMANDS),
 }
 
 
