@@ -3,9 +3,9 @@
 (one block per row), with the shared experts [ext] as every row's last S slots (role ``route``); and the
 router GEMM [ext], the layer's own float32 logits (role ``logits``).
 
-Templates: ``cuda_src/routing/route.cuh``: ``qmoe::route_topk<LT, WT, T, HAS_RW, SPARSE, GATE>``;
-``cuda_src/routing/route_warp.cuh``: ``qmoe::route_topk_warp<LT, WT, HAS_RW>`` (``warp`` modules);
-``cuda_src/routing/route_grouped.cuh``: ``qmoe::route_grouped<LT, WT, T, HAS_RW, GATE>`` (``sigmoid`` modules);
+Templates: ``cuda_src/routing/route.cuh``: ``qmoe::route_topk<LT, WT, T, HAS_RW, SPARSE, GATE, COUNT>``;
+``cuda_src/routing/route_warp.cuh``: ``qmoe::route_topk_warp<LT, WT, HAS_RW, COUNT>`` (``warp`` modules);
+``cuda_src/routing/route_grouped.cuh``: ``qmoe::route_grouped<LT, WT, T, HAS_RW, GATE, COUNT>`` (``sigmoid`` modules);
 ``cuda_src/routing/router_gemm.cuh``: ``qmoe::router_logits_mma<T, MT, NT, U, KMAX>`` (router_weight in
 T: tensor cores), ``router_logits_gemv<T>`` and ``router_logits_tiled<T>`` (router_weight in float32).
 
@@ -15,7 +15,7 @@ Five [ext] parameters, set from the :class:`~qmoe_rtc.specialize.ModelConfig` (n
 instead of the plain ones), ``rgemm`` (the layer computes its logits: both router-GEMM weight dtypes, and
 routing variants that read the GEMM's float32 ``router_logits`` scratch instead of the call's ``logits``)
 ``warp`` (:func:`routes_by_warp`: the module holds only the warp-per-row kernels, no block kernels
-and no sparse mixer; bf16 on a 2-core CPU: 0.52–0.72 s against 0.68–1.04 s for the block module) and
+and no sparse mixer; bf16 on a 2-core CPU: 0.52–0.72 s against 0.68–1.04 s for the block module),
 ``sigmoid`` (the layer routes by grouped sigmoid scores [ext]: the module holds only those kernels; its
 ``n_group``, ``groups_kept`` and ``routed_scaling`` are the layer's scalars, not code) and ``counts`` (expert
 statistics [ext]: the kernels add each routed pick to the layer's ``expert_counts`` [E] int64; without it they
