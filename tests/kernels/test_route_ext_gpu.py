@@ -177,7 +177,7 @@ def run_logits(rng, dtype, wt, rows, E, H, bias=True, kind=None, offset=0, data=
     """(router_logits [rows, E], float64 reference, Σ|x·w| + |b| per element, data)."""
     import cupy as cp
 
-    spec, mod = module(dtype, rgemm=True)
+    spec, mod = module(dtype, rgemm=True, warp=rt.routes_by_warp(E, False, False))  # the module a layer of E gets
     if data is None:
         data = dict(x=rng.standard_normal((rows, H)).astype(np.float32).astype(NP[dtype]),
                     W=(rng.standard_normal((E, H)) / np.sqrt(H)).astype(np.float32).astype(NP[wt]),

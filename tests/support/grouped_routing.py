@@ -62,7 +62,8 @@ def check_grouped_routes(ids, w, logits, bias, attrs: QMoEAttributes, router_wei
     ids, w = np.asarray(ids)[:, :k], np.asarray(w)[:, :k]
     want_ids, _ = reference_route(logits, attrs, router_weights, score_bias=bias)
     near = near_tie_rows(logits, bias, attrs)
-    assert near.mean() <= max_near, f"{near.sum()} of {near.size} rows have near ties: the test data are too coarse"
+    allowed = max(1, int(max_near * near.size))  # one row of a few is chance, not coarse data
+    assert near.sum() <= allowed, f"{near.sum()} of {near.size} rows have near ties: the test data are too coarse"
     bad = ~near & (ids != want_ids).any(axis=-1)
     assert not bad.any(), f"rows {np.flatnonzero(bad)[:8]}: ids {ids[bad][:2]} != reference {want_ids[bad][:2]}"
     E = np.asarray(logits).shape[1]
