@@ -77,6 +77,23 @@ __device__ __forceinline__ float shared_gate(const T* __restrict__ xr, const flo
   return 1.0f / (1.0f + expf(-d));
 }
 
+// A block-per-row routing kernel's start: the shared-expert gate (GATE: from the input, before the wait), the wait for
+// the logits, the release of the expert kernels, and the row's S shared slots (ids E_routed + s, weight the gate or 1)
+// after its k routed ones, out0 = the row's first route. Contains __syncthreads() where GATE.
+template <typename T, bool GATE>
+__device__ __forceinline__ void route_row_start(const T* __restrict__ xr, const float* __restrict__ shared_gate_weight,
+                                                i32 H, float* red, i64 out0, i32 k_routed, i32 S, i32 E_routed,
+                                                i32* __restrict__ topk_ids, float* __restrict__ topk_w) {
+  float gate = 1.0f;
+  if constexpr (GATE) gate = shared_gate<T>(xr, shared_gate_weight, H, red);  // the input: no wait
+  pdl_wait();     // the logits may come from the router GEMM launched just before
+  pdl_release();  // the expert kernels' blocks may start (they wait for these ids)
+  for (i32 s = threadIdx.x; s < S; s += kRouteThreads) {  // shared experts: the row's last S slots
+    topk_ids[out0 + k_routed + s] = E_routed + s;
+    topk_w[out0 + k_routed + s] = gate;
+  }
+}
+
 // LT: logits, WT: router_weights, T: x (the activation dtype); GATE: shared slots get the sigmoid gate; COUNT: expert
 // statistics [ext] (count_route).
 template <typename LT, typename WT, typename T, bool HAS_RW, bool SPARSE, bool GATE, bool COUNT>
@@ -96,14 +113,8 @@ route_topk(const LT* __restrict__ logits, const WT* __restrict__ router_weights,
   const i64 out0 = row * (k_routed + S);  // the row's first route
   const LT* l = logits + row * E_logits;
 
-  float gate = 1.0f;
-  if constexpr (GATE) gate = shared_gate<T>(x + row * H, shared_gate_weight, H, red);  // the input: no wait
-  pdl_wait();     // the logits may come from the router GEMM launched just before
-  pdl_release();  // the expert kernels' blocks may start (they wait for these ids)
-  for (i32 s = tid; s < S; s += kRouteThreads) {  // shared experts: the row's last S slots
-    topk_ids[out0 + k_routed + s] = E_routed + s;
-    topk_w[out0 + k_routed + s] = gate;
-  }
+  route_row_start<T, GATE>(GATE ? x + row * H : x, shared_gate_weight, H, red, out0, k_routed, S, E_routed, topk_ids,
+                           topk_w);
 
   float v[kRoutePerThread];
   u64 c[kRoutePerThread];  // composite of expert tid + kRouteThreads·j (0: padding, below every real one)

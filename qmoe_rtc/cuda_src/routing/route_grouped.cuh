@@ -88,14 +88,8 @@ route_grouped(const LT* __restrict__ logits, const WT* __restrict__ router_weigh
   const i64 out0 = row * (k_routed + S);  // the row's first route
   const LT* l = logits + row * E_logits;
 
-  float gate = 1.0f;
-  if constexpr (GATE) gate = shared_gate<T>(x + row * H, shared_gate_weight, H, red);  // the input: no wait
-  pdl_wait();     // the logits may come from the router GEMM launched just before
-  pdl_release();  // the expert kernels' blocks may start (they wait for these ids)
-  for (i32 s = tid; s < S; s += kRouteThreads) {  // shared experts: the row's last S slots
-    topk_ids[out0 + k_routed + s] = E_routed + s;
-    topk_w[out0 + k_routed + s] = gate;
-  }
+  route_row_start<T, GATE>(GATE ? x + row * H : x, shared_gate_weight, H, red, out0, k_routed, S, E_routed, topk_ids,
+                           topk_w);
 
   for (i32 e = tid; e < E_logits; e += kRouteThreads) {
     const float s = 1.0f / (1.0f + expf(-Traits<LT>::to_float(l[e])));
