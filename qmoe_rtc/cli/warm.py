@@ -60,6 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--router-gemm", action=argparse.BooleanOptionalAction, default=None,
                      help="the layer computes its logits from router_weight in the activation dtype (default: the "
                           "preset's)")
+    src.add_argument("--scoring-func", choices=("softmax", "sigmoid"), default=None,
+                     help="[ext] the routing's scores: 'sigmoid' for grouped sigmoid routing (DeepSeek-V3, Kimi-K2, "
+                          "GLM-4.5; default: the preset's, else softmax)")
+    src.add_argument("--n-group", type=int, metavar="G", help="[ext] expert groups of grouped sigmoid routing "
+                     "(default: the preset's, else none)")
+    src.add_argument("--expert-counts", action="store_true", help="[ext] the layers count their experts' routes "
+                     "(QMoE(expert_counts=True)): routing modules that count")
     q = p.add_argument_group("quantization / codegen (comma lists give every combination)")
     q.add_argument("--format", type=csv(str), default=["int"], metavar="FMT[,FMT...]",
                    help=f"weight formats, from {', '.join(FORMATS)} (default: int); fp8_e4m3: FP8 e4m3 experts "
@@ -135,7 +142,9 @@ def _configs(args) -> list:
                                           activation=args.activation if args.preset else None,
                                           swiglu_fusion=args.swiglu_fusion if args.preset else None,
                                           has_fc3=args.fc3 if args.preset else None, format=fmt.name,
-                                          shared=args.shared, shared_gate=args.shared_gate, router_gemm=router)
+                                          shared=args.shared, shared_gate=args.shared_gate, router_gemm=router,
+                                          scoring_func=args.scoring_func, n_group=args.n_group,
+                                          expert_counts=args.expert_counts)
                         out.setdefault(cfg, None)
     return list(out)
 
@@ -144,6 +153,9 @@ def _ext_words(cfg) -> str:
     """' shared 1 (gated), router GEMM bfloat16' for a config with [ext] parts, else ''."""
     words = [f"shared {cfg.shared}" + (" (gated)" if cfg.shared_gate else "")] if cfg.shared else []
     words += [f"router GEMM {cfg.router_gemm}"] if cfg.router_gemm else []
+    words += [f"sigmoid routing ({cfg.n_group} groups)" if cfg.n_group > 1 else "sigmoid routing"] \
+        if cfg.scoring_func == "sigmoid" else []
+    words += ["expert counts"] if cfg.expert_counts else []
     return (" " + ", ".join(words)) if words else ""
 
 

@@ -53,6 +53,16 @@ class Problem:
     smem: int = 0  # the device's opt-in dynamic shared memory per block, bytes (0 when unknown: see smem_limit)
     sigmoid_routing: bool = False  # grouped sigmoid routing [ext] (routing/route_grouped.cuh)
 
+    @classmethod
+    def for_config(cls, config, rows: int, **call) -> Problem:
+        """The problem of a call of ``rows`` tokens to a layer of ``config``
+        (:class:`~qmoe_rtc.specialize.ModelConfig`): its sizes, dtype and [ext] parts from the config, the rest
+        (``arch``, ``sms``, ``smem``, the router dtypes) from ``call``."""
+        return cls(rows=rows, E=config.experts, H=config.hidden, I=config.inter, k=config.k, dtype=config.layout.dtype,
+                   sparse=config.use_sparse_mixer, shared=config.shared, shared_gate=config.shared_gate,
+                   router_gemm=config.router_gemm, all_experts=config.all_experts,
+                   sigmoid_routing=config.scoring_func == "sigmoid", **call)
+
     @property
     def device(self) -> ArchSpec:
         """The device the call runs on (kernels/arch.py): its target, SMs and shared memory."""

@@ -173,10 +173,7 @@ def modules_for(config: ModelConfig, variants=("decode", "prefill"), arch: str =
     whose use does not depend on the call (a family with ``conditional`` set runs only at some sizes
     or on some devices; ``arch``, when given, settles the device part)."""
     seen: dict[ModuleSpec, None] = {}
-    probe = Problem(rows=0, E=config.experts, H=config.hidden, I=config.inter, k=config.k,
-                    dtype=config.layout.dtype, arch=arch, shared=config.shared, shared_gate=config.shared_gate,
-                    router_gemm=config.router_gemm, all_experts=config.all_experts,
-                    sigmoid_routing=config.scoring_func == "sigmoid") if arch else None
+    probe = Problem.for_config(config, 0, arch=arch) if arch else None
     for path in variants:
         if path not in ("decode", "prefill"):
             raise QMoEAttributeError("variants", "items of ['decode', 'prefill']", repr(path))

@@ -8,7 +8,8 @@ format, bits, block size, zero points, dtype) are given when building a
 [ext] ``shared`` shared experts (the routed layout and intermediate size), ``shared_gate`` (their sum
 scaled by sigmoid(x·g), Qwen-style) and ``router_gemm`` (the layer computes its logits from
 ``router_weight``, in the activation dtype unless told otherwise): docs/contract.md, "Shared experts"
-and "Router GEMM".
+and "Router GEMM"; ``scoring_func`` / ``n_group``: grouped sigmoid routing (DeepSeek-V3's: docs/contract.md,
+"Grouped sigmoid routing"), which needs its own routing module, so warming for such a model names it.
 """
 
 from __future__ import annotations
@@ -39,12 +40,15 @@ class Preset:
     shared: int = 0  #: [ext] shared experts (intermediate size ``inter``)
     shared_gate: bool = False  #: [ext] the shared sum is scaled by sigmoid(x·shared_gate_weight)
     router_gemm: bool = False  #: [ext] the layer computes its logits (router_weight [E, H])
+    scoring_func: str = "softmax"  #: [ext] 'sigmoid': grouped sigmoid routing
+    n_group: int = 0  #: [ext] its expert groups (0: none)
 
     def config(self, *, bits: int | None = None, fc1_bits: int | None = None, fc2_bits: int | None = None,
                fc3_bits: int | None = None, block_size: int | None = None, zero_points: str = "none",
                dtype: str = "float16", scale_dtype: str = "", activation: str | None = None,
                swiglu_fusion: int | None = None, has_fc3: bool | None = None, format: str = "int",
-               shared: int | None = None, shared_gate: bool | None = None, router_gemm: str | None = None):
+               shared: int | None = None, shared_gate: bool | None = None, router_gemm: str | None = None,
+               scoring_func: str | None = None, n_group: int | None = None, expert_counts: bool = False):
         """A ModelConfig for this preset; unspecified choices take the preset's defaults.
 
         ``router_gemm``: router_weight's dtype, '' for none (default: ``dtype`` when the preset has a
@@ -53,6 +57,8 @@ class Preset:
         (``bits`` and ``zero_points`` do not apply): 'fp8_e4m3' (e4m3fn codes, float32 scales unless
         ``scale_dtype`` says otherwise, block size 0 = one global scale per expert, the preset's shared experts
         FP8 too, no FC3), 'mxfp4' / 'nvfp4' (e2m1 codes, float32 scales in blocks of 32 / 16; NVFP4 has no FC3).
+        ``scoring_func`` / ``n_group`` (default: the preset's routing) and ``expert_counts`` (expert statistics
+        [ext]) choose the routing module.
         """
         from . import Layout, ModelConfig
 
@@ -90,7 +96,9 @@ class Preset:
         return ModelConfig(hidden=self.hidden, inter=self.inter, experts=self.experts, k=self.k, layout=layout,
                            use_sparse_mixer=self.use_sparse_mixer,
                            normalize_routing_weights=self.normalize_routing_weights, name=self.name,
-                           shared=S, shared_gate=gate, router_gemm=router)
+                           shared=S, shared_gate=gate, router_gemm=router,
+                           scoring_func=self.scoring_func if scoring_func is None else scoring_func,
+                           n_group=self.n_group if n_group is None else n_group, expert_counts=expert_counts)
 
 
 PRESETS: dict[str, Preset] = {
@@ -101,16 +109,18 @@ PRESETS: dict[str, Preset] = {
                note="w1/w3 as FC1/FC3 (silu-gated); --activation swiglu gives the fused-FC1 form"),
         Preset("gpt-oss-20b", 2880, 2880, 32, 4, "swiglu", swiglu_fusion=1, block_size=32),
         Preset("gpt-oss-120b", 2880, 2880, 128, 4, "swiglu", swiglu_fusion=1, block_size=32),
-        Preset("deepseek-v3", 7168, 2048, 256, 8, "swiglu", swiglu_fusion=1, block_size=128),
+        Preset("deepseek-v3", 7168, 2048, 256, 8, "swiglu", swiglu_fusion=1, block_size=128, scoring_func="sigmoid",
+               n_group=8, note="grouped sigmoid routing (8 groups), as the model"),
         Preset("phi-3.5-moe", 4096, 6400, 16, 2, "silu", has_fc3=True, use_sparse_mixer=True, block_size=128,
                normalize_routing_weights=False, note="sparse mixer routing"),
         Preset("qwen3-next-80b-a3b", 2048, 512, 512, 10, "swiglu", swiglu_fusion=1, block_size=128,
                shared=1, shared_gate=True, router_gemm=True,
                note="one shared expert (I 512) with a sigmoid gate; router GEMM in the layer"),
         Preset("deepseek-v3-tp8", 7168, 256, 256, 8, "swiglu", swiglu_fusion=1, block_size=128,
-               shared=1, router_gemm=True,
+               shared=1, router_gemm=True, scoring_func="sigmoid", n_group=8,
                note="DeepSeek-V3 at tensor parallel 8 (I 2048/8); one shared expert, no gate; router GEMM in the "
-                    "layer (its sigmoid, group-limited routing is approximated by softmax top-k)"),
+                    "layer; grouped sigmoid routing (8 groups), as the model (the benchmark's shape of this name "
+                    "routes by softmax top-k)"),
     )
 }
 

@@ -69,3 +69,20 @@ def test_warm_bad_arguments(cache, capsys):
     assert warm.main(["--hidden", "64", "--arch", "sm_90"]) == 2
     assert warm.main(["--preset", "gpt-oss-20b", "--arch", "compute_90"]) == 2
     assert warm.main(["--preset", "gpt-oss-20b", "--block-size", "48", "--arch", "sm_90"]) == 2
+
+
+def test_warm_names_the_routing_module_a_layer_gets(cache, capsys):
+    """Grouped sigmoid routing and expert counts have routing modules of their own: the DeepSeek presets route as the
+    model (and list that module), and the flags give them to any model; a warmed cache then holds what the layer
+    loads (the executor's config of a loaded DeepSeek-V3 layer has the same routing)."""
+    assert warm.main(["--preset", "deepseek-v3-tp8", "--dtype", "bfloat16", "--arch", "sm_90", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "sm_90a route_bf16_rgemm1_sigmoid1\n" in out and "sigmoid routing (8 groups)" in out
+    assert warm.main(["--preset", "qwen3-30b-a3b", "--dtype", "bfloat16", "--arch", "sm_90", "--scoring-func", "sigmoid",
+                      "--n-group", "4", "--expert-counts", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "sm_90a route_bf16_counts1_sigmoid1\n" in out and "expert counts" in out
+    cfg = PRESETS["qwen3-30b-a3b"].config(dtype="bfloat16", scoring_func="sigmoid", n_group=4, expert_counts=True)
+    assert {s.name for s in modules_for(cfg, arch="sm_90a") if s.family == "route"} == {"route_bf16_counts1_sigmoid1"}
+    assert warm.main(["--preset", "qwen3-30b-a3b", "--dtype", "bfloat16", "--arch", "sm_90", "--list"]) == 0
+    assert "route_bf16_warp1\n" in capsys.readouterr().out  # softmax, no counts: the warp module as before

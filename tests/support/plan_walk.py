@@ -44,9 +44,7 @@ def configs() -> dict[str, ModelConfig]:
 
 def problem(cfg: ModelConfig, rows: int, target: str) -> Problem:
     """The problem QMoE.problem builds for ``rows`` tokens on a GPU of ``target`` (its SMs and opt-in shared memory)."""
-    return Problem(rows=rows, E=cfg.experts, H=cfg.hidden, I=cfg.inter, k=cfg.k, dtype=cfg.layout.dtype, arch=target,
-                   sparse=cfg.use_sparse_mixer, shared=cfg.shared, shared_gate=cfg.shared_gate,
-                   router_gemm=cfg.router_gemm, all_experts=cfg.all_experts, sms=SMS[target], smem=ArchSpec(target).smem_limit)
+    return Problem.for_config(cfg, rows, arch=target, sms=SMS[target], smem=ArchSpec(target).smem_limit)
 
 
 def plan_of(cfg: ModelConfig, rows: int, target: str) -> dict:
