@@ -91,7 +91,8 @@ def test_warm_lists_the_new_presets(cache, capsys, name):
     specs = modules_for(cfg, arch="sm_90a")
     assert specs and all(f"sm_90a {s.name}" in out for s in specs)
     assert f"{len(specs)} modules" in out
-    words = "shared 1 (gated), router GEMM bfloat16" if name.startswith("qwen") else "shared 1, router GEMM bfloat16"
+    words = ("shared 1 (gated), router GEMM bfloat16" if name.startswith("qwen") else
+             "shared 1, router GEMM bfloat16, sigmoid routing (8 groups)")  # DeepSeek-V3 routes as the model
     assert f"E{cfg.experts} k{cfg.k} {words}: " in out
     assert not any(cache.iterdir())
 
@@ -136,7 +137,8 @@ def test_warm_format_fp8(cache, capsys):
     assert warm.main(argv) == 0
     out = capsys.readouterr().out
     (cfg,) = warm._configs(_warm_args("--preset", "deepseek-v3-tp8", "--format", "fp8_e4m3"))
-    assert f"# deepseek-v3-tp8 H7168 I256 E256 k8 shared 1, router GEMM float16: {cfg.layout.name}" in out
+    assert (f"# deepseek-v3-tp8 H7168 I256 E256 k8 shared 1, router GEMM float16, sigmoid routing (8 groups): "
+            f"{cfg.layout.name}") in out
     assert all(f"sm_90a {s.name}" in out for s in modules_for(cfg, arch="sm_90a"))
 
 

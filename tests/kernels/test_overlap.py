@@ -60,16 +60,27 @@ def _body(text: str, fn: str) -> str:
     return rest[: nxt.start()] if nxt else rest
 
 
+#: kernels that wait in a helper they call first: the helper, and the call that stands for its wait
+WAITS_IN = {"route_topk": "route_row_start", "route_grouped": "route_row_start"}
+
+
+def test_the_routing_row_start_releases_only_after_its_wait():
+    body = _body((SRC / "routing/route.cuh").read_text(), "route_row_start")
+    assert body.index("pdl_wait();") < body.index("pdl_release();") < body.index("topk_ids[")
+
+
 @pytest.mark.parametrize("where", sorted([*OVERLAPPED.values(), ("routing/route_warp.cuh", "route_topk_warp"),
+                                           ("routing/route_grouped.cuh", "route_grouped"),
                                            ("engines/wgmma_prefill.cuh", "wg_prepare_image")]))
 def test_overlapped_kernels_wait_before_reading_earlier_outputs(where):
     path, fn = where
     body = _body((SRC / path).read_text(), fn)
-    wait = body.index("pdl_wait();")
+    wait = body.index(f"{WAITS_IN[fn]}<" if fn in WAITS_IN else "pdl_wait();")
     # what each kernel reads that the launch before it writes: logits, ids (FC1), act (FC2); the wgmma prefill's:
     # the routes' ids (grouping), the grouping (wg_prepare's tile table), the tile table (FC1), act_sorted (FC2's
     # main loop; its tile lookup before the wait reads only what was complete when FC1's wait returned), y (combine)
-    first_read = {"route_topk": r"l\[e\]", "route_topk_warp": r"l\[e\]", "fc1_mma": r"ids\[blockIdx\.y\]",
+    first_read = {"route_topk": r"l\[e\]", "route_topk_warp": r"l\[e\]", "route_grouped": r"l\[e\]",
+                  "fc1_mma": r"ids\[blockIdx\.y\]",
                   "fc2_mma_combine": r"collect_routes\(", "group_by_expert": r"group_walk<",
                   "wg_prepare": r"build_tile_table\(", "wg_prepare_image": r"build_tile_table\(", "fc1_body": r"pf_tile_table<",
                   "fc2_body": r"wg_tile<",
