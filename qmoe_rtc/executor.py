@@ -180,7 +180,6 @@ class QMoE(ExpertCounts):
         return layer_config(self.layer, dtype, self.scale_dtype, self.ext, self._all_experts, tiled=self._tiled,
                             expert_counts=self._table.get("expert_counts") is not None)
 
-
     @property
     def decode_max_routes(self) -> int:
         """Routes (rows·k) up to which the decode path runs."""
