@@ -17,23 +17,12 @@ from qmoe_rtc.contract import QMoEAttributes, describe_layer
 from qmoe_rtc.errors import QMoEInputError, QMoEUnsupportedError
 from qmoe_rtc.formats.quantize import dequantize, unpack_codes
 
+from support.hf_models import pack_along
+
 #: every test writes a checkpoint: safetensors (the [test] / [checkpoints] extra) or skip
 save_file = pytest.importorskip("safetensors.numpy").save_file
 
 H, I, E = 128, 64, 3
-
-
-def _pack_along(codes: np.ndarray, bits: int, axis: int, order=None) -> np.ndarray:
-    """int32 words of ``codes`` packed along ``axis``, 32/bits per word, code of position order[i] at bits·i."""
-    per = 32 // bits
-    c = np.moveaxis(codes.astype(np.uint32), axis, -1)
-    c = c.reshape(*c.shape[:-1], -1, per)
-    if order is not None:
-        c = c[..., list(order)]
-    words = np.zeros(c.shape[:-1], dtype=np.uint32)
-    for i in range(per):
-        words |= c[..., i] << np.uint32(bits * i)
-    return np.ascontiguousarray(np.moveaxis(words, -1, axis)).view(np.int32)
 
 
 def _quantized(rng, N, K, bits, group, sym):
@@ -61,19 +50,19 @@ def _write(tmp_path, method, rng, *, bits=4, group=32, sym=False, version=1, sch
             dense.setdefault(tag + n, []).append(d)
             p = f"{mlp}.{n}"
             if method == "compressed-tensors":
-                tensors[f"{p}.weight_packed"] = _pack_along(q, bits, 1)  # [N, K·b/32], signed + 2^(b-1)
+                tensors[f"{p}.weight_packed"] = pack_along(q, bits, 1)  # [N, K·b/32], signed + 2^(b-1)
                 tensors[f"{p}.weight_scale"] = s  # [N, nb]
                 tensors[f"{p}.weight_shape"] = np.array([N, K], dtype=np.int32)
                 if not sym:
-                    tensors[f"{p}.weight_zero_point"] = _pack_along(z, bits, 0)  # [N·b/32, nb]
+                    tensors[f"{p}.weight_zero_point"] = pack_along(z, bits, 0)  # [N·b/32, nb]
                 continue
             if method == "gptq":
-                tensors[f"{p}.qweight"] = _pack_along(q.T, bits, 0)  # [K·b/32, N]
-                tensors[f"{p}.qzeros"] = _pack_along((z - (1 if version == 1 else 0)).T, bits, 1)  # [nb, N·b/32]
+                tensors[f"{p}.qweight"] = pack_along(q.T, bits, 0)  # [K·b/32, N]
+                tensors[f"{p}.qzeros"] = pack_along((z - (1 if version == 1 else 0)).T, bits, 1)  # [nb, N·b/32]
                 tensors[f"{p}.g_idx"] = (np.arange(K) // (group if group > 0 else K)).astype(np.int32)
             else:
-                tensors[f"{p}.qweight"] = _pack_along(q.T, 4, 1, AWQ_ORDER)  # [K, N/8]
-                tensors[f"{p}.qzeros"] = _pack_along(z.T, 4, 1, AWQ_ORDER)  # [nb, N/8]
+                tensors[f"{p}.qweight"] = pack_along(q.T, 4, 1, AWQ_ORDER)  # [K, N/8]
+                tensors[f"{p}.qzeros"] = pack_along(z.T, 4, 1, AWQ_ORDER)  # [nb, N/8]
             tensors[f"{p}.scales"] = np.ascontiguousarray(s.T)  # [nb, N]
     if shared:  # a bfloat16 gate whose values float16 holds exactly
         tensors["model.layers.1.mlp.shared_expert_gate.weight"] = (rng.integers(-64, 64, (1, H)) / 64).astype(bfloat16)
@@ -141,7 +130,7 @@ def test_gptq_v1_zero_points_are_whole_words_less_one_per_code(tmp_path, rng, bi
     p = "model.layers.1.mlp.experts.0.gate_proj"
     z = rng.integers(0, 1 << bits, size=(H // 32, I))  # [nb, N] v2 zero points, 0 and 2^b − 1 among them
     z[0, :4] = [0, (1 << bits) - 1, 0, 0]
-    v2 = _pack_along(z, bits, 1).view(np.uint32)  # [nb, N·b/32]
+    v2 = pack_along(z, bits, 1).view(np.uint32)  # [nb, N·b/32]
     offset = {2: 0x55555555, 4: 0x11111111, 8: 0x01010101}[bits]
     v1 = ((v2.astype(np.int64) - offset) % (1 << 32)).astype(np.uint32).view(np.int32)
     from safetensors.numpy import load_file

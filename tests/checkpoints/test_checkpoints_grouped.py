@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from ml_dtypes import bfloat16, float8_e4m3fn
-from test_checkpoints import _pack_along
 
 from qmoe_rtc.checkpoints import load_layer, moe_layers
 from qmoe_rtc.checkpoints.formats import AWQ_ORDER
@@ -24,6 +23,8 @@ from qmoe_rtc.contract import QMoEAttributes
 from qmoe_rtc.contract.reference import qmoe as reference
 from qmoe_rtc.errors import QMoEInputError, QMoEUnsupportedError
 from qmoe_rtc.runtime.layer import describe_gpu_layer
+
+from support.hf_models import pack_along
 
 save_file = pytest.importorskip("safetensors.numpy").save_file
 
@@ -63,12 +64,12 @@ def _projection(tensors: dict, p: str, method: str, rng, N: int, K: int) -> np.n
     s = (rng.random((N, nb)) * 0.02 + 0.002).astype(bfloat16)
     z = np.full((N, nb), 8) if method == "compressed-tensors" else rng.integers(1, 16, size=(N, nb))
     if method == "compressed-tensors":
-        tensors[f"{p}.weight_packed"] = _pack_along(q, 4, 1)  # [N, K/8]
+        tensors[f"{p}.weight_packed"] = pack_along(q, 4, 1)  # [N, K/8]
         tensors[f"{p}.weight_scale"] = s  # [N, nb]
         tensors[f"{p}.weight_shape"] = np.array([N, K], dtype=np.int32)
     else:  # AWQ GEMM
-        tensors[f"{p}.qweight"] = _pack_along(q.T, 4, 1, AWQ_ORDER)  # [K, N/8]
-        tensors[f"{p}.qzeros"] = _pack_along(z.T, 4, 1, AWQ_ORDER)  # [nb, N/8]
+        tensors[f"{p}.qweight"] = pack_along(q.T, 4, 1, AWQ_ORDER)  # [K, N/8]
+        tensors[f"{p}.qzeros"] = pack_along(z.T, 4, 1, AWQ_ORDER)  # [nb, N/8]
         tensors[f"{p}.scales"] = np.ascontiguousarray(s.T)  # [nb, N]
     return ((q.reshape(N, nb, 32) - z[..., None]) * s.astype(np.float64)[..., None]).reshape(N, K)
 

@@ -19,7 +19,7 @@ import pytest
 
 from qmoe_rtc.errors import QMoEInputError, QMoEUnsupportedError
 
-from support.hf_models import FAMILIES, E, H, I, config, make_case, pick_ids, routers
+from support.hf_models import FAMILIES, E, H, I, config, logits_of, make_case, pick_ids, rel_err, routers
 
 #: float32 models: the float64 reference against transformers' float32 (measured: about 5e-7)
 TOL32 = 1e-5
@@ -58,18 +58,6 @@ def hf(torch, caplog):
     return hf
 
 
-def _rel(got, want) -> float:
-    g, w = got.double(), want.double()
-    return float((g - w).norm() / w.norm())
-
-
-def _logits(model, ids):
-    import torch
-
-    with torch.no_grad():
-        return model(ids, use_cache=False).logits
-
-
 def _replaced(hf, case, **kw):
     model = copy.deepcopy(case.model)
     report = hf.replace_moe_blocks(model, case.path, backend="reference", progress=False, **kw)
@@ -90,12 +78,12 @@ def test_the_blocks_of_each_family_are_found(hf, tmp_path, family):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_the_replaced_model_computes_what_transformers_computes(hf, torch, tmp_path, family, router):
     case = make_case(family, tmp_path)
-    want = _logits(case.model, case.ids)
+    want = logits_of(case.model, case.ids)
     model, report = _replaced(hf, case, router=router)
     assert sorted(report.replaced) == case.moe_layers and report.families == [family]
     assert all(type(model.model.layers[L].mlp).__name__ == "QMoEBlock" for L in case.moe_layers)
-    assert _rel(_logits(model, case.ids), want) <= TOL32
-    assert _rel(_logits(_without_moe(case.model), case.ids), want) > 1000 * TOL32  # the comparison sees the blocks
+    assert rel_err(logits_of(model, case.ids), want) <= TOL32
+    assert rel_err(logits_of(_without_moe(case.model), case.ids), want) > 1000 * TOL32  # the comparison sees the blocks
 
 
 def _without_moe(model):
@@ -130,7 +118,7 @@ def test_each_block_returns_what_it_replaced_returned(hf, torch, tmp_path, famil
                 else:
                     assert scores is None  # the router module is not called; the decoder layer discards it
             assert isinstance(new, torch.Tensor) and new.shape == old.shape == x.shape and new.dtype == old.dtype
-            assert _rel(new, old) <= TOL32
+            assert rel_err(new, old) <= TOL32
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -171,8 +159,8 @@ def test_a_bfloat16_model_matches_within_bfloat16_rounding(hf, torch, tmp_path):
     assert report.dtype == "bfloat16"
     assert model.model.layers[0].mlp.moe.layer.weights["fc1_scales"].dtype == np.float32
     for ids in pick_ids(case.model, "mixtral", need=0.01, count=2):
-        got, want = _logits(model, ids), _logits(case.model, ids)
-        assert got.dtype == torch.bfloat16 and _rel(got, want) <= TOL16
+        got, want = logits_of(model, ids), logits_of(case.model, ids)
+        assert got.dtype == torch.bfloat16 and rel_err(got, want) <= TOL16
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -183,7 +171,7 @@ def test_compile_fullgraph_traces_the_replaced_model(hf, torch, tmp_path, family
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
     layer = model.model.layers[case.moe_layers[0]].mlp.moe.layer
     calls = layer.calls
-    torch.testing.assert_close(_logits(compiled, case.ids), _logits(model, case.ids), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(logits_of(compiled, case.ids), logits_of(model, case.ids), rtol=1e-6, atol=1e-6)
     assert layer.calls == calls + 2  # the compiled graph called the layer through the op
     torch._dynamo.reset()
 
@@ -324,7 +312,7 @@ def test_experts_left_on_the_meta_device_are_never_read(hf, torch, tmp_path):
         model.model.layers[L].mlp.shared_expert.to("meta")
     report = hf.replace_moe_blocks(model, case.path, backend="reference", progress=False)
     assert report.freed_bytes == len(case.moe_layers) * H * 4  # the shared gate's [1, H] float32 alone
-    assert _rel(_logits(model, case.ids), _logits(case.model, case.ids)) <= TOL32
+    assert rel_err(logits_of(model, case.ids), logits_of(case.model, case.ids)) <= TOL32
 
 
 @pytest.mark.parametrize("family, router, logits", [("mixtral", "torch", "bfloat16"), ("mixtral", "layer", "float32"),

@@ -23,7 +23,7 @@ import traceback
 
 import pytest
 
-from support.hf_models import FAMILIES, make_case, pick_ids
+from support.hf_models import FAMILIES, logits_of, make_case, pick_ids, rel_err
 
 pytestmark = pytest.mark.gpu
 
@@ -42,24 +42,12 @@ def torch():
     return torch
 
 
-def _rel(got, want) -> float:
-    g, w = got.double(), want.double()
-    return float((g - w).norm() / w.norm())
-
-
-def _logits(model, ids):
-    import torch
-
-    with torch.no_grad():
-        return model(ids, use_cache=False).logits
-
-
 def _case(torch, tmp_path, family, router):
     from qmoe_rtc.hf import replace_moe_blocks
 
     case = make_case(family, tmp_path, dtype=torch.bfloat16, device="cuda")
     inputs = pick_ids(case.model, family, need=CLEAR, count=2)
-    wants = [_logits(case.model, x) for x in inputs]
+    wants = [logits_of(case.model, x) for x in inputs]
     model = copy.deepcopy(case.model)
     report = replace_moe_blocks(model, case.path, router=router)
     assert sorted(report.replaced) == case.moe_layers and report.backend == "gpu" and report.dtype == "bfloat16", report
@@ -70,9 +58,9 @@ def _case(torch, tmp_path, family, router):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_eager_and_cuda_graph_match_transformers(torch, tmp_path, family, router):
     model, (x1, x2), (want1, want2) = _case(torch, tmp_path, family, router)
-    eager1 = _logits(model, x1)
+    eager1 = logits_of(model, x1)
     assert eager1.dtype == torch.bfloat16 and eager1.shape == want1.shape
-    assert _rel(eager1, want1) <= TOL, f"{family} router={router} eager: {_rel(eager1, want1):.3e}"
+    assert rel_err(eager1, want1) <= TOL, f"{family} router={router} eager: {rel_err(eager1, want1):.3e}"
     static = x1.clone()
     with torch.no_grad():
         side = torch.cuda.Stream()
@@ -95,9 +83,9 @@ def test_eager_and_cuda_graph_match_transformers(torch, tmp_path, family, router
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        eager = _logits(model, x)
+        eager = logits_of(model, x)
         assert torch.equal(out, eager), f"{family} router={router}: graph replay differs from eager"
-        assert _rel(out, want) <= TOL, f"{family} router={router} graph: {_rel(out, want):.3e}"
+        assert rel_err(out, want) <= TOL, f"{family} router={router} graph: {rel_err(out, want):.3e}"
 
 
 @pytest.mark.parametrize("router", ["torch", "layer"])
@@ -109,10 +97,10 @@ def test_compile_fullgraph_matches_transformers(torch, tmp_path, family, router)
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True)  # fullgraph: the transformers 5 models of these families trace whole
     for x, want in zip(inputs, wants):
-        got, eager = _logits(compiled, x), _logits(model, x)
+        got, eager = logits_of(compiled, x), logits_of(model, x)
         assert got.dtype == torch.bfloat16
-        assert _rel(got, want) <= TOL, f"{family} router={router} compiled: {_rel(got, want):.3e}"
-        assert _rel(got, eager) <= TOL, f"{family} router={router} compiled vs eager: {_rel(got, eager):.3e}"
+        assert rel_err(got, want) <= TOL, f"{family} router={router} compiled: {rel_err(got, want):.3e}"
+        assert rel_err(got, eager) <= TOL, f"{family} router={router} compiled vs eager: {rel_err(got, eager):.3e}"
     torch._dynamo.reset()
 
 

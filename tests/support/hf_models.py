@@ -345,3 +345,17 @@ def pick_ids(model, family: str, need: float, count: int = 1, tries: int = 64, s
             if len(out) == count:
                 return out
     raise AssertionError(f"{family}: no {count} of {tries} inputs route clear of ties by {need} (clearances {seen})")
+
+
+def rel_err(got, want) -> float:
+    """‖got − want‖ / ‖want‖ of two torch tensors, in float64."""
+    g, w = got.double(), want.double()
+    return float((g - w).norm() / w.norm())
+
+
+def logits_of(model, ids):
+    """``model(ids).logits`` without a cache or gradients."""
+    import torch
+
+    with torch.no_grad():
+        return model(ids, use_cache=False).logits

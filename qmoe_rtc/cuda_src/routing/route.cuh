@@ -94,6 +94,25 @@ __device__ __forceinline__ void route_row_start(const T* __restrict__ xr, const 
   }
 }
 
+// Routed slot `slot` (< k_routed) of a block-per-row kernel, once sel_id / sel_w [k_routed] are visible: the weight,
+// normalised over the k picks in slot order (0 where their sum is 0) when `normalize`, times `scale`; the id through
+// expert_map; the pick counted (COUNT).
+template <bool COUNT>
+__device__ __forceinline__ void write_routed_slot(i32 slot, const i32* sel_id, const float* sel_w, i32 k_routed,
+                                                  i32 normalize, float scale, i64 out0, const i32* __restrict__ expert_map,
+                                                  i32* __restrict__ topk_ids, float* __restrict__ topk_w,
+                                                  i64* __restrict__ expert_counts) {
+  float w = sel_w[slot];
+  if (normalize) {
+    float s = 0.0f;
+    for (i32 t = 0; t < k_routed; ++t) s += sel_w[t];  // slot order: the same sum in every thread
+    w = s != 0.0f ? w / s : 0.0f;
+  }
+  topk_ids[out0 + slot] = expert_map ? expert_map[sel_id[slot]] : sel_id[slot];
+  topk_w[out0 + slot] = w * scale;
+  count_route<COUNT>(expert_counts, sel_id[slot]);
+}
+
 // LT: logits, WT: router_weights, T: x (the activation dtype); GATE: shared slots get the sigmoid gate; COUNT: expert
 // statistics [ext] (count_route).
 template <typename LT, typename WT, typename T, bool HAS_RW, bool SPARSE, bool GATE, bool COUNT>
@@ -180,17 +199,9 @@ route_topk(const LT* __restrict__ logits, const WT* __restrict__ router_weights,
       sel_w[tid] = w;
     }
     __syncthreads();
-    if (tid < k_routed) {
-      float w = sel_w[tid];
-      if (normalize) {
-        float s = 0.0f;
-        for (i32 t = 0; t < k_routed; ++t) s += sel_w[t];  // slot order: the same sum in every thread
-        w = s != 0.0f ? w / s : 0.0f;
-      }
-      topk_ids[out0 + tid] = expert_map ? expert_map[sel_id[tid]] : sel_id[tid];
-      topk_w[out0 + tid] = w;
-      count_route<COUNT>(expert_counts, sel_id[tid]);
-    }
+    if (tid < k_routed)  // the softmax weights are not scaled (a scaling factor is refused with softmax scores)
+      write_routed_slot<COUNT>(tid, sel_id, sel_w, k_routed, normalize, 1.0f, out0, expert_map, topk_ids, topk_w,
+                               expert_counts);
   }
 }
 

@@ -130,17 +130,9 @@ route_grouped(const LT* __restrict__ logits, const WT* __restrict__ router_weigh
     else sel_w[tid] = score[e];
   }
   __syncthreads();
-  if (tid < k_routed) {
-    float w = sel_w[tid];
-    if (normalize) {
-      float s = 0.0f;
-      for (i32 t = 0; t < k_routed; ++t) s += sel_w[t];  // slot order: the same sum in every thread
-      w = s != 0.0f ? w / s : 0.0f;
-    }
-    topk_ids[out0 + tid] = expert_map ? expert_map[sel_id[tid]] : sel_id[tid];
-    topk_w[out0 + tid] = w * routed_scaling;
-    count_route<COUNT>(expert_counts, sel_id[tid]);
-  }
+  if (tid < k_routed)
+    write_routed_slot<COUNT>(tid, sel_id, sel_w, k_routed, normalize, routed_scaling, out0, expert_map, topk_ids, topk_w,
+                             expert_counts);
 }
 
 }  // namespace qmoe
