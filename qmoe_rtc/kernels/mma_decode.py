@@ -251,10 +251,12 @@ class MmaDecodeFamily(KernelFamily):
         """The layout's fields plus the ring depth and the resident blocks per SM of the 8-route kernels
         (tuning knobs, read here once per spec, so the module key, the launch's shared memory and the
         K split always agree)."""
+        stamps = {"stamps": True} if knobs.get("decode_stamps") else {}  # diagnostics: tools/stamps.py decode
         return expert_spec(self.name, config, stages=_stages(),
                            min_blocks=tuning_knob("mma_min_blocks", MIN_BLOCKS[8],
                                                   MIN_BLOCKS_ALLOWED),
-                           expert_flow=bool(knobs.get("mma_expert_flow")), x_ring=x_ring(config), **tiled_spec(config))
+                           expert_flow=bool(knobs.get("mma_expert_flow")), x_ring=x_ring(config), **tiled_spec(config),
+                           **stamps)
 
     def specs(self, config) -> list[ModuleSpec]:
         return [] if tensor_core_unsupported(config) else [self.spec(config)]
@@ -270,7 +272,12 @@ class MmaDecodeFamily(KernelFamily):
 
     def defines(self, spec: ModuleSpec) -> tuple[str, ...]:
         return (f"-DQMOE_MMA_STAGES={spec['stages']}", f"-DQMOE_MMA_EXPERT_FLOW={int(spec['expert_flow'])}",
-                *tiled_define(spec))
+                *tiled_define(spec), *(("-DQMOE_DECODE_STAMPS=1",) if spec.get("stamps") else ()))
+
+    def parts(self, spec: ModuleSpec) -> tuple[tuple[str, ...], ...]:
+        """As :attr:`solo` says, except the stamped build (tuning knob ``decode_stamps``): one program, so FC1 and FC2
+        write one stamps table (tools/stamps.py decode reads it)."""
+        return () if spec.get("stamps") else super().parts(spec)
 
     def decisions(self, spec: ModuleSpec) -> tuple[str, ...]:
         """The rings (:func:`ring_decisions`, the blocks of :func:`min_blocks`), then the x-ring kernels' blocks an SM

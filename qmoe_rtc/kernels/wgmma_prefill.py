@@ -144,7 +144,7 @@ class WgmmaPrefillFamily(KernelFamily):
 
     def parts(self, spec: ModuleSpec) -> tuple[tuple[str, ...], ...]:
         """As :attr:`solo` says, except the stamped build (tuning knob ``prefill_wg_stamps``): one program, so its one
-        stamps table holds both GEMMs' (tools/wg_stamps.py reads it)."""
+        stamps table holds both GEMMs' (tools/stamps.py wgmma reads it)."""
         return () if spec.get("stamps") else super().parts(spec)
 
     def specs(self, config) -> list[ModuleSpec]:

@@ -248,8 +248,11 @@ KNOBS: dict[str, Knob] = {
              "measured up to 4 % slower, no faster to compile on the H200 host (docs/performance-log.md); "
              "2 measured 3.5 % slower at gpt-oss-120b 512 tokens than 3. A -D option, part of the key.",
              allowed=(0, 1, 2, 3)),
+        Knob("decode_stamps", None, "bool", False,
+             "Diagnostics only: the decode engine's two kernels record per block when each step of the chain began "
+             "(core/stamps.cuh DecodeStamps; read by tools/stamps.py decode); a -D option, part of the key."),
         Knob("prefill_wg_stamps", None, "bool", False,
              "Diagnostics only: the one-block-per-tile wgmma prefill kernels record per block where their time goes "
-             "(core/stamps.cuh; read by tools/wg_stamps.py); a -D option, part of the key."),
+             "(core/stamps.cuh; read by tools/stamps.py wgmma); a -D option, part of the key."),
     )
 }

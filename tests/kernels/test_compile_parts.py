@@ -171,6 +171,23 @@ def test_the_stamped_wgmma_build_is_one_program():
     assert spec_unit(spec).parts == () and len(spec_unit(spec).pieces()) == 1
 
 
+def test_the_stamped_decode_build_is_one_program_with_its_table(cache):
+    """tools/stamps.py decode: knob decode_stamps builds the decode engine with -DQMOE_DECODE_STAMPS=1 as one program
+    (FC1 and FC2 write one table, which the cubin defines), under a key of its own; off, the spec, hence every key,
+    is the one without the knob."""
+    fam = get_family("mma_decode")
+    plain = fam.spec(SMALL)
+    with knobs.scope(decode_stamps=True):
+        spec = fam.spec(SMALL)
+    unit = spec_unit(spec)
+    assert plain.get("stamps") is None and spec["stamps"] is True
+    assert unit.parts == () and "-DQMOE_DECODE_STAMPS=1" in unit.defines
+    assert "-DQMOE_DECODE_STAMPS=1" not in spec_unit(plain).defines and spec_unit(plain).parts
+    assert unit_key(unit, "sm_90") != unit_key(spec_unit(plain), "sm_90")
+    (mod,) = get_cubins(unit, "sm_90")
+    assert b"qmoe_decode_stamps" in mod.cubin and len(text_sections(mod.cubin)) == len(unit.kernels)
+
+
 def test_each_kernel_has_the_machine_code_of_the_whole_module(cache):
     """The wgmma module (the largest) as its pieces and as one program: the same kernels, each with the same
     machine code without NVVM's split (NVRTC instantiates only the kernels a program names; ptxas compiles

@@ -33,6 +33,7 @@
 
 #include "core/experts.cuh"
 #include "core/pdl.cuh"
+#include "core/stamps.cuh"
 #include "core/types.cuh"
 #include "engines/mma_ring.cuh"
 #include "epilogue/fc1.cuh"
@@ -147,8 +148,11 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
   using Rows = Fc1Rows<GATE>;
   constexpr bool kGated = Rows::kGated;
   constexpr int kOutPerTile = kGated ? 8 : 16;
+  DecodeStamps stamps;  // diagnostics only (core/stamps.cuh): empty unless QMOE_DECODE_STAMPS
+  stamps.start();
   pdl_wait();     // the route ids come from the routing kernel launched just before (core/pdl.cuh)
   pdl_release();  // FC2's blocks may start: routing is complete, so they can read the ids at once
+  stamps.mark(1);
   i32 e = ids[blockIdx.y];
   if (e < 0) return;  // an expert this layer does not hold (expert slices [ext]): FC2 skips the route too
   const i32 eid = e;  // the route's expert id (routed or shared): the expert flow's counter
@@ -170,8 +174,12 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
   const u8* pb = GATE == GATE_FC3 ? p3.w + Codes::row(e, I, nb, H) : p1.w + Codes::row(e, N1, Rows::tile_row(nb), H);
   if (R <= kMmaPrefetchRoutes) prefetch_rows<B1>(pa, pb, H, ks, KS, PF);
   const ExpertRoutes er = collect_routes(ids, R, s_ids, s_list, &s_n);
-  if (er.n == 0) return;
+  if (er.n == 0) {
+    stamps.store(0, 1, 0);
+    return;
+  }
   check_x_lanes<XR>(XS, er.n);
+  stamps.mark(2);
 
   for (i32 p = 0; p < er.n; p += 8 * N8) {
     const T* xrow[N8];
@@ -205,7 +213,9 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
       }
     }
   }
+  stamps.mark(3);
   if constexpr (kMmaExpertFlow) flow_count_fc1(fc1_done, eid);
+  stamps.store(0, 3, er.n);
 }
 
 template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, int BR, bool XR = false>
@@ -229,6 +239,8 @@ fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const fl
   const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const i32 MT = kMmaWarps / KS, mt = warp % MT, ks = warp / MT;
   const i32 g = lane >> 2, t = lane & 3;
+  DecodeStamps stamps;  // diagnostics only (core/stamps.cuh): empty unless QMOE_DECODE_STAMPS
+  stamps.start();
   // Before pdl_wait (core/pdl.cuh): only the route ids (complete once FC1 released this grid; read
   // through L2) and the weights, so the prefetch below overlaps FC1's tail.
   i32 e = __ldcg(ids + blockIdx.y);
@@ -244,9 +256,11 @@ fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const fl
   if (e >= 0 && R <= kMmaPrefetchRoutes) prefetch_rows<B2>(pa, pb, I, ks, KS, PF);
   if constexpr (!kMmaExpertFlow) pdl_wait();  // act (FC1's output) from here on
   const ExpertRoutes er = e < 0 ? ExpertRoutes{0} : collect_routes(ids, R, s_ids, s_list, &s_n);
+  stamps.mark(1);
   if constexpr (kMmaExpertFlow) {
     if (er.n > 0) flow_wait_fc1(fc1_done, fc2_seen, eid, FC1_TILES);  // this expert's act from here on
   }
+  stamps.mark(2);
   if (er.n > 0) check_x_lanes<XR>(XS, er.n);
   for (i32 p = 0; p < er.n; p += 8 * N8) {
     const T* xrow[N8];
@@ -277,6 +291,7 @@ fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const fl
       }
     }
   }
+  stamps.mark(3);
   // expert flow: FC1 has finished when FC2 does, as for every grid of the chain (core/pdl.cuh)
   if constexpr (kMmaExpertFlow) pdl_wait();
   // The last of the R blocks of this H tile adds the routes' y in slot order and resets the counter.
@@ -284,7 +299,10 @@ fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const fl
   __syncthreads();
   if (threadIdx.x == 0) s_last = atomicAdd(&counters[blockIdx.x], 1u) == (u32)(R - 1);
   __syncthreads();
-  if (!s_last) return;
+  if (!s_last) {
+    stamps.store(1, er.n > 0 ? 3 : 1, er.n);
+    return;
+  }
   __threadfence();
   const i32 rows = R / k, tile = 16 * MT, h0 = blockIdx.x * tile;
   for (i32 idx = threadIdx.x; idx < rows * tile; idx += kMmaThreads) {
@@ -296,6 +314,7 @@ fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const fl
     out[(i64)row * H + n] = Traits<T>::from_float(v);
   }
   if (threadIdx.x == 0) counters[blockIdx.x] = 0u;
+  stamps.store(1, er.n > 0 ? 3 : 1, er.n);
 }
 
 }  // namespace qmoe
