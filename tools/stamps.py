@@ -90,7 +90,8 @@ def wgmma(args) -> int:
     shape = BENCH_SHAPES[args.preset]
     rs = cp.random.default_rng(1)
     with knobs.scope(**over):
-        weights, attrs = build_layer(cp, rs, shape, args.dtype, (args.bits, args.bits), shape.block_size, False)
+        weights, attrs = build_layer(cp, rs, shape, args.dtype, (args.bits, args.bits), shape.block_size, False,
+                                     swiglu_fusion=args.swiglu_fusion)
         for n in [n for n in weights if n in EXT_INPUTS]:
             weights.pop(n)
         layer = QMoE(**weights, **attrs)
@@ -176,7 +177,8 @@ def decode(args) -> int:
     rs = cp.random.default_rng(1)
     flush = cp.empty(256 << 20, dtype=cp.uint8)
     with knobs.scope(**over):
-        weights, attrs = build_layer(cp, rs, shape, args.dtype, (args.bits, args.bits), shape.block_size, False)
+        weights, attrs = build_layer(cp, rs, shape, args.dtype, (args.bits, args.bits), shape.block_size, False,
+                                     swiglu_fusion=args.swiglu_fusion)
         for n in [n for n in weights if n in EXT_INPUTS]:
             weights.pop(n)
         layer = QMoE(**weights, **attrs)
@@ -220,8 +222,10 @@ def decode(args) -> int:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="engine", required=True, metavar="ENGINE")
-    for name, preset, tokens in (("wgmma", "mixtral-8x7b", "4096"), ("decode", "qwen3-30b-a3b", "1,2")):
+    for name, preset, tokens, fusion in (("wgmma", "mixtral-8x7b", "4096", 1), ("decode", "qwen3-30b-a3b", "1,2", 2)):
         s = sub.add_parser(name, help=f"the {name} engine's stamps")
+        s.add_argument("--swiglu-fusion", type=int, default=fusion, choices=(1, 2),
+                       help=f"swiglu layers' FC1 layout (default {fusion}; 2: the peers benchmark's layer)")
         s.add_argument("--preset", default=preset)
         s.add_argument("--tokens", default=tokens, help="token count (decode: a comma list)")
         s.add_argument("--dtype", default="bfloat16")
