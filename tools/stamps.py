@@ -23,9 +23,35 @@ ab``), not with this one.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
 import numpy as np
+
+
+@contextlib.contextmanager
+def stamped_layer(args, over: dict):
+    """(cupy, its random generator, the bench shape, the layer): a bench shape's random int layer built inside the
+    knobs ``over`` and ``--knob NAME=VALUE``, which stay set while the caller runs it (its kernels compile then)."""
+    import cupy as cp
+
+    from qmoe_rtc.bench.layers import build_layer
+    from qmoe_rtc.bench.report import BENCH_SHAPES
+    from qmoe_rtc.contract.extensions import EXT_INPUTS
+    from qmoe_rtc.executor import QMoE
+    from qmoe_rtc.settings import knobs
+
+    for kv in args.knob:
+        k, _, v = kv.partition("=")
+        over[k] = knobs.KNOBS[k].parse(v)
+    shape = BENCH_SHAPES[args.preset]
+    rs = cp.random.default_rng(1)
+    with knobs.scope(**over):
+        weights, attrs = build_layer(cp, rs, shape, args.dtype, (args.bits, args.bits), shape.block_size, False,
+                                     swiglu_fusion=args.swiglu_fusion)
+        for n in [n for n in weights if n in EXT_INPUTS]:
+            weights.pop(n)
+        yield cp, rs, shape, QMoE(**weights, **attrs)
 
 
 def stamp_tables(prefix: str, symbol: bytes) -> dict[str, tuple[int, int]]:
@@ -75,26 +101,8 @@ def wg_summary(name: str, s: np.ndarray, sms: int) -> None:
 
 
 def wgmma(args) -> int:
-    import cupy as cp
-
-    from qmoe_rtc.bench.layers import build_layer
-    from qmoe_rtc.bench.report import BENCH_SHAPES
-    from qmoe_rtc.contract.extensions import EXT_INPUTS
-    from qmoe_rtc.executor import QMoE
-    from qmoe_rtc.settings import knobs
-
     over = {"prefill_wg_stamps": True, "prefill_engine": "wgmma"}  # --knob prefill_engine=... for another engine
-    for kv in args.knob:
-        k, _, v = kv.partition("=")
-        over[k] = knobs.KNOBS[k].parse(v)
-    shape = BENCH_SHAPES[args.preset]
-    rs = cp.random.default_rng(1)
-    with knobs.scope(**over):
-        weights, attrs = build_layer(cp, rs, shape, args.dtype, (args.bits, args.bits), shape.block_size, False,
-                                     swiglu_fusion=args.swiglu_fusion)
-        for n in [n for n in weights if n in EXT_INPUTS]:
-            weights.pop(n)
-        layer = QMoE(**weights, **attrs)
+    with stamped_layer(args, over) as (cp, rs, shape, layer):
         x = rs.standard_normal((int(args.tokens), shape.H), dtype=cp.float32).astype(args.dtype)
         logits = 2 * rs.standard_normal((int(args.tokens), shape.E), dtype=cp.float32)
         layer(x, logits)
@@ -161,27 +169,9 @@ def timeline(tab: np.ndarray) -> list[str]:
 
 
 def decode(args) -> int:
-    import cupy as cp
-
-    from qmoe_rtc.bench.layers import build_layer
-    from qmoe_rtc.bench.report import BENCH_SHAPES
-    from qmoe_rtc.contract.extensions import EXT_INPUTS
-    from qmoe_rtc.executor import QMoE
-    from qmoe_rtc.settings import knobs
-
     over = {"decode_stamps": True}
-    for kv in args.knob:
-        k, _, v = kv.partition("=")
-        over[k] = knobs.KNOBS[k].parse(v)
-    shape = BENCH_SHAPES[args.preset]
-    rs = cp.random.default_rng(1)
-    flush = cp.empty(256 << 20, dtype=cp.uint8)
-    with knobs.scope(**over):
-        weights, attrs = build_layer(cp, rs, shape, args.dtype, (args.bits, args.bits), shape.block_size, False,
-                                     swiglu_fusion=args.swiglu_fusion)
-        for n in [n for n in weights if n in EXT_INPUTS]:
-            weights.pop(n)
-        layer = QMoE(**weights, **attrs)
+    with stamped_layer(args, over) as (cp, rs, shape, layer):
+        flush = cp.empty(256 << 20, dtype=cp.uint8)
         print(f"{args.preset}, {args.dtype} int{args.bits}, knobs {over}")
         for T in (int(t) for t in args.tokens.split(",")):
             x = rs.standard_normal((T, shape.H), dtype=cp.float32).astype(args.dtype)
