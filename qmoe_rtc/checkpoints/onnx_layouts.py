@@ -16,7 +16,8 @@ operator schema and its CUDA kernel, and from the GenAI builder that writes thes
   the K-packed ``[E, N, K/2]`` bytes under the same ``[E, K, N/2]`` shape (1); e4m3 block scales and the
   per-expert global scale are the contract's.
 - ``quant_type="fp8"`` is the contract's; ``wfp4afp8`` (FP8 activations) and the activation-scale inputs
-  are refused: this project's layers are weight-only.
+  are refused: ONNX Runtime's activation scales are given (static), this project's FP8 activations [ext] are
+  computed from each row (docs/contract.md, "FP8 activations").
 """
 
 from __future__ import annotations
@@ -208,11 +209,13 @@ def to_contract(label: str, weights: dict, attrs: dict, int_layout: str = "auto"
         raise QMoEAttributeError(f"{label} weights_prepacked", "-1, 0 or 1", repr(prepacked))
     for slot in ACT_SCALE_INPUTS:
         if slot in weights:
-            raise QMoEUnsupportedError(f"{label} {slot}: FP8 activation scales (qmoe_rtc's layers are weight-only)")
+            raise QMoEUnsupportedError(f"{label} {slot}: static FP8 activation scales (qmoe_rtc's FP8 activations "
+                                       "[ext], activation_quant='fp8_e4m3', are computed from each row)")
     qt = attrs.get("quant_type", "int")
     if qt == "wfp4afp8":
-        raise QMoEUnsupportedError(f"{label} quant_type='wfp4afp8': MXFP4 weights with FP8 activations "
-                                   "(qmoe_rtc's layers are weight-only)")
+        raise QMoEUnsupportedError(f"{label} quant_type='wfp4afp8': MXFP4 weights with FP8 activations of static "
+                                   "scales (qmoe_rtc's FP8 activations [ext], activation_quant='fp8_e4m3', are "
+                                   "computed from each row)")
     if (attrs.get("activation_type") == "swiglu" and attrs.get("swiglu_fusion", 0) == 0
             and weights.get("fc3_experts_weights") is None):
         attrs["swiglu_fusion"] = 1  # ONNX Runtime CUDA's rule for models written before the attribute existed

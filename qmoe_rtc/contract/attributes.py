@@ -1,6 +1,7 @@
 """QMoE attributes: ONNX Runtime's names and defaults parsed into one frozen, validated value
 (plus ``zero_point_offset``, ``shared_expert_weight_bits``, ``shared_block_size`` and the grouped sigmoid
-routing's ``scoring_func``, ``n_group``, ``topk_group`` and ``routed_scaling_factor`` [ext]).
+routing's ``scoring_func``, ``n_group``, ``topk_group`` and ``routed_scaling_factor``, and FP8 activations
+``activation_quant`` / ``activation_quant_group`` [ext]).
 :mod:`qmoe_rtc.contract` re-exports it."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import math
 from dataclasses import dataclass, fields, replace
 
 from ..errors import QMoEAttributeError
+from ..formats.activations import ACTIVATION_QUANTS
 from ..formats.axis import INT, QUANT_TYPES, WeightFormat, format_of_quant_type
 from ..specialize.vocab import ACTIVATIONS, GLU_ACTIVATIONS
 
@@ -81,12 +83,27 @@ def _routing(a: dict) -> dict:
     return out
 
 
+def _activation_quant(a: dict) -> dict:
+    """FP8 activations [ext]: ``activation_quant`` and its scale group along K (0: a scale a row)."""
+    quant = _as_word("activation_quant", a.get("activation_quant", "none"), ACTIVATION_QUANTS)
+    group = _as_int("activation_quant_group", a.get("activation_quant_group", 0))
+    if group < 0:
+        raise QMoEAttributeError("activation_quant_group", "0 (a scale a row) or a positive group size along K",
+                                 str(group))
+    if group and quant == "none":
+        raise QMoEAttributeError("activation_quant_group", "0 unless activation_quant='fp8_e4m3'",
+                                 f"{group} with activation_quant='none'")
+    return {"activation_quant": quant, "activation_quant_group": group}
+
+
 @dataclass(frozen=True)
 class QMoEAttributes:
     """QMoE attributes with ONNX Runtime's names and defaults (plus the [ext] ones: ``zero_point_offset``,
     ``shared_expert_weight_bits`` / ``shared_block_size`` for shared experts, unset = the routed ones, and the
     grouped sigmoid routing: ``scoring_func``, ``n_group`` (0 or 1: no groups), ``topk_group`` (0: every
-    group) and ``routed_scaling_factor``; docs/contract.md, "Grouped sigmoid routing")."""
+    group) and ``routed_scaling_factor``; docs/contract.md, "Grouped sigmoid routing"; FP8 activations:
+    ``activation_quant`` ('none' or 'fp8_e4m3') and ``activation_quant_group`` (0: a scale a row, else values a scale
+    along K); docs/contract.md, "FP8 activations")."""
 
     k: int = 1
     activation_type: str = "relu"
@@ -110,6 +127,8 @@ class QMoEAttributes:
     n_group: int = 0
     topk_group: int = 0
     routed_scaling_factor: float = 1.0
+    activation_quant: str = "none"
+    activation_quant_group: int = 0
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -156,6 +175,7 @@ class QMoEAttributes:
             zpo = _as_float("zero_point_offset", zpo, finite=True)
         out["zero_point_offset"] = zpo
         out.update(_routing(a))
+        out.update(_activation_quant(a))
         attrs_obj = cls(**out)
         attrs_obj._check_combinations()
         return attrs_obj

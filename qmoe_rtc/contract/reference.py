@@ -13,11 +13,12 @@ from dataclasses import replace
 import numpy as np
 
 from .._arrays import is_cupy, np_dtype
+from ..formats.activations import fake_quantize
 from .checks import QMoEAttributes, check_content, describe_layer
 from .extensions import EXT_INPUTS, check_ext_call, describe_extensions, shared_weights
 from .slices import describe_slice
 
-__all__ = ["qmoe", "route", "activate", "order_key", "expert_mlp", "router_logits", "shared_part"]
+__all__ = ["qmoe", "route", "activate", "order_key", "expert_mlp", "gemm_input", "router_logits", "shared_part"]
 
 _SPARSE_MIXER_EPS = 0.01
 _GELU_C = 0.7978845608028654  # sqrt(2/pi)
@@ -181,14 +182,24 @@ def _dequantized(weights: dict, p, attrs: QMoEAttributes, e: int) -> np.ndarray:
     return p.weight_format.reference_weights(weights, p, e, attrs.zero_point_offset).astype(np.float64)
 
 
+def gemm_input(v: np.ndarray, attrs: QMoEAttributes) -> np.ndarray:
+    """What a GEMM multiplies for input rows ``v`` ``[n, K]``: ``v`` itself, or with FP8 activations [ext] its
+    e4m3fn values times their scales (:func:`qmoe_rtc.formats.activations.fake_quantize`, from ``v`` in float32)."""
+    if attrs.activation_quant == "fp8_e4m3":
+        return fake_quantize(v, attrs.activation_quant_group)
+    return v
+
+
 def expert_mlp(x: np.ndarray, layer, weights: dict, attrs: QMoEAttributes, e: int) -> np.ndarray:
-    """Expert e of a layer on rows ``x`` ``[n, H]`` (float64): ``act(x·W1ᵀ + b1) · W2ᵀ + b2`` ``[n, H]``."""
+    """Expert e of a layer on rows ``x`` ``[n, H]`` (float64): ``act(x·W1ᵀ + b1) · W2ᵀ + b2`` ``[n, H]``, both GEMMs'
+    inputs as :func:`gemm_input` gives them."""
     b1, b2, b3 = (_f64(weights.get(f"fc{i}_experts_bias")) for i in (1, 2, 3))
-    h = x @ _dequantized(weights, layer.fc1, attrs, e).T + (b1[e] if b1 is not None else 0.0)  # [n, F·I]
+    xq = gemm_input(x, attrs)  # [n, H]
+    h = xq @ _dequantized(weights, layer.fc1, attrs, e).T + (b1[e] if b1 is not None else 0.0)  # [n, F·I]
     u = None
     if layer.fc3 is not None:
-        u = x @ _dequantized(weights, layer.fc3, attrs, e).T + (b3[e] if b3 is not None else 0.0)  # [n, I]
-    a = activate(h, attrs, layer.F, u)  # [n, I]
+        u = xq @ _dequantized(weights, layer.fc3, attrs, e).T + (b3[e] if b3 is not None else 0.0)  # [n, I]
+    a = gemm_input(activate(h, attrs, layer.F, u), attrs)  # [n, I]
     return a @ _dequantized(weights, layer.fc2, attrs, e).T + (b2[e] if b2 is not None else 0.0)  # [n, H]
 
 

@@ -23,7 +23,7 @@ from .given_codes import contract_metas, given_hint
 from .tensors import layer_scale_dtype, layer_table, upload_extras, upload_projections
 
 __all__ = ["PREPACK_SETTINGS", "GpuLayer", "check_supported", "describe_gpu_layer", "executor_config", "layer_config",
-           "prepack_choice", "routing_unsupported", "shared_unsupported", "tile_codes", "tiling_config",
+           "prepack_choice", "attrs_unsupported", "routing_unsupported", "shared_unsupported", "tile_codes", "tiling_config",
            "tiling_unsupported", "upload_layer", "use_tiled"]
 
 log = logging.getLogger("qmoe_rtc")
@@ -71,9 +71,10 @@ def layer_config(layer, dtype: str, scale_dtype: str, ext=None, all_experts: int
     with its :class:`~qmoe_rtc.contract.extensions.ExtensionSpec` ``ext``; ``all_experts``: the whole layer's E
     when it is an expert slice) called with activation dtype ``dtype``, its scales held as
     ``scale_dtype``, its codes ``tiled`` or not, its routing counting each expert's routes or not
-    (``expert_counts``; GPU-free). A routing no kernel computes
-    (:func:`routing_unsupported`) is :class:`QMoEUnsupportedError`, so nothing plans a layer with the wrong routing."""
-    _refuse_routing(layer)
+    (``expert_counts``; GPU-free). A routing or an activation precision no kernel computes
+    (:func:`attrs_unsupported`) is :class:`QMoEUnsupportedError`, so nothing plans a layer that would compute another
+    layer."""
+    _refuse_attrs(layer)
     L, a = layer, layer.attrs
     layout = Layout(
         dtype=dtype, scale_dtype=scale_dtype if scale_dtype in ("float32", dtype) else "float32",
@@ -117,8 +118,19 @@ def routing_unsupported(attrs) -> str | None:
     return None
 
 
-def _refuse_routing(layer) -> None:
-    why = routing_unsupported(layer.attrs)
+def attrs_unsupported(attrs) -> str | None:
+    """Why no GPU engine of this build runs a layer with ``attrs`` (None: one can): its routing
+    (:func:`routing_unsupported`), or FP8 activations [ext] (``activation_quant``), which only the float64 reference
+    computes so far."""
+    why = routing_unsupported(attrs)
+    if why is None and attrs.activation_quant != "none":
+        why = (f"activation_quant='{attrs.activation_quant}' (FP8 activations: no engine of this build quantizes its "
+               "GEMM inputs)")
+    return why
+
+
+def _refuse_attrs(layer) -> None:
+    why = attrs_unsupported(layer.attrs)
     if why:
         raise QMoEUnsupportedError(f"the GPU engines of this build do not run {why}; qmoe_rtc.contract.reference.qmoe "
                                    "computes such layers")
@@ -128,9 +140,10 @@ def check_supported(layer, ext=None, all_experts: int = 0) -> None:
     """:class:`QMoEUnsupportedError` naming the limit when no pipeline of a path runs the layer at any
     activation dtype it can be called with (e.g. more than 512 experts, k above 32: the routing
     kernel's limits; docs/contract.md, "Limits of this build"), or its shared experts cannot run in
-    the routed launches, or its routing is one no GPU kernel computes (:func:`routing_unsupported`). GPU-free."""
+    the routed launches, or its routing or activation precision is one no GPU kernel computes
+    (:func:`attrs_unsupported`). GPU-free."""
     L = layer
-    _refuse_routing(layer)
+    _refuse_attrs(layer)
     why = shared_unsupported(layer, ext)
     if why:
         raise QMoEUnsupportedError(f"the GPU engines of this build do not run {why}; qmoe_rtc.contract.reference.qmoe "
