@@ -20,6 +20,7 @@ SUBCOMMANDS = {
     "soak": ("qmoe_rtc.bench.soak", "memory soak: does a serving loop's memory stay flat?"),
     "dense": ("qmoe_rtc.bench.dense", "cuBLAS's dense bf16 GEMMs of a preset's FLOPs, watts and clock: the bar at the cap"),
     "reference": ("qmoe_rtc.bench.reference", "the performance reference's tables from peers JSON (GPU-free)"),
+    "accuracy": ("qmoe_rtc.bench.accuracy", "FP8 activations' error against the float64 reference (GPU-free)"),
     "stress": ("qmoe_rtc.cli.stress", "contention stress check (same as `python -m qmoe_rtc stress`)"),
 }
 
