@@ -7,10 +7,12 @@ along K (DeepSeek's 128). docs/contract.md, "FP8 activations", is the definition
 - a group's scale is ``s = fl32(amax / 448)``, amax its largest magnitude (``s = 1`` for an all-zero group);
 - each value becomes the e4m3fn code nearest ``fl32(v / s)`` clamped to ±448 (ties to even mantissa), and the GEMM
   multiplies ``code · s`` exactly with the weights, summing in float32 or better;
-- a group holding a NaN or an infinity gives NaN for every value of the group.
+- a group holding a NaN or an infinity gives NaN for every value of the group: its scale is NaN (its codes are
+  those of the group with the non-finite values read as zero).
 
-The float64 reference applies it (:func:`fake_quantize`, contract/reference.py); no GPU engine of this build runs
-it: the executor refuses such a layer by name. Nothing here runs at import time.
+The float64 reference applies it (:func:`fake_quantize`, contract/reference.py); the GPU kernel that computes the
+same codes and scales is ``cuda_src/activations/quantize_fp8.cuh`` (kernels/act_quant.py); no GPU engine multiplies
+them yet: the executor refuses such a layer by name. Nothing here runs at import time.
 """
 
 from __future__ import annotations
@@ -43,10 +45,10 @@ def _groups(x, group: int) -> tuple[np.ndarray, int]:
     return padded.reshape(rows, G, g), K
 
 
-def quantize_activations(x, group: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(codes, scales, bad)``: e4m3fn codes ``[rows, K]`` uint8, float32 scales ``[rows, G]`` (G =
-    :func:`group_count`) and which groups held a NaN or an infinity ``[rows, G]`` bool (their codes and scales are
-    those of the group with its non-finite values read as zero; :func:`fake_quantize` makes the group NaN)."""
+def quantize_activations(x, group: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``(codes, scales)``: e4m3fn codes ``[rows, K]`` uint8 and float32 scales ``[rows, G]`` (G =
+    :func:`group_count`; NaN for a group holding a NaN or an infinity, whose codes are those of the group with its
+    non-finite values read as zero)."""
     xg, K = _groups(x, group)
     finite = np.isfinite(xg)
     bad = ~finite.all(axis=-1)
@@ -55,16 +57,12 @@ def quantize_activations(x, group: int = 0) -> tuple[np.ndarray, np.ndarray, np.
     scales = np.where(amax > 0, amax / np.float32(E4M3_MAX), np.float32(1)).astype(np.float32)
     q = np.clip(xg / scales[..., None], -E4M3_MAX, E4M3_MAX).astype(np.float32)  # f32 division, then the clamp
     codes = encode_e4m3fn(q).reshape(q.shape[0], -1)[:, :K]
-    return codes, scales, bad
+    return codes, np.where(bad, np.float32(np.nan), scales)
 
 
 def fake_quantize(x, group: int = 0) -> np.ndarray:
     """The values the GEMM multiplies, ``code · scale`` ``[rows, K]`` float64 (exact), for rows ``x`` ``[rows, K]``."""
-    codes, scales, bad = quantize_activations(x, group)
-    rows, K = codes.shape
-    g = K if group <= 0 else group
-    per = np.repeat(scales.astype(np.float64), g, axis=1)[:, :K]  # each value's scale
-    out = decode_e4m3fn(codes).astype(np.float64) * per
-    if bad.any():
-        out[np.repeat(bad, g, axis=1)[:, :K]] = np.nan
-    return out
+    codes, scales = quantize_activations(x, group)
+    K = codes.shape[1]
+    per = np.repeat(scales.astype(np.float64), K if group <= 0 else group, axis=1)[:, :K]  # each value's scale
+    return decode_e4m3fn(codes).astype(np.float64) * per  # a NaN scale: the group's values NaN

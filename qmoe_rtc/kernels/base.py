@@ -218,7 +218,7 @@ class KernelFamily:
 
 #: Built-in families, imported lazily on first lookup (nothing is imported at package import).
 BUILTIN_FAMILIES: tuple[str, ...] = ("dequant", "route", "gemv", "mma_decode", "gemm", "mma_batched", "mma_prefill",
-                                      "wgmma_prefill")
+                                      "wgmma_prefill", "act_quant")
 
 _lock = threading.RLock()
 _registry: dict[str, KernelFamily] = {}
