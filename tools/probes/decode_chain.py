@@ -15,6 +15,8 @@ def main() -> None:
     ap.add_argument("--preset", default="qwen3-30b-a3b")
     ap.add_argument("--tokens", default="1")
     ap.add_argument("--repeat", type=int, default=1, help="forwards per token count inside the range")
+    ap.add_argument("--swiglu-fusion", type=int, default=2, choices=(1, 2),
+                    help="swiglu layers' FC1 layout (default 2: the peers benchmark's layer)")
     a = ap.parse_args()
     import cupy as cp
 
@@ -26,7 +28,7 @@ def main() -> None:
 
     shape = BENCH_SHAPES[a.preset]
     rs = cp.random.RandomState(0)
-    w, at = build_layer(cp, rs, shape, "bfloat16", (4, 4), shape.block_size, False)
+    w, at = build_layer(cp, rs, shape, "bfloat16", (4, 4), shape.block_size, False, swiglu_fusion=a.swiglu_fusion)
     moe = QMoE(**{n: v for n, v in w.items() if n not in EXT_INPUTS}, **at)
     calls = []
     for T in (int(t) for t in a.tokens.split(",")):
