@@ -74,45 +74,48 @@ template <typename T, int N> struct Wgmma;
   "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95," \
   "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111," \
   "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-// d[N/2] += A (registers, operands AREGS) · B (descriptor, DESC); TY = "f16" or "bf16"; the predicate
-// (operand PRED) is scale_d != 0 (0 overwrites d). The accumulator operands come last (__VA_ARGS__).
-#define QMOE_WGMMA(N, TY, DREGS, AREGS, DESC, PRED, ...) \
+// d[N/2] += A (registers, operands AREGS) · B (descriptor, DESC), one instruction of SHAPE_TYPES ("k16.f32.f16.f16",
+// "k16.f32.bf16.bf16": the last immediate, B's transpose, is 0; "k32.f32.e4m3.e4m3": 8-bit types take no transpose
+// immediates); the predicate (operand PRED) is scale_d != 0 (0 overwrites d). The accumulator operands come last
+// (__VA_ARGS__).
+#define QMOE_WGMMA_K(N, SHAPE_TYPES, IMMS, DREGS, AREGS, DESC, PRED, ...) \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " PRED ", 0;\n" \
-               "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " {" DREGS "}, {" AREGS "}, " \
-               DESC ", p, 1, 1, 0;\n}\n" \
+               "wgmma.mma_async.sync.aligned.m64n" #N SHAPE_TYPES " {" DREGS "}, {" AREGS "}, " \
+               DESC ", p, 1, 1" IMMS ";\n}\n" \
                : __VA_ARGS__ \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d))
-#define QMOE_WGMMA_16(TY) QMOE_WGMMA(16, TY, QMOE_WG_D8, "%8, %9, %10, %11", "%12", "%13", QMOE_WG_F8(0))
-#define QMOE_WGMMA_32(TY) QMOE_WGMMA(32, TY, QMOE_WG_D16, "%16, %17, %18, %19", "%20", "%21", QMOE_WG_F16(0))
-#define QMOE_WGMMA_64(TY) QMOE_WGMMA(64, TY, QMOE_WG_D32, "%32, %33, %34, %35", "%36", "%37", QMOE_WG_F32(0))
-#define QMOE_WGMMA_128(TY) \
-  QMOE_WGMMA(128, TY, QMOE_WG_D64, "%64, %65, %66, %67", "%68", "%69", QMOE_WG_F32(0), QMOE_WG_F32(32))
-#define QMOE_WGMMA_256(TY) \
-  QMOE_WGMMA(256, TY, QMOE_WG_D128, "%128, %129, %130, %131", "%132", "%133", QMOE_WG_F32(0), QMOE_WG_F32(32), \
-             QMOE_WG_F32(64), QMOE_WG_F32(96))
-#define QMOE_WGMMA_CALL(N, TY) QMOE_WGMMA_##N(TY)
+// One operand kind a macro: f16 and bf16 in k16 steps, e4m3 (A and B float8 e4m3fn) in k32 steps.
+#define QMOE_WGMMA_OP_f16(N, ...) QMOE_WGMMA_K(N, "k16.f32.f16.f16", ", 0", __VA_ARGS__)
+#define QMOE_WGMMA_OP_bf16(N, ...) QMOE_WGMMA_K(N, "k16.f32.bf16.bf16", ", 0", __VA_ARGS__)
+#define QMOE_WGMMA_OP_e4m3(N, ...) QMOE_WGMMA_K(N, "k32.f32.e4m3.e4m3", "", __VA_ARGS__)
+#define QMOE_WGMMA_16(OP) OP(16, QMOE_WG_D8, "%8, %9, %10, %11", "%12", "%13", QMOE_WG_F8(0))
+#define QMOE_WGMMA_32(OP) OP(32, QMOE_WG_D16, "%16, %17, %18, %19", "%20", "%21", QMOE_WG_F16(0))
+#define QMOE_WGMMA_64(OP) OP(64, QMOE_WG_D32, "%32, %33, %34, %35", "%36", "%37", QMOE_WG_F32(0))
+#define QMOE_WGMMA_128(OP) \
+  OP(128, QMOE_WG_D64, "%64, %65, %66, %67", "%68", "%69", QMOE_WG_F32(0), QMOE_WG_F32(32))
+#define QMOE_WGMMA_256(OP) \
+  OP(256, QMOE_WG_D128, "%128, %129, %130, %131", "%132", "%133", QMOE_WG_F32(0), QMOE_WG_F32(32), \
+     QMOE_WG_F32(64), QMOE_WG_F32(96))
+#define QMOE_WGMMA_CALL(N, KIND) QMOE_WGMMA_##N(QMOE_WGMMA_OP_##KIND)
 #else
 #define QMOE_WGMMA_CALL(N, TY) ((void)d, (void)a, (void)desc, (void)scale_d, __trap())
 #endif
 
-// Wgmma<T, N>::mma(d, a, desc, scale_d): one m64nNk16 MMA of the warpgroup (issue only: commit and wait
-// with wgmma_commit / wgmma_wait).
-#define QMOE_WGMMA_STRUCT(CPP, TY, N) \
+// Wgmma<T, N>::mma(d, a, desc, scale_d): one m64nNk16 MMA of the warpgroup (T = WgE4m3: m64nNk32, A and B
+// float8 e4m3fn, A's four registers holding 16 codes; issue only: commit and wait with wgmma_commit / wgmma_wait).
+struct WgE4m3 {};  // the operand kind of FP8 MMAs (no CUDA type is needed: the codes are bytes)
+#define QMOE_WGMMA_STRUCT(CPP, KIND, N) \
   template <> struct Wgmma<CPP, N> { \
     static __device__ __forceinline__ void mma(float (&d)[N / 2], const u32 (&a)[4], u64 desc, int scale_d = 1) { \
-      QMOE_WGMMA_CALL(N, TY); \
+      QMOE_WGMMA_CALL(N, KIND); \
     } \
   };
-QMOE_WGMMA_STRUCT(__half, "f16", 16)
-QMOE_WGMMA_STRUCT(__half, "f16", 32)
-QMOE_WGMMA_STRUCT(__half, "f16", 64)
-QMOE_WGMMA_STRUCT(__half, "f16", 128)
-QMOE_WGMMA_STRUCT(__half, "f16", 256)
-QMOE_WGMMA_STRUCT(__nv_bfloat16, "bf16", 16)
-QMOE_WGMMA_STRUCT(__nv_bfloat16, "bf16", 32)
-QMOE_WGMMA_STRUCT(__nv_bfloat16, "bf16", 64)
-QMOE_WGMMA_STRUCT(__nv_bfloat16, "bf16", 128)
-QMOE_WGMMA_STRUCT(__nv_bfloat16, "bf16", 256)
+#define QMOE_WGMMA_STRUCTS(CPP, KIND) \
+  QMOE_WGMMA_STRUCT(CPP, KIND, 16) QMOE_WGMMA_STRUCT(CPP, KIND, 32) QMOE_WGMMA_STRUCT(CPP, KIND, 64) \
+  QMOE_WGMMA_STRUCT(CPP, KIND, 128) QMOE_WGMMA_STRUCT(CPP, KIND, 256)
+QMOE_WGMMA_STRUCTS(__half, f16)
+QMOE_WGMMA_STRUCTS(__nv_bfloat16, bf16)
+QMOE_WGMMA_STRUCTS(WgE4m3, e4m3)
 
 // The dynamic shared memory of a kernel whose ring needs `bytes` from a 1024-aligned start (the 128-byte
 // swizzle atoms): the aligned start; traps when the launch gave less than bytes + 1024.
