@@ -33,6 +33,7 @@
 
 #include "core/experts.cuh"
 #include "core/pdl.cuh"
+#include "core/publish.cuh"
 #include "core/stamps.cuh"
 #include "core/types.cuh"
 #include "engines/mma_ring.cuh"
@@ -71,12 +72,8 @@ template <bool XR> __device__ __forceinline__ void check_x_lanes(i32 XS, i32 rou
   }
 }
 
-// FC1: this block's tile of expert e is written (all threads call it).
-__device__ __forceinline__ void flow_count_fc1(u32* fc1_done, i32 e) {
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) atomicAdd(fc1_done + e, 1u);
-}
+// FC1: this block's tile of expert e is written (all threads call it; core/publish.cuh).
+__device__ __forceinline__ void flow_count_fc1(u32* fc1_done, i32 e) { block_publish_add(fc1_done + e); }
 
 // FC2: wait until every FC1 tile of expert e is written (all threads call it; block-uniform).
 __device__ __forceinline__ void flow_wait_fc1(u32* fc1_done, u32* fc2_seen, i32 e, i32 fc1_tiles) {
@@ -294,16 +291,12 @@ fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const fl
   stamps.mark(3);
   // expert flow: FC1 has finished when FC2 does, as for every grid of the chain (core/pdl.cuh)
   if constexpr (kMmaExpertFlow) pdl_wait();
-  // The last of the R blocks of this H tile adds the routes' y in slot order and resets the counter.
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) s_last = atomicAdd(&counters[blockIdx.x], 1u) == (u32)(R - 1);
-  __syncthreads();
-  if (!s_last) {
+  // The last of the R blocks of this H tile adds the routes' y in slot order (read through L2) and resets the
+  // counter (core/publish.cuh).
+  if (!block_publish_last(&counters[blockIdx.x], (u32)R, &s_last)) {
     stamps.store(1, er.n > 0 ? 3 : 1, er.n);
     return;
   }
-  __threadfence();
   const i32 rows = R / k, tile = 16 * MT, h0 = blockIdx.x * tile;
   for (i32 idx = threadIdx.x; idx < rows * tile; idx += kMmaThreads) {
     const i32 row = idx / tile, n = h0 + idx % tile;
