@@ -163,7 +163,10 @@ def test_wgmma_probe_compiles_its_heaviest_variant():
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
     assert (2, 256, 1, 1, 1) in probe.VARIANTS and all(v[1] == 128 for v in probe.VARIANTS if v[0] >= 3)
-    for v in ((2, 256, 1, 1, 1), max(probe.LOAD_VARIANTS, key=lambda v: v[5])):
+    fp8 = max((v for v in probe.FP8_VARIANTS if v[9]), key=lambda v: (v[5], v[3]))  # the e4m3 ring with promotion
+    assert probe.name_of(fp8).endswith("_fp8_prom") and len({probe.name_of(v) for v in probe.all_variants()}) == len(
+        probe.all_variants())
+    for v in ((2, 256, 1, 1, 1), max(probe.LOAD_VARIANTS, key=lambda v: v[5]), fp8):
         cubin = probe.compile_variant(v)
         assert cubin[:4] == b"\x7fELF" and b"wgmma_rate" in cubin, probe.name_of(v)
 

@@ -15,6 +15,13 @@
 //          are the MMA's route tile, the codes the SYNC variant reads follow. Block b copies chunk c from
 //          src + ((b / P_SHARE) · 1 MB + c · L KB) mod P_SPAN_MB MB: blocks in a group of P_SHARE read
 //          the same bytes at about the same time, as the engine's blocks do for a route tile.
+//   P_FP8 1: the MMAs are m64nNk32 on float8 e4m3 (core/wgmma.cuh WgE4m3), 4 k32 steps a chunk, the route
+//          tile P_N rows × 128 bytes. P_DEQ then means: 0 fixed registers; 1 and 2 int4 codes (zero point 8)
+//          made e4m3 per step in registers (e4m3_of_codes below: exact; 1 the same codes for both rows, 2
+//          each row its own); 3 A read as prepacked e4m3 codes, one 16-byte shared-memory load a step.
+//   P_PROMOTE 1: each chunk's MMAs accumulate into their own registers (the first step overwrites) and the
+//          chunk ends with wgmma_wait<0> and acc += scale · part (P_N/2 FFMAs a thread): what a scale a
+//          128-code block costs when it cannot be folded into A (FP8 activations with a scale a group).
 // cycles[block] = clock64 across the loop; out = the accumulators' sum (keeps the work alive).
 #include "core/mma_pair.cuh"
 #include "core/types.cuh"
@@ -46,19 +53,46 @@ using namespace qmoe;
 #ifndef P_SPAN_MB
 #define P_SPAN_MB 16
 #endif
+#ifndef P_FP8
+#define P_FP8 0
+#endif
+#ifndef P_PROMOTE
+#define P_PROMOTE 0
+#endif
 #include "core/cp_async.cuh"
+
+// Four int4 codes (bits 0-15 of q, zero point 8) as the e4m3 bytes of q - 8 in [-8, 7], exactly: two byte
+// lookups on each code's low three bits (q < 8: -8 .. -1; q >= 8: 0 .. 7) and a byte select on its fourth.
+__device__ __forceinline__ u32 e4m3_of_codes(u32 q) {
+  const u32 idx = q & 0x7777u;
+  const u32 neg = __byte_perm(0xCACCCED0u, 0xB8C0C4C8u, idx);  // -8 -7 -6 -5 | -4 -3 -2 -1
+  const u32 pos = __byte_perm(0x44403800u, 0x4E4C4A48u, idx);  //  0  1  2  3 |  4  5  6  7
+  return __byte_perm(neg, pos, ((q >> 1) & 0x4444u) | 0x3210u);
+}
+
+#if P_FP8
+using WgKind = WgE4m3;
+constexpr int kSteps = 4;  // k32 steps a 128-code chunk
+constexpr int kRowBytes = 128;  // a route's chunk: 128 e4m3 codes
+#else
+using WgKind = __nv_bfloat16;
+constexpr int kSteps = 8;
+constexpr int kRowBytes = 256;
+#endif
+static_assert(!P_FP8 || P_DEQ <= 3, "P_DEQ 0-3 with P_FP8");
+static_assert(P_FP8 || P_DEQ <= 2, "P_DEQ 0-2 with bfloat16");
 
 extern "C" __global__ void __launch_bounds__(P_WG * 128, 1)
 wgmma_rate(int chunks, u32 seed, const u8* __restrict__ src, float* __restrict__ out, long long* __restrict__ cycles) {
   extern __shared__ __align__(16) u8 dyn[];
-  constexpr int kXBytes = P_N * 256;          // [2 halves][P_N][128 B]
+  constexpr int kXBytes = P_N * kRowBytes;    // [2 halves (bf16) or 1 (e4m3)][P_N][128 B]
   constexpr int kStage = P_LOAD * 1024 > kXBytes + 4096 ? P_LOAD * 1024 : kXBytes + 4096;
   constexpr int kStages = P_LOAD == 0 ? 1 : (200 * 1024 / kStage < 4 ? 200 * 1024 / kStage : 4);
   static_assert(P_LOAD == 0 || kStages >= 3, "a ring of three stages or more");
   static_assert(P_LOAD * 1024 % (P_WG * 128 * 16) == 0, "whole 16-byte copies per thread");
   u8* smem = wg_smem<kStages * kStage>(dyn);  // + [256][16 B] codes the SYNC variant reads
   u32* sx = reinterpret_cast<u32*>(smem);
-  for (int i = threadIdx.x; i < kXBytes / 4; i += blockDim.x) sx[i] = 0x3C003C00u;  // small bf16 values
+  for (int i = threadIdx.x; i < kXBytes / 4; i += blockDim.x) sx[i] = P_FP8 ? 0x30303030u : 0x3C003C00u;  // small
   u32* sc = reinterpret_cast<u32*>(smem + kXBytes);
   for (int i = threadIdx.x; i < 1024; i += blockDim.x) sc[i] = seed * (i + 1);
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -74,6 +108,11 @@ wgmma_rate(int chunks, u32 seed, const u8* __restrict__ src, float* __restrict__
   float acc[P_N / 2];
 #pragma unroll
   for (int i = 0; i < P_N / 2; ++i) acc[i] = 0.0f;
+#if P_PROMOTE
+  float part[P_N / 2];  // one chunk's sums (P_PROMOTE)
+#else
+  float (&part)[P_N / 2] = acc;
+#endif
   u32 w[4] = {seed ^ threadIdx.x, seed * 3u, seed * 5u + threadIdx.x, seed * 7u};
   u32 w2[4] = {seed * 11u, seed ^ (threadIdx.x << 3), seed * 13u, seed * 17u + threadIdx.x};
   u32 a[P_INF + 1][4];
@@ -113,25 +152,42 @@ wgmma_rate(int chunks, u32 seed, const u8* __restrict__ src, float* __restrict__
       w2[ch & 3] += 0x02020202u;
     }
 #pragma unroll
-    for (int s = 0; s < 8; ++s) {
+    for (int s = 0; s < kSteps; ++s) {
       u32(&f)[4] = a[s % (P_INF + 1)];
-      if (P_DEQ == 2) {
+      if (P_FP8 && P_DEQ == 3) {  // prepacked e4m3: the lane's 16 codes of the step from shared memory
+        const uint4 v = reinterpret_cast<const uint4*>(sc)[(threadIdx.x + 32 * s + ch) & 255];
+        f[0] = v.x; f[1] = v.y; f[2] = v.z; f[3] = v.w;
+      } else if (P_FP8 && P_DEQ) {  // rows g and g + 8: 8 int4 codes each (one word), 16 + 16 e4m3 bytes
+        const u32 qa = w[s], qb = P_DEQ == 2 ? w2[s] : w[s];
+        f[0] = e4m3_of_codes(qa); f[1] = e4m3_of_codes(qb);
+        f[2] = e4m3_of_codes(qa >> 16); f[3] = e4m3_of_codes(qb >> 16);
+      } else if (P_FP8) {  // fixed registers (P_DEQ 0): the MMA rate alone
+        f[0] = seed; f[1] = seed * 3u; f[2] = seed * 5u; f[3] = seed * 7u;
+      } else if (P_DEQ == 2) {
         D::template fragment<true, 1>(f, w, w2, c, c2, s);
       } else if (P_DEQ) {
         D::template fragment<true, 1>(f, w, w, c, c, s);
       } else {
         f[0] = w[0]; f[1] = w[1]; f[2] = w[2]; f[3] = w[3];
       }
-      wgmma_hold(acc);
+      wgmma_hold(part);
       wgmma_fence();
-      Wgmma<__nv_bfloat16, P_N>::mma(acc, f, smem_desc(xs + stage + (s >> 2) * (P_N * 128) + (s & 3) * 32));
+      const u32 at = P_FP8 ? s * 32 : (s >> 2) * (P_N * 128) + (s & 3) * 32;
+      Wgmma<WgKind, P_N>::mma(part, f, smem_desc(xs + stage + at), P_PROMOTE && s == 0 ? 0 : 1);
       wgmma_commit();
       wgmma_wait<P_INF>();
-      wgmma_hold(acc);
+      wgmma_hold(part);
     }
+#if P_PROMOTE
+    wgmma_wait<0>();
+    wgmma_hold(part);
+    const float scale = __int_as_float(0x3C000000 + (ch & 7));  // a block's scale, never folded away
+#pragma unroll
+    for (int i = 0; i < P_N / 2; ++i) acc[i] = fmaf(scale, part[i], acc[i]);
+#endif
   }
   wgmma_wait<0>();
-  wgmma_hold(acc);
+  wgmma_hold(part);
   const long long t1 = clock64();
   float sum = 0.0f;
 #pragma unroll

@@ -1,13 +1,16 @@
 // core/wgmma.cuh: Hopper warpgroup MMA (sm_90a) with the A operand in registers and B in shared
-// memory: m64nNk16, f32 accumulators, float16 / bfloat16 inputs, N = 16, 32, 64, 128 or 256.
+// memory: m64nNk16 with float16 / bfloat16 inputs, m64nNk32 with float8 e4m3 inputs (WgE4m3), f32
+// accumulators, N = 16, 32, 64, 128 or 256.
 //
 // Register A fragment (4 x u32 per thread) of warp w of the warpgroup: the mma.sync m16n8k16 A fragment
 // of rows 16w .. 16w + 15, so the exact dequantization of core/mma_pair.cuh feeds it unchanged.
 // Accumulators d[N/2] of lane (g, t) of warp w: d[4j + c] = row 16w + g + 8·(c / 2), column 8j + 2t + c % 2.
 // B: N rows × 16 k of a K-major tile with 128-byte swizzle (rows of 64 values, 8-row atoms of 1024 bytes,
 // 16-byte unit u of row r stored at u ^ (r & 7); the atom 1024-aligned); smem_desc() describes it.
+// e4m3: each A register holds four codes (rows g / g + 8, k 4t .. 4t + 3 and 16 + 4t ..); B rows are 128 codes,
+// so a k32 step is 32 bytes into the row, as a k16 step of 2-byte values is.
 // The operand lists are written out once per N (the instruction takes N/2 accumulator registers); one
-// macro per N serves both input types (the PTX type name is its argument).
+// macro per N serves every input kind (its PTX shape and types are the argument).
 // Compiled for other targets the wrappers are empty and trap: callers dispatch on sm_90a only.
 #pragma once
 
