@@ -66,6 +66,12 @@ inline constexpr bool kMmaExpertFlow = QMOE_MMA_EXPERT_FLOW;
 #endif
 inline constexpr int kMmaXRingBlocks = QMOE_MMA_X_RING_BLOCKS;
 template <int BR, bool XR> constexpr int mma_decode_blocks() { return XR ? kMmaXRingBlocks : mma_min_blocks<BR>(); }
+// The kernels whose rings take a gate (engines/mma_ring.cuh NoGate: weights copied while the block scans its routes
+// or waits for its act): the 8-route ones (calls of up to 8 tokens) with a scale per chunk (block 0 or >= 128). The
+// 16- and 32-route kernels scan and wait first (gated, ptxas spilled 16 more bytes in mixtral int3's 32-route FC2),
+// and so do smaller scale blocks (gated, gpt-oss-120b's block-32 FC1 took 127 registers instead of 96 and the layer
+// 2.8-5 % longer at 1-2 tokens, H100, session 42).
+template <int N8, int BLOCK> constexpr bool mma_gated_ring() { return N8 == 1 && (BLOCK == 0 || BLOCK >= kMmaChunk); }
 template <bool XR> __device__ __forceinline__ void check_x_lanes(i32 XS, i32 routes) {
   if constexpr (XR) {
     if (routes > XS || XS > 8) __trap();
@@ -170,29 +176,73 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
   const u8* pa = p1.w + Codes::row(e, N1, Rows::tile_row(na), H);
   const u8* pb = GATE == GATE_FC3 ? p3.w + Codes::row(e, I, nb, H) : p1.w + Codes::row(e, N1, Rows::tile_row(nb), H);
   if (R <= kMmaPrefetchRoutes) prefetch_rows<B1>(pa, pb, H, ks, KS, PF);
-  const ExpertRoutes er = collect_routes(ids, R, s_ids, s_list, &s_n);
-  if (er.n == 0) {
-    stamps.store(0, 1, 0);
-    return;
-  }
-  check_x_lanes<XR>(XS, er.n);
-  stamps.mark(2);
-
-  for (i32 p = 0; p < er.n; p += 8 * N8) {
-    const T* xrow[N8];
-#pragma unroll
-    for (int gg = 0; gg < N8; ++gg) {
-      const i32 j = p + 8 * gg + g;
-      xrow[gg] = j < er.n ? x + (i64)(s_list[j] / k) * H : nullptr;
+  // The route scan: this block's routes, or none (another block has its expert). Token 0's routes (r < k) are
+  // never an earlier route's duplicate (a token's k experts differ), so in the 8-route kernels (up to 8 tokens;
+  // mma_gated_ring) their blocks scan in the ring's gate, with the first stages' weights already on their way
+  // (engines/mma_ring.cuh NoGate); the others scan first.
+  ExpertRoutes er{0};
+  bool scanned = false;
+  auto scan = [&]() -> bool {
+    if (!scanned) {
+      scanned = true;
+      er = collect_routes(ids, R, s_ids, s_list, &s_n);
+      if (er.n > 0) {
+        check_x_lanes<XR>(XS, er.n);
+        stamps.mark(2);
+      }
     }
+    return er.n > 0;
+  };
+  if constexpr (mma_gated_ring<N8, BLOCK>()) {
+    if ((i32)blockIdx.y >= k && !scan()) {
+      stamps.store(0, 1, 0);
+      return;
+    }
+  } else {
+    er = collect_routes(ids, R, s_ids, s_list, &s_n);
+    if (er.n == 0) {
+      stamps.store(0, 1, 0);
+      return;
+    }
+    check_x_lanes<XR>(XS, er.n);
+    stamps.mark(2);
+  }
+
+  // (a gated block of token 0 enters its first pass before its scan has counted its routes)
+  for (i32 p = 0; (mma_gated_ring<N8, BLOCK>() && p == 0) || p < er.n; p += 8 * N8) {
+    const T* xrow[N8];
+    auto rows_of_pass = [&]() {
+#pragma unroll
+      for (int gg = 0; gg < N8; ++gg) {
+        const i32 j = p + 8 * gg + g;
+        xrow[gg] = j < er.n ? x + (i64)(s_list[j] / k) * H : nullptr;
+      }
+    };
     float acc[N8][4] = {};
     u8* ring = dyn_smem + warp * kRing;
     u8* xring = dyn_smem + mma_x_rings<Stage>(R) + warp * mma_x_ring_bytes<Stage>(xs);
-    if constexpr (GATE == GATE_FC3)
-      mma_rows<T, B1, N8, false, false, XR>(q1, pa, na, q3, pb, nb, e, xrow, H, ks, KS, acc, ring, xring, xs);
-    else  // both rows from W1
-      mma_rows<T, B1, N8, false, Rows::kPairedRows, XR>(q1, pa, na, q1, pb, nb, e, xrow, H, ks, KS, acc, ring, xring,
-                                                        xs);
+    auto product = [&](auto ring_gate) -> bool {
+      if constexpr (GATE == GATE_FC3)
+        return mma_rows<T, B1, N8, false, false, XR>(q1, pa, na, q3, pb, nb, e, xrow, H, ks, KS, acc, ring, xring, xs,
+                                                     ring_gate);
+      else  // both rows from W1
+        return mma_rows<T, B1, N8, false, Rows::kPairedRows, XR>(q1, pa, na, q1, pb, nb, e, xrow, H, ks, KS, acc, ring,
+                                                                 xring, xs, ring_gate);
+    };
+    if constexpr (mma_gated_ring<N8, BLOCK>()) {
+      auto gate = [&]() -> bool {  // the routes known, the pass's activation rows
+        if (!scan()) return false;
+        rows_of_pass();
+        return true;
+      };
+      if (!product(gate)) {  // block-uniform: a duplicate (never for token 0's routes)
+        stamps.store(0, 1, 0);
+        return;
+      }
+    } else {
+      rows_of_pass();
+      product(NoGate{});
+    }
     reduce_slices<N8>(acc, mt, ks, MT, KS, dyn_smem, kRing);
     if (ks == 0) {
 #pragma unroll
@@ -254,11 +304,16 @@ fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const fl
   if constexpr (!kMmaExpertFlow) pdl_wait();  // act (FC1's output) from here on
   const ExpertRoutes er = e < 0 ? ExpertRoutes{0} : collect_routes(ids, R, s_ids, s_list, &s_n);
   stamps.mark(1);
-  if constexpr (kMmaExpertFlow) {
-    if (er.n > 0) flow_wait_fc1(fc1_done, fc2_seen, eid, FC1_TILES);  // this expert's act from here on
+  // The ring's gate (engines/mma_ring.cuh NoGate): the first stages' weights are on their way while the block
+  // waits for its expert's act (expert flow).
+  auto wait_act = [&]() {
+    if constexpr (kMmaExpertFlow) flow_wait_fc1(fc1_done, fc2_seen, eid, FC1_TILES);  // this expert's act from here on
+    stamps.mark(2);
+    check_x_lanes<XR>(XS, er.n);
+  };
+  if constexpr (!mma_gated_ring<N8, BLOCK>()) {
+    if (er.n > 0) wait_act();
   }
-  stamps.mark(2);
-  if (er.n > 0) check_x_lanes<XR>(XS, er.n);
   for (i32 p = 0; p < er.n; p += 8 * N8) {
     const T* xrow[N8];
 #pragma unroll
@@ -269,7 +324,16 @@ fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const fl
     float acc[N8][4] = {};
     u8* ring = dyn_smem + warp * kRing;
     u8* xring = dyn_smem + mma_x_rings<Stage>(R) + warp * mma_x_ring_bytes<Stage>(xs);
-    mma_rows<T, B2, N8, kMmaExpertFlow, true, XR>(q2, pa, na, q2, pb, nb, e, xrow, I, ks, KS, acc, ring, xring, xs);
+    if constexpr (mma_gated_ring<N8, BLOCK>()) {
+      auto gate = [&, p]() -> bool {
+        if (p == 0) wait_act();
+        return true;
+      };
+      mma_rows<T, B2, N8, kMmaExpertFlow, true, XR>(q2, pa, na, q2, pb, nb, e, xrow, I, ks, KS, acc, ring, xring, xs,
+                                                    gate);
+    } else {
+      mma_rows<T, B2, N8, kMmaExpertFlow, true, XR>(q2, pa, na, q2, pb, nb, e, xrow, I, ks, KS, acc, ring, xring, xs);
+    }
     reduce_slices<N8>(acc, mt, ks, MT, KS, dyn_smem, kRing);
     if (ks == 0) {
 #pragma unroll

@@ -36,6 +36,26 @@ template <int B> __device__ __forceinline__ void prefetch_rows(const u8* pa, con
   }
 }
 
+// What a ring stage's copies hold in one issue: the weights (codes, scale / zero-point words), the activations
+// (the x ring's), or both.
+template <bool W, bool X> struct RingParts {
+  static constexpr bool kW = W, kX = X;
+};
+
+// The gate of a ring's prologue (mma_rows_ring): with an active gate the first stages' weight copies are issued,
+// then gate() runs (block-uniform, it may hold barriers: the decode FC1's route scan, FC2's wait for its expert's
+// FC1 tiles), then their activation copies: the weights are on their way while the block waits. gate() false: the
+// block has nothing to compute; its copies are drained and the product returns false. NoGate: none.
+struct NoGate {
+  __device__ __forceinline__ bool operator()() const { return true; }
+};
+template <class G> struct GateActive {
+  static constexpr bool value = true;
+};
+template <> struct GateActive<NoGate> {
+  static constexpr bool value = false;
+};
+
 // Dynamic shared memory of a decode launch with R routes: kMmaWarps rings of kMmaStages stages, then
 // the block's two route lists (R ids each). The host sizes the launch so (kernels/mma_decode.py
 // decode_smem_bytes); a smaller launch is a host bug: trap, never overrun.
@@ -72,12 +92,13 @@ template <class Stage> __device__ __forceinline__ void check_ring_size(i32 R, i3
 // L < 24: lane group L / 3's rows, piece L % 3) into the same shared layout, instead of each lane
 // copying its own 12 bytes as three 4-byte pieces; lanes then read codes other lanes copied (a
 // __syncwarp per stage). Needs every row's chunks 16-byte aligned (mma_rows checks).
+// xrow may change until the gate returns (its activations are read after it).
 template <typename T, int B, int N8, int RT, bool COOP, bool COHERENT_X, bool PAIRED, bool XST, class QA, class QB,
-          typename XT>
-__device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* const (&pa)[RT], const i32 (&na)[RT],
+          typename XT, class G = NoGate>
+__device__ __forceinline__ bool mma_rows_ring(const QA& qa, const u8* const (&pa)[RT], const i32 (&na)[RT],
                                               const QB& qb, const u8* const (&pb)[RT], const i32 (&nb)[RT], i32 e,
                                               const XT* const (&xrow)[N8], i32 K, i32 ks, i32 KS,
-                                              float (&acc)[RT * N8][4], u8* ring, u8* xring, i32 xs) {
+                                              float (&acc)[RT * N8][4], u8* ring, u8* xring, i32 xs, G gate = G{}) {
   static_assert(!COOP || B == 3, "shared code copies are for 3-bit codes");
   // XST: the activations of route lanes g < xs staged in the warp's x ring (engines/x_ring.cuh; one route group,
   // one row tile); lanes past xs hold no route (an expert has at most xs routes: the caller checks)
@@ -122,7 +143,8 @@ __device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* const (&pa
     }
   }
 
-  auto issue = [&](i32 slot, i32 c0) {
+  auto issue = [&](i32 slot, i32 c0, auto parts) {
+    using P = decltype(parts);
     const u32 base = ring0 + slot * St::kBytes;
     // a rolled loop for narrow codes (KST 4 / 8 chunks a stage: unrolled, the chunks' hoisted
     // addresses made the kernels spill, int2 ~50 bytes, int1 ~450; rolled: none, ~80 registers), for
@@ -142,7 +164,7 @@ __device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* const (&pa
       const i32 j = kFactor ? QA::block_of((i64)c * kMmaChunk) : (live ? QA::block_of(k0) : 0);
       const bool mlive = kFactor || live;
 #pragma unroll
-      for (int i = 0; i < RT; ++i) {
+      for (int i = 0; i < (P::kW ? RT : 0); ++i) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int row = u * NR + 2 * i + r;
@@ -160,7 +182,7 @@ __device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* const (&pa
           }
         }
       }
-      if constexpr (kXst) {
+      if constexpr (kXst && P::kX) {
         if ((lane >> 2) < xs) {  // the lane's 32 activations of its route (zeros past K or without a route)
           const bool ok = xrow[0] != nullptr && live;
           const u8* from = ok ? reinterpret_cast<const u8*>(xrow[0] + k0) : src[0][0];
@@ -307,20 +329,37 @@ __device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* const (&pa
 
   // ring: stage i lives in slot i % S; S - 1 stages in flight while one is computed
   constexpr int S = kMmaStages;
+  if constexpr (GateActive<G>::value) {  // weights, the gate, activations: stage i's copies are in groups <= i all the same
 #pragma unroll
-  for (int i = 0; i < S - 1; ++i) {
-    if (ks + i * step < nch) issue(i, ks + i * step);
-    cp_async_commit();  // empty groups keep the count uniform
+    for (int i = 0; i < S - 1; ++i)
+      if (ks + i * step < nch) issue(i, ks + i * step, RingParts<true, false>{});
+    if (!gate()) {
+      cp_async_commit();
+      cp_async_wait<0>();
+      return false;
+    }
+#pragma unroll
+    for (int i = 0; i < S - 1; ++i) {
+      if (ks + i * step < nch) issue(i, ks + i * step, RingParts<false, true>{});
+      cp_async_commit();  // empty groups keep the count uniform
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < S - 1; ++i) {
+      if (ks + i * step < nch) issue(i, ks + i * step, RingParts<true, true>{});
+      cp_async_commit();  // empty groups keep the count uniform
+    }
   }
   for (i32 i = 0, c = ks; c < nch; ++i, c += step) {
     cp_async_wait<S - 2>();  // stage i has landed (this lane's copies)
     if constexpr (COOP) __syncwarp();  // ... and the warp's; every lane has read slot i - 1
     const i32 cn = c + (S - 1) * step;
-    if (cn < nch) issue((i + S - 1) % S, cn);  // the slot computed in iteration i - 1
+    if (cn < nch) issue((i + S - 1) % S, cn, RingParts<true, true>{});  // the slot computed in iteration i - 1
     cp_async_commit();
     compute(i % S, c);
   }
   cp_async_wait<0>();
+  return true;
 }
 
 // One warp's product over its K slice for RT row tiles (mma_rows_ring); 3-bit codes whose row chunks
@@ -330,37 +369,37 @@ __device__ __forceinline__ void mma_rows_ring(const QA& qa, const u8* const (&pa
 // COHERENT_X: the activations are read through L2 (ld.global.cg), not the read-only path: for inputs
 // another grid may still be writing while this one runs (FC2 with the expert flow).
 template <typename T, int B, int N8, int RT, bool COHERENT_X = false, bool PAIRED = false, bool XST = false, class QA,
-          class QB, typename XT>
-__device__ __forceinline__ void mma_tiles(const QA& qa, const u8* const (&pa)[RT], const i32 (&na)[RT], const QB& qb,
+          class QB, typename XT, class G = NoGate>
+__device__ __forceinline__ bool mma_tiles(const QA& qa, const u8* const (&pa)[RT], const i32 (&na)[RT], const QB& qb,
                                           const u8* const (&pb)[RT], const i32 (&nb)[RT], i32 e,
                                           const XT* const (&xrow)[N8], i32 K, i32 ks, i32 KS, float (&acc)[RT * N8][4],
-                                          u8* ring, u8* xring = nullptr, i32 xs = 0) {
+                                          u8* ring, u8* xring = nullptr, i32 xs = 0, G gate = G{}) {
   if constexpr (B == 3) {
     unsigned long long bits = 0;
 #pragma unroll
     for (int i = 0; i < RT; ++i)
       bits |= reinterpret_cast<unsigned long long>(pa[i]) | reinterpret_cast<unsigned long long>(pb[i]);
-    if (K % kMmaChunk == 0 && __all_sync(0xffffffffu, (bits & 15) == 0)) {
-      mma_rows_ring<T, B, N8, RT, true, COHERENT_X, PAIRED, XST>(qa, pa, na, qb, pb, nb, e, xrow, K, ks, KS, acc, ring,
-                                                                 xring, xs);
-      return;
-    }
+    if (K % kMmaChunk == 0 && __all_sync(0xffffffffu, (bits & 15) == 0))
+      return mma_rows_ring<T, B, N8, RT, true, COHERENT_X, PAIRED, XST>(qa, pa, na, qb, pb, nb, e, xrow, K, ks, KS, acc,
+                                                                        ring, xring, xs, gate);
   }
-  mma_rows_ring<T, B, N8, RT, false, COHERENT_X, PAIRED, XST>(qa, pa, na, qb, pb, nb, e, xrow, K, ks, KS, acc, ring,
-                                                              xring, xs);
+  return mma_rows_ring<T, B, N8, RT, false, COHERENT_X, PAIRED, XST>(qa, pa, na, qb, pb, nb, e, xrow, K, ks, KS, acc,
+                                                                     ring, xring, xs, gate);
 }
 
 // The decode engine's form: one 16-row tile (lane rows na, nb); XST (one route group): the activations of the
-// first xs route lanes staged in the warp's x ring (xring) with the weights.
+// first xs route lanes staged in the warp's x ring (xring) with the weights; gate: see NoGate.
 template <typename T, int B, int N8, bool COHERENT_X = false, bool PAIRED = false, bool XST = false, class QA,
-          class QB, typename XT>
-__device__ __forceinline__ void mma_rows(const QA& qa, const u8* __restrict__ pa, i32 na, const QB& qb,
+          class QB, typename XT, class G = NoGate>
+__device__ __forceinline__ bool mma_rows(const QA& qa, const u8* __restrict__ pa, i32 na, const QB& qb,
                                          const u8* __restrict__ pb, i32 nb, i32 e, const XT* const (&xrow)[N8],
-                                         i32 K, i32 ks, i32 KS, float (&acc)[N8][4], u8* ring, u8* xring, i32 xs) {
+                                         i32 K, i32 ks, i32 KS, float (&acc)[N8][4], u8* ring, u8* xring, i32 xs,
+                                         G gate = G{}) {
   const u8* const pas[1] = {pa};
   const u8* const pbs[1] = {pb};
   const i32 nas[1] = {na}, nbs[1] = {nb};
-  mma_tiles<T, B, N8, 1, COHERENT_X, PAIRED, XST>(qa, pas, nas, qb, pbs, nbs, e, xrow, K, ks, KS, acc, ring, xring, xs);
+  return mma_tiles<T, B, N8, 1, COHERENT_X, PAIRED, XST>(qa, pas, nas, qb, pbs, nbs, e, xrow, K, ks, KS, acc, ring,
+                                                         xring, xs, gate);
 }
 
 }  // namespace qmoe
