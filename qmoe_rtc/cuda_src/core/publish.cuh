@@ -6,7 +6,7 @@
 // that acquires the counter (ld.acquire.gpu, or the acq_rel add below) and then reaches a bar.sync sees
 // them all. A __threadfence() in every thread (fence.sc.gpu: MEMBAR.SC.GPU, ERRBAR, CCTL.IVALL, which also
 // drops the SM's L1 lines every resident block shares) cost FC1 of mixtral-8x7b at 1 token 8.6 % of its
-// warps' stall samples (ncu, session 42).
+// warps' stall samples (ncu; docs/performance-log.md).
 #pragma once
 
 #include "core/types.cuh"

@@ -70,7 +70,7 @@ template <int BR, bool XR> constexpr int mma_decode_blocks() { return XR ? kMmaX
 // or waits for its act): the 8-route ones (calls of up to 8 tokens) with a scale per chunk (block 0 or >= 128). The
 // 16- and 32-route kernels scan and wait first (gated, ptxas spilled 16 more bytes in mixtral int3's 32-route FC2),
 // and so do smaller scale blocks (gated, gpt-oss-120b's block-32 FC1 took 127 registers instead of 96 and the layer
-// 2.8-5 % longer at 1-2 tokens, H100, session 42).
+// 2.8-5 % longer at 1-2 tokens on an H100; docs/performance-log.md).
 template <int N8, int BLOCK> constexpr bool mma_gated_ring() { return N8 == 1 && (BLOCK == 0 || BLOCK >= kMmaChunk); }
 template <bool XR> __device__ __forceinline__ void check_x_lanes(i32 XS, i32 routes) {
   if constexpr (XR) {
@@ -105,10 +105,19 @@ struct ExpertRoutes {
   i32 n;  // routes listed (0: this block is a duplicate and has nothing to do)
 };
 
+// The thread's first route id (collect_routes' PRE), read before the block's weight copies go out, so the scan's L2
+// round trip runs under them rather than behind them.
+__device__ __forceinline__ i32 load_route_id(const i32* __restrict__ ids, i32 R) {
+  return (i32)threadIdx.x < R ? __ldcg(ids + threadIdx.x) : 0;
+}
+
+// PRE: the first kMmaThreads ids come from each thread's `pre` (load_route_id).
+template <bool PRE = false>
 __device__ __forceinline__ ExpertRoutes collect_routes(const i32* __restrict__ ids, i32 R, i32* s_ids, i32* s_list,
-                                                       i32* s_n) {
+                                                       i32* s_n, i32 pre = 0) {
   const i32 r = blockIdx.y;
-  for (i32 q = threadIdx.x; q < R; q += kMmaThreads) s_ids[q] = __ldcg(ids + q);  // L2: FC2 may read before its wait
+  for (i32 q = threadIdx.x; q < R; q += kMmaThreads)
+    s_ids[q] = PRE && q < kMmaThreads ? pre : __ldcg(ids + q);  // L2: FC2 may read before its wait
   __syncthreads();
   const i32 e = s_ids[r];
   bool dup = false;
@@ -182,10 +191,11 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
   // (engines/mma_ring.cuh NoGate); the others scan first.
   ExpertRoutes er{0};
   bool scanned = false;
+  const i32 pre_id = mma_gated_ring<N8, BLOCK>() ? load_route_id(ids, R) : 0;
   auto scan = [&]() -> bool {
     if (!scanned) {
       scanned = true;
-      er = collect_routes(ids, R, s_ids, s_list, &s_n);
+      er = collect_routes<true>(ids, R, s_ids, s_list, &s_n, pre_id);
       if (er.n > 0) {
         check_x_lanes<XR>(XS, er.n);
         stamps.mark(2);
