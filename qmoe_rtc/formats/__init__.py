@@ -6,7 +6,8 @@ rule and the device decode trait it compiles to), the registry :data:`FORMATS` (
 its format). One module per format family codes it and checks it: :mod:`.int_codes` (b-bit integer codes and
 their packing), :mod:`.fp8` (float8 e4m3fn), :mod:`.fp4` (e2m1 with MXFP4 / NVFP4 scales); each has
 ``quantize``, ``check_layer``, ``projection``, ``check_content``, ``reference_weights`` and ``device_scales``,
-which the format's methods call. :mod:`.projection` holds :class:`ProjectionSpec`, what a projection check
+which the format's methods call. :mod:`.e4m3_weights` gives each format's codes as exact e4m3 for FP8 tensor cores
+(the FP8-activation engine's prepack). :mod:`.projection` holds :class:`ProjectionSpec`, what a projection check
 returns. :mod:`.quantize` is the public entry of every format's codec: ``quantize(w, ..., format=...)`` and the
 integer codec's ``pack_codes`` / ``unpack_codes`` / ``dequantize``.
 
@@ -36,7 +37,7 @@ _EXPORTS = {
     "ProjectionSpec": "projection",
 }
 
-_SUBMODULES = ("axis", "fp4", "fp8", "int_codes", "projection", "quantize")
+_SUBMODULES = ("axis", "e4m3_weights", "fp4", "fp8", "int_codes", "projection", "quantize")
 
 __all__ = [*_EXPORTS, *_SUBMODULES]
 
