@@ -36,7 +36,9 @@ REAL_DEQ_VARIANTS = [(nwg, n, inf, 2, 1) for nwg, n in ((4, 128), (2, 256), (3, 
 #: FP8 (e4m3) MMAs for W4A8 prefill (issue 57): the pure rate (fixed A), int4 codes made e4m3 in registers
 #: (P_DEQ 2) or prepacked e4m3 read from shared memory (P_DEQ 3), each without and with a scale per chunk applied
 #: outside the MMA (P_PROMOTE), and fed through a ring (32 KB a chunk: 128 routes' e4m3 and 256 rows' int4
-#: codes; 48 KB: their e4m3 codes). Beside them the same engines' block in bfloat16 (REAL_DEQ_VARIANTS).
+#: codes; 48 KB: their e4m3 codes). Beside them the same engines' block in bfloat16 (REAL_DEQ_VARIANTS). With 4
+#: warpgroups the promoted variants' two accumulator sets spill (ptxas, NVRTC 13.5: 92-304 bytes): their cycles
+#: measure the spills, not the scale.
 FP8_VARIANTS = [(nwg, n, 1, deq, 1, 0, 1, 16, 1, prom) for nwg, n in ((4, 128), (3, 128), (2, 256))
                 for deq in (0, 2, 3) for prom in (0, 1) if not (prom and n == 256)] + \
     [(4, 128, 1, deq, 1, kb, 16, 16, 1, prom) for deq, kb in ((2, 32), (3, 48)) for prom in (0, 1)]

@@ -365,7 +365,8 @@ __device__ __forceinline__ bool mma_rows_ring(const QA& qa, const u8* const (&pa
 // One warp's product over its K slice for RT row tiles (mma_rows_ring); 3-bit codes whose row chunks
 // are all 16-byte aligned (K % 128 == 0, 16-byte aligned rows: warp-uniform) take the shared 16-byte
 // copies (measured on the H200, mixtral-8x7b int3 at 1 token: 151.2 -> 138.8 us;
-// docs/performance-log.md).
+// docs/performance-log.md). A gate's barriers need the choice block-uniform, and it is: with K % 128 == 0 a row
+// is 48·K/128 bytes, so every row is aligned exactly when the codes' base is.
 // COHERENT_X: the activations are read through L2 (ld.global.cg), not the read-only path: for inputs
 // another grid may still be writing while this one runs (FC2 with the expert flow).
 template <typename T, int B, int N8, int RT, bool COHERENT_X = false, bool PAIRED = false, bool XST = false, class QA,
