@@ -24,7 +24,7 @@ from .._arrays import array_module, dtype_name, shape_str
 from ..errors import QMoEInputError
 from .fp4 import decode_e2m1
 from .fp8 import encode_e4m3fn
-from .int_codes import check_bits, unpack_codes, unpack_zero_points
+from .int_codes import check_bits, dequantize
 
 __all__ = ["E4M3_INT_BITS", "e2m1_as_e4m3", "int_codes_as_e4m3"]
 
@@ -41,36 +41,32 @@ def _lookup(table: np.ndarray, index):
 def int_codes_as_e4m3(packed, bits: int, K: int, block_size: int = 0, zero_points=None, zero_point_offset=None):
     """e4m3 codes uint8 ``[E, N, K]`` of ``q − zp`` for packed ``int`` codes ``[E, N, ceil(K·b/8)]``.
 
-    ``zp`` as :func:`qmoe_rtc.formats.int_codes.dequantize` takes it: packed ``zero_points`` (block-wise along
-    ``K / block_size`` blocks, or row-wise), else an integer ``zero_point_offset``, else ``2^(b−1)``. Refused
+    This is :func:`qmoe_rtc.formats.int_codes.dequantize` with unit scales, ``zp`` as it takes it: packed
+    ``zero_points`` (block-wise along ``K / block_size`` blocks, or row-wise), else an integer ``zero_point_offset``,
+    else ``2^(b−1)``. Refused
     (:class:`QMoEInputError`): 8-bit codes, and an offset that is not an integer in ``[0, 2^b)`` (``q − zp`` would
     not be exact in e4m3).
     """
     bits = check_bits(bits)
     if bits not in E4M3_INT_BITS:
         raise QMoEInputError("bits", f"one of {E4M3_INT_BITS} (q − zp exact in e4m3; 8-bit codes reach ±255)", str(bits))
+    if zero_points is None and zero_point_offset is not None:
+        off = zero_point_offset
+        whole = isinstance(off, (int, float, np.integer, np.floating)) and not isinstance(off, bool) and float(off).is_integer()
+        if not whole or not 0 <= int(off) < (1 << bits):
+            raise QMoEInputError("zero_point_offset", f"an integer in [0, {1 << bits}) (q − zp exact in e4m3)",
+                                 repr(zero_point_offset))
     xp = array_module(packed)
     packed = xp.asarray(packed)
     if packed.ndim != 3 or dtype_name(packed) != "uint8":
         raise QMoEInputError("packed", "uint8 [E, N, ceil(K·b/8)]", f"{dtype_name(packed)} {shape_str(packed.shape)}")
     E, N, K = int(packed.shape[0]), int(packed.shape[1]), int(K)
-    q = unpack_codes(packed, bits, K).astype(xp.int16)  # [E, N, K]
-    if zero_points is not None:
-        nb = K // block_size if block_size else 1
-        if block_size and K % block_size:
-            raise QMoEInputError("block_size", f"a divisor of K = {K}", str(block_size))
-        zp = unpack_zero_points(xp.asarray(zero_points), bits, N, nb, bool(block_size)).astype(xp.int16)
-        zp = xp.repeat(zp, block_size or K, axis=-1)  # [E, N, K]
-    else:
-        off = (1 << (bits - 1)) if zero_point_offset is None else zero_point_offset
-        whole = isinstance(off, (int, float, np.integer, np.floating)) and not isinstance(off, bool) and float(off).is_integer()
-        if not whole or not 0 <= int(off) < (1 << bits):
-            raise QMoEInputError("zero_point_offset", f"an integer in [0, {1 << bits}) (q − zp exact in e4m3)",
-                                 repr(zero_point_offset))
-        zp = int(off)
-    diff = q - zp  # [E, N, K] integers within ±15
+    if block_size and K % block_size:
+        raise QMoEInputError("block_size", f"a divisor of K = {K}", str(block_size))
+    ones = xp.ones((E, N, K // block_size) if block_size else (E, N), dtype=xp.float32)  # unit scales: w = q − zp
+    diff = dequantize(packed, ones, bits, block_size, zero_points, zero_point_offset, K)  # [E, N, K] integers within ±15
     table = encode_e4m3fn(np.arange(-16, 17, dtype=np.float32))  # e4m3 of −16 .. 16
-    return xp.ascontiguousarray(_lookup(table, (diff + 16).astype(xp.int32)).reshape(E, N, K))
+    return xp.ascontiguousarray(_lookup(table, (diff + 16).astype(xp.int32)))
 
 
 def e2m1_as_e4m3(codes):

@@ -20,6 +20,7 @@
 #include "engines/slice_reduce.cuh"
 #include "engines/x_ring.cuh"
 #include "engines/mma_stage.cuh"  // after x_ring.cuh: the order of the constants in the cubin
+#include "engines/ring_gate.cuh"
 
 namespace qmoe {
 
@@ -35,26 +36,6 @@ template <int B> __device__ __forceinline__ void prefetch_rows(const u8* pa, con
     asm volatile("prefetch.global.L2 [%0];" ::"l"(pb + CodeRows<B>::seg(k0 / 32)));
   }
 }
-
-// What a ring stage's copies hold in one issue: the weights (codes, scale / zero-point words), the activations
-// (the x ring's), or both.
-template <bool W, bool X> struct RingParts {
-  static constexpr bool kW = W, kX = X;
-};
-
-// The gate of a ring's prologue (mma_rows_ring): with an active gate the first stages' weight copies are issued,
-// then gate() runs (block-uniform, it may hold barriers: the decode FC1's route scan, FC2's wait for its expert's
-// FC1 tiles), then their activation copies: the weights are on their way while the block waits. gate() false: the
-// block has nothing to compute; its copies are drained and the product returns false. NoGate: none.
-struct NoGate {
-  __device__ __forceinline__ bool operator()() const { return true; }
-};
-template <class G> struct GateActive {
-  static constexpr bool value = true;
-};
-template <> struct GateActive<NoGate> {
-  static constexpr bool value = false;
-};
 
 // Dynamic shared memory of a decode launch with R routes: kMmaWarps rings of kMmaStages stages, then
 // the block's two route lists (R ids each). The host sizes the launch so (kernels/mma_decode.py
