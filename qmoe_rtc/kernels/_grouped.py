@@ -33,8 +33,9 @@ def group_and_combine(spec: ModuleSpec) -> tuple[KernelDef, ...]:
     return (
         GROUP_KERNEL,
         KernelDef("combine", f"qmoe::combine_routes<{CPP_TYPES[spec['dtype']]}>",
-                  (Ptr("y", "float32"), Ptr("topk_ids", "int32"), Ptr("topk_w", "float32"), Scalar("rows", "int32"),
-                   Scalar("k", "int32"), Scalar("H", "int32"), Ptr("out", spec["dtype"]))),
+                  (Ptr("y", "float32"), Scalar("parts", "int32"), Scalar("plane", "int64"), Ptr("topk_ids", "int32"),
+                   Ptr("topk_w", "float32"), Scalar("rows", "int32"), Scalar("k", "int32"), Scalar("H", "int32"),
+                   Ptr("out", spec["dtype"]))),
     )
 
 
@@ -44,11 +45,13 @@ def group_launch(tile_routes: int) -> Launch:
     return Launch((1, 1, 1), (GROUP_THREADS, 1, 1), 0, (("BR", tile_routes),))
 
 
-def combine_launch(problem: Problem) -> Launch:
-    """One block row per output row, (at most) COMBINE_THREADS threads of COMBINE_COLS columns each."""
+def combine_launch(problem: Problem, parts: int = 1) -> Launch:
+    """One block row per output row, (at most) COMBINE_THREADS threads of COMBINE_COLS columns each; y in ``parts``
+    planes of [R, H] (an FC2 split over K into parts, which the combine adds in order; usually one)."""
     col_threads = (problem.H + COMBINE_COLS - 1) // COMBINE_COLS
     threads = min(COMBINE_THREADS, (col_threads + 31) // 32 * 32)
-    return Launch((problem.rows, (col_threads + threads - 1) // threads, 1), (threads, 1, 1), 0)
+    return Launch((problem.rows, (col_threads + threads - 1) // threads, 1), (threads, 1, 1), 0,
+                  (("parts", parts), ("plane", problem.routes * problem.H)))
 
 
 def grouped_scratch(role: str, problem: Problem, act_itemsize: int) -> dict[str, Slot]:
@@ -58,7 +61,7 @@ def grouped_scratch(role: str, problem: Problem, act_itemsize: int) -> dict[str,
     if role == "fc1":
         return {"act_sorted": Slot(R * problem.I * act_itemsize)}  # [R, I]
     if role == "fc2":
-        return {"y": Slot(4 * R * problem.H)}  # [R, H] f32
+        return {"y": Slot(4 * R * problem.H)}  # [R, H] f32 (the wgmma engine's split FC2: [parts, R, H])
     return {}
 
 

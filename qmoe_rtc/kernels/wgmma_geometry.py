@@ -13,12 +13,14 @@ from ..errors import QMoEUnsupportedError
 from ..settings import knobs
 from ..specialize import ModuleSpec
 from ._expert import meta_words, tiled_meta
-from ._grouped import staged_projection
+from ._grouped import staged_projection, weight_tiles
 from .arch import SMEM_OPTIN
 from .base import Problem
+from .engine_choice import expected_experts
 from .tuning import Tuning
 
-__all__ = ["CHUNK", "SMEM_OPTIN_SM90", "SM_SMEM", "TILE_ROUTES", "WgRing", "fc1_bound", "groups_of", "image_rows",
+__all__ = ["CHUNK", "MAX_FC2_PARTS", "SMEM_OPTIN_SM90", "SM_SMEM", "TILE_ROUTES", "WgRing", "fc1_bound", "fc2_parts",
+           "groups_of", "image_rows",
            "launch_smem", "padded", "resident", "ring", "ring_bytes", "ring_of", "route_tiles_of", "smem_defines", "spec_tiles",
            "stage_bytes", "stages", "tile_groups", "tile_routes", "unit_decisions", "wg_logical", "wg_natural"]
 
@@ -38,6 +40,7 @@ SHRINK = 3  # QMOE_WG_SHRINK: widths a tail tile's MMAs shrink to (1: BR / 2; 2:
 SMEM_BUDGET = SMEM_OPTIN_SM90 - 1024 - 4096  # kWgSmemBudget: a block's stages (alignment slack, 4 KiB static)
 CHUNK = 128  # K per pipeline stage; the permuted layouts pad K to a multiple of it
 GATHER_ROWS = 8  # kGatherRows: sorted rows per block of the gather into a route-tile image (engines/wg_image.cuh)
+MAX_FC2_PARTS = 8  # parts FC2 may run K in (fc2_parts; y holds one [R, H] plane each)
 
 
 def smem_defines() -> tuple[str, ...]:
@@ -260,3 +263,33 @@ def tile_routes(routes: int, E: int, tuning: Tuning, groups: int | None = None, 
     if per_expert <= tuning.wgmma_tile64_routes:
         return 64
     return 128 if per_expert <= tuning.wgmma_tile128_routes or 256 not in have else 256
+
+
+def fc2_parts(spec: ModuleSpec, problem: Problem, br: int) -> int:
+    """Parts FC2 runs K in at route tile ``br``: 1 (whole tiles, or the halves of
+    :meth:`~qmoe_rtc.kernels.wgmma_prefill.WgmmaPrefillFamily._k_split`), or n, each part a block that stores its
+    sums into its own plane of y [n, R, H], which the combine adds in plane order (engines/wgmma_prefill.cuh).
+
+    By the arch's rule (kernels/tuning/, where the measurements are): where the call's expected whole tiles (the
+    experts hit under uniform routing, or its routes over ``br`` if more, times FC2's weight tiles) fill at most
+    ``wgmma_fc2_part_rounds`` rounds of the SMs' FC2 blocks, enough parts for ``wgmma_fc2_part_target`` rounds, each of
+    at least ``wgmma_fc2_part_chunks`` chunks of K, at most MAX_FC2_PARTS, and no more than keep the planes' extra
+    traffic (each plane past the first written once and read once, 8·R·H bytes) within ``wgmma_fc2_part_bytes`` of the
+    codes FC2 streams; fewer than two: 1. Knob ``prefill_fc2_parts``: n forces n parts (at most K's chunks), 1 none."""
+    nch = padded(problem.I) // CHUNK
+    forced = knobs.get("prefill_fc2_parts") or 0
+    if forced:
+        return max(1, min(forced, nch))
+    t = problem.device.tuning
+    if not t.wgmma_fc2_part_rounds or not problem.rows:
+        return 1
+    per_expert = weight_tiles(spec, "fc2", problem.H, 4 * groups_of(spec, "fc2", br))
+    hit = expected_experts(problem.rows, problem.E, problem.k, problem.logit_count) + problem.shared
+    tiles = max(hit, problem.routes / br) * per_expert
+    slots = problem.sm_count * resident(spec, "fc2", br)
+    if tiles > t.wgmma_fc2_part_rounds * slots:
+        return 1
+    codes = hit * problem.H * nch * CHUNK * spec["fc2_bits"] / 8
+    by_bytes = 1 + int(t.wgmma_fc2_part_bytes * codes / (8 * problem.routes * problem.H))
+    n = min(MAX_FC2_PARTS, nch // t.wgmma_fc2_part_chunks, by_bytes, -int(-t.wgmma_fc2_part_target * slots // tiles))
+    return n if n >= 2 else 1

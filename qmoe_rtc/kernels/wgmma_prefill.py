@@ -73,6 +73,7 @@ from .wgmma_geometry import (
     RING,
     SHRINK,
     SMEM_OPTIN_SM90,
+    fc2_parts,
     groups_of,
     image_rows,
     launch_smem,
@@ -104,7 +105,8 @@ class WgCall:
 
     br: int  # routes a tile (wgmma_geometry.tile_routes)
     pair: bool  # the GEMMs as pairs of blocks in a cluster (WgmmaPrefillFamily.pairs)
-    fc2_ks: int  # blocks FC2 launches a tile: 2 where it may split K (1 for pairs)
+    fc2_ks: int  # blocks FC2 launches a tile: 2 where it may split K in halves, n for n parts (1 for pairs)
+    fc2_parts: int  # y's planes: KS where FC2 runs K in parts (each part its plane, the combine adds them), else 1
     Hp: int  # H padded to whole chunks: x's permuted rows [rows, Hp]
     Ip: int  # I padded to whole chunks: act_sorted [R, Ip]
     rp: int  # rows of the pairs' route-tile images (image_rows), 0 without pairs
@@ -216,7 +218,7 @@ class WgmmaPrefillFamily(KernelFamily):
                 (Ptr("act_sorted", dt), ROUTE_GROUPS_ARG, Ptr("tile_info", "int32"), Ptr("tile_rows", "int32"),
                  Scalar("E", "int32"), Scalar("H", "int32"), Scalar("I", "int32"), Scalar("Ip", "int32"), Scalar("Rp", "int32"),
                  Scalar("NT", "int32"), Scalar("G", "int32"), Scalar("KS", "int32"), Scalar("SMS", "int32"),
-                 fc2_weights(sdt), Ptr("y", "float32")),
+                 Scalar("YS", "int64"), fc2_weights(sdt), Ptr("y", "float32")),
             ))
         return tuple(out)
 
@@ -244,10 +246,11 @@ class WgmmaPrefillFamily(KernelFamily):
         """The call's route tile, pairs or not, FC2's blocks a tile (1 for pairs, else :meth:`_k_split`), padded K and
         the images' rows, the grid's grouping and tiles: each decided here once."""
         br = tile_routes(problem.routes, problem.experts, problem.device.tuning, have=spec_tiles(spec))
-        ks = self._k_split(spec, problem, br)
+        parts = fc2_parts(spec, problem, br)
+        ks = parts if parts > 1 else self._k_split(spec, problem, br)
         pair = self._pairs(spec, problem, br, ks)
         group = route_group()
-        return WgCall(br, pair, 1 if pair else ks, padded(problem.H), padded(problem.I),
+        return WgCall(br, pair, 1 if pair else ks, parts, padded(problem.H), padded(problem.I),
                       image_rows(spec, problem) if pair else 0, tile_slots(problem, br, group), group)
 
     def _k_split(self, spec: ModuleSpec, problem: Problem, br: int) -> int:
@@ -280,13 +283,14 @@ class WgmmaPrefillFamily(KernelFamily):
         c = call or self.configure(spec, problem)
         br, Hp, Ip = c.br, c.Hp, c.Ip
         if role in ("group", "combine"):  # each waits for the kernel before it (core/pdl.cuh)
-            return replace(group_launch(br) if role == "group" else combine_launch(problem), overlap=overlapped(problem))
+            launch = group_launch(br) if role == "group" else combine_launch(problem, c.fc2_parts)
+            return replace(launch, overlap=overlapped(problem))
         if role == "permute" and c.pair:  # the gather into an image: one block per GATHER_ROWS sorted rows (of every
             # route: the held ones are a prefix the kernel reads from the grouping); it also writes the tile table
             return Launch((max(1, -(-problem.routes // GATHER_ROWS)), 1, 1), (256, 1, 1), 0,
                           (("Hp", Hp), ("Rp", c.rp), ("BR", br), ("slots", c.slots)), overlap=overlapped(problem))
         if role == "permute":  # also zeroes y when FC2 may add its halves of K into it, and writes the tile table
-            y_zero = problem.routes * problem.H if c.fc2_ks == 2 else 0
+            y_zero = problem.routes * problem.H if c.fc2_ks == 2 and c.fc2_parts == 1 else 0
             return Launch((max(1, (problem.rows * Hp // 8 + 255) // 256), 1, 1), (256, 1, 1), 0,
                           (("Hp", Hp), ("y_zero", y_zero), ("BR", br), ("slots", c.slots)), overlap=overlapped(problem))
         wgs = groups_of(spec, role, br)
@@ -296,10 +300,12 @@ class WgmmaPrefillFamily(KernelFamily):
         if c.pair:  # a pair's blocks take weight tiles 2j, 2j + 1: where NT is odd, the last one past the outputs (its
             nt += nt % 2  # rows clamped, nothing stored)
         smem = launch_smem(spec, role, br, c.slots * nt, problem.sm_count, problem.device.tuning)
-        if role == "fc2":  # KS blocks a tile: its halves of K (fc2_splits decides on the device)
+        if role == "fc2":  # KS blocks a tile: its parts of K (halves: fc2_splits decides on the device); YS: y's
+            # plane, where each part stores into its own
             slots = problem.sm_count * resident(spec, role, br)
-            launch = tiled_launch(c.slots, c.group, nt, 128 * wgs, smem,
-                                  (("Hp", Hp), ("Ip", Ip), ("Rp", c.rp), ("KS", c.fc2_ks), ("SMS", slots)))
+            ys = problem.routes * problem.H if c.fc2_parts > 1 else 0
+            launch = tiled_launch(c.slots, c.group, nt, 128 * wgs, smem, (("Hp", Hp), ("Ip", Ip), ("Rp", c.rp),
+                                                                        ("KS", c.fc2_ks), ("SMS", slots), ("YS", ys)))
             return replace(launch, grid=(launch.grid[0] * c.fc2_ks, 1, 1), overlap=overlapped(problem))
         launch = tiled_launch(c.slots, c.group, nt, 128 * wgs, smem, (("Hp", Hp), ("Ip", Ip), ("Rp", c.rp)))
         return replace(launch, overlap=overlapped(problem))
@@ -312,7 +318,10 @@ class WgmmaPrefillFamily(KernelFamily):
             table = {"tile_info": Slot(16 * c.slots), "tile_rows": Slot(4 * c.slots * c.br)}  # [slots] int4, [slots, BR] i32
             if c.pair:
                 return {"xs": Slot(c.rp * c.Hp * item), **table}
-            return {"xp": Slot(problem.rows * c.Hp * item), **grouped_scratch("fc2", problem, item), **table}
+            return {"xp": Slot(problem.rows * c.Hp * item), "y": Slot(4 * c.fc2_parts * problem.routes * problem.H),
+                    **table}  # y [parts, R, H] f32
         if role == "fc1":  # [Ip / 64, Rp, 64] for pairs, else [R, Ip]
             return {"act_sorted": Slot((c.rp if c.pair else problem.routes) * c.Ip * item)}
+        if role == "fc2":  # y [parts, R, H] f32 (also the permute step's, which may zero it)
+            return {"y": Slot(4 * c.fc2_parts * problem.routes * problem.H)}
         return grouped_scratch(role, problem, item)

@@ -187,6 +187,11 @@ KNOBS: dict[str, Knob] = {
              "'off'; 'auto' = up to a few rounds of tiles per SM). Where it may, the device splits when the halves "
              "fill the last round better.",
              allowed=_ON_OFF),
+        Knob("prefill_fc2_parts", None, "int", 0,
+             "Tuning (and tests) only: the parts the wgmma prefill FC2 runs K in, each part a block storing into its "
+             "own plane of the per-route output, which the combine adds in order (0 = the arch's rule: few tiles a "
+             "round; 1 = none; n = n parts, at most K's 128-value chunks).",
+             allowed=tuple(range(9))),
         Knob("prefill_wg_overlap", None, "bool", True,
              "Tuning only: the wgmma prefill steps after the routing (grouping, permute, FC1, FC2, combine) launched "
              "overlapping the kernel before them (programmatic dependent launch, sm_90+, with QMOE_RTC_PDL on); 0: each "

@@ -209,6 +209,29 @@ def test_wgmma_fc2_split_k_halves(rng, bias):
     assert not np.array_equal(outs["on"], outs["off"]), "the split FC2 gave the unsplit sums bit for bit: did it run?"
 
 
+@pytest.mark.parametrize("bias, zp", [(False, False), (True, True)])
+def test_wgmma_fc2_k_parts(rng, bias, zp):
+    """The wgmma FC2 with K in parts (knob prefill_fc2_parts: each part a block storing its sums into its own plane
+    of y, the first with the bias, the combine adding the planes in order) against whole tiles: each meets the
+    reference with every element written, replay equals eager bitwise, the plan's FC2 launches KS = parts blocks a
+    tile with y's plane stride, and the parts did run (their sums round differently somewhere). 12 rows on 8
+    experts, Ip = 640: five chunks of K, three parts of one, two and two, five of one."""
+
+    seen = []
+
+    def fc2_parts(plan):
+        args = dict(next(s for s in plan.steps if s.role == "fc2").launch.args)
+        assert (args["KS"] > 1) == (args["YS"] > 0), args
+        seen.append(args["KS"])
+
+    outs = knob_sweep(rng, "prefill_fc2_parts", (1, 3, 5), rows=12, E=8, H=256, I=640, check_plan=fc2_parts,
+                      fixed=dict(prefill_fc2_split="off"), layer=dict(bits=4, block_size=64, bias=bias, zero_points=zp,
+                                                                      activation_type="swiglu", swiglu_fusion=1))
+    assert seen == [1, 3, 5], seen
+    assert not np.array_equal(outs[1], outs[3]) and not np.array_equal(outs[1], outs[5]), \
+        "FC2 in parts gave the whole tiles' sums bit for bit: did the parts run?"
+
+
 @pytest.mark.parametrize("rows, E", [(200, 32), (400, 32), (2100, 8)])
 def test_wgmma_tail_tile_widths(rng, rows, E):
     """Tuning knob prefill_wg_shrink 1 (tail tiles' MMAs at half or the whole tile), 2 (also a quarter, at least

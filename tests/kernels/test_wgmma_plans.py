@@ -91,6 +91,41 @@ def test_wgmma_fc2_k_split_launch():
         fc2(512)
 
 
+def test_wgmma_fc2_k_parts_launch():
+    """FC2 runs K in parts where the call's expected tiles fill at most the arch's rounds (mixtral-8x7b at 4 tokens: 2
+    routes an expert hit, 32 weight tiles each): KS blocks a tile, y [KS, R, H] (YS its plane, in the permute's and
+    FC2's scratch, not zeroed) and the combine adding KS planes; not where the planes' traffic would pass the arch's
+    share of FC2's codes (512 tokens) nor past a round of tiles (gpt-oss-120b at 8 tokens: 28 experts × 23 tiles).
+    The knob forces a count (at most K's chunks) or none (1: the halves' rule of test_wgmma_fc2_k_split_launch)."""
+    from qmoe_rtc.kernels.wgmma_geometry import MAX_FC2_PARTS
+    from qmoe_rtc.settings import knobs
+
+    fam = get_family("wgmma_prefill")
+    mixtral = ModelConfig(hidden=4096, inter=14336, experts=8, k=2, layout=QWEN3.layout)
+    gpt_oss = ModelConfig(hidden=2880, inter=2880, experts=128, k=4, layout=dataclasses.replace(QWEN3.layout, block_size=32))
+
+    def plan(cfg, rows):
+        spec, p = fam.spec(cfg), dataclasses.replace(_problem(cfg, rows), sms=132)
+        fc2, comb = dict(fam.launch(spec, "fc2", p).args), dict(fam.launch(spec, "combine", p).args)
+        y = {r: fam.scratch(spec, r, p)["y"].nbytes for r in ("permute", "fc2")}
+        zero = dict(fam.launch(spec, "permute", p).args).get("y_zero", 0)
+        return fc2["KS"], fc2["YS"], comb["parts"], comb["plane"], y, zero, p.routes * p.H
+
+    ks, ys, parts, plane, y, zero, rh = plan(mixtral, 4)
+    assert 2 <= ks <= MAX_FC2_PARTS and (ys, parts, plane, zero) == (rh, ks, rh, 0)
+    assert y == {"permute": 4 * ks * rh, "fc2": 4 * ks * rh}
+    ks, ys, parts, _, y, zero, rh = plan(mixtral, 512)  # the halves, as before
+    assert (ks, ys, parts, zero) == (2, 0, 1, rh) and y["fc2"] == 4 * rh
+    assert plan(gpt_oss, 8)[:3] == (1, 0, 1)
+    with knobs.scope(prefill_fc2_parts=1):  # none: the halves' rule as before (the device finds them no help here)
+        assert plan(mixtral, 4)[1:3] == (0, 1)
+    with knobs.scope(prefill_fc2_parts=3):
+        assert plan(mixtral, 512)[:3] == (3, 512 * 2 * 4096, 3)
+    short = ModelConfig(hidden=4096, inter=256, experts=8, k=2, layout=QWEN3.layout)  # two chunks of K
+    with knobs.scope(prefill_fc2_parts=8):
+        assert plan(short, 4)[:3] == (2, 4 * 2 * 4096, 2)
+
+
 def test_wgmma_pairs_by_call():
     """128-route tiles of 4 warpgroups run as pairs of blocks in a cluster ('auto') from PAIR_MIN_FC1_TILES FC1
     weight tiles a route tile where FC2 would not split K: mixtral-8x7b at 4096 tokens (112 tiles) and 1024, not at

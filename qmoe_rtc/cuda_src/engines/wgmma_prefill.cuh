@@ -12,7 +12,9 @@
 //   tile_rows   [slots, BR] i32   its routes (the last repeated): the tile table wg_prepare writes from 32
 //                                 experts (engines/wg_tiles.cuh), so a tile's prologue is one round of loads
 //   y           [R, H]      f32   FC2 out by route id, bias added (the combine applies the routing weight)
-//                                 (with FC2 split over K: zeroed by wg_prepare, each half added in)
+//                                 (with FC2's K in halves: zeroed by wg_prepare, each half added in)
+//   y           [KS, R, H]  f32   with FC2's K in KS parts (YS = R·H): plane p holds part p's sums, part 0's with
+//                                 the bias; the combine adds the planes in order
 //
 // Launches (core/pdl.cuh): the grouping, wg_prepare, FC1, FC2 and the combine each start while the kernel before
 // them finishes and wait for it (griddepcontrol.wait) before reading what it wrote. wg_prepare and FC1 wait at
@@ -193,25 +195,28 @@ fc1_wgmma_pair(const T* __restrict__ xs, const RouteGroups rg, const i32* __rest
                                                               ap, act_sorted);
 }
 
-// Whether FC2 splits K in two this call (KS = 2: the host launched two blocks a tile, zeroed y, and K has
-// 32 chunks or more): when V tiles on P SMs leave the last round of whole tiles at most half full, so
-// that halves take an odd number of half rounds, and at most three (measured on the H200:
-// mixtral-8x7b at 512 tokens, V = 1.45 P, -7.8 %; at 1024, 2.4 P, +1.3 %; ort-2048 at 1024 / 2048
-// tokens, 16 chunks, +3 % / +10 %). The same for every tile of the call, so a route's sum has the same
-// form whichever tile it lands in.
-__device__ __forceinline__ bool fc2_splits(i32 KS, i32 V, i32 P) {
+// Whether FC2 splits K this call. In parts (YS > 0: the host chose KS parts and gave y KS planes of YS values)
+// always. In halves (KS = 2, YS = 0: the host launched two blocks a tile, zeroed y, and K has 32 chunks or
+// more): when V tiles on P SMs leave the last round of whole tiles at most half full, so that halves take an
+// odd number of half rounds, and at most three (measured on the H200: mixtral-8x7b at 512 tokens, V = 1.45 P,
+// -7.8 %; at 1024, 2.4 P, +1.3 %; ort-2048 at 1024 / 2048 tokens, 16 chunks, +3 % / +10 %). The same for every
+// tile of the call, so a route's sum has the same form whichever tile it lands in.
+__device__ __forceinline__ bool fc2_splits(i32 KS, i64 YS, i32 V, i32 P) {
+  if (YS) return true;
   const i32 halves = (2 * V + P - 1) / P;  // rounds of half tiles
   return KS == 2 && (halves == 1 || halves == 3);
 }
 
 // FC2: y[route, n] = act_sorted[m] · W2[e, n] + b2[e, n] for the tile's routes (scattered by route id).
-// KS = 2: blocks 2i, 2i + 1 are tile i's halves of K; when fc2_splits, each adds its half into y (zeroed
-// by wg_prepare), the first half with the bias: y = (0 + lo·s + b) + hi·s in either order, one value. The body of
-// fc2_wgmma (CL = 1: act_sorted [R, Ip], Rp unused) and fc2_wgmma_pair (CL = 2: KS = 1, act_sorted a route-tile image).
+// KS > 1: blocks KS·i + p are tile i's parts of K (chunks [p·nch / KS, (p + 1)·nch / KS)), part 0 with the bias.
+// Halves (YS = 0, KS = 2), when fc2_splits: each adds its half into y (zeroed by wg_prepare): y = (0 + lo·s + b)
+// + hi·s in either order, one value. Parts (YS > 0): part p stores its sums into plane p (y + p·YS), which the
+// combine adds in plane order. The body of fc2_wgmma (CL = 1: act_sorted [R, Ip], Rp unused) and fc2_wgmma_pair
+// (CL = 2: KS = 1, act_sorted a route-tile image).
 template <int CL, typename T, typename ScaleT, int B2, int Z2, int BLOCK, int BR>
 __device__ __forceinline__ void fc2_body(const T* __restrict__ act_sorted, const RouteGroups rg, const i32* __restrict__ tile_info,
                                          const i32* __restrict__ tile_rows, i32 E, i32 H, i32 I, i32 Ip, i32 Rp, i32 NT, i32 G,
-                                         i32 KS, i32 SMS, const Fc2Weights<ScaleT> wt, float* __restrict__ y) {
+                                         i32 KS, i32 SMS, i64 YS, const Fc2Weights<ScaleT> wt, float* __restrict__ y) {
   using St = Fc2Stage<ScaleT, B2, Z2, BLOCK, BR>;
   constexpr bool kZpw = Z2 == ZP_PACKED;
   if (CL > 1 && KS != 1) __trap();  // a host bug: the two blocks of a cluster would wait for each other forever
@@ -224,7 +229,7 @@ __device__ __forceinline__ void fc2_body(const T* __restrict__ act_sorted, const
   // Before the wait below, the grouping's outputs (and the tile table) are read at L2 (ld_gpu, volatile
   // table loads): the wait is what makes the predecessor's writes visible, and these come from earlier kernels.
   // whole tiles: the even blocks (only odd ones read the count here, the others' first loads are their tile's)
-  if (blockIdx.x % KS && !fc2_splits(KS, ld_gpu(rg.tile_offsets + E) * NT, SMS)) return;
+  if (blockIdx.x % KS && !fc2_splits(KS, YS, ld_gpu(rg.tile_offsets + E) * NT, SMS)) return;
   i32 nt, e, m0, m_end, route[(BR + St::kThreads - 1) / St::kThreads];
   if (!pf_tile_table<BR, St::kThreads, CL, true>((i32)blockIdx.x / KS, rg.sorted, rg.offsets, rg.tile_offsets, E, NT, G, tile_info,
                                            tile_rows, nt, e, m0, m_end, route))
@@ -253,18 +258,22 @@ __device__ __forceinline__ void fc2_body(const T* __restrict__ act_sorted, const
   float acc[BR / 2];
 #pragma unroll
   for (int i = 0; i < BR / 2; ++i) acc[i] = 0.0f;
+  const i32 part = (i32)blockIdx.x % KS, nch = Ip / 128;
+  i32 chunks;
   {
-    const bool split = fc2_splits(KS, rg.tile_offsets[E] * NT, SMS), half = blockIdx.x % KS;
-    const i32 nch = Ip / 128, c0 = split && half ? nch / 2 : 0, c1 = split && !half ? nch / 2 : nch;
+    const bool split = fc2_splits(KS, YS, rg.tile_offsets[E] * NT, SMS);
+    const i32 c0 = split ? part * nch / KS : 0, c1 = split ? (part + 1) * nch / KS : nch;
     wg_tile<T, B2, BR, kZpw, Q2, Q2, St, CL>(q2, q2, lr, e, CL > 1 ? act_sorted + (i64)m0 * 64 : act_sorted, s_row, (i64)Rp * 64,
                                          m_end - m0, I, c0, c1, acc, smem, st);
+    chunks = c1 - c0;
   }
   // After the main loop, what is the same for the whole block is read again rather than held in
   // registers across it. A thread's rows n, n + 8 are the same for every route of the tile: their biases
-  // are read once (the second half of a split adds none).
-  const bool split = fc2_splits(KS, rg.tile_offsets[E] * NT, SMS), half = blockIdx.x % KS;
+  // are read once (the parts after the first add none).
+  const bool split = fc2_splits(KS, YS, rg.tile_offsets[E] * NT, SMS);
+  if (YS) y += part * YS;  // parts: this part's plane
   const i32 n = n0 + g;
-  const bool bias = p2.bias && !half;
+  const bool bias = p2.bias && !part;
   const float bias_a = bias && n < H ? __ldg(p2.bias + (i64)e * H + n) : 0.0f;
   const float bias_b = bias && n + 8 < H ? __ldg(p2.bias + (i64)e * H + n + 8) : 0.0f;
 #pragma unroll
@@ -276,29 +285,29 @@ __device__ __forceinline__ void fc2_body(const T* __restrict__ act_sorted, const
       float* out = y + (i64)s_route[i] * H;
       const float va = acc[4 * jn + cc] * lr.sa[0] + bias_a, vb = acc[4 * jn + 2 + cc] * lr.sb[0] + bias_b;
       const auto v = [&](int h) { return h ? vb : va; };
-      if (split)
+      if (split && !YS)
         fc2_store_lane(n, H, v, [&](i32 i, float x) { atomicAdd(out + i, x); });
       else
         fc2_store_lane(n, H, v, [&](i32 i, float x) { out[i] = x; });
     }
   }
-  st.store(1, split ? (half ? Ip / 128 - Ip / 256 : Ip / 256) : Ip / 128);
+  st.store(1, chunks);
   if constexpr (CL > 1) cluster_wait();  // the other block is done with this one's shared memory (wg_mainloop)
 }
 template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, int BR>
 __global__ void __launch_bounds__(Fc2Stage<ScaleT, B2, Z2, BLOCK, BR>::kThreads, Fc2Stage<ScaleT, B2, Z2, BLOCK, BR>::kMinBlocks)
 fc2_wgmma(const T* __restrict__ act_sorted, const RouteGroups rg, const i32* __restrict__ tile_info,
           const i32* __restrict__ tile_rows, i32 E, i32 H, i32 I, i32 Ip, i32 Rp, i32 NT, i32 G, i32 KS, i32 SMS,
-          const Fc2Weights<ScaleT> wt, float* __restrict__ y) {
-  fc2_body<1, T, ScaleT, B2, Z2, BLOCK, BR>(act_sorted, rg, tile_info, tile_rows, E, H, I, Ip, Rp, NT, G, KS, SMS, wt, y);
+          i64 YS, const Fc2Weights<ScaleT> wt, float* __restrict__ y) {
+  fc2_body<1, T, ScaleT, B2, Z2, BLOCK, BR>(act_sorted, rg, tile_info, tile_rows, E, H, I, Ip, Rp, NT, G, KS, SMS, YS, wt, y);
 }
 template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, int BR>
 __global__ void __cluster_dims__(2, 1, 1)
     __launch_bounds__(Fc2Stage<ScaleT, B2, Z2, BLOCK, BR>::kThreads, Fc2Stage<ScaleT, B2, Z2, BLOCK, BR>::kMinBlocks)
 fc2_wgmma_pair(const T* __restrict__ act_sorted, const RouteGroups rg, const i32* __restrict__ tile_info,
           const i32* __restrict__ tile_rows, i32 E, i32 H, i32 I, i32 Ip, i32 Rp, i32 NT, i32 G, i32 KS, i32 SMS,
-          const Fc2Weights<ScaleT> wt, float* __restrict__ y) {
-  fc2_body<2, T, ScaleT, B2, Z2, BLOCK, BR>(act_sorted, rg, tile_info, tile_rows, E, H, I, Ip, Rp, NT, G, KS, SMS, wt, y);
+          i64 YS, const Fc2Weights<ScaleT> wt, float* __restrict__ y) {
+  fc2_body<2, T, ScaleT, B2, Z2, BLOCK, BR>(act_sorted, rg, tile_info, tile_rows, E, H, I, Ip, Rp, NT, G, KS, SMS, YS, wt, y);
 }
 
 }  // namespace qmoe

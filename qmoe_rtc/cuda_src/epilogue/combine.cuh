@@ -1,6 +1,7 @@
 // epilogue/combine.cuh: the weighted sum of a row's k routes, for engines that store per-route outputs.
 //
-//   y     [R, H]     f32   per-route FC2 output (bias included, routing weight not yet applied)
+//   y     [P, R, H]  f32   per-route FC2 output (bias included, routing weight not yet applied), in P = parts planes
+//                          `plane` values apart (an FC2 split over K: plane p holds part p's sums); usually P = 1
 //   ids   [R]        i32   expert of route r; -1: an expert this layer does not hold (expert slices [ext]),
 //                          whose y was never written: skipped
 //   topk_w [R]       f32   routing weights, route r = row*k + slot
@@ -10,7 +11,8 @@
 // row. The loads of kCombineSlots slots are issued before their FMAs (the kernel is a stream of R·H·4 bytes: one
 // 4-byte load at a time per thread moved 168 MB in 107.6 µs at mixtral 4096, 1.6 TB/s; this way 46.2 µs). With H a
 // multiple of 8 and y / out 16-byte aligned every load and store is a 16-byte vector; otherwise scalar, bounded by
-// H. Either way each value is fmaf(w, y, total) from 0 in slot order: the same bits.
+// H. Either way each value is fmaf(w, y, total) from 0 in slot order, y its planes added in plane order: the same
+// bits.
 // It may be launched overlapping the FC2 before it (core/pdl.cuh): it waits for it before reading y.
 #pragma once
 
@@ -23,8 +25,8 @@ inline constexpr int kCombineCols = 8;
 inline constexpr int kCombineSlots = 4;
 
 template <typename T>
-__global__ void combine_routes(const float* __restrict__ y, const i32* __restrict__ ids, const float* __restrict__ topk_w, i32 rows,
-                               i32 k, i32 H, T* __restrict__ out) {
+__global__ void combine_routes(const float* __restrict__ y, i32 parts, i64 plane, const i32* __restrict__ ids,
+                               const float* __restrict__ topk_w, i32 rows, i32 k, i32 H, T* __restrict__ out) {
   pdl_wait();  // y, ids and topk_w are earlier kernels' (a no-op unless launched overlapped)
   const i64 row = blockIdx.x;
   const i32 n0 = ((i32)blockIdx.y * (i32)blockDim.x + (i32)threadIdx.x) * kCombineCols;
@@ -50,6 +52,21 @@ __global__ void combine_routes(const float* __restrict__ y, const i32* __restric
         for (int i = 0; i < kCombineCols; ++i) v[b][i] = live[b] && n0 + i < H ? yr[i] : 0.0f;
       }
     }
+    for (i32 p = 1; p < parts; ++p)  // the other planes, in order
+#pragma unroll
+      for (int b = 0; b < kCombineSlots; ++b) {
+        if (!live[b]) continue;
+        const float* yr = y + p * plane + (row * k + s0 + b) * H + n0;
+        float u[kCombineCols];
+        if (vec) {
+          load8_f32<float, true>(yr, u);
+        } else {
+#pragma unroll
+          for (int i = 0; i < kCombineCols; ++i) u[i] = n0 + i < H ? yr[i] : 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < kCombineCols; ++i) v[b][i] += u[i];
+      }
 #pragma unroll
     for (int b = 0; b < kCombineSlots; ++b)
       if (live[b]) {

@@ -66,6 +66,12 @@ TABLE = Tuning(
     # tokens: +3 % / +10 %) (H200).
     wgmma_fc2_split_rounds=2,
     wgmma_fc2_split_chunks=32,
+    # FC2's K in parts (provisional, to be measured): up to one round of expected whole tiles, parts for three rounds
+    # of at least 8 chunks each, the planes' traffic within 5 % of FC2's codes.
+    wgmma_fc2_part_rounds=1.0,
+    wgmma_fc2_part_target=3.0,
+    wgmma_fc2_part_chunks=8,
+    wgmma_fc2_part_bytes=0.05,
     knobs={
         # the decode K split's one-wave rule: qwen3-30b-a3b at 1 token 34.4 -> 31.1 us (H200; one_wave_chunks above)
         "mma_one_wave": True,
