@@ -270,12 +270,12 @@ def fc2_parts(spec: ModuleSpec, problem: Problem, br: int) -> int:
     :meth:`~qmoe_rtc.kernels.wgmma_prefill.WgmmaPrefillFamily._k_split`), or n, each part a block that stores its
     sums into its own plane of y [n, R, H], which the combine adds in plane order (engines/wgmma_prefill.cuh).
 
-    By the arch's rule (kernels/tuning/, where the measurements are): where the call's expected whole tiles (the
-    experts hit under uniform routing, or its routes over ``br`` if more, times FC2's weight tiles) fill at most
-    ``wgmma_fc2_part_rounds`` rounds of the SMs' FC2 blocks, enough parts for ``wgmma_fc2_part_target`` rounds, each of
-    at least ``wgmma_fc2_part_chunks`` chunks of K, at most MAX_FC2_PARTS, and no more than keep the planes' extra
-    traffic (each plane past the first written once and read once, 8·R·H bytes) within ``wgmma_fc2_part_bytes`` of the
-    codes FC2 streams; fewer than two: 1. Knob ``prefill_fc2_parts``: n forces n parts (at most K's chunks), 1 none."""
+    By the arch's rule (kernels/tuning/, where the measurements are): as many parts as the call's expected whole
+    tiles (the experts hit under uniform routing, or its routes over ``br`` if more, times FC2's weight tiles) fit
+    whole in ``wgmma_fc2_part_rounds`` rounds of the SMs' FC2 blocks, each of at least ``wgmma_fc2_part_chunks`` chunks
+    of K, at most MAX_FC2_PARTS, and no more than keep the planes' extra traffic (each plane past the first written
+    once and read once, 8·R·H bytes) within ``wgmma_fc2_part_bytes`` of the codes FC2 streams; fewer than two: 1.
+    Knob ``prefill_fc2_parts``: n forces n parts (at most K's chunks), 1 none."""
     nch = padded(problem.I) // CHUNK
     forced = knobs.get("prefill_fc2_parts") or 0
     if forced:
@@ -287,9 +287,7 @@ def fc2_parts(spec: ModuleSpec, problem: Problem, br: int) -> int:
     hit = expected_experts(problem.rows, problem.E, problem.k, problem.logit_count) + problem.shared
     tiles = max(hit, problem.routes / br) * per_expert
     slots = problem.sm_count * resident(spec, "fc2", br)
-    if tiles > t.wgmma_fc2_part_rounds * slots:
-        return 1
     codes = hit * problem.H * nch * CHUNK * spec["fc2_bits"] / 8
     by_bytes = 1 + int(t.wgmma_fc2_part_bytes * codes / (8 * problem.routes * problem.H))
-    n = min(MAX_FC2_PARTS, nch // t.wgmma_fc2_part_chunks, by_bytes, -int(-t.wgmma_fc2_part_target * slots // tiles))
+    n = min(MAX_FC2_PARTS, nch // t.wgmma_fc2_part_chunks, by_bytes, int(t.wgmma_fc2_part_rounds * slots / tiles))
     return n if n >= 2 else 1

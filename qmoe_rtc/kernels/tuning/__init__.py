@@ -55,10 +55,9 @@ class Tuning:
     ``wgmma_third_block_rounds`` (rounds of two FC1 blocks an SM from which a third starts), ``wgmma_pair_min_fc1_tiles``
     (FC1 weight tiles a route tile from which 128-route tiles run as pairs), ``wgmma_fc2_split_rounds`` /
     ``wgmma_fc2_split_chunks`` (FC2 may split K in halves up to that many rounds of tiles, from that many chunks of K),
-    ``wgmma_fc2_part_rounds`` / ``wgmma_fc2_part_target`` / ``wgmma_fc2_part_chunks`` / ``wgmma_fc2_part_bytes`` (FC2
-    runs K in parts where the call's expected tiles fill at most that many rounds, as many parts as make the target's
-    rounds, each of at least that many chunks, their planes' traffic within that share of FC2's codes; 0 rounds:
-    never; wgmma_geometry.fc2_parts).
+    ``wgmma_fc2_part_rounds`` / ``wgmma_fc2_part_chunks`` / ``wgmma_fc2_part_bytes`` (FC2 runs K in as many parts as
+    the call's expected tiles fit whole in that many rounds, each of at least that many chunks, their planes' traffic
+    within that share of FC2's codes; 0 rounds: never; wgmma_geometry.fc2_parts).
     ``knobs``: the defaults of the tuning knobs :data:`ARCH_KNOBS` measured on the arch (name -> value; the knob
     table keeps each one's portable default and its doc, ``QMOE_RTC_TUNE`` overrides either: :func:`knob`).
     """
@@ -87,7 +86,6 @@ class Tuning:
     wgmma_fc2_split_rounds: int
     wgmma_fc2_split_chunks: int
     wgmma_fc2_part_rounds: float
-    wgmma_fc2_part_target: float
     wgmma_fc2_part_chunks: int
     wgmma_fc2_part_bytes: float
     knobs: dict[str, object]
