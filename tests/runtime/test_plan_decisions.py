@@ -37,8 +37,10 @@ def test_sm90_decisions_are_the_recorded_ones():
     those of tests/data/plan_decisions_sm90.json, written by tests/support/plan_walk.py (``PYTHONPATH=. python
     tests/support/plan_walk.py tests/data/plan_decisions_sm90.json``). The launches are those of the code before the per-arch
     tables (commit 552a74d); the scratch was added to the record at commit 37f0bd1's code, which still gave those
-    launches. A change that only changes what a family's configure() returns rewrites the last digest of each entry,
-    never the one before it."""
+    launches. Rewritten when the wgmma FC2 could run K in parts: every grouped plan's combine gained its planes' scalars
+    (parts, plane) and the wgmma FC2 its plane stride (YS); with those left out, the plans were those before but at the
+    calls the parts rule takes (mixtral-8x7b at 3-4 tokens, ort-2048 at 18-64: 2 parts). A change that only changes
+    what a family's configure() returns rewrites the last digest of each entry, never the one before it."""
     fixture = json.loads(FIXTURE.read_text())
     assert fixture["target"] == "sm_90a" and tuple(fixture["tokens"]) == plan_walk.TOKENS
     now = plan_walk.decisions("sm_90a")
