@@ -35,7 +35,7 @@ __all__ = ["ENGINES", "RACE_LAYOUT", "LAYOUTS", "aggregate", "build_parser", "ca
 #: 1000 rows of bf16 H 256, I 128, E 16, k 2, int8 row-wise symmetric, silu); together they cover bits
 #: 1/2/3/4/8, FP8 and FP4, row-wise and block scales, zero points, GLU and plain activations, FC3, biases,
 #: float16 / bfloat16 / float32, shared experts with a gate and the router GEMM, and H / I that are not
-#: multiples of 32 (SIMT engines).
+#: multiples of 32 (SIMT engines); the last, FC2's K long enough to run in parts on the wgmma engine (16 chunks of 128).
 LAYOUTS = (
     ("bf16-b8-row-silu", dict(bits=8, block_size=0, activation_type="silu", k=2), 16, 256, 128, "bfloat16"),
     ("bf16-b8-row-silu-norm", dict(bits=8, block_size=0, activation_type="silu", k=2, normalize_routing_weights=1), 16,
@@ -68,6 +68,8 @@ LAYOUTS = (
      "bfloat16"),
     ("f16-nvfp4-swiglu2", dict(format="nvfp4", block_size=16, activation_type="swiglu", swiglu_fusion=2, k=2), 8,
      256, 128, "float16"),
+    ("bf16-b4-bs128-swiglu-longK", dict(bits=4, block_size=128, activation_type="swiglu", k=2), 8, 128, 2048,
+     "bfloat16"),
 )
 
 #: The name of the contention race's exact layer in :data:`LAYOUTS` (its replay / eager difference: 2 of 256000 outputs

@@ -61,7 +61,7 @@ def grouped_scratch(role: str, problem: Problem, act_itemsize: int) -> dict[str,
     if role == "fc1":
         return {"act_sorted": Slot(R * problem.I * act_itemsize)}  # [R, I]
     if role == "fc2":
-        return {"y": Slot(4 * R * problem.H)}  # [R, H] f32 (the wgmma engine's split FC2: [parts, R, H])
+        return {"y": Slot(4 * R * problem.H)}  # [R, H] f32
     return {}
 
 

@@ -20,9 +20,9 @@ from .engine_choice import expected_experts
 from .tuning import Tuning
 
 __all__ = ["CHUNK", "MAX_FC2_PARTS", "SMEM_OPTIN_SM90", "SM_SMEM", "TILE_ROUTES", "WgRing", "fc1_bound", "fc2_parts",
-           "groups_of", "image_rows",
-           "launch_smem", "padded", "resident", "ring", "ring_bytes", "ring_of", "route_tiles_of", "smem_defines", "spec_tiles",
-           "stage_bytes", "stages", "tile_groups", "tile_routes", "unit_decisions", "wg_logical", "wg_natural"]
+           "groups_of", "image_rows", "launch_smem", "padded", "resident", "ring", "ring_bytes", "ring_of",
+           "route_tiles_of", "smem_defines", "spec_tiles", "stage_bytes", "stages", "tile_groups", "tile_routes",
+           "unit_decisions", "wg_logical", "wg_natural"]
 
 TILE_ROUTES = (32, 64, 128, 256)  # BR (with 4 warpgroups, 256 does not fit the 128 registers a thread has)
 #: Opt-in dynamic shared memory per block of the one target this engine runs on (sm_90a: 227 KiB; the table of

@@ -14,7 +14,9 @@ GEMMs read in one round of loads, ``engines/wg_tiles.cuh``), run FC1 [+FC3] with
 order, written in FC2's order), FC2 + bias by route id, and ``group_by_expert`` / ``combine_routes`` as in
 ``mma_prefill``. FC2 may run a tile as two blocks, each over half of K, adding into ``y`` (zeroed
 by ``wg_prepare``), when whole tiles would leave the last round of SMs at most half busy (:meth:`WgmmaPrefillFamily.configure`;
-the device decides per call, the same for every tile, so a route's sum does not depend on its tile).
+the device decides per call, the same for every tile, so a route's sum does not depend on its tile), or, where its
+whole tiles would fill well under a round (``wgmma_geometry.fc2_parts``), as n blocks over parts of K, each storing
+into its own plane of ``y`` [n, R, H], which the combine adds in plane order.
 The route tile is chosen from the routes per expert of the call. The 128-route GEMMs on 4 warpgroups
 also come as pairs of blocks in a cluster (``fc1_br128_pair``, ``fc2_br128_pair``, with ``permute_image`` gathering x
 into a route-tile image), which copy a route tile once for both blocks; :meth:`WgmmaPrefillFamily.pairs` chooses them
@@ -243,8 +245,9 @@ class WgmmaPrefillFamily(KernelFamily):
         return mode == "on" or (nt1 >= problem.device.tuning.wgmma_pair_min_fc1_tiles and ks == 1)
 
     def configure(self, spec: ModuleSpec, problem: Problem) -> WgCall:
-        """The call's route tile, pairs or not, FC2's blocks a tile (1 for pairs, else :meth:`_k_split`), padded K and
-        the images' rows, the grid's grouping and tiles: each decided here once."""
+        """The call's route tile, pairs or not, FC2's parts of K (:func:`~.wgmma_geometry.fc2_parts`) and blocks a tile
+        (1 for pairs, the parts, else :meth:`_k_split`), padded K and the images' rows, the grid's grouping and tiles:
+        each decided here once."""
         br = tile_routes(problem.routes, problem.experts, problem.device.tuning, have=spec_tiles(spec))
         parts = fc2_parts(spec, problem, br)
         ks = parts if parts > 1 else self._k_split(spec, problem, br)

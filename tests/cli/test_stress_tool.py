@@ -60,6 +60,28 @@ def test_issue23_layout_is_there_and_valid():
     assert args.layouts == [name] and args.rows == [1000]
 
 
+def test_a_layout_takes_the_wgmma_fc2_in_parts():
+    """One layout's wgmma case runs FC2's K in parts (kernels/wgmma_geometry.py fc2_parts) at some of the rows it draws
+    on a 132-SM sm_90a device, and whole tiles at others, so the stress covers both forms of the combine."""
+    import dataclasses
+
+    from qmoe_rtc.kernels import get_family
+
+    fam = get_family("wgmma_prefill")
+    parts = {}
+    for case in stress.cases():
+        if case[1] != "prefill-wgmma":
+            continue
+        cfg = stress.model_config(case[0])
+        spec = fam.spec(cfg)
+        for rows in stress.rows_for(case):
+            p = Problem(rows=rows, E=cfg.experts, H=cfg.hidden, I=cfg.inter, k=cfg.k, dtype=case[0][5], arch="sm_90a")
+            parts[(case[0][0], rows)] = fam.configure(spec, dataclasses.replace(p, sms=132)).fc2_parts
+    taken = {name for (name, _), n in parts.items() if n > 1}
+    assert taken == {"bf16-b4-bs128-swiglu-longK"}, taken
+    assert {n for (name, _), n in parts.items() if name in taken} >= {1, 2}
+
+
 @pytest.mark.parametrize("case", stress.cases(), ids=lambda c: f"{c[0][0]}-{c[1]}")
 def test_each_case_runs_the_engine_it_names(case):
     """What the worker forces (decode_max_routes, tuning knob prefill_engine) picks the named pipeline at

@@ -67,12 +67,12 @@ TABLE = Tuning(
     wgmma_fc2_split_rounds=2,
     wgmma_fc2_split_chunks=32,
     # FC2's K in as many parts as the expected tiles fit whole in 1.4 rounds, parts of at least 8 chunks, the planes'
-    # traffic within a quarter of FC2's codes (ort-2048 at 64 tokens: an eighth; at 512 as much as the codes) (H100,
-    # bench ab, parts forced, µs): mixtral-8x7b at 4 tokens (0.66
-    # rounds) none / 2 / 3 / 4 / 6 / 8 parts 250.2 / 237.8 / 245.5 / 240.6 / 247.1 / 254.6; at 8 tokens (0.87) 268.7 / 272.1
-    # / 275.2 / 272.1 / 278.5 / 284.8, at 16 and 64 none the fastest as well (2 parts +0.8 to +1.1 %); ort-2048 at 32
-    # / 64 tokens (0.48) none / 2 / 4 48.8 / 45.9 / 51.1 and 51.1 / 46.7 / 52.3; gpt-oss-120b at 8 tokens (2.4 rounds)
-    # 188.5 / 186.2 with 2, at 16-64 tokens 2 parts +0.4 to +3.6 %.
+    # traffic within a quarter of FC2's codes (ort-2048 at 64 tokens: an eighth; at 512 as much as the codes). H100,
+    # bench ab, parts forced, µs: mixtral-8x7b at 4 tokens (0.66 rounds) none / 2 / 3 / 4 / 6 / 8 parts 250.2 / 237.8 /
+    # 245.5 / 240.6 / 247.1 / 254.6; at 8 tokens (0.87 rounds) 268.7 / 272.1 / 275.2 / 272.1 / 278.5 / 284.8, at 16 and
+    # 64 none the fastest as well (2 parts +0.8 to +1.1 %); ort-2048 at 32 / 64 tokens (0.48 rounds) none / 2 / 4 48.8 /
+    # 45.9 / 51.1 and 51.1 / 46.7 / 52.3; gpt-oss-120b at 8 tokens (2.4 rounds) 188.5 / 186.2 with 2, at 16-64 tokens
+    # 2 parts +0.4 to +3.6 %.
     wgmma_fc2_part_rounds=1.4,
     wgmma_fc2_part_chunks=8,
     wgmma_fc2_part_bytes=0.25,
