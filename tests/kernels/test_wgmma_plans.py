@@ -92,10 +92,11 @@ def test_wgmma_fc2_k_split_launch():
 
 
 def test_wgmma_fc2_k_parts_launch():
-    """FC2 runs K in parts where the call's expected tiles fill at most the arch's rounds (mixtral-8x7b at 4 tokens: 2
-    routes an expert hit, 32 weight tiles each): KS blocks a tile, y [KS, R, H] (YS its plane, in the permute's and
-    FC2's scratch, not zeroed) and the combine adding KS planes; not where the planes' traffic would pass the arch's
-    share of FC2's codes (512 tokens) nor past a round of tiles (gpt-oss-120b at 8 tokens: 28 experts × 23 tiles).
+    """FC2 runs K in parts where two or more parts' worth of the call's expected tiles fit the arch's rounds
+    (mixtral-8x7b at 4 tokens: ~5.5 experts hit, 32 weight tiles each, on 132 SMs × 2 blocks): KS blocks a tile, y
+    [KS, R, H] (YS its plane, in the permute's and FC2's scratch, not zeroed) and the combine adding KS planes; not
+    where the planes' traffic would pass the arch's share of FC2's codes (512 tokens) nor where the whole tiles fill
+    too much of a round (gpt-oss-120b at 8 tokens: ~28 experts × 23 tiles, 2.4 rounds).
     The knob forces a count (at most K's chunks) or none (1: the halves' rule of test_wgmma_fc2_k_split_launch)."""
     from qmoe_rtc.kernels.wgmma_geometry import MAX_FC2_PARTS
     from qmoe_rtc.settings import knobs
