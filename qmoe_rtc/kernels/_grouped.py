@@ -54,14 +54,15 @@ def combine_launch(problem: Problem, parts: int = 1) -> Launch:
                   (("parts", parts), ("plane", problem.routes * problem.H)))
 
 
-def grouped_scratch(role: str, problem: Problem, act_itemsize: int) -> dict[str, Slot]:
+def grouped_scratch(role: str, problem: Problem, act_itemsize: int, planes: int = 1) -> dict[str, Slot]:
+    """A grouped step's scratch; ``planes``: y's [R, H] planes (an FC2 that runs K in parts, each its own plane)."""
     R, E = problem.routes, problem.experts
     if role == "group":  # offsets / tile_offsets [E + 1] i32, sorted [R] i32
         return {"offsets": Slot(4 * (E + 1)), "tile_offsets": Slot(4 * (E + 1)), "sorted": Slot(4 * R)}
     if role == "fc1":
         return {"act_sorted": Slot(R * problem.I * act_itemsize)}  # [R, I]
     if role == "fc2":
-        return {"y": Slot(4 * R * problem.H)}  # [R, H] f32
+        return {"y": Slot(4 * planes * R * problem.H)}  # [planes, R, H] f32
     return {}
 
 

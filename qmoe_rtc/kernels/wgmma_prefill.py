@@ -316,15 +316,12 @@ class WgmmaPrefillFamily(KernelFamily):
     def scratch(self, spec: ModuleSpec, role: str, problem: Problem, call: WgCall | None = None) -> dict[str, Slot]:
         c = call or self.configure(spec, problem)
         item = 2  # T is float16 / bfloat16
-        if role == "permute":  # the tile table (wg_tiles.cuh); xp [rows, Hp] and y [R, H] f32 (zeroed for a split FC2),
+        if role == "permute":  # the tile table (wg_tiles.cuh); xp [rows, Hp] and y [parts, R, H] f32 (zeroed for halves),
             # or for pairs xs [Hp / 64, Rp, 64]
             table = {"tile_info": Slot(16 * c.slots), "tile_rows": Slot(4 * c.slots * c.br)}  # [slots] int4, [slots, BR] i32
             if c.pair:
                 return {"xs": Slot(c.rp * c.Hp * item), **table}
-            return {"xp": Slot(problem.rows * c.Hp * item), "y": Slot(4 * c.fc2_parts * problem.routes * problem.H),
-                    **table}  # y [parts, R, H] f32
+            return {"xp": Slot(problem.rows * c.Hp * item), **grouped_scratch("fc2", problem, item, c.fc2_parts), **table}
         if role == "fc1":  # [Ip / 64, Rp, 64] for pairs, else [R, Ip]
             return {"act_sorted": Slot((c.rp if c.pair else problem.routes) * c.Ip * item)}
-        if role == "fc2":  # y [parts, R, H] f32 (also the permute step's, which may zero it)
-            return {"y": Slot(4 * c.fc2_parts * problem.routes * problem.H)}
-        return grouped_scratch(role, problem, item)
+        return grouped_scratch(role, problem, item, c.fc2_parts)  # FC2's y [parts, R, H], also the permute step's
