@@ -7,7 +7,9 @@ sorted order) and ``qmoe::fc2_batched`` (FC2 + bias, by route id), with ``group_
 K split over a block's warps) on grouped routes: no route limit, one block per (output tile, expert),
 ``BR`` routes per pass over the weights (8, 16 or 32, :func:`tile_routes`) chosen from the routes per
 expert. On tiled codes with a scale per 128-code chunk a warp computes two 16-row tiles
-(:func:`row_tiles`), each group of 8 routes' activations loaded once for both.
+(:func:`row_tiles`), each group of 8 routes' activations loaded once for both. Where they fit beside the blocks an
+SM (:func:`x_block`), a block copies its routes' activations once into shared memory for all its warps (the ``_xb``
+kernels, ``cuda_src/engines/x_block.cuh``).
 Above :func:`max_routes_per_expert` routes per expert the tile engines (mma_prefill, wgmma_prefill),
 which read each weight once per 16-256 routes, are faster (measured, docs/performance-log.md) and
 :meth:`MmaBatchedFamily.slower` says so.
@@ -15,7 +17,7 @@ which read each weight once per 16-256 routes, are faster (measured, docs/perfor
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import KnobError
 from ..jit import KernelDef, Launch, Ptr, Scalar
@@ -55,7 +57,7 @@ from .mma_decode import (
 )
 
 __all__ = ["BatchedCall", "MmaBatchedFamily", "max_routes_per_expert", "per_expert", "tile_routes",
-           "row_tiles"]
+           "row_tiles", "x_block", "x_block_bytes"]
 
 #: Route tiles the grouping step's tile offsets count in (BR of group_by_expert): the batched GEMMs read only the
 #: offsets and the sorted routes, not the tile offsets.
@@ -111,6 +113,33 @@ def min_blocks(spec: ModuleSpec, br: int) -> int:
     return MIN_BLOCKS_TWO_TILES[br] if spec["row_tiles"] == 2 else MIN_BLOCKS[br]
 
 
+#: XBlock<N8>::kRowBytes (engines/x_block.cuh): one route's 128 activations of a chunk (2 bytes each), then 32 bytes
+#: of padding.
+X_ROW_BYTES = 256 + 32
+#: Shared memory the device keeps per resident block (sm_80-sm_90): an SM holds the opt-in limit per block plus this.
+SMEM_RESERVED = 1024
+
+
+def x_block_bytes(spec: ModuleSpec, role: str, br: int, ks: int) -> int:
+    """Shared memory of a block's x stages (engines/x_block.cuh x_block_bytes): the ring's stages of ``ks`` · KST
+    chunks (KST: the weight stage's chunks, kernels/mma_decode.py ring_bytes) of ``br`` routes' activations."""
+    bits = spec["fc1_bits"] if role == "fc1" else spec["fc2_bits"]
+    kst = 1 if bits >= 8 else max(1, 8 // bits // spec["row_tiles"])
+    return spec["stages"] * ks * kst * br * X_ROW_BYTES
+
+
+def x_block(ring: RingGemm, x_bytes: int, per_sm: int, smem_limit: int) -> bool:
+    """Whether a GEMM's blocks stage their activations in shared memory (the ``_xb`` kernels): where the rings and
+    the x stages still fit the ``per_sm`` blocks an SM the kernels' registers are set for (an SM holds
+    ``smem_limit`` + 1 KiB, each block 1 KiB of it), so the copies cost no resident warps. Tuning knob
+    ``batched_x_block``: 'on' wherever one block fits ``smem_limit``, 'off' never."""
+    mode = knobs.get("batched_x_block")
+    if mode == "off":
+        return False
+    per_sm = 1 if mode == "on" else per_sm
+    return (ring.smem + x_bytes + SMEM_RESERVED) * per_sm <= smem_limit + SMEM_RESERVED
+
+
 def max_routes_per_expert(problem: Problem, tiles: int = 1) -> int:
     """Routes per expert (average over the experts that get routes) up to which this engine runs with ``tiles`` row
     tiles per warp, for calls whose routes reach up to the arch's ``batched_few_experts`` experts / more (its tuning
@@ -127,12 +156,17 @@ class BatchedCall:
     every launch."""
 
     br: int  # routes a pass over an expert's weights (tile_routes: 8, 16, 32)
-    fc1: RingGemm  # FC1's K split, blocks of output rows (grid.y: the experts) and shared memory
+    fc1: RingGemm  # FC1's K split, blocks of output rows (grid.y: the experts) and shared memory (its x stages too)
     fc2: RingGemm
+    xb: tuple[bool, bool] = (False, False)  # FC1's, FC2's activations staged by the block (x_block: the _xb kernels)
 
     def gemm(self, role: str) -> RingGemm:
         """The choices of ``role``'s GEMM ('fc1' or 'fc2')."""
         return self.fc1 if role == "fc1" else self.fc2
+
+    def x_block(self, role: str) -> bool:
+        """Whether ``role``'s blocks stage their activations in shared memory."""
+        return self.xb[0] if role == "fc1" else self.xb[1]
 
 
 @register
@@ -191,31 +225,39 @@ class MmaBatchedFamily(KernelFamily):
         out = list(group_and_combine(spec))
         grouped = (Ptr("sorted", "int32"), Ptr("offsets", "int32"))
         for br in TILE_ROUTES:
-            out.append(KernelDef(
-                f"fc1_br{br}",
-                f"qmoe::fc1_batched<{t['GATE']}, {t['T']}, {t['S']}, {t['B1']}, {t['Z1']}, {t['Z3']}, {t['BLOCK']}, "
-                f"{t['ACT']}, {br}>",
-                (Ptr("x", dt), *grouped, Scalar("k", "int32"), Scalar("H", "int32"), Scalar("I", "int32"),
-                 Scalar("KS", "int32"), fc1_weights(sdt), ACT_PARAMS_ARG, Ptr("act_sorted", dt)),
-            ))
-            out.append(KernelDef(
-                f"fc2_br{br}",
-                f"qmoe::fc2_batched<{t['T']}, {t['S']}, {t['B2']}, {t['Z2']}, {t['BLOCK']}, {br}>",
-                (Ptr("act_sorted", dt), *grouped, Scalar("H", "int32"), Scalar("I", "int32"), Scalar("KS", "int32"),
-                 fc2_weights(sdt), Ptr("y", "float32")),
-            ))
+            for xb, suffix in ((False, ""), (True, "_xb")):  # _xb: the block stages the activations (x_block)
+                out.append(KernelDef(
+                    f"fc1_br{br}{suffix}",
+                    f"qmoe::fc1_batched<{t['GATE']}, {t['T']}, {t['S']}, {t['B1']}, {t['Z1']}, {t['Z3']}, {t['BLOCK']}, "
+                    f"{t['ACT']}, {br}, {str(xb).lower()}>",
+                    (Ptr("x", dt), *grouped, Scalar("k", "int32"), Scalar("H", "int32"), Scalar("I", "int32"),
+                     Scalar("KS", "int32"), fc1_weights(sdt), ACT_PARAMS_ARG, Ptr("act_sorted", dt)),
+                ))
+                out.append(KernelDef(
+                    f"fc2_br{br}{suffix}",
+                    f"qmoe::fc2_batched<{t['T']}, {t['S']}, {t['B2']}, {t['Z2']}, {t['BLOCK']}, {br}, {str(xb).lower()}>",
+                    (Ptr("act_sorted", dt), *grouped, Scalar("H", "int32"), Scalar("I", "int32"), Scalar("KS", "int32"),
+                     fc2_weights(sdt), Ptr("y", "float32")),
+                ))
         return tuple(out)
 
     def configure(self, spec: ModuleSpec, problem: Problem) -> BatchedCall:
         """The call's route tile and each GEMM's K split, grid and shared memory: each decided here once."""
         br = tile_routes(problem)
         rt = spec["row_tiles"]  # a warp tile's 16-row tiles, by the decode engine's rule (kernels/mma_decode.py ring_gemm)
-        return BatchedCall(br, *(ring_gemm(spec, role, problem, br, min_blocks(spec, br), launch_smem(spec, role, 0, rt), rt)
-                                 for role in ("fc1", "fc2")))
+        per_sm = min_blocks(spec, br)
+        gemms, xb = [], []
+        for role in ("fc1", "fc2"):
+            g = ring_gemm(spec, role, problem, br, per_sm, launch_smem(spec, role, 0, rt), rt)
+            x_bytes = x_block_bytes(spec, role, br, g.ks)
+            xb.append(x_block(g, x_bytes, per_sm, problem.smem_limit))
+            gemms.append(replace(g, smem=g.smem + x_bytes) if xb[-1] else g)
+        return BatchedCall(br, *gemms, xb=tuple(xb))
 
     def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem, call: BatchedCall | None = None) -> str:
         if role in ("fc1", "fc2"):
-            return f"{role}_br{(call or self.configure(spec, problem)).br}"
+            call = call or self.configure(spec, problem)
+            return f"{role}_br{call.br}{'_xb' if call.x_block(role) else ''}"
         return role
 
     def geometry(self, spec: ModuleSpec, role: str, problem: Problem, call: BatchedCall | None = None) -> tuple[int, int]:

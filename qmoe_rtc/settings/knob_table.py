@@ -209,6 +209,12 @@ KNOBS: dict[str, Knob] = {
              "Tuning only: routes the batched-decode engine serves per pass over the weights (8, 16 or 32; "
              "0 = from the routes per expert).",
              allowed=(0, 8, 16, 32)),
+        Knob("batched_x_block", None, "str", "auto",
+             "Tuning (and tests) only: whether the batched-decode engine's blocks copy their routes' activations once "
+             "into shared memory, where every warp reads them (engines/x_block.cuh): 'auto' where the blocks an SM its "
+             "registers allow still fit beside them (kernels/mma_batched.py x_block), 'on' wherever a block fits, "
+             "'off' never (each warp loads its own from global memory). A kernel choice per call.",
+             allowed=_ON_OFF),
         Knob("batched_row_tiles", None, "int", 0,
              "Tuning only: 16-row tiles per warp of the batched-decode engine (1 or 2; 0 = 2 on tiled codes with "
              "a scale per 128-code chunk, else 1; contract codes take only 1); a -D option, part of the key.",

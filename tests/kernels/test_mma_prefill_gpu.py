@@ -173,23 +173,23 @@ def eager_and_replay(moe, x, lg, want, label: str):
 
 
 def knob_sweep(rng, knob: str, values, *, rows: int, E: int, H: int, I: int, layer: dict, k: int = 2,  # noqa: E741
-               fixed: dict | None = None, check_plan=None) -> dict:
-    """The wgmma prefill engine's output on one random bf16 layer (``random_layer`` with ``layer``) under each of
+               fixed: dict | None = None, check_plan=None, engine: str = "wgmma") -> dict:
+    """The prefill ``engine``'s output on one random bf16 layer (``random_layer`` with ``layer``) under each of
     ``values`` of ``knob`` (with the knobs ``fixed``), by value: each eager into a poisoned buffer against the
     float64 reference, then a replay equal to it bitwise (:func:`eager_and_replay`). ``check_plan(plan)`` asserts
-    on each value's plan. Skips off sm_90."""
+    on each value's plan. The wgmma engine: skips off sm_90."""
     import cupy as cp
 
     from qmoe_rtc.executor import QMoE
 
-    if cp.cuda.Device().compute_capability != "90":
+    if engine == "wgmma" and cp.cuda.Device().compute_capability != "90":
         pytest.skip("the wgmma prefill engine needs an sm_90 GPU")
     w, a = random_layer(rng, E=E, H=H, I=I, k=k, dtype="bfloat16", **layer)
     x, lg, _ = random_inputs(rng, rows, H, E, "bfloat16")
     want = reference(x, lg, **w, **a)
     outs = {}
     for v in values:
-        with knobs.scope(prefill_engine="wgmma", **{knob: v}, **(fixed or {})):
+        with knobs.scope(prefill_engine=engine, **{knob: v}, **(fixed or {})):
             moe = QMoE(**to_dev(w), **a, decode_max_routes=0)
             if check_plan is not None:
                 check_plan(moe.plan(rows, "bfloat16", "float32"))
@@ -343,4 +343,35 @@ def test_wgmma_pairs_agree_with_single_blocks(rng, rows, E, I, kw):  # noqa: E74
 
     outs = knob_sweep(rng, "prefill_wg_pairs", ("on", "off"), rows=rows, E=E, H=256, I=I, layer=kw,
                       fixed=dict(prefill_fc2_split="off"), check_plan=paired)
+    np.testing.assert_array_equal(outs["on"], outs["off"])
+
+
+# (rows, E, H, I, k, random_layer kwargs): two row tiles (tiled int4 row-wise) at 8-route passes with FC1's K split
+# over 4 warps and K % 128 != 0 (H 1056: its last chunk a quarter); 32-route passes (N8 4); 3-bit codes (shared
+# 16-byte code copies, K over 2 warps); 8-bit row-wise with zero points; one row tile with scaled pairs, zero points
+# and FC3 at 16-route passes (two chunks a stage); 2-bit (four chunks a stage)
+X_BLOCK = [(24, 16, 1056, 256, 2, dict(bits=4, block_size=0, activation_type="swiglu", swiglu_fusion=1, bias=True)),
+           (300, 8, 256, 384, 2, dict(bits=4, block_size=128, activation_type="swiglu", swiglu_fusion=2)),
+           (24, 16, 512, 256, 2, dict(bits=3, block_size=128, activation_type="relu")),
+           (24, 16, 256, 512, 2, dict(bits=8, block_size=0, zero_points=True, activation_type="gelu")),
+           (48, 16, 384, 256, 2, dict(bits=4, block_size=32, zero_points=True, activation_type="silu", fc3=True)),
+           (24, 16, 512, 256, 2, dict(bits=2, block_size=64, activation_type="swiglu", swiglu_fusion=1))]
+
+
+@pytest.mark.parametrize("rows, E, H, I, k, kw", X_BLOCK, ids=[f"{r}-{e}-{h}-{i}" for r, e, h, i, _, _ in X_BLOCK])
+def test_batched_x_block_agrees_with_own_loads(rng, rows, E, H, I, k, kw):  # noqa: E741
+    """The batched engine's blocks with their routes' activations staged once in shared memory (knob
+    batched_x_block on: the _xb kernels, a barrier a stage) and with each warp loading its own (off): each meets
+    the reference with every element written, replay equals eager bitwise, both give the same output (the same
+    activations into the same MMAs), and the plans launch the kernels the knob names. K split over 2 and 4 warps
+    (the first three layouts' FC1), 8-, 16- and 32-route passes."""
+
+    def kernels(plan):  # (called inside the value's knob scope)
+        keys = [s.kernel.key for s in plan.steps if s.role in ("fc1", "fc2")]
+        assert plan.engine == "prefill-batched" and len(keys) == 2, (plan.engine, keys)
+        want = knobs.get("batched_x_block") == "on"
+        assert all(key.endswith("_xb") == want for key in keys), keys
+
+    outs = knob_sweep(rng, "batched_x_block", ("off", "on"), rows=rows, E=E, H=H, I=I, k=k, layer=kw,
+                      check_plan=kernels, engine="batched")
     np.testing.assert_array_equal(outs["on"], outs["off"])

@@ -14,7 +14,9 @@
 // tiles × KS slices of K, as the decode engine; a warp tile is RT 16-row tiles) for every route of e,
 // BR routes (8, 16 or 32: N8 = BR / 8 n8 MMA groups) per pass over the weights; experts without routes exit at once. Codes in the contract or
 // the tiled layout (core/codes.cuh); RT (QMOE_BATCHED_RT) 2 needs the tiled layout: each route group's
-// activations feed two row tiles' MMAs.
+// activations feed two row tiles' MMAs. XBK (the _xb kernels, the host's choice per call: kernels/mma_batched.py
+// x_block): the block copies its pass's activations once into shared memory after the four rings, where every warp
+// reads them (engines/x_block.cuh), instead of each lane loading its own from global memory just before its MMAs.
 // Not covered (the executor says why and runs another engine): float32 activations, zero_point_offset,
 // FC3 with a bit width other than FC1's, 1-bit with block 16, K % 32 != 0.
 #pragma once
@@ -23,6 +25,7 @@
 #include "core/experts.cuh"
 #include "core/types.cuh"
 #include "engines/mma_ring.cuh"
+#include "engines/x_block.cuh"
 #include "epilogue/combine.cuh"
 #include "epilogue/fc1.cuh"
 #include "epilogue/fc2.cuh"
@@ -40,15 +43,35 @@ inline constexpr int kBatchedRT = QMOE_BATCHED_RT;  // 16-row tiles per warp (ke
 // QMOE_MMA_BLOCKS; why 3 / 2 at 16 / 32 routes with two row tiles: there).
 template <int BR> constexpr int batched_min_blocks() { return mma_min_blocks<BR>(); }
 
-// The launch gives the four rings (kernels/mma_batched.py sizes it so): trap, never overrun.
-template <class Stage> __device__ __forceinline__ void check_batched_smem() {
+// The launch gives the four rings, then with XBK the block's x stages (kernels/mma_batched.py sizes it so): trap,
+// never overrun.
+template <class Stage, bool XBK, int N8> __device__ __forceinline__ void check_batched_smem(i32 KS) {
   u32 have;
   asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(have));
-  if (have < (u32)(kMmaWarps * kMmaStages * Stage::kBytes)) __trap();
+  if (have < (u32)(kMmaWarps * kMmaStages * Stage::kBytes) + x_block_bytes<XBK, N8>(kMmaStages, KS, Stage::KST))
+    __trap();
+}
+
+// The block's x stages for the pass from sorted position p (XBK; else nothing): thread tid copies route
+// p + tid / 16 + 8·gg's activations, row_of(j) for sorted position j < m1.
+template <class XB, class Stage, typename T, class RowOf>
+__device__ __forceinline__ XB batched_x(u8* smem, i32 KS, i32 p, i32 m1, const T* any, RowOf row_of) {
+  XB xb{};
+  if constexpr (XB::kOn) {
+    xb.base = (u32)__cvta_generic_to_shared(smem + kMmaWarps * kMmaStages * Stage::kBytes);
+    xb.step = KS * Stage::KST;
+    xb.any = reinterpret_cast<const u8*>(any);
+#pragma unroll
+    for (int gg = 0; gg < XB::kRoutes / 8; ++gg) {
+      const i32 j = p + (i32)(threadIdx.x >> 4) + 8 * gg;
+      xb.src[gg] = j < m1 ? reinterpret_cast<const u8*>(row_of(j)) : nullptr;
+    }
+  }
+  return xb;
 }
 
 // FC1 (+FC3) with the activation fused: act_sorted[pos, o] for every route of expert blockIdx.y.
-template <int GATE, typename T, typename ScaleT, int B1, int Z1, int Z3, int BLOCK, int ACT, int BR>
+template <int GATE, typename T, typename ScaleT, int B1, int Z1, int Z3, int BLOCK, int ACT, int BR, bool XBK>
 __global__ void __launch_bounds__(kMmaThreads, batched_min_blocks<BR>())
 fc1_batched(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* __restrict__ offsets, i32 k, i32 H,
             i32 I, i32 KS, const Fc1Weights<ScaleT> wt, const ActParams ap, T* __restrict__ act_sorted) {
@@ -59,7 +82,8 @@ fc1_batched(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* 
   constexpr i32 kRing = kMmaStages * Stage::kBytes;
   static_assert(kRing >= RT * N8 * 4 * 32 * 4, "a ring holds its warp's partial sums (reduce_slices)");
   static_assert(mma_ring_is<Stage, BR>(QMOE_MMA_FC1_RING), "the host's FC1 ring bytes or blocks an SM and this layout disagree");
-  check_batched_smem<Stage>();
+  check_batched_smem<Stage, XBK, N8>(KS);
+  using XB = typename XBlockOf<XBK, N8>::type;
   using Rows = Fc1Rows<GATE>;
   constexpr bool kGated = Rows::kGated;
   constexpr int kOutPerTile = kGated ? 8 : 16;
@@ -98,9 +122,13 @@ fc1_batched(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* 
       const i32 j = p + 8 * gg + g;
       xrow[gg] = j < m1 ? x + (i64)(sorted[j] / k) * H : nullptr;
     }
+    const XB xb = batched_x<XB, Stage>(dyn_smem, KS, p, m1, x, [&](i32 j) { return x + (i64)(sorted[j] / k) * H; });
     float acc[RT * N8][4] = {};
-    if constexpr (GATE == GATE_FC3) mma_tiles<T, B1, N8, RT>(q1, pa, na, q3, pb, nb, e, xrow, H, ks, KS, acc, ring);
-    else mma_tiles<T, B1, N8, RT, false, Rows::kPairedRows>(q1, pa, na, q1, pb, nb, e, xrow, H, ks, KS, acc, ring);
+    if constexpr (GATE == GATE_FC3)
+      mma_tiles<T, B1, N8, RT>(q1, pa, na, q3, pb, nb, e, xrow, H, ks, KS, acc, ring, nullptr, 0, NoGate{}, xb);
+    else
+      mma_tiles<T, B1, N8, RT, false, Rows::kPairedRows>(q1, pa, na, q1, pb, nb, e, xrow, H, ks, KS, acc, ring, nullptr,
+                                                         0, NoGate{}, xb);
     reduce_slices<RT * N8>(acc, mt, ks, MT, KS, dyn_smem, kRing);
     if (ks != 0) continue;
 #pragma unroll
@@ -124,7 +152,7 @@ fc1_batched(const T* __restrict__ x, const i32* __restrict__ sorted, const i32* 
 }
 
 // FC2: y[route, n] = act_sorted[pos] · W2[e, n] + b2[e, n] for every route of expert blockIdx.y.
-template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, int BR>
+template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, int BR, bool XBK>
 __global__ void __launch_bounds__(kMmaThreads, batched_min_blocks<BR>())
 fc2_batched(const T* __restrict__ act_sorted, const i32* __restrict__ sorted, const i32* __restrict__ offsets, i32 H,
             i32 I, i32 KS, const Fc2Weights<ScaleT> wt, float* __restrict__ y) {
@@ -135,7 +163,8 @@ fc2_batched(const T* __restrict__ act_sorted, const i32* __restrict__ sorted, co
   constexpr i32 kRing = kMmaStages * Stage::kBytes;
   static_assert(kRing >= RT * N8 * 4 * 32 * 4, "a ring holds its warp's partial sums (reduce_slices)");
   static_assert(mma_ring_is<Stage, BR>(QMOE_MMA_FC2_RING), "the host's FC2 ring bytes or blocks an SM and this layout disagree");
-  check_batched_smem<Stage>();
+  check_batched_smem<Stage, XBK, N8>(KS);
+  using XB = typename XBlockOf<XBK, N8>::type;
   i32 e = blockIdx.y;
   const i32 m0 = offsets[e], m1 = offsets[e + 1];
   if (m0 >= m1) return;
@@ -163,8 +192,9 @@ fc2_batched(const T* __restrict__ act_sorted, const i32* __restrict__ sorted, co
       const i32 j = p + 8 * gg + g;
       xrow[gg] = j < m1 ? act_sorted + (i64)j * I : nullptr;
     }
+    const XB xb = batched_x<XB, Stage>(dyn_smem, KS, p, m1, act_sorted, [&](i32 j) { return act_sorted + (i64)j * I; });
     float acc[RT * N8][4] = {};
-    mma_tiles<T, B2, N8, RT, false, true>(q2, pa, na, q2, pb, nb, e, xrow, I, ks, KS, acc, ring);
+    mma_tiles<T, B2, N8, RT, false, true>(q2, pa, na, q2, pb, nb, e, xrow, I, ks, KS, acc, ring, nullptr, 0, NoGate{}, xb);
     reduce_slices<RT * N8>(acc, mt, ks, MT, KS, dyn_smem, kRing);
     if (ks != 0) continue;
 #pragma unroll

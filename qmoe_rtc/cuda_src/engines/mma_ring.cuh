@@ -18,9 +18,11 @@
 #include "core/mma_pair.cuh"
 #include "core/types.cuh"
 #include "engines/slice_reduce.cuh"
+#include "engines/x_block.cuh"
 #include "engines/x_ring.cuh"
 #include "engines/mma_stage.cuh"  // after x_ring.cuh: the order of the constants in the cubin
 #include "engines/ring_gate.cuh"
+#include "engines/ring_smem.cuh"
 
 namespace qmoe {
 
@@ -37,31 +39,6 @@ template <int B> __device__ __forceinline__ void prefetch_rows(const u8* pa, con
   }
 }
 
-// Dynamic shared memory of a decode launch with R routes: kMmaWarps rings of kMmaStages stages, then
-// the block's two route lists (R ids each). The host sizes the launch so (kernels/mma_decode.py
-// decode_smem_bytes); a smaller launch is a host bug: trap, never overrun.
-// With xs > 0, the warps' x rings follow (engines/x_ring.cuh), 16-byte aligned (mma_x_rings): xs route lanes'
-// parts of kMmaStages·KST chunk slots each.
-template <class Stage> using MmaXRing = XRing<kMmaStages * Stage::KST>;
-template <class Stage> constexpr u32 mma_x_rings(i32 R) {
-  return (kMmaWarps * kMmaStages * Stage::kBytes + 8u * R + 15u) & ~15u;
-}
-template <class Stage> constexpr u32 mma_x_ring_bytes(i32 xs) { return (u32)(xs * MmaXRing<Stage>::kLaneBytes); }
-template <class Stage> constexpr u32 mma_smem_bytes(i32 R, i32 xs = 0) {
-  return xs > 0 ? mma_x_rings<Stage>(R) + kMmaWarps * mma_x_ring_bytes<Stage>(xs)
-                : (u32)(kMmaWarps * kMmaStages * Stage::kBytes) + 8u * (u32)R;
-}
-// Whether a GEMM's four rings of Stage take the bytes the host sized its launch with (kernels/mma_decode.py
-// ring_bytes: QMOE_MMA_FC1_RING, QMOE_MMA_FC2_RING), with the blocks an SM its route tile's kernels are set for.
-template <class Stage, int BR> constexpr bool mma_ring_is(int host) {
-  return kMmaWarps * kMmaStages * Stage::kBytes == host && mma_min_blocks<BR>() > 0;
-}
-template <class Stage> __device__ __forceinline__ void check_ring_size(i32 R, i32 xs = 0) {
-  u32 have;
-  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(have));
-  if (have < mma_smem_bytes<Stage>(R, xs)) __trap();
-}
-
 // One warp's product over its K slice (chunks ks, ks + KS, ...) for RT 16-row tiles: acc[i·N8 + g]
 // (C fragments) += W[rows na[i], nb[i]] · x[routes]ᵀ. pa[i], pb[i]: tile i's lane rows' packed codes
 // (K·B/8 bytes each); qa, qb their quant params; xrow[g]: the activation row of n8 route group g's lane
@@ -74,13 +51,18 @@ template <class Stage> __device__ __forceinline__ void check_ring_size(i32 R, i3
 // copying its own 12 bytes as three 4-byte pieces; lanes then read codes other lanes copied (a
 // __syncwarp per stage). Needs every row's chunks 16-byte aligned (mma_rows checks).
 // xrow may change until the gate returns (its activations are read after it).
+// XB (an XBlock, engines/x_block.cuh): the activations come from the block's shared stages, which every thread of
+// the block fills (xrow unused); the block's warps then run the same number of stages, with a barrier each.
 template <typename T, int B, int N8, int RT, bool COOP, bool COHERENT_X, bool PAIRED, bool XST, class QA, class QB,
-          typename XT, class G = NoGate>
+          typename XT, class G = NoGate, class XB = NoXBlock>
 __device__ __forceinline__ bool mma_rows_ring(const QA& qa, const u8* const (&pa)[RT], const i32 (&na)[RT],
                                               const QB& qb, const u8* const (&pb)[RT], const i32 (&nb)[RT], i32 e,
                                               const XT* const (&xrow)[N8], i32 K, i32 ks, i32 KS,
-                                              float (&acc)[RT * N8][4], u8* ring, u8* xring, i32 xs, G gate = G{}) {
+                                              float (&acc)[RT * N8][4], u8* ring, u8* xring, i32 xs, G gate = G{},
+                                              const XB xb = XB{}) {
   static_assert(!COOP || B == 3, "shared code copies are for 3-bit codes");
+  static_assert(!XB::kOn || (!XST && !GateActive<G>::value && sizeof(XT) == 2),
+                "block-staged activations: 2-byte, without x rings or a gate");
   // XST: the activations of route lanes g < xs staged in the warp's x ring (engines/x_ring.cuh; one route group,
   // one row tile); lanes past xs hold no route (an expert has at most xs routes: the caller checks)
   constexpr bool kXst = XST && N8 == 1 && RT == 1;
@@ -211,7 +193,9 @@ __device__ __forceinline__ bool mma_rows_ring(const QA& qa, const u8* const (&pa
       // the lane's activations of route group g: V 16-byte vectors (8 codes each) from code k0 + 8·v0
       auto load_x = [&](int g, int v0, auto& xw) {
         constexpr int V = sizeof(xw) / 16;
-        if (xrow[g] != nullptr && live) {
+        if constexpr (XB::kOn) {  // zeros past K and without a route are in the stage
+          xb.read(slot, ks + u * KS, g, v0, xw);
+        } else if (xrow[g] != nullptr && live) {
           const uint4* px = reinterpret_cast<const uint4*>(xrow[g] + k0) + v0;
 #pragma unroll
           for (int v = 0; v < V; ++v) {
@@ -310,6 +294,27 @@ __device__ __forceinline__ bool mma_rows_ring(const QA& qa, const u8* const (&pa
 
   // ring: stage i lives in slot i % S; S - 1 stages in flight while one is computed
   constexpr int S = kMmaStages;
+  if constexpr (XB::kOn) {  // every warp runs every stage of the block (barriers); stage i: chunks [i·step, (i+1)·step)
+    __syncthreads();        // the block's warps have read every slot of its previous product
+#pragma unroll
+    for (int i = 0; i < S - 1; ++i) {
+      if (ks + i * step < nch) issue(i, ks + i * step, RingParts<true, false>{});
+      xb.template issue<COHERENT_X>(i, i * step, nch, K);
+      cp_async_commit();
+    }
+    const i32 stages = (nch + step - 1) / step;
+    for (i32 i = 0; i < stages; ++i) {
+      cp_async_wait<S - 2>();  // stage i has landed (this thread's copies) ...
+      __syncthreads();         // ... and every thread's; every warp has computed stage i - 1
+      const i32 c = ks + i * step, cn = c + (S - 1) * step;
+      if (cn < nch) issue((i + S - 1) % S, cn, RingParts<true, false>{});
+      xb.template issue<COHERENT_X>((i + S - 1) % S, (i + S - 1) * step, nch, K);
+      cp_async_commit();
+      if (c < nch) compute(i % S, c);
+    }
+    cp_async_wait<0>();
+    return true;
+  }
   if constexpr (GateActive<G>::value) {  // weights, the gate, activations: stage i's copies are in groups <= i all the same
 #pragma unroll
     for (int i = 0; i < S - 1; ++i)
@@ -351,11 +356,11 @@ __device__ __forceinline__ bool mma_rows_ring(const QA& qa, const u8* const (&pa
 // COHERENT_X: the activations are read through L2 (ld.global.cg), not the read-only path: for inputs
 // another grid may still be writing while this one runs (FC2 with the expert flow).
 template <typename T, int B, int N8, int RT, bool COHERENT_X = false, bool PAIRED = false, bool XST = false, class QA,
-          class QB, typename XT, class G = NoGate>
+          class QB, typename XT, class G = NoGate, class XB = NoXBlock>
 __device__ __forceinline__ bool mma_tiles(const QA& qa, const u8* const (&pa)[RT], const i32 (&na)[RT], const QB& qb,
                                           const u8* const (&pb)[RT], const i32 (&nb)[RT], i32 e,
                                           const XT* const (&xrow)[N8], i32 K, i32 ks, i32 KS, float (&acc)[RT * N8][4],
-                                          u8* ring, u8* xring = nullptr, i32 xs = 0, G gate = G{}) {
+                                          u8* ring, u8* xring = nullptr, i32 xs = 0, G gate = G{}, const XB xb = XB{}) {
   if constexpr (B == 3) {
     unsigned long long bits = 0;
 #pragma unroll
@@ -363,10 +368,10 @@ __device__ __forceinline__ bool mma_tiles(const QA& qa, const u8* const (&pa)[RT
       bits |= reinterpret_cast<unsigned long long>(pa[i]) | reinterpret_cast<unsigned long long>(pb[i]);
     if (K % kMmaChunk == 0 && __all_sync(0xffffffffu, (bits & 15) == 0))
       return mma_rows_ring<T, B, N8, RT, true, COHERENT_X, PAIRED, XST>(qa, pa, na, qb, pb, nb, e, xrow, K, ks, KS, acc,
-                                                                        ring, xring, xs, gate);
+                                                                        ring, xring, xs, gate, xb);
   }
   return mma_rows_ring<T, B, N8, RT, false, COHERENT_X, PAIRED, XST>(qa, pa, na, qb, pb, nb, e, xrow, K, ks, KS, acc,
-                                                                     ring, xring, xs, gate);
+                                                                     ring, xring, xs, gate, xb);
 }
 
 // The decode engine's form: one 16-row tile (lane rows na, nb); XST (one route group): the activations of the
