@@ -71,7 +71,8 @@ def test_the_knob_forces_the_choice(mode):
     with knobs.scope(batched_x_block=mode):
         for name, rows, spec, p, call in _calls("sm_90a"):
             for role in ("fc1", "fc2"):
-                want = mode == "on" and call.gemm(role).smem <= p.smem_limit
+                x = x_block_bytes(spec, role, call.br, call.gemm(role).ks)
+                want = mode == "on" and launch_smem(spec, role, 0, spec["row_tiles"]) + x <= p.smem_limit
                 assert call.x_block(role) == want, (name, rows, role, call)
 
 
