@@ -39,7 +39,11 @@ def test_sm90_decisions_are_the_recorded_ones():
     tables (commit 552a74d); the scratch was added to the record at commit 37f0bd1's code, which still gave those
     launches. Rewritten when the wgmma FC2 could run K in parts: every grouped plan's combine gained its planes' scalars
     (parts, plane) and the wgmma FC2 its plane stride (YS); with those left out, the plans were those before but at the
-    calls the parts rule takes (mixtral-8x7b at 3-4 tokens, ort-2048 at 18-64: 2 parts). A change that only changes
+    calls the parts rule takes (mixtral-8x7b at 3-4 tokens, ort-2048 at 18-64: 2 parts). Rewritten when the batched
+    engine's blocks could stage their activations: every batched plan's configure() gained the choice (xb); with the
+    knob batched_x_block off the launches were those before; on by its rule, the _xb kernels and their shared memory
+    in one GEMM or both at the calls where the stages fit (qwen3-30b-a3b and deepseek-v3-tp8 at 3-64 tokens,
+    qwen3-next-80b-a3b at 3-64 and 128, ort-2048 at 3-17). A change that only changes
     what a family's configure() returns rewrites the last digest of each entry, never the one before it."""
     fixture = json.loads(FIXTURE.read_text())
     assert fixture["target"] == "sm_90a" and tuple(fixture["tokens"]) == plan_walk.TOKENS
