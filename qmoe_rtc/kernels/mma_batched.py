@@ -49,7 +49,6 @@ from .mma_decode import (
     THREADS,
     TILE_ROUTES,
     RingGemm,
-    _stages,
     launch_smem,
     ring_decisions,
     ring_gemm,
@@ -113,6 +112,11 @@ def min_blocks(spec: ModuleSpec, br: int) -> int:
     return MIN_BLOCKS_TWO_TILES[br] if spec["row_tiles"] == 2 else MIN_BLOCKS[br]
 
 
+#: The ring depth and the 8-route kernels' blocks an SM (tuning knobs batched_stages, batched_min_blocks), the decode
+#: engine's until measured otherwise.
+STAGES = 3
+STAGES_ALLOWED = (2, 3, 4, 5, 6)
+MIN_BLOCKS_8 = MIN_BLOCKS[8]
 #: XBlock<N8>::kRowBytes (engines/x_block.cuh): one route's 128 activations of a chunk (2 bytes each), then 32 bytes
 #: of padding.
 X_ROW_BYTES = 256 + 32
@@ -178,13 +182,13 @@ class MmaBatchedFamily(KernelFamily):
     conditional = True  # only up to max_routes_per_expert routes per expert
 
     def spec(self, config) -> ModuleSpec:
-        """The layout's fields plus the ring depth and the 8-route kernels' blocks per SM (the decode
-        engine's knobs: the same ring) and the row tiles per warp."""
+        """The layout's fields plus the ring depth and the 8-route kernels' blocks per SM (:data:`STAGES`,
+        :data:`MIN_BLOCKS_8`; tuning knobs batched_stages, batched_min_blocks) and the row tiles per warp."""
         tiled = tiled_spec(config)
         rt = row_tiles(bool(tiled), getattr(config, "layout", config).block_size)
-        return expert_spec(self.name, config, stages=_stages(), row_tiles=rt,
-                           min_blocks=tuning_knob("mma_min_blocks", MIN_BLOCKS[8],
-                                                  MIN_BLOCKS_ALLOWED), **tiled)
+        return expert_spec(self.name, config, stages=tuning_knob("batched_stages", STAGES, STAGES_ALLOWED),
+                           row_tiles=rt, min_blocks=tuning_knob("batched_min_blocks", MIN_BLOCKS_8, MIN_BLOCKS_ALLOWED),
+                           **tiled)
 
     def specs(self, config) -> list[ModuleSpec]:
         return [] if self.supports(config) else [self.spec(config)]
@@ -200,7 +204,7 @@ class MmaBatchedFamily(KernelFamily):
             return f"QMOE_RTC_TUNE=prefill_engine={forced}"
         if problem is not None:
             spec = self.spec(config)
-            return smem_refusal(spec, problem.smem_limit, 0, spec["row_tiles"])
+            return smem_refusal(spec, problem.smem_limit, 0, spec["row_tiles"], knob="batched_stages")
         return None
 
     def slower(self, config, problem: Problem | None = None) -> str | None:

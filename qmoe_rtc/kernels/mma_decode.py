@@ -126,13 +126,14 @@ def launch_smem(spec: ModuleSpec, role: str, routes: int, row_tiles: int = 1, xs
     return decode_smem_bytes(ring, routes, x_ring_bytes(bits, spec["stages"], xs) if xs else 0)
 
 
-def smem_refusal(spec: ModuleSpec, budget: int, routes: int = 0, row_tiles: int = 1, xs: int = 0) -> str | None:
+def smem_refusal(spec: ModuleSpec, budget: int, routes: int = 0, row_tiles: int = 1, xs: int = 0,
+                 knob: str = "mma_stages") -> str | None:
     """Why a ring engine's blocks (:func:`launch_smem`) do not fit ``budget`` bytes of dynamic shared memory (the
-    device's opt-in limit per block), None where both projections' do."""
+    device's opt-in limit per block), None where both projections' do; ``knob`` sets the engine's ring depth."""
     need = max(launch_smem(spec, role, routes, row_tiles, xs) for role in ("fc1", "fc2"))
     if need <= budget:
         return None
-    return (f"a block needs {need} bytes of shared memory (rings of {spec['stages']} stages: QMOE_RTC_TUNE=mma_stages), more "
+    return (f"a block needs {need} bytes of shared memory (rings of {spec['stages']} stages: QMOE_RTC_TUNE={knob}), more "
             f"than the device's {budget} (its opt-in limit per block)")
 
 

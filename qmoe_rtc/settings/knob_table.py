@@ -148,6 +148,14 @@ KNOBS: dict[str, Knob] = {
              "(4..8, 0 = the built-in 5; with 3 stages at most 7 fit in shared memory); a -D option, hence part of "
              "the cache key.",
              allowed=(0, 4, 5, 6, 7, 8)),
+        Knob("batched_stages", None, "int", 0,
+             "Tuning only: cp.async ring depth of the batched-decode kernels (0 = kernels/mma_batched.py STAGES); a "
+             "-D option, hence part of the cache key.",
+             allowed=(0, 2, 3, 4, 5, 6)),
+        Knob("batched_min_blocks", None, "int", 0,
+             "Tuning only: resident blocks per SM the registers of the batched-decode kernels at 8 routes a pass are "
+             "set for (0 = kernels/mma_batched.py MIN_BLOCKS_8); a -D option, hence part of the cache key.",
+             allowed=(0, 4, 5, 6, 7, 8)),
         Knob("mma_expert_flow", None, "bool", True,
              "Tuning only: the decode FC2 blocks of an expert start when that expert's FC1 blocks have counted "
              "themselves done, instead of waiting for the whole FC1 grid (on: 1.6-3.2 % faster at 1 token on "

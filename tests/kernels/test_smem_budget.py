@@ -134,9 +134,9 @@ def test_a_family_that_cannot_fit_is_refused_and_the_choice_warns():
     with knobs.scope(prefill_stages=6, prefill_warps=8):  # 240 KiB: too large for sm_90 too (it used to launch)
         assert "232448" in get_family("mma_prefill").supports(_int8(), Problem(**{**p.__dict__, "arch": "sm_90a"}))
     rows8 = Problem(rows=8, E=64, H=2048, I=768, k=4, dtype="bfloat16", arch="sm_86")
-    with knobs.scope(mma_stages=8):  # two row tiles of int8: 180 KiB of rings
+    with knobs.scope(batched_stages=6):  # two row tiles of int8: 108 KiB of rings
         why = get_family("mma_batched").supports(_int8(tiled=True), rows8)
-        assert why and "101376" in why and "QMOE_RTC_TUNE=mma_stages" in why
+        assert why and "101376" in why and "QMOE_RTC_TUNE=batched_stages" in why
         assert get_family("mma_batched").supports(_int8(tiled=True), Problem(**{**rows8.__dict__, "arch": "sm_90a"})) is None
 
 

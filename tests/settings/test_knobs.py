@@ -111,20 +111,21 @@ def test_the_accepted_sets_are_the_consumers():
     """The sets in qmoe_rtc/settings/knob_table.py are written there (knobs import nothing below them): they must be the
     values the code reading each knob takes."""
     from qmoe_rtc.jit.compiler import SPLIT_COMPILE_OPTIONS
-    from qmoe_rtc.kernels import mma_decode, mma_prefill, wgmma_geometry
+    from qmoe_rtc.kernels import mma_batched, mma_decode, mma_prefill, wgmma_geometry
     from qmoe_rtc.runtime.layer import PREPACK_SETTINGS
 
     a = {k.name: k.allowed for k in KNOBS.values()}
     assert set(a["split_compile"]) == set(SPLIT_COMPILE_OPTIONS)
     assert set(a["prepack"]) == set(PREPACK_SETTINGS) - {"given"}  # 'given' is QMoE(prepack=...)'s alone
-    assert a["mma_min_blocks"] == (0, *mma_decode.MIN_BLOCKS_ALLOWED)
+    assert a["mma_min_blocks"] == a["batched_min_blocks"] == (0, *mma_decode.MIN_BLOCKS_ALLOWED)
+    assert a["batched_stages"] == (0, *mma_batched.STAGES_ALLOWED)
     assert a["batched_route_tile"] == (0, *mma_decode.TILE_ROUTES)
     assert a["prefill_route_tile"] == (0, *sorted({*mma_prefill.TILE_ROUTES, *wgmma_geometry.TILE_ROUTES}))
 
 
 TUNED = {  # family -> the knobs its spec() reads, with a layer of tiled codes (the tensor-core engines)
     "mma_decode": ("mma_stages", "mma_min_blocks"),
-    "mma_batched": ("mma_stages", "mma_min_blocks", "batched_row_tiles"),
+    "mma_batched": ("batched_stages", "batched_min_blocks", "batched_row_tiles"),
     "mma_prefill": ("prefill_stages", "prefill_warps", "prefill_min_blocks"),
     "wgmma_prefill": ("prefill_wg_groups", "prefill_wg_stages", "prefill_wg_fc1_blocks", "prefill_wg_inflight",
                       "prefill_wg_ring", "prefill_wg_shrink"),
