@@ -112,11 +112,19 @@ def min_blocks(spec: ModuleSpec, br: int) -> int:
     return MIN_BLOCKS_TWO_TILES[br] if spec["row_tiles"] == 2 else MIN_BLOCKS[br]
 
 
-#: The ring depth and the 8-route kernels' blocks an SM (tuning knobs batched_stages, batched_min_blocks), the decode
-#: engine's until measured otherwise.
+#: The ring depth and the 8-route kernels' blocks an SM (tuning knobs batched_stages, batched_min_blocks): the decode
+#: engine's, and on layers of DEEP_RING_EXPERTS experts or more a ring of 4 stages with registers for 4 blocks an SM,
+#: whose rings and x stages still fit them. H100, `bench ab` on the peers' layer (session 44, call 4), 4 stages and 4
+#: blocks against 3 and 5: qwen3-30b-a3b (128 experts) at 3 / 4 / 8 / 16 / 32 / 64 tokens 53.7 → 52.2, 58.3 → 57.0,
+#: 88.0 → 85.4, 115.8 → 102.8, 141.8 → 133.8, 158.6 → 149.0 µs; ort-2048 (8 experts, its K split over the warps, where
+#: the deeper ring leaves no room for FC1's x stages) at 3 / 4 / 8 / 16 tokens +3.8 / +1.6 / +5.5 / +6.3 %; registers
+#: for 4 blocks alone within −2.6 to +0 % on qwen3 16-64. Nothing was measured between 8 and 128 experts.
 STAGES = 3
+DEEP_STAGES = 4
 STAGES_ALLOWED = (2, 3, 4, 5, 6)
 MIN_BLOCKS_8 = MIN_BLOCKS[8]
+DEEP_MIN_BLOCKS_8 = 4
+DEEP_RING_EXPERTS = 64
 #: XBlock<N8>::kRowBytes (engines/x_block.cuh): one route's 128 activations of a chunk (2 bytes each), then 32 bytes
 #: of padding.
 X_ROW_BYTES = 256 + 32
@@ -182,13 +190,15 @@ class MmaBatchedFamily(KernelFamily):
     conditional = True  # only up to max_routes_per_expert routes per expert
 
     def spec(self, config) -> ModuleSpec:
-        """The layout's fields plus the ring depth and the 8-route kernels' blocks per SM (:data:`STAGES`,
-        :data:`MIN_BLOCKS_8`; tuning knobs batched_stages, batched_min_blocks) and the row tiles per warp."""
+        """The layout's fields plus the ring depth and the 8-route kernels' blocks per SM (:data:`STAGES` and
+        :data:`MIN_BLOCKS_8`, the deeper ring's on layers of :data:`DEEP_RING_EXPERTS` experts or more; tuning knobs
+        batched_stages, batched_min_blocks) and the row tiles per warp."""
         tiled = tiled_spec(config)
         rt = row_tiles(bool(tiled), getattr(config, "layout", config).block_size)
-        return expert_spec(self.name, config, stages=tuning_knob("batched_stages", STAGES, STAGES_ALLOWED),
-                           row_tiles=rt, min_blocks=tuning_knob("batched_min_blocks", MIN_BLOCKS_8, MIN_BLOCKS_ALLOWED),
-                           **tiled)
+        deep = getattr(config, "experts", 0) >= DEEP_RING_EXPERTS
+        stages = tuning_knob("batched_stages", DEEP_STAGES if deep else STAGES, STAGES_ALLOWED)
+        blocks = tuning_knob("batched_min_blocks", DEEP_MIN_BLOCKS_8 if deep else MIN_BLOCKS_8, MIN_BLOCKS_ALLOWED)
+        return expert_spec(self.name, config, stages=stages, row_tiles=rt, min_blocks=blocks, **tiled)
 
     def specs(self, config) -> list[ModuleSpec]:
         return [] if self.supports(config) else [self.spec(config)]

@@ -53,16 +53,29 @@ def test_x_stages_fit_the_blocks_an_sm(arch):
 
 
 def test_the_bench_shapes_decode_points():
-    """qwen3-30b-a3b's batched points from 6 to 64 tokens take the x stages in both GEMMs (8-route passes, one K
-    slice: ~37 KiB a block, five an SM); ort-2048's FC1 takes them, its FC2 (K split over four warps at 8 tokens:
-    four chunks a stage) does not."""
+    """qwen3-30b-a3b (128 experts: the deeper ring, 4 stages and registers for 4 blocks an SM) takes the x stages in
+    both GEMMs from 16 tokens (one K slice: 40 + 9 KiB a block, four an SM), at 8 in FC2 only (FC1's K split over two
+    warps: two chunks a stage); ort-2048 (8 experts: 3 stages, 5 blocks) in FC1, not in FC2 (K over four warps)."""
     cfgs = configs()
-    for name, rows, want in (("qwen3-30b-a3b tiled=1", 64, (True, True)), ("qwen3-30b-a3b tiled=1", 8, (True, True)),
-                             ("ort-2048 tiled=1", 8, (True, False))):
+    for name, rows, want in (("qwen3-30b-a3b tiled=1", 64, (True, True)), ("qwen3-30b-a3b tiled=1", 16, (True, True)),
+                             ("qwen3-30b-a3b tiled=1", 8, (False, True)), ("ort-2048 tiled=1", 8, (True, False))):
         spec = FAM.spec(cfgs[name])
         p = problem(cfgs[name], rows, "sm_90a")
         call = FAM.configure(spec, p)
         assert call.xb == want, (name, rows, call)
+
+
+def test_layers_of_many_experts_take_the_deeper_ring():
+    """4 stages with registers for 4 blocks an SM from 64 experts (qwen3-30b-a3b's 128, qwen3-next's 512), 3 and 5
+    below (ort-2048's 8, mixtral's 8, phi-3.5-moe's 16); the knobs override either."""
+    cfgs = configs()
+    for name, want in (("qwen3-30b-a3b tiled=1", (4, 4)), ("qwen3-next-80b-a3b tiled=1", (4, 4)),
+                       ("ort-2048 tiled=1", (3, 5)), ("mixtral-8x7b tiled=1", (3, 5)), ("phi-3.5-moe tiled=1", (3, 5))):
+        spec = FAM.spec(cfgs[name])
+        assert (spec["stages"], spec["min_blocks"]) == want, (name, spec["stages"], spec["min_blocks"])
+    with knobs.scope(batched_stages=3, batched_min_blocks=5):
+        spec = FAM.spec(cfgs["qwen3-30b-a3b tiled=1"])
+        assert (spec["stages"], spec["min_blocks"]) == (3, 5)
 
 
 @pytest.mark.parametrize("mode", ["on", "off"])

@@ -349,13 +349,14 @@ def test_wgmma_pairs_agree_with_single_blocks(rng, rows, E, I, kw):  # noqa: E74
 # (rows, E, H, I, k, random_layer kwargs): two row tiles (tiled int4 row-wise) at 8-route passes with FC1's K split
 # over 4 warps and K % 128 != 0 (H 1056: its last chunk a quarter); 32-route passes (N8 4); 3-bit codes (shared
 # 16-byte code copies, K over 2 warps); 8-bit row-wise with zero points; one row tile with scaled pairs, zero points
-# and FC3 at 16-route passes (two chunks a stage); 2-bit (four chunks a stage)
+# and FC3 at 16-route passes (two chunks a stage); 2-bit (four chunks a stage); 64 experts: the deeper ring (4 stages)
 X_BLOCK = [(24, 16, 1056, 256, 2, dict(bits=4, block_size=0, activation_type="swiglu", swiglu_fusion=1, bias=True)),
            (300, 8, 256, 384, 2, dict(bits=4, block_size=128, activation_type="swiglu", swiglu_fusion=2)),
            (24, 16, 512, 256, 2, dict(bits=3, block_size=128, activation_type="relu")),
            (24, 16, 256, 512, 2, dict(bits=8, block_size=0, zero_points=True, activation_type="gelu")),
            (48, 16, 384, 256, 2, dict(bits=4, block_size=32, zero_points=True, activation_type="silu", fc3=True)),
-           (24, 16, 512, 256, 2, dict(bits=2, block_size=64, activation_type="swiglu", swiglu_fusion=1))]
+           (24, 16, 512, 256, 2, dict(bits=2, block_size=64, activation_type="swiglu", swiglu_fusion=1)),
+           (40, 64, 512, 256, 4, dict(bits=4, block_size=128, activation_type="swiglu", swiglu_fusion=2, bias=True))]
 
 
 @pytest.mark.parametrize("rows, E, H, I, k, kw", X_BLOCK, ids=[f"{r}-{e}-{h}-{i}" for r, e, h, i, _, _ in X_BLOCK])

@@ -43,7 +43,10 @@ def test_sm90_decisions_are_the_recorded_ones():
     engine's blocks could stage their activations: every batched plan's configure() gained the choice (xb); with the
     knob batched_x_block off the launches were those before; on by its rule, the _xb kernels and their shared memory
     in one GEMM or both at the calls where the stages fit (qwen3-30b-a3b and deepseek-v3-tp8 at 3-64 tokens,
-    qwen3-next-80b-a3b at 3-64 and 128, ort-2048 at 3-17). A change that only changes
+    qwen3-next-80b-a3b at 3-64 and 128, ort-2048 at 3-17). Rewritten when the batched engine took a ring of 4 stages
+    with registers for 4 blocks an SM on layers of 64 experts or more: the batched plans of qwen3-30b-a3b,
+    qwen3-next-80b-a3b and deepseek-v3-tp8 (their rings' bytes and, with them, which GEMMs take the x stages). A change
+    that only changes
     what a family's configure() returns rewrites the last digest of each entry, never the one before it."""
     fixture = json.loads(FIXTURE.read_text())
     assert fixture["target"] == "sm_90a" and tuple(fixture["tokens"]) == plan_walk.TOKENS
