@@ -114,11 +114,12 @@ def min_blocks(spec: ModuleSpec, br: int) -> int:
 
 #: The ring depth and the 8-route kernels' blocks an SM (tuning knobs batched_stages, batched_min_blocks): the decode
 #: engine's, and on layers of DEEP_RING_EXPERTS experts or more a ring of 4 stages with registers for 4 blocks an SM,
-#: whose rings and x stages still fit them. H100, `bench ab` on the peers' layer (session 44, call 4), 4 stages and 4
+#: whose rings and x stages still fit them. H100, `bench ab` on the peers' layer (docs/performance-log.md), 4 stages and 4
 #: blocks against 3 and 5: qwen3-30b-a3b (128 experts) at 3 / 4 / 8 / 16 / 32 / 64 tokens 53.7 → 52.2, 58.3 → 57.0,
 #: 88.0 → 85.4, 115.8 → 102.8, 141.8 → 133.8, 158.6 → 149.0 µs; ort-2048 (8 experts, its K split over the warps, where
-#: the deeper ring leaves no room for FC1's x stages) at 3 / 4 / 8 / 16 tokens +3.8 / +1.6 / +5.5 / +6.3 %; registers
-#: for 4 blocks alone within −2.6 to +0 % on qwen3 16-64. Nothing was measured between 8 and 128 experts.
+#: the deeper ring leaves no room for FC1's x stages) at 3 / 4 / 8 / 16 tokens +3.8 / +1.6 / +5.5 / +6.3 %. Registers
+#: for 4 blocks with 3 stages: qwen3 −5.4 to 0 %, ort −0.3 to −3.0 % (one call, not taken). Nothing was measured
+#: between 8 and 128 experts.
 STAGES = 3
 DEEP_STAGES = 4
 STAGES_ALLOWED = (2, 3, 4, 5, 6)
