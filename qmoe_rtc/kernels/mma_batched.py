@@ -53,6 +53,7 @@ from .mma_decode import (
     ring_decisions,
     ring_gemm,
     smem_refusal,
+    stage_chunks,
 )
 
 __all__ = ["BatchedCall", "MmaBatchedFamily", "max_routes_per_expert", "per_expert", "tile_routes",
@@ -135,10 +136,9 @@ SMEM_RESERVED = 1024
 
 def x_block_bytes(spec: ModuleSpec, role: str, br: int, ks: int) -> int:
     """Shared memory of a block's x stages (engines/x_block.cuh x_block_bytes): the ring's stages of ``ks`` · KST
-    chunks (KST: the weight stage's chunks, kernels/mma_decode.py ring_bytes) of ``br`` routes' activations."""
+    chunks (KST: the weight stage's chunks, kernels/mma_decode.py stage_chunks) of ``br`` routes' activations."""
     bits = spec["fc1_bits"] if role == "fc1" else spec["fc2_bits"]
-    kst = 1 if bits >= 8 else max(1, 8 // bits // spec["row_tiles"])
-    return spec["stages"] * ks * kst * br * X_ROW_BYTES
+    return spec["stages"] * ks * stage_chunks(bits, spec["row_tiles"]) * br * X_ROW_BYTES
 
 
 def x_block(ring: RingGemm, x_bytes: int, per_sm: int, smem_limit: int) -> bool:

@@ -41,7 +41,7 @@ from .base import KernelFamily, Problem, Slot, register
 from .tuning import Tuning
 
 __all__ = ["DecodeCall", "MmaDecodeFamily", "RingGemm", "decode_smem_bytes", "launch_smem", "ring_bytes", "ring_decisions",
-           "ring_gemm", "smem_refusal", "tile_routes", "x_lane_bytes", "x_ring", "x_ring_bytes", "x_staged"]
+           "ring_gemm", "smem_refusal", "stage_chunks", "tile_routes", "x_lane_bytes", "x_ring", "x_ring_bytes", "x_staged"]
 
 THREADS = 128  # kMmaThreads (4 warps)
 WARPS = 4
@@ -62,11 +62,16 @@ def _stages() -> int:
     return n
 
 
+def stage_chunks(bits: int, row_tiles: int = 1) -> int:
+    """KST, the 128-code chunks a ring stage holds (engines/mma_stage.cuh MmaStage::KST): 2 KiB of codes a stage."""
+    return 1 if bits >= 8 else max(1, 8 // bits // row_tiles)
+
+
 def ring_bytes(bits: int, scale_bytes: int, block_size: int, zp_packed: bool, stages: int, row_tiles: int = 1,
                tiled_meta: bool = False) -> int:
     """Dynamic shared memory of one block (engines/mma_stage.cuh MmaStage): 4 warps × stages × stage bytes, a stage
     holding ``kst`` chunks of the warp's ``2·row_tiles`` lane rows."""
-    kst = 1 if bits >= 8 else max(1, 8 // bits // row_tiles)
+    kst = stage_chunks(bits, row_tiles)
     words = meta_words(bits, scale_bytes, block_size, zp_packed, tiled_meta)
     rows = 2 * row_tiles
     stage = kst * rows * 32 * 4 * bits + kst * rows * words * 32 * 4
@@ -101,8 +106,7 @@ def x_staged(spec: ModuleSpec, problem: Problem) -> int:
 def x_lane_bytes(bits: int, stages: int) -> int:
     """A route lane's part of a warp's x ring (engines/x_ring.cuh XRing::kLaneBytes, which the kernels check against
     it): ``stages`` stages of KST chunks (as :func:`ring_bytes`'s) of 256 bytes, padded by 32 bytes."""
-    kst = 1 if bits >= 8 else max(1, 8 // bits)
-    return stages * kst * X_CHUNK_BYTES + 32
+    return stages * stage_chunks(bits) * X_CHUNK_BYTES + 32
 
 
 def x_ring_bytes(bits: int, stages: int, xs: int) -> int:

@@ -149,12 +149,13 @@ KNOBS: dict[str, Knob] = {
              "the cache key.",
              allowed=(0, 4, 5, 6, 7, 8)),
         Knob("batched_stages", None, "int", 0,
-             "Tuning only: cp.async ring depth of the batched-decode kernels (0 = kernels/mma_batched.py STAGES); a "
-             "-D option, hence part of the cache key.",
+             "Tuning only: cp.async ring depth of the batched-decode kernels (0 = kernels/mma_batched.py's: 3, 4 on "
+             "layers of 64 experts or more); a -D option, hence part of the cache key.",
              allowed=(0, 2, 3, 4, 5, 6)),
         Knob("batched_min_blocks", None, "int", 0,
              "Tuning only: resident blocks per SM the registers of the batched-decode kernels at 8 routes a pass are "
-             "set for (0 = kernels/mma_batched.py MIN_BLOCKS_8); a -D option, hence part of the cache key.",
+             "set for (0 = kernels/mma_batched.py's: 5, 4 on layers of 64 experts or more); a -D option, hence part of "
+             "the cache key.",
              allowed=(0, 4, 5, 6, 7, 8)),
         Knob("mma_expert_flow", None, "bool", True,
              "Tuning only: the decode FC2 blocks of an expert start when that expert's FC1 blocks have counted "

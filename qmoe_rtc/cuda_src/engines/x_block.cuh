@@ -1,7 +1,7 @@
 // engines/x_block.cuh: the activations of a batched block's route pass, copied once per block into shared memory
 // and read there by every warp (engines/mma_ring.cuh with an XBlock): the warps of a block that compute different
 // rows of the same K slice read the same activations, which they would otherwise load from global memory each,
-// just before the MMAs that need them (the batched engine's long-scoreboard stalls, docs/performance.md).
+// just before the MMAs that need them (the batched engine's long-scoreboard stalls, docs/performance-log.md).
 //
 // A ring of kMmaStages stages beside the warps' weight rings; stage i holds the block's chunks [i·step, (i+1)·step)
 // (step = KS·KST: warp slice ks computes chunks ks + u·KS of it), each chunk the 128 activations of kRoutes routes:
