@@ -364,8 +364,8 @@ def test_batched_x_block_agrees_with_own_loads(rng, rows, E, H, I, k, kw):  # no
     """The batched engine's blocks with their routes' activations staged once in shared memory (knob
     batched_x_block on: the _xb kernels, a barrier a stage) and with each warp loading its own (off): each meets
     the reference with every element written, replay equals eager bitwise, both give the same output (the same
-    activations into the same MMAs), and the plans launch the kernels the knob names. K split over 2 and 4 warps
-    (the first three layouts' FC1), 8-, 16- and 32-route passes."""
+    activations into the same MMAs), and the plans launch the kernels the knob names. K split over 4 warps (the first
+    layout's FC1) and 2 (the 3-, 8- and 2-bit layouts' FC1 or FC2), 8-, 16- and 32-route passes."""
 
     def kernels(plan):  # (called inside the value's knob scope)
         keys = [s.kernel.key for s in plan.steps if s.role in ("fc1", "fc2")]
