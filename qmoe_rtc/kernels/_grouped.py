@@ -14,6 +14,7 @@ from ..settings import knobs
 from ..specialize import CPP_TYPES, ModuleSpec
 from ._expert import gate_of
 from .base import Problem, Slot
+from .route import routes_in_group
 
 GROUP_THREADS = 1024  # kGroupThreads
 GROUP_MAX_EXPERTS = 1023  # kGroupMaxExperts: routed + shared experts [ext] (the kernel takes 256 a pass)
@@ -28,10 +29,43 @@ GROUP_KERNEL = KernelDef("group", "qmoe::group_by_expert<>",
                           Ptr("offsets", "int32"), Ptr("tile_offsets", "int32"), Ptr("sorted", "int32")))
 
 
-def group_and_combine(spec: ModuleSpec) -> tuple[KernelDef, ...]:
-    """group_by_expert (routing/group.cuh) and combine_routes (epilogue/combine.cuh) for the spec's dtype."""
+def lead_args(lt: str, wt: str) -> tuple:
+    """Arguments of routing/route_group.cuh's ``route_group`` (logits in ``lt``, router_weights in ``wt``): the warp
+    routing's, then the grouping's."""
+    return (Ptr("logits", lt), Ptr("router_weights", wt, nullable=True), Scalar("rows", "int32"),
+            Scalar("E_logits", "int32"), Scalar("k_routed", "int32"), Scalar("S", "int32"), Scalar("normalize", "int32"),
+            Scalar("E_routed", "int32"), Ptr("expert_map", "int32", nullable=True), Ptr("topk_ids", "int32"),
+            Ptr("topk_w", "float32"), *GROUP_KERNEL.args[1:])
+
+
+def lead_kernels(spec: ModuleSpec, template: str = "qmoe::route_group<{}>", key: str = "route_group",
+                 extra: tuple = ()) -> tuple[KernelDef, ...]:
+    """The group step's kernels for calls that route in it (:func:`~.route.routes_in_group`), one per logits dtype and
+    router-weights dtype (none, float32 or the activations'): ``template`` formatted with ``LT, WT, HAS_RW``, keys
+    :func:`lead_key`'s, ``extra`` arguments after the grouping's."""
+    T = spec["dtype"]
+    dts = ["float32"] if T == "float32" else ["float32", T]
+    return tuple(KernelDef(f"{key}_{lt}" + (f"_rw_{rw}" if rw else ""),
+                           template.format(f"{CPP_TYPES[lt]}, {CPP_TYPES[rw or lt]}, {'true' if rw else 'false'}"),
+                           lead_args(lt, rw or lt) + extra)
+                 for lt in dts for rw in [None, *dts])
+
+
+def group_key(problem: Problem, key: str = "route_group") -> str:
+    """The group step's kernel: ``group`` (the routing ran before it), or where it routes the call itself
+    (:func:`~.route.routes_in_group`) :func:`lead_kernels`' for the call's logits and router-weights dtypes."""
+    if not routes_in_group(problem):
+        return "group"
+    rw = problem.router_weights_dtype
+    return f"{key}_{problem.router_dtype}" + (f"_rw_{rw}" if rw else "")
+
+
+def group_and_combine(spec: ModuleSpec, lead: bool = True) -> tuple[KernelDef, ...]:
+    """group_by_expert (routing/group.cuh), with ``lead`` :func:`lead_kernels` (the family's header includes
+    routing/route_group.cuh), and combine_routes (epilogue/combine.cuh) for the spec's dtype."""
     return (
         GROUP_KERNEL,
+        *(lead_kernels(spec) if lead else ()),
         KernelDef("combine", f"qmoe::combine_routes<{CPP_TYPES[spec['dtype']]}>",
                   (Ptr("y", "float32"), Scalar("parts", "int32"), Scalar("plane", "int64"), Ptr("topk_ids", "int32"),
                    Ptr("topk_w", "float32"), Scalar("rows", "int32"), Scalar("k", "int32"), Scalar("H", "int32"),
@@ -57,8 +91,9 @@ def combine_launch(problem: Problem, parts: int = 1) -> Launch:
 def grouped_scratch(role: str, problem: Problem, act_itemsize: int, planes: int = 1) -> dict[str, Slot]:
     """A grouped step's scratch; ``planes``: y's [R, H] planes (an FC2 that runs K in parts, each its own plane)."""
     R, E = problem.routes, problem.experts
-    if role == "group":  # offsets / tile_offsets [E + 1] i32, sorted [R] i32
-        return {"offsets": Slot(4 * (E + 1)), "tile_offsets": Slot(4 * (E + 1)), "sorted": Slot(4 * R)}
+    if role == "group":  # offsets / tile_offsets [E + 1] i32, sorted [R] i32; routing in it: topk_ids / topk_w [R]
+        routes = {"topk_ids": Slot(4 * R), "topk_w": Slot(4 * R)} if routes_in_group(problem) else {}
+        return {"offsets": Slot(4 * (E + 1)), "tile_offsets": Slot(4 * (E + 1)), "sorted": Slot(4 * R), **routes}
     if role == "fc1":
         return {"act_sorted": Slot(R * problem.I * act_itemsize)}  # [R, I]
     if role == "fc2":

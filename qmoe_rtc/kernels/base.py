@@ -52,6 +52,7 @@ class Problem:
     sms: int = 0  # the device's multiprocessors (0 when unknown: warm tool, CPU tests; see sm_count)
     smem: int = 0  # the device's opt-in dynamic shared memory per block, bytes (0 when unknown: see smem_limit)
     sigmoid_routing: bool = False  # grouped sigmoid routing [ext] (routing/route_grouped.cuh)
+    expert_counts: bool = False  # routing adds each pick to the layer's expert statistics [ext]
 
     @classmethod
     def for_config(cls, config, rows: int, **call) -> Problem:
@@ -61,7 +62,8 @@ class Problem:
         return cls(rows=rows, E=config.experts, H=config.hidden, I=config.inter, k=config.k, dtype=config.layout.dtype,
                    sparse=config.use_sparse_mixer, shared=config.shared, shared_gate=config.shared_gate,
                    router_gemm=config.router_gemm, all_experts=config.all_experts,
-                   sigmoid_routing=config.scoring_func == "sigmoid", **call)
+                   sigmoid_routing=config.scoring_func == "sigmoid",
+                   expert_counts=bool(getattr(config, "expert_counts", False)), **call)
 
     @property
     def device(self) -> ArchSpec:

@@ -20,7 +20,15 @@ from ._expert import (
     template_types,
     tiled_unsupported,
 )
-from ._grouped import GROUP_MAX_EXPERTS, combine_launch, group_and_combine, group_launch, grouped_scratch, route_tiles
+from ._grouped import (
+    GROUP_MAX_EXPERTS,
+    combine_launch,
+    group_and_combine,
+    group_key,
+    group_launch,
+    grouped_scratch,
+    route_tiles,
+)
 from .base import KernelFamily, Problem, Slot, register
 
 __all__ = ["GemmFamily", "tile_routes"]
@@ -78,7 +86,7 @@ class GemmFamily(KernelFamily):
     def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem, call=None) -> str:
         if role in ("fc1", "fc2"):
             return f"{role}_br{tile_routes(problem.routes, problem.experts)}"
-        return role
+        return group_key(problem) if role == "group" else role
 
     def launch(self, spec: ModuleSpec, role: str, problem: Problem, call=None) -> Launch:
         br = tile_routes(problem.routes, problem.experts)

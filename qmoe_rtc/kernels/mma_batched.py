@@ -38,6 +38,7 @@ from ._grouped import (
     GROUP_MAX_EXPERTS,
     combine_launch,
     group_and_combine,
+    group_key,
     group_launch,
     grouped_scratch,
     tuning_knob,
@@ -273,7 +274,7 @@ class MmaBatchedFamily(KernelFamily):
         if role in ("fc1", "fc2"):
             call = call or self.configure(spec, problem)
             return f"{role}_br{call.br}{'_xb' if call.x_block(role) else ''}"
-        return role
+        return group_key(problem) if role == "group" else role
 
     def geometry(self, spec: ModuleSpec, role: str, problem: Problem, call: BatchedCall | None = None) -> tuple[int, int]:
         """(KS, grid.x) of ``role``: K-split warps and blocks of output rows (:meth:`configure`)."""

@@ -35,6 +35,7 @@ from ._grouped import (
     GROUP_MAX_EXPERTS,
     combine_launch,
     group_and_combine,
+    group_key,
     group_launch,
     grouped_scratch,
     route_group,
@@ -195,7 +196,7 @@ class MmaPrefillFamily(KernelFamily):
     def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem, call: MmaPrefillCall | None = None) -> str:
         if role in ("fc1", "fc2"):
             return f"{role}_br{(call or self.configure(spec, problem)).br}"
-        return role
+        return group_key(problem) if role == "group" else role
 
     def launch(self, spec: ModuleSpec, role: str, problem: Problem, call: MmaPrefillCall | None = None) -> Launch:
         c = call or self.configure(spec, problem)

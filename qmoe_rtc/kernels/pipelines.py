@@ -22,13 +22,21 @@ __all__ = ["PIPELINES", "Choice", "Pipeline", "Step", "choose", "decode_limit", 
 @dataclass(frozen=True)
 class Step:
     """One launch of a pipeline. ``when``: a :class:`~qmoe_rtc.specialize.ModelConfig` field that must
-    be set for the step to run (``"router_gemm"``: the layer computes its own logits); '' = always."""
+    be set for the step to run (``"router_gemm"``: the layer computes its own logits); '' = always. ``into``:
+    "group" when the pipeline's group step does this step's work at calls where the grouped engines route in their
+    group launch (:func:`~qmoe_rtc.kernels.route.routes_in_group`); the step is then not launched."""
 
     family: str
     role: str
     when: str = ""
+    into: str = ""
 
-    def runs(self, config: ModelConfig) -> bool:
+    def runs(self, config: ModelConfig, problem: Problem | None = None) -> bool:
+        if self.into and problem is not None:
+            from .route import routes_in_group
+
+            if routes_in_group(problem):
+                return False
         return not self.when or bool(getattr(config, self.when))
 
 
@@ -47,17 +55,22 @@ class Pipeline:
     def families(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(s.family for s in self.steps))
 
-    def steps_for(self, config: ModelConfig) -> tuple[Step, ...]:
-        """The steps that run for ``config`` (conditional ones dropped)."""
-        return tuple(s for s in self.steps if s.runs(config))
+    def steps_for(self, config: ModelConfig, problem: Problem | None = None) -> tuple[Step, ...]:
+        """The steps that run for ``config`` (conditional ones dropped), at ``problem`` when given (steps done inside
+        the group step's launch dropped too: :attr:`Step.into`)."""
+        return tuple(s for s in self.steps if s.runs(config, problem))
 
 
-#: Every pipeline starts with these: the router GEMM when the layer has one, then routing.
+#: Every pipeline starts with these: the router GEMM when the layer has one, then routing (on the grouped path
+#: done inside the group step's launch at calls of few rows: routes_in_group).
 _ROUTING = (Step("route", "logits", when="router_gemm"), Step("route", "route"))
+_GROUPED_ROUTING = (_ROUTING[0], Step("route", "route", into="group"))
 
 
-def _steps(*pairs: tuple[str, str]) -> tuple[Step, ...]:
-    return _ROUTING + tuple(Step(f, r) for f, r in pairs)
+def _steps(*pairs: tuple[str, ...]) -> tuple[Step, ...]:
+    """A pipeline's steps: routing, then (family, role[, into]) each."""
+    grouped = any(p[1] == "group" for p in pairs)
+    return (_GROUPED_ROUTING if grouped else _ROUTING) + tuple(Step(*p) for p in pairs)
 
 
 _TENSOR_CORES = "float16/bfloat16, 1/2/3/4/8-bit and FP8 (FP8 on sm_89+), H and I multiples of 32"
@@ -68,7 +81,7 @@ PIPELINES: tuple[Pipeline, ...] = (
              "tensor cores (mma.sync), FC1 with the activation fused, FC2 with the combine", _TENSOR_CORES),
     Pipeline("decode-gemv", "decode", _steps(("gemv", "fc1"), ("gemv", "fc2")), "SIMT, FC2 with the combine",
              "everything else"),
-    Pipeline("prefill-wgmma", "prefill", _steps(("wgmma_prefill", "group"), ("wgmma_prefill", "permute"),
+    Pipeline("prefill-wgmma", "prefill", _steps(("wgmma_prefill", "group"), ("wgmma_prefill", "permute", "", "group"),
                                                 ("wgmma_prefill", "fc1"), ("wgmma_prefill", "fc2"),
                                                 ("wgmma_prefill", "combine")), "Hopper warpgroup MMA",
              "as decode-mma, on sm_90a: after the decode path on experts of 9 MiB or more, from 4.5 routes per expert "

@@ -26,8 +26,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import QMoEUnsupportedError
+from ..errors import KnobError, QMoEUnsupportedError
 from ..jit import KernelDef, Launch, Ptr, Scalar
+from ..settings import knobs
 from ..specialize import CPP_TYPES, ModuleSpec
 from .arch import DEFAULT_SMS
 from .base import KernelFamily, Problem, Slot, register
@@ -74,6 +75,31 @@ def routes_by_warp(logits: int, sparse: bool, gate: bool, sigmoid: bool = False)
 def warp_kernel(problem: Problem) -> bool:
     """:func:`routes_by_warp` for a problem."""
     return routes_by_warp(problem.logit_count, problem.sparse, bool(problem.shared_gate), problem.sigmoid_routing)
+
+
+#: routing/route_group.cuh: routing and grouping in one block. kLeadMaxRoutes (the ids' copy in shared memory), and
+#: the routes up to which ``route_in_group`` 'auto' takes it: measured (H100, one process, the peers' layers) 0.5-2.9 %
+#: faster up to 64 routes (gpt-oss-120b 8 tokens, mixtral-8x7b 4-32, qwen3-30b-a3b 4-8, ort-2048 4-32), slower from
+#: 128 (its one block routes 32 rows at a time and writes a 128-expert layer's tile table alone: qwen3 64 tokens
+#: +5.7 %, ort 64 +3.7 %, gpt-oss 32-64 +1.1 to +1.8 %) and at gpt-oss 16 tokens (64 routes, +0.6 %).
+LEAD_MAX_ROUTES = 2048
+LEAD_ROUTES = 64
+
+
+def routes_in_group(problem: Problem) -> bool:
+    """Whether a grouped (prefill-path) engine's first launch routes the call itself, a warp a row, and groups its routes
+    in the same block (routing/route_group.cuh; the wgmma engine's also does wg_prepare's work): one launch instead of
+    the routing kernel's and the grouping's (and wg_prepare's). The pipelines drop the steps it absorbs (their
+    ``into``), the grouped families launch its kernel for their group step: both read this one decision. Only for
+    layers the warp kernel routes (:func:`warp_kernel`), without a router GEMM or expert statistics [ext] (their
+    routing keeps its own launch), at most LEAD_MAX_ROUTES routes; knob ``route_in_group``: 'auto' up to LEAD_ROUTES
+    routes (rows·(k + S)), 'on' up to LEAD_MAX_ROUTES, 'off' never."""
+    mode = knobs.get("route_in_group")
+    if mode not in ("auto", "on", "off"):
+        raise KnobError(knobs.label("route_in_group"), "one of ['auto', 'on', 'off']", repr(mode))
+    if mode == "off" or not warp_kernel(problem) or problem.router_gemm or problem.expert_counts:
+        return False
+    return 0 < problem.routes <= (LEAD_MAX_ROUTES if mode == "on" else LEAD_ROUTES)
 
 
 def logits_key(weight_dtype: str, kind: str) -> str:

@@ -52,10 +52,13 @@ from ._expert import (
 )
 from ._grouped import (
     GROUP_MAX_EXPERTS,
+    GROUP_THREADS,
     combine_launch,
     group_and_combine,
+    group_key,
     group_launch,
     grouped_scratch,
+    lead_kernels,
     route_group,
     route_tiles,
     tile_slots,
@@ -65,6 +68,7 @@ from ._grouped import (
 )
 from .base import KernelFamily, Problem, Slot, register
 from .engine_choice import crossovers, wgmma_passed_for_batched
+from .route import routes_in_group
 from .tuning import knob as tuned_knob
 from .wgmma_geometry import (
     CHUNK,
@@ -114,6 +118,7 @@ class WgCall:
     rp: int  # rows of the pairs' route-tile images (image_rows), 0 without pairs
     slots: int  # route-tile slots of the tile table, which the FC1 / FC2 grids cover (tile_slots)
     group: int  # G: route tiles launched side by side for each weight tile (_grouped.route_group)
+    lead: bool = False  # the group step routes the call and does the permute step's work (route.routes_in_group)
 
 
 @register
@@ -189,12 +194,16 @@ class WgmmaPrefillFamily(KernelFamily):
     def kernels(self, spec: ModuleSpec) -> tuple[KernelDef, ...]:
         t = template_types(spec)
         dt, sdt = spec["dtype"], spec["scale_dtype"]
-        out = list(group_and_combine(spec))
+        out = list(group_and_combine(spec, lead=False))
+        table = (Scalar("slots", "int32"), Ptr("tile_info", "int32"), Ptr("tile_rows", "int32"))
         out.append(KernelDef("permute", f"qmoe::wg_prepare<{CPP_TYPES[dt]}, {t['B1']}>",
                              (Ptr("x", dt), Scalar("rows", "int32"), Scalar("H", "int32"), Scalar("Hp", "int32"),
                               Ptr("xp", dt), Ptr("y", "float32"), Scalar("y_zero", "int64"), ROUTE_GROUPS_ARG,
-                              Scalar("E", "int32"), Scalar("BR", "int32"), Scalar("slots", "int32"),
-                              Ptr("tile_info", "int32"), Ptr("tile_rows", "int32"))))
+                              Scalar("E", "int32"), Scalar("BR", "int32"), *table)))
+        # the group step where it routes the call: also the permute step's work (x permuted, y zeroed, the tile table)
+        out += lead_kernels(spec, f"qmoe::wg_route_group<{CPP_TYPES[dt]}, {t['B1']}, {{}}>", "wg_route_group",
+                            (Ptr("x", dt), Scalar("H", "int32"), Scalar("Hp", "int32"), Ptr("xp", dt), Ptr("y", "float32"),
+                             Scalar("y_zero", "int64"), *table))
         pair = pair_kernels(spec)
         if pair:  # the pairs' input: x's route-tile image xs [Hp / 64, Rp, 64] (engines/wg_image.cuh), and the tile table
             out.append(KernelDef("permute_image", f"qmoe::wg_prepare_image<{CPP_TYPES[dt]}, {t['B1']}>",
@@ -239,8 +248,8 @@ class WgmmaPrefillFamily(KernelFamily):
         mode = knobs.get("prefill_wg_pairs")
         if mode not in ("auto", "on", "off"):
             raise KnobError(knobs.label("prefill_wg_pairs"), "one of ['auto', 'on', 'off']", repr(mode))
-        if mode == "off" or not pair_kernels(spec) or br != PAIR_ROUTES:
-            return False
+        if mode == "off" or not pair_kernels(spec) or br != PAIR_ROUTES or routes_in_group(problem):
+            return False  # (a group step that routes permutes x in rows, not into an image)
         nt1 = weight_tiles(spec, "fc1", padded(problem.I), 4 * groups_of(spec, "fc1", PAIR_ROUTES))
         return mode == "on" or (nt1 >= problem.device.tuning.wgmma_pair_min_fc1_tiles and ks == 1)
 
@@ -254,7 +263,8 @@ class WgmmaPrefillFamily(KernelFamily):
         pair = self._pairs(spec, problem, br, ks)
         group = route_group()
         return WgCall(br, pair, 1 if pair else ks, parts, padded(problem.H), padded(problem.I),
-                      image_rows(spec, problem) if pair else 0, tile_slots(problem, br, group), group)
+                      image_rows(spec, problem) if pair else 0, tile_slots(problem, br, group), group,
+                      routes_in_group(problem))
 
     def _k_split(self, spec: ModuleSpec, problem: Problem, br: int) -> int:
         """KS, the blocks FC2 launches a tile at route tile ``br``: 2 (its halves of K, when the device
@@ -280,11 +290,18 @@ class WgmmaPrefillFamily(KernelFamily):
         c = call or self.configure(spec, problem)
         if role in ("fc1", "fc2"):
             return f"{role}_br{c.br}" + ("_pair" if c.pair else "")
+        if role == "group":
+            return group_key(problem, "wg_route_group")
         return "permute_image" if role == "permute" and c.pair else role
 
     def launch(self, spec: ModuleSpec, role: str, problem: Problem, call: WgCall | None = None) -> Launch:
         c = call or self.configure(spec, problem)
         br, Hp, Ip = c.br, c.Hp, c.Ip
+        if role == "group" and c.lead:  # block 0 routes, groups and writes the tile table, the blocks after it do the
+            # permute step's work (its geometry in blocks of GROUP_THREADS)
+            p = self.launch(spec, "permute", problem, c)
+            units = -(-p.grid[0] * p.block[0] // GROUP_THREADS)
+            return Launch((1 + units, 1, 1), (GROUP_THREADS, 1, 1), 0, p.args, overlap=overlapped(problem))
         if role in ("group", "combine"):  # each waits for the kernel before it (core/pdl.cuh)
             launch = group_launch(br) if role == "group" else combine_launch(problem, c.fc2_parts)
             return replace(launch, overlap=overlapped(problem))
@@ -316,6 +333,8 @@ class WgmmaPrefillFamily(KernelFamily):
     def scratch(self, spec: ModuleSpec, role: str, problem: Problem, call: WgCall | None = None) -> dict[str, Slot]:
         c = call or self.configure(spec, problem)
         item = 2  # T is float16 / bfloat16
+        if role == "group" and c.lead:  # the permute step's buffers too
+            return {**grouped_scratch(role, problem, item), **self.scratch(spec, "permute", problem, c)}
         if role == "permute":  # the tile table (wg_tiles.cuh); xp [rows, Hp] and y [parts, R, H] f32 (zeroed for halves),
             # or for pairs xs [Hp / 64, Rp, 64]
             table = {"tile_info": Slot(16 * c.slots), "tile_rows": Slot(4 * c.slots * c.br)}  # [slots] int4, [slots, BR] i32

@@ -42,18 +42,21 @@ def problem_scalars(p: Problem) -> dict:
 
 
 def launched(pipeline: Pipeline, specs: dict, config, problem: Problem) -> dict[ModuleSpec, set[str]]:
-    """The kernel keys ``pipeline``'s steps launch at ``problem``, by module spec (``specs``: each family's)."""
-    out: dict[ModuleSpec, set[str]] = {s: set() for s in specs.values()}
+    """The kernel keys ``pipeline``'s steps launch at ``problem``, by module spec (``specs``: each family's); a family
+    none of whose steps runs at ``problem`` (the routing, where the group step routes) has no entry: nothing of it
+    is loaded."""
+    out: dict[ModuleSpec, set[str]] = {}
     calls = _calls(pipeline, specs, config, problem)
-    for st in pipeline.steps_for(config):
-        out[specs[st.family]].add(get_family(st.family).kernel_for(specs[st.family], st.role, problem, calls[st.family]))
+    for st in pipeline.steps_for(config, problem):
+        spec = specs[st.family]
+        out.setdefault(spec, set()).add(get_family(st.family).kernel_for(spec, st.role, problem, calls[st.family]))
     return out
 
 
 def _calls(pipeline: Pipeline, specs: dict, config, problem: Problem) -> dict:
     """Each family's choices for the call (:meth:`~qmoe_rtc.kernels.base.KernelFamily.configure`), made once."""
     return {f: get_family(f).configure(specs[f], problem) for f in dict.fromkeys(st.family for st in
-                                                                                 pipeline.steps_for(config))}
+                                                                                 pipeline.steps_for(config, problem))}
 
 
 def load_launched(wanted, device_id: int) -> dict[ModuleSpec, LoadedModule]:
@@ -100,7 +103,7 @@ class Plan:
         kernels :func:`launched` names), its family's launch geometry and scratch."""
         steps = []
         calls = _calls(pipeline, specs, config, problem)
-        for st in pipeline.steps_for(config):
+        for st in pipeline.steps_for(config, problem):
             fam, spec, call = get_family(st.family), specs[st.family], calls[st.family]
             steps.append(PlanStep(st.family, st.role, spec, modules[spec][fam.kernel_for(spec, st.role, problem, call)],
                                   fam.launch(spec, st.role, problem, call), fam.scratch(spec, st.role, problem, call)))

@@ -218,6 +218,12 @@ KNOBS: dict[str, Knob] = {
              "Tuning only: routes the batched-decode engine serves per pass over the weights (8, 16 or 32; "
              "0 = from the routes per expert).",
              allowed=(0, 8, 16, 32)),
+        Knob("route_in_group", None, "str", "auto",
+             "Tuning (and tests) only: whether a grouped engine's first launch routes the call itself and groups it "
+             "in one block (routing/route_group.cuh; the wgmma engine's also permutes x), one launch instead of two "
+             "or three: 'auto' for calls of up to 64 routes (kernels/route.py routes_in_group), 'on' wherever it can "
+             "(softmax routing a warp a row, at most 2048 routes, no router GEMM or expert statistics), 'off' never.",
+             allowed=_ON_OFF),
         Knob("batched_x_block", None, "str", "auto",
              "Tuning (and tests) only: whether the batched-decode engine's blocks copy their routes' activations once "
              "into shared memory, where every warp reads them (engines/x_block.cuh): 'auto' where the blocks an SM its "

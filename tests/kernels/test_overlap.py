@@ -71,6 +71,8 @@ def test_the_routing_row_start_releases_only_after_its_wait():
 
 @pytest.mark.parametrize("where", sorted([*OVERLAPPED.values(), ("routing/route_warp.cuh", "route_topk_warp"),
                                            ("routing/route_grouped.cuh", "route_grouped"),
+                                           ("routing/route_group.cuh", "route_group"),
+                                           ("engines/wgmma_prefill.cuh", "wg_route_group"),
                                            ("engines/wgmma_prefill.cuh", "wg_prepare_image")]))
 def test_overlapped_kernels_wait_before_reading_earlier_outputs(where):
     path, fn = where
@@ -79,9 +81,10 @@ def test_overlapped_kernels_wait_before_reading_earlier_outputs(where):
     # what each kernel reads that the launch before it writes: logits, ids (FC1), act (FC2); the wgmma prefill's:
     # the routes' ids (grouping), the grouping (wg_prepare's tile table), the tile table (FC1), act_sorted (FC2's
     # main loop; its tile lookup before the wait reads only what was complete when FC1's wait returned), y (combine)
-    first_read = {"route_topk": r"l\[e\]", "route_topk_warp": r"l\[e\]", "route_grouped": r"l\[e\]",
+    first_read = {"route_topk": r"l\[e\]", "route_topk_warp": r"route_row_warp<", "route_group": r"route_and_group<",
+                      "wg_route_group": r"wg_permute_rows<|route_and_group<", "route_grouped": r"l\[e\]",
                   "fc1_mma": r"ids\[blockIdx\.y\]",
-                  "fc2_mma_combine": r"collect_routes\(", "group_by_expert": r"group_walk<",
+                  "fc2_mma_combine": r"collect_routes\(", "group_by_expert": r"group_routes\(",
                   "wg_prepare": r"build_tile_table\(", "wg_prepare_image": r"build_tile_table\(", "fc1_body": r"pf_tile_table<",
                   "fc2_body": r"wg_tile<",
                   "combine_routes": r"ids\[r\]"}[fn]

@@ -46,8 +46,12 @@ def test_sm90_decisions_are_the_recorded_ones():
     qwen3-next-80b-a3b at 3-64 and 128, ort-2048 at 3-17). Rewritten when the batched engine took a ring of 4 stages
     with registers for 4 blocks an SM on layers of 64 experts or more: the batched plans of qwen3-30b-a3b,
     qwen3-next-80b-a3b and deepseek-v3-tp8 (their rings' bytes and, with them, which GEMMs take the x stages). A change
-    that only changes
-    what a family's configure() returns rewrites the last digest of each entry, never the one before it."""
+    that only changes what a family's configure() returns rewrites the last digest of each entry, never the one before
+    it. Rewritten when the grouped engines could route in their group launch (kernels/route.py routes_in_group): with
+    the knob route_in_group off every launch was the one before (the wgmma configure() gained ``lead``); on by its rule
+    (up to 64 routes) the routing and wgmma's permute steps gone and the group step's lead kernel at qwen3-30b-a3b 3-8
+    tokens, mixtral-8x7b and ort-2048 3-32, gpt-oss-20b 4-16, gpt-oss-120b 7-16.
+    """
     fixture = json.loads(FIXTURE.read_text())
     assert fixture["target"] == "sm_90a" and tuple(fixture["tokens"]) == plan_walk.TOKENS
     now = plan_walk.decisions("sm_90a")

@@ -43,15 +43,14 @@ template <int B> __device__ __forceinline__ int wg_logical(int n) {
 // Where natural column o of a row goes in the permuted layout.
 template <int B> __device__ __forceinline__ i32 wg_pos(i32 o) { return (o & ~127) + wg_logical<B>(o & 127); }
 
-// xp[r, c·128 + l] = x[r, c·128 + wg_natural<B>(l)], zero past K: thread i of a grid of 256-thread blocks
-// writes 8 values of xp. Also zeroes the first y_zero floats of y (a multiple of 4; 0: none), for an FC2
-// that adds its halves of K into y (engines/wgmma_prefill.cuh: wg_prepare, fc2_wgmma).
+// xp[r, c·128 + l] = x[r, c·128 + wg_natural<B>(l)], zero past K: thread i of `stride` threads (at least
+// rows·Hp / 8 of them) writes 8 values of xp. Also zeroes the first y_zero floats of y (a multiple of 4; 0: none), for
+// an FC2 that adds its halves of K into y (engines/wgmma_prefill.cuh: wg_prepare, wg_route_group, fc2_wgmma).
 template <typename T, int B>
 __device__ __forceinline__ void wg_permute_rows(const T* __restrict__ x, i32 rows, i32 H, i32 Hp, T* __restrict__ xp,
-                                                float* __restrict__ y, i64 y_zero) {
+                                                float* __restrict__ y, i64 y_zero, i64 i, i64 stride) {
   const i32 units = Hp / 8;
-  const i64 i = (i64)blockIdx.x * 256 + threadIdx.x;
-  for (i64 j = i; j < y_zero / 4; j += (i64)gridDim.x * 256) reinterpret_cast<float4*>(y)[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (i64 j = i; j < y_zero / 4; j += stride) reinterpret_cast<float4*>(y)[j] = make_float4(0.f, 0.f, 0.f, 0.f);
   if (i >= (i64)rows * units) return;
   const i64 r = i / units;
   const i32 u = (i32)(i - r * units), c0 = (u >> 4) * 128, l0 = (u & 15) * 8;

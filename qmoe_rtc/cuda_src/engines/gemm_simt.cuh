@@ -19,6 +19,7 @@
 #include "epilogue/combine.cuh"
 #include "epilogue/fc1.cuh"
 #include "routing/group.cuh"
+#include "routing/route_group.cuh"
 
 namespace qmoe {
 

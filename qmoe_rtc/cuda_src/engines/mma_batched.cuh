@@ -30,6 +30,7 @@
 #include "epilogue/fc1.cuh"
 #include "epilogue/fc2.cuh"
 #include "routing/group.cuh"
+#include "routing/route_group.cuh"
 
 #ifndef QMOE_BATCHED_RT
 #error "QMOE_BATCHED_RT comes from the host (kernels/mma_batched.py row_tiles)"

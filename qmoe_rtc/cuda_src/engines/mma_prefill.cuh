@@ -37,6 +37,7 @@
 #include "engines/lane_tiles.cuh"
 #include "engines/tile_rows.cuh"
 #include "routing/group.cuh"
+#include "routing/route_group.cuh"
 
 namespace qmoe {
 

@@ -23,16 +23,20 @@ namespace qmoe {
 // cause not found), so those keep the search.
 inline constexpr int kTableExperts = 32;
 
-// Writes the table: grid-stride thread j of a kernel that runs after group_by_expert (wg_prepare).
+// Writes the table: grid-stride thread j of a kernel that runs after group_by_expert (wg_prepare), or of the block
+// that grouped (wg_route_group, GPU: the grouping's outputs read at L2 with ld_gpu, never from a cache that could
+// hold the previous call's, after the block barrier that follows their stores).
+template <bool GPU = false>
 __device__ __forceinline__ void build_tile_table(const RouteGroups& rg, i32 E, i32 BR, i32 slots, i64 j, i64 stride,
                                                  i32* __restrict__ tile_info, i32* __restrict__ tile_rows) {
   if (E < kTableExperts) return;
-  const i32 tiles = rg.tile_offsets[E];
+  const i32 tiles = ld_group<GPU>(rg.tile_offsets + E);
   for (; j < (i64)min(tiles, slots) * BR; j += stride) {
     const i32 t = (i32)(j / BR), i = (i32)(j - (i64)t * BR);
-    const i32 e = expert_at(rg.tile_offsets, E, t);
-    const i32 m0 = rg.offsets[e] + (t - rg.tile_offsets[e]) * BR, m_end = min(m0 + BR, rg.offsets[e + 1]);
-    tile_rows[j] = rg.sorted[min(m0 + i, m_end - 1)];
+    const i32 e = expert_at<GPU>(rg.tile_offsets, E, t);
+    const i32 m0 = ld_group<GPU>(rg.offsets + e) + (t - ld_group<GPU>(rg.tile_offsets + e)) * BR;
+    const i32 m_end = min(m0 + BR, ld_group<GPU>(rg.offsets + e + 1));
+    tile_rows[j] = ld_group<GPU>(rg.sorted + min(m0 + i, m_end - 1));
     if (i == 0) reinterpret_cast<int4*>(tile_info)[t] = make_int4(e, m0, m_end, 0);
   }
 }

@@ -9,7 +9,8 @@
 //                                sums are formed) must not depend on timing: graph replays equal eager calls
 //                                bitwise only then (atomics, which placed routes in arrival order, once did not).
 //
-// Launch: one block of kGroupThreads threads, no dynamic shared memory. Any E (the families keep E at most
+// Launch: one block of kGroupThreads threads, no dynamic shared memory (routing/route_group.cuh: the same
+// grouping after the block routed the call itself). Any E (the families keep E at most
 // kGroupMaxExperts, shared experts [ext] counted); experts are taken kGroupSlice at a time.
 //
 // How the order is made: warp w owns the contiguous routes [w·L, (w + 1)·L) (L a multiple of 32, so warps
@@ -92,16 +93,12 @@ __device__ __forceinline__ void group_walk(const i32* __restrict__ topk_ids, i32
   }
 }
 
-// A template (of nothing) so that only a program naming it compiles it: a module built in parts
-// (CompileUnit.parts) names it in one of them, and the others leave it out.
-template <typename = void>
-__global__ void __launch_bounds__(kGroupThreads)
-group_by_expert(const i32* __restrict__ topk_ids, i32 R, i32 E, i32 BR, i32* __restrict__ offsets,
-                i32* __restrict__ tile_offsets, i32* __restrict__ sorted) {
+// The grouping by one block of kGroupThreads threads: topk_ids [R] in global memory (group_by_expert) or shared
+// memory (routing/route_group.cuh, which routes in the same block first).
+__device__ __forceinline__ void group_routes(const i32* __restrict__ topk_ids, i32 R, i32 E, i32 BR, i32* __restrict__ offsets,
+                                             i32* __restrict__ tile_offsets, i32* __restrict__ sorted) {
   __shared__ i32 table[kGroupWarps][kGroupSlice];  // [warp][expert of the slice]: counts, then next positions
   __shared__ i32 warp_tot[2][kGroupWarps];
-  pdl_wait();     // the ids are the routing kernel's (a no-op unless launched overlapped: core/pdl.cuh)
-  pdl_release();  // the next kernel's blocks may start (they wait for this grid)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   // this warp's routes: L per warp, whole steps of 32
   const i32 L = (R + kGroupThreads - 1) / kGroupThreads * 32;
@@ -165,6 +162,17 @@ group_by_expert(const i32* __restrict__ topk_ids, i32 R, i32 E, i32 BR, i32* __r
     offsets[E] = carry_c;
     tile_offsets[E] = carry_t;
   }
+}
+
+// A template (of nothing) so that only a program naming it compiles it: a module built in parts
+// (CompileUnit.parts) names it in one of them, and the others leave it out.
+template <typename = void>
+__global__ void __launch_bounds__(kGroupThreads)
+group_by_expert(const i32* __restrict__ topk_ids, i32 R, i32 E, i32 BR, i32* __restrict__ offsets,
+                i32* __restrict__ tile_offsets, i32* __restrict__ sorted) {
+  pdl_wait();     // the ids are the routing kernel's (a no-op unless launched overlapped: core/pdl.cuh)
+  pdl_release();  // the next kernel's blocks may start (they wait for this grid)
+  group_routes(topk_ids, R, E, BR, offsets, tile_offsets, sorted);
 }
 
 // An i32 read at the GPU's point of coherence (L2; relaxed, gpu scope) instead of through the SM's own caches.

@@ -46,19 +46,16 @@ __device__ __forceinline__ u64 warp_max_composite(u64 v) {
   return ((u64)key << 32) | low;
 }
 
+// Row `row`'s routes, by the calling warp (the kernel below; routing/route_group.cuh routes a call's rows this way
+// inside the grouping's block). ids_s: nullptr, or shared memory [R] that gets the row's ids too, at the same places.
 template <typename LT, typename WT, bool HAS_RW, bool COUNT>
-__global__ void __launch_bounds__(32 * kRouteWarpRows)
-route_topk_warp(const LT* __restrict__ logits, const WT* __restrict__ router_weights, i32 rows, i32 E_logits,
-                i32 k_routed, i32 S, i32 normalize, i32 E_routed, const i32* __restrict__ expert_map,
-                i32* __restrict__ topk_ids, float* __restrict__ topk_w, i64* __restrict__ expert_counts) {
+__device__ __forceinline__ void route_row_warp(i64 row, const LT* __restrict__ logits, const WT* __restrict__ router_weights,
+                                               i32 E_logits, i32 k_routed, i32 S, i32 normalize, i32 E_routed,
+                                               const i32* __restrict__ expert_map, i32* __restrict__ topk_ids,
+                                               float* __restrict__ topk_w, i64* __restrict__ expert_counts, i32* ids_s) {
   const i32 lane = threadIdx.x & 31;
-  const i64 row = (i64)blockIdx.x * kRouteWarpRows + (threadIdx.x >> 5);
-  pdl_wait();     // the logits may come from the router GEMM launched just before
-  pdl_release();  // the expert kernels' blocks may start (they wait for these ids)
-  if (row >= rows) return;
   const i64 out0 = row * (k_routed + S);
   const LT* l = logits + row * E_logits;
-
   u64 c[kRouteWarpPerLane];  // composite of expert lane + 32·j (0: padding, below every real one)
   float v[kRouteWarpPerLane];
   float m = __int_as_float(0xff800000);  // -inf
@@ -100,14 +97,30 @@ route_topk_warp(const LT* __restrict__ logits, const WT* __restrict__ router_wei
   if (normalize)
     for (i32 t = 0; t < k_routed; ++t) s += __shfl_sync(0xffffffffu, my_w, t);  // slot order, every lane
   if (lane < k_routed) {
-    topk_ids[out0 + lane] = expert_map ? expert_map[my_id] : my_id;
+    const i32 id = expert_map ? expert_map[my_id] : my_id;
+    topk_ids[out0 + lane] = id;
+    if (ids_s) ids_s[out0 + lane] = id;
     topk_w[out0 + lane] = normalize ? (s != 0.0f ? my_w / s : 0.0f) : my_w;
     count_route<COUNT>(expert_counts, my_id);
   }
   for (i32 sl = lane; sl < S; sl += 32) {  // shared experts: the row's last S slots
     topk_ids[out0 + k_routed + sl] = E_routed + sl;
+    if (ids_s) ids_s[out0 + k_routed + sl] = E_routed + sl;
     topk_w[out0 + k_routed + sl] = 1.0f;
   }
+}
+
+template <typename LT, typename WT, bool HAS_RW, bool COUNT>
+__global__ void __launch_bounds__(32 * kRouteWarpRows)
+route_topk_warp(const LT* __restrict__ logits, const WT* __restrict__ router_weights, i32 rows, i32 E_logits,
+                i32 k_routed, i32 S, i32 normalize, i32 E_routed, const i32* __restrict__ expert_map,
+                i32* __restrict__ topk_ids, float* __restrict__ topk_w, i64* __restrict__ expert_counts) {
+  const i64 row = (i64)blockIdx.x * kRouteWarpRows + (threadIdx.x >> 5);
+  pdl_wait();     // the logits may come from the router GEMM launched just before
+  pdl_release();  // the expert kernels' blocks may start (they wait for these ids)
+  if (row >= rows) return;
+  route_row_warp<LT, WT, HAS_RW, COUNT>(row, logits, router_weights, E_logits, k_routed, S, normalize, E_routed, expert_map,
+                                        topk_ids, topk_w, expert_counts, nullptr);
 }
 
 }  // namespace qmoe
