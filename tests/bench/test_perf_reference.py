@@ -104,7 +104,7 @@ def test_the_command_prints_the_tables():
     assert r.returncode == 0, r.stderr
     assert r.stdout == "\n".join(reference.render_table(reference.load_run(j), reference.source_label(j))
                                  for j in SOURCES)
-    assert "(source: `docs/reference/decode-peers.json`)" in r.stdout and "NVIDIA H100" in r.stdout
+    assert "(source: `docs/reference/decode-peers.json`)" in r.stdout and "NVIDIA H200" in r.stdout
 
 
 def test_a_bad_json_is_one_line_and_exit_2(tmp_path):
