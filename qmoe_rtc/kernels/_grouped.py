@@ -42,7 +42,7 @@ def lead_kernels(spec: ModuleSpec, template: str = "qmoe::route_group<{}>", key:
                  extra: tuple = ()) -> tuple[KernelDef, ...]:
     """The group step's kernels for calls that route in it (:func:`~.route.routes_in_group`), one per logits dtype and
     router-weights dtype (none, float32 or the activations'): ``template`` formatted with ``LT, WT, HAS_RW``, keys
-    :func:`lead_key`'s, ``extra`` arguments after the grouping's."""
+    :func:`group_key`'s, ``extra`` arguments after the grouping's."""
     T = spec["dtype"]
     dts = ["float32"] if T == "float32" else ["float32", T]
     return tuple(KernelDef(f"{key}_{lt}" + (f"_rw_{rw}" if rw else ""),

@@ -20,15 +20,7 @@ from ._expert import (
     template_types,
     tiled_unsupported,
 )
-from ._grouped import (
-    GROUP_MAX_EXPERTS,
-    combine_launch,
-    group_and_combine,
-    group_key,
-    group_launch,
-    grouped_scratch,
-    route_tiles,
-)
+from ._grouped import GROUP_MAX_EXPERTS, combine_launch, group_and_combine, group_key, group_launch, grouped_scratch, route_tiles
 from .base import KernelFamily, Problem, Slot, register
 
 __all__ = ["GemmFamily", "tile_routes"]

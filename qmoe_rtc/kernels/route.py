@@ -81,7 +81,8 @@ def warp_kernel(problem: Problem) -> bool:
 #: the routes up to which ``route_in_group`` 'auto' takes it: measured (H100, one process, the peers' layers) 0.5-2.9 %
 #: faster up to 64 routes (gpt-oss-120b 8 tokens, mixtral-8x7b 4-32, qwen3-30b-a3b 4-8, ort-2048 4-32), slower from
 #: 128 (its one block routes 32 rows at a time and writes a 128-expert layer's tile table alone: qwen3 64 tokens
-#: +5.7 %, ort 64 +3.7 %, gpt-oss 32-64 +1.1 to +1.8 %) and at gpt-oss 16 tokens (64 routes, +0.6 %).
+#: +5.7 %, ort 64 +3.7 %, gpt-oss 32-64 +1.1 to +1.8 %). At 64 routes gpt-oss 16 tokens (the wgmma engine, whose
+#: tile table that one block writes with L2 reads) is taken though 0.4-0.6 % slower (H200 / H100).
 LEAD_MAX_ROUTES = 2048
 LEAD_ROUTES = 64
 
