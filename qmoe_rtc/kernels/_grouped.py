@@ -29,10 +29,10 @@ GROUP_KERNEL = KernelDef("group", "qmoe::group_by_expert<>",
                           Ptr("offsets", "int32"), Ptr("tile_offsets", "int32"), Ptr("sorted", "int32")))
 
 
-def lead_args(lt: str, wt: str) -> tuple:
-    """Arguments of routing/route_group.cuh's ``route_group`` (logits in ``lt``, router_weights in ``wt``): the warp
-    routing's, then the grouping's."""
-    return (Ptr("logits", lt), Ptr("router_weights", wt, nullable=True), Scalar("rows", "int32"),
+def lead_args(lt: str) -> tuple:
+    """Arguments of routing/route_group.cuh's ``route_group`` (logits in ``lt``): the warp routing's without router
+    weights, then the grouping's."""
+    return (Ptr("logits", lt), Scalar("rows", "int32"),
             Scalar("E_logits", "int32"), Scalar("k_routed", "int32"), Scalar("S", "int32"), Scalar("normalize", "int32"),
             Scalar("E_routed", "int32"), Ptr("expert_map", "int32", nullable=True), Ptr("topk_ids", "int32"),
             Ptr("topk_w", "float32"), *GROUP_KERNEL.args[1:])
@@ -40,24 +40,20 @@ def lead_args(lt: str, wt: str) -> tuple:
 
 def lead_kernels(spec: ModuleSpec, template: str = "qmoe::route_group<{}>", key: str = "route_group",
                  extra: tuple = ()) -> tuple[KernelDef, ...]:
-    """The group step's kernels for calls that route in it (:func:`~.route.routes_in_group`), one per logits dtype and
-    router-weights dtype (none, float32 or the activations'): ``template`` formatted with ``LT, WT, HAS_RW``, keys
-    :func:`group_key`'s, ``extra`` arguments after the grouping's."""
+    """The group step's kernels for calls that route in it (:func:`~.route.routes_in_group`, which leaves calls with
+    router weights to the routing kernel), one per logits dtype (float32 or the activations'): ``template`` formatted
+    with ``LT``, keys :func:`group_key`'s, ``extra`` arguments after the grouping's. Two kernels, not the
+    routing module's six: each grouped module compiles them (each costs about a second of NVRTC on a CI core)."""
     T = spec["dtype"]
     dts = ["float32"] if T == "float32" else ["float32", T]
-    return tuple(KernelDef(f"{key}_{lt}" + (f"_rw_{rw}" if rw else ""),
-                           template.format(f"{CPP_TYPES[lt]}, {CPP_TYPES[rw or lt]}, {'true' if rw else 'false'}"),
-                           lead_args(lt, rw or lt) + extra)
-                 for lt in dts for rw in [None, *dts])
+    return tuple(KernelDef(f"{key}_{lt}", template.format(CPP_TYPES[lt]), lead_args(lt) + extra)
+                 for lt in dts)
 
 
 def group_key(problem: Problem, key: str = "route_group") -> str:
     """The group step's kernel: ``group`` (the routing ran before it), or where it routes the call itself
-    (:func:`~.route.routes_in_group`) :func:`lead_kernels`' for the call's logits and router-weights dtypes."""
-    if not routes_in_group(problem):
-        return "group"
-    rw = problem.router_weights_dtype
-    return f"{key}_{problem.router_dtype}" + (f"_rw_{rw}" if rw else "")
+    (:func:`~.route.routes_in_group`) :func:`lead_kernels`' for the call's logits dtype."""
+    return f"{key}_{problem.router_dtype}" if routes_in_group(problem) else "group"
 
 
 def group_and_combine(spec: ModuleSpec, lead: bool = True) -> tuple[KernelDef, ...]:

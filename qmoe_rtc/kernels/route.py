@@ -92,13 +92,16 @@ def routes_in_group(problem: Problem) -> bool:
     in the same block (routing/route_group.cuh; the wgmma engine's also does wg_prepare's work): one launch instead of
     the routing kernel's and the grouping's (and wg_prepare's). The pipelines drop the steps it absorbs (their
     ``into``), the grouped families launch its kernel for their group step: both read this one decision. Only for
-    layers the warp kernel routes (:func:`warp_kernel`), without a router GEMM or expert statistics [ext] (their
-    routing keeps its own launch), at most LEAD_MAX_ROUTES routes; knob ``route_in_group``: 'auto' up to LEAD_ROUTES
+    layers the warp kernel routes (:func:`warp_kernel`), without a router GEMM or expert statistics [ext] and for calls
+    without router weights [ext] (their routing keeps its own launch: fewer kernels for every grouped module to
+    compile), at most LEAD_MAX_ROUTES routes; knob ``route_in_group``: 'auto' up to LEAD_ROUTES
     routes (rows·(k + S)), 'on' up to LEAD_MAX_ROUTES, 'off' never."""
     mode = knobs.get("route_in_group")
     if mode not in ("auto", "on", "off"):
         raise KnobError(knobs.label("route_in_group"), "one of ['auto', 'on', 'off']", repr(mode))
     if mode == "off" or not warp_kernel(problem) or problem.router_gemm or problem.expert_counts:
+        return False
+    if problem.router_weights_dtype:
         return False
     return 0 < problem.routes <= (LEAD_MAX_ROUTES if mode == "on" else LEAD_ROUTES)
 

@@ -222,7 +222,8 @@ KNOBS: dict[str, Knob] = {
              "Tuning (and tests) only: whether a grouped engine's first launch routes the call itself and groups it "
              "in one block (routing/route_group.cuh; the wgmma engine's also permutes x), one launch instead of two "
              "or three: 'auto' for calls of up to 64 routes (kernels/route.py routes_in_group), 'on' wherever it can "
-             "(softmax routing a warp a row, at most 2048 routes, no router GEMM or expert statistics), 'off' never.",
+             "(softmax routing a warp a row, at most 2048 routes, no router GEMM, router weights or expert "
+             "statistics), 'off' never.",
              allowed=_ON_OFF),
         Knob("batched_x_block", None, "str", "auto",
              "Tuning (and tests) only: whether the batched-decode engine's blocks copy their routes' activations once "

@@ -87,10 +87,9 @@ __global__ void __launch_bounds__(256) wg_prepare(const T* __restrict__ x, i32 r
 // The forward's first launch for calls of few rows (kernels/route.py routes_in_group), the work of three: block 0
 // routes and groups (routing/route_group.cuh) and then writes the tile table; blocks 1.. permute x and zero y as
 // wg_prepare does (they read only the call's input, done before this launch, which is never overlapped).
-template <typename T, int B, typename LT, typename WT, bool HAS_RW>
+template <typename T, int B, typename LT>
 __global__ void __launch_bounds__(kGroupThreads)
-wg_route_group(const LT* __restrict__ logits, const WT* __restrict__ router_weights, i32 rows, i32 E_logits, i32 k_routed,
-               i32 S, i32 normalize, i32 E_routed, const i32* __restrict__ expert_map, i32* __restrict__ topk_ids,
+wg_route_group(const LT* __restrict__ logits, i32 rows, i32 E_logits, i32 k_routed, i32 S, i32 normalize, i32 E_routed, const i32* __restrict__ expert_map, i32* __restrict__ topk_ids,
                float* __restrict__ topk_w, i32 R, i32 E, i32 BR, i32* __restrict__ offsets, i32* __restrict__ tile_offsets,
                i32* __restrict__ sorted, const T* __restrict__ x, i32 H, i32 Hp, T* __restrict__ xp, float* __restrict__ y,
                i64 y_zero, i32 slots, i32* __restrict__ tile_info, i32* __restrict__ tile_rows) {
@@ -101,8 +100,8 @@ wg_route_group(const LT* __restrict__ logits, const WT* __restrict__ router_weig
     wg_permute_rows<T, B>(x, rows, H, Hp, xp, y, y_zero, (i64)(blockIdx.x - 1) * kGroupThreads + threadIdx.x, n);
     return;
   }
-  route_and_group<LT, WT, HAS_RW>(logits, router_weights, rows, E_logits, k_routed, S, normalize, E_routed, expert_map,
-                                  topk_ids, topk_w, R, E, BR, offsets, tile_offsets, sorted);
+  route_and_group<LT>(logits, rows, E_logits, k_routed, S, normalize, E_routed, expert_map, topk_ids, topk_w, R, E, BR,
+                      offsets, tile_offsets, sorted);
   __syncthreads();  // the grouping's stores seen by the whole block
   build_tile_table<true>(RouteGroups{sorted, offsets, tile_offsets}, E, BR, slots, threadIdx.x, kGroupThreads, tile_info,
                          tile_rows);
