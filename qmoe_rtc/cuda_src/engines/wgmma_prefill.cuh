@@ -84,7 +84,7 @@ __global__ void __launch_bounds__(256) wg_prepare(const T* __restrict__ x, i32 r
   wg_permute_rows<T, B>(x, rows, H, Hp, xp, y, y_zero, (i64)blockIdx.x * 256 + threadIdx.x, (i64)gridDim.x * 256);
 }
 
-// The forward's first launch for calls of few rows (kernels/route.py routes_in_group), the work of three: block 0
+// The forward's first launch for calls of few routes (kernels/route.py routes_in_group), the work of three: block 0
 // routes and groups (routing/route_group.cuh) and then writes the tile table; blocks 1.. permute x and zero y as
 // wg_prepare does (they read only the call's input, done before this launch, which is never overlapped).
 template <typename T, int B, typename LT>

@@ -1,8 +1,8 @@
 // routing/route_group.cuh: a call's routing and its grouping by expert in one block, the grouped engines' first
-// launch for calls of few rows (kernels/route.py routes_in_group: softmax routing a warp a row, at most
-// kLeadMaxRoutes routes, no router GEMM, router weights or expert statistics). It replaces two launches, the routing kernel's and
-// group_by_expert's, by one; the wgmma engine's form (engines/wgmma_prefill.cuh, wg_route_group) also does
-// wg_prepare's work, a third.
+// launch for calls of few routes (kernels/route.py routes_in_group: softmax routing a warp a row, at most
+// kLeadMaxRoutes routes, no router GEMM, router weights or expert statistics). It replaces two launches, the routing
+// kernel's and group_by_expert's, by one; the wgmma engine's form (engines/wgmma_prefill.cuh, wg_route_group) also
+// does wg_prepare's work, a third.
 //
 //   logits          [rows, E]      LT             router logits
 //   expert_map      [E]            i32, optional  expert slices [ext]: local index, -1 where not held
