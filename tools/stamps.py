@@ -13,11 +13,18 @@ done, found their routes, finished their loop and left, and the same for FC2 (sc
 ready: its expert's FC1 tiles written), each step's first / median / last block; then the replay's event time
 against the span the two kernels cover (the rest: the routing kernel before FC1's first block, launch, tail).
 
+``chain`` (no stamps): where a forward's time goes across its launches. Captures a forward of T tokens and times,
+with the L2 flushed before every sample, its replay, each prefix of its launches (route, route + group, ...) as a
+graph of its own, and the launches from FC1 on alone (the GEMMs and the combine, reading what the full forward left
+in the scratch: the same routes), from FC2 on, and the combine alone. "chain cost" = the replay minus FC1-on alone:
+what the launches before FC1 add, overlap included. Each graph pays its own launch: prefixes are upper bounds.
+
 The stamps cost a few instructions a block (wgmma: a chunk); compare timings with a build without them (``bench
 ab``), not with this one.
 
   PYTHONPATH=. python tools/stamps.py wgmma --preset mixtral-8x7b --tokens 4096 [--knob prefill_group=4]
   PYTHONPATH=. python tools/stamps.py decode --preset qwen3-30b-a3b --tokens 1,2 [--knob mma_expert_flow=0]
+  PYTHONPATH=. python tools/stamps.py chain --preset gpt-oss-120b --tokens 8,16,32,64 [--knob route_in_group=off]
 """
 
 from __future__ import annotations
@@ -209,21 +216,75 @@ def decode(args) -> int:
     return 0
 
 
+class Part:
+    """Launches [lo, hi) of bound launches ``b`` (runtime/plan.py BoundLaunches), the first never overlapped: what
+    runtime/graph.py capture_launches records for ``chain``."""
+
+    def __init__(self, b, lo: int, hi: int):
+        self.b, self.lo, self.hi = b, lo, hi
+
+    def launch(self, stream: int, ptrs: tuple) -> None:
+        b = self.b
+        items, overlapped = b.items, b.overlapped
+        b.items, b.overlapped = items[self.lo:self.hi], (None, *overlapped[self.lo + 1:self.hi])
+        try:
+            b.launch(stream, ptrs)
+        finally:
+            b.items, b.overlapped = items, overlapped
+
+
+def chain(args) -> int:
+    """The ``chain`` mode (module docstring)."""
+    import statistics
+
+    from qmoe_rtc._arrays import np_dtype
+    from qmoe_rtc.bench.run import Timer
+    from qmoe_rtc.runtime.graph import capture_launches
+    from qmoe_rtc.runtime.interop import data_ptr
+
+    with stamped_layer(args, {}) as (cp, rs, shape, moe):
+        timer = Timer(cp)
+        for T in (int(t) for t in args.tokens.split(",")):
+            x = rs.standard_normal((T, shape.H), dtype=cp.float32).astype(np_dtype(args.dtype))
+            logits = cp.asarray(2 * rs.standard_normal((T, shape.E)), dtype=cp.float32)
+            g = moe.capture(x, logits)
+            call = next(c for c in moe._calls.values() if c.plan is not None and c.spec.rows == T)
+            b, roles = call.bound, [st.role for st in call.plan.steps]
+            if "fc1" not in roles:
+                print(f"{args.preset} T={T}: {call.plan.engine} has no FC1 launch of its own; skipped")
+                continue
+            n, fc1 = len(roles), roles.index("fc1")
+            ptrs, stream = (data_ptr(x), data_ptr(logits), 0, data_ptr(g.output)), cp.cuda.get_current_stream().ptr
+            full = statistics.median(timer.samples_us(g.replay, args.iters, 5))
+            us = {}
+            for lo, hi in [(0, i) for i in range(1, n + 1)] + [(fc1, n), (fc1 + 1, n), (n - 1, n)]:
+                graph = capture_launches(Part(b, lo, hi), stream, ptrs, moe.device_id)
+                us[lo, hi] = statistics.median(timer.samples_us(graph.launch, args.iters, 5))
+            g.replay()  # the scratch as the full forward leaves it
+            print(f"{args.preset} T={T} {call.plan.engine}: replay {full:.1f} µs; launches {' → '.join(roles)}")
+            print("  prefixes: " + ", ".join(f"{'+'.join(roles[:hi])} {us[0, hi]:.1f}" for hi in range(1, n + 1)))
+            print(f"  FC1 on (GEMMs + combine alone) {us[fc1, n]:.1f}; FC2 on {us[fc1 + 1, n]:.1f}; combine alone "
+                  f"{us[n - 1, n]:.1f}; chain cost {full - us[fc1, n]:.1f}", flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="engine", required=True, metavar="ENGINE")
-    for name, preset, tokens, fusion in (("wgmma", "mixtral-8x7b", "4096", 1), ("decode", "qwen3-30b-a3b", "1,2", 2)):
-        s = sub.add_parser(name, help=f"the {name} engine's stamps")
+    for name, preset, tokens, fusion in (("wgmma", "mixtral-8x7b", "4096", 1), ("decode", "qwen3-30b-a3b", "1,2", 2),
+                                         ("chain", "gpt-oss-120b", "8", 1)):
+        s = sub.add_parser(name, help="graphs of parts of a forward's launches" if name == "chain"
+                           else f"the {name} engine's stamps")
         s.add_argument("--swiglu-fusion", type=int, default=fusion, choices=(1, 2),
                        help=f"swiglu layers' FC1 layout (default {fusion}; 2: the peers benchmark's layer)")
         s.add_argument("--preset", default=preset)
         s.add_argument("--tokens", default=tokens, help="token count (decode: a comma list)")
         s.add_argument("--dtype", default="bfloat16")
         s.add_argument("--bits", type=int, default=4)
-        s.add_argument("--iters", type=int, default=20, help="decode: timed replays (median reported)")
+        s.add_argument("--iters", type=int, default=20, help="decode, chain: timed samples (median reported)")
         s.add_argument("--knob", action="append", default=[], help="NAME=VALUE (a qmoe_rtc knob, e.g. prefill_group=4)")
     args = p.parse_args(argv)
-    return wgmma(args) if args.engine == "wgmma" else decode(args)
+    return {"wgmma": wgmma, "decode": decode, "chain": chain}[args.engine](args)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""tools/launch_chain.py on the CPU: its arguments, and that a part of a plan's launches launches exactly that slice,
+"""tools/stamps.py chain on the CPU: its arguments, and that a part of a plan's launches launches exactly that slice,
 its first launch never overlapped, and leaves the bound launches as they were (the GPU timing itself needs a GPU)."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "launch_chain.py"
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "stamps.py"
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("launch_chain_tool", TOOL)
+    spec = importlib.util.spec_from_file_location("stamps_chain_tool", TOOL)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -26,13 +26,16 @@ class _Bound:
 
 def test_a_part_launches_its_slice_first_launch_plain_and_restores_the_bound_launches():
     tool, b = _tool(), _Bound()
-    tool._Part(b, 3, 6).launch(7, (1, 2, 0, 4))
-    tool._Part(b, 0, 2).launch(7, (1, 2, 0, 4))
+    tool.Part(b, 3, 6).launch(7, (1, 2, 0, 4))
+    tool.Part(b, 0, 2).launch(7, (1, 2, 0, 4))
     assert b.seen[0][:2] == (("f1", "f2", "c"), (None, "o", "o")) and b.seen[0][2:] == (7, (1, 2, 0, 4))
     assert b.seen[1][:2] == (("r", "g"), (None, "o"))
     assert b.items == ("r", "g", "p", "f1", "f2", "c") and b.overlapped == (None, "o", "o", "o", "o", "o")
 
 
-def test_the_arguments():
-    a = _tool().build_parser().parse_args(["--preset", "gpt-oss-120b", "--tokens", "8,64", "--knob", "route_in_group=off"])
-    assert (a.preset, a.tokens, a.iters, a.knob) == ("gpt-oss-120b", "8,64", 40, ["route_in_group=off"])
+def test_chain_is_a_mode_of_the_stamps_tool(monkeypatch):
+    tool, seen = _tool(), []
+    monkeypatch.setattr(tool, "chain", lambda args: seen.append(args) or 0)
+    assert tool.main(["chain", "--preset", "gpt-oss-120b", "--tokens", "8,64", "--knob", "route_in_group=off"]) == 0
+    a = seen[0]
+    assert (a.engine, a.preset, a.tokens, a.iters, a.knob) == ("chain", "gpt-oss-120b", "8,64", 20, ["route_in_group=off"])
