@@ -50,10 +50,11 @@ def lead_kernels(spec: ModuleSpec, template: str = "qmoe::route_group<{}>", key:
                  for lt in dts)
 
 
-def group_key(problem: Problem, key: str = "route_group") -> str:
+def group_key(problem: Problem, key: str = "route_group", lead: bool | None = None) -> str:
     """The group step's kernel: ``group`` (the routing ran before it), or where it routes the call itself
-    (:func:`~.route.routes_in_group`) :func:`lead_kernels`' for the call's logits dtype."""
-    return f"{key}_{problem.router_dtype}" if routes_in_group(problem) else "group"
+    (``lead``, a family's configure() result; None: :func:`~.route.routes_in_group`) :func:`lead_kernels`' for the
+    call's logits dtype."""
+    return f"{key}_{problem.router_dtype}" if (routes_in_group(problem) if lead is None else lead) else "group"
 
 
 def group_and_combine(spec: ModuleSpec, lead: bool = True) -> tuple[KernelDef, ...]:

@@ -291,7 +291,7 @@ class WgmmaPrefillFamily(KernelFamily):
         if role in ("fc1", "fc2"):
             return f"{role}_br{c.br}" + ("_pair" if c.pair else "")
         if role == "group":
-            return group_key(problem, "wg_route_group")
+            return group_key(problem, "wg_route_group", c.lead)
         return "permute_image" if role == "permute" and c.pair else role
 
     def launch(self, spec: ModuleSpec, role: str, problem: Problem, call: WgCall | None = None) -> Launch:

@@ -1,5 +1,6 @@
 """tools/stamps.py decode's timeline, on a stamps table written here (what core/stamps.cuh DecodeStamps stores per
-block: five %globaltimer readings, then routes served | SM id << 32; rows of blocks that did not run are zero)."""
+block: five %globaltimer readings, then routes served | SM id << 32; rows of blocks that did not run are zero); and its
+chain mode's parts of a plan's launches (the GPU timing itself needs a GPU)."""
 
 from __future__ import annotations
 
@@ -45,3 +46,28 @@ def test_the_timeline_reads_each_step_from_the_first_fc1_entry():
 
 def test_no_fc1_stamp_says_so():
     assert "no FC1 block" in _tool().timeline(np.zeros((2, 4, 6), np.int64))[0]
+
+
+class _Bound:
+    def __init__(self):
+        self.items, self.overlapped, self.seen = ("r", "g", "p", "f1", "f2", "c"), (None, "o", "o", "o", "o", "o"), []
+
+    def launch(self, stream, ptrs):
+        self.seen.append((self.items, self.overlapped, stream, ptrs))
+
+
+def test_a_part_launches_its_slice_first_launch_plain_and_restores_the_bound_launches():
+    tool, b = _tool(), _Bound()
+    tool.Part(b, 3, 6).launch(7, (1, 2, 0, 4))
+    tool.Part(b, 0, 2).launch(7, (1, 2, 0, 4))
+    assert b.seen[0][:2] == (("f1", "f2", "c"), (None, "o", "o")) and b.seen[0][2:] == (7, (1, 2, 0, 4))
+    assert b.seen[1][:2] == (("r", "g"), (None, "o"))
+    assert b.items == ("r", "g", "p", "f1", "f2", "c") and b.overlapped == (None, "o", "o", "o", "o", "o")
+
+
+def test_chain_is_a_mode_of_the_stamps_tool(monkeypatch):
+    tool, seen = _tool(), []
+    monkeypatch.setattr(tool, "chain", lambda args: seen.append(args) or 0)
+    assert tool.main(["chain", "--preset", "gpt-oss-120b", "--tokens", "8,64", "--knob", "route_in_group=off"]) == 0
+    a = seen[0]
+    assert (a.engine, a.preset, a.tokens, a.iters, a.knob) == ("chain", "gpt-oss-120b", "8,64", 20, ["route_in_group=off"])
