@@ -1,5 +1,5 @@
 // engines/wg_ahead.cuh: the wgmma prefill GEMMs' weights brought into L2 ahead of the block that will copy them
-// (engines/wgmma_prefill.cuh).
+// (engines/wgmma_prefill.cuh), and the lane rows of a GEMM's weight tile, which both the GEMMs and the prefetch take.
 //
 // A block of one tile copies its weights only from its own start: its first chunks cross from DRAM while it looks up
 // its tile and fills its ring, and from its last copy to its exit (the ring's last chunks, the epilogue) it has no
@@ -18,6 +18,7 @@
 #include "core/types.cuh"
 #include "engines/tile_rows.cuh"
 #include "engines/wg_tiles.cuh"
+#include "epilogue/fc1.cuh"
 #include "routing/group.cuh"
 
 namespace qmoe {
@@ -65,6 +66,57 @@ __device__ __forceinline__ bool wg_tile_expert(i32 idx, const i32* __restrict__ 
   if (t >= tile_offsets[E]) return false;
   e = E < kTableExperts ? expert_at<false>(tile_offsets, E, t) : tile_info[4 * (i64)t];
   return true;
+}
+
+// A lane's two rows of FC1's weight tile nt (kWarps warps a block) of expert e: the gate / linear rows of its output
+// (clamped past I: never stored), or two outputs 8 apart ungated.
+template <int GATE, int kWarps, typename T, class Q1, class QB>
+__device__ __forceinline__ void fc1_lane_rows(PfLaneRows<T, Q1, QB, 1>& l, const Q1& qa, const u8* wa, const QB& qb, const u8* wb,
+                                              i32 nt, i32 e, i32 I) {
+  using Rows = Fc1Rows<GATE>;
+  constexpr int kOut = Rows::kGated ? 8 : 16;
+  const i32 warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2;
+  const i32 o = (nt * kWarps + warp) * kOut;
+  const i32 oa = min(o + g, I - 1), ob = Rows::kGated ? oa : min(o + g + 8, I - 1);
+  const i32 na = Rows::gate_row(oa, I), nb = Rows::kGated ? Rows::lin_row(oa, I) : ob;
+  l.set(0, qa, wa, na, Rows::tile_row(na), qb, wb, nb, Rows::tile_row(nb), e);
+}
+
+// The prefetch of FC1's weight tile nt of expert e (its projection pa, FC3's p3) for another block (engines/wg_ahead.cuh),
+// out of line, so that its registers are not counted into the main loop's.
+template <int GATE, typename T, typename ScaleT, int B1, int Z1, int Z3, int BLOCK, int kWarps, bool kZpw>
+__device__ __noinline__ void fc1_ahead(const Proj<ScaleT> pa, const Proj<ScaleT> p3, float zp_offset, i32 e, i32 nt, i32 H,
+                                       i32 I) {
+  using Rows = Fc1Rows<GATE>;
+  using Q1 = QuantParams<ScaleT, B1, BLOCK, Z1>;
+  using Q3 = QuantParams<ScaleT, B1, BLOCK, Z3>;
+  using Second = PfSecond<GATE == GATE_FC3, Q1, Q3>;
+  using QB = typename Second::type;
+  const Q1 qa{pa.scales, pa.zp, zp_offset, Rows::n1(I), H, Rows::kInterleavedTiles};
+  const Q3 q3{p3.scales, p3.zp, zp_offset, I, H};
+  const QB& qb = Second::pick(qa, q3);
+  PfLaneRows<T, Q1, QB, 1> l;
+  fc1_lane_rows<GATE, kWarps>(l, qa, pa.w, qb, GATE == GATE_FC3 ? p3.w : pa.w, nt, e, I);
+  wg_prefetch<B1, kZpw>(qa, qb, l, e, H, 0);
+}
+
+// A lane's two rows of FC2's weight tile nt (kWarps warps a block) of expert e: outputs 8 apart (clamped past H: never
+// stored).
+template <int kWarps, typename T, class Q2>
+__device__ __forceinline__ void fc2_lane_rows(PfLaneRows<T, Q2, Q2, 1>& l, const Q2& q, const u8* w, i32 nt, i32 e, i32 H) {
+  const i32 n = (nt * kWarps + (i32)(threadIdx.x >> 5)) * 16 + (i32)((threadIdx.x & 31) >> 2);
+  l.set(0, q, w, min(n, H - 1), min(n, H - 1), q, w, min(n + 8, H - 1), min(n + 8, H - 1), e);
+}
+
+// The prefetch of FC2's weight tile nt of expert e (its projection p) from chunk c0 for a block (engines/wg_ahead.cuh),
+// out of line, so that its registers are not counted into the main loop's.
+template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, int kWarps, bool kZpw>
+__device__ __noinline__ void fc2_ahead(const Proj<ScaleT> p, float zp_offset, i32 e, i32 nt, i32 H, i32 I, i32 c0) {
+  using Q2 = QuantParams<ScaleT, B2, BLOCK, Z2>;
+  const Q2 q{p.scales, p.zp, zp_offset, H, I};
+  PfLaneRows<T, Q2, Q2, 1> l;
+  fc2_lane_rows<kWarps>(l, q, p.w, nt, e, H);
+  wg_prefetch<B2, kZpw>(q, q, l, e, I, c0);
 }
 
 // The hook wg_mainloop calls once, right after a tile's last copy (NoAhead: none).

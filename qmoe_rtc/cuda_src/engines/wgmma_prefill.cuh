@@ -165,16 +165,8 @@ __device__ __forceinline__ void fc1_body(const T* __restrict__ xp, const RouteGr
   const u8* wb = GATE == GATE_FC3 ? p3.w : p1.w;
   const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const i32 o0 = (nt * St::kWarps + warp) * kOut;
-  // the lane's rows of weight tile ntile of expert ex (clamped past I: never stored)
-  const auto set_rows = [&](PfLaneRows<T, Q1, QB, 1>& l, const Q1& qa, const u8* wa, const QB& qbb, const u8* wbb, i32 ntile,
-                            i32 ex) {
-    const i32 o = (ntile * St::kWarps + warp) * kOut;
-    const i32 oa = min(o + g, I - 1), ob = Rows::kGated ? oa : min(o + g + 8, I - 1);
-    const i32 na = Rows::gate_row(oa, I), nb = Rows::kGated ? Rows::lin_row(oa, I) : ob;
-    l.set(0, qa, wa, na, Rows::tile_row(na), qbb, wbb, nb, Rows::tile_row(nb), ex);
-  };
   PfLaneRows<T, Q1, QB, 1> lr;
-  set_rows(lr, q1, p1.w, qb, wb, nt, e);
+  fc1_lane_rows<GATE, St::kWarps>(lr, q1, p1.w, qb, wb, nt, e, I);
   // after this tile's last copy: the first chunks of the block AH on into L2 (engines/wg_ahead.cuh)
   const auto ahead = [&]() {
     if constexpr (kWgAhead > 0 && CL == 1) {
@@ -182,11 +174,7 @@ __device__ __forceinline__ void fc1_body(const T* __restrict__ xp, const RouteGr
       i32 nt2, e2;
       if (AH <= 0 || idx >= (i32)gridDim.x || !wg_tile_expert(idx, rg.tile_offsets, E, NT, G, tile_info, nt2, e2)) return;
       const Proj<ScaleT> pa = expert_proj(e2, wt.E_routed, wt.fc1, wt.shared_fc1);
-      const Q1 qa{pa.scales, pa.zp, wt.zp_offset, Rows::n1(I), H, Rows::kInterleavedTiles};
-      const QB& qbb = Second::pick(qa, q3);
-      PfLaneRows<T, Q1, QB, 1> l2;
-      set_rows(l2, qa, pa.w, qbb, GATE == GATE_FC3 ? p3.w : pa.w, nt2, e2);
-      wg_prefetch<B1, kZpw>(qa, qbb, l2, e2, H, 0);
+      fc1_ahead<GATE, T, ScaleT, B1, Z1, Z3, BLOCK, St::kWarps, kZpw>(pa, p3, wt.zp_offset, e2, nt2, H, I);
     }
   };
   if constexpr (CL == 1) {
@@ -284,14 +272,8 @@ __device__ __forceinline__ void fc2_body(const T* __restrict__ act_sorted, const
   const Q2 q2{p2.scales, p2.zp, wt.zp_offset, H, I};
   const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const i32 n0 = (nt * St::kWarps + warp) * 16;
-  // the lane's rows of weight tile ntile of expert ex (clamped past H: never stored)
-  const auto set_rows = [&](PfLaneRows<T, Q2, Q2, 1>& l, const Q2& q, const u8* w, i32 ntile, i32 ex) {
-    const i32 n = (ntile * St::kWarps + warp) * 16;
-    const i32 na = min(n + g, H - 1), nb = min(n + g + 8, H - 1);
-    l.set(0, q, w, na, na, q, w, nb, nb, ex);
-  };
   PfLaneRows<T, Q2, Q2, 1> lr;
-  set_rows(lr, q2, p2.w, nt, e);
+  fc2_lane_rows<St::kWarps>(lr, q2, p2.w, nt, e, H);
   const i32 part = (i32)blockIdx.x % KS, nch = Ip / 128;
   // this block's first chunks into L2 while FC1 finishes (engines/wg_ahead.cuh; the split read at L2, before the wait)
   if constexpr (kWgAhead > 0)
@@ -325,10 +307,7 @@ __device__ __forceinline__ void fc2_body(const T* __restrict__ act_sorted, const
             !wg_tile_expert(idx / KS, rg.tile_offsets, E, NT, G, tile_info, nt2, e2))
           return;
         const Proj<ScaleT> pa = expert_proj(e2, wt.E_routed, wt.fc2, wt.shared_fc2);
-        const Q2 qa{pa.scales, pa.zp, wt.zp_offset, H, I};
-        PfLaneRows<T, Q2, Q2, 1> l2;
-        set_rows(l2, qa, pa.w, nt2, e2);
-        wg_prefetch<B2, kZpw>(qa, qa, l2, e2, I, split ? part2 * nch / KS : 0);
+        fc2_ahead<T, ScaleT, B2, Z2, BLOCK, St::kWarps, kZpw>(pa, wt.zp_offset, e2, nt2, H, I, split ? part2 * nch / KS : 0);
       }
     };
     wg_tile<T, B2, BR, kZpw, Q2, Q2, St, CL>(q2, q2, lr, e, CL > 1 ? act_sorted + (i64)m0 * 64 : act_sorted, s_row, (i64)Rp * 64,
