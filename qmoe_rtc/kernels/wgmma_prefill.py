@@ -328,7 +328,9 @@ class WgmmaPrefillFamily(KernelFamily):
         if c.pair:  # a pair's blocks take weight tiles 2j, 2j + 1: where NT is odd, the last one past the outputs (its
             nt += nt % 2  # rows clamped, nothing stored)
         smem = launch_smem(spec, role, br, c.slots * nt, problem.sm_count, problem.device.tuning)
-        ap = spec.get("ahead", 0) > 0  # AH, the blocks ahead: the binder's (the launch's resident blocks), else 0
+        # AH, the blocks ahead: the binder's (the launch's resident blocks) where the module prefetches, but for pairs
+        # (clusters, whose blocks never prefetch for another: engines/wg_ahead.cuh), else 0
+        ap = spec.get("ahead", 0) > 0 and not c.pair
         ahead = () if ap else (("AH", 0),)
         if role == "fc2":  # KS blocks a tile: its parts of K (halves: fc2_splits decides on the device); YS: y's
             # plane, where each part stores into its own

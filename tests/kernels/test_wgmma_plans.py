@@ -332,6 +332,14 @@ def test_wgmma_ahead_prefetch_launch_and_binding(monkeypatch):
         launches = [fam.launch(ahead, role, prob) for role in ("fc1", "fc2")]
     assert all(ln.resident == "AH" and "AH" not in dict(ln.args) for ln in launches)
     assert fam.launch(ahead, "permute", prob).resident == ""
+    # pairs (clusters, whose blocks never prefetch for another; the driver's occupancy query takes no cluster kernel)
+    mixtral = ModelConfig(hidden=4096, inter=14336, experts=8, k=2, layout=QWEN3.layout)
+    big = dataclasses.replace(_problem(mixtral, 4096), sms=132)
+    with knobs.scope(prefill_wg_ahead=4):
+        paired = fam.spec(mixtral)
+        assert fam.kernel_for(paired, "fc1", big) == "fc1_br128_pair"
+        assert all(fam.launch(paired, r, big).resident == "" and dict(fam.launch(paired, r, big).args)["AH"] == 0
+                   for r in ("fc1", "fc2"))
 
     seen = {}
 
