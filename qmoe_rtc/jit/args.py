@@ -146,10 +146,6 @@ class Launch:
     (programmatic dependent launch, sm_90+): it waits (``griddepcontrol.wait``) before it reads
     anything an earlier launch writes, and releases its own dependents only after that wait
     (``cuda_src/core/pdl.cuh``). Whoever launches decides whether to use it.
-
-    ``resident``: the name of a scalar argument the binder sets to the blocks of this launch the device holds at once
-    (its SMs × the driver's occupancy of the function at this block size and shared memory, which depends on the
-    registers ptxas chose), for a kernel that needs to know which blocks run side by side; "" for none.
     """
 
     grid: tuple
@@ -157,7 +153,6 @@ class Launch:
     shared_mem: int = 0
     args: tuple = ()
     overlap: bool = False
-    resident: str = ""
 
 
 def check_pointer(where: str, spec: Ptr, value, device_id: int | None) -> int:

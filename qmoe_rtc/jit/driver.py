@@ -11,8 +11,8 @@ import threading
 
 from ..errors import DeviceError
 
-__all__ = ["CU_FUNC_ATTRIBUTE", "MIN_COMPUTE_CAPABILITY", "MIN_DRIVER_VERSION", "REQUIREMENTS", "bindings", "blocks_per_sm",
-           "check", "current_context", "func_attribute", "get_function", "launch", "launch_config", "launch_ex", "load_cubin",
+__all__ = ["CU_FUNC_ATTRIBUTE", "MIN_COMPUTE_CAPABILITY", "MIN_DRIVER_VERSION", "REQUIREMENTS", "bindings", "check",
+           "current_context", "func_attribute", "get_function", "launch", "launch_config", "launch_ex", "load_cubin",
            "max_smem_optin", "probe", "programmatic_edge", "set_max_dynamic_smem", "sm_count", "stream_is_capturing"]
 
 #: The oldest driver API this build runs on: CUDA 13.0, i.e. NVIDIA driver R580 or newer.
@@ -197,14 +197,6 @@ def func_attribute(function, name: str) -> int:
     drv = _drv()
     attr = drv.CUfunction_attribute(CU_FUNC_ATTRIBUTE[name])
     return int(_check(drv.cuFuncGetAttribute(attr, function), f"cuFuncGetAttribute({name})"))
-
-
-def blocks_per_sm(function, threads: int, shared_mem: int) -> int:
-    """Blocks of ``threads`` threads and ``shared_mem`` bytes of dynamic shared memory of ``function`` an SM holds at
-    once (``cuOccupancyMaxActiveBlocksPerMultiprocessor``; the function must already take that shared memory)."""
-    drv = _drv()
-    return int(_check(drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(function, int(threads), int(shared_mem)),
-                      f"cuOccupancyMaxActiveBlocksPerMultiprocessor({threads} threads, {shared_mem} B)"))
 
 
 def launch(function, grid, block, shared_mem: int, stream: int, params_address: int) -> None:

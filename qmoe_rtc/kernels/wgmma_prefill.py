@@ -94,11 +94,6 @@ from .wgmma_geometry import (
 
 __all__ = ["WgCall", "WgmmaPrefillFamily"]
 
-#: AH, the blocks on whose first chunks a GEMM block prefetches (cuda_src/engines/wg_ahead.cuh): the launch's resident
-#: blocks, which the binder sets (Launch.resident) where the module prefetches (spec field ``ahead``), else 0.
-AHEAD_ARG = Scalar("AH", "int32")
-AHEAD = 0  # QMOE_WG_AHEAD: chunks prefetched (knob prefill_wg_ahead; 0: none)
-
 
 def overlapped(problem: Problem) -> bool:
     """Whether the steps after the routing (grouping, wg_prepare, FC1, FC2, combine) are launched
@@ -139,19 +134,16 @@ class WgmmaPrefillFamily(KernelFamily):
         knobs, read here once per spec, so the module key and the launch geometry always agree)."""
         stamps = {"stamps": True} if knobs.get("prefill_wg_stamps") else {}  # diagnostics
         groups = tuning_knob("prefill_wg_groups", 0, (0, 2, 4))
-        ahead = tuning_knob("prefill_wg_ahead", AHEAD, (*range(17), *range(33, 49)))  # none: no prefetch compiled
         return expert_spec(self.name, config, **({"groups": groups} if groups else {}),  # none: tile_groups
                            stages=tuning_knob("prefill_wg_stages", MAX_STAGES, range(2, 7)),
                            inflight=tuning_knob("prefill_wg_inflight", INFLIGHT, (1, 2)), **stamps,
                            shrink=tuning_knob("prefill_wg_shrink", SHRINK, (1, 2, 3)),
                            fc1_blocks=tuning_knob("prefill_wg_fc1_blocks", 0, (0, 2, 3)),
-                           ring=tuning_knob("prefill_wg_ring", RING, (0, 1, 2)), **({"ahead": ahead} if ahead else {}),
-                           **tiled_spec(config))
+                           ring=tuning_knob("prefill_wg_ring", RING, (0, 1, 2)), **tiled_spec(config))
 
     def defines(self, spec: ModuleSpec) -> tuple[str, ...]:
         return (f"-DQMOE_WG_STAGES={spec['stages']}", f"-DQMOE_WG_INFLIGHT={spec['inflight']}",
                 f"-DQMOE_WG_SHRINK={spec['shrink']}", f"-DQMOE_WG_RING={spec['ring']}",
-                f"-DQMOE_WG_AHEAD={spec.get('ahead', 0) % 32}", f"-DQMOE_WG_AHEAD_END={int(spec.get('ahead', 0) >= 32)}",
                 *(("-DQMOE_WG_STAMPS=1",) if spec.get("stamps") else ()), *smem_defines(),
                 *tiled_define(spec))
 
@@ -228,8 +220,8 @@ class WgmmaPrefillFamily(KernelFamily):
                 f"{t['BLOCK']}, {t['ACT']}, {br}>",
                 (Ptr(src, dt), ROUTE_GROUPS_ARG, Ptr("tile_info", "int32"), Ptr("tile_rows", "int32"),
                  Scalar("E", "int32"), Scalar("k", "int32"), Scalar("H", "int32"), Scalar("Hp", "int32"), Scalar("I", "int32"),
-                 Scalar("Ip", "int32"), Scalar("Rp", "int32"), Scalar("NT", "int32"), Scalar("G", "int32"), AHEAD_ARG,
-                 fc1_weights(sdt), ACT_PARAMS_ARG, Ptr("act_sorted", dt)),
+                 Scalar("Ip", "int32"), Scalar("Rp", "int32"), Scalar("NT", "int32"), Scalar("G", "int32"), fc1_weights(sdt),
+                 ACT_PARAMS_ARG, Ptr("act_sorted", dt)),
             ))
             out.append(KernelDef(
                 f"fc2_br{br}{suffix}",
@@ -237,7 +229,7 @@ class WgmmaPrefillFamily(KernelFamily):
                 (Ptr("act_sorted", dt), ROUTE_GROUPS_ARG, Ptr("tile_info", "int32"), Ptr("tile_rows", "int32"),
                  Scalar("E", "int32"), Scalar("H", "int32"), Scalar("I", "int32"), Scalar("Ip", "int32"), Scalar("Rp", "int32"),
                  Scalar("NT", "int32"), Scalar("G", "int32"), Scalar("KS", "int32"), Scalar("SMS", "int32"),
-                 Scalar("YS", "int64"), AHEAD_ARG, fc2_weights(sdt), Ptr("y", "float32")),
+                 Scalar("YS", "int64"), fc2_weights(sdt), Ptr("y", "float32")),
             ))
         return tuple(out)
 
@@ -328,20 +320,15 @@ class WgmmaPrefillFamily(KernelFamily):
         if c.pair:  # a pair's blocks take weight tiles 2j, 2j + 1: where NT is odd, the last one past the outputs (its
             nt += nt % 2  # rows clamped, nothing stored)
         smem = launch_smem(spec, role, br, c.slots * nt, problem.sm_count, problem.device.tuning)
-        # AH, the blocks ahead: the binder's (the launch's resident blocks) where the module prefetches, but for pairs
-        # (clusters, whose blocks never prefetch for another: engines/wg_ahead.cuh), else 0
-        ap = spec.get("ahead", 0) > 0 and not c.pair
-        ahead = () if ap else (("AH", 0),)
         if role == "fc2":  # KS blocks a tile: its parts of K (halves: fc2_splits decides on the device); YS: y's
             # plane, where each part stores into its own
             slots = problem.sm_count * resident(spec, role, br)
             ys = problem.routes * problem.H if c.fc2_parts > 1 else 0
             launch = tiled_launch(c.slots, c.group, nt, 128 * wgs, smem, (("Hp", Hp), ("Ip", Ip), ("Rp", c.rp),
-                                                                        ("KS", c.fc2_ks), ("SMS", slots), ("YS", ys), *ahead))
-            return replace(launch, grid=(launch.grid[0] * c.fc2_ks, 1, 1), overlap=overlapped(problem),
-                           resident="AH" if ap else "")
-        launch = tiled_launch(c.slots, c.group, nt, 128 * wgs, smem, (("Hp", Hp), ("Ip", Ip), ("Rp", c.rp), *ahead))
-        return replace(launch, overlap=overlapped(problem), resident="AH" if ap else "")
+                                                                        ("KS", c.fc2_ks), ("SMS", slots), ("YS", ys)))
+            return replace(launch, grid=(launch.grid[0] * c.fc2_ks, 1, 1), overlap=overlapped(problem))
+        launch = tiled_launch(c.slots, c.group, nt, 128 * wgs, smem, (("Hp", Hp), ("Ip", Ip), ("Rp", c.rp)))
+        return replace(launch, overlap=overlapped(problem))
 
     def scratch(self, spec: ModuleSpec, role: str, problem: Problem, call: WgCall | None = None) -> dict[str, Slot]:
         c = call or self.configure(spec, problem)

@@ -139,14 +139,10 @@ class BoundLaunches:
         items, overlapped = [], []
         for i, st in enumerate(plan.steps):
             values = {**base, **dict(st.launch.args)}
-            st.kernel.reserve_dynamic_smem(st.launch.shared_mem)
-            g, b = st.launch.grid, st.launch.block
-            if st.launch.resident:  # the blocks of this launch the device holds at once (jit Launch.resident)
-                threads = int(b[0]) * int(b[1]) * int(b[2])
-                values[st.launch.resident] = p.sm_count * driver.blocks_per_sm(st.kernel.function, threads,
-                                                                               st.launch.shared_mem)
             params = st.kernel.pack(values)
             slots = tuple((params.word(n), PER_CALL.index(n)) for n in params.names if n in PER_CALL)
+            st.kernel.reserve_dynamic_smem(st.launch.shared_mem)
+            g, b = st.launch.grid, st.launch.block
             items.append((st.kernel.function, int(g[0]), int(g[1]), int(g[2]), int(b[0]), int(b[1]), int(b[2]),
                           int(st.launch.shared_mem), params.values, params.address, slots, st.kernel, params))
             # the first launch always waits for whatever the stream ran before the forward

@@ -205,12 +205,6 @@ KNOBS: dict[str, Knob] = {
              "Tuning only: the wgmma prefill steps after the routing (grouping, permute, FC1, FC2, combine) launched "
              "overlapping the kernel before them (programmatic dependent launch, sm_90+, with QMOE_RTC_PDL on); 0: each "
              "waits for the one before. Unset: the arch's tuning table's (kernels/tuning/)."),
-        Knob("prefill_wg_ahead", None, "int", 0,
-             "Tuning only: chunks of K (128 codes each) of the wgmma prefill GEMMs' weights and scales that each block "
-             "brings into L2 for the block that starts when it leaves (the launch's resident blocks on), right after "
-             "its last copy, and that each FC2 block brings for itself while FC1 finishes (1-16; 33-48: the same "
-             "chunks once the main loop is done, an experiment; 0 = the built-in: none); a -D option, part of the key.",
-             allowed=(*range(17), *range(33, 49))),
         Knob("prefill_route_tile", None, "int", 0,
              "Tuning only: force the prefill route tile (16, 32 or 64 routes for mma.sync, 32, 64, 128 or 256 for "
              "wgmma; 0 = chosen from the routes per expert).",

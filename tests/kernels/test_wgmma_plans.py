@@ -1,7 +1,6 @@
 """The wgmma prefill engine's plans (CPU only): route tiles and blocks an SM, FC2's K split, pairs of blocks,
 warpgroups by route tile and layout, the tile table over the grid, overlapped launches, the 32-bit row offset
-limit, the K order of a chunk (a permutation matching the pairs, on contract and tiled codes) and the prefetch ahead
-(its launches, its binding, its compile)."""
+limit, and the K order of a chunk (a permutation matching the pairs, on contract and tiled codes)."""
 
 from __future__ import annotations
 
@@ -309,76 +308,3 @@ def test_wgmma_k_order_on_tiled_codes(bits):
                 pair = 2 * s + half
                 assert nat[16 * s + 8 * half + 2 * t: 16 * s + 8 * half + 2 * t + 2] == [32 * t + 2 * pair,
                                                                                       32 * t + 2 * pair + 1]
-
-
-def test_wgmma_ahead_prefetch_launch_and_binding(monkeypatch):
-    """Knob prefill_wg_ahead=n (engines/wg_ahead.cuh): the module compiles n chunks of prefetch (its define, part of the
-    key), and FC1 / FC2 leave AH, the blocks ahead, to the binder (Launch.resident), which sets it to the SMs × the
-    driver's occupancy of the launch; unset, nothing is compiled and AH is 0 in the launch's scalars."""
-    from qmoe_rtc.jit import Launch, driver
-    from qmoe_rtc.runtime.plan import BoundLaunches
-    from qmoe_rtc.settings import knobs
-
-    fam = get_family("wgmma_prefill")
-    prob = dataclasses.replace(_problem(QWEN3, 256), sms=132)
-    spec = fam.spec(QWEN3)
-    assert "-DQMOE_WG_AHEAD=0" in fam.defines(spec)
-    for role in ("fc1", "fc2"):
-        ln = fam.launch(spec, role, prob)
-        assert ln.resident == "" and dict(ln.args)["AH"] == 0
-    with knobs.scope(prefill_wg_ahead=4):
-        ahead = fam.spec(QWEN3)
-        assert ahead != spec and ahead["ahead"] == 4 and "-DQMOE_WG_AHEAD=4" in fam.defines(ahead)
-        launches = [fam.launch(ahead, role, prob) for role in ("fc1", "fc2")]
-    assert all(ln.resident == "AH" and "AH" not in dict(ln.args) for ln in launches)
-    assert fam.launch(ahead, "permute", prob).resident == ""
-    # pairs (clusters, whose blocks never prefetch for another; the driver's occupancy query takes no cluster kernel)
-    mixtral = ModelConfig(hidden=4096, inter=14336, experts=8, k=2, layout=QWEN3.layout)
-    big = dataclasses.replace(_problem(mixtral, 4096), sms=132)
-    with knobs.scope(prefill_wg_ahead=4):
-        paired = fam.spec(mixtral)
-        assert fam.kernel_for(paired, "fc1", big) == "fc1_br128_pair"
-        assert all(fam.launch(paired, r, big).resident == "" and dict(fam.launch(paired, r, big).args)["AH"] == 0
-                   for r in ("fc1", "fc2"))
-
-    seen = {}
-
-    class Kernel:
-        function = "fn"
-
-        def pack(self, values):
-            seen.update(values)
-            return type("Params", (), {"names": (), "values": [], "address": 0})()
-
-        def reserve_dynamic_smem(self, nbytes):
-            seen["reserved"] = nbytes
-
-    asked = []
-    monkeypatch.setattr(driver, "blocks_per_sm", lambda fn, threads, smem: asked.append((fn, threads, smem)) or 3)
-    step = type("Step", (), {"kernel": Kernel(), "launch": Launch((9, 1, 1), (256, 1, 1), 4096, (("NT", 2),),
-                                                                   resident="AH")})()
-    plan = type("Plan", (), {"problem": prob, "steps": [step]})()
-    pool = type("Pool", (), {"bufs": {}, "generation": 0, "address": lambda self, name: 0})()
-    BoundLaunches(plan, pool, {})
-    assert seen["AH"] == 3 * 132 and seen["NT"] == 2 and seen["reserved"] == 4096 and asked == [("fn", 256, 4096)]
-
-
-def test_wgmma_ahead_compiles():
-    """The prefetch-ahead FC1 and FC2 at 32-route tiles compile (NVRTC, sm_90a), and differ from the default build's
-    (the hook is compiled in only with the knob)."""
-    from qmoe_rtc.jit import get_cubins
-    from qmoe_rtc.kernels import spec_unit
-    from qmoe_rtc.settings import knobs
-
-    from support.cubin_sections import text_sections
-
-    fam = get_family("wgmma_prefill")
-
-    def gemms(**kw):
-        with knobs.scope(**kw):
-            unit = spec_unit(fam.spec(QWEN3))
-        piece = next(p for p in unit.pieces() if {k.key for k in p.kernels} == {"fc1_br32"})
-        (mod,) = get_cubins(piece, "sm_90")
-        return text_sections(mod.cubin)[f".text.{mod.lowered['fc1_br32']}"]
-
-    assert gemms(prefill_wg_ahead=4) != gemms()

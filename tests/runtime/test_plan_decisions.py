@@ -50,9 +50,7 @@ def test_sm90_decisions_are_the_recorded_ones():
     it. Rewritten when the grouped engines could route in their group launch (kernels/route.py routes_in_group): with
     the knob route_in_group off every launch was the one before (the wgmma configure() gained ``lead``); on by its rule
     (up to 64 routes) the routing and wgmma's permute steps gone and the group step's lead kernel at qwen3-30b-a3b 3-8
-    tokens, mixtral-8x7b and ort-2048 3-32, gpt-oss-20b 4-16, gpt-oss-120b 7-16. Rewritten when the wgmma GEMMs gained
-    the scalar AH (the blocks on whose first weights a block prefetches, engines/wg_ahead.cuh): 0 in every plan while
-    the knob prefill_wg_ahead is 0 (the default); the wgmma plans' launches otherwise those before.
+    tokens, mixtral-8x7b and ort-2048 3-32, gpt-oss-20b 4-16, gpt-oss-120b 7-16.
     """
     fixture = json.loads(FIXTURE.read_text())
     assert fixture["target"] == "sm_90a" and tuple(fixture["tokens"]) == plan_walk.TOKENS

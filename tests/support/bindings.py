@@ -43,7 +43,7 @@ def check_every_argument_bound(cfg, rows: int) -> None:
             scratch |= set(fam.scratch(spec, st.role, problem))
             steps.append((kdefs[key], launch))
         for kdef, launch in steps:
-            bound = table | LAYER_SCALARS | scratch | {n for n, _ in launch.args} | {launch.resident} - {''} | set(PER_CALL)
+            bound = table | LAYER_SCALARS | scratch | {n for n, _ in launch.args} | set(PER_CALL)
             missing = [a.name for a in leaves(kdef.args) if a.name not in bound]
             assert not missing, (pipeline.name, kdef.key, missing)
             for a in leaves(kdef.args):  # a scratch pointer a kernel reads was declared by some step of the pipeline

@@ -1,5 +1,5 @@
 // core/cp_async.cuh: asynchronous global -> shared copies (sm_80+), 4, 8 or 16 bytes, zero-filling
-// when the source is not valid (nothing is read then); L2 prefetch hints.
+// when the source is not valid (nothing is read then).
 #pragma once
 
 #include "core/types.cuh"
@@ -29,8 +29,6 @@ template <int CB> __device__ __forceinline__ void cp_async_codes(u32 dst, const 
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
-// A hint: the line holding p brought into L2 (no register written, nothing waits for it).
-__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
 
 }  // namespace qmoe

@@ -78,21 +78,6 @@ template <class QP, bool ZPW> struct LaneMeta {
     }
   }
 
-  // The lines issue() copies from for block j brought into L2 (a hint: the block of another tile, ahead of its copies).
-  static __device__ __forceinline__ void prefetch(const QP& qp, i64 sbase, i32 e, i32 n, i32 j) {
-    if constexpr (kT) {
-      const u8* rec = reinterpret_cast<const u8*>(qp.scales) + sbase + (i64)j * QP::kMetaBlockStride;
-#pragma unroll
-      for (int h = 0; h < L::NSB; ++h) prefetch_l2(rec + h * QP::kMetaBlockStride);
-      return;
-    }
-    prefetch_l2(qp.scales + sbase + j);
-    if constexpr (ZPW && QP::kZp == ZP_PACKED) {
-      if constexpr (QP::kBits == 3) prefetch_l2(qp.zp + (qp.zp_bit(e, n, j) >> 3));
-      else prefetch_l2(qp.zp + qp.zp_byte(e, n, j));
-    }
-  }
-
   // The 16-bit scale of block j0 + h in both halves of a word (T2's splat when ScaleT is T: one byte
   // permute instead of a float round trip); the word and half decode() reads it from.
   static __device__ __forceinline__ u32 scale_splat(const QP& qp, const u32* meta, i64 sbase, i32 n, i32 j0, int h) {

@@ -34,8 +34,8 @@ template <int B> __device__ __forceinline__ void prefetch_rows(const u8* pa, con
   for (i32 i = 0, c = ks; i < chunks && c < nch; ++i, c += KS) {
     const i32 k0 = c * kMmaChunk + 32 * t;
     if (k0 >= K) break;
-    prefetch_l2(pa + CodeRows<B>::seg(k0 / 32));
-    prefetch_l2(pb + CodeRows<B>::seg(k0 / 32));
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(pa + CodeRows<B>::seg(k0 / 32)));
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(pb + CodeRows<B>::seg(k0 / 32)));
   }
 }
 

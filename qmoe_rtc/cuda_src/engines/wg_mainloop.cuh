@@ -38,7 +38,6 @@
 #include "core/wgmma.cuh"
 #include "engines/lane_tiles.cuh"
 #include "engines/tile_rows.cuh"
-#include "engines/wg_ahead.cuh"
 
 namespace qmoe {
 
@@ -119,11 +118,10 @@ template <int B, typename ScaleT, int BLOCK, bool ZPW, int BR> struct WgStage {
 // the tile starts at src + s_row[i] (an element offset); padding rows (past the tile's routes) repeat its last route, whose extra
 // columns are never stored. In clusters of CL = 2 blocks: src is the tile's first row in a route-tile image, whose half
 // chunk q starts q·half elements on (s_row unused); its rows past the tile's routes are other tiles', never stored.
-// ahead(): called once, right after the range's last copy was issued (engines/wg_ahead.cuh).
-template <typename T, int B, int BR, int NR, bool ZPW, class QA, class QB, class St, int CL, class Ahead>
+template <typename T, int B, int BR, int NR, bool ZPW, class QA, class QB, class St, int CL>
 __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const PfLaneRows<T, QA, QB, 1>& lr, i32 e,
                                             const T* src, const u32* s_row, i64 half, i32 K, i32 c0, i32 c1,
-                                            float (&acc_br)[BR / 2], u8* smem, Stamps& st, const Ahead& ahead) {
+                                            float (&acc_br)[BR / 2], u8* smem, Stamps& st) {
   static_assert(CL == 1 || CL == 2, "blocks a cluster: 1 or 2");
   constexpr int kThreads = St::kThreads;
   static_assert(NR <= BR && NR * 16 % kThreads == 0, "MMA routes: a route tile's 16-byte units spread evenly");
@@ -234,7 +232,6 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
   };
 
   constexpr int A = S >= 3 ? S - 2 : 1;  // chunks the copies run ahead
-  const i32 last_issue = max(nch - 1 - A, 0);  // the iteration that issues the range's last chunk (or 0: none left)
   if constexpr (kWgStageBarriers<St, CL>) {
     // full[s] at bars + 8s (every thread's copies landed), empty[s] at bars + 8(S + s) (every warp's MMAs done)
     // In clusters full[s] also counts thread 0's arrival with the route tile's bytes, empty[s] both blocks' warps.
@@ -290,7 +287,6 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
         x_multicast(nslot, c0 + c + A);
         cp_async_arrive(bars + 8 * nslot);
       }
-      if (!kWgAheadAtEnd && c == last_issue) ahead();
       pslot = slot;
       slot = slot + 1 == S ? 0 : slot + 1;
       par ^= slot == 0 ? 1u : 0u;
@@ -313,13 +309,11 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
       const i32 cn = c + A;
       if (cn < nch) issue(cn % S, c0 + cn);
       cp_async_commit();
-      if (!kWgAheadAtEnd && c == last_issue) ahead();
       compute(c % S, c0 + c);
     }
   }
   wgmma_wait<0>();
   wgmma_hold(acc);
-  if (kWgAheadAtEnd) ahead();
   cp_async_wait<0>();
   // in clusters: this block's last arrival on the other's barriers and its last copy into it are behind it (every
   // copy it received landed); the kernel waits (cluster_wait) before it exits
@@ -335,20 +329,20 @@ __device__ __forceinline__ void wg_mainloop(const QA& qa, const QB& qb, const Pf
 #ifndef QMOE_WG_SHRINK
 #define QMOE_WG_SHRINK 3
 #endif
-template <typename T, int B, int BR, bool ZPW, class QA, class QB, class St, int CL, class Ahead = NoAhead>
+template <typename T, int B, int BR, bool ZPW, class QA, class QB, class St, int CL>
 __device__ __forceinline__ void wg_tile(const QA& qa, const QB& qb, const PfLaneRows<T, QA, QB, 1>& lr, i32 e,
                                         const T* src, const u32* s_row, i64 half, i32 routes, i32 K, i32 c0, i32 c1,
-                                        float (&acc)[BR / 2], u8* smem, Stamps& st, const Ahead& ahead = Ahead{}) {
+                                        float (&acc)[BR / 2], u8* smem, Stamps& st) {
   static_assert(QMOE_WG_SHRINK >= 1 && QMOE_WG_SHRINK <= 3, "QMOE_WG_SHRINK: 1 (BR / 2), 2 (and BR / 4), 3 (to 16)");
   constexpr int kLeast = QMOE_WG_SHRINK == 3 && 16 * 16 % St::kThreads == 0 ? 16 : 32;  // the fewest MMA routes
   constexpr int kHalf = BR / 2 >= kLeast ? BR / 2 : BR;
   constexpr int kQuarter = QMOE_WG_SHRINK >= 2 && BR / 4 >= kLeast ? BR / 4 : kHalf;
   if (kQuarter < kHalf && routes <= kQuarter)
-    wg_mainloop<T, B, BR, kQuarter, ZPW, QA, QB, St, CL>(qa, qb, lr, e, src, s_row, half, K, c0, c1, acc, smem, st, ahead);
+    wg_mainloop<T, B, BR, kQuarter, ZPW, QA, QB, St, CL>(qa, qb, lr, e, src, s_row, half, K, c0, c1, acc, smem, st);
   else if (kHalf < BR && routes <= kHalf)
-    wg_mainloop<T, B, BR, kHalf, ZPW, QA, QB, St, CL>(qa, qb, lr, e, src, s_row, half, K, c0, c1, acc, smem, st, ahead);
+    wg_mainloop<T, B, BR, kHalf, ZPW, QA, QB, St, CL>(qa, qb, lr, e, src, s_row, half, K, c0, c1, acc, smem, st);
   else
-    wg_mainloop<T, B, BR, BR, ZPW, QA, QB, St, CL>(qa, qb, lr, e, src, s_row, half, K, c0, c1, acc, smem, st, ahead);
+    wg_mainloop<T, B, BR, BR, ZPW, QA, QB, St, CL>(qa, qb, lr, e, src, s_row, half, K, c0, c1, acc, smem, st);
 }
 
 }  // namespace qmoe

@@ -40,7 +40,6 @@
 #include "core/types.cuh"
 #include "core/wg_order.cuh"
 #include "engines/tile_rows.cuh"
-#include "engines/wg_ahead.cuh"
 #include "engines/wg_image.cuh"
 #include "engines/wg_mainloop.cuh"
 #include "engines/wg_tiles.cuh"
@@ -134,8 +133,7 @@ __device__ __forceinline__ i64 act_index(i32 pos, i32 m0, i32 o, i32 Ip, i32 Rp)
 template <int CL, int GATE, typename T, typename ScaleT, int B1, int B2, int Z1, int Z3, int BLOCK, int ACT, int BR>
 __device__ __forceinline__ void fc1_body(const T* __restrict__ xp, const RouteGroups rg, const i32* __restrict__ tile_info,
                                          const i32* __restrict__ tile_rows, i32 E, i32 k, i32 H, i32 Hp, i32 I, i32 Ip, i32 Rp,
-                                         i32 NT, i32 G, i32 AH, const Fc1Weights<ScaleT> wt,
-                                         const ActParams ap, T* __restrict__ act_sorted) {
+                                         i32 NT, i32 G, const Fc1Weights<ScaleT> wt, const ActParams ap, T* __restrict__ act_sorted) {
   using Rows = Fc1Rows<GATE>;
   constexpr bool kZpw = Z1 == ZP_PACKED || (GATE == GATE_FC3 && Z3 == ZP_PACKED);
   using St = Fc1Stage<GATE, ScaleT, B1, Z1, Z3, BLOCK, BR>;
@@ -166,17 +164,11 @@ __device__ __forceinline__ void fc1_body(const T* __restrict__ xp, const RouteGr
   const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const i32 o0 = (nt * St::kWarps + warp) * kOut;
   PfLaneRows<T, Q1, QB, 1> lr;
-  fc1_lane_rows<GATE, St::kWarps>(lr, q1, p1.w, qb, wb, nt, e, I);
-  // after this tile's last copy: the first chunks of the block AH on into L2 (engines/wg_ahead.cuh)
-  const auto ahead = [&]() {
-    if constexpr (kWgAhead > 0 && CL == 1) {
-      const i32 idx = (i32)blockIdx.x + AH;
-      i32 nt2, e2;
-      if (AH <= 0 || idx >= (i32)gridDim.x || !wg_tile_expert(idx, rg.tile_offsets, E, NT, G, tile_info, nt2, e2)) return;
-      const Proj<ScaleT> pa = expert_proj(e2, wt.E_routed, wt.fc1, wt.shared_fc1);
-      fc1_ahead<GATE, T, ScaleT, B1, Z1, Z3, BLOCK, St::kWarps, kZpw>(pa, p3, wt.zp_offset, e2, nt2, H, I);
-    }
-  };
+  {
+    const i32 oa = min(o0 + g, I - 1), ob = Rows::kGated ? oa : min(o0 + g + 8, I - 1);  // clamped: never stored
+    const i32 na = Rows::gate_row(oa, I), nb = Rows::kGated ? Rows::lin_row(oa, I) : ob;
+    lr.set(0, q1, p1.w, na, Rows::tile_row(na), qb, wb, nb, Rows::tile_row(nb), e);
+  }
   if constexpr (CL == 1) {
 #pragma unroll
     for (int q = 0; q < (BR + St::kThreads - 1) / St::kThreads; ++q)
@@ -188,7 +180,7 @@ __device__ __forceinline__ void fc1_body(const T* __restrict__ xp, const RouteGr
   for (int i = 0; i < BR / 2; ++i) acc[i] = 0.0f;
   // in clusters xp is x's route-tile image (wg_prepare_image): the tile's rows from m0
   wg_tile<T, B1, BR, kZpw, Q1, QB, St, CL>(q1, qb, lr, e, CL > 1 ? xp + (i64)m0 * 64 : xp, s_row, (i64)Rp * 64, m_end - m0, H, 0,
-                                       Hp / 128, acc, smem, st, ahead);
+                                       Hp / 128, acc, smem, st);
   // A thread's outputs are the same for every route of the tile: their biases are read once, here
   // (clamped rows: an output past I is stored as zero, its bias unused).
   const i32 o = o0 + g;
@@ -212,19 +204,19 @@ template <int GATE, typename T, typename ScaleT, int B1, int B2, int Z1, int Z3,
 __global__ void __launch_bounds__(Fc1Stage<GATE, ScaleT, B1, Z1, Z3, BLOCK, BR>::kThreads,
                                   (kFc1MinBlocks<Fc1Stage<GATE, ScaleT, B1, Z1, Z3, BLOCK, BR>, BR>))
 fc1_wgmma(const T* __restrict__ xp, const RouteGroups rg, const i32* __restrict__ tile_info, const i32* __restrict__ tile_rows,
-          i32 E, i32 k, i32 H, i32 Hp, i32 I, i32 Ip, i32 Rp, i32 NT, i32 G, i32 AH,
-          const Fc1Weights<ScaleT> wt, const ActParams ap, T* __restrict__ act_sorted) {
-  fc1_body<1, GATE, T, ScaleT, B1, B2, Z1, Z3, BLOCK, ACT, BR>(xp, rg, tile_info, tile_rows, E, k, H, Hp, I, Ip, Rp, NT, G, AH,
-                                                              wt, ap, act_sorted);
+          i32 E, i32 k, i32 H, i32 Hp, i32 I, i32 Ip, i32 Rp, i32 NT, i32 G, const Fc1Weights<ScaleT> wt, const ActParams ap,
+          T* __restrict__ act_sorted) {
+  fc1_body<1, GATE, T, ScaleT, B1, B2, Z1, Z3, BLOCK, ACT, BR>(xp, rg, tile_info, tile_rows, E, k, H, Hp, I, Ip, Rp, NT, G, wt,
+                                                              ap, act_sorted);
 }
 template <int GATE, typename T, typename ScaleT, int B1, int B2, int Z1, int Z3, int BLOCK, int ACT, int BR>
 __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(Fc1Stage<GATE, ScaleT, B1, Z1, Z3, BLOCK, BR>::kThreads,
                                                             (kFc1MinBlocks<Fc1Stage<GATE, ScaleT, B1, Z1, Z3, BLOCK, BR>, BR>))
 fc1_wgmma_pair(const T* __restrict__ xs, const RouteGroups rg, const i32* __restrict__ tile_info, const i32* __restrict__ tile_rows,
-          i32 E, i32 k, i32 H, i32 Hp, i32 I, i32 Ip, i32 Rp, i32 NT, i32 G, i32 AH,
-          const Fc1Weights<ScaleT> wt, const ActParams ap, T* __restrict__ act_sorted) {
-  fc1_body<2, GATE, T, ScaleT, B1, B2, Z1, Z3, BLOCK, ACT, BR>(xs, rg, tile_info, tile_rows, E, k, H, Hp, I, Ip, Rp, NT, G, AH,
-                                                              wt, ap, act_sorted);
+          i32 E, i32 k, i32 H, i32 Hp, i32 I, i32 Ip, i32 Rp, i32 NT, i32 G, const Fc1Weights<ScaleT> wt, const ActParams ap,
+          T* __restrict__ act_sorted) {
+  fc1_body<2, GATE, T, ScaleT, B1, B2, Z1, Z3, BLOCK, ACT, BR>(xs, rg, tile_info, tile_rows, E, k, H, Hp, I, Ip, Rp, NT, G, wt,
+                                                              ap, act_sorted);
 }
 
 // Whether FC2 splits K this call. In parts (YS > 0: the host chose KS parts and gave y KS planes of YS values)
@@ -248,8 +240,7 @@ __device__ __forceinline__ bool fc2_splits(i32 KS, i64 YS, i32 V, i32 P) {
 template <int CL, typename T, typename ScaleT, int B2, int Z2, int BLOCK, int BR>
 __device__ __forceinline__ void fc2_body(const T* __restrict__ act_sorted, const RouteGroups rg, const i32* __restrict__ tile_info,
                                          const i32* __restrict__ tile_rows, i32 E, i32 H, i32 I, i32 Ip, i32 Rp, i32 NT, i32 G,
-                                         i32 KS, i32 SMS, i64 YS, i32 AH, const Fc2Weights<ScaleT> wt,
-                                         float* __restrict__ y) {
+                                         i32 KS, i32 SMS, i64 YS, const Fc2Weights<ScaleT> wt, float* __restrict__ y) {
   using St = Fc2Stage<ScaleT, B2, Z2, BLOCK, BR>;
   constexpr bool kZpw = Z2 == ZP_PACKED;
   if (CL > 1 && KS != 1) __trap();  // a host bug: the two blocks of a cluster would wait for each other forever
@@ -273,11 +264,8 @@ __device__ __forceinline__ void fc2_body(const T* __restrict__ act_sorted, const
   const i32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const i32 n0 = (nt * St::kWarps + warp) * 16;
   PfLaneRows<T, Q2, Q2, 1> lr;
-  fc2_lane_rows<St::kWarps>(lr, q2, p2.w, nt, e, H);
-  const i32 part = (i32)blockIdx.x % KS, nch = Ip / 128;
-  // this block's first chunks into L2 while FC1 finishes (engines/wg_ahead.cuh; the split read at L2, before the wait)
-  if constexpr (kWgAhead > 0)
-    wg_prefetch<B2, kZpw>(q2, q2, lr, e, I, fc2_splits(KS, YS, ld_gpu(rg.tile_offsets + E) * NT, SMS) ? part * nch / KS : 0);
+  const i32 na = min(n0 + g, H - 1), nb = min(n0 + g + 8, H - 1);  // clamped: never stored
+  lr.set(0, q2, p2.w, na, na, q2, p2.w, nb, nb, e);
 #pragma unroll
   for (int q = 0; q < (BR + St::kThreads - 1) / St::kThreads; ++q) {
     const i32 i = threadIdx.x + q * St::kThreads;
@@ -294,24 +282,13 @@ __device__ __forceinline__ void fc2_body(const T* __restrict__ act_sorted, const
   float acc[BR / 2];
 #pragma unroll
   for (int i = 0; i < BR / 2; ++i) acc[i] = 0.0f;
+  const i32 part = (i32)blockIdx.x % KS, nch = Ip / 128;
   i32 chunks;
   {
     const bool split = fc2_splits(KS, YS, rg.tile_offsets[E] * NT, SMS);
     const i32 c0 = split ? part * nch / KS : 0, c1 = split ? (part + 1) * nch / KS : nch;
-    // after this tile's last copy: the first chunks of the block AH on into L2 (engines/wg_ahead.cuh)
-    const auto ahead = [&]() {
-      if constexpr (kWgAhead > 0 && CL == 1) {
-        const i32 idx = (i32)blockIdx.x + AH, part2 = idx % KS;
-        i32 nt2, e2;
-        if (AH <= 0 || idx >= (i32)gridDim.x || (part2 && !split) ||
-            !wg_tile_expert(idx / KS, rg.tile_offsets, E, NT, G, tile_info, nt2, e2))
-          return;
-        const Proj<ScaleT> pa = expert_proj(e2, wt.E_routed, wt.fc2, wt.shared_fc2);
-        fc2_ahead<T, ScaleT, B2, Z2, BLOCK, St::kWarps, kZpw>(pa, wt.zp_offset, e2, nt2, H, I, split ? part2 * nch / KS : 0);
-      }
-    };
     wg_tile<T, B2, BR, kZpw, Q2, Q2, St, CL>(q2, q2, lr, e, CL > 1 ? act_sorted + (i64)m0 * 64 : act_sorted, s_row, (i64)Rp * 64,
-                                         m_end - m0, I, c0, c1, acc, smem, st, ahead);
+                                         m_end - m0, I, c0, c1, acc, smem, st);
     chunks = c1 - c0;
   }
   // After the main loop, what is the same for the whole block is read again rather than held in
@@ -345,18 +322,16 @@ template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, int BR>
 __global__ void __launch_bounds__(Fc2Stage<ScaleT, B2, Z2, BLOCK, BR>::kThreads, Fc2Stage<ScaleT, B2, Z2, BLOCK, BR>::kMinBlocks)
 fc2_wgmma(const T* __restrict__ act_sorted, const RouteGroups rg, const i32* __restrict__ tile_info,
           const i32* __restrict__ tile_rows, i32 E, i32 H, i32 I, i32 Ip, i32 Rp, i32 NT, i32 G, i32 KS, i32 SMS,
-          i64 YS, i32 AH, const Fc2Weights<ScaleT> wt, float* __restrict__ y) {
-  fc2_body<1, T, ScaleT, B2, Z2, BLOCK, BR>(act_sorted, rg, tile_info, tile_rows, E, H, I, Ip, Rp, NT, G, KS, SMS, YS, AH,
-                                          wt, y);
+          i64 YS, const Fc2Weights<ScaleT> wt, float* __restrict__ y) {
+  fc2_body<1, T, ScaleT, B2, Z2, BLOCK, BR>(act_sorted, rg, tile_info, tile_rows, E, H, I, Ip, Rp, NT, G, KS, SMS, YS, wt, y);
 }
 template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, int BR>
 __global__ void __cluster_dims__(2, 1, 1)
     __launch_bounds__(Fc2Stage<ScaleT, B2, Z2, BLOCK, BR>::kThreads, Fc2Stage<ScaleT, B2, Z2, BLOCK, BR>::kMinBlocks)
 fc2_wgmma_pair(const T* __restrict__ act_sorted, const RouteGroups rg, const i32* __restrict__ tile_info,
           const i32* __restrict__ tile_rows, i32 E, i32 H, i32 I, i32 Ip, i32 Rp, i32 NT, i32 G, i32 KS, i32 SMS,
-          i64 YS, i32 AH, const Fc2Weights<ScaleT> wt, float* __restrict__ y) {
-  fc2_body<2, T, ScaleT, B2, Z2, BLOCK, BR>(act_sorted, rg, tile_info, tile_rows, E, H, I, Ip, Rp, NT, G, KS, SMS, YS, AH,
-                                          wt, y);
+          i64 YS, const Fc2Weights<ScaleT> wt, float* __restrict__ y) {
+  fc2_body<2, T, ScaleT, B2, Z2, BLOCK, BR>(act_sorted, rg, tile_info, tile_rows, E, H, I, Ip, Rp, NT, G, KS, SMS, YS, wt, y);
 }
 
 }  // namespace qmoe
