@@ -1,4 +1,5 @@
-"""Shared test fixtures. Tests marked ``gpu`` are skipped cleanly when no NVIDIA GPU/driver is found."""
+"""Shared test fixtures. Tests marked ``gpu`` are skipped cleanly when no NVIDIA GPU/driver is found; with
+QMOE_RTC_FAIL_LOG set, failures are written down as they happen (support/fail_log.py)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_runtest_logreport(report):
+    """With QMOE_RTC_FAIL_LOG set, each failure written to that file at once (support/fail_log.py)."""
+    from support.fail_log import record
+
+    record(report)
 
 
 @pytest.fixture(autouse=True, scope="session")

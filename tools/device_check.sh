@@ -12,12 +12,15 @@
 # then FP8 vs int8 (EXT_SHAPES, EXT_TOKENS, FP8_SHAPES, FP8_TOKENS, ITERS).
 # sanitize: tools/sanitize_case.py (every engine) under each of SANITIZERS (default memcheck racecheck synccheck).
 # stress: python -m qmoe_rtc stress (STRESS_ARGS; default 16 processes, 1000 layer-runs per engine to pass).
+# Failed tests, written as they fail: $OUT/failed_tests.txt.
 # Knobs: TESTS (pytest paths), BENCH_ARGS, PEER_TOKENS, PEERS, SANITIZERS, SANITIZE_ARGS, STRESS_ARGS, *_TIMEOUT.
 set -uo pipefail
 case "${1:-}" in -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0;; esac
 cd "$(dirname "$0")/.."
 SECTIONS="${SECTIONS:-tests sanitize bench}"
 . tools/device_env.sh
+# each failed test written down the moment it fails (tests/support/fail_log.py): a run cut at its limit still names them
+export QMOE_RTC_FAIL_LOG="$OUT/failed_tests.txt"
 
 python3 -m qmoe_rtc info 2>&1 | tee "$OUT/info.txt" | grep -E "GPU 0|NVRTC|cupy|cuda-bindings|driver"
 precompile "${PRECOMPILE_TIMEOUT:-120}"
