@@ -20,7 +20,7 @@ cd "$(dirname "$0")/.."
 SECTIONS="${SECTIONS:-tests sanitize bench}"
 . tools/device_env.sh
 # each failed test written down the moment it fails (tests/support/fail_log.py): a run cut at its limit still names them
-export QMOE_RTC_FAIL_LOG="$OUT/failed_tests.txt"
+export QMOE_RTC_FAIL_LOG="$OUT/failed_tests.txt"; : > "$QMOE_RTC_FAIL_LOG"
 
 python3 -m qmoe_rtc info 2>&1 | tee "$OUT/info.txt" | grep -E "GPU 0|NVRTC|cupy|cuda-bindings|driver"
 precompile "${PRECOMPILE_TIMEOUT:-120}"
