@@ -6,8 +6,10 @@ Each meets the float64 reference with a NaN-poisoned output (every element writt
 call bitwise, and the two forms agree bit for bit (the same routes, grouped in the same order: the same sums). The plans
 are checked too: 'on' launches no routing kernel and its first kernel is the lead (where the rule takes the call: not
 with router weights, which keep the routing kernel); 'off' keeps the routing kernel.
-Layers: fewer and more than 32 experts (the wgmma tile table), shared experts, router weights, bf16 logits,
-normalised weights; rows from 1 to 130 (past the 'auto' limit of 64, where 'on' still takes it).
+Layers: fewer and more than 32 experts (the wgmma tile table), shared experts (with and without router weights),
+router weights, bf16 logits, normalised weights; rows from 1 to 130 (past the 'auto' limit of 64, where 'on' still
+takes it); and an expert slice [ext] (the lead kernel with an expert map: routes to experts another slice holds left
+out), against its own float64 part.
 """
 
 import numpy as np
@@ -31,6 +33,10 @@ LAYERS = [
      True, "float32"),
     ("e40-k6-b4-bf16-logits", dict(bits=4, block_size=128, k=6, activation_type="swiglu", swiglu_fusion=1), 40, 256,
      256, False, "bfloat16"),
+    # shared experts without router weights: the lead kernel with shared slots (the layout above with router weights
+    # keeps the routing kernel)
+    ("e16-k2-b4-shared", dict(bits=4, block_size=64, k=2, activation_type="swiglu", swiglu_fusion=1, shared=1), 16, 256,
+     128, False, "float32"),
 ]
 
 
@@ -83,3 +89,34 @@ def test_routing_in_the_group_launch_equals_its_own_launches(rng, engine, layer,
                 assert families[0] == "route" and plan.steps[1].kernel.key == "group", plan.steps
             outs[mode] = _forward(moe, x, lg, rw, want, f"{name} {engine} {rows} rows route_in_group={mode}")
     np.testing.assert_array_equal(outs["on"], outs["off"], err_msg=f"{name} {engine} {rows} rows")
+
+
+@pytest.mark.parametrize("engine", ["batched", "mma", "wgmma"])
+@pytest.mark.parametrize("rows", [3, 16, 130])
+def test_routing_in_the_group_launch_on_an_expert_slice(rng, engine, rows):
+    """An expert slice [ext] (experts 4..11 of 16, ``expert_range`` + ``num_experts``): the lead kernel routes over all
+    16 experts, keeps the routes its slice holds, and equals the separate launches bit for bit and the slice's float64
+    part (poisoned output, replay = eager)."""
+    import cupy as cp
+
+    from qmoe_rtc.executor import QMoE
+    from qmoe_rtc.kernels.route import routes_in_group
+
+    if engine == "wgmma" and cp.cuda.Device().compute_capability != "90":
+        pytest.skip("the wgmma prefill engine needs an sm_90 GPU")
+    E, H, I, k, (e0, e1) = 16, 256, 128, 4, (4, 12)  # noqa: E741
+    w, a = random_layer(rng, E=E, H=H, I=I, dtype="bfloat16", bits=4, block_size=64, k=k, activation_type="swiglu",
+                        swiglu_fusion=1)
+    per_expert = {f"{p}_{t}" for p in ("fc1", "fc2", "fc3")
+                  for t in ("experts_weights", "scales", "zero_points", "experts_bias", "global_scale")}
+    part = {n: (v[e0:e1] if n in per_expert and v is not None else v) for n, v in w.items()}  # the slice's experts
+    x, lg, _ = random_inputs(rng, rows, H, E, "bfloat16")
+    want = reference(x, lg, **part, **a, expert_range=(e0, e1), num_experts=E)
+    outs = {}
+    for mode in ("on", "off"):
+        with knobs.scope(prefill_engine=engine, route_in_group=mode):
+            moe = QMoE(**to_dev(part), **a, expert_range=(e0, e1), num_experts=E, decode_max_routes=0)
+            plan = moe.plan(rows, "bfloat16", "float32")
+            assert plan.engine == f"prefill-{engine}" and routes_in_group(plan.problem) == (mode == "on"), plan.steps
+            outs[mode] = _forward(moe, x, lg, None, want, f"slice {engine} {rows} rows route_in_group={mode}")
+    np.testing.assert_array_equal(outs["on"], outs["off"], err_msg=f"slice {engine} {rows} rows")
