@@ -99,9 +99,8 @@ def routes_in_group(problem: Problem) -> bool:
     mode = knobs.get("route_in_group")
     if mode not in ("auto", "on", "off"):
         raise KnobError(knobs.label("route_in_group"), "one of ['auto', 'on', 'off']", repr(mode))
-    if mode == "off" or not warp_kernel(problem) or problem.router_gemm or problem.expert_counts:
-        return False
-    if problem.router_weights_dtype:
+    if (mode == "off" or not warp_kernel(problem) or problem.router_gemm or problem.expert_counts
+            or problem.router_weights_dtype):
         return False
     return 0 < problem.routes <= (LEAD_MAX_ROUTES if mode == "on" else LEAD_ROUTES)
 

@@ -89,10 +89,11 @@ __global__ void __launch_bounds__(256) wg_prepare(const T* __restrict__ x, i32 r
 // wg_prepare does (they read only the call's input, done before this launch, which is never overlapped).
 template <typename T, int B, typename LT>
 __global__ void __launch_bounds__(kGroupThreads)
-wg_route_group(const LT* __restrict__ logits, i32 rows, i32 E_logits, i32 k_routed, i32 S, i32 normalize, i32 E_routed, const i32* __restrict__ expert_map, i32* __restrict__ topk_ids,
-               float* __restrict__ topk_w, i32 R, i32 E, i32 BR, i32* __restrict__ offsets, i32* __restrict__ tile_offsets,
-               i32* __restrict__ sorted, const T* __restrict__ x, i32 H, i32 Hp, T* __restrict__ xp, float* __restrict__ y,
-               i64 y_zero, i32 slots, i32* __restrict__ tile_info, i32* __restrict__ tile_rows) {
+wg_route_group(const LT* __restrict__ logits, i32 rows, i32 E_logits, i32 k_routed, i32 S, i32 normalize, i32 E_routed,
+               const i32* __restrict__ expert_map, i32* __restrict__ topk_ids, float* __restrict__ topk_w, i32 R, i32 E,
+               i32 BR, i32* __restrict__ offsets, i32* __restrict__ tile_offsets, i32* __restrict__ sorted,
+               const T* __restrict__ x, i32 H, i32 Hp, T* __restrict__ xp, float* __restrict__ y, i64 y_zero, i32 slots,
+               i32* __restrict__ tile_info, i32* __restrict__ tile_rows) {
   pdl_wait();
   pdl_release();  // FC1's blocks may start (they wait for this grid)
   if (blockIdx.x > 0) {

@@ -26,10 +26,11 @@ inline constexpr int kLeadMaxRoutes = 2048;  // the ids' copy in shared memory: 
 
 // Block 0's work: every row routed, then grouped. Call with the whole block; R <= kLeadMaxRoutes (the host's).
 template <typename LT>
-__device__ __forceinline__ void route_and_group(const LT* __restrict__ logits, i32 rows, i32 E_logits, i32 k_routed, i32 S, i32 normalize, i32 E_routed,
-                                                const i32* __restrict__ expert_map, i32* __restrict__ topk_ids,
-                                                float* __restrict__ topk_w, i32 R, i32 E, i32 BR, i32* __restrict__ offsets,
-                                                i32* __restrict__ tile_offsets, i32* __restrict__ sorted) {
+__device__ __forceinline__ void route_and_group(const LT* __restrict__ logits, i32 rows, i32 E_logits, i32 k_routed, i32 S,
+                                                i32 normalize, i32 E_routed, const i32* __restrict__ expert_map,
+                                                i32* __restrict__ topk_ids, float* __restrict__ topk_w, i32 R, i32 E, i32 BR,
+                                                i32* __restrict__ offsets, i32* __restrict__ tile_offsets,
+                                                i32* __restrict__ sorted) {
   __shared__ i32 ids_s[kLeadMaxRoutes];  // [R] the routes' experts, as topk_ids
   for (i64 row = threadIdx.x >> 5; row < rows; row += kGroupWarps)
     route_row_warp<LT, LT, false, false>(row, logits, nullptr, E_logits, k_routed, S, normalize, E_routed, expert_map, topk_ids,
@@ -42,9 +43,9 @@ __device__ __forceinline__ void route_and_group(const LT* __restrict__ logits, i
 // layers to the two launches); it releases the next kernel's blocks at once (they wait for this grid).
 template <typename LT>
 __global__ void __launch_bounds__(kGroupThreads)
-route_group(const LT* __restrict__ logits, i32 rows, i32 E_logits, i32 k_routed, i32 S, i32 normalize, i32 E_routed, const i32* __restrict__ expert_map, i32* __restrict__ topk_ids,
-            float* __restrict__ topk_w, i32 R, i32 E, i32 BR, i32* __restrict__ offsets, i32* __restrict__ tile_offsets,
-            i32* __restrict__ sorted) {
+route_group(const LT* __restrict__ logits, i32 rows, i32 E_logits, i32 k_routed, i32 S, i32 normalize, i32 E_routed,
+            const i32* __restrict__ expert_map, i32* __restrict__ topk_ids, float* __restrict__ topk_w, i32 R, i32 E, i32 BR,
+            i32* __restrict__ offsets, i32* __restrict__ tile_offsets, i32* __restrict__ sorted) {
   pdl_wait();
   pdl_release();
   route_and_group<LT>(logits, rows, E_logits, k_routed, S, normalize, E_routed, expert_map, topk_ids, topk_w, R, E, BR,
