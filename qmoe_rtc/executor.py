@@ -192,13 +192,12 @@ class QMoE(ExpertCounts):
         return "decode" if int(rows) * self.attrs.k <= self.decode_max_routes else "prefill"
 
     def problem(self, rows: int, dtype: str, router_dtype: str = "float32", router_weights_dtype: str | None = None):
-        L, x = self.layer, self.ext
-        return Problem(rows=int(rows), E=L.E, H=L.H, I=L.I, k=self.attrs.k, dtype=dtype, router_dtype=router_dtype,
-                       router_weights_dtype=router_weights_dtype, sparse=bool(self.attrs.use_sparse_mixer),
-                       arch=self._arch(), shared=x.S, shared_gate=bool(x.S and x.gate),
-                       router_gemm=x.router_dtype if x.router else "", all_experts=self._all_experts,
-                       sigmoid_routing=self.attrs.scoring_func == "sigmoid",
-                       sms=sm_count(self.device_id), smem=max_smem_optin(self.device_id))
+        """The :class:`~qmoe_rtc.kernels.base.Problem` of a call of ``rows`` tokens: the layer's part read from
+        :meth:`model_config` (one place: the plan's choices and the launches see the same layer), the call's and the
+        device's from the arguments."""
+        return Problem.for_config(self.model_config(dtype), int(rows), router_dtype=router_dtype,
+                                  router_weights_dtype=router_weights_dtype, arch=self._arch(),
+                                  sms=sm_count(self.device_id), smem=max_smem_optin(self.device_id))
 
     @property
     def _all_experts(self) -> int:
