@@ -96,8 +96,9 @@ def test_graph_replays_count_and_a_captured_reset_zeroes_per_step(rng, rows):
         graph = stream.end_capture()
     for _ in range(3):
         x, lg, _ = random_inputs(rng, rows, 256, E, "bfloat16")
-        xd[...], ld[...] = cp.asarray(x), cp.asarray(lg)
-        graph.launch(stream)
+        with stream:  # the new inputs written on the replay's stream (a non-blocking one does not wait for the
+            xd[...], ld[...] = cp.asarray(x), cp.asarray(lg)  # default stream: the replay could read the old ones)
+            graph.launch(stream)
         stream.synchronize()
         np.testing.assert_array_equal(cp.asnumpy(moe.expert_counts), expected_counts(lg, a, E))
     g = moe.capture(xd, ld, out=out)  # the forward alone: replays add up

@@ -66,10 +66,11 @@ def test_cupy_stream_capture_of_the_layer(rng):
         moe(x, lg, out=o)
         graph = s.end_capture()
     xn, ln, _ = random_inputs(rng, 5, H, E, "float16")
-    x[...] = cp.asarray(xn)
-    lg[...] = cp.asarray(ln)
-    o.fill(cp.nan)
-    graph.launch(s)
+    with s:  # written on the replay's stream (a non-blocking one does not wait for the default stream)
+        x[...] = cp.asarray(xn)
+        lg[...] = cp.asarray(ln)
+        o.fill(cp.nan)
+        graph.launch(s)
     s.synchronize()
     assert rel_err(cp.asnumpy(o), reference(xn, ln, **w, **a)) <= TOL["float16"]
 
@@ -143,6 +144,7 @@ def test_two_streams_at_once_do_not_share_scratch(rng):
         for s in streams:
             x, lg, _ = random_inputs(rng, rows, H, E, "float16")
             cases.append((s, cp.asarray(x), cp.asarray(lg), reference(x, lg, **w, **a)))
+    cp.cuda.Device().synchronize()  # the inputs' copies (default stream) done before the non-blocking streams read them
     for s, x, lg, _ in cases:  # plan and size each stream's pool
         with s:
             moe(x, lg)
