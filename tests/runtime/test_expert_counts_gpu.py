@@ -96,8 +96,10 @@ def test_graph_replays_count_and_a_captured_reset_zeroes_per_step(rng, rows):
         graph = stream.end_capture()
     for _ in range(3):
         x, lg, _ = random_inputs(rng, rows, 256, E, "bfloat16")
-        with stream:  # the new inputs written on the replay's stream (a non-blocking one does not wait for the
-            xd[...], ld[...] = cp.asarray(x), cp.asarray(lg)  # default stream: the replay could read the old ones)
+        # the new inputs written on the replay's stream (a non-blocking one does not wait for the default stream:
+        # the replay could read the old ones)
+        with stream:
+            xd[...], ld[...] = cp.asarray(x), cp.asarray(lg)
             graph.launch(stream)
         stream.synchronize()
         np.testing.assert_array_equal(cp.asnumpy(moe.expert_counts), expected_counts(lg, a, E))
