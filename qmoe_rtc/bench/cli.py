@@ -18,6 +18,7 @@ SUBCOMMANDS = {
     "crossover": ("qmoe_rtc.bench.crossover", "every engine forced by token count: the sweep behind the engine choice"),
     "host": ("qmoe_rtc.bench.host", "where the host time of one eager call goes"),
     "soak": ("qmoe_rtc.bench.soak", "memory soak: does a serving loop's memory stay flat?"),
+    "stream": ("qmoe_rtc.bench.stream", "one launch reading a layer's bytes: the floor a single kernel reaches here"),
     "dense": ("qmoe_rtc.bench.dense", "cuBLAS's dense bf16 GEMMs of a preset's FLOPs, watts and clock: the bar at the cap"),
     "reference": ("qmoe_rtc.bench.reference", "the performance reference's tables from peers JSON (GPU-free)"),
     "accuracy": ("qmoe_rtc.bench.accuracy", "FP8 activations' error against the float64 reference (GPU-free)"),
