@@ -79,7 +79,7 @@ from .report import (
 from .targets import EXT_FACTOR, decode_targets, ext_target, format_target, fp8_targets
 from .torch_ref import torch_moe, torch_weights
 
-__all__ = ["Timer", "main"]
+__all__ = ["Timer", "copy_rates", "main"]
 
 FLUSH_BYTES = 256 << 20  # L2 flush buffer (H200 L2: 60 MB)
 COPY_BYTES = 1 << 30  # bandwidth probe: a device-to-device copy of this size
@@ -122,7 +122,9 @@ class Timer:
         return statistics.median(self.samples_us(fn, iters, warmup, flush))
 
 
-def _copy_rates(cp, timer: Timer) -> dict:
+def copy_rates(cp, timer: Timer) -> dict:
+    """Device-to-device copy rates of COPY_BYTES (read + write bytes, median of 10, not flushed): cudaMemcpy's, a
+    copy kernel's and the larger (``copy_GBps``, the bytes floor's rate)."""
     src = cp.random.RandomState(1).random_sample(COPY_BYTES // 4, dtype=cp.float32)
     dst = cp.empty_like(src)
     out = {}
@@ -136,7 +138,7 @@ def measure_ceilings(cp, timer: Timer, torch) -> dict:
     """Copy bandwidth (1 GiB D2D, read+write bytes) and dense matmul rate (8192³), median of 10."""
     out = {}
     try:
-        out.update(_copy_rates(cp, timer))
+        out.update(copy_rates(cp, timer))
     except Exception as exc:  # the bytes floor is then left out, the run goes on
         out["copy_GBps"], out["copy_error"] = None, _reason(exc)
     N = MATMUL_N

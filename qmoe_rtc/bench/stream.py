@@ -6,7 +6,8 @@ with cp.async, four warps a block) over the bytes a bench shape's layer reads at
 routing is expected to hit, their packed codes, scales, input and output: the bytes floor of ``bench run``), or over
 ``--bytes`` given directly. Each sample is one launch timed with CUDA events, the L2 flushed before it; the median is
 printed next to the bytes at the copy rate of a 1 GiB device-to-device copy, so short reads show what ramp-up and
-tail cost: on an H100, 19 MB took 12.5 µs (1.5 TB/s) and 1 GB 322 µs (3.1 TB/s) (docs/performance.md, "Floors").
+tail cost: on an H100, qwen3-30b-a3b's 19.5 MB at 1 token took 13.4 µs (1.45 TB/s), 1 GB 322.8 µs (3.1 TB/s)
+(docs/performance.md, "Floors").
 
 The kernel XORs every 32-bit word it read into a checksum, which is compared with the host's before anything is
 printed: a read that skipped bytes is an error, not a fast number.
@@ -24,7 +25,7 @@ from collections.abc import Sequence
 from ..errors import DeviceError, QMoEInputError
 from .report import BENCH_SHAPES, expert_bytes
 
-__all__ = ["RUN_BYTES", "StreamRead", "expected_experts", "layer_bytes", "main"]
+__all__ = ["RUN_BYTES", "StreamRead", "check_geometry", "expected_experts", "layer_bytes", "main"]
 
 CHUNK_BYTES = 2048  # a stage of one warp's ring: 4 cp.async of 16 bytes a lane
 STAGES = 4
@@ -167,11 +168,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     import cupy as cp
     import numpy as np
 
-    from .run import COPY_BYTES, Timer, _copy_rates
+    from .run import COPY_BYTES, Timer, copy_rates
 
     reader = StreamRead(cp, args.chunk, args.stages, args.run)
     timer = Timer(cp)
-    copy = _copy_rates(cp, timer)["copy_GBps"]
+    copy = copy_rates(cp, timer)["copy_GBps"]
     most = max(reader.blocks(n) for _, n in points) * WARPS * args.run
     src = cp.arange(most // 4, dtype=cp.uint32) * cp.uint32(2654435761)  # [words] distinct words, mod 2^32
     name = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
