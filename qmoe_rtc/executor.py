@@ -191,11 +191,12 @@ class QMoE(ExpertCounts):
         """``"decode"`` or ``"prefill"`` for ``rows`` tokens."""
         return "decode" if int(rows) * self.attrs.k <= self.decode_max_routes else "prefill"
 
-    def problem(self, rows: int, dtype: str, router_dtype: str = "float32", router_weights_dtype: str | None = None):
+    def problem(self, rows: int, dtype: str, router_dtype: str = "float32", router_weights_dtype: str | None = None,
+                config: ModelConfig | None = None):
         """The :class:`~qmoe_rtc.kernels.base.Problem` of a call of ``rows`` tokens: the layer's part read from
-        :meth:`model_config` (one place: the plan's choices and the launches see the same layer), the call's and the
-        device's from the arguments."""
-        return Problem.for_config(self.model_config(dtype), int(rows), router_dtype=router_dtype,
+        :meth:`model_config` (one place: the plan's choices and the launches see the same layer; ``config``: that
+        config, already built by the caller), the call's and the device's from the arguments."""
+        return Problem.for_config(config or self.model_config(dtype), int(rows), router_dtype=router_dtype,
                                   router_weights_dtype=router_weights_dtype, arch=self._arch(),
                                   sms=sm_count(self.device_id), smem=max_smem_optin(self.device_id))
 
@@ -213,8 +214,8 @@ class QMoE(ExpertCounts):
 
     def engine_for(self, rows: int, dtype: str, router_dtype: str = "float32", router_weights_dtype=None):
         """The pipeline a call at ``rows`` would run, and why faster ones cannot (compiles nothing)."""
-        return choose(self.model_config(dtype), self.problem(rows, dtype, router_dtype, router_weights_dtype),
-                      self.path_for(rows))
+        config = self.model_config(dtype)
+        return choose(config, self.problem(rows, dtype, router_dtype, router_weights_dtype, config), self.path_for(rows))
 
     # -- plan ------------------------------------------------------------------------------------
     def plan(self, rows: int, dtype: str, router_dtype: str = "float32", router_weights_dtype: str | None = None,
@@ -248,7 +249,7 @@ class QMoE(ExpertCounts):
         if self.scale_dtype not in ("float32", dtype):
             raise QMoEInputError("input", f"dtype {self.scale_dtype} (the layer's scales)", f"dtype {dtype}")
         config = self.model_config(dtype)
-        problem = self.problem(rows, dtype, router_dtype, router_weights_dtype)
+        problem = self.problem(rows, dtype, router_dtype, router_weights_dtype, config)
         choice = choose(config, problem, self.path_for(rows))
         return config, problem, choice, {f: get_family(f).spec(config) for f in choice.pipeline.families}
 

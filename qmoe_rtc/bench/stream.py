@@ -23,9 +23,10 @@ import statistics
 from collections.abc import Sequence
 
 from ..errors import DeviceError, QMoEInputError
+from ..kernels.engine_choice import expected_experts
 from .report import BENCH_SHAPES, expert_bytes
 
-__all__ = ["RUN_BYTES", "StreamRead", "check_geometry", "expected_experts", "layer_bytes", "main"]
+__all__ = ["RUN_BYTES", "StreamRead", "check_geometry", "layer_bytes", "main"]
 
 CHUNK_BYTES = 2048  # a stage of one warp's ring: 4 cp.async of 16 bytes a lane
 STAGES = 4
@@ -71,17 +72,13 @@ extern "C" __global__ void __launch_bounds__(128) qmoe_stream_read(const unsigne
 """
 
 
-def expected_experts(E: int, k: int, T: int) -> float:
-    """Experts that T rows routed uniformly at random, k distinct each, are expected to hit: E·(1 − (1 − k/E)^T)."""
-    return E * (1.0 - (1.0 - k / E) ** T)
-
-
 def layer_bytes(shape, T: int, bits: int = 4, act_itemsize: int = 2) -> int:
-    """The bytes floor of ``bench run`` for a bench shape's layer at T tokens, with the expected experts hit
-    (:func:`expected_experts`, rounded): their packed codes and scales (the shape's block size, activation-dtype
-    scales, no zero points), the input and output rows and the float32 logits."""
+    """The bytes floor of ``bench run`` for a bench shape's layer at T tokens, with the experts uniform routing is
+    expected to hit (the engine choice's :func:`~qmoe_rtc.kernels.engine_choice.expected_experts`, rounded): their
+    packed codes and scales (the shape's block size, activation-dtype scales, no zero points), the input and output
+    rows and the float32 logits."""
     per_expert = expert_bytes(shape.H, shape.I, (bits, bits), shape.block_size, False, act_itemsize)
-    hit = round(expected_experts(shape.E, shape.k, T))
+    hit = round(expected_experts(T, shape.E, shape.k))
     return hit * per_expert + 2 * T * shape.H * act_itemsize + T * shape.E * 4
 
 

@@ -1,5 +1,5 @@
-"""`bench stream`: the bytes it reads (the bench floor's, expected experts), its refusals before the GPU, and on the GPU
-that its kernel reads every byte once (checksum) and prints a time."""
+"""`bench stream`: the bytes it reads (the bench floor's, the experts uniform routing is expected to hit), its refusals
+before the GPU, and on the GPU that its kernel reads every byte once (checksum) and prints a time."""
 
 import numpy as np
 import pytest
@@ -9,16 +9,15 @@ from qmoe_rtc.bench.report import BENCH_SHAPES, expert_bytes
 from qmoe_rtc.errors import QMoEInputError
 
 
-def test_expected_experts_under_uniform_routing():
-    assert stream.expected_experts(8, 2, 1) == pytest.approx(2.0)       # one row: its k experts
-    assert stream.expected_experts(128, 8, 1) == pytest.approx(8.0)
-    assert stream.expected_experts(8, 2, 64) == pytest.approx(8.0, abs=1e-6)  # every expert, many rows
-    # qwen3-30b-a3b at 8 tokens: 128·(1 − (15/16)^8) = 51.9 experts
-    assert stream.expected_experts(128, 8, 8) == pytest.approx(128 * (1 - (15 / 16) ** 8))
-    # by simulation: distinct top-k of random logits
+def test_layer_bytes_count_the_experts_uniform_routing_hits():
+    qwen = BENCH_SHAPES["qwen3-30b-a3b"]
+    per = expert_bytes(qwen.H, qwen.I, (4, 4), qwen.block_size, False, 2)
+    # 8 tokens: 128·(1 − (15/16)^8) = 51.9 experts, 52 read; a simulation (distinct top-8 of random logits) agrees
     rng = np.random.default_rng(0)
     hits = [np.unique(np.argsort(-rng.standard_normal((8, 128)), axis=1)[:, :8]).size for _ in range(400)]
-    assert abs(np.mean(hits) - stream.expected_experts(128, 8, 8)) < 0.5
+    assert abs(np.mean(hits) - 128 * (1 - (15 / 16) ** 8)) < 0.5
+    assert stream.layer_bytes(qwen, 8) == 52 * per + 2 * 8 * qwen.H * 2 + 8 * qwen.E * 4
+    assert stream.layer_bytes(qwen, 4096) == 128 * per + 2 * 4096 * qwen.H * 2 + 4096 * qwen.E * 4  # every expert
 
 
 def test_layer_bytes_are_the_bench_floor_bytes():

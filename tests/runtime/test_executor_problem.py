@@ -34,6 +34,9 @@ def test_a_calls_problem_is_its_model_configs(device, counts):
     got = executor.QMoE.problem(layer_of("qwen3-30b-a3b", expert_counts=counts), 7, "bfloat16", "bfloat16")
     want = Problem.for_config(config, 7, router_dtype="bfloat16", arch="sm_90a", sms=132, smem=232448)
     assert got == want
+    # the config a caller already built (QMoE._choice, engine_for) gives the same Problem
+    assert executor.QMoE.problem(layer_of("qwen3-30b-a3b", expert_counts=counts), 7, "bfloat16", "bfloat16",
+                                 config=config) == want
     assert got.expert_counts is counts
     # 28 routes: the lead kernel routes such calls unless the layer counts its experts (it has no counting form)
     assert routes_in_group(got) is not counts
