@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import KnobError
-from ..jit import KernelDef, Launch, Ptr, Scalar
+from ..jit import KernelDef, Launch, Ptr, Scalar, Struct
 from ..settings import knobs
 from ..specialize import ModuleSpec
 from ._expert import (
@@ -38,6 +38,7 @@ from ._expert import (
 from ._grouped import tuning_knob
 from .arch import DEFAULT_SMS, ArchSpec
 from .base import KernelFamily, Problem, Slot, register
+from .route import routes_in_decode
 from .tuning import Tuning
 
 __all__ = ["DecodeCall", "MmaDecodeFamily", "RingGemm", "decode_smem_bytes", "launch_smem", "ring_bytes", "ring_decisions",
@@ -53,6 +54,11 @@ MIN_BLOCKS_ALLOWED = (4, 5, 6, 7, 8)  # tuning knob mma_min_blocks (BR 8 only: u
 PREFETCH_CHUNKS = 4  # chunks of its two rows a warp warms L2 with before the route scan (kernel scalar PF)
 X_CHUNK_BYTES = 256  # XRing::kChunkBytes: one route lane's 128 activations of a chunk
 X_RING_BLOCKS = 4  # resident blocks per SM the x-ring kernels' registers are set for (measured faster than 5, H100)
+#: core/args.cuh SelfRoute: the kernels' own routing (engines/self_route.cuh), on where routes_in_decode says
+SELF_ROUTE_ARG = Struct("sr", "SelfRoute", (Scalar("self_route", "int32"), Ptr("logits", None, nullable=True),
+                                            Scalar("logits_f32", "int32"), Scalar("E_logits", "int32"),
+                                            Scalar("k_routed", "int32"), Scalar("S", "int32"),
+                                            Scalar("normalize", "int32"), Ptr("expert_map", "int32", nullable=True)))
 
 
 def _stages() -> int:
@@ -237,6 +243,7 @@ class DecodeCall:
     br: int  # routes a pass serves (tile_routes: 8, 16, 32)
     xs: int  # route lanes whose activations the x rings stage (x_staged), 0: the kernels that read x from memory
     pf: int  # chunks of its two rows a warp warms L2 with before the route scan (knob mma_prefetch_chunks)
+    self_route: bool  # the blocks route the call themselves (routes_in_decode): no routing launch before FC1
     fc1: RingGemm
     fc2: RingGemm
 
@@ -306,26 +313,28 @@ class MmaDecodeFamily(KernelFamily):
                 f"{xr}>",
                 (Ptr("x", dt), Ptr("topk_ids", "int32"), Scalar("R", "int32"), Scalar("k", "int32"),
                  Scalar("H", "int32"), Scalar("I", "int32"), Scalar("KS", "int32"), Scalar("PF", "int32"),
-                 Scalar("XS", "int32"), fc1_weights(sdt), ACT_PARAMS_ARG, Ptr("act", dt), Ptr("fc1_done", "uint32")),
+                 Scalar("XS", "int32"), fc1_weights(sdt), ACT_PARAMS_ARG, SELF_ROUTE_ARG, Ptr("act", dt),
+                 Ptr("fc1_done", "uint32")),
             ))
             out.append(KernelDef(
                 f"fc2_br{br}{suffix}",
                 f"qmoe::fc2_mma_combine<{t['T']}, {t['S']}, {t['B2']}, {t['Z2']}, {t['BLOCK']}, {br}{xr}>",
                 (Ptr("act", dt), Ptr("topk_ids", "int32"), Ptr("topk_w", "float32"), Scalar("R", "int32"),
                  Scalar("k", "int32"), Scalar("H", "int32"), Scalar("I", "int32"), Scalar("KS", "int32"),
-                 Scalar("PF", "int32"), Scalar("XS", "int32"), fc2_weights(sdt), Ptr("y", "float32"),
+                 Scalar("PF", "int32"), Scalar("XS", "int32"), fc2_weights(sdt), SELF_ROUTE_ARG, Ptr("y", "float32"),
                  Ptr("counters", "uint32"), Ptr("out", dt), Ptr("fc1_done", "uint32"), Ptr("fc2_seen", "uint32"),
                  Scalar("FC1_TILES", "int32")),
             ))
         return tuple(out)
 
     def configure(self, spec: ModuleSpec, problem: Problem) -> DecodeCall:
-        """The call's route tile, x-ring lanes, prefetch chunks and each GEMM's K split, grid and shared memory: each
-        decided here once."""
+        """The call's route tile, x-ring lanes, prefetch chunks, own routing and each GEMM's K split, grid and shared
+        memory: each decided here once."""
         br, xs = tile_routes(problem.rows), x_staged(spec, problem)
         fc1, fc2 = (ring_gemm(spec, role, problem, br, min_blocks(spec, br, xs > 0),
                               launch_smem(spec, role, problem.routes, xs=xs)) for role in ("fc1", "fc2"))
-        return DecodeCall(br, xs, knobs.get("mma_prefetch_chunks") or PREFETCH_CHUNKS, fc1, fc2)
+        return DecodeCall(br, xs, knobs.get("mma_prefetch_chunks") or PREFETCH_CHUNKS, routes_in_decode(problem), fc1,
+                          fc2)
 
     def kernel_for(self, spec: ModuleSpec, role: str, problem: Problem, call: DecodeCall | None = None) -> str:
         c = call or self.configure(spec, problem)
@@ -339,8 +348,10 @@ class MmaDecodeFamily(KernelFamily):
     def launch(self, spec: ModuleSpec, role: str, problem: Problem, call: DecodeCall | None = None) -> Launch:
         c = call or self.configure(spec, problem)
         g = c.gemm(role)
-        # overlap: FC1 waits for the ids, FC2 reads the ids and prefetches its weights, then waits for act
-        args = (("KS", g.ks), ("PF", c.pf), ("XS", c.xs))
+        # overlap: FC1 waits for the ids, FC2 reads the ids and prefetches its weights, then waits for act (with
+        # self_route FC1 is the forward's first launch, so it is not overlapped: runtime/plan.py)
+        args = (("KS", g.ks), ("PF", c.pf), ("XS", c.xs), ("self_route", int(c.self_route)),
+                ("logits_f32", int(problem.router_dtype == "float32")))
         if role == "fc2":  # expert flow: an expert's FC1 blocks, which its FC2 blocks wait for
             args += (("FC1_TILES", c.fc1.blocks),)
         return Launch((g.blocks, problem.routes, 1), (THREADS, 1, 1), g.smem, args, overlap=True)
@@ -350,8 +361,11 @@ class MmaDecodeFamily(KernelFamily):
         R = problem.routes
         if role == "fc1":
             # act [R, I] T; the expert flow's counters [E + S] u32 each, zero between calls (FC2 resets
-            # them), declared with the flow off too so every argument binds by name (then never read)
+            # them), declared with the flow off too so every argument binds by name (then never read); topk_ids,
+            # topk_w [R] i32 / f32, the routing step's, declared here too for calls whose blocks route themselves
+            # (no routing step then: routes_in_decode), where the kernels never read them
             return {"act": Slot(R * problem.I * 2), "fc1_done": Slot(4 * problem.experts, zero=True),
-                    "fc2_seen": Slot(4 * problem.experts, zero=True)}
+                    "fc2_seen": Slot(4 * problem.experts, zero=True), "topk_ids": Slot(4 * R),
+                    "topk_w": Slot(4 * R)}
         # y [R, H] f32; counters [ceil(H / 16) + 1] u32, zero between calls (the counting kernel resets them)
         return {"y": Slot(4 * R * problem.H), "counters": Slot(4 * (problem.H // 16 + 1), zero=True)}

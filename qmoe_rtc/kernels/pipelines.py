@@ -22,9 +22,9 @@ __all__ = ["PIPELINES", "Choice", "Pipeline", "Step", "choose", "decode_limit", 
 @dataclass(frozen=True)
 class Step:
     """One launch of a pipeline. ``when``: a :class:`~qmoe_rtc.specialize.ModelConfig` field that must
-    be set for the step to run (``"router_gemm"``: the layer computes its own logits); '' = always. ``into``:
-    "group" when the pipeline's group step does this step's work at calls where the grouped engines route in their
-    group launch (:func:`~qmoe_rtc.kernels.route.routes_in_group`); the step is then not launched."""
+    be set for the step to run (``"router_gemm"``: the layer computes its own logits); '' = always. ``into``: the role
+    of the step that does this step's work at calls where it routes itself ("group": the grouped engines' group launch,
+    "fc1": the decode kernels; :func:`~qmoe_rtc.kernels.route.routes_inside`); the step is then not launched."""
 
     family: str
     role: str
@@ -33,9 +33,9 @@ class Step:
 
     def runs(self, config: ModelConfig, problem: Problem | None = None) -> bool:
         if self.into and problem is not None:
-            from .route import routes_in_group
+            from .route import routes_inside
 
-            if routes_in_group(problem):
+            if routes_inside(self.into, problem):
                 return False
         return not self.when or bool(getattr(config, self.when))
 
@@ -61,23 +61,24 @@ class Pipeline:
         return tuple(s for s in self.steps if s.runs(config, problem))
 
 
-#: Every pipeline starts with these: the router GEMM when the layer has one, then routing (on the grouped path
-#: done inside the group step's launch at calls of few rows: routes_in_group).
+#: Every pipeline starts with these: the router GEMM when the layer has one, then routing (done inside the group
+#: step's launch on the grouped path at calls of few rows, routes_in_group; inside the tensor-core decode kernels at
+#: calls of a few rows, routes_in_decode: the ``into`` of :func:`_steps`).
 _ROUTING = (Step("route", "logits", when="router_gemm"), Step("route", "route"))
-_GROUPED_ROUTING = (_ROUTING[0], Step("route", "route", into="group"))
 
 
-def _steps(*pairs: tuple[str, ...]) -> tuple[Step, ...]:
-    """A pipeline's steps: routing, then (family, role[, into]) each."""
-    grouped = any(p[1] == "group" for p in pairs)
-    return (_GROUPED_ROUTING if grouped else _ROUTING) + tuple(Step(*p) for p in pairs)
+def _steps(*pairs: tuple[str, ...], routed_in: str = "") -> tuple[Step, ...]:
+    """A pipeline's steps: routing, then (family, role[, into]) each. ``routed_in``: the role of the step that routes
+    the call itself where it can; a grouped pipeline's is its group step."""
+    into = "group" if any(p[1] == "group" for p in pairs) else routed_in
+    return (_ROUTING[0], Step("route", "route", into=into)) + tuple(Step(*p) for p in pairs)
 
 
 _TENSOR_CORES = "float16/bfloat16, 1/2/3/4/8-bit and FP8 (FP8 on sm_89+), H and I multiples of 32"
 
 #: Per path, fastest first: the first pipeline whose families all support the layer runs.
 PIPELINES: tuple[Pipeline, ...] = (
-    Pipeline("decode-mma", "decode", _steps(("mma_decode", "fc1"), ("mma_decode", "fc2")),
+    Pipeline("decode-mma", "decode", _steps(("mma_decode", "fc1"), ("mma_decode", "fc2"), routed_in="fc1"),
              "tensor cores (mma.sync), FC1 with the activation fused, FC2 with the combine", _TENSOR_CORES),
     Pipeline("decode-gemv", "decode", _steps(("gemv", "fc1"), ("gemv", "fc2")), "SIMT, FC2 with the combine",
              "everything else"),

@@ -105,6 +105,39 @@ def routes_in_group(problem: Problem) -> bool:
     return 0 < problem.routes <= (LEAD_MAX_ROUTES if mode == "on" else LEAD_ROUTES)
 
 
+#: engines/self_route.cuh: a decode block routes the call itself. kSelfRouteMaxRoutes (FC2's weights in shared memory),
+#: and the rows one block routes, a warp each (kernels/mma_decode.py WARPS).
+SELF_ROUTE_MAX_ROUTES = 64
+SELF_ROUTE_ROWS = 4
+
+
+def routes_in_decode(problem: Problem) -> bool:
+    """Whether the tensor-core decode kernels route the call themselves (engines/self_route.cuh): every FC1 and FC2
+    block reads the logits and routes the call's rows a warp a row, as the routing kernel does, so the forward has no
+    routing launch and FC1's blocks know their experts without waiting for another kernel's ids. The decode pipeline
+    drops its routing step (its ``into``), the decode family passes the kernels ``self_route``: both read this one
+    decision. Only for layers the warp kernel routes (:func:`warp_kernel`), without a router GEMM or expert statistics
+    [ext] and for calls without router weights [ext], of at most SELF_ROUTE_ROWS rows and SELF_ROUTE_MAX_ROUTES routes
+    (rows·(k + S)); knob ``route_in_decode``: 'auto' / 'on' there, 'off' never."""
+    mode = knobs.get("route_in_decode")
+    if mode not in ("auto", "on", "off"):
+        raise KnobError(knobs.label("route_in_decode"), "one of ['auto', 'on', 'off']", repr(mode))
+    if (mode == "off" or not warp_kernel(problem) or problem.router_gemm or problem.expert_counts
+            or problem.router_weights_dtype or problem.router_dtype not in ("float32", problem.dtype)):
+        return False  # (the kernels read float32 logits or the activation dtype's, as a call may pass them)
+    return 0 < problem.rows <= SELF_ROUTE_ROWS and problem.routes <= SELF_ROUTE_MAX_ROUTES
+
+
+def routes_inside(role: str, problem: Problem) -> bool:
+    """Whether the step of ``role`` routes the call itself at ``problem`` (a pipeline's routing step with ``into`` =
+    role is then not launched): 'group' (:func:`routes_in_group`), 'fc1' (:func:`routes_in_decode`)."""
+    if role == "group":
+        return routes_in_group(problem)
+    if role == "fc1":
+        return routes_in_decode(problem)
+    raise QMoEUnsupportedError(f"no step of role {role!r} routes a call itself (only 'group' and 'fc1')")
+
+
 def logits_key(weight_dtype: str, kind: str) -> str:
     """Router GEMM kernel key: ``kind`` "gemv" / "tiled" (float32 weight), "mma" / "mma_tiled" (T)."""
     return f"logits_{weight_dtype}_{kind}"

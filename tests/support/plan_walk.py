@@ -54,7 +54,7 @@ def plan_of(cfg: ModelConfig, rows: int, target: str) -> dict:
     path = "decode" if rows * cfg.k <= decode_limit(cfg, target) else "prefill"
     choice = choose(cfg, p, path)
     specs = {f: get_family(f).spec(cfg) for f in choice.pipeline.families}
-    steps = choice.pipeline.steps_for(cfg)
+    steps = choice.pipeline.steps_for(cfg, p)  # as Plan.build: the steps a call routes inside dropped
     calls = {f: get_family(f).configure(specs[f], p) for f in dict.fromkeys(st.family for st in steps)}
     out = {"path": path, "pipeline": choice.pipeline.name, "configure": {f: repr(c) for f, c in calls.items()},
            "steps": []}

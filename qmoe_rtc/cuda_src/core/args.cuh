@@ -10,6 +10,7 @@
 //   Fc2Weights  fc2, E_routed, shared_fc2 [S, ...] (nullable), zp_offset
 //   RouteGroups sorted [R_pad] route ids by expert, offsets [E + 1], tile_offsets [E + 1] (routing/group.cuh)
 //   ActParams   alpha, beta, limit, limit_after (epilogue/act.cuh)
+//   SelfRoute   route, logits [rows, E_logits], logits_f32, E_logits, k_routed, S, normalize, expert_map (engines/self_route.cuh)
 #pragma once
 
 #include "core/types.cuh"
@@ -51,6 +52,19 @@ struct ActParams {
   float beta;       // swiglu beta
   float limit;      // swiglu limit (+inf: none)
   i32 limit_after;  // swiglu_limit_after_activation
+};
+
+// A decode kernel's own routing (engines/self_route.cuh; kernels/route.py routes_in_decode): with `route`, each block
+// routes the call's rows from the logits itself, as the routing kernel would, instead of reading its ids.
+struct SelfRoute {
+  i32 route;              // 1: route here (the routing launch is dropped); 0: read topk_ids / topk_w
+  const void* logits;     // [rows, E_logits] float32 (logits_f32) or T: the call's router logits
+  i32 logits_f32;         // 1: float32 logits, 0: the activation dtype
+  i32 E_logits;           // the whole layer's experts (an expert slice [ext] routes over all of them)
+  i32 k_routed;           // top-k; the row's routes are k_routed + S
+  i32 S;                  // shared experts [ext]: slots k_routed.. of every row, weight 1
+  i32 normalize;          // normalize_routing_weights
+  const i32* expert_map;  // [E_logits] local index or -1 (expert slices [ext]), or NULL
 };
 
 }  // namespace qmoe

@@ -24,6 +24,9 @@
 // engines/x_ring.cuh, the activations of the first XS route lanes of an 8-route pass]; the K-slice reduction
 // reuses the rings, so the static shared memory is a few bytes and more blocks fit an SM.
 // PF: chunks of its rows each warp warms L2 with before the route scan (FC2: before waiting for FC1).
+// Self-routing (sr.route, 8-route kernels only; engines/self_route.cuh): every block of FC1 and FC2 routes the call from
+// the logits itself into s_ids (FC2: and the weights into s_w) and reads neither ids nor topk_w; the routing launch is
+// then not made, so FC1 is the forward's first launch.
 // A block = 4 warps = MT row tiles × KS slices of K (MT·KS = 4, KS a launch argument); the KS
 // partial sums are added in a fixed order (deterministic). A pass of BR routes (8, 16 or 32: N8 = BR / 8
 // n8 MMA groups) shares the dequantized A fragments; experts with more routes take several passes.
@@ -37,6 +40,7 @@
 #include "core/stamps.cuh"
 #include "core/types.cuh"
 #include "engines/mma_ring.cuh"
+#include "engines/self_route.cuh"
 #include "epilogue/fc1.cuh"
 #include "epilogue/fc2.cuh"
 
@@ -46,7 +50,7 @@
 // expert e counts itself in fc1_done[e] after its act stores (threadfence + atomicAdd); an FC2 block of
 // e spins (acquire) until fc1_done[e] == FC1_TILES, FC1's grid.x, then counts itself in fc2_seen[e];
 // the last of e's FC2 blocks zeroes both (every FC2 block of e has passed by then, and FC1 of the next
-// call starts after routing, which waits for this grid). No deadlock: FC2 starts only once every FC1
+// call starts after routing, or is itself the first launch, and either waits for this grid). No deadlock: FC2 starts only once every FC1
 // block has released it (core/pdl.cuh), i.e. is resident or done. FC2 then reads act through L2.
 #ifndef QMOE_MMA_EXPERT_FLOW
 #define QMOE_MMA_EXPERT_FLOW 0
@@ -111,14 +115,17 @@ __device__ __forceinline__ i32 load_route_id(const i32* __restrict__ ids, i32 R)
   return (i32)threadIdx.x < R ? __ldcg(ids + threadIdx.x) : 0;
 }
 
-// PRE: the first kMmaThreads ids come from each thread's `pre` (load_route_id).
+// PRE: the first kMmaThreads ids come from each thread's `pre` (load_route_id). filled: s_ids already holds them
+// (self_route, which ended with a barrier; block-uniform).
 template <bool PRE = false>
 __device__ __forceinline__ ExpertRoutes collect_routes(const i32* __restrict__ ids, i32 R, i32* s_ids, i32* s_list,
-                                                       i32* s_n, i32 pre = 0) {
+                                                       i32* s_n, i32 pre = 0, bool filled = false) {
   const i32 r = blockIdx.y;
-  for (i32 q = threadIdx.x; q < R; q += kMmaThreads)
-    s_ids[q] = PRE && q < kMmaThreads ? pre : __ldcg(ids + q);  // L2: FC2 may read before its wait
-  __syncthreads();
+  if (!filled) {
+    for (i32 q = threadIdx.x; q < R; q += kMmaThreads)
+      s_ids[q] = PRE && q < kMmaThreads ? pre : __ldcg(ids + q);  // L2: FC2 may read before its wait
+    __syncthreads();
+  }
   const i32 e = s_ids[r];
   bool dup = false;
   for (i32 q = threadIdx.x; q < r; q += kMmaThreads) dup |= s_ids[q] == e;
@@ -143,7 +150,8 @@ __device__ __forceinline__ ExpertRoutes collect_routes(const i32* __restrict__ i
 template <int GATE, typename T, typename ScaleT, int B1, int Z1, int Z3, int BLOCK, int ACT, int BR, bool XR = false>
 __global__ void __launch_bounds__(kMmaThreads, (mma_decode_blocks<BR, XR>()))
 fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 H, i32 I, i32 KS, i32 PF, i32 XS,
-        const Fc1Weights<ScaleT> wt, const ActParams ap, T* __restrict__ act, u32* __restrict__ fc1_done) {
+        const Fc1Weights<ScaleT> wt, const ActParams ap, const SelfRoute sr, T* __restrict__ act,
+        u32* __restrict__ fc1_done) {
   constexpr int N8 = BR / 8;  // n8 MMA route groups per pass
   static_assert(!XR || N8 == 1, "x rings serve one route group");
   __shared__ i32 s_n;
@@ -163,9 +171,12 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
   DecodeStamps stamps;  // diagnostics only (core/stamps.cuh): empty unless QMOE_DECODE_STAMPS
   stamps.start();
   pdl_wait();     // the route ids come from the routing kernel launched just before (core/pdl.cuh)
-  pdl_release();  // FC2's blocks may start: routing is complete, so they can read the ids at once
+  pdl_release();  // FC2's blocks may start: routing is complete (or each routes itself), so they can read the ids
+  bool routed = false;  // the ids in s_ids from this block's own routing
+  if constexpr (N8 == 1) routed = self_route<T>(sr, R, wt.E_routed, s_ids, nullptr);
+  else if (sr.route) __trap();  // the host routes in the 8-route kernels only
   stamps.mark(1);
-  i32 e = ids[blockIdx.y];
+  i32 e = routed ? s_ids[blockIdx.y] : ids[blockIdx.y];
   if (e < 0) return;  // an expert this layer does not hold (expert slices [ext]): FC2 skips the route too
   const i32 eid = e;  // the route's expert id (routed or shared): the expert flow's counter
   const Proj<ScaleT> p1 = expert_proj(e, wt.E_routed, wt.fc1, wt.shared_fc1);
@@ -191,11 +202,11 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
   // (engines/mma_ring.cuh NoGate); the others scan first.
   ExpertRoutes er{0};
   bool scanned = false;
-  const i32 pre_id = mma_gated_ring<N8, BLOCK>() ? load_route_id(ids, R) : 0;
+  const i32 pre_id = mma_gated_ring<N8, BLOCK>() && !routed ? load_route_id(ids, R) : 0;
   auto scan = [&]() -> bool {
     if (!scanned) {
       scanned = true;
-      er = collect_routes<true>(ids, R, s_ids, s_list, &s_n, pre_id);
+      er = collect_routes<true>(ids, R, s_ids, s_list, &s_n, pre_id, routed);
       if (er.n > 0) {
         check_x_lanes<XR>(XS, er.n);
         stamps.mark(2);
@@ -209,7 +220,7 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
       return;
     }
   } else {
-    er = collect_routes(ids, R, s_ids, s_list, &s_n);
+    er = collect_routes(ids, R, s_ids, s_list, &s_n, 0, routed);
     if (er.n == 0) {
       stamps.store(0, 1, 0);
       return;
@@ -278,11 +289,12 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
 template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, int BR, bool XR = false>
 __global__ void __launch_bounds__(kMmaThreads, (mma_decode_blocks<BR, XR>()))
 fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const float* __restrict__ topk_w, i32 R, i32 k,
-                i32 H, i32 I, i32 KS, i32 PF, i32 XS, const Fc2Weights<ScaleT> wt, float* __restrict__ y,
+                i32 H, i32 I, i32 KS, i32 PF, i32 XS, const Fc2Weights<ScaleT> wt, const SelfRoute sr, float* __restrict__ y,
                 u32* __restrict__ counters, T* __restrict__ out, u32* __restrict__ fc1_done, u32* __restrict__ fc2_seen, i32 FC1_TILES) {
   constexpr int N8 = BR / 8;  // n8 MMA route groups per pass
   __shared__ i32 s_n;
   __shared__ bool s_last;
+  __shared__ float s_w[N8 == 1 ? kSelfRouteMaxRoutes : 1];  // [R] the routing weights where the block routes itself
   extern __shared__ __align__(16) u8 dyn_smem[];
   using Stage = MmaStage<B2, ScaleT, BLOCK, Z2 == ZP_PACKED>;
   constexpr i32 kRing = kMmaStages * Stage::kBytes;
@@ -299,8 +311,11 @@ fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const fl
   DecodeStamps stamps;  // diagnostics only (core/stamps.cuh): empty unless QMOE_DECODE_STAMPS
   stamps.start();
   // Before pdl_wait (core/pdl.cuh): only the route ids (complete once FC1 released this grid; read
-  // through L2) and the weights, so the prefetch below overlaps FC1's tail.
-  i32 e = __ldcg(ids + blockIdx.y);
+  // through L2, or routed here from the logits, an input) and the weights, so the prefetch below overlaps FC1's tail.
+  bool routed = false;  // the ids in s_ids, the weights in s_w, from this block's own routing
+  if constexpr (N8 == 1) routed = self_route<T>(sr, R, wt.E_routed, s_ids, s_w);
+  else if (sr.route) __trap();  // the host routes in the 8-route kernels only
+  i32 e = routed ? s_ids[blockIdx.y] : __ldcg(ids + blockIdx.y);
   const i32 eid = e;  // the route's expert id: the expert flow's counter
   const Proj<ScaleT> p2 = expert_proj(e, wt.E_routed, wt.fc2, wt.shared_fc2);
   const i32 n0 = (blockIdx.x * MT + mt) * 16;
@@ -312,7 +327,7 @@ fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const fl
   // still counts for its tile below (block-uniform, so collect_routes' barriers are skipped by all)
   if (e >= 0 && R <= kMmaPrefetchRoutes) prefetch_rows<B2>(pa, pb, I, ks, KS, PF);
   if constexpr (!kMmaExpertFlow) pdl_wait();  // act (FC1's output) from here on
-  const ExpertRoutes er = e < 0 ? ExpertRoutes{0} : collect_routes(ids, R, s_ids, s_list, &s_n);
+  const ExpertRoutes er = e < 0 ? ExpertRoutes{0} : collect_routes(ids, R, s_ids, s_list, &s_n, 0, routed);
   stamps.mark(1);
   // The ring's gate (engines/mma_ring.cuh NoGate): the first stages' weights are on their way while the block
   // waits for its expert's act (expert flow).
@@ -353,7 +368,7 @@ fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const fl
           const i32 j = p + 8 * gg + 2 * t + c;
           if (j >= er.n) continue;
           const i64 r = s_list[j];
-          const float wr = __ldcg(topk_w + r);  // routing's, complete (see the ids above)
+          const float wr = routed ? s_w[r] : __ldcg(topk_w + r);  // routing's, complete (see the ids above)
           fc2_store_lane(
               n0 + g, H,
               [&](int h) { return wr * (acc[gg][2 * h + c] + (p2.bias ? __ldg(p2.bias + (i64)e * H + (h ? nb : na)) : 0.0f)); },
@@ -377,7 +392,7 @@ fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const fl
     if (n >= H) continue;
     float v = 0.0f;
     for (i32 slot = 0; slot < k; ++slot)
-      if (ids[(i64)row * k + slot] >= 0) v += __ldcg(y + ((i64)row * k + slot) * H + n);
+      if ((routed ? s_ids[row * k + slot] : ids[(i64)row * k + slot]) >= 0) v += __ldcg(y + ((i64)row * k + slot) * H + n);
     out[(i64)row * H + n] = Traits<T>::from_float(v);
   }
   if (threadIdx.x == 0) counters[blockIdx.x] = 0u;
