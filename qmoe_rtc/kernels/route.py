@@ -118,7 +118,8 @@ def routes_in_decode(problem: Problem) -> bool:
     drops its routing step (its ``into``), the decode family passes the kernels ``self_route``: both read this one
     decision. Only for layers the warp kernel routes (:func:`warp_kernel`), without a router GEMM or expert statistics
     [ext] and for calls without router weights [ext], of at most SELF_ROUTE_ROWS rows and SELF_ROUTE_MAX_ROUTES routes
-    (rows·(k + S)); knob ``route_in_decode``: 'auto' / 'on' there, 'off' never."""
+    (rows·(k + S)); knob ``route_in_decode``: 'auto' / 'on' there, 'off' never. Off by default: the kernels compile and
+    their plans are checked on the CPU, but their GPU tests and timings have not run yet (docs/performance-log.md)."""
     mode = knobs.get("route_in_decode")
     if mode not in ("auto", "on", "off"):
         raise KnobError(knobs.label("route_in_decode"), "one of ['auto', 'on', 'off']", repr(mode))

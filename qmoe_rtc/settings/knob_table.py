@@ -225,11 +225,12 @@ KNOBS: dict[str, Knob] = {
              "(softmax routing a warp a row, at most 2048 routes, no router GEMM, router weights or expert "
              "statistics), 'off' never.",
              allowed=_ON_OFF),
-        Knob("route_in_decode", None, "str", "auto",
+        Knob("route_in_decode", None, "str", "off",
              "Tuning (and tests) only: whether the tensor-core decode kernels route the call themselves, every block "
              "from the logits (engines/self_route.cuh), instead of a routing launch before them: 'auto' and 'on' for "
              "calls of up to 4 rows and 64 routes on layers routed a warp a row without a router GEMM, router weights "
-             "or expert statistics (kernels/route.py routes_in_decode), 'off' never.",
+             "or expert statistics (kernels/route.py routes_in_decode); 'off' (the default until its GPU tests and "
+             "timings have run) never.",
              allowed=_ON_OFF),
         Knob("batched_x_block", None, "str", "auto",
              "Tuning (and tests) only: whether the batched-decode engine's blocks copy their routes' activations once "

@@ -18,7 +18,18 @@ def _problem(rows: int, **kw) -> Problem:
     return Problem(rows=rows, **base)
 
 
-def test_the_rule_takes_calls_of_a_few_rows_routed_a_warp_a_row():
+@pytest.fixture
+def own_routing():
+    """The knob on (it is off by default until the GPU tests and timings have run)."""
+    with knobs.scope(route_in_decode="auto"):
+        yield
+
+
+def test_off_by_default():
+    assert knobs.get("route_in_decode") == "off" and not routes_in_decode(_problem(1))
+
+
+def test_the_rule_takes_calls_of_a_few_rows_routed_a_warp_a_row(own_routing):
     assert [routes_in_decode(_problem(r)) for r in range(1, 7)] == [True] * SELF_ROUTE_ROWS + [False] * 2
     assert SELF_ROUTE_ROWS == 4 and SELF_ROUTE_MAX_ROUTES == 64
     assert routes_in_decode(_problem(2, k=32, E=64)) and not routes_in_decode(_problem(3, k=32, E=64))  # 64 / 96 routes
@@ -39,7 +50,7 @@ def test_the_rule_takes_calls_of_a_few_rows_routed_a_warp_a_row():
 
 
 @pytest.mark.parametrize("rows", [1, 4, 5])
-def test_the_decode_pipeline_drops_its_routing_step_and_tells_the_kernels(rows):
+def test_the_decode_pipeline_drops_its_routing_step_and_tells_the_kernels(rows, own_routing):
     from qmoe_rtc.specialize.presets import get_preset
 
     cfg = get_preset("qwen3-30b-a3b").config(bits=4)
@@ -68,7 +79,7 @@ def test_the_decode_pipeline_drops_its_routing_step_and_tells_the_kernels(rows):
     assert dict(fam.launch(spec, "fc2", bf16, fam.configure(spec, bf16)).args)["logits_f32"] == 0
 
 
-def test_an_executor_plan_starts_with_fc1_where_the_kernels_route():
+def test_an_executor_plan_starts_with_fc1_where_the_kernels_route(own_routing):
     """The executor's plan (CPU: the module's kernels not loaded, only the steps and their launches): no routing launch,
     FC1 first, so runtime/plan.py never launches it overlapped."""
     from qmoe_rtc.kernels.pipelines import choose

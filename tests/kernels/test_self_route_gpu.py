@@ -7,8 +7,10 @@ call bitwise, and the two forms agree bit for bit (the same routes, the same wei
 checked too: 'on' launches no routing kernel and FC1 first; 'off' keeps the routing kernel.
 Layers: 128 and 8 experts, k from 2 to 32 (64 routes at 2 rows), shared experts, normalised weights, bf16 and float32
 logits, float16 activations, a scale block of 32 (the ring whose scan comes first) and of 128 (the ring's gate), 2-bit
-codes (no x rings) and 4-bit (x rings up to 4 tokens); rows 1 to 4, and 5 (past the rule: the routing kernel); and an
-expert slice [ext] (routes to experts another slice holds left out), against its own float64 part.
+codes (no x rings) and 4-bit (x rings up to 4 tokens); rows 1 to 4, and 5 (past the rule: the routing kernel); an
+expert slice [ext] (routes to experts another slice holds left out), against its own float64 part; and the decode
+engine's layout matrix (bit widths 1/2/3/4/8 and mixed, zero points, FC3 gates, scale blocks 0/16/32/128, float32
+scales) at 1-4 rows in float16 and bfloat16.
 """
 
 import numpy as np
@@ -18,7 +20,7 @@ from qmoe_rtc.contract.random_layer import random_inputs, random_layer
 from qmoe_rtc.contract.reference import qmoe as reference
 from qmoe_rtc.settings import knobs
 
-from support.gpu_checks import TOL, rel_err, to_dev
+from support.gpu_checks import TENSOR_CORE_3BIT, TOL, rel_err, to_dev
 
 pytestmark = pytest.mark.gpu
 
@@ -32,6 +34,21 @@ LAYERS = [
      64, "bfloat16", "float32"),
     ("e16-k4-b8-shared-f16", dict(bits=8, block_size=0, k=4, activation_type="gelu", shared=1, bias=True), 16, 128, 128,
      "float16", "float16"),
+]
+
+
+# the decode engine's layout matrix (test_mma_decode_gpu.py's kinds): (name, random_layer kwargs, E, H, I)
+MATRIX = [
+    ("b1-bs32-relu2", dict(bits=1, block_size=32, activation_type="relu2", k=2), 8, 128, 64),
+    ("b2-bs16-zp-silu-fc3", dict(bits=2, block_size=16, zero_points=True, activation_type="silu", fc3=True, k=4), 16,
+     128, 64),
+    ("b4-bs32-zp-swiglu2-bias", dict(bits=4, block_size=32, zero_points=True, activation_type="swiglu",
+                                     swiglu_fusion=2, k=2, bias=True), 8, 160, 96),
+    ("b8-bs64-zp-gelu-bias", dict(bits=8, block_size=64, zero_points=True, activation_type="gelu", k=2, bias=True),
+     8, 128, 128),
+    ("mixed-4-8-4-fc3-zp", dict(bits=(4, 8, 4), block_size=16, zero_points=(True, False, True),
+                                activation_type="silu", fc3=True, k=2, bias=True), 8, 128, 64),
+    *TENSOR_CORE_3BIT,
 ]
 
 
@@ -105,3 +122,25 @@ def test_the_decode_kernels_own_routing_on_an_expert_slice(rng, rows):
             _check_plan(moe.plan(rows, "bfloat16", "float32"), mode == "on", f"slice {rows} rows {mode}")
             outs[mode] = _forward(moe, x, lg, want, f"slice {rows} rows route_in_decode={mode}", "bfloat16")
     np.testing.assert_array_equal(outs["on"], outs["off"], err_msg=f"slice {rows} rows")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("name, kw, E, H, I", MATRIX, ids=[c[0] for c in MATRIX])
+def test_the_own_routing_across_the_layout_matrix(rng, name, kw, E, H, I, dtype):  # noqa: E741
+    """Every layout kind of the decode engine at 1-4 rows: the own routing against the float64 reference (poisoned
+    output, replay = eager) and bit for bit against the routing launch."""
+    from qmoe_rtc.executor import QMoE
+
+    kw = dict(kw)
+    k = kw.pop("k")
+    w, a = random_layer(rng, E=E, H=H, I=I, k=k, dtype=dtype, **kw)
+    for rows in (1, 2, 3, 4):
+        x, lg, _ = random_inputs(rng, rows, H, E, dtype)
+        want = reference(x, lg, **w, **a)
+        outs = {}
+        for mode in ("on", "off"):
+            with knobs.scope(route_in_decode=mode):
+                moe = QMoE(**to_dev(w), **a, decode_max_routes=512)
+                _check_plan(moe.plan(rows, dtype, "float32"), mode == "on", f"{name} {dtype} {rows} rows {mode}")
+                outs[mode] = _forward(moe, x, lg, want, f"{name} {dtype} {rows} rows route_in_decode={mode}", dtype)
+        np.testing.assert_array_equal(outs["on"], outs["off"], err_msg=f"{name} {dtype} {rows} rows")

@@ -52,11 +52,9 @@ def test_sm90_decisions_are_the_recorded_ones():
     (up to 64 routes) the routing and wgmma's permute steps gone and the group step's lead kernel at qwen3-30b-a3b 3-8
     tokens, mixtral-8x7b and ort-2048 3-32, gpt-oss-20b 4-16, gpt-oss-120b 7-16. Rewritten when the decode kernels could
     route a call themselves (kernels/route.py routes_in_decode): every decode plan's two GEMMs gained the scalars
-    ``self_route`` and ``logits_f32`` and configure() its choice, and where the rule takes the call (up to 4 rows on
-    layers routed a warp a row without a router GEMM: qwen3-30b-a3b, mixtral-8x7b and ort-2048 at 1-2 tokens, gpt-oss-20b
-    1-3, gpt-oss-120b 1-4) the routing step is gone; at the same time the walk (tests/support/plan_walk.py) began to drop
-    the steps a call routes inside, as Plan.build does, so the grouped plans the route_in_group rule takes lost their
-    routing (and wgmma's permute) steps here too.
+    ``self_route`` (0: the knob route_in_decode is off by default) and ``logits_f32`` and configure() its choice; at the
+    same time the walk (tests/support/plan_walk.py) began to drop the steps a call routes inside, as Plan.build does, so
+    the grouped plans the route_in_group rule takes lost their routing (and wgmma's permute) steps here too.
     """
     fixture = json.loads(FIXTURE.read_text())
     assert fixture["target"] == "sm_90a" and tuple(fixture["tokens"]) == plan_walk.TOKENS

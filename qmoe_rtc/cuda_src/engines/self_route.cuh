@@ -8,7 +8,7 @@
 //   s_ids      [R]               i32        (out, shared) the route ids, as topk_ids
 //   s_w        [R]               f32        (out, shared, nullable) the routing weights, as topk_w
 //
-// Warp w routes row w exactly as the routing kernel does (routing/route_warp.cuh route_values_warp), so every block of
+// Warp w routes row w exactly as the routing kernel does (routing/route_warp.cuh route_logits_warp), so every block of
 // FC1 and FC2 holds the same ids bit for bit, and the weights are the routing kernel's. R <= kSelfRouteMaxRoutes
 // (FC2's s_w) and rows <= the block's warps, which the host guarantees and this checks (trap, never half-routed).
 #pragma once
@@ -31,11 +31,11 @@ __device__ __forceinline__ bool self_route(const SelfRoute& sr, i32 R, i32 E_rou
   if (R > kSelfRouteMaxRoutes || rows * per_row != R || rows > (i32)(blockDim.x >> 5)) __trap();
   const i32 row = threadIdx.x >> 5;
   if (row < rows) {
-    float v[kRouteWarpPerLane];
-    if (sr.logits_f32) load_row_warp<float>(row, static_cast<const float*>(sr.logits), sr.E_logits, v);
-    else load_row_warp<T>(row, static_cast<const T*>(sr.logits), sr.E_logits, v);
-    route_values_warp<float, false, false, false>(v, row, nullptr, sr.E_logits, sr.k_routed, sr.S, sr.normalize,
-                                                  E_routed, sr.expert_map, nullptr, nullptr, nullptr, s_ids, s_w);
+    const float* lf = static_cast<const float*>(sr.logits) + (i64)row * sr.E_logits;
+    const T* lt = static_cast<const T*>(sr.logits) + (i64)row * sr.E_logits;
+    route_logits_warp<float, false, false, false>(
+        row, [&](i32 e) { return sr.logits_f32 ? lf[e] : Traits<T>::to_float(lt[e]); }, nullptr, sr.E_logits, sr.k_routed,
+        sr.S, sr.normalize, E_routed, sr.expert_map, nullptr, nullptr, nullptr, s_ids, s_w);
   }
   __syncthreads();
   return true;

@@ -46,35 +46,27 @@ __device__ __forceinline__ u64 warp_max_composite(u64 v) {
   return ((u64)key << 32) | low;
 }
 
-// Row `row`'s logits as the calling warp holds them: lane l experts l, l + 32, ... (-inf past E_logits).
-template <typename LT>
-__device__ __forceinline__ void load_row_warp(i64 row, const LT* __restrict__ logits, i32 E_logits,
-                                              float (&v)[kRouteWarpPerLane]) {
-  const i32 lane = threadIdx.x & 31;
-  const LT* l = logits + row * E_logits;
-#pragma unroll
-  for (int j = 0; j < kRouteWarpPerLane; ++j)
-    v[j] = lane + 32 * j < E_logits ? Traits<LT>::to_float(l[lane + 32 * j]) : __int_as_float(0xff800000);
-}
-
-// Row `row`'s routes from its logits `v` (load_row_warp), by the calling warp (route_row_warp below; routing/
-// route_group.cuh routes a call's rows this way inside the grouping's block, engines/self_route.cuh inside a decode
-// block). ids_s / w_s: nullptr, or shared memory [R] that gets the row's ids / weights too, at the same places. OUT
-// false: topk_ids / topk_w are not written (the decode blocks that route themselves keep the routes in shared memory).
-template <typename WT, bool HAS_RW, bool COUNT, bool OUT = true>
-__device__ __forceinline__ void route_values_warp(const float (&v)[kRouteWarpPerLane], i64 row,
-                                                  const WT* __restrict__ router_weights, i32 E_logits, i32 k_routed,
-                                                  i32 S, i32 normalize, i32 E_routed, const i32* __restrict__ expert_map,
-                                                  i32* __restrict__ topk_ids, float* __restrict__ topk_w,
-                                                  i64* __restrict__ expert_counts, i32* ids_s, float* w_s = nullptr) {
+// Row `row`'s routes, by the calling warp, from the logits `logit(e)` gives (the routing kernel's below: from memory;
+// routing/route_group.cuh routes a call's rows this way inside the grouping's block, engines/self_route.cuh inside a
+// decode block, whose logits may be float32 or T). ids_s / w_s: nullptr, or shared memory [R] that gets the row's ids /
+// weights too, at the same places. OUT false: topk_ids / topk_w are not written (the decode blocks that route
+// themselves keep the routes in shared memory only).
+template <typename WT, bool HAS_RW, bool COUNT, bool OUT, typename Logit>
+__device__ __forceinline__ void route_logits_warp(i64 row, Logit logit, const WT* __restrict__ router_weights,
+                                                  i32 E_logits, i32 k_routed, i32 S, i32 normalize, i32 E_routed,
+                                                  const i32* __restrict__ expert_map, i32* __restrict__ topk_ids,
+                                                  float* __restrict__ topk_w, i64* __restrict__ expert_counts, i32* ids_s,
+                                                  float* w_s) {
   const i32 lane = threadIdx.x & 31;
   const i64 out0 = row * (k_routed + S);
   u64 c[kRouteWarpPerLane];  // composite of expert lane + 32·j (0: padding, below every real one)
+  float v[kRouteWarpPerLane];
   float m = __int_as_float(0xff800000);  // -inf
 #pragma unroll
   for (int j = 0; j < kRouteWarpPerLane; ++j) {
     const i32 e = lane + 32 * j;
     const bool real = e < E_logits;
+    v[j] = real ? logit(e) : __int_as_float(0xff800000);
     c[j] = real ? ((u64)order_key(v[j]) << 32) | (u64)(0xFFFFu - (u32)e) : 0ull;
     if (real) m = fmaxf(m, v[j]);
   }
@@ -90,7 +82,6 @@ __device__ __forceinline__ void route_values_warp(const float (&v)[kRouteWarpPer
   // slot t: the largest composite left; lane t keeps its expert and weight
   i32 my_id = 0;
   float my_w = 0.0f;
-#pragma unroll 1
   for (i32 t = 0; t < k_routed; ++t) {
     u64 best = 0;
 #pragma unroll
@@ -106,41 +97,41 @@ __device__ __forceinline__ void route_values_warp(const float (&v)[kRouteWarpPer
     }
   }
   float s = 0.0f;
-  if (normalize)
+  if (normalize) {  // slot order, every lane
+    if constexpr (OUT) {
+      for (i32 t = 0; t < k_routed; ++t) s += __shfl_sync(0xffffffffu, my_w, t);
+    } else {  // a decode block's own routing: not unrolled, as its code is in every decode kernel (8 KB less)
 #pragma unroll 1
-    for (i32 t = 0; t < k_routed; ++t) s += __shfl_sync(0xffffffffu, my_w, t);  // slot order, every lane
+      for (i32 t = 0; t < k_routed; ++t) s += __shfl_sync(0xffffffffu, my_w, t);
+    }
+  }
   if (lane < k_routed) {
     const i32 id = expert_map ? expert_map[my_id] : my_id;
-    const float w = normalize ? (s != 0.0f ? my_w / s : 0.0f) : my_w;
-    if constexpr (OUT) {
-      topk_ids[out0 + lane] = id;
-      topk_w[out0 + lane] = w;
-    }
+    if constexpr (OUT) topk_ids[out0 + lane] = id;
     if (ids_s) ids_s[out0 + lane] = id;
+    const float w = normalize ? (s != 0.0f ? my_w / s : 0.0f) : my_w;
+    if constexpr (OUT) topk_w[out0 + lane] = w;
     if (w_s) w_s[out0 + lane] = w;
     count_route<COUNT>(expert_counts, my_id);
   }
-#pragma unroll 1
   for (i32 sl = lane; sl < S; sl += 32) {  // shared experts: the row's last S slots
-    if constexpr (OUT) {
-      topk_ids[out0 + k_routed + sl] = E_routed + sl;
-      topk_w[out0 + k_routed + sl] = 1.0f;
-    }
+    if constexpr (OUT) topk_ids[out0 + k_routed + sl] = E_routed + sl;
     if (ids_s) ids_s[out0 + k_routed + sl] = E_routed + sl;
+    if constexpr (OUT) topk_w[out0 + k_routed + sl] = 1.0f;
     if (w_s) w_s[out0 + k_routed + sl] = 1.0f;
   }
 }
 
-// Row `row`'s routes, by the calling warp, from the logits in memory (route_values_warp's outputs).
+// Row `row`'s routes from the logits in memory (route_logits_warp's outputs).
 template <typename LT, typename WT, bool HAS_RW, bool COUNT>
 __device__ __forceinline__ void route_row_warp(i64 row, const LT* __restrict__ logits, const WT* __restrict__ router_weights,
                                                i32 E_logits, i32 k_routed, i32 S, i32 normalize, i32 E_routed,
                                                const i32* __restrict__ expert_map, i32* __restrict__ topk_ids,
                                                float* __restrict__ topk_w, i64* __restrict__ expert_counts, i32* ids_s) {
-  float v[kRouteWarpPerLane];
-  load_row_warp<LT>(row, logits, E_logits, v);
-  route_values_warp<WT, HAS_RW, COUNT>(v, row, router_weights, E_logits, k_routed, S, normalize, E_routed, expert_map,
-                                       topk_ids, topk_w, expert_counts, ids_s);
+  const LT* l = logits + row * E_logits;
+  route_logits_warp<WT, HAS_RW, COUNT, true>(row, [&](i32 e) { return Traits<LT>::to_float(l[e]); }, router_weights,
+                                             E_logits, k_routed, S, normalize, E_routed, expert_map, topk_ids, topk_w,
+                                             expert_counts, ids_s, nullptr);
 }
 
 template <typename LT, typename WT, bool HAS_RW, bool COUNT>
