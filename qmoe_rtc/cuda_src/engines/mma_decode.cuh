@@ -50,8 +50,9 @@
 // expert e counts itself in fc1_done[e] after its act stores (threadfence + atomicAdd); an FC2 block of
 // e spins (acquire) until fc1_done[e] == FC1_TILES, FC1's grid.x, then counts itself in fc2_seen[e];
 // the last of e's FC2 blocks zeroes both (every FC2 block of e has passed by then, and FC1 of the next
-// call starts after routing, or is itself the first launch, and either waits for this grid). No deadlock: FC2 starts only once every FC1
-// block has released it (core/pdl.cuh), i.e. is resident or done. FC2 then reads act through L2.
+// call starts after routing, or is itself the call's first launch: either waits for this grid). No deadlock: FC2
+// starts only once every FC1 block has released it (core/pdl.cuh), i.e. is resident or done. FC2 then reads act
+// through L2.
 #ifndef QMOE_MMA_EXPERT_FLOW
 #define QMOE_MMA_EXPERT_FLOW 0
 #endif
