@@ -14,7 +14,7 @@ from qmoe_rtc.contract.random_layer import random_inputs, random_layer
 from qmoe_rtc.contract.reference import qmoe as reference
 from qmoe_rtc.settings import knobs
 
-from support.gpu_checks import TENSOR_CORE_3BIT, TOL, rel_err, to_dev
+from support.gpu_checks import TENSOR_CORE_3BIT, TOL, eager_and_replay, rel_err, to_dev
 
 pytestmark = pytest.mark.gpu
 
@@ -151,25 +151,6 @@ def test_prefill_combine_scalar_path_same_bits(rng, engine):
     cp.cuda.get_current_stream().synchronize()
     assert rel_err(cp.asnumpy(aligned), reference(x, lg, **w, **a)) <= TOL["bfloat16"]
     np.testing.assert_array_equal(cp.asnumpy(shifted), cp.asnumpy(aligned))
-
-
-def eager_and_replay(moe, x, lg, want, label: str):
-    """The layer's eager output for bf16 ``x`` (into a NaN-poisoned buffer: every element written) against the
-    reference ``want``, then a graph replay of the same inputs (output poisoned again) equal to it bitwise;
-    returns the output (host)."""
-    import cupy as cp
-
-    xd, ld = cp.asarray(x), cp.asarray(lg)
-    out = cp.full(x.shape, cp.nan, dtype=xd.dtype)
-    moe(xd, ld, out=out)
-    got = cp.asnumpy(out)
-    assert rel_err(got, want) <= TOL["bfloat16"], label
-    g = moe.capture(xd, ld)
-    g.output.fill(cp.nan)
-    g.replay()
-    cp.cuda.get_current_stream().synchronize()
-    np.testing.assert_array_equal(cp.asnumpy(g.output), got, err_msg=label)
-    return got
 
 
 def knob_sweep(rng, knob: str, values, *, rows: int, E: int, H: int, I: int, layer: dict, k: int = 2,  # noqa: E741

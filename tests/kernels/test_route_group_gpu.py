@@ -19,7 +19,7 @@ from qmoe_rtc.contract.random_layer import random_inputs, random_layer
 from qmoe_rtc.contract.reference import qmoe as reference
 from qmoe_rtc.settings import knobs
 
-from support.gpu_checks import TOL, rel_err, to_dev
+from support.gpu_checks import eager_and_replay, slice_case, to_dev
 
 pytestmark = pytest.mark.gpu
 
@@ -38,24 +38,6 @@ LAYERS = [
     ("e16-k2-b4-shared", dict(bits=4, block_size=64, k=2, activation_type="swiglu", swiglu_fusion=1, shared=1), 16, 256,
      128, False, "float32"),
 ]
-
-
-def _forward(moe, x, lg, rw, want, label: str):
-    """Eager into a poisoned output against ``want``, then a replay (output poisoned again) equal to it bitwise."""
-    import cupy as cp
-
-    xd, ld = cp.asarray(x), cp.asarray(lg)
-    rd = None if rw is None else cp.asarray(rw)
-    out = cp.full(x.shape, cp.nan, dtype=xd.dtype)
-    moe(xd, ld, rd, out=out)
-    got = cp.asnumpy(out)
-    assert rel_err(got, want) <= TOL["bfloat16"], label
-    g = moe.capture(xd, ld, rd)
-    g.output.fill(cp.nan)
-    g.replay()
-    cp.cuda.get_current_stream().synchronize()
-    np.testing.assert_array_equal(cp.asnumpy(g.output), got, err_msg=label)
-    return got
 
 
 @pytest.mark.parametrize("engine", ["batched", "mma", "wgmma"])
@@ -87,7 +69,8 @@ def test_routing_in_the_group_launch_equals_its_own_launches(rng, engine, layer,
                 assert all(s.role != "permute" for s in plan.steps), plan.steps
             else:
                 assert families[0] == "route" and plan.steps[1].kernel.key == "group", plan.steps
-            outs[mode] = _forward(moe, x, lg, rw, want, f"{name} {engine} {rows} rows route_in_group={mode}")
+            outs[mode] = eager_and_replay(moe, x, lg, want, f"{name} {engine} {rows} rows route_in_group={mode}",
+                                          rw=rw)
     np.testing.assert_array_equal(outs["on"], outs["off"], err_msg=f"{name} {engine} {rows} rows")
 
 
@@ -104,19 +87,12 @@ def test_routing_in_the_group_launch_on_an_expert_slice(rng, engine, rows):
 
     if engine == "wgmma" and cp.cuda.Device().compute_capability != "90":
         pytest.skip("the wgmma prefill engine needs an sm_90 GPU")
-    E, H, I, k, (e0, e1) = 16, 256, 128, 4, (4, 12)  # noqa: E741
-    w, a = random_layer(rng, E=E, H=H, I=I, dtype="bfloat16", bits=4, block_size=64, k=k, activation_type="swiglu",
-                        swiglu_fusion=1)
-    per_expert = {f"{p}_{t}" for p in ("fc1", "fc2", "fc3")
-                  for t in ("experts_weights", "scales", "zero_points", "experts_bias", "global_scale")}
-    part = {n: (v[e0:e1] if n in per_expert and v is not None else v) for n, v in w.items()}  # the slice's experts
-    x, lg, _ = random_inputs(rng, rows, H, E, "bfloat16")
-    want = reference(x, lg, **part, **a, expert_range=(e0, e1), num_experts=E)
+    part, a, x, lg, want, held = slice_case(rng, rows)
     outs = {}
     for mode in ("on", "off"):
         with knobs.scope(prefill_engine=engine, route_in_group=mode):
-            moe = QMoE(**to_dev(part), **a, expert_range=(e0, e1), num_experts=E, decode_max_routes=0)
+            moe = QMoE(**to_dev(part), **a, **held, decode_max_routes=0)
             plan = moe.plan(rows, "bfloat16", "float32")
             assert plan.engine == f"prefill-{engine}" and routes_in_group(plan.problem) == (mode == "on"), plan.steps
-            outs[mode] = _forward(moe, x, lg, None, want, f"slice {engine} {rows} rows route_in_group={mode}")
+            outs[mode] = eager_and_replay(moe, x, lg, want, f"slice {engine} {rows} rows route_in_group={mode}")
     np.testing.assert_array_equal(outs["on"], outs["off"], err_msg=f"slice {engine} {rows} rows")

@@ -20,7 +20,7 @@ from qmoe_rtc.contract.random_layer import random_inputs, random_layer
 from qmoe_rtc.contract.reference import qmoe as reference
 from qmoe_rtc.settings import knobs
 
-from support.gpu_checks import TENSOR_CORE_3BIT, TOL, rel_err, to_dev
+from support.gpu_checks import TENSOR_CORE_3BIT, eager_and_replay, slice_case, to_dev
 
 pytestmark = pytest.mark.gpu
 
@@ -52,23 +52,6 @@ MATRIX = [
 ]
 
 
-def _forward(moe, x, lg, want, label: str, dtype: str):
-    """Eager into a poisoned output against ``want``, then a replay (output poisoned again) equal to it bitwise."""
-    import cupy as cp
-
-    xd, ld = cp.asarray(x), cp.asarray(lg)
-    out = cp.full(x.shape, cp.nan, dtype=xd.dtype)
-    moe(xd, ld, out=out)
-    got = cp.asnumpy(out)
-    assert rel_err(got, want) <= TOL[dtype], label
-    g = moe.capture(xd, ld)
-    g.output.fill(cp.nan)
-    g.replay()
-    cp.cuda.get_current_stream().synchronize()
-    np.testing.assert_array_equal(cp.asnumpy(g.output), got, err_msg=label)
-    return got
-
-
 def _check_plan(plan, own: bool, label: str) -> None:
     from qmoe_rtc.kernels.route import routes_in_decode
 
@@ -97,7 +80,7 @@ def test_the_decode_kernels_own_routing_equals_the_routing_launch(rng, layer, ro
             moe = QMoE(**to_dev(w), **a, decode_max_routes=512)  # the decode path at every row count here
             own = mode == "on" and rows <= 4 and rows * (k + kw.get("shared", 0)) <= 64
             _check_plan(moe.plan(rows, dtype, ldt), own, f"{name} {rows} rows {mode}")
-            outs[mode] = _forward(moe, x, lg, want, f"{name} {rows} rows route_in_decode={mode}", dtype)
+            outs[mode] = eager_and_replay(moe, x, lg, want, f"{name} {rows} rows route_in_decode={mode}", dtype)
     np.testing.assert_array_equal(outs["on"], outs["off"], err_msg=f"{name} {rows} rows")
 
 
@@ -107,20 +90,13 @@ def test_the_decode_kernels_own_routing_on_an_expert_slice(rng, rows):
     holds, and equal the routing launch bit for bit and the slice's float64 part (poisoned output, replay = eager)."""
     from qmoe_rtc.executor import QMoE
 
-    E, H, I, k, (e0, e1) = 16, 256, 128, 4, (4, 12)  # noqa: E741
-    w, a = random_layer(rng, E=E, H=H, I=I, dtype="bfloat16", bits=4, block_size=64, k=k, activation_type="swiglu",
-                        swiglu_fusion=1)
-    per_expert = {f"{p}_{t}" for p in ("fc1", "fc2", "fc3")
-                  for t in ("experts_weights", "scales", "zero_points", "experts_bias", "global_scale")}
-    part = {n: (v[e0:e1] if n in per_expert and v is not None else v) for n, v in w.items()}  # the slice's experts
-    x, lg, _ = random_inputs(rng, rows, H, E, "bfloat16")
-    want = reference(x, lg, **part, **a, expert_range=(e0, e1), num_experts=E)
+    part, a, x, lg, want, held = slice_case(rng, rows)
     outs = {}
     for mode in ("on", "off"):
         with knobs.scope(route_in_decode=mode):
-            moe = QMoE(**to_dev(part), **a, expert_range=(e0, e1), num_experts=E, decode_max_routes=512)
+            moe = QMoE(**to_dev(part), **a, **held, decode_max_routes=512)
             _check_plan(moe.plan(rows, "bfloat16", "float32"), mode == "on", f"slice {rows} rows {mode}")
-            outs[mode] = _forward(moe, x, lg, want, f"slice {rows} rows route_in_decode={mode}", "bfloat16")
+            outs[mode] = eager_and_replay(moe, x, lg, want, f"slice {rows} rows route_in_decode={mode}")
     np.testing.assert_array_equal(outs["on"], outs["off"], err_msg=f"slice {rows} rows")
 
 
@@ -142,5 +118,6 @@ def test_the_own_routing_across_the_layout_matrix(rng, name, kw, E, H, I, dtype)
             with knobs.scope(route_in_decode=mode):
                 moe = QMoE(**to_dev(w), **a, decode_max_routes=512)
                 _check_plan(moe.plan(rows, dtype, "float32"), mode == "on", f"{name} {dtype} {rows} rows {mode}")
-                outs[mode] = _forward(moe, x, lg, want, f"{name} {dtype} {rows} rows route_in_decode={mode}", dtype)
+                outs[mode] = eager_and_replay(moe, x, lg, want, f"{name} {dtype} {rows} rows route_in_decode={mode}",
+                                              dtype)
         np.testing.assert_array_equal(outs["on"], outs["off"], err_msg=f"{name} {dtype} {rows} rows")

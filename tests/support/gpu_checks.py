@@ -1,5 +1,6 @@
 """What the GPU suites share: the tolerances against the float64 reference (:data:`TOL`), :func:`rel_err`,
-:func:`to_dev` (a layer's arrays onto the GPU), the graph-replay check and the 3-bit tensor-core layers."""
+:func:`to_dev` (a layer's arrays onto the GPU), the graph-replay checks, an expert slice's part of a layer and the 3-bit
+tensor-core layers."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import math
 
 import numpy as np
 
-from qmoe_rtc.contract.random_layer import random_inputs
+from qmoe_rtc.contract.random_layer import random_inputs, random_layer
 from qmoe_rtc.contract.reference import qmoe as reference
 
 TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}
@@ -47,6 +48,48 @@ def to_dev(d):
     import cupy as cp
 
     return {n: (None if v is None else cp.asarray(v)) for n, v in d.items()}
+
+
+def eager_and_replay(moe, x, lg, want, label: str, dtype: str = "bfloat16", rw=None):
+    """The layer's eager output for ``x`` (into a NaN-poisoned buffer: every element written) against the reference
+    ``want`` within ``dtype``'s tolerance, then a graph replay of the same inputs (output poisoned again) equal to it
+    bitwise; returns the output (host)."""
+    import cupy as cp
+
+    xd, ld = cp.asarray(x), cp.asarray(lg)
+    rd = None if rw is None else cp.asarray(rw)
+    out = cp.full(x.shape, cp.nan, dtype=xd.dtype)
+    moe(xd, ld, rd, out=out)
+    got = cp.asnumpy(out)
+    assert rel_err(got, want) <= TOL[dtype], label
+    g = moe.capture(xd, ld, rd)
+    g.output.fill(cp.nan)
+    g.replay()
+    cp.cuda.get_current_stream().synchronize()
+    np.testing.assert_array_equal(cp.asnumpy(g.output), got, err_msg=label)
+    return got
+
+
+#: The per-expert inputs of a layer (by ONNX Runtime input name), which an expert slice [ext] holds only its part of.
+PER_EXPERT = {f"{p}_{t}" for p in ("fc1", "fc2", "fc3")
+              for t in ("experts_weights", "scales", "zero_points", "experts_bias", "global_scale")}
+
+
+def expert_slice(w: dict, e0: int, e1: int) -> dict:
+    """The inputs of the slice of experts ``e0 .. e1 - 1`` of layer ``w``: the per-expert ones cut, the rest as they are."""
+    return {n: (v[e0:e1] if n in PER_EXPERT and v is not None else v) for n, v in w.items()}
+
+
+def slice_case(rng, rows: int, E: int = 16, H: int = 256, I: int = 128, k: int = 4, held=(4, 12)):  # noqa: E741
+    """An expert slice [ext] to run: a bf16 int4 layer of ``E`` experts (blocks of 64, swiglu) of which the slice holds
+    experts ``held[0] .. held[1] - 1``, and a call of ``rows`` rows: ``(the slice's inputs, attributes, x, logits, the
+    slice's float64 part, the slice's QMoE arguments)``."""
+    w, a = random_layer(rng, E=E, H=H, I=I, dtype="bfloat16", bits=4, block_size=64, k=k, activation_type="swiglu",
+                        swiglu_fusion=1)
+    part = expert_slice(w, *held)
+    x, lg, _ = random_inputs(rng, rows, H, E, "bfloat16")
+    args = dict(expert_range=tuple(held), num_experts=E)
+    return part, a, x, lg, reference(x, lg, **part, **a, **args), args
 
 
 def check_graph_replay_equals_eager(rng, moe, rows, H, E, w, a, replays: int = 3) -> None:
