@@ -38,7 +38,7 @@ from ._expert import (
 from ._grouped import tuning_knob
 from .arch import DEFAULT_SMS, ArchSpec
 from .base import KernelFamily, Problem, Slot, register
-from .route import routes_in_decode
+from .route import SELF_ROUTE_MAX_ROUTES, routes_in_decode
 from .tuning import Tuning
 
 __all__ = ["DecodeCall", "MmaDecodeFamily", "RingGemm", "decode_smem_bytes", "launch_smem", "ring_bytes", "ring_decisions",
@@ -293,12 +293,15 @@ class MmaDecodeFamily(KernelFamily):
 
     def decisions(self, spec: ModuleSpec) -> tuple[str, ...]:
         """The rings (:func:`ring_decisions`, the blocks of :func:`min_blocks`), then the x-ring kernels' blocks an SM
-        and a route lane's x-ring bytes of each GEMM (:func:`x_lane_bytes`)."""
+        and a route lane's x-ring bytes of each GEMM (:func:`x_lane_bytes`), then the routes of a self-routed call
+        (kernels/route.py SELF_ROUTE_MAX_ROUTES)."""
         lanes = {role: x_lane_bytes(spec[f"{role}_bits"], spec["stages"]) for role in ("fc1", "fc2")}
         return (*ring_decisions(spec, {br: min_blocks(spec, br) for br in TILE_ROUTES}),
                 "// the x-ring kernels' blocks an SM, and the bytes of a route lane's x ring of each GEMM",
                 f"#define QMOE_MMA_X_RING_BLOCKS {X_RING_BLOCKS}",
-                f"#define QMOE_MMA_FC1_X_LANE {lanes['fc1']}", f"#define QMOE_MMA_FC2_X_LANE {lanes['fc2']}")
+                f"#define QMOE_MMA_FC1_X_LANE {lanes['fc1']}", f"#define QMOE_MMA_FC2_X_LANE {lanes['fc2']}",
+                "// the routes a call whose blocks route it themselves has at most (engines/self_route.cuh)",
+                f"#define QMOE_SELF_ROUTE_MAX_ROUTES {SELF_ROUTE_MAX_ROUTES}")
 
     def kernels(self, spec: ModuleSpec) -> tuple[KernelDef, ...]:
         t = template_types(spec)

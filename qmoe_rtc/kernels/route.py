@@ -105,8 +105,9 @@ def routes_in_group(problem: Problem) -> bool:
     return 0 < problem.routes <= (LEAD_MAX_ROUTES if mode == "on" else LEAD_ROUTES)
 
 
-#: engines/self_route.cuh: a decode block routes the call itself. kSelfRouteMaxRoutes (FC2's weights in shared memory),
-#: and the rows one block routes, a warp each (kernels/mma_decode.py WARPS).
+#: engines/self_route.cuh: a decode block routes the call itself. The routes it takes at most (FC2's weights in shared
+#: memory; the decode module's generated unit hands the device this value), and the rows one block routes, a warp each
+#: (kernels/mma_decode.py WARPS, which tests/kernels/test_self_route.py checks).
 SELF_ROUTE_MAX_ROUTES = 64
 SELF_ROUTE_ROWS = 4
 

@@ -25,6 +25,18 @@ def own_routing():
         yield
 
 
+def test_the_host_hands_the_device_its_limits():
+    """The route bound the device's FC2 sizes its weights by comes from the host (the generated unit), and the rows a
+    block routes are its warps."""
+    from qmoe_rtc.kernels import mma_decode
+    from qmoe_rtc.specialize.presets import get_preset
+
+    fam = get_family("mma_decode")
+    lines = fam.decisions(fam.spec(get_preset("qwen3-30b-a3b").config(bits=4)))
+    assert f"#define QMOE_SELF_ROUTE_MAX_ROUTES {SELF_ROUTE_MAX_ROUTES}" in lines
+    assert SELF_ROUTE_ROWS == mma_decode.WARPS
+
+
 def test_off_by_default():
     assert knobs.get("route_in_decode") == "off" and not routes_in_decode(_problem(1))
 

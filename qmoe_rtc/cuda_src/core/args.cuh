@@ -10,7 +10,8 @@
 //   Fc2Weights  fc2, E_routed, shared_fc2 [S, ...] (nullable), zp_offset
 //   RouteGroups sorted [R_pad] route ids by expert, offsets [E + 1], tile_offsets [E + 1] (routing/group.cuh)
 //   ActParams   alpha, beta, limit, limit_after (epilogue/act.cuh)
-//   SelfRoute   route, logits [rows, E_logits], logits_f32, E_logits, k_routed, S, normalize, expert_map (engines/self_route.cuh)
+//   SelfRoute   route, logits [rows, E_logits], logits_f32, E_logits, k_routed, S, normalize, expert_map
+//               (engines/self_route.cuh)
 #pragma once
 
 #include "core/types.cuh"

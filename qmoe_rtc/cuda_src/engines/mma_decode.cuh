@@ -22,11 +22,10 @@
 // (kMmaStages stages of 2 KiB of codes); each lane reads back only what it copied (no barrier).
 // Dynamic shared memory: [kMmaWarps rings][s_ids: R i32][s_list: R i32][kMmaWarps x rings, XS > 0:
 // engines/x_ring.cuh, the activations of the first XS route lanes of an 8-route pass]; the K-slice reduction
-// reuses the rings, so the static shared memory is a few bytes and more blocks fit an SM.
+// reuses the rings, so the static shared memory is a few bytes (FC2 8-route: + s_w) and more blocks fit an SM.
 // PF: chunks of its rows each warp warms L2 with before the route scan (FC2: before waiting for FC1).
-// Self-routing (sr.route, 8-route kernels only; engines/self_route.cuh): every block of FC1 and FC2 routes the call from
-// the logits itself into s_ids (FC2: and the weights into s_w) and reads neither ids nor topk_w; the routing launch is
-// then not made, so FC1 is the forward's first launch.
+// sr.route (8-route kernels; engines/self_route.cuh): each block routes the call itself into s_ids (FC2: weights into
+// s_w), reading neither ids nor topk_w; no routing launch is made, so FC1 is the forward's first launch.
 // A block = 4 warps = MT row tiles × KS slices of K (MT·KS = 4, KS a launch argument); the KS
 // partial sums are added in a fixed order (deterministic). A pass of BR routes (8, 16 or 32: N8 = BR / 8
 // n8 MMA groups) shares the dequantized A fragments; experts with more routes take several passes.
@@ -49,10 +48,9 @@
 // faster at 1 token on the H200 (docs/performance-log.md). Each FC1 block that computed tile x of
 // expert e counts itself in fc1_done[e] after its act stores (threadfence + atomicAdd); an FC2 block of
 // e spins (acquire) until fc1_done[e] == FC1_TILES, FC1's grid.x, then counts itself in fc2_seen[e];
-// the last of e's FC2 blocks zeroes both (every FC2 block of e has passed by then, and FC1 of the next
-// call starts after routing, or is itself the call's first launch: either waits for this grid). No deadlock: FC2
-// starts only once every FC1 block has released it (core/pdl.cuh), i.e. is resident or done. FC2 then reads act
-// through L2.
+// the last of e's FC2 blocks zeroes both (every FC2 block of e has passed by then, and the next call's first
+// launch, routing or FC1, waits for this grid). No deadlock: FC2 starts only once every FC1 block has released it
+// (core/pdl.cuh), i.e. is resident or done. FC2 then reads act through L2.
 #ifndef QMOE_MMA_EXPERT_FLOW
 #define QMOE_MMA_EXPERT_FLOW 0
 #endif
@@ -173,7 +171,7 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
   stamps.start();
   pdl_wait();     // the route ids come from the routing kernel launched just before (core/pdl.cuh)
   pdl_release();  // FC2's blocks may start: routing is complete (or each routes itself), so they can read the ids
-  bool routed = false;  // the ids in s_ids from this block's own routing
+  bool routed = false;  // the ids in s_ids, from this block's own routing
   if constexpr (N8 == 1) routed = self_route<T>(sr, R, wt.E_routed, s_ids, nullptr);
   else if (sr.route) __trap();  // the host routes in the 8-route kernels only
   stamps.mark(1);
@@ -290,8 +288,9 @@ fc1_mma(const T* __restrict__ x, const i32* __restrict__ ids, i32 R, i32 k, i32 
 template <typename T, typename ScaleT, int B2, int Z2, int BLOCK, int BR, bool XR = false>
 __global__ void __launch_bounds__(kMmaThreads, (mma_decode_blocks<BR, XR>()))
 fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const float* __restrict__ topk_w, i32 R, i32 k,
-                i32 H, i32 I, i32 KS, i32 PF, i32 XS, const Fc2Weights<ScaleT> wt, const SelfRoute sr, float* __restrict__ y,
-                u32* __restrict__ counters, T* __restrict__ out, u32* __restrict__ fc1_done, u32* __restrict__ fc2_seen, i32 FC1_TILES) {
+                i32 H, i32 I, i32 KS, i32 PF, i32 XS, const Fc2Weights<ScaleT> wt, const SelfRoute sr,
+                float* __restrict__ y, u32* __restrict__ counters, T* __restrict__ out, u32* __restrict__ fc1_done,
+                u32* __restrict__ fc2_seen, i32 FC1_TILES) {
   constexpr int N8 = BR / 8;  // n8 MMA route groups per pass
   __shared__ i32 s_n;
   __shared__ bool s_last;
@@ -369,7 +368,7 @@ fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const fl
           const i32 j = p + 8 * gg + 2 * t + c;
           if (j >= er.n) continue;
           const i64 r = s_list[j];
-          const float wr = routed ? s_w[r] : __ldcg(topk_w + r);  // routing's, complete (see the ids above)
+          const float wr = routed ? s_w[r] : __ldcg(topk_w + r);  // routing's (complete: see the ids above)
           fc2_store_lane(
               n0 + g, H,
               [&](int h) { return wr * (acc[gg][2 * h + c] + (p2.bias ? __ldg(p2.bias + (i64)e * H + (h ? nb : na)) : 0.0f)); },
@@ -392,8 +391,10 @@ fc2_mma_combine(const T* __restrict__ act, const i32* __restrict__ ids, const fl
     const i32 row = idx / tile, n = h0 + idx % tile;
     if (n >= H) continue;
     float v = 0.0f;
-    for (i32 slot = 0; slot < k; ++slot)
-      if ((routed ? s_ids[row * k + slot] : ids[(i64)row * k + slot]) >= 0) v += __ldcg(y + ((i64)row * k + slot) * H + n);
+    for (i32 slot = 0; slot < k; ++slot) {
+      const i32 id = routed ? s_ids[row * k + slot] : ids[(i64)row * k + slot];
+      if (id >= 0) v += __ldcg(y + ((i64)row * k + slot) * H + n);
+    }
     out[(i64)row * H + n] = Traits<T>::from_float(v);
   }
   if (threadIdx.x == 0) counters[blockIdx.x] = 0u;

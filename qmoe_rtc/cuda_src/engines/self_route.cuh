@@ -19,7 +19,12 @@
 
 namespace qmoe {
 
-inline constexpr int kSelfRouteMaxRoutes = 64;  // kernels/route.py SELF_ROUTE_MAX_ROUTES
+// The routes a self-routed call has at most (FC2's s_w), the host's (kernels/route.py SELF_ROUTE_MAX_ROUTES, in the
+// generated unit: kernels/mma_decode.py decisions).
+#ifndef QMOE_SELF_ROUTE_MAX_ROUTES
+#error "QMOE_SELF_ROUTE_MAX_ROUTES comes from the host (kernels/mma_decode.py decisions)"
+#endif
+inline constexpr int kSelfRouteMaxRoutes = QMOE_SELF_ROUTE_MAX_ROUTES;
 
 // Route the call into s_ids (and s_w) when sr.route, then a block barrier; false (nothing done) when off. Call with the
 // whole block (block-uniform).
@@ -33,9 +38,9 @@ __device__ __forceinline__ bool self_route(const SelfRoute& sr, i32 R, i32 E_rou
   if (row < rows) {
     const float* lf = static_cast<const float*>(sr.logits) + (i64)row * sr.E_logits;
     const T* lt = static_cast<const T*>(sr.logits) + (i64)row * sr.E_logits;
-    route_logits_warp<float, false, false, false>(
-        row, [&](i32 e) { return sr.logits_f32 ? lf[e] : Traits<T>::to_float(lt[e]); }, nullptr, sr.E_logits, sr.k_routed,
-        sr.S, sr.normalize, E_routed, sr.expert_map, nullptr, nullptr, nullptr, s_ids, s_w);
+    auto logit = [&](i32 e) { return sr.logits_f32 ? lf[e] : Traits<T>::to_float(lt[e]); };
+    route_logits_warp<float, false, false, false>(row, logit, nullptr, sr.E_logits, sr.k_routed, sr.S, sr.normalize,
+                                                  E_routed, sr.expert_map, nullptr, nullptr, nullptr, s_ids, s_w);
   }
   __syncthreads();
   return true;

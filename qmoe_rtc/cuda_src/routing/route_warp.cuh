@@ -55,8 +55,8 @@ template <typename WT, bool HAS_RW, bool COUNT, bool OUT, typename Logit>
 __device__ __forceinline__ void route_logits_warp(i64 row, Logit logit, const WT* __restrict__ router_weights,
                                                   i32 E_logits, i32 k_routed, i32 S, i32 normalize, i32 E_routed,
                                                   const i32* __restrict__ expert_map, i32* __restrict__ topk_ids,
-                                                  float* __restrict__ topk_w, i64* __restrict__ expert_counts, i32* ids_s,
-                                                  float* w_s) {
+                                                  float* __restrict__ topk_w, i64* __restrict__ expert_counts,
+                                                  i32* ids_s, float* w_s) {
   const i32 lane = threadIdx.x & 31;
   const i64 out0 = row * (k_routed + S);
   u64 c[kRouteWarpPerLane];  // composite of expert lane + 32·j (0: padding, below every real one)
