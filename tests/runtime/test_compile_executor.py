@@ -153,7 +153,8 @@ TILED_META_DEFINES = {False: (), True: ("-DQMOE_TILED=1", "-DQMOE_TILED_META=1")
 
 #: What the ring headers need from a generated unit, for units that only test sizes (the kernels' checks, not theirs).
 RING_UNIT = ("#define QMOE_MMA_BLOCKS {8, 5}, {16, 4}, {32, 3}\n#define QMOE_MMA_FC1_RING 0\n#define QMOE_MMA_FC2_RING 0\n"
-             "#define QMOE_MMA_X_RING_BLOCKS 4\n#define QMOE_MMA_FC1_X_LANE 0\n#define QMOE_MMA_FC2_X_LANE 0\n")
+             "#define QMOE_MMA_X_RING_BLOCKS 4\n#define QMOE_MMA_FC1_X_LANE 0\n#define QMOE_MMA_FC2_X_LANE 0\n"
+             "#define QMOE_SELF_ROUTE_MAX_ROUTES 64\n")
 
 
 @pytest.mark.parametrize("tiled_meta", [False, True])
