@@ -9,9 +9,10 @@ durations over span × SMs).
 ``decode``: the decode chain's timeline inside one CUDA-graph replay (tuning knob ``decode_stamps``). Captures a
 forward of T tokens, replays it to warm up, times replays with CUDA events (the L2 flushed before each) and keeps
 the stamps of the last. Prints, in µs from the first FC1 block's entry, when FC1's blocks entered, saw the routing
-done, found their routes, finished their loop and left, and the same for FC2 (scanned: its route scan done; act
-ready: its expert's FC1 tiles written), each step's first / median / last block; then the replay's event time
-against the span the two kernels cover (the rest: the routing kernel before FC1's first block, launch, tail).
+done (or routed the call themselves: knob route_in_decode), found their routes, finished their loop and left, and the
+same for FC2 (scanned: its route scan done; act ready: its expert's FC1 tiles written), each step's first / median /
+last block; then the replay's event time against the span the two kernels cover (the rest: the routing kernel before
+FC1's first block where there is one, launch, tail).
 
 ``chain`` (no stamps): where a forward's time goes across its launches. Captures a forward of T tokens and times,
 with the L2 flushed before every sample, its replay, each prefix of its launches (route, route + group, ...) as a
@@ -211,8 +212,8 @@ def decode(args) -> int:
                 print("\n".join("  " + ln for ln in lines))
                 ends = tab[1][live[1]][:, 4] if live[1].any() else tab[0][live[0]][:, 4]
                 span = (ends.max() - tab[0][live[0]][:, 0].min()) / 1e3
-                print(f"    kernels' span {span:.2f} µs of the replay's {np.median(times):.2f} (the rest: routing before "
-                      "FC1's first block, launch, tail)")
+                print(f"    kernels' span {span:.2f} µs of the replay's {np.median(times):.2f} (the rest: the routing "
+                      "launch before FC1's first block where there is one, launch, tail)")
     return 0
 
 
