@@ -87,22 +87,29 @@ LEAD_MAX_ROUTES = 2048
 LEAD_ROUTES = 64
 
 
+def _routed_inside(knob: str, problem: Problem) -> str | None:
+    """The mode of ``knob`` ('auto' / 'on'), or None where no other launch may route the call: the knob 'off', or a layer
+    or call the warp kernel's code cannot route (:func:`warp_kernel`: softmax a warp a row), a router GEMM or expert
+    statistics [ext], router weights [ext] (their routing keeps its own launch: fewer kernels for the engines' modules
+    to compile), or logits neither float32 nor the activation dtype."""
+    mode = knobs.get(knob)
+    if mode not in ("auto", "on", "off"):
+        raise KnobError(knobs.label(knob), "one of ['auto', 'on', 'off']", repr(mode))
+    if (mode == "off" or not warp_kernel(problem) or problem.router_gemm or problem.expert_counts
+            or problem.router_weights_dtype or problem.router_dtype not in ("float32", problem.dtype)):
+        return None
+    return mode
+
+
 def routes_in_group(problem: Problem) -> bool:
     """Whether a grouped (prefill-path) engine's first launch routes the call itself, a warp a row, and groups its routes
     in the same block (routing/route_group.cuh; the wgmma engine's also does wg_prepare's work): one launch instead of
     the routing kernel's and the grouping's (and wg_prepare's). The pipelines drop the steps it absorbs (their
-    ``into``), the grouped families launch its kernel for their group step: both read this one decision. Only for
-    layers the warp kernel routes (:func:`warp_kernel`), without a router GEMM or expert statistics [ext] and for calls
-    without router weights [ext] (their routing keeps its own launch: fewer kernels for every grouped module to
-    compile), at most LEAD_MAX_ROUTES routes; knob ``route_in_group``: 'auto' up to LEAD_ROUTES
-    routes (rows·(k + S)), 'on' up to LEAD_MAX_ROUTES, 'off' never."""
-    mode = knobs.get("route_in_group")
-    if mode not in ("auto", "on", "off"):
-        raise KnobError(knobs.label("route_in_group"), "one of ['auto', 'on', 'off']", repr(mode))
-    if (mode == "off" or not warp_kernel(problem) or problem.router_gemm or problem.expert_counts
-            or problem.router_weights_dtype):
-        return False
-    return 0 < problem.routes <= (LEAD_MAX_ROUTES if mode == "on" else LEAD_ROUTES)
+    ``into``), the grouped families launch its kernel for their group step: both read this one decision. Only where
+    another launch may route the call (:func:`_routed_inside`), at most LEAD_MAX_ROUTES routes; knob
+    ``route_in_group``: 'auto' up to LEAD_ROUTES routes (rows·(k + S)), 'on' up to LEAD_MAX_ROUTES, 'off' never."""
+    mode = _routed_inside("route_in_group", problem)
+    return mode is not None and 0 < problem.routes <= (LEAD_MAX_ROUTES if mode == "on" else LEAD_ROUTES)
 
 
 #: engines/self_route.cuh: a decode block routes the call itself. The routes it takes at most (FC2's weights in shared
@@ -117,17 +124,12 @@ def routes_in_decode(problem: Problem) -> bool:
     block reads the logits and routes the call's rows a warp a row, as the routing kernel does, so the forward has no
     routing launch and FC1's blocks know their experts without waiting for another kernel's ids. The decode pipeline
     drops its routing step (its ``into``), the decode family passes the kernels ``self_route``: both read this one
-    decision. Only for layers the warp kernel routes (:func:`warp_kernel`), without a router GEMM or expert statistics
-    [ext] and for calls without router weights [ext], of at most SELF_ROUTE_ROWS rows and SELF_ROUTE_MAX_ROUTES routes
-    (rows·(k + S)); knob ``route_in_decode``: 'auto' / 'on' there, 'off' never. Off by default: the kernels compile and
-    their plans are checked on the CPU, but their GPU tests and timings have not run yet (docs/performance-log.md)."""
-    mode = knobs.get("route_in_decode")
-    if mode not in ("auto", "on", "off"):
-        raise KnobError(knobs.label("route_in_decode"), "one of ['auto', 'on', 'off']", repr(mode))
-    if (mode == "off" or not warp_kernel(problem) or problem.router_gemm or problem.expert_counts
-            or problem.router_weights_dtype or problem.router_dtype not in ("float32", problem.dtype)):
-        return False  # (the kernels read float32 logits or the activation dtype's, as a call may pass them)
-    return 0 < problem.rows <= SELF_ROUTE_ROWS and problem.routes <= SELF_ROUTE_MAX_ROUTES
+    decision. Only where another launch may route the call (:func:`_routed_inside`), at most SELF_ROUTE_ROWS rows and
+    SELF_ROUTE_MAX_ROUTES routes (rows·(k + S)); knob ``route_in_decode``: 'auto' / 'on' there, 'off' never. Off by
+    default: the kernels compile and their plans are checked on the CPU, but their GPU tests and timings have not run
+    yet (docs/performance-log.md)."""
+    return (_routed_inside("route_in_decode", problem) is not None and 0 < problem.rows <= SELF_ROUTE_ROWS
+            and problem.routes <= SELF_ROUTE_MAX_ROUTES)
 
 
 def routes_inside(role: str, problem: Problem) -> bool:

@@ -26,7 +26,7 @@ def test_the_rule_takes_calls_of_few_routes_routed_a_warp_a_row():
     assert LEAD_ROUTES == 64 and routes_in_group(_problem(32, k=2, E=8))
     for other in (dict(sparse=True, k=2, E=16), dict(shared=1, shared_gate=True), dict(sigmoid_routing=True),
                   dict(router_gemm="bfloat16"), dict(expert_counts=True), dict(E=300),
-                  dict(router_weights_dtype="float32")):
+                  dict(router_weights_dtype="float32"), dict(router_dtype="float16")):
         assert not routes_in_group(_problem(2, **other)), other
     with knobs.scope(route_in_group="on"):
         assert routes_in_group(_problem(LEAD_MAX_ROUTES // 8)) and not routes_in_group(_problem(LEAD_MAX_ROUTES // 8 + 1))
